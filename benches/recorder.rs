@@ -1,0 +1,3 @@
+//! Recorder benchmarks.
+
+fn main() {}

@@ -1,0 +1,224 @@
+//! The agent runtime: submissions in, turns run, events recorded and delivered.
+//!
+//! [`create_agent`] opens (or resumes) a session and starts its task. Clients
+//! submit [`Op`]s through [`Agent::sender`] and read recorded events from
+//! [`Agent::next_event`]. Inside, three parts with one job each:
+//!
+//! - [`submission`]: the bounded submission queue and its cutoff;
+//! - [`recorder`]: persist-then-deliver, with group commit and back-pressure;
+//! - the session task (`session`, `turn`, `stream`): runs turns, streams the
+//!   model's output through a coalescing sink.
+
+pub mod recorder;
+mod session;
+mod stream;
+pub mod submission;
+mod turn;
+
+#[cfg(test)]
+mod test_support;
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};
+use self::session::Session;
+pub use self::stream::StreamingOptions;
+pub use self::submission::{Inbox, SubmissionSender, Submitted, WeakSubmissionSender, submission_channel};
+#[cfg(test)]
+use self::test_support::*;
+pub use crate::model::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest};
+pub use crate::protocol::*;
+pub use crate::store::{
+    Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, SessionContext, SqliteCheckpoint,
+};
+pub use crate::{Error, Result};
+
+/// Queued submissions a session holds by default.
+pub const DEFAULT_SUBMISSION_CAPACITY: usize = 64;
+
+/// The longest session id accepted.
+pub const MAX_SESSION_ID_BYTES: usize = 128;
+
+/// Everything needed to open a session.
+#[derive(Clone)]
+pub struct AgentConfig {
+    /// The session to open; it is created if the store does not have it.
+    pub session_id: String,
+    /// Where the session lives.
+    pub store: Arc<dyn CheckpointStore>,
+    /// What answers.
+    pub model: Arc<dyn Model>,
+    /// Who the session belongs to; used only when the session is created.
+    pub session_context: SessionContext,
+    /// The directory the session works in.
+    pub workspace: PathBuf,
+    /// How many submissions may wait in the queue.
+    pub submission_capacity: usize,
+    /// How streamed text is grouped into recorded deltas.
+    pub streaming: StreamingOptions,
+}
+
+impl AgentConfig {
+    /// A configuration with default limits, working in the current directory.
+    pub fn new(session_id: impl Into<String>, store: Arc<dyn CheckpointStore>, model: Arc<dyn Model>) -> Self {
+        Self {
+            session_id: session_id.into(),
+            store,
+            model,
+            session_context: SessionContext::default(),
+            workspace: PathBuf::from("."),
+            submission_capacity: DEFAULT_SUBMISSION_CAPACITY,
+            streaming: StreamingOptions::default(),
+        }
+    }
+}
+
+/// A live session: submit ops, read recorded events. Dropping it cancels the
+/// session's work at once (a running turn is then closed as
+/// `runtime_stopped` when the session is next opened); [`Agent::shutdown`]
+/// stops it gracefully.
+pub struct Agent {
+    session_id: String,
+    sender: SubmissionSender,
+    events: mpsc::Receiver<RecordedEvent>,
+    task: JoinHandle<Result<()>>,
+}
+
+impl Agent {
+    /// The session's id.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// Where to submit ops.
+    pub fn sender(&self) -> &SubmissionSender {
+        &self.sender
+    }
+
+    /// The next recorded event, or `None` once the session has stopped and
+    /// every event was delivered.
+    pub async fn next_event(&mut self) -> Option<RecordedEvent> {
+        self.events.recv().await
+    }
+
+    /// Stops the session after the work already queued: submits
+    /// [`Op::Shutdown`], discards the events still to come, and reports why
+    /// the session task ended if it failed.
+    pub async fn shutdown(mut self) -> Result<()> {
+        // Keep draining while waiting for room in the queue: the session may
+        // be blocked on delivering to us.
+        let submitted = {
+            let submit = self.sender.submit_wait(Op::Shutdown);
+            tokio::pin!(submit);
+            loop {
+                tokio::select! {
+                    result = &mut submit => break result.map(drop),
+                    event = self.events.recv() => if event.is_none() { break Ok(()) },
+                }
+            }
+        };
+        while self.events.recv().await.is_some() {}
+        let ended = match (&mut self.task).await {
+            Ok(result) => result,
+            Err(error) => Err(Error::stopped(format!("session task failed: {error}"))),
+        };
+        match (ended, submitted) {
+            (Err(error), _) => Err(error),
+            // The session stopped on its own before the shutdown could be queued.
+            (Ok(()), Err(Error::Stopped(_))) => Ok(()),
+            (Ok(()), submitted) => submitted,
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Opens the session named in `config`, creating it if needed, and starts
+/// its task. A turn left in flight by a runtime that stopped is closed with
+/// a `turn_aborted` event (reason `runtime_stopped`) before anything else.
+pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
+    let AgentConfig {
+        session_id,
+        store,
+        model,
+        session_context,
+        submission_capacity,
+        streaming,
+        ..
+    } = config;
+    if session_id.is_empty() || session_id.len() > MAX_SESSION_ID_BYTES || session_id.chars().any(char::is_control) {
+        return Err(Error::InvalidInput(format!(
+            "session id must be 1 to {MAX_SESSION_ID_BYTES} bytes without control characters"
+        )));
+    }
+    let (checkpoint, transcript, execution, resumed) = match store.load(&session_id).await? {
+        Some(state) => (state.checkpoint, state.transcript, state.execution, true),
+        None => {
+            let checkpoint = Checkpoint {
+                session_context,
+                ..Checkpoint::empty(session_id.clone())
+            };
+            store.save(&checkpoint, &[], None).await?;
+            (checkpoint, Vec::new(), None, false)
+        }
+    };
+    let (recorder, events) = EventRecorder::spawn(Arc::clone(&store), session_id.clone());
+    let mut startup = vec![Event {
+        submission_id: None,
+        msg: EventMsg::SessionStarted(SessionStartedEvent {
+            session_id: session_id.clone(),
+            bot_id: checkpoint.session_context.bot_id.clone(),
+            resumed,
+            history_items: transcript.len() as u64,
+        }),
+    }];
+    let mut closing_write = None;
+    if let Some(execution) = execution {
+        tracing::warn!(%session_id, turn_id = %execution.turn_id, "closing a turn left in flight by a stopped runtime");
+        startup.push(Event {
+            submission_id: execution.submission_ids.first().cloned(),
+            msg: EventMsg::TurnAborted(TurnAbortedEvent {
+                turn_id: execution.turn_id,
+                reason: AbortReason::RuntimeStopped,
+                message: "the runtime stopped while this turn was running (process exit or crash); \
+                          it was closed when the session was reopened"
+                    .to_owned(),
+            }),
+        });
+        closing_write = Some(CheckpointWrite {
+            checkpoint: checkpoint.clone(),
+            transcript_delta: Vec::new(),
+            execution: None,
+        });
+    }
+    recorder.append(startup, closing_write).await?;
+
+    let (sender, inbox) = submission_channel(submission_capacity);
+    let session = Session {
+        session_id: session_id.clone(),
+        model,
+        recorder,
+        inbox,
+        checkpoint,
+        transcript,
+        streaming,
+        deferred: None,
+    };
+    let task = tokio::spawn(session.run());
+    Ok(Agent {
+        session_id,
+        sender,
+        events,
+        task,
+    })
+}

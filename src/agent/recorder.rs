@@ -1,0 +1,465 @@
+//! The event recorder: persists a session's events, then delivers them.
+//!
+//! One recorder task runs per session. Producers queue events through an
+//! [`EventRecorder`] handle; at each wake-up the task takes *everything*
+//! queued, appends it to the store in one batch (which the store's writer may
+//! commit together with other sessions' batches), and only after the commit
+//! hands the events, in order, to the delivery queue. Nothing reaches a
+//! consumer before it is durable.
+//!
+//! Everything is bounded: the command queue by [`RECORDER_COMMAND_CAPACITY`]
+//! entries, queued events by [`RECORDER_EVENT_BYTE_BUDGET`] bytes of JSON,
+//! the delivery queue by [`EVENT_QUEUE_CAPACITY`] events. A slow consumer
+//! fills the delivery queue, which stalls the recorder, which fills the
+//! command queue, which makes producers wait (or fail, for
+//! [`try_send_event`]). Accepted events are never dropped.
+//!
+//! A store failure stops the recorder: every pending caller gets the error,
+//! nothing more is delivered, the delivery queue closes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use crate::protocol::{Event, RecordedEvent};
+use crate::store::{AppendBatch, CheckpointStore, CheckpointWrite, EncodedEvent, StoreError};
+use crate::{Error, Result};
+
+/// Recorded events waiting for the consumer. When it is full the recorder
+/// waits, which is how a slow consumer slows the producers down.
+pub const EVENT_QUEUE_CAPACITY: usize = 256;
+
+/// Commands (event groups, checkpoint writes, flushes) a recorder can hold.
+pub const RECORDER_COMMAND_CAPACITY: usize = 1024;
+
+/// Serialized bytes of events a recorder can hold before they are delivered.
+pub const RECORDER_EVENT_BYTE_BUDGET: usize = 8 * 1024 * 1024;
+
+/// The most commands one store batch takes. `1` (see [`RecorderOptions`])
+/// gives one transaction per event: the baseline group commit is measured against.
+const DEFAULT_MAX_BATCH: usize = RECORDER_COMMAND_CAPACITY;
+
+const QUEUE_FULL: &str = "event recorder queue is full";
+
+/// Tuning of a recorder.
+#[derive(Debug, Clone, Copy)]
+pub struct RecorderOptions {
+    /// The most queued commands written in one store batch.
+    pub max_batch: usize,
+}
+
+impl Default for RecorderOptions {
+    fn default() -> Self {
+        Self {
+            max_batch: DEFAULT_MAX_BATCH,
+        }
+    }
+}
+
+/// An event serialized once, with the event kept for delivery.
+struct PendingEvent {
+    event: Event,
+    encoded: EncodedEvent,
+}
+
+enum Command {
+    /// Events (maybe none) and a checkpoint write that commit together.
+    Append {
+        events: Vec<PendingEvent>,
+        checkpoint: Option<Box<CheckpointWrite>>,
+        bytes: usize,
+        ack: Option<oneshot::Sender<Result<u64>>>,
+    },
+    /// Answer once every earlier command is stored and delivered.
+    Flush(oneshot::Sender<Result<()>>),
+}
+
+struct Shared {
+    session_id: String,
+    queued_bytes: AtomicUsize,
+    /// Signalled whenever bytes are released or the recorder stops.
+    room: Notify,
+    /// Why the recorder stopped, once it has.
+    failure: OnceLock<String>,
+}
+
+impl Shared {
+    fn release(&self, bytes: usize) {
+        if bytes > 0 {
+            self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            self.room.notify_waiters();
+        }
+    }
+
+    fn stopped(&self) -> Error {
+        match self.failure.get() {
+            Some(reason) => Error::stopped(format!("event recorder stopped: {reason}")),
+            None => Error::stopped("event recorder is closed"),
+        }
+    }
+}
+
+/// A handle to a session's recorder. Cloneable; the recorder runs until every
+/// handle is dropped and its queue is drained.
+#[derive(Clone)]
+pub struct EventRecorder {
+    commands: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+}
+
+/// A handle that does not keep the recorder alive.
+#[derive(Clone)]
+pub struct WeakEventRecorder {
+    commands: mpsc::WeakSender<Command>,
+    shared: Arc<Shared>,
+}
+
+impl WeakEventRecorder {
+    /// The handle again, if the recorder is still alive.
+    pub fn upgrade(&self) -> Option<EventRecorder> {
+        Some(EventRecorder {
+            commands: self.commands.upgrade()?,
+            shared: Arc::clone(&self.shared),
+        })
+    }
+}
+
+impl std::fmt::Debug for EventRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventRecorder")
+            .field("session_id", &self.shared.session_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventRecorder {
+    /// Starts the recorder of `session_id` on the current tokio runtime.
+    /// Returns its handle and the queue recorded events are delivered to.
+    pub fn spawn(store: Arc<dyn CheckpointStore>, session_id: String) -> (Self, mpsc::Receiver<RecordedEvent>) {
+        Self::spawn_with(store, session_id, RecorderOptions::default())
+    }
+
+    /// [`Self::spawn`] with explicit options.
+    pub fn spawn_with(
+        store: Arc<dyn CheckpointStore>,
+        session_id: String,
+        options: RecorderOptions,
+    ) -> (Self, mpsc::Receiver<RecordedEvent>) {
+        let (commands, command_rx) = mpsc::channel(RECORDER_COMMAND_CAPACITY);
+        let (delivery, delivered) = mpsc::channel(EVENT_QUEUE_CAPACITY);
+        let shared = Arc::new(Shared {
+            session_id,
+            queued_bytes: AtomicUsize::new(0),
+            room: Notify::new(),
+            failure: OnceLock::new(),
+        });
+        let task = RecorderTask {
+            store,
+            shared: Arc::clone(&shared),
+            commands: command_rx,
+            delivery,
+            max_batch: options.max_batch.max(1),
+        };
+        tokio::spawn(task.run());
+        (Self { commands, shared }, delivered)
+    }
+
+    /// The session this recorder writes to.
+    pub fn session_id(&self) -> &str {
+        &self.shared.session_id
+    }
+
+    /// A handle that does not keep the recorder alive.
+    pub fn downgrade(&self) -> WeakEventRecorder {
+        WeakEventRecorder {
+            commands: self.commands.downgrade(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Waits until every command queued before this call is stored and
+    /// delivered. Fails with [`Error::Stopped`] if the recorder stopped first.
+    pub async fn flush(&self) -> Result<()> {
+        let (ack, done) = oneshot::channel();
+        self.commands
+            .send(Command::Flush(ack))
+            .await
+            .map_err(|_| self.shared.stopped())?;
+        done.await.map_err(|_| self.shared.stopped())?
+    }
+
+    /// Queues `events` and an optional checkpoint write to be committed
+    /// together, waiting for room in the queue but not for the commit.
+    pub async fn append(&self, events: Vec<Event>, checkpoint: Option<CheckpointWrite>) -> Result<()> {
+        let command = self.encode(events, checkpoint, None)?;
+        self.send(command).await
+    }
+
+    /// [`Self::append`], then waits until the group is stored and delivered.
+    /// Returns the sequence of the last event (or of the log's end).
+    pub async fn commit(&self, events: Vec<Event>, checkpoint: Option<CheckpointWrite>) -> Result<u64> {
+        let (ack, done) = oneshot::channel();
+        let command = self.encode(events, checkpoint, Some(ack))?;
+        self.send(command).await?;
+        done.await.map_err(|_| self.shared.stopped())?
+    }
+
+    /// Whether the queue is past half its command or byte capacity. The turn
+    /// loop stops polling the model while it is, which pushes back on the
+    /// provider instead of buffering.
+    pub fn is_congested(&self) -> bool {
+        self.commands.capacity() < RECORDER_COMMAND_CAPACITY / 2
+            || self.shared.queued_bytes.load(Ordering::Acquire) > RECORDER_EVENT_BYTE_BUDGET / 2
+    }
+
+    /// Waits until the queue is no longer congested (or the recorder stopped).
+    pub async fn wait_for_room(&self) {
+        loop {
+            let room = self.shared.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            if !self.is_congested() || self.commands.is_closed() {
+                return;
+            }
+            room.await;
+        }
+    }
+
+    fn encode(
+        &self,
+        events: Vec<Event>,
+        checkpoint: Option<CheckpointWrite>,
+        ack: Option<oneshot::Sender<Result<u64>>>,
+    ) -> Result<Command> {
+        let mut bytes = 0;
+        let mut pending = Vec::with_capacity(events.len());
+        for event in events {
+            let encoded = EncodedEvent::encode(&event)?;
+            bytes += encoded.json.len();
+            pending.push(PendingEvent { event, encoded });
+        }
+        if bytes > RECORDER_EVENT_BYTE_BUDGET {
+            return Err(Error::InvalidInput(format!(
+                "events of {bytes} bytes exceed the recorder's budget of {RECORDER_EVENT_BYTE_BUDGET}"
+            )));
+        }
+        Ok(Command::Append {
+            events: pending,
+            checkpoint: checkpoint.map(Box::new),
+            bytes,
+            ack,
+        })
+    }
+
+    fn try_reserve_bytes(&self, bytes: usize) -> bool {
+        self.shared
+            .queued_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                let total = queued.checked_add(bytes)?;
+                (total <= RECORDER_EVENT_BYTE_BUDGET).then_some(total)
+            })
+            .is_ok()
+    }
+
+    fn try_send(&self, command: Command) -> Result<()> {
+        let bytes = command.bytes();
+        if !self.try_reserve_bytes(bytes) {
+            return Err(if self.commands.is_closed() {
+                self.shared.stopped()
+            } else {
+                Error::stopped(QUEUE_FULL)
+            });
+        }
+        self.commands.try_send(command).map_err(|error| {
+            self.shared.release(bytes);
+            match error {
+                mpsc::error::TrySendError::Full(_) => Error::stopped(QUEUE_FULL),
+                mpsc::error::TrySendError::Closed(_) => self.shared.stopped(),
+            }
+        })
+    }
+
+    async fn send(&self, command: Command) -> Result<()> {
+        let bytes = command.bytes();
+        loop {
+            let room = self.shared.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            if self.try_reserve_bytes(bytes) {
+                break;
+            }
+            if self.commands.is_closed() {
+                return Err(self.shared.stopped());
+            }
+            room.await;
+        }
+        self.commands.send(command).await.map_err(|_| {
+            self.shared.release(bytes);
+            self.shared.stopped()
+        })
+    }
+}
+
+impl Command {
+    fn bytes(&self) -> usize {
+        match self {
+            Command::Append { bytes, .. } => *bytes,
+            Command::Flush(_) => 0,
+        }
+    }
+}
+
+/// Records `event` and waits until it is stored and handed to the delivery
+/// queue. Returns its sequence.
+pub async fn send_event(recorder: &EventRecorder, event: Event) -> Result<u64> {
+    recorder.commit(vec![event], None).await
+}
+
+/// Queues `event` without waiting. Fails with `agent stopped: event recorder
+/// queue is full` when the command queue or the byte budget is exhausted;
+/// everything accepted before is still recorded and delivered.
+pub fn try_send_event(recorder: &EventRecorder, event: Event) -> Result<()> {
+    let command = recorder.encode(vec![event], None, None)?;
+    recorder.try_send(command)
+}
+
+/// The recorder's task: drain, persist, deliver, acknowledge.
+struct RecorderTask {
+    store: Arc<dyn CheckpointStore>,
+    shared: Arc<Shared>,
+    commands: mpsc::Receiver<Command>,
+    delivery: mpsc::Sender<RecordedEvent>,
+    max_batch: usize,
+}
+
+/// What to do, in order, once a batch is committed.
+enum Settle {
+    Deliver {
+        events: Vec<Event>,
+        bytes: usize,
+        ack: Option<oneshot::Sender<Result<u64>>>,
+    },
+    Flush(oneshot::Sender<Result<()>>),
+}
+
+impl RecorderTask {
+    async fn run(mut self) {
+        let mut commands = Vec::with_capacity(self.max_batch);
+        while self.commands.recv_many(&mut commands, self.max_batch).await > 0 {
+            if let Err(error) = self.record(&mut commands).await {
+                tracing::error!(session_id = %self.shared.session_id, %error, "event recorder stopped");
+                let _ = self.shared.failure.set(error.to_string());
+                self.commands.close();
+                while let Some(command) = self.commands.recv().await {
+                    self.fail(command, &error);
+                }
+                break;
+            }
+        }
+        self.shared.room.notify_waiters();
+    }
+
+    /// Persists one batch of commands, then delivers and acknowledges it.
+    async fn record(&mut self, commands: &mut Vec<Command>) -> std::result::Result<(), StoreError> {
+        let mut batch = AppendBatch::default();
+        let mut settles = Vec::with_capacity(commands.len());
+        for command in commands.drain(..) {
+            match command {
+                Command::Append {
+                    events,
+                    checkpoint,
+                    bytes,
+                    ack,
+                } => {
+                    let mut plain = Vec::with_capacity(events.len());
+                    for PendingEvent { event, encoded } in events {
+                        batch.events.push(encoded);
+                        plain.push(event);
+                    }
+                    if let Some(write) = checkpoint {
+                        match &mut batch.checkpoint {
+                            Some(merged) => merged.merge(*write),
+                            None => batch.checkpoint = Some(*write),
+                        }
+                    }
+                    settles.push(Settle::Deliver {
+                        events: plain,
+                        bytes,
+                        ack,
+                    });
+                }
+                Command::Flush(ack) => settles.push(Settle::Flush(ack)),
+            }
+        }
+        let receipt = if batch.events.is_empty() && batch.checkpoint.is_none() {
+            None
+        } else {
+            match self.store.append(&self.shared.session_id, batch).await {
+                Ok(receipt) => Some(receipt),
+                Err(error) => {
+                    for settle in settles {
+                        self.fail_settle(settle, &error);
+                    }
+                    return Err(error);
+                }
+            }
+        };
+        let mut next_sequence = receipt.map_or(0, |r| r.first_sequence);
+        let recorded_at_ms = receipt.map_or(0, |r| r.recorded_at_ms);
+        for settle in settles {
+            match settle {
+                Settle::Deliver { events, bytes, ack } => {
+                    for event in events {
+                        let recorded = RecordedEvent {
+                            sequence: next_sequence,
+                            recorded_at_ms,
+                            event,
+                        };
+                        next_sequence += 1;
+                        // A dropped receiver means nobody is listening; the
+                        // event is stored all the same.
+                        let _ = self.delivery.send(recorded).await;
+                    }
+                    self.shared.release(bytes);
+                    if let Some(ack) = ack {
+                        let _ = ack.send(Ok(next_sequence.saturating_sub(1)));
+                    }
+                }
+                Settle::Flush(ack) => {
+                    let _ = ack.send(Ok(()));
+                }
+            }
+        }
+        // Command slots were freed even where no bytes were (checkpoint
+        // writes, flushes); let waiting producers look again.
+        self.shared.room.notify_waiters();
+        Ok(())
+    }
+
+    fn fail(&self, command: Command, error: &StoreError) {
+        let settle = match command {
+            Command::Append { bytes, ack, .. } => Settle::Deliver {
+                events: Vec::new(),
+                bytes,
+                ack,
+            },
+            Command::Flush(ack) => Settle::Flush(ack),
+        };
+        self.fail_settle(settle, error);
+    }
+
+    fn fail_settle(&self, settle: Settle, error: &StoreError) {
+        match settle {
+            Settle::Deliver { bytes, ack, .. } => {
+                self.shared.release(bytes);
+                if let Some(ack) = ack {
+                    let _ = ack.send(Err(Error::Checkpoint(error.clone())));
+                }
+            }
+            Settle::Flush(ack) => {
+                let _ = ack.send(Err(Error::stopped(format!("event recorder stopped: {error}"))));
+            }
+        }
+    }
+}

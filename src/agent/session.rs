@@ -1,0 +1,95 @@
+//! The session task: takes submissions off the inbox and runs turns.
+//!
+//! One task per live session. It owns the inbox, the in-memory checkpoint
+//! and transcript, and a recorder handle. Everything it decides is recorded
+//! through the recorder, in order, together with the checkpoint writes, so
+//! the store always holds a consistent prefix of the session's history.
+
+use std::sync::Arc;
+
+use super::recorder::EventRecorder;
+use super::stream::StreamingOptions;
+use super::submission::Inbox;
+use crate::Result;
+use crate::model::Model;
+use crate::protocol::{
+    Event, EventMsg, Op, ShutdownCompleteEvent, Submission, SubmissionRejectedEvent, TranscriptItem,
+};
+use crate::store::{Checkpoint, CheckpointWrite, TurnExecution};
+
+/// The state a session task owns.
+pub(super) struct Session {
+    pub(super) session_id: String,
+    pub(super) model: Arc<dyn Model>,
+    pub(super) recorder: EventRecorder,
+    pub(super) inbox: Inbox,
+    pub(super) checkpoint: Checkpoint,
+    pub(super) transcript: Vec<TranscriptItem>,
+    pub(super) streaming: StreamingOptions,
+    /// A submission taken off the queue while gathering a turn's input that
+    /// was not input itself; it is handled next.
+    pub(super) deferred: Option<Submission>,
+}
+
+impl Session {
+    /// Runs until shutdown, or until every sender is gone. Fails only when the
+    /// recorder fails (the store is broken); then nothing more can be recorded.
+    pub(super) async fn run(mut self) -> Result<()> {
+        loop {
+            let submission = match self.deferred.take() {
+                Some(submission) => submission,
+                None => match self.inbox.recv_any().await {
+                    Some(submission) => submission,
+                    None => return self.stop(None).await,
+                },
+            };
+            match &submission.op {
+                Op::UserInput { .. } => self.run_turn(submission).await?,
+                Op::Shutdown => return self.stop(Some(submission)).await,
+                Op::Interrupt { .. } => self.reject(&submission, "no turn is running").await?,
+            }
+        }
+    }
+
+    /// Records that `submission` will not be acted on.
+    pub(super) async fn reject(&self, submission: &Submission, reason: &str) -> Result<()> {
+        let event = Event {
+            submission_id: Some(submission.id.clone()),
+            msg: EventMsg::SubmissionRejected(SubmissionRejectedEvent {
+                reason: reason.to_owned(),
+            }),
+        };
+        self.recorder.append(vec![event], None).await
+    }
+
+    /// A checkpoint write of the current state plus `transcript_delta`.
+    pub(super) fn checkpoint_write(
+        &self,
+        transcript_delta: Vec<TranscriptItem>,
+        execution: Option<&TurnExecution>,
+    ) -> CheckpointWrite {
+        CheckpointWrite {
+            checkpoint: self.checkpoint.clone(),
+            transcript_delta,
+            execution: execution.cloned(),
+        }
+    }
+
+    /// Refuses new submissions, records the ones still queued as rejected,
+    /// records the final event and waits until everything is durable.
+    async fn stop(mut self, shutdown: Option<Submission>) -> Result<()> {
+        self.inbox.close();
+        while let Some(late) = self.inbox.try_recv() {
+            self.reject(&late, "the session is shutting down").await?;
+        }
+        while let Some(late) = self.inbox.try_recv_control() {
+            self.reject(&late, "the session is shutting down").await?;
+        }
+        let last = Event {
+            submission_id: shutdown.map(|submission| submission.id),
+            msg: EventMsg::ShutdownComplete(ShutdownCompleteEvent {}),
+        };
+        self.recorder.commit(vec![last], None).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,206 @@
+//! The model event sink of one model step: coalescing and closing.
+//!
+//! A provider can emit thousands of tiny deltas a second. The sink gathers
+//! them and records one `assistant_content_delta` per window (a time window
+//! or a size, whichever comes first), so a fast provider cannot flood the
+//! recorder. The sink never blocks: if the recorder cannot take a delta it
+//! fails, the step is marked saturated and the turn ends with an error.
+//!
+//! Once the step ends (completed, cancelled or dropped) the sink is closed
+//! and every later call fails with `agent stopped: model event sink closed`.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::recorder::{EventRecorder, try_send_event};
+use crate::model::{ModelEvent, ModelEventSink};
+use crate::protocol::{AssistantContentDeltaEvent, Event, EventMsg};
+use crate::{Error, Result};
+
+/// How streamed text is grouped into recorded deltas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamingOptions {
+    /// Record buffered text at the latest this long after its first byte
+    /// arrived. Zero records every delta as it comes.
+    pub coalesce_window: Duration,
+    /// Record buffered text as soon as it reaches this many bytes.
+    pub coalesce_bytes: usize,
+}
+
+impl Default for StreamingOptions {
+    fn default() -> Self {
+        Self {
+            coalesce_window: Duration::from_millis(40),
+            coalesce_bytes: 16 * 1024,
+        }
+    }
+}
+
+impl StreamingOptions {
+    /// Every delta is recorded on its own, as it arrives.
+    pub fn per_delta() -> Self {
+        Self {
+            coalesce_window: Duration::ZERO,
+            coalesce_bytes: 0,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    closed: bool,
+    /// Set when the recorder refused a delta; the step must end.
+    saturated: Option<String>,
+    /// Text received but not yet recorded.
+    pending: String,
+    /// When the oldest pending byte arrived.
+    pending_since: Option<Instant>,
+    /// Everything streamed in this step.
+    streamed: String,
+}
+
+/// The shared state behind one step's sink.
+pub(crate) struct StepStream {
+    state: Mutex<State>,
+    /// Wakes the turn loop when a flush deadline is set or the sink fails.
+    wake: Notify,
+    recorder: EventRecorder,
+    turn_id: String,
+    submission_id: Option<String>,
+    options: StreamingOptions,
+}
+
+impl StepStream {
+    pub(crate) fn new(
+        recorder: EventRecorder,
+        turn_id: String,
+        submission_id: Option<String>,
+        options: StreamingOptions,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            recorder,
+            turn_id,
+            submission_id,
+            options,
+        })
+    }
+
+    /// The sink handed to the model.
+    pub(crate) fn sink(self: &Arc<Self>) -> ModelEventSink {
+        let stream = Arc::clone(self);
+        Arc::new(move |event| stream.push(event))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn push(&self, event: ModelEvent) -> Result<()> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(Error::stopped("model event sink closed"));
+        }
+        match event {
+            ModelEvent::TextDelta(text) => {
+                if text.is_empty() {
+                    return Ok(());
+                }
+                state.streamed.push_str(&text);
+                state.pending.push_str(&text);
+                if state.pending.len() >= self.options.coalesce_bytes || self.options.coalesce_window.is_zero() {
+                    self.flush_locked(&mut state)
+                } else {
+                    if state.pending_since.is_none() {
+                        state.pending_since = Some(Instant::now());
+                        self.wake.notify_one();
+                    }
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// Records the pending text now. Holding the lock keeps deltas in order.
+    fn flush_locked(&self, state: &mut State) -> Result<()> {
+        if state.pending.is_empty() {
+            return Ok(());
+        }
+        let delta = std::mem::take(&mut state.pending);
+        state.pending_since = None;
+        try_send_event(&self.recorder, self.delta_event(delta)).map_err(|error| {
+            state.closed = true;
+            state.saturated = Some(format!("model output outran the event recorder ({error})"));
+            self.wake.notify_one();
+            error
+        })
+    }
+
+    /// When the pending text must be recorded, if there is any.
+    pub(crate) fn flush_deadline(&self) -> Option<Instant> {
+        self.lock()
+            .pending_since
+            .map(|since| since + self.options.coalesce_window)
+    }
+
+    /// Records the pending text (the window has passed).
+    pub(crate) fn flush(&self) -> Result<()> {
+        let mut state = self.lock();
+        self.flush_locked(&mut state)
+    }
+
+    /// The error that saturated the sink, if it was.
+    pub(crate) fn saturation(&self) -> Option<String> {
+        self.lock().saturated.clone()
+    }
+
+    /// Resolves when the turn loop should look at the stream again.
+    pub(crate) async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Closes the sink. Returns the text still pending (to be recorded by the
+    /// caller, which may wait for room) and everything streamed in the step.
+    pub(crate) fn close(&self) -> ClosedStream {
+        let mut state = self.lock();
+        state.closed = true;
+        state.pending_since = None;
+        let pending = std::mem::take(&mut state.pending);
+        ClosedStream {
+            pending: (!pending.is_empty()).then(|| self.delta_event(pending)),
+            streamed: std::mem::take(&mut state.streamed),
+        }
+    }
+
+    fn delta_event(&self, delta: String) -> Event {
+        Event {
+            submission_id: self.submission_id.clone(),
+            msg: EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
+                turn_id: self.turn_id.clone(),
+                delta,
+            }),
+        }
+    }
+}
+
+/// What was left in a stream when it closed.
+pub(crate) struct ClosedStream {
+    /// The delta event of streamed text not yet recorded, if any.
+    pub(crate) pending: Option<Event>,
+    /// All text streamed in the step.
+    pub(crate) streamed: String,
+}
+
+/// Closes the stream when the step's future is dropped (cancelled), so a
+/// model that kept the sink cannot write into a turn that is over.
+pub(crate) struct CloseOnDrop(pub(crate) Arc<StepStream>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+    }
+}

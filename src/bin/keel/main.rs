@@ -1,0 +1,3 @@
+//! The `keel` command line.
+
+fn main() {}

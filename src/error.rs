@@ -1,0 +1,45 @@
+//! The runtime's error type.
+
+use crate::protocol::Op;
+use crate::store::StoreError;
+
+/// A result with the runtime's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong when talking to the runtime.
+///
+/// Messages are lower case without trailing punctuation, so they compose into
+/// one-line reports such as `error: agent stopped: model event sink closed`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The input was refused before anything was queued or stored (too large,
+    /// empty, malformed). Retrying the same input fails the same way.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The session's submission queue is full. The op is handed back; retry
+    /// once the running turn has taken some of the queue.
+    #[error("agent busy: submission queue is full")]
+    Busy(Box<Op>),
+    /// The runtime (or the part of it the caller talks to) has stopped or
+    /// cannot take more work right now; the text says which.
+    #[error("agent stopped: {0}")]
+    Stopped(String),
+    /// The checkpoint store failed. The store's data is left as it was before
+    /// the failed write.
+    #[error("checkpoint store failed: {0}")]
+    Checkpoint(#[from] StoreError),
+    /// The model failed to produce a response.
+    #[error("model failed: {0}")]
+    Model(String),
+    /// The configuration is unusable (unknown model spec, unreadable script).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    /// A [`Error::Stopped`] with the given reason.
+    pub(crate) fn stopped(reason: impl Into<String>) -> Self {
+        Self::Stopped(reason.into())
+    }
+}

@@ -1,0 +1,234 @@
+//! Events: the facts a session records, in order.
+
+use std::ops::Deref;
+
+use serde::{Deserialize, Serialize};
+
+/// An event before it is recorded: what happened and which submission caused it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// The submission this event answers, if any.
+    pub submission_id: Option<String>,
+    /// What happened.
+    pub msg: EventMsg,
+}
+
+/// An event as stored in a session's log and delivered to clients.
+///
+/// JSON: `{"sequence": 7, "recorded_at_ms": 1764430000000,
+/// "submission_id": "…" | null, "msg": {"type": "turn_started", …}}`.
+/// `sequence` starts at 1 and has no gaps within a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedEvent {
+    /// Position in the session's log.
+    pub sequence: u64,
+    /// When the event was committed, in milliseconds since the Unix epoch.
+    pub recorded_at_ms: u64,
+    /// The event itself.
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// A recorded event is an event with a position; reading through it is the
+/// common case (`recorded.msg`).
+impl Deref for RecordedEvent {
+    type Target = Event;
+
+    fn deref(&self) -> &Event {
+        &self.event
+    }
+}
+
+/// What happened. Serialized with a `type` tag in snake case, the payload's
+/// fields beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EventMsg {
+    /// A runtime opened the session (new or resumed).
+    SessionStarted(SessionStartedEvent),
+    /// A turn began.
+    TurnStarted(TurnStartedEvent),
+    /// A user message joined a turn.
+    UserMessage(UserMessageEvent),
+    /// The model was called for a step of the turn.
+    ModelStepStarted(ModelStepStartedEvent),
+    /// Streamed assistant text (coalesced from the model's deltas).
+    AssistantContentDelta(AssistantContentDeltaEvent),
+    /// The assistant's complete message for a step.
+    AssistantMessage(AssistantMessageEvent),
+    /// The turn ended normally.
+    TurnComplete(TurnCompleteEvent),
+    /// The turn ended early; `reason` says why.
+    TurnAborted(TurnAbortedEvent),
+    /// Something worth knowing that did not stop anything.
+    Warning(WarningEvent),
+    /// Something failed; if it ended a turn, a `turn_aborted` follows.
+    Error(ErrorEvent),
+    /// A submission was accepted into the queue but will not be acted on.
+    SubmissionRejected(SubmissionRejectedEvent),
+    /// The runtime stopped after a shutdown op; the last event of that runtime.
+    ShutdownComplete(ShutdownCompleteEvent),
+}
+
+impl EventMsg {
+    /// The `type` tag of this event, as it appears on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventMsg::SessionStarted(_) => "session_started",
+            EventMsg::TurnStarted(_) => "turn_started",
+            EventMsg::UserMessage(_) => "user_message",
+            EventMsg::ModelStepStarted(_) => "model_step_started",
+            EventMsg::AssistantContentDelta(_) => "assistant_content_delta",
+            EventMsg::AssistantMessage(_) => "assistant_message",
+            EventMsg::TurnComplete(_) => "turn_complete",
+            EventMsg::TurnAborted(_) => "turn_aborted",
+            EventMsg::Warning(_) => "warning",
+            EventMsg::Error(_) => "error",
+            EventMsg::SubmissionRejected(_) => "submission_rejected",
+            EventMsg::ShutdownComplete(_) => "shutdown_complete",
+        }
+    }
+
+    /// The turn this event belongs to, if it belongs to one.
+    pub fn turn_id(&self) -> Option<&str> {
+        match self {
+            EventMsg::TurnStarted(e) => Some(&e.turn_id),
+            EventMsg::UserMessage(e) => Some(&e.turn_id),
+            EventMsg::ModelStepStarted(e) => Some(&e.turn_id),
+            EventMsg::AssistantContentDelta(e) => Some(&e.turn_id),
+            EventMsg::AssistantMessage(e) => Some(&e.turn_id),
+            EventMsg::TurnComplete(e) => Some(&e.turn_id),
+            EventMsg::TurnAborted(e) => Some(&e.turn_id),
+            EventMsg::Error(e) => e.turn_id.as_deref(),
+            EventMsg::SessionStarted(_)
+            | EventMsg::Warning(_)
+            | EventMsg::SubmissionRejected(_)
+            | EventMsg::ShutdownComplete(_) => None,
+        }
+    }
+
+    /// Whether this event closes a turn.
+    pub fn ends_turn(&self) -> bool {
+        matches!(self, EventMsg::TurnComplete(_) | EventMsg::TurnAborted(_))
+    }
+}
+
+/// Payload of [`EventMsg::SessionStarted`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionStartedEvent {
+    /// The session's id.
+    pub session_id: String,
+    /// The bot this session belongs to.
+    pub bot_id: String,
+    /// `true` when an existing session was reopened.
+    pub resumed: bool,
+    /// Number of history items restored from the checkpoint.
+    pub history_items: u64,
+}
+
+/// Payload of [`EventMsg::TurnStarted`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnStartedEvent {
+    /// The new turn's id.
+    pub turn_id: String,
+}
+
+/// Payload of [`EventMsg::UserMessage`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserMessageEvent {
+    /// The turn the message joined.
+    pub turn_id: String,
+    /// The message text.
+    pub text: String,
+}
+
+/// Payload of [`EventMsg::ModelStepStarted`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelStepStartedEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// The step's number within the turn, from 1.
+    pub step: u32,
+}
+
+/// Payload of [`EventMsg::AssistantContentDelta`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssistantContentDeltaEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// Text to append to what was streamed so far.
+    pub delta: String,
+}
+
+/// Payload of [`EventMsg::AssistantMessage`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssistantMessageEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// The complete message.
+    pub text: String,
+}
+
+/// Payload of [`EventMsg::TurnComplete`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnCompleteEvent {
+    /// The turn.
+    pub turn_id: String,
+}
+
+/// Why a turn ended early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AbortReason {
+    /// An interrupt op stopped it.
+    Interrupted,
+    /// The runtime stopped (process exit or crash) while the turn ran; found
+    /// and closed when the session was next opened.
+    RuntimeStopped,
+    /// The model failed.
+    ModelFailed,
+    /// The model produced output faster than the store could record it, past
+    /// the recorder's bounds.
+    RecorderSaturated,
+}
+
+/// Payload of [`EventMsg::TurnAborted`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnAbortedEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// Why it ended.
+    pub reason: AbortReason,
+    /// The same, for people.
+    pub message: String,
+}
+
+/// Payload of [`EventMsg::Warning`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarningEvent {
+    /// What to know.
+    pub message: String,
+}
+
+/// Payload of [`EventMsg::Error`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorEvent {
+    /// The turn that failed, if the error belongs to one.
+    pub turn_id: Option<String>,
+    /// What failed.
+    pub message: String,
+}
+
+/// Payload of [`EventMsg::SubmissionRejected`]; the envelope's
+/// `submission_id` names the submission.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmissionRejectedEvent {
+    /// Why it will not be acted on.
+    pub reason: String,
+}
+
+/// Payload of [`EventMsg::ShutdownComplete`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShutdownCompleteEvent {}

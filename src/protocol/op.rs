@@ -1,0 +1,65 @@
+//! Ops: the requests a client submits to a session.
+
+use serde::{Deserialize, Serialize};
+
+/// The largest user message accepted, in bytes of UTF-8 text. Larger input is
+/// refused before it is queued, so it can never reach the log or a model.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// A request to a session.
+///
+/// JSON: `{"type": "user_input", "text": "…"}`, `{"type": "interrupt",
+/// "turn_id": "…"}` (`turn_id` optional), `{"type": "shutdown"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Op {
+    /// A user message. It starts a turn, or waits for the next one while a
+    /// turn runs (every message queued before a turn starts joins that turn).
+    UserInput {
+        /// The message text.
+        text: String,
+    },
+    /// Abort the running turn. With a `turn_id`, only that turn is aborted,
+    /// so a late interrupt cannot hit the turn that followed it.
+    Interrupt {
+        /// The turn to abort; `None` aborts whichever turn is running.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+    },
+    /// Finish the work queued before this op, flush the log, record a final
+    /// event and stop. Ops queued after it are recorded as rejected.
+    Shutdown,
+}
+
+impl Op {
+    /// Checks the op against the protocol's limits before it is queued.
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            Op::UserInput { text } if text.len() > MAX_MESSAGE_BYTES => Err(format!(
+                "message is {} bytes; the limit is {MAX_MESSAGE_BYTES}",
+                text.len()
+            )),
+            Op::UserInput { text } if text.trim().is_empty() => Err("message is empty".into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the op must reach a running turn at once instead of waiting
+    /// in the queue behind user messages.
+    pub fn is_control(&self) -> bool {
+        matches!(self, Op::Interrupt { .. })
+    }
+}
+
+/// An accepted op with its identity: `id` is unique, `sequence` orders the
+/// submissions of one runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Submission {
+    /// Unique id; events caused by this submission carry it.
+    pub id: String,
+    /// Position among the submissions accepted by this session's runtime.
+    pub sequence: u64,
+    /// The request itself.
+    pub op: Op,
+}

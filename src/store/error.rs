@@ -1,0 +1,51 @@
+//! Errors of the checkpoint store.
+
+use std::sync::Arc;
+
+/// A store operation failed. The store's data is as it was before the call.
+///
+/// Cloneable, so one failed group commit can be reported to every writer
+/// whose work was in it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// No session with this id has a checkpoint. Create it with `save` first.
+    #[error("unknown session '{0}'")]
+    UnknownSession(String),
+    /// A stored row could not be decoded; the row is left untouched.
+    #[error("corrupt {what}: {detail}")]
+    Corrupt {
+        /// Which row (for example `event 12 of session 'a'`).
+        what: String,
+        /// What was wrong with it.
+        detail: String,
+    },
+    /// The disk, or the database's configured size limit, is full. Retrying
+    /// helps only once space is freed.
+    #[error("storage is full: {0}")]
+    Full(String),
+    /// The file is not a Keel database (or not a database at all).
+    #[error("not a keel database: {0}")]
+    NotADatabase(String),
+    /// The database was written by a newer Keel.
+    #[error("database schema version {found} is newer than this keel supports ({supported})")]
+    SchemaTooNew {
+        /// Version found in the file.
+        found: i64,
+        /// Newest version this build understands.
+        supported: i64,
+    },
+    /// The input cannot be stored (for example a checkpoint whose session id
+    /// does not match the call).
+    #[error("invalid write: {0}")]
+    Invalid(String),
+    /// A value could not be serialized.
+    #[error("cannot encode: {0}")]
+    Encode(String),
+    /// The store was closed.
+    #[error("store is closed")]
+    Closed,
+    /// Any other failure of the storage backend (I/O, locking).
+    #[error("{0}")]
+    Backend(Arc<dyn std::error::Error + Send + Sync>),
+}

@@ -1,0 +1,222 @@
+//! Durable session state: checkpoints, history and the event log.
+//!
+//! [`CheckpointStore`] is the one interface the runtime persists through.
+//! [`SqliteCheckpoint`] is the embedded default. A store keeps, per session:
+//!
+//! - a [`Checkpoint`]: the small, rewritten-in-place state (context, counters);
+//! - the transcript: history items, appended as deltas and never rewritten;
+//! - the turn [`TurnExecution`] in flight, if any, so a restart can close it;
+//! - the event log, with a gap-free sequence starting at 1.
+//!
+//! **Architecture invariant:** a batch of events and the checkpoint write that
+//! goes with it are committed atomically, or not at all.
+
+mod error;
+pub mod sqlite;
+
+use serde::{Deserialize, Serialize};
+
+pub use error::StoreError;
+pub use sqlite::{SqliteCheckpoint, SqliteOptions, Synchronous};
+
+use crate::model::BoxFuture;
+use crate::protocol::{Event, RecordedEvent, TranscriptItem};
+
+/// The most events one [`CheckpointStore::event_page`] call returns.
+pub const MAX_EVENT_PAGE: usize = 10_000;
+
+/// Who a session belongs to and what it is about; set when it is created.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionContext {
+    /// The bot (application) that owns the session.
+    pub bot_id: String,
+    /// Free-form context supplied by the application.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A session's small durable state, rewritten on every save.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The session this checkpoint belongs to.
+    pub session_id: String,
+    /// Who the session belongs to.
+    pub session_context: SessionContext,
+    /// Model calls started in this session; the scripted model's position.
+    #[serde(default)]
+    pub model_calls: u64,
+    /// Turns that completed normally.
+    #[serde(default)]
+    pub turns_completed: u64,
+}
+
+impl Checkpoint {
+    /// The checkpoint of a session that has not done anything yet.
+    pub fn empty(session_id: impl Into<String>) -> Self {
+        Self {
+            session_id: session_id.into(),
+            session_context: SessionContext::default(),
+            model_calls: 0,
+            turns_completed: 0,
+        }
+    }
+}
+
+/// The turn a session is running, saved while it runs so that a restart can
+/// find it and close it explicitly.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnExecution {
+    /// The running turn.
+    pub turn_id: String,
+    /// The submissions the turn took.
+    pub submission_ids: Vec<String>,
+    /// When it started, in milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+}
+
+/// Everything needed to resume a session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionState {
+    /// The latest checkpoint.
+    pub checkpoint: Checkpoint,
+    /// The whole history, oldest first.
+    pub transcript: Vec<TranscriptItem>,
+    /// The turn that was running when the checkpoint was written, if any.
+    pub execution: Option<TurnExecution>,
+    /// The sequence of the newest event in the log (0 when it is empty).
+    pub last_sequence: u64,
+}
+
+/// One line of a session listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSummary {
+    /// The session's id.
+    pub session_id: String,
+    /// The bot that owns it.
+    pub bot_id: String,
+    /// When it was created, in milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+    /// When it was last written.
+    pub updated_at_ms: u64,
+    /// The newest event's sequence.
+    pub last_sequence: u64,
+    /// The turn in flight at the last write, if any.
+    pub running_turn_id: Option<String>,
+}
+
+/// Which part of the log to read: the `limit` newest events older than
+/// `before_sequence` (or the newest overall when it is `None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventPageRequest {
+    /// Read events with a smaller sequence than this.
+    pub before_sequence: Option<u64>,
+    /// How many at most; capped at [`MAX_EVENT_PAGE`].
+    pub limit: usize,
+}
+
+/// A page of the event log, oldest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventPage {
+    /// The events, in ascending sequence.
+    pub events: Vec<RecordedEvent>,
+    /// Whether older events exist before the first one here.
+    pub has_more: bool,
+}
+
+/// An event serialized once, on its way to the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncodedEvent {
+    /// The event's `type` tag, kept in its own column for queries.
+    pub kind: &'static str,
+    /// The JSON of the [`Event`] (`submission_id` and `msg`).
+    pub json: String,
+}
+
+impl EncodedEvent {
+    /// Serializes an event.
+    pub fn encode(event: &Event) -> Result<Self, StoreError> {
+        let json = serde_json::to_string(event).map_err(|error| StoreError::Encode(error.to_string()))?;
+        Ok(Self {
+            kind: event.msg.kind(),
+            json,
+        })
+    }
+}
+
+/// A checkpoint rewrite plus the history it adds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointWrite {
+    /// The new checkpoint.
+    pub checkpoint: Checkpoint,
+    /// History items to append.
+    pub transcript_delta: Vec<TranscriptItem>,
+    /// The turn in flight after this write (`None` when none is).
+    pub execution: Option<TurnExecution>,
+}
+
+impl CheckpointWrite {
+    /// Folds a later write into this one: the later checkpoint and execution
+    /// win, the history deltas are concatenated.
+    pub fn merge(&mut self, later: CheckpointWrite) {
+        self.checkpoint = later.checkpoint;
+        self.execution = later.execution;
+        self.transcript_delta.extend(later.transcript_delta);
+    }
+}
+
+/// Events to append to one session's log, and the checkpoint write that goes
+/// with them; both commit in one transaction.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AppendBatch {
+    /// Events in order; they get consecutive sequences.
+    pub events: Vec<EncodedEvent>,
+    /// A checkpoint write, for a session that must already exist.
+    pub checkpoint: Option<CheckpointWrite>,
+}
+
+/// Where an appended batch landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendReceipt {
+    /// The first event's sequence; the rest follow without gaps.
+    pub first_sequence: u64,
+    /// Commit time of the batch, in milliseconds since the Unix epoch.
+    pub recorded_at_ms: u64,
+}
+
+/// Durable storage for sessions. Object safe, so the runtime holds an
+/// `Arc<dyn CheckpointStore>` and backends can be swapped.
+///
+/// Implementations must keep each session's event sequence gap-free, accept
+/// events only for sessions that have a checkpoint, and leave stored data
+/// unchanged when a call fails.
+pub trait CheckpointStore: Send + Sync {
+    /// Creates or rewrites a session's checkpoint, appends `transcript_delta`
+    /// to its history and sets (or clears) its turn in flight.
+    fn save<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        transcript_delta: &'a [TranscriptItem],
+        execution: Option<&'a TurnExecution>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Loads a session, or `None` if it does not exist.
+    fn load<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionState>, StoreError>>;
+
+    /// Appends events and an optional checkpoint write atomically. Fails with
+    /// [`StoreError::UnknownSession`] if the session has no checkpoint.
+    fn append<'a>(
+        &'a self,
+        session_id: &'a str,
+        batch: AppendBatch,
+    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>>;
+
+    /// Reads a page of the log, going backwards from `before_sequence`.
+    fn event_page<'a>(
+        &'a self,
+        session_id: &'a str,
+        request: EventPageRequest,
+    ) -> BoxFuture<'a, Result<EventPage, StoreError>>;
+
+    /// Lists sessions, most recently updated first.
+    fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionSummary>, StoreError>>;
+}

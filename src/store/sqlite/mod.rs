@@ -1,0 +1,219 @@
+//! The embedded store: one SQLite file in WAL mode.
+//!
+//! Writes go to a single writer thread per [`SqliteCheckpoint`] that commits
+//! the queued work of all sessions together (group commit), so an fsync is
+//! shared by everything that was waiting for it. Reads use a small pool of
+//! separate connections on tokio's blocking threads; no SQLite call runs on
+//! an async worker thread.
+//!
+//! Open one `SqliteCheckpoint` per database file and share it (it is meant to
+//! sit behind an `Arc`): two instances on the same file still work, through
+//! SQLite's locking, but no longer share their commits.
+
+mod reader;
+mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+
+use rusqlite::ErrorCode;
+use tokio::sync::oneshot;
+
+use self::reader::ReaderPool;
+use self::writer::Job;
+use super::{
+    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest,
+    SessionState, SessionSummary, StoreError, TurnExecution,
+};
+use crate::model::BoxFuture;
+use crate::protocol::TranscriptItem;
+
+/// How SQLite makes a commit durable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Synchronous {
+    /// `synchronous=FULL`: every commit is fsynced before it is acknowledged,
+    /// so an acknowledged event survives power loss. The default.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: in WAL mode the log is fsynced only at
+    /// checkpoints. A process crash loses nothing, but a power loss or OS
+    /// crash can lose the last acknowledged commits. Faster; choose it only
+    /// when the machine's durability is someone else's problem.
+    Normal,
+}
+
+/// Settings of a [`SqliteCheckpoint`].
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// Durability of commits.
+    pub synchronous: Synchronous,
+    /// Refuse writes that would grow the file past this size; they fail with
+    /// [`StoreError::Full`], as on a full disk.
+    pub max_size_bytes: Option<u64>,
+    /// The most write jobs one transaction may carry. `1` disables group
+    /// commit (one transaction per job), which is only useful as a baseline.
+    pub max_jobs_per_commit: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            synchronous: Synchronous::Full,
+            max_size_bytes: None,
+            max_jobs_per_commit: 4096,
+        }
+    }
+}
+
+/// A [`CheckpointStore`] in one SQLite file.
+pub struct SqliteCheckpoint {
+    path: PathBuf,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    readers: Arc<ReaderPool>,
+}
+
+impl SqliteCheckpoint {
+    /// Opens (creating if needed) the database at `path` with the default,
+    /// durable settings. Blocking; from async code prefer [`Self::open`].
+    pub fn new(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::with_options(path, SqliteOptions::default())
+    }
+
+    /// Opens the database at `path` with `options`. Blocking.
+    pub fn with_options(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let conn = schema::open_writer(&path, &options)?;
+        let (jobs, writer) =
+            writer::spawn(conn, options.max_jobs_per_commit).map_err(|error| StoreError::Backend(Arc::new(error)))?;
+        Ok(Self {
+            readers: Arc::new(ReaderPool::new(path.clone())),
+            path,
+            jobs: Mutex::new(Some(jobs)),
+            writer: Mutex::new(Some(writer)),
+        })
+    }
+
+    /// Opens the database on a blocking thread.
+    pub async fn open(path: impl Into<PathBuf>, options: SqliteOptions) -> Result<Self, StoreError> {
+        let path = path.into();
+        tokio::task::spawn_blocking(move || Self::with_options(path, options))
+            .await
+            .map_err(|error| StoreError::Backend(Arc::new(error)))?
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops the writer after the writes already queued, waits for it, and
+    /// closes every connection, so the WAL is folded into the main file.
+    /// Later calls fail with [`StoreError::Closed`].
+    pub async fn close(&self) {
+        self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).take();
+        let writer = self.writer.lock().unwrap_or_else(|poison| poison.into_inner()).take();
+        if let Some(writer) = writer {
+            let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+        }
+        self.readers.clear();
+    }
+
+    fn submit(&self, job: Job) -> Result<(), StoreError> {
+        let jobs = self.jobs.lock().unwrap_or_else(|poison| poison.into_inner());
+        let jobs = jobs.as_ref().ok_or(StoreError::Closed)?;
+        jobs.send(job).map_err(|_| StoreError::Closed)
+    }
+
+    async fn write(
+        &self,
+        job: impl FnOnce(oneshot::Sender<Result<AppendReceipt, StoreError>>) -> Job,
+    ) -> Result<AppendReceipt, StoreError> {
+        let (reply, receipt) = oneshot::channel();
+        self.submit(job(reply))?;
+        receipt.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        if self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).is_none() {
+            return Err(StoreError::Closed);
+        }
+        let readers = Arc::clone(&self.readers);
+        tokio::task::spawn_blocking(move || readers.with(read))
+            .await
+            .map_err(|error| StoreError::Backend(Arc::new(error)))?
+    }
+}
+
+impl CheckpointStore for SqliteCheckpoint {
+    fn save<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        transcript_delta: &'a [TranscriptItem],
+        execution: Option<&'a TurnExecution>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let write = CheckpointWrite {
+            checkpoint: checkpoint.clone(),
+            transcript_delta: transcript_delta.to_vec(),
+            execution: execution.cloned(),
+        };
+        Box::pin(async move { self.write(|reply| Job::Save { write, reply }).await.map(|_| ()) })
+    }
+
+    fn load<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionState>, StoreError>> {
+        let session_id = session_id.to_owned();
+        Box::pin(self.read(move |conn| reader::load(conn, &session_id)))
+    }
+
+    fn append<'a>(
+        &'a self,
+        session_id: &'a str,
+        batch: AppendBatch,
+    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
+        let session_id = session_id.to_owned();
+        Box::pin(self.write(move |reply| Job::Append {
+            session_id,
+            batch,
+            reply,
+        }))
+    }
+
+    fn event_page<'a>(
+        &'a self,
+        session_id: &'a str,
+        request: EventPageRequest,
+    ) -> BoxFuture<'a, Result<EventPage, StoreError>> {
+        let session_id = session_id.to_owned();
+        Box::pin(self.read(move |conn| reader::event_page(conn, &session_id, request)))
+    }
+
+    fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionSummary>, StoreError>> {
+        Box::pin(self.read(move |conn| reader::list_sessions(conn, limit)))
+    }
+}
+
+/// Maps a SQLite error to the store's error, naming the file when that helps.
+fn store_error(error: rusqlite::Error, path: &Path) -> StoreError {
+    match error.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => StoreError::NotADatabase(path.display().to_string()),
+        Some(ErrorCode::CannotOpen) => StoreError::Backend(Arc::new(std::io::Error::other(format!(
+            "cannot open {}: {error}",
+            path.display()
+        )))),
+        _ => sqlite_error(error),
+    }
+}
+
+/// Maps a SQLite error to the store's error.
+fn sqlite_error(error: rusqlite::Error) -> StoreError {
+    match error.sqlite_error_code() {
+        Some(ErrorCode::DiskFull) => StoreError::Full(error.to_string()),
+        Some(ErrorCode::NotADatabase) => StoreError::NotADatabase(error.to_string()),
+        _ => StoreError::Backend(Arc::new(error)),
+    }
+}

@@ -1,0 +1,181 @@
+//! Reads: a small pool of read-only connections, used from blocking threads.
+//!
+//! WAL mode lets these read while the writer commits.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::protocol::{Event, RecordedEvent, TranscriptItem};
+use crate::store::{
+    Checkpoint, EventPage, EventPageRequest, MAX_EVENT_PAGE, SessionState, SessionSummary, StoreError, TurnExecution,
+};
+
+/// Idle read connections kept for reuse.
+const MAX_IDLE_READERS: usize = 4;
+
+/// Hands out read connections, opening more on demand.
+pub(super) struct ReaderPool {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl ReaderPool {
+    pub(super) fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Runs `read` on a pooled connection. Blocking: call from a blocking thread.
+    pub(super) fn with<T>(&self, read: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let pooled = self.idle.lock().unwrap_or_else(|poison| poison.into_inner()).pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => super::schema::open_reader(&self.path)?,
+        };
+        let result = read(&conn);
+        let mut idle = self.idle.lock().unwrap_or_else(|poison| poison.into_inner());
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+        result
+    }
+
+    /// Closes the idle connections.
+    pub(super) fn clear(&self) {
+        self.idle.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
+    }
+}
+
+pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<SessionState>, StoreError> {
+    let row: Option<(String, Option<String>, u64)> = conn
+        .prepare_cached("SELECT checkpoint, execution, last_sequence FROM sessions WHERE id = ?1")
+        .and_then(|mut select| {
+            select
+                .query_row(params![session_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+                .optional()
+        })
+        .map_err(super::sqlite_error)?;
+    let Some((checkpoint, execution, last_sequence)) = row else {
+        return Ok(None);
+    };
+    let what = || format!("checkpoint of session '{session_id}'");
+    let checkpoint: Checkpoint = decode(&checkpoint, what)?;
+    let execution: Option<TurnExecution> = execution.map(|json| decode(&json, what)).transpose()?;
+    let mut select = conn
+        .prepare_cached("SELECT position, item FROM transcript WHERE session_id = ?1 ORDER BY position")
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![session_id], |row| {
+            Ok((row.get::<_, u64>(0)?, row.get::<_, String>(1)?))
+        })
+        .map_err(super::sqlite_error)?;
+    let mut transcript = Vec::new();
+    for row in rows {
+        let (position, item) = row.map_err(super::sqlite_error)?;
+        let item: TranscriptItem = decode(&item, || {
+            format!("transcript item {position} of session '{session_id}'")
+        })?;
+        transcript.push(item);
+    }
+    Ok(Some(SessionState {
+        checkpoint,
+        transcript,
+        execution,
+        last_sequence,
+    }))
+}
+
+pub(super) fn event_page(
+    conn: &Connection,
+    session_id: &str,
+    request: EventPageRequest,
+) -> Result<EventPage, StoreError> {
+    let limit = request.limit.min(MAX_EVENT_PAGE);
+    let before = request.before_sequence.unwrap_or(i64::MAX as u64);
+    let mut select = conn
+        .prepare_cached(
+            "SELECT sequence, recorded_at_ms, body FROM events
+             WHERE session_id = ?1 AND sequence < ?2 ORDER BY sequence DESC LIMIT ?3",
+        )
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![session_id, before, limit as u64 + 1], |row| {
+            Ok((row.get::<_, u64>(0)?, row.get::<_, u64>(1)?, row.get::<_, String>(2)?))
+        })
+        .map_err(super::sqlite_error)?;
+    let mut events = Vec::with_capacity(limit.min(1024));
+    let mut has_more = false;
+    for row in rows {
+        let (sequence, recorded_at_ms, body) = row.map_err(super::sqlite_error)?;
+        if events.len() == limit {
+            has_more = true;
+            break;
+        }
+        let event: Event = decode(&body, || format!("event {sequence} of session '{session_id}'"))?;
+        events.push(RecordedEvent {
+            sequence,
+            recorded_at_ms,
+            event,
+        });
+    }
+    if events.is_empty() && !session_exists(conn, session_id)? {
+        return Err(StoreError::UnknownSession(session_id.to_owned()));
+    }
+    events.reverse();
+    Ok(EventPage { events, has_more })
+}
+
+pub(super) fn list_sessions(conn: &Connection, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
+    let mut select = conn
+        .prepare_cached(
+            "SELECT id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence FROM sessions
+             ORDER BY updated_at_ms DESC, id LIMIT ?1",
+        )
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![limit as u64], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, Option<String>>(2)?,
+                row.get::<_, u64>(3)?,
+                row.get::<_, u64>(4)?,
+                row.get::<_, u64>(5)?,
+            ))
+        })
+        .map_err(super::sqlite_error)?;
+    let mut sessions = Vec::new();
+    for row in rows {
+        let (session_id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence) =
+            row.map_err(super::sqlite_error)?;
+        let what = || format!("checkpoint of session '{session_id}'");
+        let checkpoint: Checkpoint = decode(&checkpoint, what)?;
+        let execution: Option<TurnExecution> = execution.map(|json| decode(&json, what)).transpose()?;
+        sessions.push(SessionSummary {
+            bot_id: checkpoint.session_context.bot_id,
+            session_id,
+            created_at_ms,
+            updated_at_ms,
+            last_sequence,
+            running_turn_id: execution.map(|execution| execution.turn_id),
+        });
+    }
+    Ok(sessions)
+}
+
+fn session_exists(conn: &Connection, session_id: &str) -> Result<bool, StoreError> {
+    conn.prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")
+        .and_then(|mut select| select.exists(params![session_id]))
+        .map_err(super::sqlite_error)
+}
+
+fn decode<T: serde::de::DeserializeOwned>(json: &str, what: impl FnOnce() -> String) -> Result<T, StoreError> {
+    serde_json::from_str(json).map_err(|error| StoreError::Corrupt {
+        what: what(),
+        detail: error.to_string(),
+    })
+}

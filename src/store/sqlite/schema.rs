@@ -1,0 +1,122 @@
+//! Opening SQLite connections and migrating the schema.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+
+use super::{SqliteOptions, Synchronous};
+use crate::store::StoreError;
+
+/// The schema this build writes; stored in `PRAGMA user_version`.
+pub(super) const SCHEMA_VERSION: i64 = 1;
+
+/// How long a connection waits for another process's lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Version 1: sessions with their checkpoint, the transcript, the event log.
+const SCHEMA_V1: &str = "
+CREATE TABLE sessions (
+    id             TEXT PRIMARY KEY NOT NULL,
+    created_at_ms  INTEGER NOT NULL,
+    updated_at_ms  INTEGER NOT NULL,
+    last_sequence  INTEGER NOT NULL DEFAULT 0,
+    transcript_len INTEGER NOT NULL DEFAULT 0,
+    checkpoint     TEXT NOT NULL,
+    execution      TEXT
+);
+CREATE INDEX sessions_by_update ON sessions (updated_at_ms DESC);
+CREATE TABLE transcript (
+    session_id TEXT NOT NULL,
+    position   INTEGER NOT NULL,
+    item       TEXT NOT NULL,
+    PRIMARY KEY (session_id, position)
+);
+CREATE TABLE events (
+    session_id     TEXT NOT NULL,
+    sequence       INTEGER NOT NULL,
+    recorded_at_ms INTEGER NOT NULL,
+    kind           TEXT NOT NULL,
+    body           TEXT NOT NULL,
+    PRIMARY KEY (session_id, sequence)
+);
+";
+
+/// Opens the writer connection: WAL, the configured durability, an optional
+/// size cap, and the schema brought up to date.
+pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
+    let mut conn = Connection::open(path).map_err(|e| super::store_error(e, path))?;
+    configure(&conn).map_err(|e| super::store_error(e, path))?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(|e| super::store_error(e, path))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Invalid(format!(
+            "cannot use WAL mode on {} (got {mode})",
+            path.display()
+        )));
+    }
+    let synchronous = match options.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", synchronous)
+        .map_err(|e| super::store_error(e, path))?;
+    if let Some(max_bytes) = options.max_size_bytes {
+        let page_size: i64 = conn
+            .pragma_query_value(None, "page_size", |row| row.get(0))
+            .map_err(|e| super::store_error(e, path))?;
+        let pages = (i64::try_from(max_bytes).unwrap_or(i64::MAX) / page_size.max(512)).max(1);
+        conn.pragma_update(None, "max_page_count", pages)
+            .map_err(|e| super::store_error(e, path))?;
+    }
+    migrate(&mut conn).map_err(|e| match e {
+        MigrateError::Sqlite(e) => super::store_error(e, path),
+        MigrateError::TooNew(found) => StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        },
+    })?;
+    Ok(conn)
+}
+
+/// Opens a connection for reads only.
+pub(super) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| super::store_error(e, path))?;
+    configure(&conn).map_err(|e| super::store_error(e, path))?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(|e| super::store_error(e, path))?;
+    Ok(conn)
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(())
+}
+
+enum MigrateError {
+    Sqlite(rusqlite::Error),
+    TooNew(i64),
+}
+
+impl From<rusqlite::Error> for MigrateError {
+    fn from(error: rusqlite::Error) -> Self {
+        Self::Sqlite(error)
+    }
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let version: i64 = tx.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(MigrateError::TooNew(version));
+    }
+    if version < 1 {
+        tx.execute_batch(SCHEMA_V1)?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()?;
+    Ok(())
+}
