@@ -22,7 +22,7 @@ use rusqlite::ErrorCode;
 use tokio::sync::oneshot;
 
 use self::reader::ReaderPool;
-use self::writer::Job;
+use self::writer::{Job, WriterCounters};
 use super::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest,
     SessionState, SessionSummary, StoreError, TurnExecution,
@@ -67,9 +67,23 @@ impl Default for SqliteOptions {
     }
 }
 
+/// What the writer has done since the store was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Write jobs (one per recorder batch or save) in those transactions.
+    pub jobs: u64,
+    /// Events in those transactions.
+    pub events: u64,
+    /// Time spent committing, summed, in microseconds.
+    pub commit_micros: u64,
+}
+
 /// A [`CheckpointStore`] in one SQLite file.
 pub struct SqliteCheckpoint {
     path: PathBuf,
+    counters: Arc<WriterCounters>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     readers: Arc<ReaderPool>,
@@ -86,9 +100,11 @@ impl SqliteCheckpoint {
     pub fn with_options(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         let conn = schema::open_writer(&path, &options)?;
-        let (jobs, writer) =
-            writer::spawn(conn, options.max_jobs_per_commit).map_err(|error| StoreError::Backend(Arc::new(error)))?;
+        let counters = Arc::new(WriterCounters::default());
+        let (jobs, writer) = writer::spawn(conn, options.max_jobs_per_commit, Arc::clone(&counters))
+            .map_err(|error| StoreError::Backend(Arc::new(error)))?;
         Ok(Self {
+            counters,
             readers: Arc::new(ReaderPool::new(path.clone())),
             path,
             jobs: Mutex::new(Some(jobs)),
@@ -107,6 +123,18 @@ impl SqliteCheckpoint {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Counters of the writer's work so far. `jobs / commits` is how many
+    /// writes each fsync carried on average.
+    pub fn writer_stats(&self) -> WriterStats {
+        let load = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+        WriterStats {
+            commits: load(&self.counters.commits),
+            jobs: load(&self.counters.jobs),
+            events: load(&self.counters.events),
+            commit_micros: load(&self.counters.commit_micros),
+        }
     }
 
     /// Stops the writer after the writes already queued, waits for it, and

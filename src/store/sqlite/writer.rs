@@ -7,7 +7,8 @@
 //! (say, an unknown session) does not fail the others. Each job is answered
 //! only after the commit that made it durable.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -41,19 +42,29 @@ impl Job {
     }
 }
 
+/// Counters of the writer's work, readable while it runs.
+#[derive(Debug, Default)]
+pub(super) struct WriterCounters {
+    pub(super) commits: AtomicU64,
+    pub(super) jobs: AtomicU64,
+    pub(super) events: AtomicU64,
+    pub(super) commit_micros: AtomicU64,
+}
+
 /// Starts the writer thread. It runs until every job sender is dropped.
 pub(super) fn spawn(
     conn: Connection,
     max_jobs_per_commit: usize,
+    counters: Arc<WriterCounters>,
 ) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<()>)> {
     let (jobs, queue) = mpsc::channel();
     let handle = std::thread::Builder::new()
         .name("keel-sqlite-writer".into())
-        .spawn(move || run(conn, queue, max_jobs_per_commit.max(1)))?;
+        .spawn(move || run(conn, queue, max_jobs_per_commit.max(1), &counters))?;
     Ok((jobs, handle))
 }
 
-fn run(mut conn: Connection, queue: mpsc::Receiver<Job>, max_jobs: usize) {
+fn run(mut conn: Connection, queue: mpsc::Receiver<Job>, max_jobs: usize, counters: &WriterCounters) {
     let mut group = Vec::with_capacity(max_jobs);
     while let Ok(first) = queue.recv() {
         group.push(first);
@@ -63,16 +74,31 @@ fn run(mut conn: Connection, queue: mpsc::Receiver<Job>, max_jobs: usize) {
                 Err(_) => break,
             }
         }
-        commit_group(&mut conn, &mut group);
+        commit_group(&mut conn, &mut group, counters);
     }
     tracing::debug!("sqlite writer stopped");
 }
 
 /// Commits a group of jobs in one transaction and answers each of them.
-fn commit_group(conn: &mut Connection, group: &mut Vec<Job>) {
+fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCounters) {
     let now = now_ms();
     let started = std::time::Instant::now();
-    match run_group(conn, group, now) {
+    let events: usize = group
+        .iter()
+        .map(|job| match job {
+            Job::Append { batch, .. } => batch.events.len(),
+            Job::Save { .. } => 0,
+        })
+        .sum();
+    let outcome = run_group(conn, group, now);
+    let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    if outcome.is_ok() {
+        counters.commits.fetch_add(1, Ordering::Relaxed);
+        counters.jobs.fetch_add(group.len() as u64, Ordering::Relaxed);
+        counters.events.fetch_add(events as u64, Ordering::Relaxed);
+        counters.commit_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+    match outcome {
         Ok(outcomes) => {
             for (job, outcome) in group.drain(..).zip(outcomes) {
                 job.answer(outcome);
@@ -85,7 +111,7 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>) {
             }
         }
     }
-    tracing::trace!(elapsed_us = started.elapsed().as_micros() as u64, "group committed");
+    tracing::trace!(micros, events, "group committed");
 }
 
 /// Applies every job inside one transaction. The outer error means nothing
