@@ -1,1 +1,15 @@
-//! Benchmark workloads (filled in below).
+//! Benchmark workloads, shared by `keel bench` and `cargo bench`.
+//!
+//! - [`turns`]: the runtime-neutral "durable streaming agent turns" workload
+//!   (`shared/bench/langgraph`), run through the real agent runtime;
+//! - [`recorder`]: durable events per second through the event recorder, with
+//!   and without group commit.
+//!
+//! Both run on a real SQLite file with the durable default
+//! (`synchronous=FULL`), because fsync is what they measure.
+
+pub mod recorder;
+mod stats;
+pub mod turns;
+
+pub use stats::{median, peak_rss_mib, percentile};

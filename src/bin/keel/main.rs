@@ -1,3 +1,114 @@
-//! The `keel` command line.
+//! The `keel` command line: run sessions, read their logs, run benchmarks.
+//!
+//! Every command opens the SQLite database given by `--db` (or `KEEL_DB`, or
+//! a file in the per-user data directory). Errors print as one line on
+//! stderr with a non-zero exit code.
 
-fn main() {}
+mod bench;
+mod log;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use keel::store::{SqliteCheckpoint, SqliteOptions};
+
+#[derive(Parser)]
+#[command(name = "keel", version, about = "A durable agent runtime", propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one turn per message in a session, streaming the answers.
+    Run(run::RunArgs),
+    /// Print a session's event log.
+    Events(log::EventsArgs),
+    /// List sessions, most recently active first.
+    Sessions(log::SessionsArgs),
+    /// Run a benchmark workload.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+/// Where the database is.
+#[derive(Args, Debug, Clone)]
+struct DbArgs {
+    /// The SQLite database file [default: <data dir>/keel/keel.sqlite3].
+    #[arg(long, env = "KEEL_DB", value_name = "PATH")]
+    db: Option<PathBuf>,
+}
+
+impl DbArgs {
+    fn path(&self) -> anyhow::Result<PathBuf> {
+        match &self.db {
+            Some(path) => Ok(path.clone()),
+            None => {
+                let data = dirs::data_dir().context("no per-user data directory; pass --db or set KEEL_DB")?;
+                Ok(data.join("keel").join("keel.sqlite3"))
+            }
+        }
+    }
+
+    /// Opens the database, creating it (and its directory) when `create` is set.
+    async fn open(&self, create: bool) -> anyhow::Result<SqliteCheckpoint> {
+        let path = self.path()?;
+        if !path.exists() {
+            if !create {
+                anyhow::bail!("no database at {}", path.display());
+            }
+            if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+            }
+        }
+        let store = SqliteCheckpoint::open(&path, SqliteOptions::default()).await?;
+        Ok(store)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Events(args) => log::events(args).await,
+            Command::Sessions(args) => log::sessions(args).await,
+            Command::Bench(command) => bench::bench(command).await,
+        }
+    });
+    match outcome {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes a line to stdout; a closed pipe (`keel events | head`) is not an error.
+fn print_line(line: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}") {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}

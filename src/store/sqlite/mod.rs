@@ -14,6 +14,9 @@ mod reader;
 mod schema;
 mod writer;
 
+#[cfg(test)]
+mod tests;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::protocol::{Event, RecordedEvent, TranscriptItem};
@@ -51,11 +52,17 @@ impl ReaderPool {
 }
 
 pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<SessionState>, StoreError> {
-    let row: Option<(String, Option<String>, u64)> = conn
+    // One read transaction, so that the row and the history come from the
+    // same commit (each statement alone would take its own snapshot). Dropping
+    // it ends the read.
+    let _snapshot = conn.unchecked_transaction().map_err(super::sqlite_error)?;
+    let row: Option<(StoredJson, Option<StoredJson>, u64)> = conn
         .prepare_cached("SELECT checkpoint, execution, last_sequence FROM sessions WHERE id = ?1")
         .and_then(|mut select| {
             select
-                .query_row(params![session_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+                .query_row(params![session_id], |row| {
+                    Ok((stored_json(row, 0)?, stored_optional_json(row, 1)?, row.get(2)?))
+                })
                 .optional()
         })
         .map_err(super::sqlite_error)?;
@@ -70,7 +77,7 @@ pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<Session
         .map_err(super::sqlite_error)?;
     let rows = select
         .query_map(params![session_id], |row| {
-            Ok((row.get::<_, u64>(0)?, row.get::<_, String>(1)?))
+            Ok((row.get::<_, u64>(0)?, stored_json(row, 1)?))
         })
         .map_err(super::sqlite_error)?;
     let mut transcript = Vec::new();
@@ -95,7 +102,10 @@ pub(super) fn event_page(
     request: EventPageRequest,
 ) -> Result<EventPage, StoreError> {
     let limit = request.limit.min(MAX_EVENT_PAGE);
-    let before = request.before_sequence.unwrap_or(i64::MAX as u64);
+    // Sequences are SQLite integers, so any bound past i64::MAX means "all".
+    let before = request
+        .before_sequence
+        .map_or(i64::MAX, |before| i64::try_from(before).unwrap_or(i64::MAX));
     let mut select = conn
         .prepare_cached(
             "SELECT sequence, recorded_at_ms, body FROM events
@@ -104,7 +114,7 @@ pub(super) fn event_page(
         .map_err(super::sqlite_error)?;
     let rows = select
         .query_map(params![session_id, before, limit as u64 + 1], |row| {
-            Ok((row.get::<_, u64>(0)?, row.get::<_, u64>(1)?, row.get::<_, String>(2)?))
+            Ok((row.get::<_, u64>(0)?, row.get::<_, u64>(1)?, stored_json(row, 2)?))
         })
         .map_err(super::sqlite_error)?;
     let mut events = Vec::with_capacity(limit.min(1024));
@@ -137,11 +147,11 @@ pub(super) fn list_sessions(conn: &Connection, limit: usize) -> Result<Vec<Sessi
         )
         .map_err(super::sqlite_error)?;
     let rows = select
-        .query_map(params![limit as u64], |row| {
+        .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], |row| {
             Ok((
                 row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, Option<String>>(2)?,
+                stored_json(row, 1)?,
+                stored_optional_json(row, 2)?,
                 row.get::<_, u64>(3)?,
                 row.get::<_, u64>(4)?,
                 row.get::<_, u64>(5)?,
@@ -173,9 +183,30 @@ fn session_exists(conn: &Connection, session_id: &str) -> Result<bool, StoreErro
         .map_err(super::sqlite_error)
 }
 
-fn decode<T: serde::de::DeserializeOwned>(json: &str, what: impl FnOnce() -> String) -> Result<T, StoreError> {
-    serde_json::from_str(json).map_err(|error| StoreError::Corrupt {
-        what: what(),
-        detail: error.to_string(),
+/// A stored JSON value as raw bytes, or why it is not one.
+type StoredJson = Result<Vec<u8>, String>;
+
+/// Reads a JSON column without interpreting it, so that a damaged value (a
+/// blob, a number, text that is not UTF-8) reaches [`decode`] and is reported
+/// as [`StoreError::Corrupt`], naming its row, instead of failing the query.
+fn stored_json(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<StoredJson> {
+    Ok(match row.get_ref(index)? {
+        ValueRef::Text(bytes) | ValueRef::Blob(bytes) => Ok(bytes.to_vec()),
+        other => Err(format!("expected JSON text, found {}", other.data_type())),
     })
+}
+
+/// [`stored_json`] for a nullable column.
+fn stored_optional_json(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Option<StoredJson>> {
+    match row.get_ref(index)? {
+        ValueRef::Null => Ok(None),
+        _ => stored_json(row, index).map(Some),
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(json: &StoredJson, what: impl FnOnce() -> String) -> Result<T, StoreError> {
+    json.as_deref()
+        .map_err(Clone::clone)
+        .and_then(|bytes| serde_json::from_slice(bytes).map_err(|error| error.to_string()))
+        .map_err(|detail| StoreError::Corrupt { what: what(), detail })
 }

@@ -47,6 +47,17 @@ CREATE TABLE events (
 pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
     let mut conn = Connection::open(path).map_err(|e| super::store_error(e, path))?;
     configure(&conn).map_err(|e| super::store_error(e, path))?;
+    // Refuse a newer schema before changing anything: switching to WAL
+    // rewrites the file's header. `migrate` checks again under the lock.
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|e| super::store_error(e, path))?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
     let mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
         .map_err(|e| super::store_error(e, path))?;

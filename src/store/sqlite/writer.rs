@@ -83,15 +83,20 @@ fn run(mut conn: Connection, queue: mpsc::Receiver<Job>, max_jobs: usize, counte
 fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCounters) {
     let now = now_ms();
     let started = std::time::Instant::now();
-    let events: usize = group
-        .iter()
-        .map(|job| match job {
-            Job::Append { batch, .. } => batch.events.len(),
-            Job::Save { .. } => 0,
-        })
-        .sum();
     let outcome = run_group(conn, group, now);
     let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    // Only the events of jobs that succeeded were written.
+    let events: usize = match &outcome {
+        Ok(outcomes) => group
+            .iter()
+            .zip(outcomes)
+            .map(|(job, outcome)| match (job, outcome) {
+                (Job::Append { batch, .. }, Ok(_)) => batch.events.len(),
+                _ => 0,
+            })
+            .sum(),
+        Err(_) => 0,
+    };
     if outcome.is_ok() {
         counters.commits.fetch_add(1, Ordering::Relaxed);
         counters.jobs.fetch_add(group.len() as u64, Ordering::Relaxed);

@@ -1,0 +1,141 @@
+//! `keel bench`: the benchmark workloads, printed as a table and a JSON line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use keel::bench::recorder::{RecorderParams, run_recorder};
+use keel::bench::turns::{TurnsParams, run_turns};
+use keel::store::Synchronous;
+
+use crate::print_line;
+
+/// The workloads.
+#[derive(Subcommand, Debug)]
+pub(crate) enum BenchCommand {
+    /// Durable streaming agent turns (the LangGraph peer workload).
+    Turns {
+        /// Concurrent sessions.
+        #[arg(short = 'S', long, default_value_t = 8)]
+        sessions: usize,
+        /// Turns per session.
+        #[arg(short = 'T', long, default_value_t = 50)]
+        turns: usize,
+        /// Text chunks per answer.
+        #[arg(short = 'K', long, default_value_t = 32)]
+        chunks: usize,
+        /// Bytes per chunk.
+        #[arg(short = 'B', long, default_value_t = 16)]
+        bytes: usize,
+        /// The database file [default: a fresh temporary file].
+        #[arg(long, value_name = "PATH")]
+        db: Option<PathBuf>,
+        /// Use synchronous=NORMAL (not power-loss safe) instead of FULL.
+        #[arg(long)]
+        relaxed: bool,
+    },
+    /// Durable events per second through the recorder, against a
+    /// one-transaction-per-event baseline.
+    Recorder {
+        /// Session counts to run.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+        sessions: Vec<usize>,
+        /// Events per run, spread over the sessions.
+        #[arg(long, default_value_t = 100_000)]
+        events: usize,
+        /// Events of the baseline run.
+        #[arg(long, default_value_t = 1_000)]
+        baseline_events: usize,
+    },
+}
+
+pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        BenchCommand::Turns {
+            sessions,
+            turns,
+            chunks,
+            bytes,
+            db,
+            relaxed,
+        } => {
+            let params = TurnsParams {
+                sessions,
+                turns,
+                chunks,
+                chunk_bytes: bytes,
+                db,
+                synchronous: if relaxed {
+                    Synchronous::Normal
+                } else {
+                    Synchronous::Full
+                },
+                ..TurnsParams::default()
+            };
+            let report = run_turns(&params).await?;
+            print_line(
+                "| S | T | K | B | turns/s | chunks/s | lat mean ms | lat p99 ms | ttft ms | events | commits | DB MB | RSS MiB |",
+            )?;
+            print_line("|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+            print_line(&format!(
+                "| {} | {} | {} | {} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {:.2} | {:.1} |",
+                report.sessions,
+                report.turns,
+                report.chunks,
+                report.chunk_bytes,
+                report.turns_per_s,
+                report.chunks_per_s,
+                report.turn_latency_mean_ms,
+                report.turn_latency_p99_ms,
+                report.ttft_mean_ms,
+                report.events_recorded,
+                report.commits,
+                report.db_on_disk_bytes as f64 / 1e6,
+                report.peak_rss_mib
+            ))?;
+            print_line(&serde_json::to_string(&report)?)?;
+        }
+        BenchCommand::Recorder {
+            sessions,
+            events,
+            baseline_events,
+        } => {
+            let baseline = run_recorder(&RecorderParams {
+                sessions: 1,
+                events_per_session: baseline_events,
+                group_commit: false,
+                synchronous: Synchronous::Full,
+            })
+            .await?;
+            let mut reports = vec![baseline.clone()];
+            for count in sessions {
+                reports.push(
+                    run_recorder(&RecorderParams {
+                        sessions: count,
+                        events_per_session: (events / count.max(1)).max(1),
+                        group_commit: true,
+                        synchronous: Synchronous::Full,
+                    })
+                    .await?,
+                );
+            }
+            print_line("| sessions | group commit | events | events/s | p50 µs | p99 µs | commits | × baseline |")?;
+            print_line("|---|---|---|---|---|---|---|---|")?;
+            for report in &reports {
+                print_line(&format!(
+                    "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.1} |",
+                    report.sessions,
+                    if report.group_commit { "yes" } else { "no" },
+                    report.events,
+                    report.events_per_s,
+                    report.latency_p50_us,
+                    report.latency_p99_us,
+                    report.commits,
+                    report.events_per_s / baseline.events_per_s
+                ))?;
+            }
+            print_line(&serde_json::to_string(&reports)?)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

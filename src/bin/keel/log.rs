@@ -1,0 +1,135 @@
+//! `keel events` and `keel sessions`: reading what is stored.
+
+use std::process::ExitCode;
+use std::time::{Duration, UNIX_EPOCH};
+
+use clap::Args;
+use keel::protocol::{EventMsg, RecordedEvent};
+use keel::store::{CheckpointStore, EventPageRequest};
+
+use crate::{DbArgs, print_line};
+
+/// Arguments of `keel events`.
+#[derive(Args, Debug)]
+pub(crate) struct EventsArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The session whose log to print.
+    #[arg(long, value_name = "ID")]
+    session: String,
+    /// Print events older than this sequence (for paging backwards).
+    #[arg(long, value_name = "SEQ")]
+    before: Option<u64>,
+    /// How many events at most.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    limit: usize,
+    /// Print each event as one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `keel sessions`.
+#[derive(Args, Debug)]
+pub(crate) struct SessionsArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// How many sessions at most.
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    limit: usize,
+    /// Print each session as one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<ExitCode> {
+    let store = args.db.open(false).await?;
+    let page = store
+        .event_page(
+            &args.session,
+            EventPageRequest {
+                before_sequence: args.before,
+                limit: args.limit,
+            },
+        )
+        .await?;
+    for event in &page.events {
+        let line = if args.json {
+            serde_json::to_string(event)?
+        } else {
+            describe(event)
+        };
+        print_line(&line)?;
+    }
+    if page.has_more && !args.json {
+        if let Some(first) = page.events.first() {
+            eprintln!("(older events: --before {})", first.sequence);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
+    let store = args.db.open(false).await?;
+    for session in store.list_sessions(args.limit).await? {
+        let line = if args.json {
+            serde_json::to_string(&session)?
+        } else {
+            let running = session
+                .running_turn_id
+                .map(|turn| format!("  (turn {turn} in flight)"))
+                .unwrap_or_default();
+            format!(
+                "{}  bot={}  events={}  updated={}{running}",
+                session.session_id,
+                session.bot_id,
+                session.last_sequence,
+                timestamp(session.updated_at_ms)
+            )
+        };
+        print_line(&line)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn timestamp(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// One human-readable line per event.
+fn describe(event: &RecordedEvent) -> String {
+    let detail = match &event.msg {
+        EventMsg::SessionStarted(e) => format!("session={} bot={} resumed={}", e.session_id, e.bot_id, e.resumed),
+        EventMsg::UserMessage(e) => quote(&e.text),
+        EventMsg::ModelStepStarted(e) => format!("step={}", e.step),
+        EventMsg::AssistantContentDelta(e) => quote(&e.delta),
+        EventMsg::AssistantMessage(e) => quote(&e.text),
+        EventMsg::TurnAborted(e) => e.message.clone(),
+        EventMsg::Warning(e) => e.message.clone(),
+        EventMsg::Error(e) => e.message.clone(),
+        EventMsg::SubmissionRejected(e) => e.reason.clone(),
+        _ => String::new(),
+    };
+    let turn = event
+        .msg
+        .turn_id()
+        .map(|turn| format!(" turn={turn}"))
+        .unwrap_or_default();
+    format!(
+        "{:>6}  {}  {:<24}{turn} {detail}",
+        event.sequence,
+        timestamp(event.recorded_at_ms),
+        event.msg.kind()
+    )
+    .trim_end()
+    .to_owned()
+}
+
+/// Text as a JSON string literal, shortened for one line.
+fn quote(text: &str) -> String {
+    const MAX_CHARS: usize = 120;
+    let mut shown: String = text.chars().take(MAX_CHARS).collect();
+    if shown.len() < text.len() {
+        shown.push('…');
+    }
+    serde_json::Value::String(shown).to_string()
+}

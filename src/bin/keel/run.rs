@@ -1,0 +1,164 @@
+//! `keel run`: one turn per message, streamed to the terminal.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use keel::agent::{AgentConfig, create_agent};
+use keel::model::model_from_spec;
+use keel::protocol::{EventMsg, Op, RecordedEvent, new_id};
+use keel::store::CheckpointStore;
+
+use crate::{DbArgs, print_line};
+
+/// Arguments of `keel run`.
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Continue this session (it must exist); a new session when omitted.
+    #[arg(long, value_name = "ID")]
+    session: Option<String>,
+    /// The model, as provider:name (for now: script:FILE).
+    #[arg(long, env = "KEEL_MODEL", value_name = "SPEC")]
+    model: String,
+    /// The bot a new session belongs to.
+    #[arg(long, default_value = "keel-cli", value_name = "ID")]
+    bot: String,
+    /// Print every recorded event as one JSON line instead of the text.
+    #[arg(long)]
+    json: bool,
+    /// The messages, one turn each, in order.
+    #[arg(required = true, value_name = "MESSAGE")]
+    messages: Vec<String>,
+}
+
+pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    // Everything that can be wrong with the input is checked before any
+    // session work starts.
+    let model = model_from_spec(&args.model)?;
+    for message in &args.messages {
+        Op::UserInput { text: message.clone() }
+            .validate()
+            .map_err(|error| anyhow::anyhow!("invalid message: {error}"))?;
+    }
+    let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
+    let session_id = match &args.session {
+        Some(id) => {
+            if store.load(id).await?.is_none() {
+                bail!("unknown session '{id}' (omit --session to start a new one)");
+            }
+            id.clone()
+        }
+        None => new_id(),
+    };
+    let mut config = AgentConfig::new(session_id.clone(), store, model);
+    config.session_context.bot_id = args.bot.clone();
+    config.workspace = std::env::current_dir().context("cannot read the current directory")?;
+    let mut agent = create_agent(config).await?;
+    if !args.json {
+        eprintln!("session {session_id}");
+    }
+
+    let mut printer = Printer {
+        json: args.json,
+        line_open: false,
+    };
+    let mut all_completed = true;
+    for message in args.messages {
+        let submitted = agent.sender().submit_wait(Op::UserInput { text: message }).await?;
+        let mut turn_id: Option<String> = None;
+        loop {
+            let event = tokio::select! {
+                event = agent.next_event() => event,
+                _ = tokio::signal::ctrl_c() => {
+                    // Interrupt the running turn; its abort event ends the loop.
+                    agent.sender().submit(Op::Interrupt { turn_id: turn_id.clone() })?;
+                    continue;
+                }
+            };
+            let Some(event) = event else {
+                bail!("the session stopped before the turn ended");
+            };
+            printer.print(&event)?;
+            let ours = event.submission_id.as_deref() == Some(submitted.id.as_str());
+            match &event.msg {
+                EventMsg::TurnStarted(started) if ours => turn_id = Some(started.turn_id.clone()),
+                EventMsg::SubmissionRejected(rejected) if ours => bail!("message rejected: {}", rejected.reason),
+                msg if msg.ends_turn() && msg.turn_id() == turn_id.as_deref() && turn_id.is_some() => {
+                    all_completed &= matches!(msg, EventMsg::TurnComplete(_));
+                    break;
+                }
+                _ => {}
+            }
+        }
+        if !all_completed {
+            break;
+        }
+    }
+
+    agent.sender().submit_wait(Op::Shutdown).await?;
+    while let Some(event) = agent.next_event().await {
+        printer.print(&event)?;
+    }
+    agent.shutdown().await?;
+    Ok(if all_completed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Renders events as streamed text (or JSON lines).
+struct Printer {
+    json: bool,
+    /// Streamed text was printed without its final newline yet.
+    line_open: bool,
+}
+
+impl Printer {
+    fn print(&mut self, event: &RecordedEvent) -> anyhow::Result<()> {
+        if self.json {
+            return print_line(&serde_json::to_string(event)?);
+        }
+        match &event.msg {
+            EventMsg::AssistantContentDelta(delta) => {
+                let mut out = std::io::stdout().lock();
+                // A closed pipe only means nobody reads the text any more.
+                let _ = out.write_all(delta.delta.as_bytes()).and_then(|()| out.flush());
+                self.line_open = !delta.delta.ends_with('\n');
+            }
+            EventMsg::AssistantMessage(_) | EventMsg::TurnComplete(_) if self.line_open => {
+                self.line_open = false;
+                print_line("")?;
+            }
+            EventMsg::TurnAborted(aborted) => {
+                self.close_line()?;
+                eprintln!(
+                    "turn aborted ({}): {}",
+                    serde_json::to_value(aborted.reason)?.as_str().unwrap_or("?"),
+                    aborted.message
+                );
+            }
+            EventMsg::Error(error) => {
+                self.close_line()?;
+                eprintln!("error: {}", error.message);
+            }
+            EventMsg::Warning(warning) => {
+                self.close_line()?;
+                eprintln!("warning: {}", warning.message);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn close_line(&mut self) -> anyhow::Result<()> {
+        if std::mem::take(&mut self.line_open) {
+            print_line("")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1826 @@
+//! Tests of the SQLite store against real database files in temporary
+//! directories.
+//!
+//! No test depends on timing. Where a test needs several writes in one group
+//! commit, it holds SQLite's write lock from a second connection while it
+//! submits them (see [`submit_all_while_locked`]), so the writer cannot
+//! commit anything until every write is queued.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::future::join_all;
+use rusqlite::Connection;
+use tempfile::TempDir;
+
+use super::{SqliteCheckpoint, SqliteOptions, schema};
+use crate::protocol::{
+    AbortReason, AssistantContentDeltaEvent, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, RecordedEvent,
+    SessionStartedEvent, TranscriptItem, TurnAbortedEvent, TurnStartedEvent, UserMessageEvent, WarningEvent, now_ms,
+};
+use crate::store::{
+    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage,
+    EventPageRequest, MAX_EVENT_PAGE, SessionContext, SessionState, SessionSummary, StoreError, TurnExecution,
+};
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// Runs a test body, failing it if it takes absurdly long. A hang guard only:
+/// nothing asserts on how long anything takes.
+async fn guarded<T>(test: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(300), test)
+        .await
+        .expect("test hung")
+}
+
+/// A fresh directory and the path of a database file inside it.
+fn database() -> (TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("keel.sqlite3");
+    (dir, path)
+}
+
+async fn open(path: &Path) -> SqliteCheckpoint {
+    open_with(path, SqliteOptions::default()).await
+}
+
+async fn open_with(path: &Path, options: SqliteOptions) -> SqliteCheckpoint {
+    SqliteCheckpoint::open(path, options).await.expect("open store")
+}
+
+fn context(bot_id: &str) -> SessionContext {
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("tenant".into(), serde_json::json!({ "name": bot_id, "tier": 3 }));
+    SessionContext {
+        bot_id: bot_id.into(),
+        metadata,
+    }
+}
+
+fn checkpoint(session_id: &str, bot_id: &str, model_calls: u64) -> Checkpoint {
+    Checkpoint {
+        session_id: session_id.into(),
+        session_context: context(bot_id),
+        model_calls,
+        turns_completed: model_calls / 2,
+    }
+}
+
+fn user(text: &str) -> TranscriptItem {
+    TranscriptItem::UserMessage { text: text.into() }
+}
+
+fn assistant(text: &str, interrupted: bool) -> TranscriptItem {
+    TranscriptItem::AssistantMessage {
+        text: text.into(),
+        interrupted,
+    }
+}
+
+fn execution(turn_id: &str) -> TurnExecution {
+    TurnExecution {
+        turn_id: turn_id.into(),
+        submission_ids: vec![format!("{turn_id}-sub-1"), format!("{turn_id}-sub-2")],
+        started_at_ms: 1_764_430_000_000,
+    }
+}
+
+/// Creates a session with an empty history.
+async fn create(store: &SqliteCheckpoint, session_id: &str) {
+    store
+        .save(&checkpoint(session_id, "bot", 0), &[], None)
+        .await
+        .expect("create session");
+}
+
+/// The `n`th event of a made-up session: the kinds, payloads and submission
+/// ids vary so that a mix-up between events or sessions shows.
+fn event(session_id: &str, n: usize) -> Event {
+    let turn_id = format!("{session_id}-turn-{}", n / 7);
+    let msg = match n % 7 {
+        0 => EventMsg::TurnStarted(TurnStartedEvent { turn_id }),
+        1 => EventMsg::UserMessage(UserMessageEvent {
+            turn_id,
+            text: format!("question {n} of {session_id}: ünïcødé ✓ \"quoted\" \\ \n new line"),
+        }),
+        2 => EventMsg::ModelStepStarted(ModelStepStartedEvent {
+            turn_id,
+            step: u32::try_from(n).expect("small n"),
+        }),
+        3 => EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
+            turn_id,
+            delta: format!("delta {n} of {session_id}"),
+        }),
+        4 => EventMsg::Error(ErrorEvent {
+            turn_id: None,
+            message: format!("error {n}"),
+        }),
+        5 => EventMsg::SessionStarted(SessionStartedEvent {
+            session_id: session_id.into(),
+            bot_id: "bot".into(),
+            resumed: n % 2 == 0,
+            history_items: n as u64,
+        }),
+        _ => EventMsg::TurnAborted(TurnAbortedEvent {
+            turn_id,
+            reason: AbortReason::Interrupted,
+            message: format!("aborted {n}"),
+        }),
+    };
+    Event {
+        submission_id: (n % 3 != 0).then(|| format!("{session_id}-submission-{n}")),
+        msg,
+    }
+}
+
+/// `count` events of a session, numbered from `from`.
+fn events(session_id: &str, from: usize, count: usize) -> Vec<Event> {
+    (from..from + count).map(|n| event(session_id, n)).collect()
+}
+
+/// A ~1 KiB event, to fill a database quickly.
+fn bulky_event(n: usize) -> Event {
+    Event {
+        submission_id: None,
+        msg: EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
+            turn_id: "turn".into(),
+            delta: format!("{n:06} {}", "abcdefghij".repeat(100)),
+        }),
+    }
+}
+
+fn encode(events: &[Event]) -> Vec<EncodedEvent> {
+    events
+        .iter()
+        .map(|event| EncodedEvent::encode(event).expect("encode event"))
+        .collect()
+}
+
+fn batch(events: &[Event]) -> AppendBatch {
+    AppendBatch {
+        events: encode(events),
+        checkpoint: None,
+    }
+}
+
+/// What `events`, appended with `receipt`, must read back as.
+fn recorded(receipt: AppendReceipt, events: &[Event]) -> Vec<RecordedEvent> {
+    (receipt.first_sequence..)
+        .zip(events)
+        .map(|(sequence, event)| RecordedEvent {
+            sequence,
+            recorded_at_ms: receipt.recorded_at_ms,
+            event: event.clone(),
+        })
+        .collect()
+}
+
+/// Appends `events` and returns how they must read back.
+async fn append(store: &SqliteCheckpoint, session_id: &str, events: &[Event]) -> Vec<RecordedEvent> {
+    let receipt = store.append(session_id, batch(events)).await.expect("append");
+    assert!(receipt.recorded_at_ms > 0, "recorded_at_ms is set");
+    recorded(receipt, events)
+}
+
+/// A session's whole log, read backwards page by page.
+async fn whole_log(store: &SqliteCheckpoint, session_id: &str) -> Vec<RecordedEvent> {
+    let mut pages = Vec::new();
+    let mut before_sequence = None;
+    loop {
+        let page = store
+            .event_page(
+                session_id,
+                EventPageRequest {
+                    before_sequence,
+                    limit: MAX_EVENT_PAGE,
+                },
+            )
+            .await
+            .expect("event page");
+        let has_more = page.has_more;
+        before_sequence = page.events.first().map(|event| event.sequence);
+        pages.push(page.events);
+        if !has_more {
+            break;
+        }
+    }
+    pages.into_iter().rev().flatten().collect()
+}
+
+fn assert_gap_free(log: &[RecordedEvent]) {
+    let sequences: Vec<u64> = log.iter().map(|event| event.sequence).collect();
+    let expected: Vec<u64> = (1..=log.len() as u64).collect();
+    assert_eq!(sequences, expected, "sequences start at 1 without gaps");
+}
+
+async fn last_sequence(store: &SqliteCheckpoint, session_id: &str) -> u64 {
+    store
+        .load(session_id)
+        .await
+        .expect("load")
+        .expect("session exists")
+        .last_sequence
+}
+
+/// A second, plain connection to the store's file, for looking behind its back.
+fn raw(path: &Path) -> Connection {
+    let conn = Connection::open(path).expect("raw connection");
+    conn.busy_timeout(Duration::from_secs(30)).expect("busy timeout");
+    conn
+}
+
+fn raw_count(path: &Path, sql: &str, session_id: &str) -> i64 {
+    raw(path)
+        .query_row(sql, [session_id], |row| row.get(0))
+        .expect("raw count")
+}
+
+/// Polls `writes` once while another connection holds SQLite's write lock,
+/// then releases it.
+///
+/// Each future submits its first write in that poll; none can finish, since
+/// the store's writer cannot begin a transaction (it waits in its busy
+/// handler). When the lock goes, the writer commits whatever it had taken
+/// before it blocked (the first job, perhaps a few more), then everything
+/// else in one transaction. So everything submitted in the poll is committed
+/// in at most two transactions, whatever the scheduling.
+async fn submit_all_while_locked<F: Future + Unpin>(path: &Path, writes: &mut F) {
+    let lock = raw(path);
+    lock.execute_batch("BEGIN IMMEDIATE").expect("take the write lock");
+    assert!(
+        futures::poll!(&mut *writes).is_pending(),
+        "no write can finish while the lock is held"
+    );
+    lock.execute_batch("ROLLBACK").expect("release the write lock");
+}
+
+/// Waits until the wall clock has passed `ms`, so that the next write gets a
+/// later timestamp than any write before this call.
+async fn tick_past(ms: u64) {
+    while now_ms() <= ms {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn wal_path(path: &Path) -> PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    PathBuf::from(wal)
+}
+
+/// Bytes that are certainly not an SQLite file (a xorshift stream).
+fn garbage(len: usize) -> Vec<u8> {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[3]
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// 1. Sequences
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn sequences_start_at_one_and_stay_gap_free_per_session_across_interleaved_appends() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        create(&store, "a").await;
+        create(&store, "b").await;
+
+        let mut log_a = Vec::new();
+        let mut log_b = Vec::new();
+        let mut next_a = 0;
+        let mut next_b = 0;
+        for (round, (count_a, count_b)) in [(3, 2), (1, 4), (5, 1), (2, 2)].into_iter().enumerate() {
+            let sent = events("a", next_a, count_a);
+            let receipt = store.append("a", batch(&sent)).await.expect("append a");
+            assert_eq!(receipt.first_sequence, log_a.len() as u64 + 1, "round {round}: a");
+            assert!(receipt.recorded_at_ms > 0);
+            log_a.extend(recorded(receipt, &sent));
+            next_a += count_a;
+
+            let sent = events("b", next_b, count_b);
+            let receipt = store.append("b", batch(&sent)).await.expect("append b");
+            assert_eq!(receipt.first_sequence, log_b.len() as u64 + 1, "round {round}: b");
+            log_b.extend(recorded(receipt, &sent));
+            next_b += count_b;
+        }
+
+        // An empty batch takes no sequence: its receipt names the next one,
+        // and the next real batch still gets it.
+        let empty = store.append("a", AppendBatch::default()).await.expect("empty append");
+        assert_eq!(empty.first_sequence, log_a.len() as u64 + 1);
+        log_a.extend(append(&store, "a", &events("a", next_a, 1)).await);
+        assert_eq!(log_a.last().map(|event| event.sequence), Some(empty.first_sequence));
+
+        for (session_id, expected) in [("a", &log_a), ("b", &log_b)] {
+            let log = whole_log(&store, session_id).await;
+            assert_gap_free(&log);
+            assert_eq!(&log, expected, "session {session_id} reads back what was written");
+            assert!(log.iter().all(|event| event.recorded_at_ms > 0));
+            assert_eq!(last_sequence(&store, session_id).await, expected.len() as u64);
+        }
+        assert_eq!(log_a.len(), 12);
+        assert_eq!(log_b.len(), 9);
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 2. Unknown sessions
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_group_commits() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        let known: Vec<String> = (0..14).map(|n| format!("known-{n:02}")).collect();
+        for session_id in &known {
+            create(&store, session_id).await;
+        }
+        // Two writes to sessions that do not exist, in the middle of the
+        // group: one plain, one carrying a checkpoint (which must not create
+        // the session either).
+        let mut targets: Vec<(String, AppendBatch)> = known
+            .iter()
+            .enumerate()
+            .map(|(n, session_id)| (session_id.clone(), batch(&events(session_id, n, n % 4 + 1))))
+            .collect();
+        targets.insert(7, ("ghost".into(), batch(&events("ghost", 0, 3))));
+        targets.insert(
+            8,
+            (
+                "ghost-with-checkpoint".into(),
+                AppendBatch {
+                    events: encode(&events("ghost-with-checkpoint", 0, 2)),
+                    checkpoint: Some(CheckpointWrite {
+                        checkpoint: checkpoint("ghost-with-checkpoint", "bot", 1),
+                        transcript_delta: vec![user("hello?")],
+                        execution: Some(execution("ghost-turn")),
+                    }),
+                },
+            ),
+        );
+
+        let before = store.writer_stats();
+        let mut writes = Box::pin(join_all(targets.iter().map(|(session_id, batch)| {
+            let store = &store;
+            let batch = batch.clone();
+            async move { store.append(session_id, batch).await }
+        })));
+        submit_all_while_locked(&path, &mut writes).await;
+        let outcomes = writes.await;
+        let after = store.writer_stats();
+        assert_eq!(after.jobs - before.jobs, targets.len() as u64);
+        let committed_events: usize = targets
+            .iter()
+            .filter(|(session_id, _)| !session_id.starts_with("ghost"))
+            .map(|(_, batch)| batch.events.len())
+            .sum();
+        assert_eq!(
+            after.events - before.events,
+            committed_events as u64,
+            "the refused batches' events are not counted as written"
+        );
+        assert!(
+            after.commits - before.commits <= 2,
+            "the failing writes shared a transaction with successful ones: {before:?} -> {after:?}"
+        );
+
+        for ((session_id, batch), outcome) in targets.iter().zip(outcomes) {
+            if session_id.starts_with("ghost") {
+                match outcome {
+                    Err(StoreError::UnknownSession(named)) => assert_eq!(&named, session_id),
+                    other => panic!("append to {session_id}: expected UnknownSession, got {other:?}"),
+                }
+                assert_eq!(store.load(session_id).await.expect("load"), None);
+                match store
+                    .event_page(
+                        session_id,
+                        EventPageRequest {
+                            before_sequence: None,
+                            limit: 10,
+                        },
+                    )
+                    .await
+                {
+                    Err(StoreError::UnknownSession(named)) => assert_eq!(&named, session_id),
+                    other => panic!("event page of {session_id}: expected UnknownSession, got {other:?}"),
+                }
+                for table in [
+                    "SELECT count(*) FROM sessions WHERE id = ?1",
+                    "SELECT count(*) FROM events WHERE session_id = ?1",
+                    "SELECT count(*) FROM transcript WHERE session_id = ?1",
+                ] {
+                    assert_eq!(raw_count(&path, table, session_id), 0, "{table} for {session_id}");
+                }
+            } else {
+                let receipt = outcome.unwrap_or_else(|error| panic!("append to {session_id}: {error}"));
+                assert_eq!(receipt.first_sequence, 1);
+                let sent: Vec<Event> = batch
+                    .events
+                    .iter()
+                    .map(|encoded| serde_json::from_str(&encoded.json).expect("decode sent event"))
+                    .collect();
+                assert_eq!(whole_log(&store, session_id).await, recorded(receipt, &sent));
+                assert_eq!(last_sequence(&store, session_id).await, sent.len() as u64);
+            }
+        }
+        let sessions = store.list_sessions(100).await.expect("list");
+        assert_eq!(
+            sessions.len(),
+            known.len(),
+            "no session was created for the unknown ids"
+        );
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 3. Group commit
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn sixty_four_concurrent_sessions_share_commits_and_each_log_is_complete() {
+    guarded(async {
+        const SESSIONS: usize = 64;
+        const BATCHES: usize = 20;
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        let sessions: Vec<String> = (0..SESSIONS).map(|n| format!("session-{n:02}")).collect();
+        for session_id in &sessions {
+            create(&store, session_id).await;
+        }
+        let before = store.writer_stats();
+
+        let mut writers = Box::pin(join_all(sessions.iter().map(|session_id| {
+            let store = &store;
+            async move {
+                let mut expected = Vec::new();
+                let mut next = 0;
+                for round in 0..BATCHES {
+                    let count = (round + session_id.len()) % 3 + 1;
+                    let sent = events(session_id, next, count);
+                    next += count;
+                    let receipt = store.append(session_id, batch(&sent)).await.expect("append");
+                    assert_eq!(receipt.first_sequence, expected.len() as u64 + 1);
+                    expected.extend(recorded(receipt, &sent));
+                }
+                expected
+            }
+        })));
+        submit_all_while_locked(&path, &mut writers).await;
+        let expected_logs = writers.await;
+
+        let after = store.writer_stats();
+        let jobs = after.jobs - before.jobs;
+        let commits = after.commits - before.commits;
+        let events_written: usize = expected_logs.iter().map(Vec::len).sum();
+        assert_eq!(jobs, (SESSIONS * BATCHES) as u64);
+        assert_eq!(after.events - before.events, events_written as u64);
+        assert!(commits >= 1);
+        assert!(
+            commits < jobs,
+            "group commit grouped nothing: {commits} commits for {jobs} jobs"
+        );
+
+        for (session_id, expected) in sessions.iter().zip(&expected_logs) {
+            let log = whole_log(&store, session_id).await;
+            assert_gap_free(&log);
+            assert_eq!(&log, expected, "log of {session_id}");
+            assert_eq!(last_sequence(&store, session_id).await, expected.len() as u64);
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn max_jobs_per_commit_of_one_commits_every_job_alone() {
+    guarded(async {
+        let (_dir, path) = database();
+        let options = SqliteOptions {
+            max_jobs_per_commit: 1,
+            ..SqliteOptions::default()
+        };
+        let store = open_with(&path, options).await;
+        let sessions: Vec<String> = (0..8).map(|n| format!("solo-{n}")).collect();
+        for session_id in &sessions {
+            create(&store, session_id).await;
+        }
+        // Queue everything up at once, as in the grouped test: the writer
+        // still takes one job per transaction.
+        let mut writers = Box::pin(join_all(sessions.iter().map(|session_id| {
+            let store = &store;
+            async move {
+                let mut expected = Vec::new();
+                for round in 0..10 {
+                    expected.extend(append(store, session_id, &events(session_id, round * 2, 2)).await);
+                }
+                expected
+            }
+        })));
+        submit_all_while_locked(&path, &mut writers).await;
+        let expected_logs = writers.await;
+
+        let stats = store.writer_stats();
+        assert_eq!(stats.jobs, 8 + 8 * 10, "saves and appends");
+        assert_eq!(stats.commits, stats.jobs);
+        assert_eq!(stats.events, 8 * 10 * 2);
+        for (session_id, expected) in sessions.iter().zip(&expected_logs) {
+            let log = whole_log(&store, session_id).await;
+            assert_gap_free(&log);
+            assert_eq!(&log, expected);
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 4. Save, load and checkpoints carried by appends
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn save_creates_rewrites_and_extends_a_session_and_load_returns_exactly_that() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        assert_eq!(store.load("s").await.expect("load"), None);
+
+        let first = checkpoint("s", "bot-1", 0);
+        store.save(&first, &[], None).await.expect("create");
+        assert_eq!(
+            store.load("s").await.expect("load"),
+            Some(SessionState {
+                checkpoint: first,
+                transcript: vec![],
+                execution: None,
+                last_sequence: 0,
+            })
+        );
+
+        let second = checkpoint("s", "bot-1", 3);
+        let turn = execution("turn-1");
+        store
+            .save(&second, &[user("hi"), assistant("hello", false)], Some(&turn))
+            .await
+            .expect("save with history and a running turn");
+        assert_eq!(
+            store.load("s").await.expect("load"),
+            Some(SessionState {
+                checkpoint: second,
+                transcript: vec![user("hi"), assistant("hello", false)],
+                execution: Some(turn.clone()),
+                last_sequence: 0,
+            })
+        );
+
+        // Events do not disturb the history, and the checkpoint counters are
+        // rewritten, not accumulated.
+        let logged = append(&store, "s", &events("s", 0, 4)).await;
+        let third = checkpoint("s", "bot-1", 5);
+        store
+            .save(&third, &[user("more"), assistant("cut off", true)], Some(&turn))
+            .await
+            .expect("save again");
+        let fourth = checkpoint("s", "bot-1", 6);
+        store.save(&fourth, &[], None).await.expect("clear the running turn");
+        let history = vec![
+            user("hi"),
+            assistant("hello", false),
+            user("more"),
+            assistant("cut off", true),
+        ];
+        assert_eq!(
+            store.load("s").await.expect("load"),
+            Some(SessionState {
+                checkpoint: fourth,
+                transcript: history,
+                execution: None,
+                last_sequence: 4,
+            })
+        );
+        assert_eq!(whole_log(&store, "s").await, logged);
+
+        // The history sits at increasing positions from 0.
+        let conn = raw(&path);
+        let positions: Vec<i64> = conn
+            .prepare("SELECT position FROM transcript WHERE session_id = 's' ORDER BY position")
+            .expect("prepare")
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("positions");
+        assert_eq!(positions, vec![0, 1, 2, 3]);
+
+        // Another session's save touches nothing of this one.
+        store
+            .save(&checkpoint("t", "bot-2", 1), &[user("other")], None)
+            .await
+            .expect("save t");
+        assert_eq!(
+            store.load("s").await.expect("load").map(|state| state.transcript.len()),
+            Some(4)
+        );
+        assert_eq!(
+            store.load("t").await.expect("load").map(|state| state.transcript),
+            Some(vec![user("other")])
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_or_not_at_all() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        store
+            .save(&checkpoint("s", "bot", 0), &[user("hi")], None)
+            .await
+            .expect("create");
+
+        // Success: everything of the batch is there.
+        let sent = events("s", 0, 3);
+        let turn = execution("turn-1");
+        let receipt = store
+            .append(
+                "s",
+                AppendBatch {
+                    events: encode(&sent),
+                    checkpoint: Some(CheckpointWrite {
+                        checkpoint: checkpoint("s", "bot", 1),
+                        transcript_delta: vec![assistant("hello", false), user("again")],
+                        execution: Some(turn.clone()),
+                    }),
+                },
+            )
+            .await
+            .expect("append with checkpoint");
+        assert_eq!(receipt.first_sequence, 1);
+        let committed = SessionState {
+            checkpoint: checkpoint("s", "bot", 1),
+            transcript: vec![user("hi"), assistant("hello", false), user("again")],
+            execution: Some(turn),
+            last_sequence: 3,
+        };
+        assert_eq!(store.load("s").await.expect("load"), Some(committed.clone()));
+        let log = recorded(receipt, &sent);
+        assert_eq!(whole_log(&store, "s").await, log);
+
+        // Failure after the checkpoint write and two event inserts (a trigger
+        // refuses the third event): nothing of the batch stays.
+        raw(&path)
+            .execute_batch(
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON events
+                 WHEN NEW.body LIKE '%poison%'
+                 BEGIN SELECT RAISE(ABORT, 'poisoned event'); END;",
+            )
+            .expect("create trigger");
+        let mut doomed = events("s", 3, 2);
+        doomed.push(Event {
+            submission_id: None,
+            msg: EventMsg::Warning(WarningEvent {
+                message: "poison".into(),
+            }),
+        });
+        let error = store
+            .append(
+                "s",
+                AppendBatch {
+                    events: encode(&doomed),
+                    checkpoint: Some(CheckpointWrite {
+                        checkpoint: checkpoint("s", "bot", 2),
+                        transcript_delta: vec![assistant("lost", false)],
+                        execution: None,
+                    }),
+                },
+            )
+            .await
+            .expect_err("the trigger refuses the batch");
+        assert!(
+            matches!(&error, StoreError::Backend(_)) && error.to_string().contains("poisoned event"),
+            "{error:?}"
+        );
+        assert_eq!(store.load("s").await.expect("load"), Some(committed.clone()));
+        assert_eq!(whole_log(&store, "s").await, log);
+        assert_eq!(
+            raw_count(&path, "SELECT count(*) FROM transcript WHERE session_id = ?1", "s"),
+            3
+        );
+
+        // The failed batch left no hole: the next one continues at 4.
+        let next = events("s", 10, 2);
+        let receipt = store.append("s", batch(&next)).await.expect("append after failure");
+        assert_eq!(receipt.first_sequence, 4);
+        let mut log = log;
+        log.extend(recorded(receipt, &next));
+        let read = whole_log(&store, "s").await;
+        assert_gap_free(&read);
+        assert_eq!(read, log);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn append_refuses_a_checkpoint_of_another_session_and_writes_nothing() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        store
+            .save(&checkpoint("s", "bot", 1), &[user("s history")], None)
+            .await
+            .expect("create s");
+        store
+            .save(&checkpoint("other", "bot", 7), &[user("other history")], None)
+            .await
+            .expect("create other");
+        let log = append(&store, "s", &events("s", 0, 2)).await;
+        let s_before = store.load("s").await.expect("load");
+        let other_before = store.load("other").await.expect("load");
+
+        for foreign in ["other", "nobody"] {
+            let error = store
+                .append(
+                    "s",
+                    AppendBatch {
+                        events: encode(&events("s", 2, 3)),
+                        checkpoint: Some(CheckpointWrite {
+                            checkpoint: checkpoint(foreign, "bot", 99),
+                            transcript_delta: vec![user("misdirected")],
+                            execution: Some(execution("turn")),
+                        }),
+                    },
+                )
+                .await
+                .expect_err("a foreign checkpoint is refused");
+            assert!(matches!(error, StoreError::Invalid(_)), "{foreign}: {error:?}");
+            assert_eq!(store.load("s").await.expect("load"), s_before);
+            assert_eq!(store.load("other").await.expect("load"), other_before);
+            assert_eq!(whole_log(&store, "s").await, log);
+        }
+        assert_eq!(store.load("nobody").await.expect("load"), None);
+        let receipt = store.append("s", batch(&events("s", 9, 1))).await.expect("append");
+        assert_eq!(receipt.first_sequence, 3, "the refused batches took no sequences");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_returns_checkpoint_history_and_last_sequence_of_one_commit_while_writes_go_on() {
+    guarded(async {
+        let (_dir, path) = database();
+        // Durability is beside the point here; NORMAL keeps the many small
+        // commits cheap.
+        let options = SqliteOptions {
+            synchronous: super::Synchronous::Normal,
+            ..SqliteOptions::default()
+        };
+        let store = open_with(&path, options).await;
+        store.save(&checkpoint("s", "bot", 0), &[], None).await.expect("create");
+
+        // Every commit keeps model_calls == history length == last sequence.
+        const WRITES: u64 = 1_500;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let writer = async {
+            for n in 1..=WRITES {
+                store
+                    .append(
+                        "s",
+                        AppendBatch {
+                            events: encode(&events("s", n as usize, 1)),
+                            checkpoint: Some(CheckpointWrite {
+                                checkpoint: checkpoint("s", "bot", n),
+                                transcript_delta: vec![user(&n.to_string())],
+                                execution: None,
+                            }),
+                        },
+                    )
+                    .await
+                    .expect("append");
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        };
+        let reader = async {
+            let mut torn = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let state = store.load("s").await.expect("load").expect("session");
+                let calls = state.checkpoint.model_calls;
+                if state.transcript.len() as u64 != calls || state.last_sequence != calls {
+                    torn.push((calls, state.transcript.len(), state.last_sequence));
+                }
+            }
+            torn
+        };
+        let ((), torn) = futures::join!(writer, reader);
+        assert_eq!(
+            torn,
+            vec![],
+            "loads mixing commits: (model_calls, history, last_sequence)"
+        );
+
+        let state = store.load("s").await.expect("load").expect("session");
+        assert_eq!(state.checkpoint.model_calls, WRITES);
+        assert_eq!(state.transcript.len() as u64, WRITES);
+        assert_eq!(state.last_sequence, WRITES);
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 5. Event pages
+// ---------------------------------------------------------------------------
+
+async fn page(store: &SqliteCheckpoint, session_id: &str, before_sequence: Option<u64>, limit: usize) -> EventPage {
+    store
+        .event_page(session_id, EventPageRequest { before_sequence, limit })
+        .await
+        .expect("event page")
+}
+
+#[tokio::test]
+async fn event_page_reads_newest_first_in_ascending_pages_and_paging_back_visits_each_event_once() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        create(&store, "s").await;
+        create(&store, "noise").await;
+        let mut log = Vec::new();
+        for (n, count) in [4, 1, 7, 3, 10].into_iter().enumerate() {
+            log.extend(append(&store, "s", &events("s", log.len(), count)).await);
+            append(&store, "noise", &events("noise", n, 2)).await;
+        }
+        assert_eq!(log.len(), 25);
+        let slice = |from: u64, to: u64| log[(from - 1) as usize..to as usize].to_vec();
+
+        assert_eq!(
+            page(&store, "s", None, 10).await,
+            EventPage {
+                events: slice(16, 25),
+                has_more: true,
+            }
+        );
+        assert_eq!(
+            page(&store, "s", Some(16), 10).await,
+            EventPage {
+                events: slice(6, 15),
+                has_more: true,
+            }
+        );
+        assert_eq!(
+            page(&store, "s", Some(6), 10).await,
+            EventPage {
+                events: slice(1, 5),
+                has_more: false,
+            }
+        );
+        // A page that ends exactly at the first event has nothing more.
+        assert_eq!(
+            page(&store, "s", Some(11), 10).await,
+            EventPage {
+                events: slice(1, 10),
+                has_more: false,
+            }
+        );
+        assert_eq!(
+            page(&store, "s", None, 25).await,
+            EventPage {
+                events: log.clone(),
+                has_more: false,
+            }
+        );
+        assert_eq!(
+            page(&store, "s", None, 24).await,
+            EventPage {
+                events: slice(2, 25),
+                has_more: true,
+            }
+        );
+        // Before a sequence past the end: the newest.
+        assert_eq!(
+            page(&store, "s", Some(1_000), 3).await,
+            EventPage {
+                events: slice(23, 25),
+                has_more: true,
+            }
+        );
+        assert_eq!(
+            page(&store, "s", Some(u64::MAX), 3).await,
+            EventPage {
+                events: slice(23, 25),
+                has_more: true,
+            }
+        );
+        // Before the first: nothing, and nothing more.
+        for before in [1, 0] {
+            assert_eq!(
+                page(&store, "s", Some(before), 10).await,
+                EventPage {
+                    events: vec![],
+                    has_more: false,
+                }
+            );
+        }
+
+        for limit in [1, 3, 7, 24, 25, 26] {
+            let mut visited = Vec::new();
+            let mut before = None;
+            loop {
+                let page = page(&store, "s", before, limit).await;
+                assert!(page.events.len() <= limit);
+                assert!(
+                    page.events
+                        .windows(2)
+                        .all(|pair| pair[0].sequence + 1 == pair[1].sequence),
+                    "ascending and contiguous inside a page"
+                );
+                assert_eq!(
+                    page.has_more,
+                    page.events.first().is_some_and(|event| event.sequence > 1)
+                );
+                before = page.events.first().map(|event| event.sequence);
+                let has_more = page.has_more;
+                visited.splice(0..0, page.events);
+                if !has_more {
+                    break;
+                }
+            }
+            assert_eq!(visited, log, "limit {limit}: every event exactly once");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn event_page_handles_limit_zero_empty_logs_unknown_sessions_and_caps_the_limit() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        create(&store, "empty").await;
+        create(&store, "big").await;
+
+        // Limit 0: no events, whether or not the log has any; has_more says
+        // whether there are events before the requested point.
+        assert_eq!(
+            page(&store, "empty", None, 0).await,
+            EventPage {
+                events: vec![],
+                has_more: false,
+            }
+        );
+        assert_eq!(
+            page(&store, "empty", None, 10).await,
+            EventPage {
+                events: vec![],
+                has_more: false,
+            }
+        );
+
+        let total = MAX_EVENT_PAGE + 5;
+        let log = append(&store, "big", &events("big", 0, total)).await;
+        assert_eq!(log.len(), total);
+        let zero = page(&store, "big", None, 0).await;
+        assert!(zero.events.is_empty());
+        assert!(zero.has_more);
+
+        for limit in [MAX_EVENT_PAGE + 1, MAX_EVENT_PAGE * 3, usize::MAX] {
+            assert_eq!(
+                page(&store, "big", None, limit).await,
+                EventPage {
+                    events: log[5..].to_vec(),
+                    has_more: true,
+                },
+                "limit {limit} is capped at MAX_EVENT_PAGE"
+            );
+        }
+        assert_eq!(
+            page(&store, "big", Some(6), usize::MAX).await,
+            EventPage {
+                events: log[..5].to_vec(),
+                has_more: false,
+            }
+        );
+
+        for limit in [0, 10] {
+            match store
+                .event_page(
+                    "ghost",
+                    EventPageRequest {
+                        before_sequence: None,
+                        limit,
+                    },
+                )
+                .await
+            {
+                Err(StoreError::UnknownSession(named)) => assert_eq!(named, "ghost"),
+                other => panic!("limit {limit}: expected UnknownSession, got {other:?}"),
+            }
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 6. Corrupt rows
+// ---------------------------------------------------------------------------
+
+/// One column of one row exactly as SQLite holds it: its storage class and
+/// its bytes (which need not be UTF-8).
+fn raw_value(path: &Path, column: &str, from_where: &str) -> (String, Option<Vec<u8>>) {
+    raw(path)
+        .query_row(
+            &format!("SELECT typeof({column}), CAST({column} AS BLOB) FROM {from_where}"),
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .expect("raw value")
+}
+
+fn text_value(text: &str) -> (String, Option<Vec<u8>>) {
+    ("text".into(), Some(text.as_bytes().to_vec()))
+}
+
+fn assert_corrupt<T: std::fmt::Debug>(outcome: Result<T, StoreError>, expected_what: &str) {
+    match outcome {
+        Err(StoreError::Corrupt { what, detail }) => {
+            assert_eq!(what, expected_what);
+            assert!(!detail.is_empty());
+        }
+        other => panic!("expected Corrupt {{ what: {expected_what:?} }}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouched() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        for session_id in ["events-hit", "checkpoint-hit", "transcript-hit", "healthy"] {
+            store
+                .save(
+                    &checkpoint(session_id, "bot", 1),
+                    &[user("one"), assistant("two", false), user("three")],
+                    None,
+                )
+                .await
+                .expect("create");
+        }
+        let mut logs = Vec::new();
+        for session_id in ["events-hit", "checkpoint-hit", "transcript-hit", "healthy"] {
+            logs.push(append(&store, session_id, &events(session_id, 0, 6)).await);
+        }
+        let healthy_state = store.load("healthy").await.expect("load");
+
+        let conn = raw(&path);
+        conn.execute(
+            "UPDATE events SET body = ?1 WHERE session_id = 'events-hit' AND sequence = 4",
+            ["{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta"],
+        )
+        .expect("corrupt an event");
+        conn.execute(
+            "UPDATE sessions SET checkpoint = ?1 WHERE id = 'checkpoint-hit'",
+            ["not json at all"],
+        )
+        .expect("corrupt a checkpoint");
+        conn.execute(
+            "UPDATE transcript SET item = ?1 WHERE session_id = 'transcript-hit' AND position = 1",
+            ["{\"type\": \"no_such_item\", \"text\": 5}"],
+        )
+        .expect("corrupt a transcript item");
+        drop(conn);
+
+        // The event: pages that include it fail and name it; pages around it work.
+        assert_corrupt(
+            store
+                .event_page(
+                    "events-hit",
+                    EventPageRequest {
+                        before_sequence: None,
+                        limit: 10,
+                    },
+                )
+                .await,
+            "event 4 of session 'events-hit'",
+        );
+        assert_eq!(
+            page(&store, "events-hit", Some(4), 10).await,
+            EventPage {
+                events: logs[0][..3].to_vec(),
+                has_more: false,
+            }
+        );
+        assert_eq!(
+            page(&store, "events-hit", None, 2).await,
+            EventPage {
+                events: logs[0][4..].to_vec(),
+                has_more: true,
+            }
+        );
+        // Its checkpoint and history are fine.
+        assert_eq!(
+            store
+                .load("events-hit")
+                .await
+                .expect("load")
+                .map(|state| state.last_sequence),
+            Some(6)
+        );
+
+        // The checkpoint: load fails and names it; its events still read.
+        assert_corrupt(
+            store.load("checkpoint-hit").await,
+            "checkpoint of session 'checkpoint-hit'",
+        );
+        assert_eq!(whole_log(&store, "checkpoint-hit").await, logs[1]);
+
+        // The transcript item: load fails and names it by position.
+        assert_corrupt(
+            store.load("transcript-hit").await,
+            "transcript item 1 of session 'transcript-hit'",
+        );
+        assert_eq!(whole_log(&store, "transcript-hit").await, logs[2]);
+
+        // The healthy session reads as before.
+        assert_eq!(store.load("healthy").await.expect("load"), healthy_state);
+        assert_eq!(whole_log(&store, "healthy").await, logs[3]);
+
+        // Reading did not repair, delete or rewrite anything.
+        assert_eq!(
+            raw_value(&path, "body", "events WHERE session_id = 'events-hit' AND sequence = 4"),
+            text_value("{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta")
+        );
+        assert_eq!(
+            raw_value(&path, "checkpoint", "sessions WHERE id = 'checkpoint-hit'"),
+            text_value("not json at all")
+        );
+        assert_eq!(
+            raw_value(
+                &path,
+                "item",
+                "transcript WHERE session_id = 'transcript-hit' AND position = 1"
+            ),
+            text_value("{\"type\": \"no_such_item\", \"text\": 5}")
+        );
+        assert_eq!(
+            raw_count(&path, "SELECT count(*) FROM events WHERE session_id = ?1", "events-hit"),
+            6
+        );
+        assert_eq!(
+            raw_count(
+                &path,
+                "SELECT count(*) FROM transcript WHERE session_id = ?1",
+                "transcript-hit"
+            ),
+            3
+        );
+
+        // Writing to the damaged sessions still works and keeps the sequence.
+        let receipt = store
+            .append("events-hit", batch(&events("events-hit", 6, 1)))
+            .await
+            .expect("append");
+        assert_eq!(receipt.first_sequence, 7);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stored_values_of_any_damaged_shape_read_as_corrupt_not_as_backend_errors() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        let state = SessionState {
+            checkpoint: checkpoint("s", "bot", 1),
+            transcript: vec![user("zero"), user("one")],
+            execution: Some(execution("turn")),
+            last_sequence: 3,
+        };
+        store
+            .save(&state.checkpoint, &state.transcript, state.execution.as_ref())
+            .await
+            .expect("save");
+        let log = append(&store, "s", &events("s", 0, 3)).await;
+
+        // (column, row, how the store names it)
+        let places = [
+            (
+                "body",
+                "events WHERE session_id = 's' AND sequence = 2",
+                "event 2 of session 's'",
+            ),
+            ("checkpoint", "sessions WHERE id = 's'", "checkpoint of session 's'"),
+            ("execution", "sessions WHERE id = 's'", "checkpoint of session 's'"),
+            (
+                "item",
+                "transcript WHERE session_id = 's' AND position = 1",
+                "transcript item 1 of session 's'",
+            ),
+        ];
+        // Random bytes (a blob), text that is not UTF-8, a number, and
+        // well-formed JSON of the wrong shape.
+        let damages = [
+            "x'".to_owned()
+                + &garbage(300)
+                    .iter()
+                    .map(|byte| format!("{byte:02x}"))
+                    .collect::<String>()
+                + "'",
+            "CAST(x'c328ff80fe' AS TEXT)".to_owned(),
+            "42".to_owned(),
+            "'[1, 2, 3]'".to_owned(),
+        ];
+        let conn = raw(&path);
+        for (column, row, what) in places {
+            let (table, condition) = row.split_once(" WHERE ").expect("row");
+            let original: String = conn
+                .query_row(&format!("SELECT {column} FROM {row}"), [], |row| row.get(0))
+                .expect("original");
+            for damage in &damages {
+                conn.execute(&format!("UPDATE {table} SET {column} = {damage} WHERE {condition}"), [])
+                    .expect("damage");
+                let damaged = raw_value(&path, column, row);
+                if table == "events" {
+                    assert_corrupt(
+                        store
+                            .event_page(
+                                "s",
+                                EventPageRequest {
+                                    before_sequence: None,
+                                    limit: 10,
+                                },
+                            )
+                            .await,
+                        what,
+                    );
+                } else {
+                    assert_corrupt(store.load("s").await, what);
+                }
+                if table == "sessions" {
+                    assert_corrupt(store.list_sessions(10).await, what);
+                }
+                assert_eq!(
+                    raw_value(&path, column, row),
+                    damaged,
+                    "reading left {column} as it was"
+                );
+                conn.execute(
+                    &format!("UPDATE {table} SET {column} = ?1 WHERE {condition}"),
+                    [&original],
+                )
+                .expect("repair");
+            }
+        }
+        // Repaired, everything reads again.
+        assert_eq!(store.load("s").await.expect("load"), Some(state));
+        assert_eq!(whole_log(&store, "s").await, log);
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 7. Disk full
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn full_database_refuses_whole_batches_keeps_earlier_events_and_recovers_without_the_cap() {
+    guarded(async {
+        let (_dir, path) = database();
+        let capped = SqliteOptions {
+            max_size_bytes: Some(256 * 1024),
+            ..SqliteOptions::default()
+        };
+        let store = open_with(&path, capped).await;
+        let initial = SessionState {
+            checkpoint: checkpoint("full", "bot", 0),
+            transcript: vec![user("hello")],
+            execution: None,
+            last_sequence: 0,
+        };
+        store
+            .save(&initial.checkpoint, &initial.transcript, None)
+            .await
+            .expect("create");
+
+        // Some events before the trouble.
+        let earlier: Vec<Event> = (2_000..2_003).map(bulky_event).collect();
+        let mut expected = append(&store, "full", &earlier).await;
+        let mut state = initial.clone();
+        state.last_sequence = 3;
+
+        // A batch several times the cap, with a checkpoint write: its first
+        // inserts fit, later ones cannot.
+        let huge: Vec<Event> = (0..1_000).map(bulky_event).collect();
+        let error = store
+            .append(
+                "full",
+                AppendBatch {
+                    events: encode(&huge),
+                    checkpoint: Some(CheckpointWrite {
+                        checkpoint: checkpoint("full", "bot", 9),
+                        transcript_delta: vec![assistant("lost", false)],
+                        execution: Some(execution("lost-turn")),
+                    }),
+                },
+            )
+            .await
+            .expect_err("a batch past the cap fails");
+        assert!(matches!(error, StoreError::Full(_)), "{error:?}");
+        assert_eq!(store.load("full").await.expect("load"), Some(state.clone()));
+        assert_eq!(whole_log(&store, "full").await, expected);
+        assert_eq!(
+            raw_count(&path, "SELECT count(*) FROM events WHERE session_id = ?1", "full"),
+            3
+        );
+
+        // Its first event alone fits, so the batch failed partway through
+        // its inserts.
+        expected.extend(append(&store, "full", &huge[..1]).await);
+        assert_eq!(expected[3].sequence, 4);
+
+        // Fill up with small batches until the cap refuses one.
+        let mut next = huge.len();
+        let error = loop {
+            let sent: Vec<Event> = (next..next + 5).map(bulky_event).collect();
+            next += 5;
+            match store.append("full", batch(&sent)).await {
+                Ok(receipt) => {
+                    assert_eq!(receipt.first_sequence, expected.len() as u64 + 1);
+                    expected.extend(recorded(receipt, &sent));
+                }
+                Err(error) => break error,
+            }
+            assert!(expected.len() < 2_000, "a 256 KiB database never filled up");
+        };
+        assert!(matches!(error, StoreError::Full(_)), "{error:?}");
+        assert!(expected.len() > 10, "the cap left room for some events");
+
+        // Nothing partial: the log is gap-free, matches last_sequence, and
+        // holds exactly the acknowledged events.
+        let log = whole_log(&store, "full").await;
+        assert_gap_free(&log);
+        assert_eq!(log, expected);
+        state.last_sequence = expected.len() as u64;
+        assert_eq!(store.load("full").await.expect("load"), Some(state.clone()));
+        store.close().await;
+
+        // Without the cap the same file takes writes again, continuing the
+        // sequence.
+        let store = open(&path).await;
+        assert_eq!(whole_log(&store, "full").await, expected);
+        let sent: Vec<Event> = (next..next + 50).map(bulky_event).collect();
+        let receipt = store.append("full", batch(&sent)).await.expect("append without cap");
+        assert_eq!(receipt.first_sequence, expected.len() as u64 + 1);
+        expected.extend(recorded(receipt, &sent));
+        let log = whole_log(&store, "full").await;
+        assert_gap_free(&log);
+        assert_eq!(log, expected);
+        state.last_sequence = expected.len() as u64;
+        assert_eq!(store.load("full").await.expect("load"), Some(state));
+        store.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_full_database_in_a_group_leaves_every_job_of_it_whole_or_absent() {
+    guarded(async {
+        let (_dir, path) = database();
+        let capped = SqliteOptions {
+            max_size_bytes: Some(256 * 1024),
+            ..SqliteOptions::default()
+        };
+        let store = open_with(&path, capped).await;
+        for session_id in ["huge", "small"] {
+            create(&store, session_id).await;
+        }
+        // One job that cannot fit between small ones that can, all queued
+        // together. On SQLITE_FULL, SQLite may undo only the failing statement
+        // or the whole transaction; either way no job may be left half done.
+        let huge: Vec<Event> = (0..1_000).map(bulky_event).collect();
+        let smalls: Vec<Vec<Event>> = (0..4).map(|n| events("small", n * 2, 2)).collect();
+        let queued: Vec<(&str, &[Event])> = vec![
+            ("small", &smalls[0]),
+            ("small", &smalls[1]),
+            ("huge", &huge),
+            ("small", &smalls[2]),
+            ("small", &smalls[3]),
+        ];
+        let mut writes = Box::pin(join_all(queued.iter().map(|&(session_id, sent)| {
+            let store = &store;
+            async move { store.append(session_id, batch(sent)).await }
+        })));
+        submit_all_while_locked(&path, &mut writes).await;
+        let outcomes = writes.await;
+
+        match &outcomes[2] {
+            Err(StoreError::Full(_)) => {}
+            other => panic!("the huge batch: expected Full, got {other:?}"),
+        }
+        assert_eq!(whole_log(&store, "huge").await, vec![]);
+        assert_eq!(last_sequence(&store, "huge").await, 0);
+
+        // Each small batch either committed whole, under the next sequences,
+        // or failed with Full and left nothing.
+        let mut expected = Vec::new();
+        let mut refused = Vec::new();
+        for (outcome, sent) in [&outcomes[0], &outcomes[1], &outcomes[3], &outcomes[4]]
+            .into_iter()
+            .zip(&smalls)
+        {
+            match outcome {
+                Ok(receipt) => {
+                    assert_eq!(receipt.first_sequence, expected.len() as u64 + 1);
+                    expected.extend(recorded(*receipt, sent));
+                }
+                Err(StoreError::Full(_)) => refused.push(sent),
+                Err(other) => panic!("a small batch: expected success or Full, got {other:?}"),
+            }
+        }
+        let log = whole_log(&store, "small").await;
+        assert_gap_free(&log);
+        assert_eq!(log, expected);
+        assert_eq!(last_sequence(&store, "small").await, expected.len() as u64);
+
+        // Retried alone, the refused ones fit.
+        for sent in refused {
+            expected.extend(append(&store, "small", sent).await);
+        }
+        let log = whole_log(&store, "small").await;
+        assert_gap_free(&log);
+        assert_eq!(log, expected);
+        assert_eq!(log.len(), 8);
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 8. Files that are not (our) databases
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn opening_a_file_that_is_not_a_database_fails_and_leaves_its_bytes_unchanged() {
+    guarded(async {
+        let (dir, path) = database();
+        let bytes = garbage(64 * 1024);
+        std::fs::write(&path, &bytes).expect("write garbage");
+
+        for options in [
+            SqliteOptions::default(),
+            SqliteOptions {
+                max_size_bytes: Some(1 << 20),
+                ..SqliteOptions::default()
+            },
+        ] {
+            match SqliteCheckpoint::open(&path, options).await {
+                Err(StoreError::NotADatabase(_)) => {}
+                Err(other) => panic!("expected NotADatabase, got {other:?}"),
+                Ok(_) => panic!("opened random bytes as a database"),
+            }
+            assert!(
+                std::fs::read(&path).expect("read back") == bytes,
+                "the file is unchanged"
+            );
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list directory")
+            .map(|entry| entry.expect("entry").file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![path.file_name().expect("file name").to_owned()],
+            "no files left beside it"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn opening_a_database_with_a_newer_schema_fails_and_leaves_it_unchanged() {
+    guarded(async {
+        for journal_mode in ["WAL", "DELETE"] {
+            let (_dir, path) = database();
+            let newer = schema::SCHEMA_VERSION + 1;
+            {
+                let conn = Connection::open(&path).expect("create");
+                let _: String = conn
+                    .pragma_update_and_check(None, "journal_mode", journal_mode, |row| row.get(0))
+                    .expect("journal mode");
+                conn.execute_batch("CREATE TABLE future (x); INSERT INTO future VALUES ('from a newer keel');")
+                    .expect("schema");
+                conn.pragma_update(None, "user_version", newer).expect("user_version");
+            }
+            let bytes = std::fs::read(&path).expect("read");
+
+            match SqliteCheckpoint::open(&path, SqliteOptions::default()).await {
+                Err(StoreError::SchemaTooNew { found, supported }) => {
+                    assert_eq!((found, supported), (newer, schema::SCHEMA_VERSION));
+                }
+                Err(other) => panic!("{journal_mode}: expected SchemaTooNew, got {other:?}"),
+                Ok(_) => panic!("{journal_mode}: opened a database from the future"),
+            }
+            assert!(
+                std::fs::read(&path).expect("read back") == bytes,
+                "{journal_mode}: the file is unchanged"
+            );
+            let conn = Connection::open(&path).expect("reopen raw");
+            let version: i64 = conn
+                .pragma_query_value(None, "user_version", |row| row.get(0))
+                .expect("user_version");
+            assert_eq!(version, newer);
+            let tables: Vec<String> = conn
+                .prepare("SELECT name FROM sqlite_master ORDER BY name")
+                .expect("prepare")
+                .query_map([], |row| row.get(0))
+                .expect("query")
+                .collect::<Result<_, _>>()
+                .expect("tables");
+            assert_eq!(tables, vec!["future".to_owned()], "{journal_mode}: no tables added");
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 9. Reopen and close
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn reopened_store_has_everything_and_continues_sequences_and_history() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        let turn = execution("turn-7");
+        store
+            .save(
+                &checkpoint("a", "bot-a", 2),
+                &[user("a1"), assistant("a2", true)],
+                Some(&turn),
+            )
+            .await
+            .expect("save a");
+        store
+            .save(&checkpoint("b", "bot-b", 4), &[user("b1")], None)
+            .await
+            .expect("save b");
+        let mut log_a = append(&store, "a", &events("a", 0, 5)).await;
+        let mut log_b = append(&store, "b", &events("b", 0, 2)).await;
+        log_a.extend(append(&store, "a", &events("a", 5, 3)).await);
+        let listed = store.list_sessions(10).await.expect("list");
+        store.close().await;
+        drop(store);
+
+        let store = open(&path).await;
+        assert_eq!(
+            store.load("a").await.expect("load a"),
+            Some(SessionState {
+                checkpoint: checkpoint("a", "bot-a", 2),
+                transcript: vec![user("a1"), assistant("a2", true)],
+                execution: Some(turn),
+                last_sequence: 8,
+            })
+        );
+        assert_eq!(
+            store.load("b").await.expect("load b"),
+            Some(SessionState {
+                checkpoint: checkpoint("b", "bot-b", 4),
+                transcript: vec![user("b1")],
+                execution: None,
+                last_sequence: 2,
+            })
+        );
+        assert_eq!(whole_log(&store, "a").await, log_a);
+        assert_eq!(whole_log(&store, "b").await, log_b);
+        assert_eq!(store.list_sessions(10).await.expect("list"), listed);
+        assert_eq!(store.writer_stats().commits, 0, "a new store counts from zero");
+
+        // Writing continues where it stopped.
+        let receipt = store.append("b", batch(&events("b", 2, 3))).await.expect("append b");
+        assert_eq!(receipt.first_sequence, 3);
+        log_b.extend(recorded(receipt, &events("b", 2, 3)));
+        store
+            .save(&checkpoint("a", "bot-a", 3), &[user("a3")], None)
+            .await
+            .expect("save a");
+        assert_eq!(
+            store.load("a").await.expect("load").map(|state| state.transcript),
+            Some(vec![user("a1"), assistant("a2", true), user("a3")])
+        );
+        store.close().await;
+
+        let store = open(&path).await;
+        let log = whole_log(&store, "b").await;
+        assert_gap_free(&log);
+        assert_eq!(log, log_b);
+        assert_eq!(
+            raw_count(&path, "SELECT count(*) FROM transcript WHERE session_id = ?1", "a"),
+            3
+        );
+        store.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn closed_store_refuses_every_call_and_leaves_no_wal_behind() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        create(&store, "s").await;
+        append(&store, "s", &events("s", 0, 20)).await;
+        // Exercise the reader pool so that idle readers are open at close.
+        let _ = store.load("s").await.expect("load");
+        let _ = whole_log(&store, "s").await;
+        let _ = store.list_sessions(10).await.expect("list");
+        assert!(wal_path(&path).exists(), "WAL mode while open");
+
+        store.close().await;
+        let wal = wal_path(&path);
+        assert!(
+            !wal.exists() || std::fs::metadata(&wal).expect("wal metadata").len() == 0,
+            "the WAL is folded into the database on close"
+        );
+
+        let closed = |outcome: Result<(), StoreError>, call: &str| match outcome {
+            Err(StoreError::Closed) => {}
+            other => panic!("{call} after close: expected Closed, got {other:?}"),
+        };
+        closed(store.save(&checkpoint("s", "bot", 1), &[], None).await, "save");
+        closed(store.save(&checkpoint("new", "bot", 1), &[], None).await, "save new");
+        closed(store.load("s").await.map(drop), "load");
+        closed(store.append("s", batch(&events("s", 20, 1))).await.map(drop), "append");
+        closed(
+            store
+                .event_page(
+                    "s",
+                    EventPageRequest {
+                        before_sequence: None,
+                        limit: 10,
+                    },
+                )
+                .await
+                .map(drop),
+            "event_page",
+        );
+        closed(store.list_sessions(10).await.map(drop), "list_sessions");
+        // Closing again is harmless.
+        store.close().await;
+        closed(store.load("s").await.map(drop), "load after second close");
+
+        let reopened = open(&path).await;
+        assert_eq!(last_sequence(&reopened, "s").await, 20);
+        assert_eq!(
+            reopened.load("new").await.expect("load"),
+            None,
+            "nothing was written after close"
+        );
+        reopened.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn close_finishes_the_writes_already_queued() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        let sessions: Vec<String> = (0..16).map(|n| format!("q-{n:02}")).collect();
+        for session_id in &sessions {
+            create(&store, session_id).await;
+        }
+        let mut writes = Box::pin(join_all(sessions.iter().map(|session_id| {
+            let store = &store;
+            async move { store.append(session_id, batch(&events(session_id, 0, 3))).await }
+        })));
+        // Queue every write, then close while they are queued.
+        submit_all_while_locked(&path, &mut writes).await;
+        store.close().await;
+        for outcome in writes.await {
+            assert_eq!(outcome.expect("queued write completes").first_sequence, 1);
+        }
+
+        let store = open(&path).await;
+        for session_id in &sessions {
+            assert_eq!(whole_log(&store, session_id).await.len(), 3, "{session_id}");
+        }
+        store.close().await;
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 10. Listing
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn list_sessions_puts_the_newest_update_first_with_bot_and_running_turn() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+
+        // Writes one tick apart, so their timestamps are strictly ordered.
+        store.save(&checkpoint("a", "bot-a", 0), &[], None).await.expect("a");
+        tick_past(now_ms()).await;
+        store
+            .save(&checkpoint("b", "bot-b", 0), &[], Some(&execution("turn-b")))
+            .await
+            .expect("b");
+        tick_past(now_ms()).await;
+        store.save(&checkpoint("c", "bot-c", 0), &[], None).await.expect("c");
+        tick_past(now_ms()).await;
+        let appended = store.append("a", batch(&events("a", 0, 3))).await.expect("append a");
+        tick_past(appended.recorded_at_ms).await;
+        // An append carrying a checkpoint sets the running turn too.
+        let carried = store
+            .append(
+                "c",
+                AppendBatch {
+                    events: encode(&events("c", 0, 1)),
+                    checkpoint: Some(CheckpointWrite {
+                        checkpoint: checkpoint("c", "bot-c", 1),
+                        transcript_delta: vec![],
+                        execution: Some(execution("turn-c")),
+                    }),
+                },
+            )
+            .await
+            .expect("append c");
+
+        let listed = store.list_sessions(10).await.expect("list");
+        let ids: Vec<&str> = listed.iter().map(|summary| summary.session_id.as_str()).collect();
+        assert_eq!(ids, vec!["c", "a", "b"]);
+        let summary = |session_id: &str| {
+            listed
+                .iter()
+                .find(|summary| summary.session_id == session_id)
+                .cloned()
+                .expect("listed")
+        };
+        let (a, b, c) = (summary("a"), summary("b"), summary("c"));
+        assert_eq!(
+            c,
+            SessionSummary {
+                session_id: "c".into(),
+                bot_id: "bot-c".into(),
+                created_at_ms: c.created_at_ms,
+                updated_at_ms: carried.recorded_at_ms,
+                last_sequence: 1,
+                running_turn_id: Some("turn-c".into()),
+            }
+        );
+        assert_eq!(
+            a,
+            SessionSummary {
+                session_id: "a".into(),
+                bot_id: "bot-a".into(),
+                created_at_ms: a.created_at_ms,
+                updated_at_ms: appended.recorded_at_ms,
+                last_sequence: 3,
+                running_turn_id: None,
+            }
+        );
+        assert_eq!(
+            b,
+            SessionSummary {
+                session_id: "b".into(),
+                bot_id: "bot-b".into(),
+                created_at_ms: b.created_at_ms,
+                updated_at_ms: b.created_at_ms,
+                last_sequence: 0,
+                running_turn_id: Some("turn-b".into()),
+            }
+        );
+        assert!(a.created_at_ms < b.created_at_ms && b.created_at_ms < c.created_at_ms);
+        assert!(c.created_at_ms < a.updated_at_ms && a.updated_at_ms < c.updated_at_ms);
+
+        // The limit keeps the newest.
+        let two = store.list_sessions(2).await.expect("list 2");
+        assert_eq!(two, listed[..2].to_vec());
+        assert_eq!(store.list_sessions(0).await.expect("list 0"), vec![]);
+        assert_eq!(store.list_sessions(usize::MAX).await.expect("list all"), listed);
+
+        // Clearing the running turn shows in the listing, and moves b first.
+        tick_past(carried.recorded_at_ms).await;
+        store
+            .save(&checkpoint("b", "bot-b", 1), &[], None)
+            .await
+            .expect("clear b");
+        let listed = store.list_sessions(10).await.expect("list");
+        let ids: Vec<&str> = listed.iter().map(|summary| summary.session_id.as_str()).collect();
+        assert_eq!(ids, vec!["b", "c", "a"]);
+        assert_eq!(listed[0].running_turn_id, None);
+        assert_eq!(
+            listed[0].created_at_ms, b.created_at_ms,
+            "a rewrite keeps the creation time"
+        );
+    })
+    .await;
+}
