@@ -56,29 +56,32 @@ pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<Session
     // same commit (each statement alone would take its own snapshot). Dropping
     // it ends the read.
     let _snapshot = conn.unchecked_transaction().map_err(super::sqlite_error)?;
-    let row: Option<(StoredJson, Option<StoredJson>, u64)> = conn
-        .prepare_cached("SELECT checkpoint, execution, last_sequence FROM sessions WHERE id = ?1")
+    let row: Option<(i64, StoredJson, Option<StoredJson>, u64)> = conn
+        .prepare_cached("SELECT key, checkpoint, execution, last_sequence FROM sessions WHERE id = ?1")
         .and_then(|mut select| {
             select
                 .query_row(params![session_id], |row| {
-                    Ok((stored_json(row, 0)?, stored_optional_json(row, 1)?, row.get(2)?))
+                    Ok((
+                        row.get(0)?,
+                        stored_json(row, 1)?,
+                        stored_optional_json(row, 2)?,
+                        row.get(3)?,
+                    ))
                 })
                 .optional()
         })
         .map_err(super::sqlite_error)?;
-    let Some((checkpoint, execution, last_sequence)) = row else {
+    let Some((key, checkpoint, execution, last_sequence)) = row else {
         return Ok(None);
     };
     let what = || format!("checkpoint of session '{session_id}'");
     let checkpoint: Checkpoint = decode(&checkpoint, what)?;
     let execution: Option<TurnExecution> = execution.map(|json| decode(&json, what)).transpose()?;
     let mut select = conn
-        .prepare_cached("SELECT position, item FROM transcript WHERE session_id = ?1 ORDER BY position")
+        .prepare_cached("SELECT position, item FROM transcript WHERE session_key = ?1 ORDER BY position")
         .map_err(super::sqlite_error)?;
     let rows = select
-        .query_map(params![session_id], |row| {
-            Ok((row.get::<_, u64>(0)?, stored_json(row, 1)?))
-        })
+        .query_map(params![key], |row| Ok((row.get::<_, u64>(0)?, stored_json(row, 1)?)))
         .map_err(super::sqlite_error)?;
     let mut transcript = Vec::new();
     for row in rows {
@@ -106,14 +109,15 @@ pub(super) fn event_page(
     let before = request
         .before_sequence
         .map_or(i64::MAX, |before| i64::try_from(before).unwrap_or(i64::MAX));
+    let key = session_key(conn, session_id)?.ok_or_else(|| StoreError::UnknownSession(session_id.to_owned()))?;
     let mut select = conn
         .prepare_cached(
             "SELECT sequence, recorded_at_ms, body FROM events
-             WHERE session_id = ?1 AND sequence < ?2 ORDER BY sequence DESC LIMIT ?3",
+             WHERE session_key = ?1 AND sequence < ?2 ORDER BY sequence DESC LIMIT ?3",
         )
         .map_err(super::sqlite_error)?;
     let rows = select
-        .query_map(params![session_id, before, limit as u64 + 1], |row| {
+        .query_map(params![key, before, limit as u64 + 1], |row| {
             Ok((row.get::<_, u64>(0)?, row.get::<_, u64>(1)?, stored_json(row, 2)?))
         })
         .map_err(super::sqlite_error)?;
@@ -131,9 +135,6 @@ pub(super) fn event_page(
             recorded_at_ms,
             event,
         });
-    }
-    if events.is_empty() && !session_exists(conn, session_id)? {
-        return Err(StoreError::UnknownSession(session_id.to_owned()));
     }
     events.reverse();
     Ok(EventPage { events, has_more })
@@ -177,9 +178,10 @@ pub(super) fn list_sessions(conn: &Connection, limit: usize) -> Result<Vec<Sessi
     Ok(sessions)
 }
 
-fn session_exists(conn: &Connection, session_id: &str) -> Result<bool, StoreError> {
-    conn.prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")
-        .and_then(|mut select| select.exists(params![session_id]))
+/// The integer key the log and the history use for `session_id`.
+fn session_key(conn: &Connection, session_id: &str) -> Result<Option<i64>, StoreError> {
+    conn.prepare_cached("SELECT key FROM sessions WHERE id = ?1")
+        .and_then(|mut select| select.query_row(params![session_id], |row| row.get(0)).optional())
         .map_err(super::sqlite_error)
 }
 

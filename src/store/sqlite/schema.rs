@@ -15,9 +15,14 @@ pub(super) const SCHEMA_VERSION: i64 = 1;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Version 1: sessions with their checkpoint, the transcript, the event log.
+///
+/// Sessions get a small integer key so that the log and the history, which
+/// hold most rows, are clustered by `(session_key, n)` in `WITHOUT ROWID`
+/// tables: one B-tree per table, few pages touched per commit.
 const SCHEMA_V1: &str = "
 CREATE TABLE sessions (
-    id             TEXT PRIMARY KEY NOT NULL,
+    key            INTEGER PRIMARY KEY,
+    id             TEXT NOT NULL UNIQUE,
     created_at_ms  INTEGER NOT NULL,
     updated_at_ms  INTEGER NOT NULL,
     last_sequence  INTEGER NOT NULL DEFAULT 0,
@@ -25,21 +30,20 @@ CREATE TABLE sessions (
     checkpoint     TEXT NOT NULL,
     execution      TEXT
 );
-CREATE INDEX sessions_by_update ON sessions (updated_at_ms DESC);
 CREATE TABLE transcript (
-    session_id TEXT NOT NULL,
-    position   INTEGER NOT NULL,
-    item       TEXT NOT NULL,
-    PRIMARY KEY (session_id, position)
-);
+    session_key INTEGER NOT NULL,
+    position    INTEGER NOT NULL,
+    item        TEXT NOT NULL,
+    PRIMARY KEY (session_key, position)
+) WITHOUT ROWID;
 CREATE TABLE events (
-    session_id     TEXT NOT NULL,
+    session_key    INTEGER NOT NULL,
     sequence       INTEGER NOT NULL,
     recorded_at_ms INTEGER NOT NULL,
     kind           TEXT NOT NULL,
     body           TEXT NOT NULL,
-    PRIMARY KEY (session_id, sequence)
-);
+    PRIMARY KEY (session_key, sequence)
+) WITHOUT ROWID;
 ";
 
 /// Opens the writer connection: WAL, the configured durability, an optional

@@ -419,8 +419,8 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
                 }
                 for table in [
                     "SELECT count(*) FROM sessions WHERE id = ?1",
-                    "SELECT count(*) FROM events WHERE session_id = ?1",
-                    "SELECT count(*) FROM transcript WHERE session_id = ?1",
+                    "SELECT count(*) FROM events WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
+                    "SELECT count(*) FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
                 ] {
                     assert_eq!(raw_count(&path, table, session_id), 0, "{table} for {session_id}");
                 }
@@ -614,7 +614,7 @@ async fn save_creates_rewrites_and_extends_a_session_and_load_returns_exactly_th
         // The history sits at increasing positions from 0.
         let conn = raw(&path);
         let positions: Vec<i64> = conn
-            .prepare("SELECT position FROM transcript WHERE session_id = 's' ORDER BY position")
+            .prepare("SELECT position FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = 's') ORDER BY position")
             .expect("prepare")
             .query_map([], |row| row.get(0))
             .expect("query")
@@ -714,7 +714,11 @@ async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_o
         assert_eq!(store.load("s").await.expect("load"), Some(committed.clone()));
         assert_eq!(whole_log(&store, "s").await, log);
         assert_eq!(
-            raw_count(&path, "SELECT count(*) FROM transcript WHERE session_id = ?1", "s"),
+            raw_count(
+                &path,
+                "SELECT count(*) FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
+                "s"
+            ),
             3
         );
 
@@ -1082,7 +1086,7 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
 
         let conn = raw(&path);
         conn.execute(
-            "UPDATE events SET body = ?1 WHERE session_id = 'events-hit' AND sequence = 4",
+            "UPDATE events SET body = ?1 WHERE session_key = (SELECT key FROM sessions WHERE id = 'events-hit') AND sequence = 4",
             ["{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta"],
         )
         .expect("corrupt an event");
@@ -1092,7 +1096,7 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
         )
         .expect("corrupt a checkpoint");
         conn.execute(
-            "UPDATE transcript SET item = ?1 WHERE session_id = 'transcript-hit' AND position = 1",
+            "UPDATE transcript SET item = ?1 WHERE session_key = (SELECT key FROM sessions WHERE id = 'transcript-hit') AND position = 1",
             ["{\"type\": \"no_such_item\", \"text\": 5}"],
         )
         .expect("corrupt a transcript item");
@@ -1155,7 +1159,7 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
 
         // Reading did not repair, delete or rewrite anything.
         assert_eq!(
-            raw_value(&path, "body", "events WHERE session_id = 'events-hit' AND sequence = 4"),
+            raw_value(&path, "body", "events WHERE session_key = (SELECT key FROM sessions WHERE id = 'events-hit') AND sequence = 4"),
             text_value("{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta")
         );
         assert_eq!(
@@ -1166,18 +1170,18 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
             raw_value(
                 &path,
                 "item",
-                "transcript WHERE session_id = 'transcript-hit' AND position = 1"
+                "transcript WHERE session_key = (SELECT key FROM sessions WHERE id = 'transcript-hit') AND position = 1"
             ),
             text_value("{\"type\": \"no_such_item\", \"text\": 5}")
         );
         assert_eq!(
-            raw_count(&path, "SELECT count(*) FROM events WHERE session_id = ?1", "events-hit"),
+            raw_count(&path, "SELECT count(*) FROM events WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)", "events-hit"),
             6
         );
         assert_eq!(
             raw_count(
                 &path,
-                "SELECT count(*) FROM transcript WHERE session_id = ?1",
+                "SELECT count(*) FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
                 "transcript-hit"
             ),
             3
@@ -1214,14 +1218,14 @@ async fn stored_values_of_any_damaged_shape_read_as_corrupt_not_as_backend_error
         let places = [
             (
                 "body",
-                "events WHERE session_id = 's' AND sequence = 2",
+                "events WHERE session_key = (SELECT key FROM sessions WHERE id = 's') AND sequence = 2",
                 "event 2 of session 's'",
             ),
             ("checkpoint", "sessions WHERE id = 's'", "checkpoint of session 's'"),
             ("execution", "sessions WHERE id = 's'", "checkpoint of session 's'"),
             (
                 "item",
-                "transcript WHERE session_id = 's' AND position = 1",
+                "transcript WHERE session_key = (SELECT key FROM sessions WHERE id = 's') AND position = 1",
                 "transcript item 1 of session 's'",
             ),
         ];
@@ -1337,7 +1341,11 @@ async fn full_database_refuses_whole_batches_keeps_earlier_events_and_recovers_w
         assert_eq!(store.load("full").await.expect("load"), Some(state.clone()));
         assert_eq!(whole_log(&store, "full").await, expected);
         assert_eq!(
-            raw_count(&path, "SELECT count(*) FROM events WHERE session_id = ?1", "full"),
+            raw_count(
+                &path,
+                "SELECT count(*) FROM events WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
+                "full"
+            ),
             3
         );
 
@@ -1621,7 +1629,11 @@ async fn reopened_store_has_everything_and_continues_sequences_and_history() {
         assert_gap_free(&log);
         assert_eq!(log, log_b);
         assert_eq!(
-            raw_count(&path, "SELECT count(*) FROM transcript WHERE session_id = ?1", "a"),
+            raw_count(
+                &path,
+                "SELECT count(*) FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
+                "a"
+            ),
             3
         );
         store.close().await;

@@ -3,15 +3,15 @@
 //! Every write of every session goes through one thread that owns the write
 //! connection. Each time it wakes it takes *all* queued jobs (up to a limit)
 //! and commits them in one transaction, so concurrent sessions share each
-//! fsync. Jobs are isolated from each other by savepoints: one failing job
-//! (say, an unknown session) does not fail the others. Each job is answered
-//! only after the commit that made it durable.
+//! fsync. One failing job (say, an unknown session) does not fail the others
+//! (see [`run_group`]). Each job is answered only after the commit that made
+//! it durable.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
 use crate::protocol::now_ms;
@@ -119,140 +119,167 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCo
     tracing::trace!(micros, events, "group committed");
 }
 
-/// Applies every job inside one transaction. The outer error means nothing
-/// of the group was committed.
+/// Applies every job of the group and commits. The outer error means
+/// nothing of the group was committed.
+///
+/// The fast path runs every job in one transaction without savepoints: the
+/// errors jobs are expected to hit (an unknown session, an invalid write) are
+/// found before the job writes anything, so they need no rollback. If a job
+/// fails after it started writing (a full disk, an I/O error), the
+/// transaction is rolled back and each job is retried in a transaction of its
+/// own, so one job's failure cannot take the others down with it.
 fn run_group(
     conn: &mut Connection,
     group: &[Job],
     now: u64,
 ) -> Result<Vec<Result<AppendReceipt, StoreError>>, StoreError> {
-    let mut tx = conn
+    let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(super::sqlite_error)?;
     let mut outcomes = Vec::with_capacity(group.len());
     for job in group {
-        let outcome = apply_isolated(&mut tx, job, now);
-        if let Err(error) = &outcome {
-            // On SQLITE_FULL, IOERR and the like SQLite may roll back the
-            // whole transaction by itself; then nothing of the group stands.
-            if tx.is_autocommit() {
-                return Err(error.clone());
+        match apply(&tx, job, now) {
+            Ok(receipt) => outcomes.push(Ok(receipt)),
+            Err(JobError::Clean(error)) => outcomes.push(Err(error)),
+            Err(JobError::Dirty(error)) => {
+                tracing::warn!(%error, "a write failed part-way; retrying the group one job at a time");
+                drop(tx);
+                return Ok(group.iter().map(|job| run_alone(conn, job, now)).collect());
             }
         }
-        outcomes.push(outcome);
     }
     tx.commit().map_err(super::sqlite_error)?;
     Ok(outcomes)
 }
 
-fn apply_isolated(tx: &mut Transaction<'_>, job: &Job, now: u64) -> Result<AppendReceipt, StoreError> {
-    let savepoint = tx.savepoint().map_err(super::sqlite_error)?;
-    let receipt = apply(&savepoint, job, now)?;
-    savepoint.commit().map_err(super::sqlite_error)?;
+/// Runs one job in a transaction of its own.
+fn run_alone(conn: &mut Connection, job: &Job, now: u64) -> Result<AppendReceipt, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(super::sqlite_error)?;
+    let receipt = apply(&tx, job, now).map_err(JobError::into_inner)?;
+    tx.commit().map_err(super::sqlite_error)?;
     Ok(receipt)
 }
 
-fn apply(conn: &Connection, job: &Job, now: u64) -> Result<AppendReceipt, StoreError> {
-    match job {
-        Job::Save { write, .. } => {
-            let session_id = &write.checkpoint.session_id;
-            conn.prepare_cached(
-                "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint) VALUES (?1, ?2, ?2, '{}')
-                 ON CONFLICT (id) DO NOTHING",
-            )
-            .and_then(|mut insert| insert.execute(params![session_id, now]))
-            .map_err(super::sqlite_error)?;
-            write_checkpoint(conn, session_id, write, now)?;
-            Ok(AppendReceipt {
-                first_sequence: 0,
-                recorded_at_ms: now,
-            })
-        }
-        Job::Append { session_id, batch, .. } => {
-            if let Some(write) = &batch.checkpoint {
-                write_checkpoint(conn, session_id, write, now)?;
-            }
-            let first_sequence = append_events(conn, session_id, batch, now)?;
-            Ok(AppendReceipt {
-                first_sequence,
-                recorded_at_ms: now,
-            })
+/// Why a job failed, and whether it had written anything before it did.
+enum JobError {
+    /// Nothing was written; the transaction can go on with the other jobs.
+    Clean(StoreError),
+    /// Part of the job may have been written (or SQLite rolled back the whole
+    /// transaction); the transaction must be abandoned.
+    Dirty(StoreError),
+}
+
+impl JobError {
+    fn into_inner(self) -> StoreError {
+        match self {
+            JobError::Clean(error) | JobError::Dirty(error) => error,
         }
     }
 }
 
-/// Rewrites the checkpoint row and appends the transcript delta.
-fn write_checkpoint(conn: &Connection, session_id: &str, write: &CheckpointWrite, now: u64) -> Result<(), StoreError> {
+fn dirty(error: rusqlite::Error) -> JobError {
+    JobError::Dirty(super::sqlite_error(error))
+}
+
+/// A checkpoint write, serialized before anything is written.
+struct EncodedWrite {
+    checkpoint: String,
+    execution: Option<String>,
+    transcript: Vec<String>,
+}
+
+fn apply(conn: &Connection, job: &Job, now: u64) -> Result<AppendReceipt, JobError> {
+    let (session_id, events, write, create) = match job {
+        Job::Save { write, .. } => (write.checkpoint.session_id.as_str(), &[][..], Some(write), true),
+        Job::Append { session_id, batch, .. } => {
+            (session_id.as_str(), &batch.events[..], batch.checkpoint.as_ref(), false)
+        }
+    };
+    let write = write
+        .map(|write| encode_write(session_id, write))
+        .transpose()
+        .map_err(JobError::Clean)?;
+    if create {
+        conn.prepare_cached(
+            "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint) VALUES (?1, ?2, ?2, '{}')
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .and_then(|mut insert| insert.execute(params![session_id, now]))
+        .map_err(dirty)?;
+    }
+    // One statement takes the sequences, rewrites the checkpoint and extends
+    // the history; matching no row means the session does not exist, and then
+    // nothing was written.
+    let count = events.len() as u64;
+    let added = write.as_ref().map_or(0, |write| write.transcript.len() as u64);
+    let (checkpoint, execution) = match &write {
+        Some(write) => (Some(write.checkpoint.as_str()), write.execution.as_deref()),
+        None => (None, None),
+    };
+    let row: Option<(i64, u64, u64)> = conn
+        .prepare_cached(
+            "UPDATE sessions SET
+                 last_sequence = last_sequence + ?1,
+                 updated_at_ms = ?2,
+                 checkpoint = coalesce(?3, checkpoint),
+                 execution = CASE WHEN ?3 IS NULL THEN execution ELSE ?4 END,
+                 transcript_len = transcript_len + ?5
+             WHERE id = ?6
+             RETURNING key, last_sequence, transcript_len",
+        )
+        .and_then(|mut update| {
+            update
+                .query_row(params![count, now, checkpoint, execution, added, session_id], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })
+                .optional()
+        })
+        .map_err(dirty)?;
+    let Some((key, last_sequence, transcript_len)) = row else {
+        return Err(JobError::Clean(StoreError::UnknownSession(session_id.to_owned())));
+    };
+    if let Some(write) = &write {
+        let mut insert = conn
+            .prepare_cached("INSERT INTO transcript (session_key, position, item) VALUES (?1, ?2, ?3)")
+            .map_err(dirty)?;
+        for (position, item) in (transcript_len - added..).zip(&write.transcript) {
+            insert.execute(params![key, position, item]).map_err(dirty)?;
+        }
+    }
+    let first_sequence = last_sequence - count + 1;
+    if count > 0 {
+        let mut insert = conn
+            .prepare_cached(
+                "INSERT INTO events (session_key, sequence, recorded_at_ms, kind, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .map_err(dirty)?;
+        for (sequence, event) in (first_sequence..).zip(events) {
+            insert
+                .execute(params![key, sequence, now, event.kind, event.json])
+                .map_err(dirty)?;
+        }
+    }
+    Ok(AppendReceipt {
+        first_sequence,
+        recorded_at_ms: now,
+    })
+}
+
+/// Checks and serializes a checkpoint write for `session_id`.
+fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrite, StoreError> {
     if write.checkpoint.session_id != session_id {
         return Err(StoreError::Invalid(format!(
             "checkpoint of session '{}' written to session '{session_id}'",
             write.checkpoint.session_id
         )));
     }
-    let checkpoint = encode(&write.checkpoint)?;
-    let execution = write.execution.as_ref().map(encode).transpose()?;
-    let added = write.transcript_delta.len() as u64;
-    let transcript_len: Option<u64> = conn
-        .prepare_cached(
-            "UPDATE sessions SET checkpoint = ?1, execution = ?2, updated_at_ms = ?3,
-                 transcript_len = transcript_len + ?4
-             WHERE id = ?5 RETURNING transcript_len",
-        )
-        .and_then(|mut update| {
-            update
-                .query_row(params![checkpoint, execution, now, added, session_id], |row| row.get(0))
-                .optional()
-        })
-        .map_err(super::sqlite_error)?;
-    let Some(transcript_len) = transcript_len else {
-        return Err(StoreError::UnknownSession(session_id.to_owned()));
-    };
-    if added > 0 {
-        let mut insert = conn
-            .prepare_cached("INSERT INTO transcript (session_id, position, item) VALUES (?1, ?2, ?3)")
-            .map_err(super::sqlite_error)?;
-        let first_position = transcript_len - added;
-        for (position, item) in (first_position..).zip(&write.transcript_delta) {
-            insert
-                .execute(params![session_id, position, encode(item)?])
-                .map_err(super::sqlite_error)?;
-        }
-    }
-    Ok(())
-}
-
-/// Takes the next sequences of the session and inserts the events under
-/// them. Returns the first sequence (or the next one, when there are none).
-fn append_events(conn: &Connection, session_id: &str, batch: &AppendBatch, now: u64) -> Result<u64, StoreError> {
-    let count = batch.events.len() as u64;
-    let last_sequence: Option<u64> = conn
-        .prepare_cached(
-            "UPDATE sessions SET last_sequence = last_sequence + ?1, updated_at_ms = ?2
-             WHERE id = ?3 RETURNING last_sequence",
-        )
-        .and_then(|mut update| {
-            update
-                .query_row(params![count, now, session_id], |row| row.get(0))
-                .optional()
-        })
-        .map_err(super::sqlite_error)?;
-    let Some(last_sequence) = last_sequence else {
-        return Err(StoreError::UnknownSession(session_id.to_owned()));
-    };
-    let first_sequence = last_sequence - count + 1;
-    if count > 0 {
-        let mut insert = conn
-            .prepare_cached(
-                "INSERT INTO events (session_id, sequence, recorded_at_ms, kind, body) VALUES (?1, ?2, ?3, ?4, ?5)",
-            )
-            .map_err(super::sqlite_error)?;
-        for (sequence, event) in (first_sequence..).zip(&batch.events) {
-            insert
-                .execute(params![session_id, sequence, now, event.kind, event.json])
-                .map_err(super::sqlite_error)?;
-        }
-    }
-    Ok(first_sequence)
+    Ok(EncodedWrite {
+        checkpoint: encode(&write.checkpoint)?,
+        execution: write.execution.as_ref().map(encode).transpose()?,
+        transcript: write.transcript_delta.iter().map(encode).collect::<Result<_, _>>()?,
+    })
 }
 
 fn encode<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
