@@ -17,13 +17,14 @@
 //! A store failure stops the recorder: every pending caller gets the error,
 //! nothing more is delivered, the delivery queue closes.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::protocol::{Event, RecordedEvent};
-use crate::store::{AppendBatch, CheckpointStore, CheckpointWrite, EncodedEvent, StoreError};
+use crate::store::{AppendBatch, AppendReceipt, CheckpointStore, CheckpointWrite, EncodedEvent, OpenBatch, StoreError};
 use crate::{Error, Result};
 
 /// Recorded events waiting for the consumer. When it is full the recorder
@@ -343,68 +344,152 @@ enum Settle {
     Flush(oneshot::Sender<Result<()>>),
 }
 
+/// The batch being written, and what to do for each command in it.
+struct Batch {
+    open: Arc<OpenBatch>,
+    settles: Vec<Settle>,
+    /// Whether any command in it writes something (not only flushes).
+    writes: bool,
+    max: usize,
+}
+
+impl Batch {
+    fn new(max: usize) -> Self {
+        Self {
+            open: Arc::new(OpenBatch::new(AppendBatch::default())),
+            settles: Vec::new(),
+            writes: false,
+            max,
+        }
+    }
+
+    /// Adds `command` if the batch has room and the store has not sealed it
+    /// yet; hands it back otherwise.
+    fn add(&mut self, command: Command) -> Option<Command> {
+        if self.settles.len() >= self.max {
+            return Some(command);
+        }
+        match command {
+            Command::Flush(ack) => {
+                self.settles.push(Settle::Flush(ack));
+                None
+            }
+            Command::Append {
+                events,
+                checkpoint,
+                bytes,
+                ack,
+            } => {
+                let mut parts = Some((events, checkpoint, ack));
+                let added = self.open.add(|batch| {
+                    if let Some((events, checkpoint, ack)) = parts.take() {
+                        let mut plain = Vec::with_capacity(events.len());
+                        let encoded = events.into_iter().map(|PendingEvent { event, encoded }| {
+                            plain.push(event);
+                            encoded
+                        });
+                        batch.extend(encoded, checkpoint.map(|write| *write));
+                        self.settles.push(Settle::Deliver {
+                            events: plain,
+                            bytes,
+                            ack,
+                        });
+                    }
+                });
+                self.writes |= added;
+                parts.map(|(events, checkpoint, ack)| Command::Append {
+                    events,
+                    checkpoint,
+                    bytes,
+                    ack,
+                })
+            }
+        }
+    }
+}
+
 impl RecorderTask {
     async fn run(mut self) {
-        let mut commands = Vec::with_capacity(self.max_batch);
-        while self.commands.recv_many(&mut commands, self.max_batch).await > 0 {
-            if let Err(error) = self.record(&mut commands).await {
-                tracing::error!(session_id = %self.shared.session_id, %error, "event recorder stopped");
-                let _ = self.shared.failure.set(error.to_string());
-                self.commands.close();
-                while let Some(command) = self.commands.recv().await {
-                    self.fail(command, &error);
+        // Commands not yet in a batch, oldest first: those that arrived after
+        // the batch in flight was sealed start the next one.
+        let mut waiting: VecDeque<Command> = VecDeque::new();
+        let mut receiving = true;
+        loop {
+            if waiting.is_empty() {
+                let mut incoming = Vec::with_capacity(self.max_batch);
+                if !receiving || self.commands.recv_many(&mut incoming, self.max_batch).await == 0 {
+                    break;
                 }
-                break;
+                waiting.extend(incoming);
+            }
+            let mut batch = Batch::new(self.max_batch);
+            while let Some(command) = waiting.pop_front() {
+                if let Some(command) = batch.add(command) {
+                    waiting.push_front(command);
+                    break;
+                }
+            }
+            match self.write(&mut batch, &mut waiting, &mut receiving).await {
+                Ok(receipt) => self.settle(batch.settles, receipt).await,
+                Err(error) => {
+                    tracing::error!(session_id = %self.shared.session_id, %error, "event recorder stopped");
+                    let _ = self.shared.failure.set(error.to_string());
+                    for settle in batch.settles {
+                        self.fail_settle(settle, &error);
+                    }
+                    self.commands.close();
+                    for command in waiting.drain(..) {
+                        self.fail(command, &error);
+                    }
+                    while let Some(command) = self.commands.recv().await {
+                        self.fail(command, &error);
+                    }
+                    break;
+                }
             }
         }
         self.shared.room.notify_waiters();
     }
 
-    /// Persists one batch of commands, then delivers and acknowledges it.
-    async fn record(&mut self, commands: &mut Vec<Command>) -> std::result::Result<(), StoreError> {
-        let mut batch = AppendBatch::default();
-        let mut settles = Vec::with_capacity(commands.len());
-        for command in commands.drain(..) {
-            match command {
-                Command::Append {
-                    events,
-                    checkpoint,
-                    bytes,
-                    ack,
-                } => {
-                    let mut plain = Vec::with_capacity(events.len());
-                    for PendingEvent { event, encoded } in events {
-                        batch.events.push(encoded);
-                        plain.push(event);
+    /// Hands the batch to the store and, until the store has sealed and
+    /// committed it, keeps adding newly queued commands to it (or to
+    /// `waiting`, once it is sealed or full, or something is already waiting).
+    async fn write(
+        &mut self,
+        batch: &mut Batch,
+        waiting: &mut VecDeque<Command>,
+        receiving: &mut bool,
+    ) -> std::result::Result<Option<AppendReceipt>, StoreError> {
+        if !batch.writes {
+            return Ok(None);
+        }
+        let (store, session_id, open) = (
+            Arc::clone(&self.store),
+            self.shared.session_id.clone(),
+            Arc::clone(&batch.open),
+        );
+        let write = async move { store.append_open(&session_id, open).await };
+        tokio::pin!(write);
+        let mut incoming = Vec::with_capacity(self.max_batch);
+        loop {
+            tokio::select! {
+                biased;
+                receipt = &mut write => return receipt.map(Some),
+                received = self.commands.recv_many(&mut incoming, self.max_batch),
+                    if *receiving && waiting.len() < self.max_batch =>
+                {
+                    *receiving = received > 0;
+                    for command in incoming.drain(..) {
+                        let refused = if waiting.is_empty() { batch.add(command) } else { Some(command) };
+                        waiting.extend(refused);
                     }
-                    if let Some(write) = checkpoint {
-                        match &mut batch.checkpoint {
-                            Some(merged) => merged.merge(*write),
-                            None => batch.checkpoint = Some(*write),
-                        }
-                    }
-                    settles.push(Settle::Deliver {
-                        events: plain,
-                        bytes,
-                        ack,
-                    });
                 }
-                Command::Flush(ack) => settles.push(Settle::Flush(ack)),
             }
         }
-        let receipt = if batch.events.is_empty() && batch.checkpoint.is_none() {
-            None
-        } else {
-            match self.store.append(&self.shared.session_id, batch).await {
-                Ok(receipt) => Some(receipt),
-                Err(error) => {
-                    for settle in settles {
-                        self.fail_settle(settle, &error);
-                    }
-                    return Err(error);
-                }
-            }
-        };
+    }
+
+    /// Delivers a committed batch in order and answers its commands.
+    async fn settle(&self, settles: Vec<Settle>, receipt: Option<AppendReceipt>) {
         let mut next_sequence = receipt.map_or(0, |r| r.first_sequence);
         let recorded_at_ms = receipt.map_or(0, |r| r.recorded_at_ms);
         for settle in settles {
@@ -434,7 +519,6 @@ impl RecorderTask {
         // Command slots were freed even where no bytes were (checkpoint
         // writes, flushes); let waiting producers look again.
         self.shared.room.notify_waiters();
-        Ok(())
     }
 
     fn fail(&self, command: Command, error: &StoreError) {

@@ -82,6 +82,10 @@ pub struct TurnsReport {
     pub events_recorded: u64,
     /// Transactions committed during the timed phase.
     pub commits: u64,
+    /// Write jobs (recorder batches and saves) in those transactions.
+    pub write_jobs: u64,
+    /// Mean time the writer spent per commit (statements and fsync), ms.
+    pub commit_mean_ms: f64,
     /// The database's size on disk after it was closed.
     pub db_on_disk_bytes: u64,
     /// Peak resident memory of the process, MiB.
@@ -193,6 +197,10 @@ pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
         ttft_mean_ms: mean(&times.first_chunk_ms),
         events_recorded: after.events - before.events,
         commits: after.commits - before.commits,
+        write_jobs: after.jobs - before.jobs,
+        commit_mean_ms: (after.commit_micros - before.commit_micros) as f64
+            / 1000.0
+            / (after.commits - before.commits).max(1) as f64,
         db_on_disk_bytes: sqlite_bytes_on_disk(&path),
         peak_rss_mib: super::peak_rss_mib().unwrap_or(0.0),
     })

@@ -123,12 +123,11 @@ pub struct EventPage {
     pub has_more: bool,
 }
 
-/// An event serialized once, on its way to the store.
+/// An event serialized once, on its way to the store: the JSON of the
+/// [`Event`] (`submission_id` and `msg`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncodedEvent {
-    /// The event's `type` tag, kept in its own column for queries.
-    pub kind: &'static str,
-    /// The JSON of the [`Event`] (`submission_id` and `msg`).
+    /// The event's JSON.
     pub json: String,
 }
 
@@ -136,10 +135,7 @@ impl EncodedEvent {
     /// Serializes an event.
     pub fn encode(event: &Event) -> Result<Self, StoreError> {
         let json = serde_json::to_string(event).map_err(|error| StoreError::Encode(error.to_string()))?;
-        Ok(Self {
-            kind: event.msg.kind(),
-            json,
-        })
+        Ok(Self { json })
     }
 }
 
@@ -172,6 +168,67 @@ pub struct AppendBatch {
     pub events: Vec<EncodedEvent>,
     /// A checkpoint write, for a session that must already exist.
     pub checkpoint: Option<CheckpointWrite>,
+}
+
+/// A batch that can still grow until the store starts writing it.
+///
+/// The recorder hands the store an open batch and keeps adding what its
+/// producers queue while the batch waits for the writer (which is usually
+/// busy committing the previous group). The writer seals the batch when it
+/// starts the transaction. A turn's events then tend to commit together
+/// instead of trickling into successive commits.
+#[derive(Debug)]
+pub struct OpenBatch {
+    /// `None` once the store took the batch.
+    state: std::sync::Mutex<Option<AppendBatch>>,
+}
+
+impl OpenBatch {
+    /// An open batch holding `batch`.
+    pub fn new(batch: AppendBatch) -> Self {
+        Self {
+            state: std::sync::Mutex::new(Some(batch)),
+        }
+    }
+
+    /// Runs `add` on the batch if the store has not taken it yet; returns
+    /// whether it ran.
+    pub fn add(&self, add: impl FnOnce(&mut AppendBatch)) -> bool {
+        match self.state.lock().unwrap_or_else(|poison| poison.into_inner()).as_mut() {
+            Some(batch) => {
+                add(batch);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes the batch for writing; later additions are refused.
+    pub fn seal(&self) -> AppendBatch {
+        self.state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .take()
+            .unwrap_or_default()
+    }
+}
+
+impl AppendBatch {
+    /// Appends `events` and folds in `checkpoint`.
+    pub fn extend(&mut self, events: impl IntoIterator<Item = EncodedEvent>, checkpoint: Option<CheckpointWrite>) {
+        self.events.extend(events);
+        if let Some(write) = checkpoint {
+            match &mut self.checkpoint {
+                Some(merged) => merged.merge(write),
+                None => self.checkpoint = Some(write),
+            }
+        }
+    }
+
+    /// Whether there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.checkpoint.is_none()
+    }
 }
 
 /// Where an appended batch landed.
@@ -209,6 +266,17 @@ pub trait CheckpointStore: Send + Sync {
         session_id: &'a str,
         batch: AppendBatch,
     ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>>;
+
+    /// [`Self::append`] for a batch that may still grow: the store seals it
+    /// as late as it can, when it starts writing. The receipt's sequences
+    /// cover the events the batch held when sealed.
+    fn append_open<'a>(
+        &'a self,
+        session_id: &'a str,
+        batch: std::sync::Arc<OpenBatch>,
+    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
+        Box::pin(async move { self.append(session_id, batch.seal()).await })
+    }
 
     /// Reads a page of the log, going backwards from `before_sequence`.
     fn event_page<'a>(

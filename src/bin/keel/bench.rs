@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
+use keel::agent::StreamingOptions;
 use keel::bench::recorder::{RecorderParams, run_recorder};
 use keel::bench::turns::{TurnsParams, run_turns};
 use keel::store::Synchronous;
@@ -33,6 +34,11 @@ pub(crate) enum BenchCommand {
         /// Use synchronous=NORMAL (not power-loss safe) instead of FULL.
         #[arg(long)]
         relaxed: bool,
+        /// Coalesce streamed chunks into deltas as the runtime does by
+        /// default (40 ms / 16 KiB), instead of recording each chunk as its
+        /// own event. Every byte is still stored before it is delivered.
+        #[arg(long)]
+        coalesce: bool,
     },
     /// Durable events per second through the recorder, against a
     /// one-transaction-per-event baseline.
@@ -58,6 +64,7 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             bytes,
             db,
             relaxed,
+            coalesce,
         } => {
             let params = TurnsParams {
                 sessions,
@@ -70,7 +77,11 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                 } else {
                     Synchronous::Full
                 },
-                ..TurnsParams::default()
+                streaming: if coalesce {
+                    StreamingOptions::default()
+                } else {
+                    StreamingOptions::per_delta()
+                },
             };
             let report = run_turns(&params).await?;
             print_line(

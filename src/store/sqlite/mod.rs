@@ -27,7 +27,7 @@ use tokio::sync::oneshot;
 use self::reader::ReaderPool;
 use self::writer::{Job, WriterCounters};
 use super::{
-    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest,
+    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, OpenBatch,
     SessionState, SessionSummary, StoreError, TurnExecution,
 };
 use crate::model::BoxFuture;
@@ -205,6 +205,14 @@ impl CheckpointStore for SqliteCheckpoint {
         &'a self,
         session_id: &'a str,
         batch: AppendBatch,
+    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
+        self.append_open(session_id, Arc::new(OpenBatch::new(batch)))
+    }
+
+    fn append_open<'a>(
+        &'a self,
+        session_id: &'a str,
+        batch: Arc<OpenBatch>,
     ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
         let session_id = session_id.to_owned();
         Box::pin(self.write(move |reply| Job::Append {

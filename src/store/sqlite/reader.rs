@@ -112,29 +112,46 @@ pub(super) fn event_page(
     let key = session_key(conn, session_id)?.ok_or_else(|| StoreError::UnknownSession(session_id.to_owned()))?;
     let mut select = conn
         .prepare_cached(
-            "SELECT sequence, recorded_at_ms, body FROM events
-             WHERE session_key = ?1 AND sequence < ?2 ORDER BY sequence DESC LIMIT ?3",
+            "SELECT first_sequence, last_sequence, recorded_at_ms, events FROM log
+             WHERE session_key = ?1 AND first_sequence < ?2 ORDER BY first_sequence DESC",
         )
         .map_err(super::sqlite_error)?;
-    let rows = select
-        .query_map(params![key, before, limit as u64 + 1], |row| {
-            Ok((row.get::<_, u64>(0)?, row.get::<_, u64>(1)?, stored_json(row, 2)?))
-        })
-        .map_err(super::sqlite_error)?;
+    let mut rows = select.query(params![key, before]).map_err(super::sqlite_error)?;
+    // Newest first while collecting; reversed at the end.
     let mut events = Vec::with_capacity(limit.min(1024));
     let mut has_more = false;
-    for row in rows {
-        let (sequence, recorded_at_ms, body) = row.map_err(super::sqlite_error)?;
+    'batches: while let Some(row) = rows.next().map_err(super::sqlite_error)? {
         if events.len() == limit {
             has_more = true;
             break;
         }
-        let event: Event = decode(&body, || format!("event {sequence} of session '{session_id}'"))?;
-        events.push(RecordedEvent {
-            sequence,
-            recorded_at_ms,
-            event,
-        });
+        let first: u64 = row.get(0).map_err(super::sqlite_error)?;
+        let last: u64 = row.get(1).map_err(super::sqlite_error)?;
+        let recorded_at_ms: u64 = row.get(2).map_err(super::sqlite_error)?;
+        let json = stored_json(row, 3).map_err(super::sqlite_error)?;
+        let what = || format!("events {first} to {last} of session '{session_id}'");
+        let batch: Vec<Event> = decode(&json, what)?;
+        if last < first || batch.len() as u64 != last - first + 1 {
+            return Err(StoreError::Corrupt {
+                what: what(),
+                detail: format!("the row holds {} events", batch.len()),
+            });
+        }
+        for (offset, event) in batch.into_iter().enumerate().rev() {
+            let sequence = first + offset as u64;
+            if sequence >= before as u64 {
+                continue;
+            }
+            if events.len() == limit {
+                has_more = true;
+                break 'batches;
+            }
+            events.push(RecordedEvent {
+                sequence,
+                recorded_at_ms,
+                event,
+            });
+        }
     }
     events.reverse();
     Ok(EventPage { events, has_more })

@@ -419,7 +419,7 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
                 }
                 for table in [
                     "SELECT count(*) FROM sessions WHERE id = ?1",
-                    "SELECT count(*) FROM events WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
+                    "SELECT coalesce(sum(last_sequence - first_sequence + 1), 0) FROM log WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
                     "SELECT count(*) FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
                 ] {
                     assert_eq!(raw_count(&path, table, session_id), 0, "{table} for {session_id}");
@@ -677,12 +677,12 @@ async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_o
         let log = recorded(receipt, &sent);
         assert_eq!(whole_log(&store, "s").await, log);
 
-        // Failure after the checkpoint write and two event inserts (a trigger
-        // refuses the third event): nothing of the batch stays.
+        // Failure after the checkpoint write and the history insert (a
+        // trigger refuses the batch's events): nothing of the batch stays.
         raw(&path)
             .execute_batch(
-                "CREATE TRIGGER refuse_poison BEFORE INSERT ON events
-                 WHEN NEW.body LIKE '%poison%'
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON log
+                 WHEN NEW.events LIKE '%poison%'
                  BEGIN SELECT RAISE(ABORT, 'poisoned event'); END;",
             )
             .expect("create trigger");
@@ -1078,18 +1078,23 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
                 .await
                 .expect("create");
         }
+        // Three batches of two events each; the log stores one row per batch.
         let mut logs = Vec::new();
         for session_id in ["events-hit", "checkpoint-hit", "transcript-hit", "healthy"] {
-            logs.push(append(&store, session_id, &events(session_id, 0, 6)).await);
+            let mut log = Vec::new();
+            for first in [0, 2, 4] {
+                log.extend(append(&store, session_id, &events(session_id, first, 2)).await);
+            }
+            logs.push(log);
         }
         let healthy_state = store.load("healthy").await.expect("load");
 
         let conn = raw(&path);
         conn.execute(
-            "UPDATE events SET body = ?1 WHERE session_key = (SELECT key FROM sessions WHERE id = 'events-hit') AND sequence = 4",
-            ["{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta"],
+            "UPDATE log SET events = ?1 WHERE session_key = (SELECT key FROM sessions WHERE id = 'events-hit') AND first_sequence = 3",
+            ["[{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta"],
         )
-        .expect("corrupt an event");
+        .expect("corrupt a batch of events");
         conn.execute(
             "UPDATE sessions SET checkpoint = ?1 WHERE id = 'checkpoint-hit'",
             ["not json at all"],
@@ -1102,7 +1107,8 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
         .expect("corrupt a transcript item");
         drop(conn);
 
-        // The event: pages that include it fail and name it; pages around it work.
+        // The batch (events 3 and 4): pages that include it fail and name it;
+        // pages around it work.
         assert_corrupt(
             store
                 .event_page(
@@ -1113,12 +1119,12 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
                     },
                 )
                 .await,
-            "event 4 of session 'events-hit'",
+            "events 3 to 4 of session 'events-hit'",
         );
         assert_eq!(
-            page(&store, "events-hit", Some(4), 10).await,
+            page(&store, "events-hit", Some(3), 10).await,
             EventPage {
-                events: logs[0][..3].to_vec(),
+                events: logs[0][..2].to_vec(),
                 has_more: false,
             }
         );
@@ -1159,8 +1165,12 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
 
         // Reading did not repair, delete or rewrite anything.
         assert_eq!(
-            raw_value(&path, "body", "events WHERE session_key = (SELECT key FROM sessions WHERE id = 'events-hit') AND sequence = 4"),
-            text_value("{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta")
+            raw_value(
+                &path,
+                "events",
+                "log WHERE session_key = (SELECT key FROM sessions WHERE id = 'events-hit') AND first_sequence = 3"
+            ),
+            text_value("[{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta")
         );
         assert_eq!(
             raw_value(&path, "checkpoint", "sessions WHERE id = 'checkpoint-hit'"),
@@ -1175,7 +1185,7 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
             text_value("{\"type\": \"no_such_item\", \"text\": 5}")
         );
         assert_eq!(
-            raw_count(&path, "SELECT count(*) FROM events WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)", "events-hit"),
+            raw_count(&path, "SELECT coalesce(sum(last_sequence - first_sequence + 1), 0) FROM log WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)", "events-hit"),
             6
         );
         assert_eq!(
@@ -1217,9 +1227,9 @@ async fn stored_values_of_any_damaged_shape_read_as_corrupt_not_as_backend_error
         // (column, row, how the store names it)
         let places = [
             (
-                "body",
-                "events WHERE session_key = (SELECT key FROM sessions WHERE id = 's') AND sequence = 2",
-                "event 2 of session 's'",
+                "events",
+                "log WHERE session_key = (SELECT key FROM sessions WHERE id = 's') AND first_sequence = 1",
+                "events 1 to 3 of session 's'",
             ),
             ("checkpoint", "sessions WHERE id = 's'", "checkpoint of session 's'"),
             ("execution", "sessions WHERE id = 's'", "checkpoint of session 's'"),
@@ -1252,7 +1262,7 @@ async fn stored_values_of_any_damaged_shape_read_as_corrupt_not_as_backend_error
                 conn.execute(&format!("UPDATE {table} SET {column} = {damage} WHERE {condition}"), [])
                     .expect("damage");
                 let damaged = raw_value(&path, column, row);
-                if table == "events" {
+                if table == "log" {
                     assert_corrupt(
                         store
                             .event_page(
@@ -1343,14 +1353,14 @@ async fn full_database_refuses_whole_batches_keeps_earlier_events_and_recovers_w
         assert_eq!(
             raw_count(
                 &path,
-                "SELECT count(*) FROM events WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
+                "SELECT coalesce(sum(last_sequence - first_sequence + 1), 0) FROM log WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
                 "full"
             ),
             3
         );
 
         // Its first event alone fits, so the batch failed partway through
-        // its inserts.
+        // its writes (after the session row was updated).
         expected.extend(append(&store, "full", &huge[..1]).await);
         assert_eq!(expected[3].sequence, 4);
 

@@ -7,6 +7,7 @@
 //! (see [`run_group`]). Each job is answered only after the commit that made
 //! it durable.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -15,14 +16,15 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
 use crate::protocol::now_ms;
-use crate::store::{AppendBatch, AppendReceipt, CheckpointWrite, StoreError};
+use crate::store::{AppendReceipt, CheckpointWrite, EncodedEvent, OpenBatch, StoreError};
 
 /// A write waiting for the writer thread.
 pub(super) enum Job {
     /// Append events (and maybe a checkpoint write) to an existing session.
     Append {
         session_id: String,
-        batch: AppendBatch,
+        /// Sealed when the group that carries it starts.
+        batch: Arc<OpenBatch>,
         reply: oneshot::Sender<Result<AppendReceipt, StoreError>>,
     },
     /// Create or rewrite a session's checkpoint.
@@ -32,7 +34,38 @@ pub(super) enum Job {
     },
 }
 
+/// A job's content, fixed for the transaction.
+struct Write<'a> {
+    session_id: &'a str,
+    events: Vec<EncodedEvent>,
+    checkpoint: Option<Cow<'a, CheckpointWrite>>,
+    /// Create the session if it does not exist (a save).
+    create: bool,
+}
+
 impl Job {
+    /// What the job writes. Seals an append's open batch: from here on the
+    /// producer's additions go to its next job.
+    fn seal(&self) -> Write<'_> {
+        match self {
+            Job::Save { write, .. } => Write {
+                session_id: &write.checkpoint.session_id,
+                events: Vec::new(),
+                checkpoint: Some(Cow::Borrowed(write)),
+                create: true,
+            },
+            Job::Append { session_id, batch, .. } => {
+                let batch = batch.seal();
+                Write {
+                    session_id,
+                    events: batch.events,
+                    checkpoint: batch.checkpoint.map(Cow::Owned),
+                    create: false,
+                }
+            }
+        }
+    }
+
     fn answer(self, outcome: Result<AppendReceipt, StoreError>) {
         let reply = match self {
             Job::Append { reply, .. } | Job::Save { reply, .. } => reply,
@@ -83,20 +116,20 @@ fn run(mut conn: Connection, queue: mpsc::Receiver<Job>, max_jobs: usize, counte
 fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCounters) {
     let now = now_ms();
     let started = std::time::Instant::now();
-    let outcome = run_group(conn, group, now);
+    let writes: Vec<Write<'_>> = group.iter().map(Job::seal).collect();
+    let outcome = run_group(conn, &writes, now);
     let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
     // Only the events of jobs that succeeded were written.
     let events: usize = match &outcome {
-        Ok(outcomes) => group
+        Ok(outcomes) => writes
             .iter()
             .zip(outcomes)
-            .map(|(job, outcome)| match (job, outcome) {
-                (Job::Append { batch, .. }, Ok(_)) => batch.events.len(),
-                _ => 0,
-            })
+            .filter(|(_, outcome)| outcome.is_ok())
+            .map(|(write, _)| write.events.len())
             .sum(),
         Err(_) => 0,
     };
+    drop(writes);
     if outcome.is_ok() {
         counters.commits.fetch_add(1, Ordering::Relaxed);
         counters.jobs.fetch_add(group.len() as u64, Ordering::Relaxed);
@@ -130,7 +163,7 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCo
 /// own, so one job's failure cannot take the others down with it.
 fn run_group(
     conn: &mut Connection,
-    group: &[Job],
+    group: &[Write<'_>],
     now: u64,
 ) -> Result<Vec<Result<AppendReceipt, StoreError>>, StoreError> {
     let tx = conn
@@ -153,7 +186,7 @@ fn run_group(
 }
 
 /// Runs one job in a transaction of its own.
-fn run_alone(conn: &mut Connection, job: &Job, now: u64) -> Result<AppendReceipt, StoreError> {
+fn run_alone(conn: &mut Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(super::sqlite_error)?;
@@ -190,18 +223,19 @@ struct EncodedWrite {
     transcript: Vec<String>,
 }
 
-fn apply(conn: &Connection, job: &Job, now: u64) -> Result<AppendReceipt, JobError> {
-    let (session_id, events, write, create) = match job {
-        Job::Save { write, .. } => (write.checkpoint.session_id.as_str(), &[][..], Some(write), true),
-        Job::Append { session_id, batch, .. } => {
-            (session_id.as_str(), &batch.events[..], batch.checkpoint.as_ref(), false)
-        }
-    };
-    let write = write
+fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, JobError> {
+    let Write {
+        session_id,
+        events,
+        checkpoint,
+        create,
+    } = job;
+    let write = checkpoint
+        .as_deref()
         .map(|write| encode_write(session_id, write))
         .transpose()
         .map_err(JobError::Clean)?;
-    if create {
+    if *create {
         conn.prepare_cached(
             "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint) VALUES (?1, ?2, ?2, '{}')
              ON CONFLICT (id) DO NOTHING",
@@ -238,7 +272,7 @@ fn apply(conn: &Connection, job: &Job, now: u64) -> Result<AppendReceipt, JobErr
         })
         .map_err(dirty)?;
     let Some((key, last_sequence, transcript_len)) = row else {
-        return Err(JobError::Clean(StoreError::UnknownSession(session_id.to_owned())));
+        return Err(JobError::Clean(StoreError::UnknownSession((*session_id).to_owned())));
     };
     if let Some(write) = &write {
         let mut insert = conn
@@ -250,21 +284,31 @@ fn apply(conn: &Connection, job: &Job, now: u64) -> Result<AppendReceipt, JobErr
     }
     let first_sequence = last_sequence - count + 1;
     if count > 0 {
-        let mut insert = conn
-            .prepare_cached(
-                "INSERT INTO events (session_key, sequence, recorded_at_ms, kind, body) VALUES (?1, ?2, ?3, ?4, ?5)",
-            )
-            .map_err(dirty)?;
-        for (sequence, event) in (first_sequence..).zip(events) {
-            insert
-                .execute(params![key, sequence, now, event.kind, event.json])
-                .map_err(dirty)?;
-        }
+        conn.prepare_cached(
+            "INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, events)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .and_then(|mut insert| insert.execute(params![key, first_sequence, last_sequence, now, json_array(events)]))
+        .map_err(dirty)?;
     }
     Ok(AppendReceipt {
         first_sequence,
         recorded_at_ms: now,
     })
+}
+
+/// The events of a batch as one JSON array, in order.
+fn json_array(events: &[EncodedEvent]) -> String {
+    let mut array = String::with_capacity(2 + events.iter().map(|event| event.json.len() + 1).sum::<usize>());
+    array.push('[');
+    for (index, event) in events.iter().enumerate() {
+        if index > 0 {
+            array.push(',');
+        }
+        array.push_str(&event.json);
+    }
+    array.push(']');
+    array
 }
 
 /// Checks and serializes a checkpoint write for `session_id`.
