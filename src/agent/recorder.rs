@@ -452,8 +452,8 @@ impl RecorderTask {
     }
 
     /// Hands the batch to the store and, until the store has sealed and
-    /// committed it, keeps adding newly queued commands to it (or to
-    /// `waiting`, once it is sealed or full, or something is already waiting).
+    /// committed it, keeps adding newly queued commands to it. The first
+    /// command it refuses goes to `waiting` and starts the next batch.
     async fn write(
         &mut self,
         batch: &mut Batch,
@@ -470,20 +470,16 @@ impl RecorderTask {
         );
         let write = async move { store.append_open(&session_id, open).await };
         tokio::pin!(write);
-        let mut incoming = Vec::with_capacity(self.max_batch);
         loop {
             tokio::select! {
                 biased;
                 receipt = &mut write => return receipt.map(Some),
-                received = self.commands.recv_many(&mut incoming, self.max_batch),
-                    if *receiving && waiting.len() < self.max_batch =>
-                {
-                    *receiving = received > 0;
-                    for command in incoming.drain(..) {
-                        let refused = if waiting.is_empty() { batch.add(command) } else { Some(command) };
-                        waiting.extend(refused);
-                    }
-                }
+                // One at a time: once a command is refused (the batch is
+                // sealed or full) the rest stay in the bounded queue.
+                received = self.commands.recv(), if *receiving && waiting.is_empty() => match received {
+                    Some(command) => waiting.extend(batch.add(command)),
+                    None => *receiving = false,
+                },
             }
         }
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::recorder::{EventRecorder, try_send_event};
+use super::recorder::{EventRecorder, WeakEventRecorder, try_send_event};
 use crate::model::{ModelEvent, ModelEventSink};
 use crate::protocol::{AssistantContentDeltaEvent, Event, EventMsg};
 use crate::{Error, Result};
@@ -65,9 +65,12 @@ struct State {
 /// The shared state behind one step's sink.
 pub(crate) struct StepStream {
     state: Mutex<State>,
-    /// Wakes the turn loop when a flush deadline is set or the sink fails.
+    /// Wakes the turn loop when a flush deadline is set, the recorder becomes
+    /// congested (so the loop stops polling the model) or the sink fails.
     wake: Notify,
-    recorder: EventRecorder,
+    /// Weak, so that a sink a model kept does not keep the recorder (and the
+    /// session's event stream) alive after the session stopped.
+    recorder: WeakEventRecorder,
     turn_id: String,
     submission_id: Option<String>,
     options: StreamingOptions,
@@ -83,7 +86,7 @@ impl StepStream {
         Arc::new(Self {
             state: Mutex::new(State::default()),
             wake: Notify::new(),
-            recorder,
+            recorder: recorder.downgrade(),
             turn_id,
             submission_id,
             options,
@@ -131,13 +134,32 @@ impl StepStream {
             return Ok(());
         }
         let delta = std::mem::take(&mut state.pending);
+        let delta_len = delta.len();
         state.pending_since = None;
-        try_send_event(&self.recorder, self.delta_event(delta)).map_err(|error| {
-            state.closed = true;
-            state.saturated = Some(format!("model output outran the event recorder ({error})"));
-            self.wake.notify_one();
-            error
-        })
+        let sent = match self.recorder.upgrade() {
+            Some(recorder) => try_send_event(&recorder, self.delta_event(delta)).map(|()| recorder.is_congested()),
+            None => Err(Error::stopped("event recorder is closed")),
+        };
+        match sent {
+            Ok(congested) => {
+                // The turn loop checks congestion only when woken; a model
+                // that keeps streaming would otherwise keep being polled.
+                if congested {
+                    self.wake.notify_one();
+                }
+                Ok(())
+            }
+            Err(error) => {
+                // The refused text is not in the log, so it must not enter
+                // the history either (pending is always a suffix of streamed).
+                let recorded = state.streamed.len() - delta_len;
+                state.streamed.truncate(recorded);
+                state.closed = true;
+                state.saturated = Some(format!("model output outran the event recorder ({error})"));
+                self.wake.notify_one();
+                Err(error)
+            }
+        }
     }
 
     /// When the pending text must be recorded, if there is any.

@@ -131,9 +131,12 @@ impl Session {
             history: &self.transcript,
             call_index,
         };
-        let mut response = AssertUnwindSafe(self.model.respond(request, stream.sink()))
-            .catch_unwind()
-            .boxed();
+        // A model can panic while building its future as well as inside it.
+        let mut response =
+            match std::panic::catch_unwind(AssertUnwindSafe(|| self.model.respond(request, stream.sink()))) {
+                Ok(future) => AssertUnwindSafe(future).catch_unwind().boxed(),
+                Err(panic) => futures::future::ready(Err(panic)).boxed(),
+            };
         let (inbox, recorder) = (&mut self.inbox, &self.recorder);
         let mut control_open = true;
         let end = loop {

@@ -1,1 +1,5 @@
-//! Test modules.
+//! Test modules, one per area.
+
+mod agent;
+mod cli;
+mod support;

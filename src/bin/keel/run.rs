@@ -30,7 +30,7 @@ pub(crate) struct RunArgs {
     /// Print every recorded event as one JSON line instead of the text.
     #[arg(long)]
     json: bool,
-    /// The messages, one turn each, in order.
+    /// The messages, one turn each, in order; `-` reads one from stdin.
     #[arg(required = true, value_name = "MESSAGE")]
     messages: Vec<String>,
 }
@@ -39,6 +39,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Everything that can be wrong with the input is checked before any
     // session work starts.
     let model = model_from_spec(&args.model)?;
+    let mut args = args;
+    for message in args.messages.iter_mut().filter(|message| *message == "-") {
+        *message = std::io::read_to_string(std::io::stdin()).context("cannot read the message from stdin")?;
+    }
     for message in &args.messages {
         Op::UserInput { text: message.clone() }
             .validate()

@@ -1,0 +1,408 @@
+//! The `keel` binary, run as a user would: real processes, real database files.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use keel::protocol::{AbortReason, EventMsg, RecordedEvent};
+
+/// A scratch directory with a database path and helpers to run `keel` in it.
+struct Cli {
+    dir: tempfile::TempDir,
+}
+
+impl Cli {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("keel.sqlite3")
+    }
+
+    fn script(&self, name: &str, lines: &[&str]) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, lines.join("\n")).expect("write script");
+        path
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
+            .args(args)
+            .env("KEEL_DB", self.db())
+            .env_remove("KEEL_MODEL")
+            .current_dir(self.dir.path());
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run keel")
+    }
+
+    fn events(&self, session: &str) -> Vec<RecordedEvent> {
+        let output = self.run(&["events", "--session", session, "--json", "--limit", "10000"]);
+        assert!(output.status.success(), "keel events failed: {}", stderr(&output));
+        parse_events(&output.stdout)
+    }
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn parse_events(bytes: &[u8]) -> Vec<RecordedEvent> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|error| panic!("bad event line {line:?}: {error}")))
+        .collect()
+}
+
+fn session_of(events: &[RecordedEvent]) -> String {
+    match &events[0].msg {
+        EventMsg::SessionStarted(started) => started.session_id.clone(),
+        other => panic!("first event is {other:?}, not session_started"),
+    }
+}
+
+fn assert_gap_free(events: &[RecordedEvent]) {
+    let sequences: Vec<u64> = events.iter().map(|event| event.sequence).collect();
+    let expected: Vec<u64> = (1..=events.len() as u64).collect();
+    assert_eq!(sequences, expected, "the log must be 1..n without gaps or duplicates");
+}
+
+/// Asserts a failed command printed exactly one line of error, naming `needle`.
+fn assert_one_line_error(output: &Output, needle: &str) {
+    assert!(
+        !output.status.success(),
+        "expected failure, got success: {}",
+        stdout(output)
+    );
+    let err = stderr(output);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one line on stderr, got {err:?}");
+    assert!(lines[0].starts_with("error: "), "{err:?}");
+    assert!(lines[0].contains(needle), "{err:?} should mention {needle:?}");
+    assert!(!err.contains("panicked"), "{err:?}");
+}
+
+#[test]
+fn run_streams_each_answer_and_exits_zero() {
+    let cli = Cli::new();
+    let script = cli.script(
+        "s.jsonl",
+        &[
+            r#"{"text": "Hello there."}"#,
+            r#"{"chunks": ["One, ", "two."], "delay_ms": 5}"#,
+        ],
+    );
+    let output = cli.run(&["run", "--model", &format!("script:{}", script.display()), "hi", "count"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "Hello there.\nOne, two.\n");
+    assert!(stderr(&output).starts_with("session "), "{}", stderr(&output));
+}
+
+#[test]
+fn run_json_prints_every_recorded_event_in_order() {
+    let cli = Cli::new();
+    let script = cli.script("s.jsonl", &[r#"{"chunks": ["a", "b"]}"#]);
+    let output = cli.run(&[
+        "run",
+        "--json",
+        "--model",
+        &format!("script:{}", script.display()),
+        "hi",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let events = parse_events(&output.stdout);
+    assert_gap_free(&events);
+    let kinds: Vec<&str> = events.iter().map(|event| event.msg.kind()).collect();
+    assert_eq!(kinds[0], "session_started");
+    assert_eq!(kinds[1..4], ["turn_started", "user_message", "model_step_started"]);
+    assert_eq!(
+        kinds[kinds.len() - 3..],
+        ["assistant_message", "turn_complete", "shutdown_complete"]
+    );
+    let streamed: String = events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::AssistantContentDelta(delta) => Some(delta.delta.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(streamed, "ab");
+    // What was printed is exactly what is stored.
+    assert_eq!(cli.events(&session_of(&events)), events);
+}
+
+#[test]
+fn a_second_process_resumes_the_session_and_the_script_position() {
+    let cli = Cli::new();
+    let script = cli.script(
+        "s.jsonl",
+        &[r#"{"text": "first answer"}"#, r#"{"text": "second answer"}"#],
+    );
+    let model = format!("script:{}", script.display());
+    let first = cli.run(&["run", "--json", "--model", &model, "one"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let session = session_of(&parse_events(&first.stdout));
+    let second = cli.run(&["run", "--session", &session, "--model", &model, "two"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_eq!(stdout(&second), "second answer\n");
+    let events = cli.events(&session);
+    assert_gap_free(&events);
+    let resumed: Vec<bool> = events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::SessionStarted(started) => Some(started.resumed),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resumed, [false, true]);
+}
+
+#[test]
+fn a_killed_process_leaves_a_turn_that_the_next_process_closes() {
+    let cli = Cli::new();
+    let slow =
+        r#"{"chunks": ["one ", "two ", "three ", "four ", "five ", "six ", "seven ", "eight "], "delay_ms": 300}"#;
+    let script = cli.script("s.jsonl", &[slow, r#"{"text": "after the crash"}"#]);
+    let model = format!("script:{}", script.display());
+    let mut child = cli
+        .command(&["run", "--json", "--model", &model, "tell me a story"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn keel");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    // Wait until some streamed text is durable (it is printed only after its commit).
+    loop {
+        let line = lines.next().expect("keel ended before streaming").expect("read line");
+        let event: RecordedEvent = serde_json::from_str(&line).expect("event json");
+        let streamed = matches!(event.msg, EventMsg::AssistantContentDelta(_));
+        seen.push(event);
+        if streamed {
+            break;
+        }
+    }
+    child.kill().expect("kill keel");
+    child.wait().expect("reap keel");
+    let session = session_of(&seen);
+    let crashed_turn = seen
+        .iter()
+        .find_map(|event| match &event.msg {
+            EventMsg::TurnStarted(started) => Some(started.turn_id.clone()),
+            _ => None,
+        })
+        .expect("turn started before the kill");
+
+    let after = cli.run(&["run", "--session", &session, "--model", &model, "are you there?"]);
+    assert!(after.status.success(), "{}", stderr(&after));
+    assert_eq!(stdout(&after), "after the crash\n");
+
+    let events = cli.events(&session);
+    assert_gap_free(&events);
+    // Everything delivered before the kill is in the log, unchanged.
+    assert_eq!(events[..seen.len()], seen[..]);
+    let closing: Vec<&EventMsg> = events
+        .iter()
+        .map(|event| &event.msg)
+        .filter(|msg| msg.ends_turn() && msg.turn_id() == Some(crashed_turn.as_str()))
+        .collect();
+    assert_eq!(closing.len(), 1, "the crashed turn is closed exactly once: {closing:?}");
+    assert!(
+        matches!(closing[0], EventMsg::TurnAborted(aborted) if aborted.reason == AbortReason::RuntimeStopped),
+        "{closing:?}"
+    );
+}
+
+#[test]
+fn run_reads_a_message_from_stdin() {
+    let cli = Cli::new();
+    let script = cli.script("s.jsonl", &[r#"{"text": "got it"}"#]);
+    let mut child = cli
+        .command(&["run", "--json", "--model", &format!("script:{}", script.display()), "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn keel");
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), b"a message\nover two lines").expect("write");
+    let output = child.wait_with_output().expect("keel output");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let events = parse_events(&output.stdout);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.msg, EventMsg::UserMessage(m) if m.text == "a message\nover two lines")),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn events_pages_backwards_through_the_log() {
+    let cli = Cli::new();
+    let script = cli.script("s.jsonl", &[r#"{"text": "x"}"#]);
+    let first = cli.run(&[
+        "run",
+        "--json",
+        "--model",
+        &format!("script:{}", script.display()),
+        "hi",
+    ]);
+    let all = parse_events(&first.stdout);
+    let session = session_of(&all);
+    let newest = cli.run(&["events", "--session", &session, "--json", "--limit", "3"]);
+    assert_eq!(parse_events(&newest.stdout), all[all.len() - 3..]);
+    let before = all[all.len() - 3].sequence.to_string();
+    let older = cli.run(&[
+        "events",
+        "--session",
+        &session,
+        "--json",
+        "--limit",
+        "2",
+        "--before",
+        &before,
+    ]);
+    assert_eq!(parse_events(&older.stdout), all[all.len() - 5..all.len() - 3]);
+    let human = cli.run(&["events", "--session", &session]);
+    let text = stdout(&human);
+    assert_eq!(text.lines().count(), all.len());
+    assert!(text.contains("turn_complete") && text.contains("\"x\""), "{text}");
+}
+
+#[test]
+fn sessions_lists_what_was_run() {
+    let cli = Cli::new();
+    let script = cli.script("s.jsonl", &[r#"{"text": "x"}"#]);
+    let run = cli.run(&[
+        "run",
+        "--json",
+        "--bot",
+        "support-bot",
+        "--model",
+        &format!("script:{}", script.display()),
+        "hi",
+    ]);
+    let session = session_of(&parse_events(&run.stdout));
+    let listed = cli.run(&["sessions", "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let line = stdout(&listed);
+    let summary: serde_json::Value = serde_json::from_str(line.trim()).expect("one session");
+    assert_eq!(summary["session_id"], session.as_str());
+    assert_eq!(summary["bot_id"], "support-bot");
+    assert_eq!(summary["running_turn_id"], serde_json::Value::Null);
+}
+
+#[test]
+fn a_failing_model_turn_is_recorded_and_exits_non_zero() {
+    let cli = Cli::new();
+    let script = cli.script("s.jsonl", &[r#"{"error": "the model is down"}"#]);
+    let output = cli.run(&[
+        "run",
+        "--json",
+        "--model",
+        &format!("script:{}", script.display()),
+        "hi",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let events = parse_events(&output.stdout);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.msg, EventMsg::Error(error) if error.message.contains("the model is down")))
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.msg, EventMsg::TurnAborted(a) if a.reason == AbortReason::ModelFailed))
+    );
+}
+
+#[test]
+fn bad_input_gives_one_line_errors_and_touches_nothing() {
+    let cli = Cli::new();
+    let missing = cli.run(&["run", "--model", "script:nope.jsonl", "hi"]);
+    assert_one_line_error(&missing, "nope.jsonl");
+    assert!(!cli.db().exists(), "no database is created when the input is bad");
+
+    let bad = cli.script("bad.jsonl", &[r#"{"text": "ok"}"#, "{not json"]);
+    assert_one_line_error(
+        &cli.run(&["run", "--model", &format!("script:{}", bad.display()), "hi"]),
+        "line 2",
+    );
+    assert_one_line_error(
+        &cli.run(&["run", "--model", "telepathy:v1", "hi"]),
+        "unknown model provider 'telepathy'",
+    );
+    assert_one_line_error(&cli.run(&["run", "--model", "no-provider", "hi"]), "provider");
+    let good = cli.script("good.jsonl", &[r#"{"text": "ok"}"#]);
+    let model = format!("script:{}", good.display());
+    let huge = "x".repeat(keel::protocol::MAX_MESSAGE_BYTES + 1);
+    let mut child = cli
+        .command(&["run", "--model", &model, "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn keel");
+    let mut stdin = child.stdin.take().expect("stdin");
+    // keel may refuse before reading everything; a broken pipe is fine.
+    let _ = std::io::Write::write_all(&mut stdin, huge.as_bytes());
+    drop(stdin);
+    assert_one_line_error(&child.wait_with_output().expect("keel output"), "limit");
+    assert!(!cli.db().exists());
+
+    assert_one_line_error(&cli.run(&["events", "--session", "s"]), "no database");
+    assert_one_line_error(
+        &cli.run(&["run", "--session", "ghost", "--model", &model, "hi"]),
+        "unknown session 'ghost'",
+    );
+    assert_one_line_error(&cli.run(&["events", "--session", "ghost"]), "unknown session 'ghost'");
+
+    let garbage = cli.dir.path().join("garbage.db");
+    std::fs::write(&garbage, vec![0x5a; 8192]).expect("write garbage");
+    let output = cli
+        .command(&["sessions"])
+        .env("KEEL_DB", &garbage)
+        .output()
+        .expect("run keel");
+    assert_one_line_error(&output, "not a keel database");
+    assert_eq!(
+        std::fs::read(&garbage).expect("read garbage"),
+        vec![0x5a; 8192],
+        "the file is left as it was"
+    );
+}
+
+#[test]
+fn bench_turns_prints_a_table_and_a_json_summary() {
+    let cli = Cli::new();
+    let output = cli.run(&["bench", "turns", "-S", "2", "-T", "3", "-K", "4", "-B", "8"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let last = text.lines().last().expect("output");
+    let report: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
+    for key in [
+        "turns_per_s",
+        "chunks_per_s",
+        "turn_latency_mean_ms",
+        "turn_latency_p99_ms",
+        "db_on_disk_bytes",
+        "peak_rss_mib",
+    ] {
+        assert!(
+            report[key].as_f64().is_some_and(|value| value > 0.0),
+            "{key} in {report}"
+        );
+    }
+    assert!(text.starts_with("| S | T | K | B |"), "{text}");
+}
