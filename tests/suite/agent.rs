@@ -8,7 +8,12 @@ use std::time::Duration;
 
 use keel::agent::recorder::{EVENT_QUEUE_CAPACITY, RECORDER_COMMAND_CAPACITY, RECORDER_EVENT_BYTE_BUDGET};
 use keel::agent::{AgentConfig, ModelEvent, ModelOutput, StreamingOptions};
+use keel::agent::{BoxFuture, EventPageRequest};
 use keel::protocol::*;
+use keel::store::{
+    AppendBatch, AppendReceipt, Checkpoint, EventPage, SessionState, SessionSummary, SqliteCheckpoint, StoreError,
+    TurnExecution,
+};
 use keel::{CheckpointStore, Error};
 use tokio::sync::Notify;
 
@@ -1133,4 +1138,105 @@ async fn delivered_events_have_exactly_the_documented_fields() {
         }
         assert_eq!(&serde_json::from_value::<RecordedEvent>(value).expect("parse"), event);
     }
+}
+
+// 11. A store that fails mid-write.
+
+/// A store that works until `fail_after` appends went through, then fails
+/// every append as a full disk would; reads go to the real store.
+struct FailingStore {
+    inner: Arc<SqliteCheckpoint>,
+    appends: AtomicUsize,
+    fail_after: usize,
+}
+
+impl CheckpointStore for FailingStore {
+    fn save<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        transcript_delta: &'a [TranscriptItem],
+        execution: Option<&'a TurnExecution>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.save(checkpoint, transcript_delta, execution)
+    }
+
+    fn load<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionState>, StoreError>> {
+        self.inner.load(session_id)
+    }
+
+    fn append<'a>(
+        &'a self,
+        session_id: &'a str,
+        batch: AppendBatch,
+    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
+        if self.appends.fetch_add(1, Ordering::SeqCst) >= self.fail_after {
+            return Box::pin(async { Err(StoreError::Full("injected: no space left on device".into())) });
+        }
+        self.inner.append(session_id, batch)
+    }
+
+    fn event_page<'a>(
+        &'a self,
+        session_id: &'a str,
+        request: EventPageRequest,
+    ) -> BoxFuture<'a, Result<EventPage, StoreError>> {
+        self.inner.event_page(session_id, request)
+    }
+
+    fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionSummary>, StoreError>> {
+        self.inner.list_sessions(limit)
+    }
+}
+
+#[tokio::test]
+async fn a_store_failing_mid_turn_stops_the_session_with_a_typed_error_and_keeps_a_resumable_prefix() {
+    let db = TestDb::new();
+    let store = db.open();
+    // Slow chunks, so that the turn spans several recorder batches and the
+    // failure lands in the middle of it.
+    let model = TestModel::new(|call| {
+        Box::pin(async move {
+            for chunk in ["one ", "two ", "three ", "four "] {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                (call.sink)(ModelEvent::TextDelta(chunk.to_owned()))?;
+            }
+            Ok(ModelOutput::text("one two three four "))
+        })
+    });
+    let failing = Arc::new(FailingStore {
+        inner: Arc::clone(&store),
+        appends: AtomicUsize::new(0),
+        fail_after: 3,
+    });
+    let mut config = AgentConfig::new(SESSION, failing.clone() as Arc<dyn CheckpointStore>, model.clone());
+    config.streaming = StreamingOptions::per_delta();
+    let mut agent = start_with(config).await;
+    agent.sender().submit(user("hello")).expect("submit");
+
+    let delivered = read_to_end(&mut agent).await;
+    let error = guard("shutdown", agent.shutdown())
+        .await
+        .expect_err("the session failed");
+    assert!(error.to_string().contains("no space left on device"), "{error}");
+    assert!(
+        matches!(error, Error::Stopped(_) | Error::Checkpoint(StoreError::Full(_))),
+        "{error:?}"
+    );
+
+    // What was delivered is exactly what is stored: a gap-free prefix.
+    let stored = stored_events(&store, SESSION).await;
+    assert_eq!(stored, delivered);
+    assert_gapless(&stored, 1);
+    assert!(
+        !stored.iter().any(|event| event.msg.ends_turn()),
+        "the failed turn was not closed: {:?}",
+        kinds(&stored)
+    );
+
+    // A runtime with a working store resumes the session and closes the turn.
+    let mut agent = start_agent(&db, &store, SESSION, model, StreamingOptions::per_delta()).await;
+    let reopened = read_until(&mut agent, |event| event.msg.ends_turn()).await;
+    assert_eq!(reopened[0].sequence, stored.len() as u64 + 1);
+    assert_eq!(abort_of(&reopened).0, AbortReason::RuntimeStopped);
+    shutdown(agent).await;
 }
