@@ -1,10 +1,12 @@
 //! The event recorder: persists a session's events, then delivers them.
 //!
 //! One recorder task runs per session. Producers queue events through an
-//! [`EventRecorder`] handle; at each wake-up the task takes *everything*
-//! queued, appends it to the store in one batch (which the store's writer may
-//! commit together with other sessions' batches), and only after the commit
-//! hands the events, in order, to the delivery queue. Nothing reaches a
+//! [`EventRecorder`] handle. The task takes everything queued, hands it to
+//! the store as an [`OpenBatch`], and keeps adding what producers queue
+//! meanwhile until the store's writer seals the batch (the writer is usually
+//! busy with the previous group commit, so a turn's events tend to land in
+//! one commit, shared with other sessions'). Only after the commit does it
+//! hand the events, in order, to the delivery queue. Nothing reaches a
 //! consumer before it is durable.
 //!
 //! Everything is bounded: the command queue by [`RECORDER_COMMAND_CAPACITY`]

@@ -1,10 +1,17 @@
 //! Durable events per second through the event recorder.
 //!
-//! Each session has a producer that queues small events as fast as the
-//! recorder takes them (waiting for room, as the turn loop does) and a
-//! consumer that receives them after they are stored. Latency is measured
-//! from the moment an event is handed to the recorder to the moment the
-//! consumer receives it, so it includes the commit.
+//! Each session has a producer and a consumer that receives the events after
+//! they are stored. Two ways to produce:
+//!
+//! - [`Load::Flood`]: queue events as fast as the recorder takes them
+//!   (waiting for room, as the turn loop does). Measures throughput; latency
+//!   is then mostly time spent queued.
+//! - [`Load::OneAtATime`]: send an event and wait until it is delivered
+//!   before the next (`send_event`). Measures commit latency, and how
+//!   sessions share commits.
+//!
+//! Latency runs from the moment an event is handed to the recorder to the
+//! moment the consumer receives it, so it includes the commit.
 //!
 //! The baseline turns group commit off on both levels (one event per store
 //! job, one job per transaction): one fsync per event.
@@ -15,13 +22,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::stats::percentile;
-use crate::agent::{EventRecorder, RecorderOptions};
+use crate::agent::{EventRecorder, RecorderOptions, send_event};
 use crate::protocol::{Event, EventMsg, WarningEvent};
 use crate::store::{Checkpoint, CheckpointStore, SqliteCheckpoint, SqliteOptions, Synchronous};
 use crate::{Error, Result};
 
 /// Parameters of one run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct RecorderParams {
     /// Concurrent sessions, each with its own recorder.
     pub sessions: usize,
@@ -32,6 +39,18 @@ pub struct RecorderParams {
     pub group_commit: bool,
     /// Commit durability.
     pub synchronous: Synchronous,
+    /// How each session produces its events.
+    pub load: Load,
+}
+
+/// How the producers load the recorder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Load {
+    /// As fast as the recorder takes events.
+    Flood,
+    /// One event at a time per session, each waiting for its delivery.
+    OneAtATime,
 }
 
 /// What one run measured.
@@ -41,6 +60,8 @@ pub struct RecorderReport {
     pub sessions: usize,
     /// Whether group commit was on.
     pub group_commit: bool,
+    /// How the producers loaded the recorder.
+    pub load: Load,
     /// Events recorded and delivered.
     pub events: usize,
     /// Wall time, seconds.
@@ -53,6 +74,30 @@ pub struct RecorderReport {
     pub latency_p99_us: f64,
     /// Transactions committed.
     pub commits: u64,
+}
+
+impl RecorderParams {
+    /// The runs `cargo bench` and `keel bench recorder` make, named: the
+    /// one-transaction-per-event baseline, then 1, 8 and 64 sessions with
+    /// group commit, flooding (throughput) and one event at a time (latency).
+    pub fn standard() -> Vec<(&'static str, RecorderParams)> {
+        let run = |sessions, events_per_session, group_commit, load| RecorderParams {
+            sessions,
+            events_per_session,
+            group_commit,
+            synchronous: Synchronous::Full,
+            load,
+        };
+        vec![
+            ("baseline_txn_per_event", run(1, 300, false, Load::Flood)),
+            ("flood", run(1, 20_000, true, Load::Flood)),
+            ("flood", run(8, 5_000, true, Load::Flood)),
+            ("flood", run(64, 1_000, true, Load::Flood)),
+            ("one_at_a_time", run(1, 300, true, Load::OneAtATime)),
+            ("one_at_a_time", run(8, 300, true, Load::OneAtATime)),
+            ("one_at_a_time", run(64, 100, true, Load::OneAtATime)),
+        ]
+    }
 }
 
 /// Runs the workload on a fresh database in a temporary directory.
@@ -86,8 +131,8 @@ pub async fn run_recorder(params: &RecorderParams) -> Result<RecorderReport> {
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for session_id in sessions {
-        let (store, count) = (Arc::clone(&store), params.events_per_session);
-        tasks.spawn(async move { record_session(store, session_id, count, recorder_options).await });
+        let (store, count, load) = (Arc::clone(&store), params.events_per_session, params.load);
+        tasks.spawn(async move { record_session(store, session_id, count, recorder_options, load).await });
     }
     let mut latencies_us = Vec::with_capacity(params.sessions * params.events_per_session);
     while let Some(joined) = tasks.join_next().await {
@@ -101,6 +146,7 @@ pub async fn run_recorder(params: &RecorderParams) -> Result<RecorderReport> {
     Ok(RecorderReport {
         sessions: params.sessions,
         group_commit: params.group_commit,
+        load: params.load,
         events: latencies_us.len(),
         wall_s: wall.as_secs_f64(),
         events_per_s: latencies_us.len() as f64 / wall.as_secs_f64(),
@@ -116,6 +162,7 @@ async fn record_session(
     session_id: String,
     count: usize,
     options: RecorderOptions,
+    load: Load,
 ) -> Result<Vec<Duration>> {
     let (recorder, mut delivered) = EventRecorder::spawn_with(store, session_id, options);
     // Queue times travel beside the events, in the same order.
@@ -137,7 +184,12 @@ async fn record_session(
             }),
         };
         let _ = stamps.send(Instant::now());
-        recorder.append(vec![event], None).await?;
+        match load {
+            Load::Flood => recorder.append(vec![event], None).await?,
+            Load::OneAtATime => {
+                send_event(&recorder, event).await?;
+            }
+        }
     }
     recorder.flush().await?;
     let latencies = consumer

@@ -247,6 +247,62 @@ fn run_reads_a_message_from_stdin() {
 }
 
 #[test]
+fn ctrl_c_interrupts_the_running_turn_and_keeps_what_streamed() {
+    let cli = Cli::new();
+    let slow = r#"{"chunks": ["one ", "two ", "three ", "four ", "five ", "six "], "delay_ms": 300}"#;
+    let script = cli.script("s.jsonl", &[slow]);
+    let mut child = cli
+        .command(&[
+            "run",
+            "--json",
+            "--model",
+            &format!("script:{}", script.display()),
+            "go",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn keel");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut events = Vec::new();
+    loop {
+        let line = lines.next().expect("keel ended before streaming").expect("read line");
+        let event: RecordedEvent = serde_json::from_str(&line).expect("event json");
+        let streamed = matches!(event.msg, EventMsg::AssistantContentDelta(_));
+        events.push(event);
+        if streamed {
+            break;
+        }
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(status.success());
+    events.extend(lines.map(|line| serde_json::from_str::<RecordedEvent>(&line.expect("line")).expect("event json")));
+    assert_eq!(child.wait().expect("reap keel").code(), Some(130));
+    let aborted = events
+        .iter()
+        .find_map(|event| match &event.msg {
+            EventMsg::TurnAborted(aborted) => Some(aborted.reason),
+            _ => None,
+        })
+        .expect("the turn was aborted");
+    assert_eq!(aborted, AbortReason::Interrupted);
+    assert!(
+        !events
+            .iter()
+            .any(|event| matches!(event.msg, EventMsg::TurnComplete(_)))
+    );
+    assert_eq!(events.last().map(|event| event.msg.kind()), Some("shutdown_complete"));
+    assert_eq!(
+        cli.events(&session_of(&events)),
+        events,
+        "what was printed is what is stored"
+    );
+}
+
+#[test]
 fn events_pages_backwards_through_the_log() {
     let cli = Cli::new();
     let script = cli.script("s.jsonl", &[r#"{"text": "x"}"#]);

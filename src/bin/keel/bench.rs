@@ -40,19 +40,10 @@ pub(crate) enum BenchCommand {
         #[arg(long)]
         coalesce: bool,
     },
-    /// Durable events per second through the recorder, against a
+    /// Durable events per second through the recorder (1, 8 and 64
+    /// sessions, flooding and one event at a time), against a
     /// one-transaction-per-event baseline.
-    Recorder {
-        /// Session counts to run.
-        #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
-        sessions: Vec<usize>,
-        /// Events per run, spread over the sessions.
-        #[arg(long, default_value_t = 100_000)]
-        events: usize,
-        /// Events of the baseline run.
-        #[arg(long, default_value_t = 1_000)]
-        baseline_events: usize,
-    },
+    Recorder,
 }
 
 pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
@@ -106,45 +97,27 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             ))?;
             print_line(&serde_json::to_string(&report)?)?;
         }
-        BenchCommand::Recorder {
-            sessions,
-            events,
-            baseline_events,
-        } => {
-            let baseline = run_recorder(&RecorderParams {
-                sessions: 1,
-                events_per_session: baseline_events,
-                group_commit: false,
-                synchronous: Synchronous::Full,
-            })
-            .await?;
-            let mut reports = vec![baseline.clone()];
-            for count in sessions {
-                reports.push(
-                    run_recorder(&RecorderParams {
-                        sessions: count,
-                        events_per_session: (events / count.max(1)).max(1),
-                        group_commit: true,
-                        synchronous: Synchronous::Full,
-                    })
-                    .await?,
-                );
+        BenchCommand::Recorder => {
+            let mut reports = Vec::new();
+            for (name, params) in RecorderParams::standard() {
+                reports.push((name, run_recorder(&params).await?));
             }
-            print_line("| sessions | group commit | events | events/s | p50 µs | p99 µs | commits | × baseline |")?;
+            let baseline = reports[0].1.events_per_s;
+            print_line("| run | sessions | events | events/s | p50 µs | p99 µs | commits | × baseline |")?;
             print_line("|---|---|---|---|---|---|---|---|")?;
-            for report in &reports {
+            for (name, report) in &reports {
                 print_line(&format!(
-                    "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.1} |",
+                    "| {name} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.1} |",
                     report.sessions,
-                    if report.group_commit { "yes" } else { "no" },
                     report.events,
                     report.events_per_s,
                     report.latency_p50_us,
                     report.latency_p99_us,
                     report.commits,
-                    report.events_per_s / baseline.events_per_s
+                    report.events_per_s / baseline
                 ))?;
             }
+            let reports: Vec<_> = reports.into_iter().map(|(_, report)| report).collect();
             print_line(&serde_json::to_string(&reports)?)?;
         }
     }

@@ -71,6 +71,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         line_open: false,
     };
     let mut all_completed = true;
+    let mut interrupted = false;
     for message in args.messages {
         let submitted = agent.sender().submit_wait(Op::UserInput { text: message }).await?;
         let mut turn_id: Option<String> = None;
@@ -78,7 +79,14 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let event = tokio::select! {
                 event = agent.next_event() => event,
                 _ = tokio::signal::ctrl_c() => {
+                    if interrupted {
+                        // A second Ctrl-C: leave now. The turn is closed
+                        // (runtime_stopped) when the session is next opened.
+                        eprintln!("interrupted");
+                        return Ok(ExitCode::from(130));
+                    }
                     // Interrupt the running turn; its abort event ends the loop.
+                    interrupted = true;
                     agent.sender().submit(Op::Interrupt { turn_id: turn_id.clone() })?;
                     continue;
                 }
@@ -108,10 +116,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         printer.print(&event)?;
     }
     agent.shutdown().await?;
-    Ok(if all_completed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    Ok(match (all_completed, interrupted) {
+        (true, _) => ExitCode::SUCCESS,
+        (false, true) => ExitCode::from(130),
+        (false, false) => ExitCode::FAILURE,
     })
 }
 

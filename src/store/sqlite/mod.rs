@@ -10,6 +10,7 @@
 //! sit behind an `Arc`): two instances on the same file still work, through
 //! SQLite's locking, but no longer share their commits.
 
+mod codec;
 mod reader;
 mod schema;
 mod writer;
@@ -75,9 +76,9 @@ impl Default for SqliteOptions {
 pub struct WriterStats {
     /// Transactions committed.
     pub commits: u64,
-    /// Write jobs (one per recorder batch or save) in those transactions.
+    /// Write jobs (one per recorder batch or save) those transactions wrote.
     pub jobs: u64,
-    /// Events in those transactions.
+    /// Events those transactions wrote.
     pub events: u64,
     /// Time spent committing, summed, in microseconds.
     pub commit_micros: u64,

@@ -56,8 +56,8 @@ pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<Session
     // same commit (each statement alone would take its own snapshot). Dropping
     // it ends the read.
     let _snapshot = conn.unchecked_transaction().map_err(super::sqlite_error)?;
-    let row: Option<(i64, StoredJson, Option<StoredJson>, u64)> = conn
-        .prepare_cached("SELECT key, checkpoint, execution, last_sequence FROM sessions WHERE id = ?1")
+    let row: Option<(i64, StoredJson, Option<StoredJson>, u64, u64)> = conn
+        .prepare_cached("SELECT key, checkpoint, execution, last_sequence, transcript_len FROM sessions WHERE id = ?1")
         .and_then(|mut select| {
             select
                 .query_row(params![session_id], |row| {
@@ -66,30 +66,40 @@ pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<Session
                         stored_json(row, 1)?,
                         stored_optional_json(row, 2)?,
                         row.get(3)?,
+                        row.get(4)?,
                     ))
                 })
                 .optional()
         })
         .map_err(super::sqlite_error)?;
-    let Some((key, checkpoint, execution, last_sequence)) = row else {
+    let Some((key, checkpoint, execution, last_sequence, transcript_len)) = row else {
         return Ok(None);
     };
     let what = || format!("checkpoint of session '{session_id}'");
     let checkpoint: Checkpoint = decode(&checkpoint, what)?;
     let execution: Option<TurnExecution> = execution.map(|json| decode(&json, what)).transpose()?;
     let mut select = conn
-        .prepare_cached("SELECT position, item FROM transcript WHERE session_key = ?1 ORDER BY position")
+        .prepare_cached(
+            "SELECT first_sequence, history FROM log
+             WHERE session_key = ?1 AND history IS NOT NULL ORDER BY first_sequence, id",
+        )
         .map_err(super::sqlite_error)?;
     let rows = select
         .query_map(params![key], |row| Ok((row.get::<_, u64>(0)?, stored_json(row, 1)?)))
         .map_err(super::sqlite_error)?;
     let mut transcript = Vec::new();
     for row in rows {
-        let (position, item) = row.map_err(super::sqlite_error)?;
-        let item: TranscriptItem = decode(&item, || {
-            format!("transcript item {position} of session '{session_id}'")
+        let (first_sequence, items) = row.map_err(super::sqlite_error)?;
+        let items: Vec<TranscriptItem> = decode(&items, || {
+            format!("history recorded at event {first_sequence} of session '{session_id}'")
         })?;
-        transcript.push(item);
+        transcript.extend(items);
+    }
+    if transcript.len() as u64 != transcript_len {
+        return Err(StoreError::Corrupt {
+            what: format!("history of session '{session_id}'"),
+            detail: format!("{} items stored, {transcript_len} expected", transcript.len()),
+        });
     }
     Ok(Some(SessionState {
         checkpoint,
@@ -113,7 +123,7 @@ pub(super) fn event_page(
     let mut select = conn
         .prepare_cached(
             "SELECT first_sequence, last_sequence, recorded_at_ms, events FROM log
-             WHERE session_key = ?1 AND first_sequence < ?2 ORDER BY first_sequence DESC",
+             WHERE session_key = ?1 AND first_sequence < ?2 ORDER BY first_sequence DESC, id DESC",
         )
         .map_err(super::sqlite_error)?;
     let mut rows = select.query(params![key, before]).map_err(super::sqlite_error)?;
@@ -121,17 +131,21 @@ pub(super) fn event_page(
     let mut events = Vec::with_capacity(limit.min(1024));
     let mut has_more = false;
     'batches: while let Some(row) = rows.next().map_err(super::sqlite_error)? {
+        let first: u64 = row.get(0).map_err(super::sqlite_error)?;
+        let last: u64 = row.get(1).map_err(super::sqlite_error)?;
+        if last + 1 == first {
+            // A batch that only extended the history.
+            continue;
+        }
         if events.len() == limit {
             has_more = true;
             break;
         }
-        let first: u64 = row.get(0).map_err(super::sqlite_error)?;
-        let last: u64 = row.get(1).map_err(super::sqlite_error)?;
         let recorded_at_ms: u64 = row.get(2).map_err(super::sqlite_error)?;
         let json = stored_json(row, 3).map_err(super::sqlite_error)?;
         let what = || format!("events {first} to {last} of session '{session_id}'");
         let batch: Vec<Event> = decode(&json, what)?;
-        if last < first || batch.len() as u64 != last - first + 1 {
+        if last + 1 < first || batch.len() as u64 != last + 1 - first {
             return Err(StoreError::Corrupt {
                 what: what(),
                 detail: format!("the row holds {} events", batch.len()),
@@ -209,10 +223,7 @@ type StoredJson = Result<Vec<u8>, String>;
 /// blob, a number, text that is not UTF-8) reaches [`decode`] and is reported
 /// as [`StoreError::Corrupt`], naming its row, instead of failing the query.
 fn stored_json(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<StoredJson> {
-    Ok(match row.get_ref(index)? {
-        ValueRef::Text(bytes) | ValueRef::Blob(bytes) => Ok(bytes.to_vec()),
-        other => Err(format!("expected JSON text, found {}", other.data_type())),
-    })
+    Ok(super::codec::decode(row.get_ref(index)?))
 }
 
 /// [`stored_json`] for a nullable column.

@@ -14,15 +14,16 @@ pub(super) const SCHEMA_VERSION: i64 = 1;
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Version 1: sessions with their checkpoint, the event log, the transcript.
+/// Version 1: sessions with their checkpoint, and the log.
 ///
-/// The log holds one row per committed batch (a JSON array of consecutive
-/// events), appended in commit order across all sessions, with an index by
-/// `(session_key, first_sequence)`. A group commit then writes its new rows
-/// into shared pages and touches one small index page per session, instead
-/// of one table page per session and per event; that, more than the fsync,
-/// is what a commit costs. The transcript is laid out the same way, one row
-/// per history item.
+/// The log holds one row per committed batch: a JSON array of consecutive
+/// events and, when the batch extended the history, a JSON array of the
+/// transcript items it added. Rows are appended in commit order across all
+/// sessions, with an index by `(session_key, first_sequence)`. A group commit
+/// then writes its new rows into shared pages and touches one small index
+/// page per session; the pages a commit touches, more than its fsync, are
+/// what it costs. `history` comes before `events` so that reading the
+/// history does not read through the (larger) events.
 const SCHEMA_V1: &str = "
 CREATE TABLE sessions (
     key            INTEGER PRIMARY KEY,
@@ -40,16 +41,10 @@ CREATE TABLE log (
     first_sequence INTEGER NOT NULL,
     last_sequence  INTEGER NOT NULL,
     recorded_at_ms INTEGER NOT NULL,
+    history        TEXT,
     events         TEXT NOT NULL
 );
-CREATE UNIQUE INDEX log_by_session ON log (session_key, first_sequence);
-CREATE TABLE transcript (
-    id          INTEGER PRIMARY KEY,
-    session_key INTEGER NOT NULL,
-    position    INTEGER NOT NULL,
-    item        TEXT NOT NULL
-);
-CREATE UNIQUE INDEX transcript_by_session ON transcript (session_key, position);
+CREATE INDEX log_by_session ON log (session_key, first_sequence);
 ";
 
 /// Opens the writer connection: WAL, the configured durability, an optional

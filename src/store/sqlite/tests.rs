@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use rusqlite::Connection;
+use rusqlite::types::Value;
 use tempfile::TempDir;
 
 use super::{SqliteCheckpoint, SqliteOptions, schema};
@@ -141,15 +142,44 @@ fn events(session_id: &str, from: usize, count: usize) -> Vec<Event> {
     (from..from + count).map(|n| event(session_id, n)).collect()
 }
 
-/// A ~1 KiB event, to fill a database quickly.
+/// A ~1 KiB event whose payload does not compress, to fill a database
+/// quickly: the store compresses large values, so repetitive text would take
+/// next to no room.
 fn bulky_event(n: usize) -> Event {
     Event {
         submission_id: None,
         msg: EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
             turn_id: "turn".into(),
-            delta: format!("{n:06} {}", "abcdefghij".repeat(100)),
+            delta: format!("{n:06} {}", incompressible(n as u64, 1_000)),
         }),
     }
+}
+
+/// Asserts that `events`, as one stored batch, stay larger than `bytes` even
+/// after LZ4 compression, so that writing them must run out of room.
+fn assert_incompressible_past(events: &[Event], bytes: usize) {
+    let json = serde_json::to_vec(events).expect("events as JSON");
+    let compressed = lz4_flex::block::compress(&json).len();
+    assert!(
+        compressed > bytes,
+        "{} bytes of events compress to {compressed}, not past {bytes}",
+        json.len()
+    );
+}
+
+/// `len` characters of URL-safe base64 drawn from a xorshift stream seeded
+/// with `seed`: plain JSON string content that LZ4 cannot shrink.
+fn incompressible(seed: u64, len: usize) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut state = seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(ALPHABET[(state >> 58) as usize])
+        })
+        .collect()
 }
 
 fn encode(events: &[Event]) -> Vec<EncodedEvent> {
@@ -236,6 +266,97 @@ fn raw_count(path: &Path, sql: &str, session_id: &str) -> i64 {
     raw(path)
         .query_row(sql, [session_id], |row| row.get(0))
         .expect("raw count")
+}
+
+/// One column of one row as SQLite holds it (text, blob, ...), so that it can
+/// be written back exactly; `from_where` is `table WHERE condition`.
+fn raw_stored(path: &Path, column: &str, from_where: &str) -> Value {
+    raw(path)
+        .query_row(&format!("SELECT {column} FROM {from_where}"), [], |row| row.get(0))
+        .expect("raw stored value")
+}
+
+/// Sets one column of the rows `from_where` (`table WHERE condition`) to
+/// `value`, behind the store's back.
+fn set_raw(conn: &Connection, column: &str, from_where: &str, value: impl rusqlite::ToSql) {
+    let (table, condition) = from_where.split_once(" WHERE ").expect("table WHERE condition");
+    let changed = conn
+        .execute(&format!("UPDATE {table} SET {column} = ?1 WHERE {condition}"), [value])
+        .expect("raw update");
+    assert_eq!(changed, 1, "{from_where} is one row");
+}
+
+/// The JSON a stored value holds, decoded without the store's codec: text as
+/// it is; a compressed blob as the format says, tag 1, the JSON's length
+/// (`u32`, little endian), then an LZ4 block; any other blob as plain JSON.
+fn stored_json(value: &Value) -> serde_json::Value {
+    let bytes = match value {
+        Value::Text(text) => text.clone().into_bytes(),
+        Value::Blob(blob) if blob.first() != Some(&1) => blob.clone(),
+        Value::Blob(blob) => {
+            let (length, block) = blob[1..].split_first_chunk::<4>().expect("a length");
+            let length = u32::from_le_bytes(*length) as usize;
+            let json = lz4_flex::block::decompress(block, length).expect("an LZ4 block");
+            assert_eq!(json.len(), length, "the length prefix is the JSON's length");
+            json
+        }
+        other => panic!("expected a stored JSON value, found {other:?}"),
+    };
+    serde_json::from_slice(&bytes).expect("stored JSON")
+}
+
+/// One row of the log, its JSON decoded.
+#[derive(Debug, PartialEq)]
+struct LogRow {
+    first_sequence: u64,
+    last_sequence: u64,
+    history: Option<serde_json::Value>,
+    events: serde_json::Value,
+}
+
+/// The row a batch of `events` (numbered from `first_sequence`) adding
+/// `history` must be stored as.
+fn log_row(first_sequence: u64, history: &[TranscriptItem], events: &[Event]) -> LogRow {
+    LogRow {
+        first_sequence,
+        last_sequence: first_sequence + events.len() as u64 - 1,
+        history: (!history.is_empty()).then(|| serde_json::to_value(history).expect("history as JSON")),
+        events: serde_json::to_value(events).expect("events as JSON"),
+    }
+}
+
+/// A session's log rows, in append order.
+fn log_rows(path: &Path, session_id: &str) -> Vec<LogRow> {
+    raw(path)
+        .prepare(
+            "SELECT first_sequence, last_sequence, history, events FROM log
+             WHERE session_key = (SELECT key FROM sessions WHERE id = ?1) ORDER BY id",
+        )
+        .expect("prepare")
+        .query_map([session_id], |row| {
+            Ok((
+                row.get(0)?,
+                row.get(1)?,
+                row.get::<_, Value>(2)?,
+                row.get::<_, Value>(3)?,
+            ))
+        })
+        .expect("query")
+        .map(|row| {
+            let (first_sequence, last_sequence, history, events) = row.expect("log row");
+            LogRow {
+                first_sequence,
+                last_sequence,
+                history: (history != Value::Null).then(|| stored_json(&history)),
+                events: stored_json(&events),
+            }
+        })
+        .collect()
+}
+
+/// `log WHERE ...`: the log rows of `session_id` that match `condition`.
+fn log_where(session_id: &str, condition: &str) -> String {
+    format!("log WHERE session_key = (SELECT key FROM sessions WHERE id = '{session_id}') AND {condition}")
 }
 
 /// Polls `writes` once while another connection holds SQLite's write lock,
@@ -381,7 +502,15 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
         submit_all_while_locked(&path, &mut writes).await;
         let outcomes = writes.await;
         let after = store.writer_stats();
-        assert_eq!(after.jobs - before.jobs, targets.len() as u64);
+        let ghosts = targets
+            .iter()
+            .filter(|(session_id, _)| session_id.starts_with("ghost"))
+            .count();
+        assert_eq!(
+            after.jobs - before.jobs,
+            (targets.len() - ghosts) as u64,
+            "only written jobs count"
+        );
         let committed_events: usize = targets
             .iter()
             .filter(|(session_id, _)| !session_id.starts_with("ghost"))
@@ -417,13 +546,11 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
                     Err(StoreError::UnknownSession(named)) => assert_eq!(&named, session_id),
                     other => panic!("event page of {session_id}: expected UnknownSession, got {other:?}"),
                 }
-                for table in [
-                    "SELECT count(*) FROM sessions WHERE id = ?1",
-                    "SELECT coalesce(sum(last_sequence - first_sequence + 1), 0) FROM log WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
-                    "SELECT count(*) FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
-                ] {
-                    assert_eq!(raw_count(&path, table, session_id), 0, "{table} for {session_id}");
-                }
+                assert_eq!(
+                    raw_count(&path, "SELECT count(*) FROM sessions WHERE id = ?1", session_id),
+                    0,
+                    "no session row for {session_id}"
+                );
             } else {
                 let receipt = outcome.unwrap_or_else(|error| panic!("append to {session_id}: {error}"));
                 assert_eq!(receipt.first_sequence, 1);
@@ -434,8 +561,30 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
                     .collect();
                 assert_eq!(whole_log(&store, session_id).await, recorded(receipt, &sent));
                 assert_eq!(last_sequence(&store, session_id).await, sent.len() as u64);
+                assert_eq!(log_rows(&path, session_id), vec![log_row(1, &[], &sent)]);
             }
         }
+        // The log holds one row per committed batch and nothing else: no
+        // events or history of the refused batches, under any session key.
+        let conn = raw(&path);
+        let (rows, with_history): (i64, i64) = conn
+            .query_row("SELECT count(*), count(history) FROM log", [], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .expect("count log rows");
+        assert_eq!((rows, with_history), (known.len() as i64, 0));
+        let orphans: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM log WHERE session_key NOT IN (SELECT key FROM sessions)",
+                [],
+                |row| row.get(0),
+            )
+            .expect("count orphan rows");
+        assert_eq!(orphans, 0);
+        let transcript_lens: i64 = conn
+            .query_row("SELECT sum(transcript_len) FROM sessions", [], |row| row.get(0))
+            .expect("sum transcript lengths");
+        assert_eq!(transcript_lens, 0, "the refused history was not counted anywhere");
         let sessions = store.list_sessions(100).await.expect("list");
         assert_eq!(
             sessions.len(),
@@ -611,16 +760,22 @@ async fn save_creates_rewrites_and_extends_a_session_and_load_returns_exactly_th
         );
         assert_eq!(whole_log(&store, "s").await, logged);
 
-        // The history sits at increasing positions from 0.
-        let conn = raw(&path);
-        let positions: Vec<i64> = conn
-            .prepare("SELECT position FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = 's') ORDER BY position")
-            .expect("prepare")
-            .query_map([], |row| row.get(0))
-            .expect("query")
-            .collect::<Result<_, _>>()
-            .expect("positions");
-        assert_eq!(positions, vec![0, 1, 2, 3]);
+        // Each save that added history is one log row without events, at the
+        // sequence the next event will take; the saves without history (the
+        // creation, the last one) wrote no row.
+        let sent = events("s", 0, 4);
+        assert_eq!(
+            log_rows(&path, "s"),
+            vec![
+                log_row(1, &[user("hi"), assistant("hello", false)], &[]),
+                log_row(1, &[], &sent),
+                log_row(5, &[user("more"), assistant("cut off", true)], &[]),
+            ]
+        );
+        assert_eq!(
+            raw_count(&path, "SELECT transcript_len FROM sessions WHERE id = ?1", "s"),
+            4
+        );
 
         // Another session's save touches nothing of this one.
         store
@@ -628,13 +783,30 @@ async fn save_creates_rewrites_and_extends_a_session_and_load_returns_exactly_th
             .await
             .expect("save t");
         assert_eq!(
-            store.load("s").await.expect("load").map(|state| state.transcript.len()),
-            Some(4)
+            store.load("s").await.expect("load"),
+            Some(SessionState {
+                checkpoint: checkpoint("s", "bot-1", 6),
+                transcript: vec![
+                    user("hi"),
+                    assistant("hello", false),
+                    user("more"),
+                    assistant("cut off", true),
+                ],
+                execution: None,
+                last_sequence: 4,
+            })
         );
+        assert_eq!(log_rows(&path, "s").len(), 3);
         assert_eq!(
-            store.load("t").await.expect("load").map(|state| state.transcript),
-            Some(vec![user("other")])
+            store.load("t").await.expect("load"),
+            Some(SessionState {
+                checkpoint: checkpoint("t", "bot-2", 1),
+                transcript: vec![user("other")],
+                execution: None,
+                last_sequence: 0,
+            })
         );
+        assert_eq!(log_rows(&path, "t"), vec![log_row(1, &[user("other")], &[])]);
     })
     .await;
 }
@@ -677,12 +849,23 @@ async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_o
         let log = recorded(receipt, &sent);
         assert_eq!(whole_log(&store, "s").await, log);
 
-        // Failure after the checkpoint write and the history insert (a
-        // trigger refuses the batch's events): nothing of the batch stays.
+        let rows = vec![
+            log_row(1, &[user("hi")], &[]),
+            log_row(1, &[assistant("hello", false), user("again")], &sent),
+        ];
+        assert_eq!(log_rows(&path, "s"), rows);
+
+        // Failure after the checkpoint write (the session row already took
+        // the sequences, the checkpoint and the history count): a trigger
+        // refuses the batch's log row, which carries its events and its
+        // history. Nothing of the batch stays. The trigger fires while a row
+        // sits in `poison`, whatever the row's encoding.
         raw(&path)
             .execute_batch(
-                "CREATE TRIGGER refuse_poison BEFORE INSERT ON log
-                 WHEN NEW.events LIKE '%poison%'
+                "CREATE TABLE poison (armed INTEGER);
+                 INSERT INTO poison VALUES (1);
+                 CREATE TRIGGER refuse_poison BEFORE INSERT ON log
+                 WHEN EXISTS (SELECT 1 FROM poison)
                  BEGIN SELECT RAISE(ABORT, 'poisoned event'); END;",
             )
             .expect("create trigger");
@@ -713,14 +896,15 @@ async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_o
         );
         assert_eq!(store.load("s").await.expect("load"), Some(committed.clone()));
         assert_eq!(whole_log(&store, "s").await, log);
+        assert_eq!(log_rows(&path, "s"), rows, "no row of the failed batch");
         assert_eq!(
-            raw_count(
-                &path,
-                "SELECT count(*) FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
-                "s"
-            ),
-            3
+            raw_count(&path, "SELECT transcript_len FROM sessions WHERE id = ?1", "s"),
+            3,
+            "the failed batch's history is not counted"
         );
+        raw(&path)
+            .execute_batch("DELETE FROM poison")
+            .expect("disarm the trigger");
 
         // The failed batch left no hole: the next one continues at 4.
         let next = events("s", 10, 2);
@@ -731,6 +915,16 @@ async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_o
         let read = whole_log(&store, "s").await;
         assert_gap_free(&read);
         assert_eq!(read, log);
+        assert_eq!(
+            store.load("s").await.expect("load"),
+            Some(SessionState {
+                last_sequence: 5,
+                ..committed
+            })
+        );
+        let mut rows = rows;
+        rows.push(log_row(4, &[], &next));
+        assert_eq!(log_rows(&path, "s"), rows);
     })
     .await;
 }
@@ -751,6 +945,7 @@ async fn append_refuses_a_checkpoint_of_another_session_and_writes_nothing() {
         let log = append(&store, "s", &events("s", 0, 2)).await;
         let s_before = store.load("s").await.expect("load");
         let other_before = store.load("other").await.expect("load");
+        let rows_before = (log_rows(&path, "s"), log_rows(&path, "other"));
 
         for foreign in ["other", "nobody"] {
             let error = store
@@ -771,6 +966,7 @@ async fn append_refuses_a_checkpoint_of_another_session_and_writes_nothing() {
             assert_eq!(store.load("s").await.expect("load"), s_before);
             assert_eq!(store.load("other").await.expect("load"), other_before);
             assert_eq!(whole_log(&store, "s").await, log);
+            assert_eq!((log_rows(&path, "s"), log_rows(&path, "other")), rows_before);
         }
         assert_eq!(store.load("nobody").await.expect("load"), None);
         let receipt = store.append("s", batch(&events("s", 9, 1))).await.expect("append");
@@ -1033,6 +1229,159 @@ async fn event_page_handles_limit_zero_empty_logs_unknown_sessions_and_caps_the_
     .await;
 }
 
+#[tokio::test]
+async fn batches_with_history_but_no_events_are_stored_loaded_and_invisible_to_event_pages() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        let only_history = |model_calls: u64, delta: Vec<TranscriptItem>, turn: Option<TurnExecution>| AppendBatch {
+            events: vec![],
+            checkpoint: Some(CheckpointWrite {
+                checkpoint: checkpoint("s", "bot", model_calls),
+                transcript_delta: delta,
+                execution: turn,
+            }),
+        };
+
+        // History before any event, events, then history from an append that
+        // carries only a checkpoint write and from a save, more events, and
+        // history after the last event.
+        store
+            .save(&checkpoint("s", "bot", 0), &[user("u1")], None)
+            .await
+            .expect("create with history");
+        let first = events("s", 0, 5);
+        let mut log = append(&store, "s", &first).await;
+        let receipt = store
+            .append(
+                "s",
+                only_history(1, vec![assistant("a1", false), user("u2")], Some(execution("turn-1"))),
+            )
+            .await
+            .expect("append history alone");
+        assert_eq!(receipt.first_sequence, 6, "names the next sequence and takes none");
+        assert_eq!(last_sequence(&store, "s").await, 5);
+        store
+            .save(&checkpoint("s", "bot", 2), &[assistant("a2", true)], None)
+            .await
+            .expect("save history");
+        let second = events("s", 5, 3);
+        log.extend(append(&store, "s", &second).await);
+        let receipt = store
+            .append("s", only_history(3, vec![user("u3")], Some(execution("turn-2"))))
+            .await
+            .expect("append history alone");
+        assert_eq!(receipt.first_sequence, 9);
+
+        // A session that has history and never had an event.
+        store
+            .save(&checkpoint("quiet", "bot", 0), &[user("q1")], None)
+            .await
+            .expect("create quiet");
+        store
+            .append(
+                "quiet",
+                AppendBatch {
+                    events: vec![],
+                    checkpoint: Some(CheckpointWrite {
+                        checkpoint: checkpoint("quiet", "bot", 1),
+                        transcript_delta: vec![assistant("q2", false)],
+                        execution: None,
+                    }),
+                },
+            )
+            .await
+            .expect("append history alone");
+
+        let state = SessionState {
+            checkpoint: checkpoint("s", "bot", 3),
+            transcript: vec![
+                user("u1"),
+                assistant("a1", false),
+                user("u2"),
+                assistant("a2", true),
+                user("u3"),
+            ],
+            execution: Some(execution("turn-2")),
+            last_sequence: 8,
+        };
+        let quiet = SessionState {
+            checkpoint: checkpoint("quiet", "bot", 1),
+            transcript: vec![user("q1"), assistant("q2", false)],
+            execution: None,
+            last_sequence: 0,
+        };
+        assert_eq!(store.load("s").await.expect("load"), Some(state.clone()));
+        assert_eq!(store.load("quiet").await.expect("load"), Some(quiet.clone()));
+        assert_eq!(
+            log_rows(&path, "s"),
+            vec![
+                log_row(1, &[user("u1")], &[]),
+                log_row(1, &[], &first),
+                log_row(6, &[assistant("a1", false), user("u2")], &[]),
+                log_row(6, &[assistant("a2", true)], &[]),
+                log_row(6, &[], &second),
+                log_row(9, &[user("u3")], &[]),
+            ]
+        );
+        assert_eq!(
+            log_rows(&path, "quiet"),
+            vec![
+                log_row(1, &[user("q1")], &[]),
+                log_row(1, &[assistant("q2", false)], &[]),
+            ]
+        );
+
+        // Every page, from every starting point and with every limit, is
+        // what the events alone make it: the history rows (before, between
+        // and after the events, and sharing a first sequence with them) add
+        // no events and never make `has_more` true.
+        for limit in 0..=10 {
+            for before in (0..=10).map(Some).chain([None]) {
+                let older: Vec<RecordedEvent> = log
+                    .iter()
+                    .filter(|event| before.is_none_or(|before| event.sequence < before))
+                    .cloned()
+                    .collect();
+                let from = older.len().saturating_sub(limit);
+                assert_eq!(
+                    page(&store, "s", before, limit).await,
+                    EventPage {
+                        events: older[from..].to_vec(),
+                        has_more: from > 0,
+                    },
+                    "before {before:?}, limit {limit}"
+                );
+                assert_eq!(
+                    page(&store, "quiet", before, limit).await,
+                    EventPage {
+                        events: vec![],
+                        has_more: false,
+                    },
+                    "quiet: before {before:?}, limit {limit}"
+                );
+            }
+        }
+        let read = whole_log(&store, "s").await;
+        assert_gap_free(&read);
+        assert_eq!(read, log);
+
+        // The same after a reopen, and the next event takes sequence 9.
+        store.close().await;
+        let store = open(&path).await;
+        assert_eq!(store.load("s").await.expect("load"), Some(state));
+        assert_eq!(store.load("quiet").await.expect("load"), Some(quiet));
+        assert_eq!(whole_log(&store, "s").await, log);
+        let third = events("s", 8, 2);
+        log.extend(append(&store, "s", &third).await);
+        let read = whole_log(&store, "s").await;
+        assert_gap_free(&read);
+        assert_eq!(read, log);
+        store.close().await;
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------
 // 6. Corrupt rows
 // ---------------------------------------------------------------------------
@@ -1064,11 +1413,16 @@ fn assert_corrupt<T: std::fmt::Debug>(outcome: Result<T, StoreError>, expected_w
 }
 
 #[tokio::test]
-async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouched() {
+async fn corrupt_event_checkpoint_and_history_rows_are_named_and_left_untouched() {
     guarded(async {
         let (_dir, path) = database();
         let store = open(&path).await;
-        for session_id in ["events-hit", "checkpoint-hit", "transcript-hit", "healthy"] {
+        let sessions = ["events-hit", "checkpoint-hit", "history-hit", "count-hit", "healthy"];
+        // Per session: a save with three history items, three batches of two
+        // events each, then a save with a fourth item. The log holds one row
+        // per batch: history at 1, events 1-2, 3-4, 5-6, history at 7.
+        let mut logs = Vec::new();
+        for session_id in sessions {
             store
                 .save(
                     &checkpoint(session_id, "bot", 1),
@@ -1077,34 +1431,35 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
                 )
                 .await
                 .expect("create");
-        }
-        // Three batches of two events each; the log stores one row per batch.
-        let mut logs = Vec::new();
-        for session_id in ["events-hit", "checkpoint-hit", "transcript-hit", "healthy"] {
             let mut log = Vec::new();
             for first in [0, 2, 4] {
                 log.extend(append(&store, session_id, &events(session_id, first, 2)).await);
             }
+            store
+                .save(&checkpoint(session_id, "bot", 2), &[assistant("four", false)], None)
+                .await
+                .expect("save more history");
             logs.push(log);
         }
         let healthy_state = store.load("healthy").await.expect("load");
+        assert_eq!(
+            healthy_state.as_ref().map(|state| (state.transcript.len(), state.last_sequence)),
+            Some((4, 6))
+        );
 
+        let bad_events = "[{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta";
+        let bad_history = "[{\"type\": \"no_such_item\", \"text\": 5}]";
+        // Well-formed, but one item short of what the session row counts.
+        let short_history = serde_json::to_string(&[user("one"), user("three")]).expect("JSON");
         let conn = raw(&path);
-        conn.execute(
-            "UPDATE log SET events = ?1 WHERE session_key = (SELECT key FROM sessions WHERE id = 'events-hit') AND first_sequence = 3",
-            ["[{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta"],
-        )
-        .expect("corrupt a batch of events");
+        set_raw(&conn, "events", &log_where("events-hit", "first_sequence = 3"), bad_events);
         conn.execute(
             "UPDATE sessions SET checkpoint = ?1 WHERE id = 'checkpoint-hit'",
             ["not json at all"],
         )
         .expect("corrupt a checkpoint");
-        conn.execute(
-            "UPDATE transcript SET item = ?1 WHERE session_key = (SELECT key FROM sessions WHERE id = 'transcript-hit') AND position = 1",
-            ["{\"type\": \"no_such_item\", \"text\": 5}"],
-        )
-        .expect("corrupt a transcript item");
+        set_raw(&conn, "history", &log_where("history-hit", "first_sequence = 7"), bad_history);
+        set_raw(&conn, "history", &log_where("count-hit", "last_sequence = 0"), &short_history);
         drop(conn);
 
         // The batch (events 3 and 4): pages that include it fail and name it;
@@ -1137,12 +1492,11 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
         );
         // Its checkpoint and history are fine.
         assert_eq!(
-            store
-                .load("events-hit")
-                .await
-                .expect("load")
-                .map(|state| state.last_sequence),
-            Some(6)
+            store.load("events-hit").await.expect("load"),
+            Some(SessionState {
+                checkpoint: checkpoint("events-hit", "bot", 2),
+                ..healthy_state.clone().expect("healthy state")
+            })
         );
 
         // The checkpoint: load fails and names it; its events still read.
@@ -1152,50 +1506,65 @@ async fn corrupt_event_checkpoint_and_transcript_rows_are_named_and_left_untouch
         );
         assert_eq!(whole_log(&store, "checkpoint-hit").await, logs[1]);
 
-        // The transcript item: load fails and names it by position.
+        // The history row: load fails and names it by the event it was
+        // recorded at; the events still read.
         assert_corrupt(
-            store.load("transcript-hit").await,
-            "transcript item 1 of session 'transcript-hit'",
+            store.load("history-hit").await,
+            "history recorded at event 7 of session 'history-hit'",
         );
-        assert_eq!(whole_log(&store, "transcript-hit").await, logs[2]);
+        assert_eq!(whole_log(&store, "history-hit").await, logs[2]);
+
+        // A history that decodes but lost an item: load fails and names the
+        // session's history.
+        assert_corrupt(store.load("count-hit").await, "history of session 'count-hit'");
+        assert_eq!(whole_log(&store, "count-hit").await, logs[3]);
 
         // The healthy session reads as before.
         assert_eq!(store.load("healthy").await.expect("load"), healthy_state);
-        assert_eq!(whole_log(&store, "healthy").await, logs[3]);
+        assert_eq!(whole_log(&store, "healthy").await, logs[4]);
 
         // Reading did not repair, delete or rewrite anything.
         assert_eq!(
-            raw_value(
-                &path,
-                "events",
-                "log WHERE session_key = (SELECT key FROM sessions WHERE id = 'events-hit') AND first_sequence = 3"
-            ),
-            text_value("[{\"submission_id\": null, \"msg\": {\"type\": \"turn_sta")
+            raw_value(&path, "events", &log_where("events-hit", "first_sequence = 3")),
+            text_value(bad_events)
         );
         assert_eq!(
             raw_value(&path, "checkpoint", "sessions WHERE id = 'checkpoint-hit'"),
             text_value("not json at all")
         );
         assert_eq!(
-            raw_value(
-                &path,
-                "item",
-                "transcript WHERE session_key = (SELECT key FROM sessions WHERE id = 'transcript-hit') AND position = 1"
-            ),
-            text_value("{\"type\": \"no_such_item\", \"text\": 5}")
+            raw_value(&path, "history", &log_where("history-hit", "first_sequence = 7")),
+            text_value(bad_history)
         );
         assert_eq!(
-            raw_count(&path, "SELECT coalesce(sum(last_sequence - first_sequence + 1), 0) FROM log WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)", "events-hit"),
-            6
+            raw_value(&path, "history", &log_where("count-hit", "last_sequence = 0")),
+            text_value(&short_history)
         );
-        assert_eq!(
-            raw_count(
-                &path,
-                "SELECT count(*) FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
-                "transcript-hit"
-            ),
-            3
-        );
+        for session_id in sessions {
+            assert_eq!(
+                raw_count(
+                    &path,
+                    "SELECT count(*) FROM log WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
+                    session_id
+                ),
+                5,
+                "{session_id}: every row is still there"
+            );
+            assert_eq!(
+                raw_count(
+                    &path,
+                    "SELECT sum(last_sequence - first_sequence + 1) FROM log WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
+                    session_id
+                ),
+                6,
+                "{session_id}: every event is still there"
+            );
+            assert_eq!(
+                raw_count(&path, "SELECT transcript_len FROM sessions WHERE id = ?1", session_id),
+                4,
+                "{session_id}: the history count is unchanged"
+            );
+        }
 
         // Writing to the damaged sessions still works and keeps the sequence.
         let receipt = store
@@ -1212,7 +1581,9 @@ async fn stored_values_of_any_damaged_shape_read_as_corrupt_not_as_backend_error
     guarded(async {
         let (_dir, path) = database();
         let store = open(&path).await;
-        let state = SessionState {
+        // A small history row and a small batch (stored as text), then a
+        // batch with enough events and history that both are compressed.
+        let mut state = SessionState {
             checkpoint: checkpoint("s", "bot", 1),
             transcript: vec![user("zero"), user("one")],
             execution: Some(execution("turn")),
@@ -1222,54 +1593,117 @@ async fn stored_values_of_any_damaged_shape_read_as_corrupt_not_as_backend_error
             .save(&state.checkpoint, &state.transcript, state.execution.as_ref())
             .await
             .expect("save");
-        let log = append(&store, "s", &events("s", 0, 3)).await;
+        let mut log = append(&store, "s", &events("s", 0, 3)).await;
+        let many = events("s", 3, 60);
+        let delta: Vec<TranscriptItem> = (0..40).map(|n| user(&format!("item {n} of the long turn"))).collect();
+        let receipt = store
+            .append(
+                "s",
+                AppendBatch {
+                    events: encode(&many),
+                    checkpoint: Some(CheckpointWrite {
+                        checkpoint: checkpoint("s", "bot", 2),
+                        transcript_delta: delta.clone(),
+                        execution: Some(execution("turn")),
+                    }),
+                },
+            )
+            .await
+            .expect("append a large batch");
+        log.extend(recorded(receipt, &many));
+        state.checkpoint = checkpoint("s", "bot", 2);
+        state.transcript.extend(delta.iter().cloned());
+        state.last_sequence = 63;
+        let rows = vec![
+            log_row(1, &state.transcript[..2], &[]),
+            log_row(
+                1,
+                &[],
+                &log[..3].iter().map(|event| event.event.clone()).collect::<Vec<_>>(),
+            ),
+            log_row(4, &delta, &many),
+        ];
+        assert_eq!(log_rows(&path, "s"), rows);
 
-        // (column, row, how the store names it)
+        // (column, row, how the store names it, how SQLite holds it intact)
         let places = [
             (
                 "events",
-                "log WHERE session_key = (SELECT key FROM sessions WHERE id = 's') AND first_sequence = 1",
+                log_where("s", "last_sequence = 3"),
                 "events 1 to 3 of session 's'",
+                "text",
             ),
-            ("checkpoint", "sessions WHERE id = 's'", "checkpoint of session 's'"),
-            ("execution", "sessions WHERE id = 's'", "checkpoint of session 's'"),
             (
-                "item",
-                "transcript WHERE session_key = (SELECT key FROM sessions WHERE id = 's') AND position = 1",
-                "transcript item 1 of session 's'",
+                "events",
+                log_where("s", "first_sequence = 4"),
+                "events 4 to 63 of session 's'",
+                "blob",
+            ),
+            (
+                "checkpoint",
+                "sessions WHERE id = 's'".to_owned(),
+                "checkpoint of session 's'",
+                "text",
+            ),
+            (
+                "execution",
+                "sessions WHERE id = 's'".to_owned(),
+                "checkpoint of session 's'",
+                "text",
+            ),
+            (
+                "history",
+                log_where("s", "last_sequence = 0"),
+                "history recorded at event 1 of session 's'",
+                "text",
+            ),
+            (
+                "history",
+                log_where("s", "first_sequence = 4"),
+                "history recorded at event 4 of session 's'",
+                "blob",
             ),
         ];
-        // Random bytes (a blob), text that is not UTF-8, a number, and
-        // well-formed JSON of the wrong shape.
+        let hex = |bytes: &[u8]| bytes.iter().map(|byte| format!("{byte:02x}")).collect::<String>();
+        let not_json = b"not json at all, but compressed";
+        let not_json_length = u32::try_from(not_json.len()).expect("short");
+        // Random bytes (a blob), text that is not UTF-8, a number, empty
+        // values, well-formed JSON of the wrong shape, and compressed blobs
+        // that are truncated, claim an absurd length, hold a block that is
+        // not LZ4, or expand to something that is not JSON.
         let damages = [
-            "x'".to_owned()
-                + &garbage(300)
-                    .iter()
-                    .map(|byte| format!("{byte:02x}"))
-                    .collect::<String>()
-                + "'",
+            format!("x'{}'", hex(&garbage(300))),
             "CAST(x'c328ff80fe' AS TEXT)".to_owned(),
             "42".to_owned(),
+            "''".to_owned(),
+            "x''".to_owned(),
             "'[1, 2, 3]'".to_owned(),
+            "x'0105'".to_owned(),
+            format!("x'01ffffffff{}'", hex(&garbage(40))),
+            format!("x'0164000000{}'", hex(&garbage(64))),
+            format!(
+                "x'01{}{}'",
+                hex(&not_json_length.to_le_bytes()),
+                hex(&lz4_flex::block::compress(not_json))
+            ),
         ];
         let conn = raw(&path);
-        for (column, row, what) in places {
+        for (column, row, what, storage) in &places {
             let (table, condition) = row.split_once(" WHERE ").expect("row");
-            let original: String = conn
-                .query_row(&format!("SELECT {column} FROM {row}"), [], |row| row.get(0))
-                .expect("original");
+            let original = raw_stored(&path, column, row);
+            assert_eq!(raw_value(&path, column, row).0, *storage, "{column} of {row} as stored");
             for damage in &damages {
                 conn.execute(&format!("UPDATE {table} SET {column} = {damage} WHERE {condition}"), [])
                     .expect("damage");
                 let damaged = raw_value(&path, column, row);
-                if table == "log" {
+                if table == "log" && *column == "events" {
                     assert_corrupt(
                         store
                             .event_page(
                                 "s",
                                 EventPageRequest {
                                     before_sequence: None,
-                                    limit: 10,
+                                    limit: MAX_EVENT_PAGE,
                                 },
                             )
                             .await,
@@ -1286,22 +1720,259 @@ async fn stored_values_of_any_damaged_shape_read_as_corrupt_not_as_backend_error
                     damaged,
                     "reading left {column} as it was"
                 );
-                conn.execute(
-                    &format!("UPDATE {table} SET {column} = ?1 WHERE {condition}"),
-                    [&original],
-                )
-                .expect("repair");
+                set_raw(&conn, column, row, &original);
             }
+            assert_eq!(raw_stored(&path, column, row), original, "{column} of {row} repaired");
         }
         // Repaired, everything reads again.
         assert_eq!(store.load("s").await.expect("load"), Some(state));
         assert_eq!(whole_log(&store, "s").await, log);
+        assert_eq!(log_rows(&path, "s"), rows);
     })
     .await;
 }
 
 // ---------------------------------------------------------------------------
-// 7. Disk full
+// 7. Compressed rows
+// ---------------------------------------------------------------------------
+
+/// History items that differ from one another but repeat their shape, as a
+/// long turn's do.
+fn long_history(count: usize) -> Vec<TranscriptItem> {
+    (0..count)
+        .map(|n| match n % 2 {
+            0 => user(&format!("question {n}: ünïcødé ✓ \"quoted\"")),
+            _ => assistant(&format!("answer {n}, at some length"), n % 3 == 0),
+        })
+        .collect()
+}
+
+/// Asserts that `value` is stored compressed: a blob with the LZ4 tag,
+/// clearly smaller than the JSON it holds.
+fn assert_compressed(value: &Value, json: &serde_json::Value) {
+    let Value::Blob(blob) = value else {
+        panic!("expected a compressed blob, found {value:?}")
+    };
+    assert_eq!(blob.first(), Some(&1), "the LZ4 tag");
+    let plain = serde_json::to_string(json).expect("JSON").len();
+    assert!(blob.len() < plain / 2, "{} bytes for {plain} bytes of JSON", blob.len());
+    assert_eq!(&stored_json(value), json);
+}
+
+#[tokio::test]
+async fn large_batches_are_stored_compressed_and_read_back_equal() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        store
+            .save(&checkpoint("s", "bot", 0), &[user("first")], None)
+            .await
+            .expect("create");
+        let small = events("s", 0, 2);
+        let mut log = append(&store, "s", &small).await;
+        let many = events("s", 2, 500);
+        let delta = long_history(200);
+        let receipt = store
+            .append(
+                "s",
+                AppendBatch {
+                    events: encode(&many),
+                    checkpoint: Some(CheckpointWrite {
+                        checkpoint: checkpoint("s", "bot", 1),
+                        transcript_delta: delta.clone(),
+                        execution: Some(execution("turn")),
+                    }),
+                },
+            )
+            .await
+            .expect("append a large batch");
+        assert_eq!(receipt.first_sequence, 3);
+        log.extend(recorded(receipt, &many));
+        let tail = events("s", 502, 1);
+        log.extend(append(&store, "s", &tail).await);
+
+        // The large batch's events and history are compressed; the small
+        // rows are plain text.
+        let big = log_where("s", "first_sequence = 3");
+        assert_compressed(
+            &raw_stored(&path, "events", &big),
+            &serde_json::to_value(&many).expect("JSON"),
+        );
+        assert_compressed(
+            &raw_stored(&path, "history", &big),
+            &serde_json::to_value(&delta).expect("JSON"),
+        );
+        for (column, row) in [
+            ("history", log_where("s", "last_sequence = 0")),
+            ("events", log_where("s", "first_sequence = 1 AND last_sequence = 2")),
+            ("events", log_where("s", "first_sequence = 503")),
+        ] {
+            assert_eq!(raw_value(&path, column, &row).0, "text", "{column} of {row}");
+        }
+        let rows = vec![
+            log_row(1, &[user("first")], &[]),
+            log_row(1, &[], &small),
+            log_row(3, &delta, &many),
+            log_row(503, &[], &tail),
+        ];
+        assert_eq!(log_rows(&path, "s"), rows);
+
+        let mut transcript = vec![user("first")];
+        transcript.extend(delta.iter().cloned());
+        let state = SessionState {
+            checkpoint: checkpoint("s", "bot", 1),
+            transcript,
+            execution: Some(execution("turn")),
+            last_sequence: 503,
+        };
+        assert_eq!(store.load("s").await.expect("load"), Some(state.clone()));
+        let read = whole_log(&store, "s").await;
+        assert_gap_free(&read);
+        assert_eq!(read, log);
+        // Pages that start, end or lie inside the compressed row.
+        for (before, limit, from) in [(250, 10, 240), (503, 500, 3), (4, 10, 1), (504, 3, 501), (3, 10, 1)] {
+            let to = before - 1;
+            assert_eq!(
+                page(&store, "s", Some(before), limit).await,
+                EventPage {
+                    events: log[from as usize - 1..to as usize].to_vec(),
+                    has_more: from > 1,
+                },
+                "before {before}, limit {limit}"
+            );
+        }
+
+        // Plain JSON stored as a blob (as another tool might write it) is
+        // read too.
+        raw(&path)
+            .execute_batch(
+                "UPDATE log SET events = CAST(events AS BLOB) WHERE typeof(events) = 'text';
+                 UPDATE log SET history = CAST(history AS BLOB) WHERE typeof(history) = 'text';",
+            )
+            .expect("store the small rows as blobs");
+        for (column, row) in [
+            ("history", log_where("s", "last_sequence = 0")),
+            ("events", log_where("s", "first_sequence = 503")),
+        ] {
+            assert_eq!(raw_value(&path, column, &row).0, "blob", "{column} of {row}");
+        }
+        assert_eq!(store.load("s").await.expect("load"), Some(state.clone()));
+        assert_eq!(whole_log(&store, "s").await, log);
+
+        // And after a reopen.
+        store.close().await;
+        let store = open(&path).await;
+        assert_eq!(store.load("s").await.expect("load"), Some(state));
+        assert_eq!(whole_log(&store, "s").await, log);
+        assert_eq!(log_rows(&path, "s"), rows);
+        store.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn compressed_values_with_a_damaged_length_prefix_read_as_corrupt_and_are_left_untouched() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        create(&store, "s").await;
+        let mut log = append(&store, "s", &events("s", 0, 3)).await;
+        let many = events("s", 3, 400);
+        let delta = long_history(100);
+        let receipt = store
+            .append(
+                "s",
+                AppendBatch {
+                    events: encode(&many),
+                    checkpoint: Some(CheckpointWrite {
+                        checkpoint: checkpoint("s", "bot", 1),
+                        transcript_delta: delta.clone(),
+                        execution: None,
+                    }),
+                },
+            )
+            .await
+            .expect("append a large batch");
+        assert_eq!(receipt.first_sequence, 4);
+        log.extend(recorded(receipt, &many));
+        log.extend(append(&store, "s", &events("s", 403, 3)).await);
+        let state = store.load("s").await.expect("load");
+        assert_eq!(
+            state.as_ref().map(|state| (&state.transcript, state.last_sequence)),
+            Some((&delta, 406))
+        );
+        let rows = log_rows(&path, "s");
+        let row = log_where("s", "first_sequence = 4");
+        let conn = raw(&path);
+
+        for (column, json) in [
+            ("events", serde_json::to_value(&many).expect("JSON")),
+            ("history", serde_json::to_value(&delta).expect("JSON")),
+        ] {
+            let original = raw_stored(&path, column, &row);
+            assert_compressed(&original, &json);
+            let Value::Blob(blob) = &original else {
+                unreachable!("checked above")
+            };
+            let length = u32::from_le_bytes(blob[1..5].try_into().expect("four bytes"));
+            for wrong in [length - 1, length + 1, length / 2, length * 2, 0, u32::MAX] {
+                let mut damaged = blob.clone();
+                damaged[1..5].copy_from_slice(&wrong.to_le_bytes());
+                let damaged = Value::Blob(damaged);
+                set_raw(&conn, column, &row, &damaged);
+                if column == "events" {
+                    // Pages that include the row fail and name it; pages
+                    // around it read.
+                    for (before, limit) in [(None, MAX_EVENT_PAGE), (Some(100), 10), (Some(404), 1)] {
+                        assert_corrupt(
+                            store
+                                .event_page(
+                                    "s",
+                                    EventPageRequest {
+                                        before_sequence: before,
+                                        limit,
+                                    },
+                                )
+                                .await,
+                            "events 4 to 403 of session 's'",
+                        );
+                    }
+                    assert_eq!(
+                        page(&store, "s", None, 3).await,
+                        EventPage {
+                            events: log[403..].to_vec(),
+                            has_more: true,
+                        }
+                    );
+                    assert_eq!(
+                        page(&store, "s", Some(4), 10).await,
+                        EventPage {
+                            events: log[..3].to_vec(),
+                            has_more: false,
+                        }
+                    );
+                    assert_eq!(store.load("s").await.expect("load"), state);
+                } else {
+                    assert_corrupt(store.load("s").await, "history recorded at event 4 of session 's'");
+                    assert_eq!(whole_log(&store, "s").await, log);
+                }
+                assert_eq!(
+                    raw_stored(&path, column, &row),
+                    damaged,
+                    "reading left {column} as it was (length {wrong})"
+                );
+            }
+            set_raw(&conn, column, &row, &original);
+        }
+        assert_eq!(store.load("s").await.expect("load"), state);
+        assert_eq!(whole_log(&store, "s").await, log);
+        assert_eq!(log_rows(&path, "s"), rows);
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// 8. Disk full
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -1330,9 +2001,11 @@ async fn full_database_refuses_whole_batches_keeps_earlier_events_and_recovers_w
         let mut state = initial.clone();
         state.last_sequence = 3;
 
-        // A batch several times the cap, with a checkpoint write: its first
-        // inserts fit, later ones cannot.
+        // A batch several times the cap, even compressed, with a checkpoint
+        // write: the update of the session row fits, the batch's log row
+        // cannot.
         let huge: Vec<Event> = (0..1_000).map(bulky_event).collect();
+        assert_incompressible_past(&huge, 3 * 256 * 1024);
         let error = store
             .append(
                 "full",
@@ -1358,11 +2031,15 @@ async fn full_database_refuses_whole_batches_keeps_earlier_events_and_recovers_w
             ),
             3
         );
+        let mut rows = vec![log_row(1, &[user("hello")], &[]), log_row(1, &[], &earlier)];
+        assert_eq!(log_rows(&path, "full"), rows, "no row of the refused batch");
 
         // Its first event alone fits, so the batch failed partway through
-        // its writes (after the session row was updated).
+        // its writes (after the session row was updated) for want of room.
         expected.extend(append(&store, "full", &huge[..1]).await);
         assert_eq!(expected[3].sequence, 4);
+        rows.push(log_row(4, &[], &huge[..1]));
+        assert_eq!(log_rows(&path, "full"), rows);
 
         // Fill up with small batches until the cap refuses one.
         let mut next = huge.len();
@@ -1424,6 +2101,7 @@ async fn a_full_database_in_a_group_leaves_every_job_of_it_whole_or_absent() {
         // together. On SQLITE_FULL, SQLite may undo only the failing statement
         // or the whole transaction; either way no job may be left half done.
         let huge: Vec<Event> = (0..1_000).map(bulky_event).collect();
+        assert_incompressible_past(&huge, 3 * 256 * 1024);
         let smalls: Vec<Vec<Event>> = (0..4).map(|n| events("small", n * 2, 2)).collect();
         let queued: Vec<(&str, &[Event])> = vec![
             ("small", &smalls[0]),
@@ -1445,10 +2123,12 @@ async fn a_full_database_in_a_group_leaves_every_job_of_it_whole_or_absent() {
         }
         assert_eq!(whole_log(&store, "huge").await, vec![]);
         assert_eq!(last_sequence(&store, "huge").await, 0);
+        assert_eq!(log_rows(&path, "huge"), vec![]);
 
         // Each small batch either committed whole, under the next sequences,
         // or failed with Full and left nothing.
         let mut expected = Vec::new();
+        let mut rows = Vec::new();
         let mut refused = Vec::new();
         for (outcome, sent) in [&outcomes[0], &outcomes[1], &outcomes[3], &outcomes[4]]
             .into_iter()
@@ -1457,6 +2137,7 @@ async fn a_full_database_in_a_group_leaves_every_job_of_it_whole_or_absent() {
             match outcome {
                 Ok(receipt) => {
                     assert_eq!(receipt.first_sequence, expected.len() as u64 + 1);
+                    rows.push(log_row(receipt.first_sequence, &[], sent));
                     expected.extend(recorded(*receipt, sent));
                 }
                 Err(StoreError::Full(_)) => refused.push(sent),
@@ -1467,21 +2148,25 @@ async fn a_full_database_in_a_group_leaves_every_job_of_it_whole_or_absent() {
         assert_gap_free(&log);
         assert_eq!(log, expected);
         assert_eq!(last_sequence(&store, "small").await, expected.len() as u64);
+        assert_eq!(log_rows(&path, "small"), rows, "one whole row per committed batch");
 
         // Retried alone, the refused ones fit.
         for sent in refused {
-            expected.extend(append(&store, "small", sent).await);
+            let receipt = store.append("small", batch(sent)).await.expect("retry alone");
+            rows.push(log_row(receipt.first_sequence, &[], sent));
+            expected.extend(recorded(receipt, sent));
         }
         let log = whole_log(&store, "small").await;
         assert_gap_free(&log);
         assert_eq!(log, expected);
         assert_eq!(log.len(), 8);
+        assert_eq!(log_rows(&path, "small"), rows);
     })
     .await;
 }
 
 // ---------------------------------------------------------------------------
-// 8. Files that are not (our) databases
+// 9. Files that are not (our) databases
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -1568,7 +2253,7 @@ async fn opening_a_database_with_a_newer_schema_fails_and_leaves_it_unchanged() 
 }
 
 // ---------------------------------------------------------------------------
-// 9. Reopen and close
+// 10. Reopen and close
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -1639,12 +2324,24 @@ async fn reopened_store_has_everything_and_continues_sequences_and_history() {
         assert_gap_free(&log);
         assert_eq!(log, log_b);
         assert_eq!(
-            raw_count(
-                &path,
-                "SELECT count(*) FROM transcript WHERE session_key = (SELECT key FROM sessions WHERE id = ?1)",
-                "a"
-            ),
-            3
+            store.load("a").await.expect("load a"),
+            Some(SessionState {
+                checkpoint: checkpoint("a", "bot-a", 3),
+                transcript: vec![user("a1"), assistant("a2", true), user("a3")],
+                execution: None,
+                last_sequence: 8,
+            })
+        );
+        // The history went on where it stopped: the save after the reopen
+        // is a row at the sequence after the last event.
+        assert_eq!(
+            log_rows(&path, "a"),
+            vec![
+                log_row(1, &[user("a1"), assistant("a2", true)], &[]),
+                log_row(1, &[], &events("a", 0, 5)),
+                log_row(6, &[], &events("a", 5, 3)),
+                log_row(9, &[user("a3")], &[]),
+            ]
         );
         store.close().await;
     })
@@ -1739,7 +2436,7 @@ async fn close_finishes_the_writes_already_queued() {
 }
 
 // ---------------------------------------------------------------------------
-// 10. Listing
+// 11. Listing
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -1842,6 +2539,40 @@ async fn list_sessions_puts_the_newest_update_first_with_bot_and_running_turn() 
         assert_eq!(
             listed[0].created_at_ms, b.created_at_ms,
             "a rewrite keeps the creation time"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_row_whose_sequence_range_is_damaged_reads_as_corrupt_not_as_missing_events() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        store.save(&checkpoint("s", "bot", 1), &[], None).await.expect("create");
+        for first in [0, 2, 4] {
+            append(&store, "s", &events("s", first, 2)).await;
+        }
+        // The row of events 3 and 4 now claims to end before it starts,
+        // which a batch without events (last = first - 1) never does.
+        raw(&path)
+            .execute(
+                "UPDATE log SET last_sequence = 0 WHERE session_key = (SELECT key FROM sessions WHERE id = 's')
+                 AND first_sequence = 3",
+                [],
+            )
+            .expect("damage the range");
+        assert_corrupt(
+            store
+                .event_page(
+                    "s",
+                    EventPageRequest {
+                        before_sequence: None,
+                        limit: 10,
+                    },
+                )
+                .await,
+            "events 3 to 0 of session 's'",
         );
     })
     .await;

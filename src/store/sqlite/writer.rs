@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
+use super::codec;
 use crate::protocol::now_ms;
 use crate::store::{AppendReceipt, CheckpointWrite, EncodedEvent, OpenBatch, StoreError};
 
@@ -119,25 +120,20 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCo
     let writes: Vec<Write<'_>> = group.iter().map(Job::seal).collect();
     let outcome = run_group(conn, &writes, now);
     let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-    // Only the events of jobs that succeeded were written.
-    let events: usize = match &outcome {
-        Ok(outcomes) => writes
-            .iter()
-            .zip(outcomes)
-            .filter(|(_, outcome)| outcome.is_ok())
-            .map(|(write, _)| write.events.len())
-            .sum(),
-        Err(_) => 0,
-    };
-    drop(writes);
-    if outcome.is_ok() {
-        counters.commits.fetch_add(1, Ordering::Relaxed);
-        counters.jobs.fetch_add(group.len() as u64, Ordering::Relaxed);
+    if let Ok((outcomes, commits)) = &outcome {
+        // Count only what was written.
+        let written = writes.iter().zip(outcomes).filter(|(_, outcome)| outcome.is_ok());
+        let (jobs, events) = written.fold((0, 0), |(jobs, events), (write, _)| {
+            (jobs + 1, events + write.events.len())
+        });
+        counters.commits.fetch_add(*commits, Ordering::Relaxed);
+        counters.jobs.fetch_add(jobs, Ordering::Relaxed);
         counters.events.fetch_add(events as u64, Ordering::Relaxed);
         counters.commit_micros.fetch_add(micros, Ordering::Relaxed);
     }
+    drop(writes);
     match outcome {
-        Ok(outcomes) => {
+        Ok((outcomes, _)) => {
             for (job, outcome) in group.drain(..).zip(outcomes) {
                 job.answer(outcome);
             }
@@ -149,11 +145,12 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCo
             }
         }
     }
-    tracing::trace!(micros, events, "group committed");
+    tracing::trace!(micros, "group committed");
 }
 
-/// Applies every job of the group and commits. The outer error means
-/// nothing of the group was committed.
+/// Applies every job of the group and commits; returns each job's outcome
+/// and the number of transactions committed. The outer error means nothing
+/// of the group was committed.
 ///
 /// The fast path runs every job in one transaction without savepoints: the
 /// errors jobs are expected to hit (an unknown session, an invalid write) are
@@ -165,7 +162,7 @@ fn run_group(
     conn: &mut Connection,
     group: &[Write<'_>],
     now: u64,
-) -> Result<Vec<Result<AppendReceipt, StoreError>>, StoreError> {
+) -> Result<(Vec<Result<AppendReceipt, StoreError>>, u64), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(super::sqlite_error)?;
@@ -177,12 +174,14 @@ fn run_group(
             Err(JobError::Dirty(error)) => {
                 tracing::warn!(%error, "a write failed part-way; retrying the group one job at a time");
                 drop(tx);
-                return Ok(group.iter().map(|job| run_alone(conn, job, now)).collect());
+                let outcomes: Vec<_> = group.iter().map(|job| run_alone(conn, job, now)).collect();
+                let commits = outcomes.iter().filter(|outcome| outcome.is_ok()).count() as u64;
+                return Ok((outcomes, commits));
             }
         }
     }
     tx.commit().map_err(super::sqlite_error)?;
-    Ok(outcomes)
+    Ok((outcomes, 1))
 }
 
 /// Runs one job in a transaction of its own.
@@ -252,7 +251,7 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, 
         Some(write) => (Some(write.checkpoint.as_str()), write.execution.as_deref()),
         None => (None, None),
     };
-    let row: Option<(i64, u64, u64)> = conn
+    let row: Option<(i64, u64)> = conn
         .prepare_cached(
             "UPDATE sessions SET
                  last_sequence = last_sequence + ?1,
@@ -261,34 +260,34 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, 
                  execution = CASE WHEN ?3 IS NULL THEN execution ELSE ?4 END,
                  transcript_len = transcript_len + ?5
              WHERE id = ?6
-             RETURNING key, last_sequence, transcript_len",
+             RETURNING key, last_sequence",
         )
         .and_then(|mut update| {
             update
                 .query_row(params![count, now, checkpoint, execution, added, session_id], |row| {
-                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                    Ok((row.get(0)?, row.get(1)?))
                 })
                 .optional()
         })
         .map_err(dirty)?;
-    let Some((key, last_sequence, transcript_len)) = row else {
+    let Some((key, last_sequence)) = row else {
         return Err(JobError::Clean(StoreError::UnknownSession((*session_id).to_owned())));
     };
-    if let Some(write) = &write {
-        let mut insert = conn
-            .prepare_cached("INSERT INTO transcript (session_key, position, item) VALUES (?1, ?2, ?3)")
-            .map_err(dirty)?;
-        for (position, item) in (transcript_len - added..).zip(&write.transcript) {
-            insert.execute(params![key, position, item]).map_err(dirty)?;
-        }
-    }
     let first_sequence = last_sequence - count + 1;
-    if count > 0 {
+    let history = write
+        .as_ref()
+        .filter(|write| !write.transcript.is_empty())
+        .map(|write| json_array(&write.transcript));
+    if count > 0 || history.is_some() {
         conn.prepare_cached(
-            "INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, events)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history, events)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
-        .and_then(|mut insert| insert.execute(params![key, first_sequence, last_sequence, now, json_array(events)]))
+        .and_then(|mut insert| {
+            let events = codec::encode(json_array(events.iter().map(|event| &event.json)));
+            let history = history.map(codec::encode);
+            insert.execute(params![key, first_sequence, last_sequence, now, history, events])
+        })
         .map_err(dirty)?;
     }
     Ok(AppendReceipt {
@@ -297,15 +296,14 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, 
     })
 }
 
-/// The events of a batch as one JSON array, in order.
-fn json_array(events: &[EncodedEvent]) -> String {
-    let mut array = String::with_capacity(2 + events.iter().map(|event| event.json.len() + 1).sum::<usize>());
-    array.push('[');
-    for (index, event) in events.iter().enumerate() {
+/// JSON values joined into one JSON array, in order.
+fn json_array<'a>(values: impl IntoIterator<Item = &'a String>) -> String {
+    let mut array = String::from("[");
+    for (index, value) in values.into_iter().enumerate() {
         if index > 0 {
             array.push(',');
         }
-        array.push_str(&event.json);
+        array.push_str(value);
     }
     array.push(']');
     array
