@@ -431,6 +431,11 @@ impl RecorderTask {
                     break;
                 }
             }
+            // Then everything already queued, while the batch has room.
+            while waiting.is_empty() {
+                let Ok(command) = self.commands.try_recv() else { break };
+                waiting.extend(batch.add(command));
+            }
             match self.write(&mut batch, &mut waiting, &mut receiving).await {
                 Ok(receipt) => self.settle(batch.settles, receipt).await,
                 Err(error) => {
@@ -543,5 +548,123 @@ impl RecorderTask {
                 let _ = ack.send(Err(Error::stopped(format!("event recorder stopped: {error}"))));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{EventMsg, WarningEvent};
+    use crate::store::{Checkpoint, SqliteCheckpoint};
+
+    fn warning(index: usize) -> Event {
+        Event {
+            submission_id: None,
+            msg: EventMsg::Warning(WarningEvent {
+                message: index.to_string(),
+            }),
+        }
+    }
+
+    /// A store that seals each open batch at once, then waits for a permit
+    /// before writing it: the writer is "busy" for as long as the test likes.
+    struct GatedStore {
+        inner: Arc<SqliteCheckpoint>,
+        gate: tokio::sync::Semaphore,
+        batches: AtomicUsize,
+    }
+
+    impl CheckpointStore for GatedStore {
+        fn save<'a>(
+            &'a self,
+            checkpoint: &'a crate::store::Checkpoint,
+            transcript_delta: &'a [crate::protocol::TranscriptItem],
+            execution: Option<&'a crate::store::TurnExecution>,
+        ) -> crate::model::BoxFuture<'a, std::result::Result<(), StoreError>> {
+            self.inner.save(checkpoint, transcript_delta, execution)
+        }
+
+        fn load<'a>(
+            &'a self,
+            session_id: &'a str,
+        ) -> crate::model::BoxFuture<'a, std::result::Result<Option<crate::store::SessionState>, StoreError>> {
+            self.inner.load(session_id)
+        }
+
+        fn append<'a>(
+            &'a self,
+            session_id: &'a str,
+            batch: AppendBatch,
+        ) -> crate::model::BoxFuture<'a, std::result::Result<AppendReceipt, StoreError>> {
+            self.append_open(session_id, Arc::new(OpenBatch::new(batch)))
+        }
+
+        fn append_open<'a>(
+            &'a self,
+            session_id: &'a str,
+            batch: Arc<OpenBatch>,
+        ) -> crate::model::BoxFuture<'a, std::result::Result<AppendReceipt, StoreError>> {
+            Box::pin(async move {
+                self.batches.fetch_add(1, Ordering::SeqCst);
+                let sealed = batch.seal();
+                let _permit = self.gate.acquire().await.map_err(|_| StoreError::Closed)?;
+                self.inner.append(session_id, sealed).await
+            })
+        }
+
+        fn event_page<'a>(
+            &'a self,
+            session_id: &'a str,
+            request: crate::store::EventPageRequest,
+        ) -> crate::model::BoxFuture<'a, std::result::Result<crate::store::EventPage, StoreError>> {
+            self.inner.event_page(session_id, request)
+        }
+
+        fn list_sessions(
+            &self,
+            limit: usize,
+        ) -> crate::model::BoxFuture<'_, std::result::Result<Vec<crate::store::SessionSummary>, StoreError>> {
+            self.inner.list_sessions(limit)
+        }
+    }
+
+    /// Events queued while a batch is being written all go into the next
+    /// batch: a producer that outruns the store gets group commits, not one
+    /// commit per event.
+    #[tokio::test(flavor = "current_thread")]
+    async fn events_queued_behind_a_sealed_batch_form_one_next_batch() {
+        let directory = tempfile::tempdir().expect("directory");
+        let sqlite = Arc::new(SqliteCheckpoint::new(directory.path().join("db.sqlite3")).expect("store"));
+        sqlite.save(&Checkpoint::empty("s"), &[], None).await.expect("session");
+        let store = Arc::new(GatedStore {
+            inner: sqlite,
+            gate: tokio::sync::Semaphore::new(0),
+            batches: AtomicUsize::new(0),
+        });
+        let (recorder, mut delivered) = EventRecorder::spawn(store.clone(), "s".into());
+
+        try_send_event(&recorder, warning(0)).expect("queue");
+        while store.batches.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // The first batch is sealed and waiting; these queue behind it.
+        for index in 1..300 {
+            try_send_event(&recorder, warning(index)).expect("queue");
+        }
+        tokio::task::yield_now().await;
+        store.gate.add_permits(1_000);
+        let drain = tokio::spawn(async move {
+            for index in 0..300 {
+                let event = delivered.recv().await.expect("delivered");
+                assert_eq!(event.sequence, index as u64 + 1);
+            }
+        });
+        recorder.flush().await.expect("flush");
+        drain.await.expect("every event delivered in order");
+        assert_eq!(
+            store.batches.load(Ordering::SeqCst),
+            2,
+            "one batch in flight, one for everything behind it"
+        );
     }
 }
