@@ -10,6 +10,7 @@
 //! sit behind an `Arc`): two instances on the same file still work, through
 //! SQLite's locking, but no longer share their commits.
 
+mod checkpointer;
 mod codec;
 mod reader;
 mod schema;
@@ -82,6 +83,8 @@ pub struct WriterStats {
     pub events: u64,
     /// Time spent committing, summed, in microseconds.
     pub commit_micros: u64,
+    /// WAL checkpoints run in the background.
+    pub checkpoints: u64,
 }
 
 /// A [`CheckpointStore`] in one SQLite file.
@@ -89,7 +92,8 @@ pub struct SqliteCheckpoint {
     path: PathBuf,
     counters: Arc<WriterCounters>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    writer: Mutex<Option<JoinHandle<()>>>,
+    /// The writer thread, then the checkpointer thread (which ends after it).
+    threads: Mutex<Vec<JoinHandle<()>>>,
     readers: Arc<ReaderPool>,
 }
 
@@ -103,8 +107,9 @@ impl SqliteCheckpoint {
     /// Opens the database at `path` with `options`. Blocking.
     pub fn with_options(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
-        let conn = schema::open_writer(&path, &options)?;
+        let mut conn = schema::open_writer(&path, &options)?;
         let counters = Arc::new(WriterCounters::default());
+        let checkpointer = checkpointer::start(&mut conn, &path, Arc::clone(&counters))?;
         let (jobs, writer) = writer::spawn(conn, options.max_jobs_per_commit, Arc::clone(&counters))
             .map_err(|error| StoreError::Backend(Arc::new(error)))?;
         Ok(Self {
@@ -112,7 +117,7 @@ impl SqliteCheckpoint {
             readers: Arc::new(ReaderPool::new(path.clone())),
             path,
             jobs: Mutex::new(Some(jobs)),
-            writer: Mutex::new(Some(writer)),
+            threads: Mutex::new(vec![writer, checkpointer]),
         })
     }
 
@@ -138,6 +143,7 @@ impl SqliteCheckpoint {
             jobs: load(&self.counters.jobs),
             events: load(&self.counters.events),
             commit_micros: load(&self.counters.commit_micros),
+            checkpoints: load(&self.counters.checkpoints),
         }
     }
 
@@ -146,11 +152,14 @@ impl SqliteCheckpoint {
     /// Later calls fail with [`StoreError::Closed`].
     pub async fn close(&self) {
         self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).take();
-        let writer = self.writer.lock().unwrap_or_else(|poison| poison.into_inner()).take();
-        if let Some(writer) = writer {
-            let _ = tokio::task::spawn_blocking(move || writer.join()).await;
-        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|poison| poison.into_inner()));
         self.readers.clear();
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
     }
 
     fn submit(&self, job: Job) -> Result<(), StoreError> {

@@ -76,6 +76,9 @@ pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connec
         Synchronous::Full => "FULL",
         Synchronous::Normal => "NORMAL",
     };
+    // A WAL that grew during a burst is cut back when it starts over.
+    conn.pragma_update(None, "journal_size_limit", 32 * 1024 * 1024)
+        .map_err(|e| super::store_error(e, path))?;
     conn.pragma_update(None, "synchronous", synchronous)
         .map_err(|e| super::store_error(e, path))?;
     if let Some(max_bytes) = options.max_size_bytes {
@@ -93,6 +96,13 @@ pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connec
             supported: SCHEMA_VERSION,
         },
     })?;
+    Ok(conn)
+}
+
+/// Opens the connection that runs WAL checkpoints.
+pub(super) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path).map_err(|e| super::store_error(e, path))?;
+    configure(&conn).map_err(|e| super::store_error(e, path))?;
     Ok(conn)
 }
 

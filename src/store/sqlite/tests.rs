@@ -2577,3 +2577,29 @@ async fn a_row_whose_sequence_range_is_damaged_reads_as_corrupt_not_as_missing_e
     })
     .await;
 }
+
+#[tokio::test]
+async fn the_wal_is_checkpointed_in_the_background_and_stays_bounded() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        store.save(&checkpoint("s", "bot", 1), &[], None).await.expect("create");
+        // About 48 MiB of incompressible events in 100 KiB batches: far past
+        // the 1000 pages that call for a background checkpoint, and past
+        // the 32 MiB at which the writer checkpoints itself.
+        let mut written = Vec::new();
+        for round in 0..480 {
+            let sent: Vec<Event> = (round * 100..(round + 1) * 100).map(bulky_event).collect();
+            written.extend(append(&store, "s", &sent).await);
+        }
+        // The checkpointer runs beside the writer; it must have run by now
+        // or soon (the hang guard bounds the wait).
+        while store.writer_stats().checkpoints == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let wal = std::fs::metadata(path.with_extension("sqlite3-wal")).map_or(0, |meta| meta.len());
+        assert!(wal <= 40 * 1024 * 1024, "the WAL grew to {wal} bytes");
+        assert_eq!(whole_log(&store, "s").await, written);
+    })
+    .await;
+}

@@ -83,6 +83,7 @@ pub(super) struct WriterCounters {
     pub(super) jobs: AtomicU64,
     pub(super) events: AtomicU64,
     pub(super) commit_micros: AtomicU64,
+    pub(super) checkpoints: AtomicU64,
 }
 
 /// Starts the writer thread. It runs until every job sender is dropped.
