@@ -63,3 +63,37 @@ pub struct Submission {
     /// The request itself.
     pub op: Op,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_ops_are_refused_by_the_parser() {
+        for bad in [
+            r#"{"type": "user_input"}"#,
+            r#"{"type": "user_input", "text": 5}"#,
+            r#"{"type": "launch_rockets"}"#,
+            r#"{"text": "no type"}"#,
+            r#"{"type": "user_input", "text": "unterminated"#,
+            "",
+        ] {
+            assert!(serde_json::from_str::<Op>(bad).is_err(), "{bad:?} must not parse");
+        }
+        let op: Op = serde_json::from_str(r#"{"type": "interrupt"}"#).expect("interrupt without a turn id");
+        assert_eq!(op, Op::Interrupt { turn_id: None });
+    }
+
+    #[test]
+    fn limits_are_checked_before_queueing() {
+        let at_limit = Op::UserInput {
+            text: "x".repeat(MAX_MESSAGE_BYTES),
+        };
+        assert_eq!(at_limit.validate(), Ok(()));
+        let over = Op::UserInput {
+            text: "é".repeat(MAX_MESSAGE_BYTES / 2 + 1),
+        };
+        assert!(over.validate().is_err(), "the limit counts bytes, not characters");
+        assert!(Op::UserInput { text: " \t".into() }.validate().is_err());
+    }
+}
