@@ -12,6 +12,7 @@
 //! | [`protocol`] | the wire types: ops in, events out, transcript items |
 //! | [`store`] | the [`CheckpointStore`] trait and its SQLite implementation |
 //! | [`model`] | the [`Model`] trait, its streaming sink, the scripted model |
+//! | [`tools`] | the [`tools::Tool`] trait, tool sets, built-in tools |
 //! | [`agent`] | submission queue, event recorder, turn loop, [`Agent`] |
 //! | [`bench`] | the workloads behind `keel bench` and `cargo bench` |
 
@@ -21,6 +22,7 @@ mod error;
 pub mod model;
 pub mod protocol;
 pub mod store;
+pub mod tools;
 
 pub use agent::{Agent, AgentConfig, create_agent};
 pub use error::{Error, Result};

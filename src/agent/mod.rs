@@ -37,10 +37,14 @@ pub use crate::protocol::*;
 pub use crate::store::{
     Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, SessionContext, SqliteCheckpoint,
 };
+use crate::tools::ToolSet;
 pub use crate::{Error, Result};
 
 /// Queued submissions a session holds by default.
 pub const DEFAULT_SUBMISSION_CAPACITY: usize = 64;
+
+/// Model calls one turn may make by default.
+pub const DEFAULT_MAX_STEPS: u32 = 25;
 
 /// The longest session id accepted.
 pub const MAX_SESSION_ID_BYTES: usize = 128;
@@ -62,6 +66,13 @@ pub struct AgentConfig {
     pub submission_capacity: usize,
     /// How streamed text is grouped into recorded deltas.
     pub streaming: StreamingOptions,
+    /// The tools offered to the model.
+    pub tools: ToolSet,
+    /// Standing instructions for the model (the system prompt).
+    pub instructions: Option<String>,
+    /// The most model calls one turn may make; past it the turn ends with an
+    /// error event (and still completes).
+    pub max_steps: u32,
 }
 
 impl AgentConfig {
@@ -75,6 +86,9 @@ impl AgentConfig {
             workspace: PathBuf::from("."),
             submission_capacity: DEFAULT_SUBMISSION_CAPACITY,
             streaming: StreamingOptions::default(),
+            tools: ToolSet::new(),
+            instructions: None,
+            max_steps: DEFAULT_MAX_STEPS,
         }
     }
 }
@@ -143,6 +157,24 @@ impl Drop for Agent {
     }
 }
 
+/// The ids of tool calls in `transcript` that have no result.
+fn unanswered_tool_calls(transcript: &[TranscriptItem]) -> Vec<String> {
+    let answered: std::collections::HashSet<&str> = transcript
+        .iter()
+        .filter_map(|item| match item {
+            TranscriptItem::ToolResult { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    transcript
+        .iter()
+        .filter_map(|item| match item {
+            TranscriptItem::ToolCall { call_id, .. } if !answered.contains(call_id.as_str()) => Some(call_id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Opens the session named in `config`, creating it if needed, and starts
 /// its task. A turn left in flight by a runtime that stopped is closed with
 /// a `turn_aborted` event (reason `runtime_stopped`) before anything else.
@@ -152,9 +184,12 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         store,
         model,
         session_context,
+        workspace,
         submission_capacity,
         streaming,
-        ..
+        tools,
+        instructions,
+        max_steps,
     } = config;
     if session_id.is_empty() || session_id.len() > MAX_SESSION_ID_BYTES || session_id.chars().any(char::is_control) {
         return Err(Error::InvalidInput(format!(
@@ -183,10 +218,34 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         }),
     }];
     let mut closing_write = None;
+    let mut transcript = transcript;
     if let Some(execution) = execution {
         tracing::warn!(%session_id, turn_id = %execution.turn_id, "closing a turn left in flight by a stopped runtime");
+        let submission_id = execution.submission_ids.first().cloned();
+        // A tool call that started but has no recorded result gets one, so
+        // the history sent to the provider stays well formed.
+        let unanswered = unanswered_tool_calls(&transcript);
+        let mut results = Vec::with_capacity(unanswered.len());
+        for call_id in unanswered {
+            let output = "interrupted: the runtime stopped during this call; the tool may or may not have completed";
+            startup.push(Event {
+                submission_id: submission_id.clone(),
+                msg: EventMsg::ToolCallCompleted(ToolCallCompletedEvent {
+                    turn_id: execution.turn_id.clone(),
+                    call_id: call_id.clone(),
+                    output: output.to_owned(),
+                    is_error: true,
+                }),
+            });
+            results.push(TranscriptItem::ToolResult {
+                call_id,
+                output: output.to_owned(),
+                is_error: true,
+            });
+        }
+        transcript.extend(results.iter().cloned());
         startup.push(Event {
-            submission_id: execution.submission_ids.first().cloned(),
+            submission_id,
             msg: EventMsg::TurnAborted(TurnAbortedEvent {
                 turn_id: execution.turn_id,
                 reason: AbortReason::RuntimeStopped,
@@ -197,7 +256,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         });
         closing_write = Some(CheckpointWrite {
             checkpoint: checkpoint.clone(),
-            transcript_delta: Vec::new(),
+            transcript_delta: results,
             execution: None,
         });
     }
@@ -212,6 +271,10 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         checkpoint,
         transcript,
         streaming,
+        tools,
+        instructions,
+        max_steps: max_steps.max(1),
+        workspace,
         deferred: None,
     };
     let task = tokio::spawn(session.run());

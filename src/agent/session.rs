@@ -5,6 +5,7 @@
 //! through the recorder, in order, together with the checkpoint writes, so
 //! the store always holds a consistent prefix of the session's history.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::recorder::EventRecorder;
@@ -16,6 +17,7 @@ use crate::protocol::{
     Event, EventMsg, Op, ShutdownCompleteEvent, Submission, SubmissionRejectedEvent, TranscriptItem,
 };
 use crate::store::{Checkpoint, CheckpointWrite, TurnExecution};
+use crate::tools::ToolSet;
 
 /// The state a session task owns.
 pub(super) struct Session {
@@ -26,6 +28,14 @@ pub(super) struct Session {
     pub(super) checkpoint: Checkpoint,
     pub(super) transcript: Vec<TranscriptItem>,
     pub(super) streaming: StreamingOptions,
+    /// The tools offered to the model.
+    pub(super) tools: ToolSet,
+    /// Standing instructions for the model.
+    pub(super) instructions: Option<String>,
+    /// The most model calls one turn may make.
+    pub(super) max_steps: u32,
+    /// The directory tools work in.
+    pub(super) workspace: PathBuf,
     /// A submission taken off the queue while gathering a turn's input that
     /// was not input itself; it is handled next.
     pub(super) deferred: Option<Submission>,

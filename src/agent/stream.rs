@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::recorder::{EventRecorder, WeakEventRecorder, try_send_event};
 use crate::model::{ModelEvent, ModelEventSink};
-use crate::protocol::{AssistantContentDeltaEvent, Event, EventMsg};
+use crate::protocol::{AssistantContentDeltaEvent, Event, EventMsg, ReasoningDeltaEvent};
 use crate::{Error, Result};
 
 /// How streamed text is grouped into recorded deltas.
@@ -49,16 +49,25 @@ impl StreamingOptions {
     }
 }
 
+/// Which stream a pending delta belongs to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum DeltaKind {
+    #[default]
+    Content,
+    Reasoning,
+}
+
 #[derive(Default)]
 struct State {
     closed: bool,
     /// Set when the recorder refused a delta; the step must end.
     saturated: Option<String>,
-    /// Text received but not yet recorded.
+    /// Text received but not yet recorded, all of one kind.
     pending: String,
+    pending_kind: DeltaKind,
     /// When the oldest pending byte arrived.
     pending_since: Option<Instant>,
-    /// Everything streamed in this step.
+    /// All content (not reasoning) text streamed in this step.
     streamed: String,
 }
 
@@ -108,23 +117,30 @@ impl StepStream {
         if state.closed {
             return Err(Error::stopped("model event sink closed"));
         }
-        match event {
-            ModelEvent::TextDelta(text) => {
-                if text.is_empty() {
-                    return Ok(());
-                }
-                state.streamed.push_str(&text);
-                state.pending.push_str(&text);
-                if state.pending.len() >= self.options.coalesce_bytes || self.options.coalesce_window.is_zero() {
-                    self.flush_locked(&mut state)
-                } else {
-                    if state.pending_since.is_none() {
-                        state.pending_since = Some(Instant::now());
-                        self.wake.notify_one();
-                    }
-                    Ok(())
-                }
+        let (kind, text) = match event {
+            ModelEvent::TextDelta(text) => (DeltaKind::Content, text),
+            ModelEvent::ReasoningDelta(text) => (DeltaKind::Reasoning, text),
+        };
+        if text.is_empty() {
+            return Ok(());
+        }
+        if kind != state.pending_kind {
+            // Deltas of the other kind are recorded first, to keep the order.
+            self.flush_locked(&mut state)?;
+            state.pending_kind = kind;
+        }
+        if kind == DeltaKind::Content {
+            state.streamed.push_str(&text);
+        }
+        state.pending.push_str(&text);
+        if state.pending.len() >= self.options.coalesce_bytes || self.options.coalesce_window.is_zero() {
+            self.flush_locked(&mut state)
+        } else {
+            if state.pending_since.is_none() {
+                state.pending_since = Some(Instant::now());
+                self.wake.notify_one();
             }
+            Ok(())
         }
     }
 
@@ -137,7 +153,9 @@ impl StepStream {
         let delta_len = delta.len();
         state.pending_since = None;
         let sent = match self.recorder.upgrade() {
-            Some(recorder) => try_send_event(&recorder, self.delta_event(delta)).map(|()| recorder.is_congested()),
+            Some(recorder) => {
+                try_send_event(&recorder, self.delta_event(state.pending_kind, delta)).map(|()| recorder.is_congested())
+            }
             None => Err(Error::stopped("event recorder is closed")),
         };
         match sent {
@@ -151,9 +169,11 @@ impl StepStream {
             }
             Err(error) => {
                 // The refused text is not in the log, so it must not enter
-                // the history either (pending is always a suffix of streamed).
-                let recorded = state.streamed.len() - delta_len;
-                state.streamed.truncate(recorded);
+                // the history either (pending content is a suffix of streamed).
+                if state.pending_kind == DeltaKind::Content {
+                    let recorded = state.streamed.len() - delta_len;
+                    state.streamed.truncate(recorded);
+                }
                 state.closed = true;
                 state.saturated = Some(format!("model output outran the event recorder ({error})"));
                 self.wake.notify_one();
@@ -193,18 +213,19 @@ impl StepStream {
         state.pending_since = None;
         let pending = std::mem::take(&mut state.pending);
         ClosedStream {
-            pending: (!pending.is_empty()).then(|| self.delta_event(pending)),
+            pending: (!pending.is_empty()).then(|| self.delta_event(state.pending_kind, pending)),
             streamed: std::mem::take(&mut state.streamed),
         }
     }
 
-    fn delta_event(&self, delta: String) -> Event {
+    fn delta_event(&self, kind: DeltaKind, delta: String) -> Event {
+        let turn_id = self.turn_id.clone();
         Event {
             submission_id: self.submission_id.clone(),
-            msg: EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
-                turn_id: self.turn_id.clone(),
-                delta,
-            }),
+            msg: match kind {
+                DeltaKind::Content => EventMsg::AssistantContentDelta(AssistantContentDeltaEvent { turn_id, delta }),
+                DeltaKind::Reasoning => EventMsg::ReasoningDelta(ReasoningDeltaEvent { turn_id, delta }),
+            },
         }
     }
 }

@@ -1,9 +1,12 @@
-//! One turn: take the queued input, run a model step, close the turn.
+//! One turn: take the queued input, run model steps (and the tool calls they
+//! ask for) until the model answers, close the turn.
 //!
 //! A turn always ends with exactly one closing event: `turn_complete`, or
 //! `turn_aborted` with a reason. Each step of it is recorded together with
 //! the checkpoint write that describes it, so a restart finds either a
 //! closed turn or a turn marked in flight, which it then closes itself.
+//! Every tool call the history holds gets a result, even when the turn is
+//! interrupted in the middle of the calls.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -14,13 +17,14 @@ use tokio::time::Instant;
 use super::session::Session;
 use super::stream::{CloseOnDrop, ClosedStream, StepStream};
 use crate::Result;
-use crate::model::{ModelOutput, ModelRequest};
+use crate::model::{ModelOutput, ModelRequest, ToolCall};
 use crate::protocol::{
     AbortReason, AssistantMessageEvent, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, Op, Submission,
-    SubmissionRejectedEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent, TurnStartedEvent, UserMessageEvent,
-    new_id, now_ms,
+    SubmissionRejectedEvent, TokenUsageEvent, ToolCallCompletedEvent, ToolCallStartedEvent, TranscriptItem,
+    TurnAbortedEvent, TurnCompleteEvent, TurnStartedEvent, UserMessageEvent, new_id, now_ms,
 };
 use crate::store::TurnExecution;
+use crate::tools::{ToolContext, ToolOutcome};
 
 /// The identity of a running turn.
 struct Turn {
@@ -45,6 +49,13 @@ impl Turn {
 /// How a model step ended.
 enum StepEnd {
     Completed(ModelOutput),
+    Failed(String),
+    Interrupted(Submission),
+    Saturated(String),
+}
+
+/// Why a turn ends early.
+enum Abort {
     Failed(String),
     Interrupted(Submission),
     Saturated(String),
@@ -80,8 +91,35 @@ impl Session {
         let write = self.checkpoint_write(history, Some(&turn.execution));
         self.recorder.append(events, Some(write)).await?;
 
-        let (end, closed) = self.model_step(&turn, 1).await?;
-        self.end_turn(&turn, end, closed).await
+        let mut step = 1;
+        loop {
+            let (end, closed) = self.model_step(&turn, step).await?;
+            let output = match end {
+                StepEnd::Completed(output) => output,
+                StepEnd::Failed(message) => return self.abort_turn(&turn, Abort::Failed(message), closed).await,
+                StepEnd::Interrupted(by) => return self.abort_turn(&turn, Abort::Interrupted(by), closed).await,
+                StepEnd::Saturated(message) => return self.abort_turn(&turn, Abort::Saturated(message), closed).await,
+            };
+            let calls = output.tool_calls.clone();
+            let last_step = calls.is_empty();
+            self.record_step(&turn, step, output, closed, last_step).await?;
+            if last_step {
+                return Ok(());
+            }
+            if let Some(interrupt) = self.run_tool_calls(&turn, &calls).await? {
+                let nothing_streamed = ClosedStream {
+                    pending: None,
+                    streamed: String::new(),
+                };
+                return self
+                    .abort_turn(&turn, Abort::Interrupted(interrupt), nothing_streamed)
+                    .await;
+            }
+            if step >= self.max_steps {
+                return self.end_at_step_limit(&turn).await;
+            }
+            step += 1;
+        }
     }
 
     /// Takes `first` and the user messages queued after it up to the cutoff,
@@ -125,12 +163,10 @@ impl Session {
             self.streaming,
         );
         let _close_on_drop = CloseOnDrop(Arc::clone(&stream));
-        let request = ModelRequest {
-            session_id: &self.session_id,
-            turn_id: turn.id(),
-            history: &self.transcript,
-            call_index,
-        };
+        let tools = self.tools.specs();
+        let mut request = ModelRequest::new(&self.session_id, turn.id(), &self.transcript, call_index);
+        request.instructions = self.instructions.as_deref();
+        request.tools = &tools;
         // A model can panic while building its future as well as inside it.
         let mut response =
             match std::panic::catch_unwind(AssertUnwindSafe(|| self.model.respond(request, stream.sink()))) {
@@ -146,14 +182,7 @@ impl Session {
                 biased;
                 control = inbox.recv_control(), if control_open => match control {
                     Some(submission) if interrupts(&submission.op, turn.id()) => break StepEnd::Interrupted(submission),
-                    Some(submission) => {
-                        let reason = format!("turn {} is not running", interrupt_target(&submission.op));
-                        let rejected = Event {
-                            submission_id: Some(submission.id),
-                            msg: EventMsg::SubmissionRejected(SubmissionRejectedEvent { reason }),
-                        };
-                        recorder.append(vec![rejected], None).await?;
-                    }
+                    Some(submission) => reject_stray_control(recorder, submission).await?,
                     None => control_open = false,
                 },
                 () = stream.woken() => {
@@ -183,14 +212,145 @@ impl Session {
         Ok((end, stream.close()))
     }
 
-    /// Records how the turn ended, with the checkpoint that closes it.
-    async fn end_turn(&mut self, turn: &Turn, end: StepEnd, closed: ClosedStream) -> Result<()> {
+    /// Records what a completed model step produced. The last step (no tool
+    /// calls) also closes the turn.
+    async fn record_step(
+        &mut self,
+        turn: &Turn,
+        step: u32,
+        output: ModelOutput,
+        closed: ClosedStream,
+        last_step: bool,
+    ) -> Result<()> {
         let turn_id = turn.id().to_owned();
         let mut events: Vec<Event> = closed.pending.into_iter().collect();
-        let partial = (!closed.streamed.is_empty()).then_some(TranscriptItem::AssistantMessage {
-            text: closed.streamed,
-            interrupted: true,
-        });
+        let mut history = output.reasoning;
+        if last_step || !output.text.is_empty() {
+            events.push(turn.event(EventMsg::AssistantMessage(AssistantMessageEvent {
+                turn_id: turn_id.clone(),
+                text: output.text.clone(),
+            })));
+            history.push(TranscriptItem::AssistantMessage {
+                text: output.text,
+                interrupted: false,
+            });
+        }
+        if let Some(usage) = output.usage {
+            self.checkpoint.usage.add(&usage);
+            events.push(turn.event(EventMsg::TokenUsage(TokenUsageEvent {
+                turn_id: turn_id.clone(),
+                step,
+                usage,
+                session_total: self.checkpoint.usage,
+            })));
+        }
+        history.extend(output.tool_calls.into_iter().map(|call| TranscriptItem::ToolCall {
+            call_id: call.call_id,
+            name: call.name,
+            arguments: call.arguments,
+        }));
+        let execution = if last_step {
+            events.push(turn.event(EventMsg::TurnComplete(TurnCompleteEvent { turn_id })));
+            self.checkpoint.turns_completed += 1;
+            None
+        } else {
+            Some(&turn.execution)
+        };
+        self.transcript.extend(history.iter().cloned());
+        let write = self.checkpoint_write(history, execution);
+        self.recorder.append(events, Some(write)).await
+    }
+
+    /// Runs the calls of a step in order, recording each one's start and
+    /// result. Returns the interrupt that stopped them, if one did; then every
+    /// call left has an error result, so the history stays well formed.
+    async fn run_tool_calls(&mut self, turn: &Turn, calls: &[ToolCall]) -> Result<Option<Submission>> {
+        let context = ToolContext {
+            session_id: self.session_id.clone(),
+            workspace: self.workspace.clone(),
+        };
+        let mut interrupted: Option<Submission> = None;
+        for call in calls {
+            let started = turn.event(EventMsg::ToolCallStarted(ToolCallStartedEvent {
+                turn_id: turn.id().to_owned(),
+                call_id: call.call_id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            }));
+            self.recorder.append(vec![started], None).await?;
+            let outcome = match &interrupted {
+                Some(_) => ToolOutcome {
+                    output: "not run: the turn was interrupted".into(),
+                    is_error: true,
+                },
+                None => {
+                    let (inbox, recorder, tools) = (&mut self.inbox, &self.recorder, &self.tools);
+                    let run = tools.run(call, &context);
+                    tokio::pin!(run);
+                    let mut control_open = true;
+                    loop {
+                        tokio::select! {
+                            biased;
+                            control = inbox.recv_control(), if control_open => match control {
+                                Some(submission) if interrupts(&submission.op, turn.id()) => {
+                                    interrupted = Some(submission);
+                                    break ToolOutcome { output: "interrupted by the user".into(), is_error: true };
+                                }
+                                Some(submission) => reject_stray_control(recorder, submission).await?,
+                                None => control_open = false,
+                            },
+                            outcome = &mut run => break outcome,
+                        }
+                    }
+                }
+            };
+            let completed = turn.event(EventMsg::ToolCallCompleted(ToolCallCompletedEvent {
+                turn_id: turn.id().to_owned(),
+                call_id: call.call_id.clone(),
+                output: outcome.output.clone(),
+                is_error: outcome.is_error,
+            }));
+            let result = TranscriptItem::ToolResult {
+                call_id: call.call_id.clone(),
+                output: outcome.output,
+                is_error: outcome.is_error,
+            };
+            self.transcript.push(result.clone());
+            let write = self.checkpoint_write(vec![result], Some(&turn.execution));
+            self.recorder.append(vec![completed], Some(write)).await?;
+        }
+        Ok(interrupted)
+    }
+
+    /// Ends a turn whose model kept calling tools until the step limit.
+    async fn end_at_step_limit(&mut self, turn: &Turn) -> Result<()> {
+        let turn_id = turn.id().to_owned();
+        let message = format!(
+            "the turn reached its limit of {} model steps and ends without a final answer",
+            self.max_steps
+        );
+        let events = vec![
+            turn.event(error_msg(&turn_id, &message)),
+            turn.event(EventMsg::TurnComplete(TurnCompleteEvent { turn_id })),
+        ];
+        self.checkpoint.turns_completed += 1;
+        let write = self.checkpoint_write(Vec::new(), None);
+        self.recorder.append(events, Some(write)).await
+    }
+
+    /// Records why the turn ended early, with the checkpoint that closes it.
+    /// Text already streamed stays in the log and joins the history, marked
+    /// interrupted.
+    async fn abort_turn(&mut self, turn: &Turn, abort: Abort, closed: ClosedStream) -> Result<()> {
+        let turn_id = turn.id().to_owned();
+        let mut events: Vec<Event> = closed.pending.into_iter().collect();
+        let history: Vec<TranscriptItem> = (!closed.streamed.is_empty())
+            .then_some(TranscriptItem::AssistantMessage {
+                text: closed.streamed,
+                interrupted: true,
+            })
+            .into_iter()
+            .collect();
         let aborted = |reason, message: String| {
             EventMsg::TurnAborted(TurnAbortedEvent {
                 turn_id: turn_id.clone(),
@@ -198,43 +358,34 @@ impl Session {
                 message,
             })
         };
-        let history: Vec<TranscriptItem> = match end {
-            StepEnd::Completed(output) => {
-                events.push(turn.event(EventMsg::AssistantMessage(AssistantMessageEvent {
-                    turn_id: turn_id.clone(),
-                    text: output.text.clone(),
-                })));
-                events.push(turn.event(EventMsg::TurnComplete(TurnCompleteEvent {
-                    turn_id: turn_id.clone(),
-                })));
-                self.checkpoint.turns_completed += 1;
-                vec![TranscriptItem::AssistantMessage {
-                    text: output.text,
-                    interrupted: false,
-                }]
-            }
-            StepEnd::Failed(message) => {
+        match abort {
+            Abort::Failed(message) => {
                 events.push(turn.event(error_msg(&turn_id, &message)));
                 events.push(turn.event(aborted(AbortReason::ModelFailed, message)));
-                partial.into_iter().collect()
             }
-            StepEnd::Saturated(message) => {
+            Abort::Saturated(message) => {
                 events.push(turn.event(error_msg(&turn_id, &message)));
                 events.push(turn.event(aborted(AbortReason::RecorderSaturated, message)));
-                partial.into_iter().collect()
             }
-            StepEnd::Interrupted(by) => {
-                events.push(Event {
-                    submission_id: Some(by.id),
-                    msg: aborted(AbortReason::Interrupted, "interrupted by the user".to_owned()),
-                });
-                partial.into_iter().collect()
-            }
-        };
+            Abort::Interrupted(by) => events.push(Event {
+                submission_id: Some(by.id),
+                msg: aborted(AbortReason::Interrupted, "interrupted by the user".to_owned()),
+            }),
+        }
         self.transcript.extend(history.iter().cloned());
         let write = self.checkpoint_write(history, None);
         self.recorder.append(events, Some(write)).await
     }
+}
+
+/// Records that a control op aimed at another turn will not be acted on.
+async fn reject_stray_control(recorder: &super::recorder::EventRecorder, submission: Submission) -> Result<()> {
+    let reason = format!("turn {} is not running", interrupt_target(&submission.op));
+    let rejected = Event {
+        submission_id: Some(submission.id),
+        msg: EventMsg::SubmissionRejected(SubmissionRejectedEvent { reason }),
+    };
+    recorder.append(vec![rejected], None).await
 }
 
 fn error_msg(turn_id: &str, message: &str) -> EventMsg {

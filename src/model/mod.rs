@@ -16,7 +16,7 @@ pub use script::ScriptedModel;
 pub use spec::model_from_spec;
 
 use crate::Result;
-use crate::protocol::TranscriptItem;
+use crate::protocol::{TokenUsage, TranscriptItem};
 
 /// Something a model streams while it works.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +24,8 @@ use crate::protocol::TranscriptItem;
 pub enum ModelEvent {
     /// A piece of the assistant's text.
     TextDelta(String),
+    /// A piece of the model's visible reasoning (a summary or thinking text).
+    ReasoningDelta(String),
 }
 
 /// Where a model streams its [`ModelEvent`]s. Cloneable and synchronous.
@@ -40,24 +42,92 @@ pub struct ModelRequest<'a> {
     pub session_id: &'a str,
     /// The turn this step belongs to.
     pub turn_id: &'a str,
-    /// The conversation so far, oldest first, including this turn's input.
+    /// The conversation so far, oldest first, including this turn's input
+    /// and the tool calls and results of its earlier steps.
     pub history: &'a [TranscriptItem],
     /// How many model calls the session made before this one; survives restarts.
     pub call_index: u64,
+    /// Standing instructions (the system prompt), if any.
+    pub instructions: Option<&'a str>,
+    /// The tools the model may call.
+    pub tools: &'a [ToolSpec],
+}
+
+impl<'a> ModelRequest<'a> {
+    /// A request with no instructions and no tools.
+    pub fn new(session_id: &'a str, turn_id: &'a str, history: &'a [TranscriptItem], call_index: u64) -> Self {
+        Self {
+            session_id,
+            turn_id,
+            history,
+            call_index,
+            instructions: None,
+            tools: &[],
+        }
+    }
+}
+
+/// A tool as a model sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ToolSpec {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// The JSON Schema of its arguments (an object schema).
+    pub parameters: serde_json::Value,
+}
+
+/// A tool call the model asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The provider's id for the call.
+    pub call_id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments as JSON text, exactly as the model produced them.
+    pub arguments: String,
 }
 
 /// A model's complete response to one request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ModelOutput {
-    /// The assistant's message.
+    /// The assistant's text (possibly empty when it only calls tools).
     pub text: String,
+    /// Tool calls to run before the model is asked again, in order.
+    pub tool_calls: Vec<ToolCall>,
+    /// Reasoning state to keep in the history (see [`TranscriptItem::Reasoning`]).
+    pub reasoning: Vec<TranscriptItem>,
+    /// Tokens used, if the provider said.
+    pub usage: Option<TokenUsage>,
 }
 
 impl ModelOutput {
     /// A response that is just text.
     pub fn text(text: impl Into<String>) -> Self {
-        Self { text: text.into() }
+        Self {
+            text: text.into(),
+            ..Self::default()
+        }
+    }
+
+    /// This response with `calls` added.
+    pub fn with_tool_calls(mut self, calls: Vec<ToolCall>) -> Self {
+        self.tool_calls = calls;
+        self
+    }
+
+    /// This response with `usage` set.
+    pub fn with_usage(mut self, usage: TokenUsage) -> Self {
+        self.usage = Some(usage);
+        self
+    }
+
+    /// This response with `items` of reasoning state.
+    pub fn with_reasoning(mut self, items: Vec<TranscriptItem>) -> Self {
+        self.reasoning = items;
+        self
     }
 }
 

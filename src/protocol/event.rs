@@ -55,8 +55,16 @@ pub enum EventMsg {
     ModelStepStarted(ModelStepStartedEvent),
     /// Streamed assistant text (coalesced from the model's deltas).
     AssistantContentDelta(AssistantContentDeltaEvent),
+    /// Streamed reasoning text, for display (coalesced like content).
+    ReasoningDelta(ReasoningDeltaEvent),
     /// The assistant's complete message for a step.
     AssistantMessage(AssistantMessageEvent),
+    /// The model asked for a tool call, which is about to run.
+    ToolCallStarted(ToolCallStartedEvent),
+    /// A tool call finished (or failed); its result goes back to the model.
+    ToolCallCompleted(ToolCallCompletedEvent),
+    /// Tokens a model step used, and the session's totals.
+    TokenUsage(TokenUsageEvent),
     /// The turn ended normally.
     TurnComplete(TurnCompleteEvent),
     /// The turn ended early; `reason` says why.
@@ -80,7 +88,11 @@ impl EventMsg {
             EventMsg::UserMessage(_) => "user_message",
             EventMsg::ModelStepStarted(_) => "model_step_started",
             EventMsg::AssistantContentDelta(_) => "assistant_content_delta",
+            EventMsg::ReasoningDelta(_) => "reasoning_delta",
             EventMsg::AssistantMessage(_) => "assistant_message",
+            EventMsg::ToolCallStarted(_) => "tool_call_started",
+            EventMsg::ToolCallCompleted(_) => "tool_call_completed",
+            EventMsg::TokenUsage(_) => "token_usage",
             EventMsg::TurnComplete(_) => "turn_complete",
             EventMsg::TurnAborted(_) => "turn_aborted",
             EventMsg::Warning(_) => "warning",
@@ -97,7 +109,11 @@ impl EventMsg {
             EventMsg::UserMessage(e) => Some(&e.turn_id),
             EventMsg::ModelStepStarted(e) => Some(&e.turn_id),
             EventMsg::AssistantContentDelta(e) => Some(&e.turn_id),
+            EventMsg::ReasoningDelta(e) => Some(&e.turn_id),
             EventMsg::AssistantMessage(e) => Some(&e.turn_id),
+            EventMsg::ToolCallStarted(e) => Some(&e.turn_id),
+            EventMsg::ToolCallCompleted(e) => Some(&e.turn_id),
+            EventMsg::TokenUsage(e) => Some(&e.turn_id),
             EventMsg::TurnComplete(e) => Some(&e.turn_id),
             EventMsg::TurnAborted(e) => Some(&e.turn_id),
             EventMsg::Error(e) => e.turn_id.as_deref(),
@@ -159,6 +175,54 @@ pub struct AssistantContentDeltaEvent {
     pub turn_id: String,
     /// Text to append to what was streamed so far.
     pub delta: String,
+}
+
+/// Payload of [`EventMsg::ReasoningDelta`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReasoningDeltaEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// Reasoning text to append.
+    pub delta: String,
+}
+
+/// Payload of [`EventMsg::ToolCallStarted`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallStartedEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// The provider's id for the call.
+    pub call_id: String,
+    /// The tool.
+    pub name: String,
+    /// The arguments as the model wrote them (JSON text, possibly malformed).
+    pub arguments: String,
+}
+
+/// Payload of [`EventMsg::ToolCallCompleted`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallCompletedEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// The call.
+    pub call_id: String,
+    /// What goes back to the model: the result, or the error message.
+    pub output: String,
+    /// Whether the call failed.
+    pub is_error: bool,
+}
+
+/// Payload of [`EventMsg::TokenUsage`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenUsageEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// The model step, from 1.
+    pub step: u32,
+    /// What this step used.
+    pub usage: super::TokenUsage,
+    /// What the session has used so far, this step included.
+    pub session_total: super::TokenUsage,
 }
 
 /// Payload of [`EventMsg::AssistantMessage`].

@@ -20,7 +20,7 @@ pub use error::StoreError;
 pub use sqlite::{SqliteCheckpoint, SqliteOptions, Synchronous, WriterStats};
 
 use crate::model::BoxFuture;
-use crate::protocol::{Event, RecordedEvent, TranscriptItem};
+use crate::protocol::{Event, RecordedEvent, TokenUsage, TranscriptItem};
 
 /// The most events one [`CheckpointStore::event_page`] call returns.
 pub const MAX_EVENT_PAGE: usize = 10_000;
@@ -48,6 +48,9 @@ pub struct Checkpoint {
     /// Turns that completed normally.
     #[serde(default)]
     pub turns_completed: u64,
+    /// Tokens the session's model calls used, summed.
+    #[serde(default)]
+    pub usage: TokenUsage,
 }
 
 impl Checkpoint {
@@ -58,6 +61,7 @@ impl Checkpoint {
             session_context: SessionContext::default(),
             model_calls: 0,
             turns_completed: 0,
+            usage: TokenUsage::default(),
         }
     }
 }

@@ -18,7 +18,8 @@ use tempfile::TempDir;
 use super::{SqliteCheckpoint, SqliteOptions, schema};
 use crate::protocol::{
     AbortReason, AssistantContentDeltaEvent, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, RecordedEvent,
-    SessionStartedEvent, TranscriptItem, TurnAbortedEvent, TurnStartedEvent, UserMessageEvent, WarningEvent, now_ms,
+    SessionStartedEvent, TokenUsage, TranscriptItem, TurnAbortedEvent, TurnStartedEvent, UserMessageEvent,
+    WarningEvent, now_ms,
 };
 use crate::store::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage,
@@ -67,6 +68,11 @@ fn checkpoint(session_id: &str, bot_id: &str, model_calls: u64) -> Checkpoint {
         session_context: context(bot_id),
         model_calls,
         turns_completed: model_calls / 2,
+        usage: TokenUsage {
+            input_tokens: model_calls * 100,
+            output_tokens: model_calls * 10,
+            ..TokenUsage::default()
+        },
     }
 }
 

@@ -1,0 +1,241 @@
+//! Tools: what a model can ask the runtime to do during a turn.
+//!
+//! A [`Tool`] describes itself with a [`ToolSpec`] (name, description, JSON
+//! Schema of its arguments) and runs a call with parsed arguments. A
+//! [`ToolSet`] is the per-session collection the turn loop offers to the
+//! model; it turns every failure (unknown tool, arguments that are not a JSON
+//! object, a tool error, a panic) into an error result for the model, so a
+//! bad call never ends the turn.
+
+mod clock;
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::FutureExt;
+
+pub use self::clock::Clock;
+use crate::model::{BoxFuture, ToolCall, ToolSpec};
+
+/// Why a tool call failed. The message is what the model reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolError {
+    /// The arguments do not fit the tool's schema.
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    /// The tool ran and failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What a tool knows about where it runs.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    /// The session the call belongs to.
+    pub session_id: String,
+    /// The directory the session works in.
+    pub workspace: PathBuf,
+}
+
+/// A tool the model can call.
+pub trait Tool: Send + Sync {
+    /// How the model sees the tool.
+    fn spec(&self) -> ToolSpec;
+
+    /// Whether the tool only reads (never changes anything outside itself).
+    fn read_only(&self) -> bool {
+        false
+    }
+
+    /// Runs one call. `arguments` is the JSON object the model produced.
+    fn call<'a>(
+        &'a self,
+        arguments: serde_json::Map<String, serde_json::Value>,
+        context: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, ToolError>>;
+}
+
+/// The result of a call, as it goes back to the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutcome {
+    /// The result, or the error message.
+    pub output: String,
+    /// Whether the call failed.
+    pub is_error: bool,
+}
+
+impl ToolOutcome {
+    fn error(message: impl Into<String>) -> Self {
+        Self {
+            output: message.into(),
+            is_error: true,
+        }
+    }
+}
+
+/// The tools offered to a session's model, by name.
+#[derive(Clone, Default)]
+pub struct ToolSet {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+}
+
+impl std::fmt::Debug for ToolSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.tools.keys()).finish()
+    }
+}
+
+impl ToolSet {
+    /// No tools.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The built-in tools that need nothing but the runtime: `clock`.
+    pub fn builtin() -> Self {
+        let mut tools = Self::new();
+        tools.add(Arc::new(Clock));
+        tools
+    }
+
+    /// Adds (or replaces) a tool under its spec's name.
+    pub fn add(&mut self, tool: Arc<dyn Tool>) {
+        self.tools.insert(tool.spec().name, tool);
+    }
+
+    /// Whether there are no tools.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// The specs the model is given, sorted by name.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.values().map(|tool| tool.spec()).collect()
+    }
+
+    /// Runs `call`. Never fails: every problem becomes an error result.
+    pub async fn run(&self, call: &ToolCall, context: &ToolContext) -> ToolOutcome {
+        let Some(tool) = self.tools.get(&call.name) else {
+            let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
+            return ToolOutcome::error(format!(
+                "unknown tool '{}'; the tools are: {}",
+                call.name,
+                known.join(", ")
+            ));
+        };
+        let arguments = match parse_arguments(&call.arguments) {
+            Ok(arguments) => arguments,
+            Err(message) => return ToolOutcome::error(format!("invalid arguments for '{}': {message}", call.name)),
+        };
+        // A panicking tool is a failed call, not a dead session.
+        let run = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(arguments, context)));
+        let outcome = match run {
+            Ok(future) => AssertUnwindSafe(future).catch_unwind().await,
+            Err(panic) => Err(panic),
+        };
+        match outcome {
+            Ok(Ok(output)) => ToolOutcome {
+                output,
+                is_error: false,
+            },
+            Ok(Err(error)) => ToolOutcome::error(error.to_string()),
+            Err(_) => ToolOutcome::error(format!("the tool '{}' crashed", call.name)),
+        }
+    }
+}
+
+/// The arguments as a JSON object; an empty string counts as `{}`.
+fn parse_arguments(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    if text.trim().is_empty() {
+        return Ok(serde_json::Map::new());
+    }
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(object)) => Ok(object),
+        Ok(other) => Err(format!("expected a JSON object, got {}", json_kind(&other))),
+        Err(error) => Err(format!("not valid JSON ({error})")),
+    }
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            call_id: "c1".into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    fn context() -> ToolContext {
+        ToolContext {
+            session_id: "s".into(),
+            workspace: PathBuf::from("."),
+        }
+    }
+
+    struct Panics;
+
+    impl Tool for Panics {
+        fn spec(&self) -> ToolSpec {
+            ToolSpec {
+                name: "panics".into(),
+                description: "panics".into(),
+                parameters: serde_json::json!({"type": "object"}),
+            }
+        }
+
+        fn call<'a>(
+            &'a self,
+            _arguments: serde_json::Map<String, serde_json::Value>,
+            _context: &'a ToolContext,
+        ) -> BoxFuture<'a, Result<String, ToolError>> {
+            Box::pin(async { panic!("tool bug") })
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_calls_become_error_results() {
+        let mut tools = ToolSet::builtin();
+        tools.add(Arc::new(Panics));
+        let unknown = tools.run(&call("teleport", "{}"), &context()).await;
+        assert!(
+            unknown.is_error && unknown.output.contains("unknown tool 'teleport'"),
+            "{unknown:?}"
+        );
+        assert!(unknown.output.contains("clock"), "{unknown:?}");
+        let malformed = tools.run(&call("clock", r#"{"utc": tru"#), &context()).await;
+        assert!(
+            malformed.is_error && malformed.output.contains("not valid JSON"),
+            "{malformed:?}"
+        );
+        let not_object = tools.run(&call("clock", "[1, 2]"), &context()).await;
+        assert!(
+            not_object.is_error && not_object.output.contains("an array"),
+            "{not_object:?}"
+        );
+        let panicked = tools.run(&call("panics", "{}"), &context()).await;
+        assert_eq!(panicked, ToolOutcome::error("the tool 'panics' crashed"));
+    }
+
+    #[tokio::test]
+    async fn empty_arguments_mean_an_empty_object() {
+        let outcome = ToolSet::builtin().run(&call("clock", ""), &context()).await;
+        assert!(!outcome.is_error, "{outcome:?}");
+    }
+}
