@@ -32,6 +32,10 @@ pub enum Error {
     /// The model failed to produce a response.
     #[error("model failed: {0}")]
     Model(String),
+    /// A model provider failed; the text names the provider, the HTTP status
+    /// and the provider's message. Passing failures were already retried.
+    #[error(transparent)]
+    Provider(#[from] crate::provider::ProviderError),
     /// The configuration is unusable (unknown model spec, unreadable script).
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -12,15 +12,19 @@
 //! | [`protocol`] | the wire types: ops in, events out, transcript items |
 //! | [`store`] | the [`CheckpointStore`] trait and its SQLite implementation |
 //! | [`model`] | the [`Model`] trait, its streaming sink, the scripted model |
+//! | [`provider`] | models over HTTP: OpenAI Chat, OpenAI Responses, Anthropic |
+//! | [`config`] | `keel.toml` and model specs |
 //! | [`tools`] | the [`tools::Tool`] trait, tool sets, built-in tools |
 //! | [`agent`] | submission queue, event recorder, turn loop, [`Agent`] |
 //! | [`bench`] | the workloads behind `keel bench` and `cargo bench` |
 
 pub mod agent;
 pub mod bench;
+pub mod config;
 mod error;
 pub mod model;
 pub mod protocol;
+pub mod provider;
 pub mod store;
 pub mod tools;
 

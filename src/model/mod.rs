@@ -7,13 +7,11 @@
 //! polling the model's future while the recorder is congested.
 
 mod script;
-mod spec;
 
 use std::sync::Arc;
 
 pub use futures::future::BoxFuture;
 pub use script::ScriptedModel;
-pub use spec::model_from_spec;
 
 use crate::Result;
 use crate::protocol::{TokenUsage, TranscriptItem};

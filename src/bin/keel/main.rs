@@ -70,6 +70,31 @@ impl DbArgs {
     }
 }
 
+/// Which model to use, and where its configuration is.
+#[derive(Args, Debug, Clone)]
+struct ModelArgs {
+    /// The model: provider:name (openai:, openai-responses:, anthropic:,
+    /// ollama:, script:FILE) or a model named in keel.toml [default: the
+    /// config's `model`].
+    #[arg(long, env = "KEEL_MODEL", value_name = "SPEC")]
+    model: Option<String>,
+    /// The config file [default: $KEEL_CONFIG, ./keel.toml, or
+    /// <config dir>/keel/keel.toml].
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    /// Builds the model, checking keys and files before any session work.
+    fn build(&self) -> anyhow::Result<std::sync::Arc<dyn keel::Model>> {
+        let (config, _) = keel::config::KeelConfig::discover(self.config.as_deref())?;
+        let spec = self.model.clone().or_else(|| config.model.clone()).context(
+            "no model: pass --model (for example --model openai:gpt-4.1-mini), set KEEL_MODEL, or set model in keel.toml",
+        )?;
+        Ok(config.model(&spec)?)
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()

@@ -7,11 +7,10 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::Args;
 use keel::agent::{AgentConfig, create_agent};
-use keel::model::model_from_spec;
 use keel::protocol::{EventMsg, Op, RecordedEvent, new_id};
 use keel::store::CheckpointStore;
 
-use crate::{DbArgs, print_line};
+use crate::{DbArgs, ModelArgs, print_line};
 
 /// Arguments of `keel run`.
 #[derive(Args, Debug)]
@@ -21,9 +20,17 @@ pub(crate) struct RunArgs {
     /// Continue this session (it must exist); a new session when omitted.
     #[arg(long, value_name = "ID")]
     session: Option<String>,
-    /// The model, as provider:name (for now: script:FILE).
-    #[arg(long, env = "KEEL_MODEL", value_name = "SPEC")]
-    model: String,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Standing instructions for the model (a system prompt).
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
+    /// Offer no tools to the model (by default: the built-in tools).
+    #[arg(long)]
+    no_tools: bool,
+    /// The most model calls one turn may make.
+    #[arg(long, default_value_t = keel::agent::DEFAULT_MAX_STEPS, value_name = "N")]
+    max_steps: u32,
     /// The bot a new session belongs to.
     #[arg(long, default_value = "keel-cli", value_name = "ID")]
     bot: String,
@@ -38,7 +45,7 @@ pub(crate) struct RunArgs {
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Everything that can be wrong with the input is checked before any
     // session work starts.
-    let model = model_from_spec(&args.model)?;
+    let model = args.model.build()?;
     let mut args = args;
     for message in args.messages.iter_mut().filter(|message| *message == "-") {
         *message = std::io::read_to_string(std::io::stdin()).context("cannot read the message from stdin")?;
@@ -61,6 +68,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut config = AgentConfig::new(session_id.clone(), store, model);
     config.session_context.bot_id = args.bot.clone();
     config.workspace = std::env::current_dir().context("cannot read the current directory")?;
+    config.instructions = args.system.clone();
+    config.max_steps = args.max_steps;
+    if !args.no_tools {
+        config.tools = keel::tools::ToolSet::builtin();
+    }
     let mut agent = create_agent(config).await?;
     if !args.json {
         eprintln!("session {session_id}");

@@ -1,0 +1,102 @@
+//! Errors of model providers.
+
+use std::time::Duration;
+
+/// A provider request failed. The text names the provider and, where there is
+/// one, the HTTP status and the provider's own message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProviderError {
+    /// The provider answered with an error status.
+    #[error("{provider}: HTTP {status}: {message}")]
+    Status {
+        /// Which provider (as configured, for example `openai`).
+        provider: String,
+        /// The HTTP status.
+        status: u16,
+        /// The provider's message, from its error body.
+        message: String,
+        /// How long the provider asked us to wait (`Retry-After`).
+        retry_after: Option<Duration>,
+    },
+    /// The provider reported an error inside the stream.
+    #[error("{provider}: {message}")]
+    Stream {
+        /// Which provider.
+        provider: String,
+        /// The provider's message (with its error type or code when given).
+        message: String,
+        /// Whether the provider marked it as passing (overloaded, rate limited).
+        retryable: bool,
+    },
+    /// The request could not be sent or the connection broke.
+    #[error("{provider}: connection failed: {message}")]
+    Connection {
+        /// Which provider.
+        provider: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// No data arrived for too long.
+    #[error("{provider}: the stream stalled: no data for {} s", .after.as_secs_f64())]
+    Stalled {
+        /// Which provider.
+        provider: String,
+        /// How long we waited.
+        after: Duration,
+    },
+    /// The stream ended before the response was complete.
+    #[error("{provider}: the stream ended before the response was complete")]
+    Truncated {
+        /// Which provider.
+        provider: String,
+    },
+    /// The response could not be understood.
+    #[error("{provider}: malformed response: {message}")]
+    Malformed {
+        /// Which provider.
+        provider: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// The response was larger than allowed.
+    #[error("{provider}: the response exceeded {limit} bytes")]
+    TooLarge {
+        /// Which provider.
+        provider: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// The request was refused before it was sent (for example a history
+    /// that cannot fit the model's context window).
+    #[error("{provider}: {message}")]
+    Request {
+        /// Which provider.
+        provider: String,
+        /// Why.
+        message: String,
+    },
+}
+
+impl ProviderError {
+    /// Whether trying again may help: rate limits, server errors, broken
+    /// connections and stalls, and errors the provider marked as passing.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ProviderError::Status { status, .. } => {
+                *status == 408 || *status == 409 || *status == 429 || *status >= 500
+            }
+            ProviderError::Stream { retryable, .. } => *retryable,
+            ProviderError::Connection { .. } | ProviderError::Stalled { .. } | ProviderError::Truncated { .. } => true,
+            ProviderError::Malformed { .. } | ProviderError::TooLarge { .. } | ProviderError::Request { .. } => false,
+        }
+    }
+
+    /// The wait the provider asked for, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ProviderError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}

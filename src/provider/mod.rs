@@ -1,0 +1,137 @@
+//! Model providers over HTTP: the three wire protocols that cover nearly
+//! every model a user runs.
+//!
+//! - [`openai_chat`]: OpenAI Chat Completions (`POST {base}/chat/completions`),
+//!   also spoken by Ollama, vLLM, llama.cpp's server, LiteLLM, OpenRouter;
+//! - [`openai_responses`]: OpenAI Responses (`POST {base}/responses`);
+//! - [`anthropic`]: Anthropic Messages (`POST {base}/v1/messages`).
+//!
+//! Each adapter turns Keel's history and tool specs into its provider's
+//! request, streams the response through [`sse`], forwards text as it
+//! arrives, assembles tool calls, and reports failures as [`ProviderError`]s
+//! that name the provider, the HTTP status and the provider's own message.
+//! [`http`] holds what they share: the client, timeouts, bounded bodies and
+//! retries (only while nothing has been streamed yet).
+//!
+//! **Architecture invariant:** providers know the `Model` trait and the
+//! protocol types, nothing of the store or the recorder.
+
+pub mod anthropic;
+mod error;
+pub mod http;
+pub mod openai_chat;
+pub mod openai_responses;
+pub mod sse;
+
+pub use self::error::ProviderError;
+use self::http::{HttpSettings, Secret};
+use crate::model::ModelEvent;
+use crate::model::ModelEventSink;
+use crate::protocol::TranscriptItem;
+
+/// What one provider endpoint needs: where, which model, how to authenticate.
+#[derive(Debug, Clone)]
+pub struct ProviderSettings {
+    /// The provider's name in messages (`openai`, `anthropic`, `ollama`, or
+    /// the model's name in `keel.toml`).
+    pub name: String,
+    /// The model to ask for.
+    pub model: String,
+    /// The API's base URL, without a trailing slash (for example
+    /// `https://api.openai.com/v1` or `https://api.anthropic.com`).
+    pub base_url: String,
+    /// The API key, if the endpoint needs one.
+    pub api_key: Option<Secret>,
+    /// Extra request headers.
+    pub headers: Vec<(String, Secret)>,
+    /// The most tokens the model may generate per request.
+    pub max_output_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// The model's context window in tokens; a request whose history would
+    /// not fit (estimated) is refused before it is sent.
+    pub context_window: Option<u32>,
+    /// Timeouts, bounds and retries.
+    pub http: HttpSettings,
+}
+
+impl ProviderSettings {
+    /// Settings for `model` at `base_url`, with defaults for the rest.
+    pub fn new(name: impl Into<String>, model: impl Into<String>, base_url: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            model: model.into(),
+            base_url: base_url.into().trim_end_matches('/').to_owned(),
+            api_key: None,
+            headers: Vec::new(),
+            max_output_tokens: None,
+            temperature: None,
+            context_window: None,
+            http: HttpSettings::default(),
+        }
+    }
+
+    /// Refuses a request whose history clearly cannot fit the context window
+    /// (estimated at four bytes a token), instead of sending it to fail.
+    pub fn check_context(&self, instructions: Option<&str>, history: &[TranscriptItem]) -> Result<(), ProviderError> {
+        let Some(window) = self.context_window else {
+            return Ok(());
+        };
+        let bytes: usize = instructions.map_or(0, str::len)
+            + history
+                .iter()
+                .map(|item| match item {
+                    TranscriptItem::UserMessage { text } | TranscriptItem::AssistantMessage { text, .. } => text.len(),
+                    TranscriptItem::ToolCall { arguments, .. } => arguments.len(),
+                    TranscriptItem::ToolResult { output, .. } => output.len(),
+                    TranscriptItem::Reasoning { data, .. } => data.to_string().len(),
+                })
+                .sum::<usize>();
+        let estimated = bytes / 4;
+        if estimated > window as usize {
+            return Err(ProviderError::Request {
+                provider: self.name.clone(),
+                message: format!(
+                    "the conversation (about {estimated} tokens) does not fit the model's context window of {window} tokens"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Forwards streamed output to the sink and remembers whether any reached
+/// it, which decides whether a failed request may be retried.
+pub(crate) struct Emitter {
+    sink: ModelEventSink,
+    emitted: bool,
+}
+
+impl Emitter {
+    pub(crate) fn new(sink: ModelEventSink) -> Self {
+        Self { sink, emitted: false }
+    }
+
+    /// Streams text to the sink.
+    pub(crate) fn text(&mut self, text: &str) -> crate::Result<()> {
+        self.send(ModelEvent::TextDelta(text.to_owned()), text)
+    }
+
+    /// Streams reasoning text to the sink.
+    pub(crate) fn reasoning(&mut self, text: &str) -> crate::Result<()> {
+        self.send(ModelEvent::ReasoningDelta(text.to_owned()), text)
+    }
+
+    fn send(&mut self, event: ModelEvent, text: &str) -> crate::Result<()> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        self.emitted = true;
+        (self.sink)(event)
+    }
+
+    /// Whether anything reached the sink.
+    pub(crate) fn emitted(&self) -> bool {
+        self.emitted
+    }
+}
