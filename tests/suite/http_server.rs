@@ -1,8 +1,8 @@
 //! A scripted HTTP/1.1 server on loopback, for testing model providers over
-#![allow(dead_code)] // Used by the provider test modules as they land.
 //! real HTTP with byte-exact control of what they receive: status, headers,
 //! body pieces split anywhere, pauses, a stall, an abrupt close.
 
+#![allow(dead_code)] // Each provider test module uses part of it.
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
