@@ -32,7 +32,7 @@ pub use self::stream::StreamingOptions;
 pub use self::submission::{Inbox, SubmissionSender, Submitted, WeakSubmissionSender, submission_channel};
 #[cfg(test)]
 use self::test_support::*;
-pub use crate::model::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest};
+pub use crate::model::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
 pub use crate::protocol::*;
 pub use crate::store::{
     Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, SessionContext, SqliteCheckpoint,

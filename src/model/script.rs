@@ -7,14 +7,21 @@
 //! - `{"text": "…"}`: the whole text, streamed as one delta;
 //! - `{"chunks": ["Hel", "lo"], "delay_ms": 100}`: streamed chunk by chunk,
 //!   pausing `delay_ms` before each;
-//! - `{"error": "…"}`: the model call fails with that message.
+//! - `{"error": "…"}`: the model call fails with that message;
+//! - `{"tool_calls": [{"name": "clock", "arguments": {}}]}`: the model asks
+//!   for tool calls (with optional `"text"` or `"chunks"` streamed first);
+//!   `arguments` is a JSON object, or a string sent as it is (so a script
+//!   can produce malformed arguments), and an `id` may be given.
+//!
+//! Any response may also carry `"usage": {"input_tokens": N, "output_tokens": N}`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest};
+use super::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, ToolCall};
+use crate::protocol::TokenUsage;
 use crate::{Error, Result};
 
 /// One line of a script, as written.
@@ -25,12 +32,29 @@ struct ScriptLine {
     chunks: Option<Vec<String>>,
     delay_ms: Option<u64>,
     error: Option<String>,
+    tool_calls: Option<Vec<ScriptCall>>,
+    usage: Option<TokenUsage>,
+}
+
+/// A tool call in a script.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptCall {
+    id: Option<String>,
+    name: String,
+    #[serde(default)]
+    arguments: serde_json::Value,
 }
 
 /// One scripted response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Response {
-    Chunks { chunks: Vec<String>, delay: Duration },
+    Answer {
+        chunks: Vec<String>,
+        delay: Duration,
+        tool_calls: Vec<ToolCall>,
+        usage: Option<TokenUsage>,
+    },
     Error(String),
 }
 
@@ -69,17 +93,38 @@ fn parse(text: &str) -> std::result::Result<Vec<Response>, (usize, String)> {
         let number = index + 1;
         let parsed: ScriptLine = serde_json::from_str(line).map_err(|error| (number, error.to_string()))?;
         let delay = Duration::from_millis(parsed.delay_ms.unwrap_or(0));
+        let tool_calls: Vec<ToolCall> = parsed
+            .tool_calls
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(position, call)| ToolCall {
+                call_id: call.id.unwrap_or_else(|| format!("call_{number}_{position}")),
+                name: call.name,
+                arguments: match call.arguments {
+                    serde_json::Value::Null => "{}".to_owned(),
+                    serde_json::Value::String(raw) => raw,
+                    other => other.to_string(),
+                },
+            })
+            .collect();
+        let answer = |chunks| Response::Answer {
+            chunks,
+            delay,
+            tool_calls: tool_calls.clone(),
+            usage: parsed.usage,
+        };
         let response = match (parsed.text, parsed.chunks, parsed.error) {
-            (Some(text), None, None) => Response::Chunks {
-                chunks: vec![text],
-                delay,
-            },
-            (None, Some(chunks), None) => Response::Chunks { chunks, delay },
-            (None, None, Some(error)) => Response::Error(error),
+            (Some(text), None, None) => answer(vec![text]),
+            (None, Some(chunks), None) => answer(chunks),
+            (None, None, None) if !tool_calls.is_empty() => answer(Vec::new()),
+            (None, None, Some(error)) if tool_calls.is_empty() => Response::Error(error),
             _ => {
                 return Err((
                     number,
-                    "expected exactly one of \"text\", \"chunks\" or \"error\"".into(),
+                    "expected one of \"text\", \"chunks\", \"error\" or \"tool_calls\" (text or chunks may \
+                     come with tool_calls)"
+                        .into(),
                 ));
             }
         };
@@ -102,7 +147,12 @@ impl Model for ScriptedModel {
             };
             match response {
                 Response::Error(message) => Err(Error::Model(message.clone())),
-                Response::Chunks { chunks, delay } => {
+                Response::Answer {
+                    chunks,
+                    delay,
+                    tool_calls,
+                    usage,
+                } => {
                     let mut text = String::new();
                     for chunk in chunks {
                         if !delay.is_zero() {
@@ -111,7 +161,11 @@ impl Model for ScriptedModel {
                         events(ModelEvent::TextDelta(chunk.clone()))?;
                         text.push_str(chunk);
                     }
-                    Ok(ModelOutput::text(text))
+                    let output = ModelOutput::text(text).with_tool_calls(tool_calls.clone());
+                    Ok(match usage {
+                        Some(usage) => output.with_usage(*usage),
+                        None => output,
+                    })
                 }
             }
         })
@@ -132,17 +186,53 @@ mod tests {
         assert_eq!(
             parse(script),
             Ok(vec![
-                Response::Chunks {
+                Response::Answer {
                     chunks: vec!["hi".into()],
-                    delay: Duration::ZERO
+                    delay: Duration::ZERO,
+                    tool_calls: vec![],
+                    usage: None
                 },
-                Response::Chunks {
+                Response::Answer {
                     chunks: vec!["a".into(), "b".into()],
-                    delay: Duration::from_millis(5)
+                    delay: Duration::from_millis(5),
+                    tool_calls: vec![],
+                    usage: None
                 },
                 Response::Error("boom".into()),
             ])
         );
+    }
+
+    #[test]
+    fn tool_calls_carry_object_or_raw_arguments_and_usage() {
+        let script = r#"{"tool_calls": [{"name": "clock"}, {"id": "x", "name": "clock", "arguments": "{bad"}], "text": "checking", "usage": {"input_tokens": 3, "output_tokens": 2}}"#;
+        let calls = vec![
+            ToolCall {
+                call_id: "call_1_0".into(),
+                name: "clock".into(),
+                arguments: "{}".into(),
+            },
+            ToolCall {
+                call_id: "x".into(),
+                name: "clock".into(),
+                arguments: "{bad".into(),
+            },
+        ];
+        let usage = TokenUsage {
+            input_tokens: 3,
+            output_tokens: 2,
+            ..TokenUsage::default()
+        };
+        assert_eq!(
+            parse(script),
+            Ok(vec![Response::Answer {
+                chunks: vec!["checking".into()],
+                delay: Duration::ZERO,
+                tool_calls: calls,
+                usage: Some(usage)
+            }])
+        );
+        assert!(parse(r#"{"tool_calls": [{"name": "clock"}], "error": "no"}"#).is_err());
     }
 
     #[test]

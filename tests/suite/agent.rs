@@ -136,6 +136,8 @@ async fn plain_turn_records_every_step_in_order_and_stores_what_it_delivers() {
             turn_id,
             history: vec![user_item("hello")],
             call_index: 0,
+            instructions: None,
+            tools: vec![],
         }]
     );
 

@@ -303,6 +303,92 @@ fn ctrl_c_interrupts_the_running_turn_and_keeps_what_streamed() {
 }
 
 #[test]
+fn a_scripted_tool_call_runs_the_clock_and_feeds_the_next_step() {
+    let cli = Cli::new();
+    let script = cli.script(
+        "s.jsonl",
+        &[
+            r#"{"tool_calls": [{"name": "clock", "arguments": {}}]}"#,
+            r#"{"text": "It is now."}"#,
+        ],
+    );
+    let output = cli.run(&[
+        "run",
+        "--json",
+        "--model",
+        &format!("script:{}", script.display()),
+        "time?",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let events = parse_events(&output.stdout);
+    let kinds: Vec<&str> = events.iter().map(|event| event.msg.kind()).collect();
+    let started = kinds
+        .iter()
+        .position(|kind| *kind == "tool_call_started")
+        .expect("a tool call");
+    assert_eq!(kinds[started + 1], "tool_call_completed");
+    assert_eq!(kinds[started + 2], "model_step_started");
+    let output_text = events
+        .iter()
+        .find_map(|event| match &event.msg {
+            EventMsg::ToolCallCompleted(done) if !done.is_error => Some(done.output.clone()),
+            _ => None,
+        })
+        .expect("the clock answered");
+    assert!(output_text.contains("unix_ms"), "{output_text}");
+
+    // Without tools, the same call is an error result and the turn goes on.
+    let again = cli.run(&[
+        "run",
+        "--json",
+        "--no-tools",
+        "--model",
+        &format!("script:{}", script.display()),
+        "time?",
+    ]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(parse_events(&again.stdout).iter().any(
+        |event| matches!(&event.msg, EventMsg::ToolCallCompleted(done) if done.is_error && done.output.contains("unknown tool"))
+    ));
+}
+
+#[test]
+fn models_come_from_keel_toml_and_missing_ones_are_one_line_errors() {
+    let cli = Cli::new();
+    let script = cli.script("s.jsonl", &[r#"{"text": "from the config"}"#]);
+    std::fs::write(
+        cli.dir.path().join("keel.toml"),
+        format!(
+            "model = \"scripted\"\n[models.scripted]\nprovider = \"script\"\nmodel = {:?}\n",
+            script.display().to_string()
+        ),
+    )
+    .expect("write keel.toml");
+    let output = cli
+        .command(&["run", "hi"])
+        .env_remove("KEEL_CONFIG")
+        .output()
+        .expect("run keel");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "from the config\n");
+
+    std::fs::remove_file(cli.dir.path().join("keel.toml")).expect("remove keel.toml");
+    let no_model = cli
+        .command(&["run", "hi"])
+        .env_remove("KEEL_CONFIG")
+        .output()
+        .expect("run keel");
+    assert_one_line_error(&no_model, "no model");
+    let no_key = cli
+        .command(&["run", "--model", "openai:gpt-4.1-mini", "hi"])
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .output()
+        .expect("run keel");
+    assert_one_line_error(&no_key, "set OPENAI_API_KEY");
+}
+
+#[test]
 fn events_pages_backwards_through_the_log() {
     let cli = Cli::new();
     let script = cli.script("s.jsonl", &[r#"{"text": "x"}"#]);

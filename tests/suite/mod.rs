@@ -7,3 +7,4 @@ mod provider_anthropic;
 mod provider_openai_chat;
 mod provider_openai_responses;
 mod support;
+mod turns_with_tools;

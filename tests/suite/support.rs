@@ -214,6 +214,8 @@ pub(crate) struct SeenRequest {
     pub(crate) turn_id: String,
     pub(crate) history: Vec<TranscriptItem>,
     pub(crate) call_index: u64,
+    pub(crate) instructions: Option<String>,
+    pub(crate) tools: Vec<String>,
 }
 
 /// One model call, with owned copies of the request and the sink.
@@ -269,6 +271,8 @@ impl Model for TestModel {
             turn_id: request.turn_id.to_owned(),
             history: request.history.to_vec(),
             call_index: request.call_index,
+            instructions: request.instructions.map(str::to_owned),
+            tools: request.tools.iter().map(|tool| tool.name.clone()).collect(),
         });
         (self.respond)(Call {
             call_index: request.call_index,

@@ -135,6 +135,15 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// `text` cut to `max` characters, on one line.
+fn shorten(text: &str, max: usize) -> String {
+    let flat = text.replace('\n', " ");
+    match flat.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &flat[..end]),
+        None => flat,
+    }
+}
+
 /// Renders events as streamed text (or JSON lines).
 struct Printer {
     json: bool,
@@ -169,6 +178,14 @@ impl Printer {
             EventMsg::Error(error) => {
                 self.close_line()?;
                 eprintln!("error: {}", error.message);
+            }
+            EventMsg::ToolCallStarted(call) => {
+                self.close_line()?;
+                eprintln!("[tool {} {}]", call.name, shorten(&call.arguments, 200));
+            }
+            EventMsg::ToolCallCompleted(done) => {
+                let label = if done.is_error { "tool error" } else { "tool result" };
+                eprintln!("[{label}: {}]", shorten(&done.output, 200));
             }
             EventMsg::Warning(warning) => {
                 self.close_line()?;
