@@ -4,6 +4,7 @@ mod agent;
 mod cli;
 mod http_server;
 mod provider_anthropic;
+mod provider_http;
 mod provider_openai_chat;
 mod provider_openai_responses;
 mod support;
