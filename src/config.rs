@@ -274,9 +274,7 @@ mod tests {
         assert!(error(config.model_with_env("gemini:pro", &env(&[]))).contains("unknown model provider 'gemini'"));
         assert!(error(config.model_with_env("fast", &env(&[]))).contains("unknown model 'fast'"));
         assert!(error(config.model_with_env("openai:", &env(&[]))).contains("names no model"));
-        for message in [missing] {
-            assert!(!message.contains('\n'));
-        }
+        assert!(!missing.contains('\n'));
     }
 
     #[test]

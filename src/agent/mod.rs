@@ -35,7 +35,8 @@ use self::test_support::*;
 pub use crate::model::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
 pub use crate::protocol::*;
 pub use crate::store::{
-    Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, SessionContext, SqliteCheckpoint,
+    Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, SessionContext, SessionState,
+    SqliteCheckpoint, StoreError,
 };
 use crate::tools::ToolSet;
 pub use crate::{Error, Result};
@@ -130,10 +131,11 @@ impl Agent {
         let submitted = {
             let submit = self.sender.submit_wait(Op::Shutdown);
             tokio::pin!(submit);
+            let mut draining = true;
             loop {
                 tokio::select! {
                     result = &mut submit => break result.map(drop),
-                    event = self.events.recv() => if event.is_none() { break Ok(()) },
+                    event = self.events.recv(), if draining => draining = event.is_some(),
                 }
             }
         };
@@ -196,18 +198,46 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
             "session id must be 1 to {MAX_SESSION_ID_BYTES} bytes without control characters"
         )));
     }
-    let (checkpoint, transcript, execution, resumed) = match store.load(&session_id).await? {
-        Some(state) => (state.checkpoint, state.transcript, state.execution, true),
-        None => {
+    // Take the session over before reading it: from here on, a runtime that
+    // still holds it (one that was dropped and is finishing its queue, or
+    // another process) cannot write into it, so what is read stays true.
+    let (lease, state, resumed) = match store.acquire(&session_id).await {
+        Ok(lease) => {
+            let state = store.load(&session_id).await?;
+            let state = state.ok_or_else(|| Error::Checkpoint(StoreError::UnknownSession(session_id.clone())))?;
+            (lease, state, true)
+        }
+        Err(StoreError::UnknownSession(_)) => {
             let checkpoint = Checkpoint {
                 session_context,
                 ..Checkpoint::empty(session_id.clone())
             };
             store.save(&checkpoint, &[], None).await?;
-            (checkpoint, Vec::new(), None, false)
+            let lease = store.acquire(&session_id).await?;
+            (
+                lease,
+                SessionState {
+                    checkpoint,
+                    transcript: Vec::new(),
+                    execution: None,
+                    last_sequence: 0,
+                },
+                false,
+            )
         }
+        Err(error) => return Err(error.into()),
     };
-    let (recorder, events) = EventRecorder::spawn(Arc::clone(&store), session_id.clone());
+    let SessionState {
+        checkpoint,
+        transcript,
+        execution,
+        ..
+    } = state;
+    let options = RecorderOptions {
+        lease: Some(lease),
+        ..RecorderOptions::default()
+    };
+    let (recorder, events) = EventRecorder::spawn_with(Arc::clone(&store), session_id.clone(), options);
     let mut startup = vec![Event {
         submission_id: None,
         msg: EventMsg::SessionStarted(SessionStartedEvent {

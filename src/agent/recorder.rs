@@ -50,12 +50,17 @@ const QUEUE_FULL: &str = "event recorder queue is full";
 pub struct RecorderOptions {
     /// The most queued commands written in one store batch.
     pub max_batch: usize,
+    /// The session lease this recorder writes under (from
+    /// `CheckpointStore::acquire`); if the session is taken over, its next
+    /// batch is refused and the recorder stops.
+    pub lease: Option<u64>,
 }
 
 impl Default for RecorderOptions {
     fn default() -> Self {
         Self {
             max_batch: DEFAULT_MAX_BATCH,
+            lease: None,
         }
     }
 }
@@ -163,6 +168,7 @@ impl EventRecorder {
             commands: command_rx,
             delivery,
             max_batch: options.max_batch.max(1),
+            lease: options.lease,
         };
         tokio::spawn(task.run());
         (Self { commands, shared }, delivered)
@@ -208,12 +214,26 @@ impl EventRecorder {
         done.await.map_err(|_| self.shared.stopped())?
     }
 
+    /// Resolves once the recorder has stopped (after a store failure, or
+    /// when every other handle is gone); then every send fails.
+    pub async fn stopped(&self) {
+        self.commands.closed().await;
+    }
+
+    /// The error sends get once the recorder has stopped.
+    pub fn stop_error(&self) -> Error {
+        self.shared.stopped()
+    }
+
     /// Whether the queue is past half its command or byte capacity. The turn
     /// loop stops polling the model while it is, which pushes back on the
     /// provider instead of buffering.
     pub fn is_congested(&self) -> bool {
-        self.commands.capacity() < RECORDER_COMMAND_CAPACITY / 2
-            || self.shared.queued_bytes.load(Ordering::Acquire) > RECORDER_EVENT_BYTE_BUDGET / 2
+        // A stopped recorder is not congested: sends to it fail at once, and
+        // waiting for room would never end.
+        !self.commands.is_closed() && self.commands.capacity() < RECORDER_COMMAND_CAPACITY / 2
+            || !self.commands.is_closed()
+                && self.shared.queued_bytes.load(Ordering::Acquire) > RECORDER_EVENT_BYTE_BUDGET / 2
     }
 
     /// Waits until the queue is no longer congested (or the recorder stopped).
@@ -334,6 +354,7 @@ struct RecorderTask {
     commands: mpsc::Receiver<Command>,
     delivery: mpsc::Sender<RecordedEvent>,
     max_batch: usize,
+    lease: Option<u64>,
 }
 
 /// What to do, in order, once a batch is committed.
@@ -356,9 +377,12 @@ struct Batch {
 }
 
 impl Batch {
-    fn new(max: usize) -> Self {
+    fn new(max: usize, lease: Option<u64>) -> Self {
         Self {
-            open: Arc::new(OpenBatch::new(AppendBatch::default())),
+            open: Arc::new(OpenBatch::new(AppendBatch {
+                lease,
+                ..AppendBatch::default()
+            })),
             settles: Vec::new(),
             writes: false,
             max,
@@ -424,7 +448,7 @@ impl RecorderTask {
                 }
                 waiting.extend(incoming);
             }
-            let mut batch = Batch::new(self.max_batch);
+            let mut batch = Batch::new(self.max_batch, self.lease);
             while let Some(command) = waiting.pop_front() {
                 if let Some(command) = batch.add(command) {
                     waiting.push_front(command);
@@ -610,6 +634,13 @@ mod tests {
                 let _permit = self.gate.acquire().await.map_err(|_| StoreError::Closed)?;
                 self.inner.append(session_id, sealed).await
             })
+        }
+
+        fn acquire<'a>(
+            &'a self,
+            session_id: &'a str,
+        ) -> crate::model::BoxFuture<'a, std::result::Result<u64, StoreError>> {
+            self.inner.acquire(session_id)
         }
 
         fn event_page<'a>(

@@ -48,10 +48,19 @@ impl Session {
         loop {
             let submission = match self.deferred.take() {
                 Some(submission) => submission,
-                None => match self.inbox.recv_any().await {
-                    Some(submission) => submission,
-                    None => return self.stop(None).await,
-                },
+                None => {
+                    let next = tokio::select! {
+                        next = self.inbox.recv_any() => next,
+                        // A recorder that stopped (the store failed, or the
+                        // session was taken over) ends the session now,
+                        // rather than at its next submission.
+                        () = self.recorder.stopped() => return Err(self.recorder.stop_error()),
+                    };
+                    match next {
+                        Some(submission) => submission,
+                        None => return self.stop(None).await,
+                    }
+                }
             };
             match &submission.op {
                 Op::UserInput { .. } => self.run_turn(submission).await?,

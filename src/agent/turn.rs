@@ -277,7 +277,9 @@ impl Session {
                 name: call.name.clone(),
                 arguments: call.arguments.clone(),
             }));
-            self.recorder.append(vec![started], None).await?;
+            // The call (and everything before it) is durable before the tool
+            // runs, so a restart knows it may have run.
+            self.recorder.commit(vec![started], None).await?;
             let outcome = match &interrupted {
                 Some(_) => ToolOutcome {
                     output: "not run: the turn was interrupted".into(),

@@ -120,6 +120,7 @@ pub async fn run_recorder(params: &RecorderParams) -> Result<RecorderReport> {
         } else {
             1
         },
+        lease: None,
     };
     let mut sessions = Vec::with_capacity(params.sessions);
     for index in 0..params.sessions {

@@ -15,9 +15,10 @@ use serde::Serialize;
 
 use super::stats::{percentile, sqlite_bytes_on_disk};
 use crate::agent::{AgentConfig, StreamingOptions, create_agent};
-use crate::model::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest};
+use crate::model::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
 use crate::protocol::{EventMsg, Op, TranscriptItem};
 use crate::store::{CheckpointStore, SqliteCheckpoint, SqliteOptions, Synchronous};
+use crate::tools::{Tool, ToolContext, ToolError};
 use crate::{Error, Result};
 
 /// Parameters of the workload.
@@ -37,6 +38,20 @@ pub struct TurnsParams {
     pub synchronous: Synchronous,
     /// How streamed text is recorded; per delta for the workload as specified.
     pub streaming: StreamingOptions,
+    /// `plain` (one model step) or `tool` (a tool call first).
+    pub variant: Variant,
+}
+
+/// The two variants of the workload.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Variant {
+    /// user → the model streams K chunks → done.
+    #[default]
+    Plain,
+    /// user → the model calls `lookup` → the tool answers → the model
+    /// streams K chunks → done (two model steps and one tool call).
+    Tool,
 }
 
 impl Default for TurnsParams {
@@ -49,6 +64,7 @@ impl Default for TurnsParams {
             db: None,
             synchronous: Synchronous::Full,
             streaming: StreamingOptions::per_delta(),
+            variant: Variant::Plain,
         }
     }
 }
@@ -64,6 +80,8 @@ pub struct TurnsReport {
     pub chunks: usize,
     /// B.
     pub chunk_bytes: usize,
+    /// The variant.
+    pub variant: Variant,
     /// Wall time of the timed phase, seconds.
     pub wall_s: f64,
     /// Turns completed per second.
@@ -104,10 +122,12 @@ pub fn chunk_text(turn: usize, index: usize, bytes: usize) -> String {
     text
 }
 
-/// The workload's model: streams K chunks of B bytes in one burst.
+/// The workload's model: streams K chunks of B bytes in one burst (after a
+/// `lookup` call, in the tool variant).
 struct ChunkModel {
     chunks: usize,
     chunk_bytes: usize,
+    variant: Variant,
 }
 
 impl Model for ChunkModel {
@@ -118,6 +138,16 @@ impl Model for ChunkModel {
                 .iter()
                 .filter(|item| matches!(item, TranscriptItem::UserMessage { .. }))
                 .count();
+            let asked = matches!(request.history.last(), Some(TranscriptItem::UserMessage { .. }));
+            if self.variant == Variant::Tool && asked {
+                let arguments = serde_json::json!({"query": format!("turn-{turn}"), "limit": 3}).to_string();
+                let call = ToolCall {
+                    call_id: format!("call_{turn}"),
+                    name: "lookup".into(),
+                    arguments,
+                };
+                return Ok(ModelOutput::default().with_tool_calls(vec![call]));
+            }
             let mut text = String::with_capacity(self.chunks * self.chunk_bytes);
             for index in 0..self.chunks {
                 let chunk = chunk_text(turn, index, self.chunk_bytes);
@@ -130,6 +160,47 @@ impl Model for ChunkModel {
 
     fn name(&self) -> String {
         "bench-chunks".to_owned()
+    }
+}
+
+/// The tool variant's trivial tool: a small JSON answer.
+struct Lookup;
+
+impl Tool for Lookup {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "lookup".into(),
+            description: "Looks a query up.".into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["query"]
+            }),
+        }
+    }
+
+    fn read_only(&self) -> bool {
+        true
+    }
+
+    fn call<'a>(
+        &'a self,
+        arguments: serde_json::Map<String, serde_json::Value>,
+        _context: &'a ToolContext,
+    ) -> BoxFuture<'a, std::result::Result<String, ToolError>> {
+        Box::pin(async move {
+            let query = arguments
+                .get("query")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default();
+            let limit = arguments
+                .get("limit")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(3)
+                .min(3) as usize;
+            let results = &["a", "b", "c"][..limit];
+            Ok(serde_json::json!({"query": query, "results": results}).to_string())
+        })
     }
 }
 
@@ -156,6 +227,7 @@ pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
     let model: Arc<dyn Model> = Arc::new(ChunkModel {
         chunks: params.chunks,
         chunk_bytes: params.chunk_bytes,
+        variant: params.variant,
     });
 
     // Warm-up: two turns on a throwaway session, outside the timing.
@@ -187,6 +259,7 @@ pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
         turns: params.turns,
         chunks: params.chunks,
         chunk_bytes: params.chunk_bytes,
+        variant: params.variant,
         wall_s: wall.as_secs_f64(),
         turns_per_s: turns as f64 / wall.as_secs_f64(),
         // Every turn was checked to deliver all K·B bytes.
@@ -216,6 +289,9 @@ async fn run_session(
 ) -> Result<SessionTimes> {
     let mut config = AgentConfig::new(session_id.clone(), Arc::clone(store), Arc::clone(model));
     config.streaming = params.streaming;
+    if params.variant == Variant::Tool {
+        config.tools.add(Arc::new(Lookup));
+    }
     config.session_context.bot_id = "bench".to_owned();
     let mut agent = create_agent(config).await?;
     let mut times = SessionTimes::default();

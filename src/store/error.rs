@@ -12,6 +12,15 @@ pub enum StoreError {
     /// No session with this id has a checkpoint. Create it with `save` first.
     #[error("unknown session '{0}'")]
     UnknownSession(String),
+    /// Another runtime took the session over (a newer lease); this writer
+    /// must stop. Nothing was written.
+    #[error("session '{session_id}' was taken over by another runtime (lease {lease})")]
+    Fenced {
+        /// The session.
+        session_id: String,
+        /// The lease now in force.
+        lease: u64,
+    },
     /// A stored row could not be decoded; the row is left untouched.
     #[error("corrupt {what}: {detail}")]
     Corrupt {

@@ -172,6 +172,10 @@ pub struct AppendBatch {
     pub events: Vec<EncodedEvent>,
     /// A checkpoint write, for a session that must already exist.
     pub checkpoint: Option<CheckpointWrite>,
+    /// The lease of the writer (see [`CheckpointStore::acquire`]); when set,
+    /// the batch is refused with [`StoreError::Fenced`] if the session has
+    /// been taken over since.
+    pub lease: Option<u64>,
 }
 
 /// A batch that can still grow until the store starts writing it.
@@ -281,6 +285,12 @@ pub trait CheckpointStore: Send + Sync {
     ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
         Box::pin(async move { self.append(session_id, batch.seal()).await })
     }
+
+    /// Takes the session over for a new runtime and returns its lease. From
+    /// then on, batches carrying an older lease are refused with
+    /// [`StoreError::Fenced`]: a runtime that lost its session (to a restart,
+    /// or another process) cannot write into it.
+    fn acquire<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// Reads a page of the log, going backwards from `before_sequence`.
     fn event_page<'a>(

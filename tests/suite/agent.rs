@@ -1177,6 +1177,10 @@ impl CheckpointStore for FailingStore {
         self.inner.append(session_id, batch)
     }
 
+    fn acquire<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.acquire(session_id)
+    }
+
     fn event_page<'a>(
         &'a self,
         session_id: &'a str,
@@ -1241,4 +1245,50 @@ async fn a_store_failing_mid_turn_stops_the_session_with_a_typed_error_and_keeps
     assert_eq!(reopened[0].sequence, stored.len() as u64 + 1);
     assert_eq!(abort_of(&reopened).0, AbortReason::RuntimeStopped);
     shutdown(agent).await;
+}
+
+// 12. Two runtimes, one session.
+
+#[tokio::test]
+async fn opening_a_session_elsewhere_fences_off_the_runtime_that_held_it() {
+    let db = TestDb::new();
+    let store = db.open();
+    let mut first = start_agent(
+        &db,
+        &store,
+        SESSION,
+        TestModel::chunks(&["from first"]),
+        StreamingOptions::default(),
+    )
+    .await;
+    first.sender().submit(user("one")).expect("submit");
+    read_turn(&mut first).await;
+
+    // Another runtime (another process, as far as the store knows) opens it.
+    let other_store = db.open();
+    let mut second = start_agent(
+        &db,
+        &other_store,
+        SESSION,
+        TestModel::chunks(&["from second"]),
+        StreamingOptions::default(),
+    )
+    .await;
+
+    // The first runtime can no longer write: its next turn stops it.
+    first.sender().submit(user("two")).expect("submit");
+    let rest = read_to_end(&mut first).await;
+    assert!(rest.is_empty(), "nothing more is delivered: {:?}", kinds(&rest));
+    let error = guard("shutdown", first.shutdown()).await.expect_err("fenced");
+    assert!(error.to_string().contains("taken over by another runtime"), "{error}");
+
+    // The second one works, and the log holds nothing of the fenced turn.
+    second.sender().submit(user("three")).expect("submit");
+    let turn = read_turn(&mut second).await;
+    assert_eq!(assistant_text(&turn), "from second");
+    shutdown(second).await;
+    let log = stored_events(&other_store, SESSION).await;
+    assert_gapless(&log, 1);
+    let users: Vec<String> = user_messages(&log).into_iter().map(|(text, _)| text).collect();
+    assert_eq!(users, ["one", "three"]);
 }

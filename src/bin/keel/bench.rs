@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use keel::agent::StreamingOptions;
 use keel::bench::recorder::{RecorderParams, run_recorder};
-use keel::bench::turns::{TurnsParams, run_turns};
+use keel::bench::turns::{TurnsParams, Variant, run_turns};
 use keel::store::Synchronous;
 
 use crate::print_line;
@@ -39,6 +39,9 @@ pub(crate) enum BenchCommand {
         /// own event. Every byte is still stored before it is delivered.
         #[arg(long)]
         coalesce: bool,
+        /// `plain` (one model step) or `tool` (a `lookup` tool call first).
+        #[arg(long, default_value = "plain", value_parser = ["plain", "tool"])]
+        variant: String,
     },
     /// Durable events per second through the recorder (1, 8 and 64
     /// sessions, flooding and one event at a time), against a
@@ -56,6 +59,7 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             db,
             relaxed,
             coalesce,
+            variant,
         } => {
             let params = TurnsParams {
                 sessions,
@@ -72,6 +76,11 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                     StreamingOptions::default()
                 } else {
                     StreamingOptions::per_delta()
+                },
+                variant: if variant == "tool" {
+                    Variant::Tool
+                } else {
+                    Variant::Plain
                 },
             };
             let report = run_turns(&params).await?;

@@ -27,7 +27,7 @@ use rusqlite::ErrorCode;
 use tokio::sync::oneshot;
 
 use self::reader::ReaderPool;
-use self::writer::{Job, WriterCounters};
+use self::writer::{Job, WriterCounters, Written};
 use super::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, OpenBatch,
     SessionState, SessionSummary, StoreError, TurnExecution,
@@ -168,10 +168,7 @@ impl SqliteCheckpoint {
         jobs.send(job).map_err(|_| StoreError::Closed)
     }
 
-    async fn write(
-        &self,
-        job: impl FnOnce(oneshot::Sender<Result<AppendReceipt, StoreError>>) -> Job,
-    ) -> Result<AppendReceipt, StoreError> {
+    async fn write(&self, job: impl FnOnce(writer::Reply) -> Job) -> Result<Written, StoreError> {
         let (reply, receipt) = oneshot::channel();
         self.submit(job(reply))?;
         receipt.await.map_err(|_| StoreError::Closed)?
@@ -203,7 +200,7 @@ impl CheckpointStore for SqliteCheckpoint {
             transcript_delta: transcript_delta.to_vec(),
             execution: execution.cloned(),
         };
-        Box::pin(async move { self.write(|reply| Job::Save { write, reply }).await.map(|_| ()) })
+        Box::pin(async move { self.write(|reply| Job::Save { write, reply }).await.map(drop) })
     }
 
     fn load<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionState>, StoreError>> {
@@ -225,11 +222,24 @@ impl CheckpointStore for SqliteCheckpoint {
         batch: Arc<OpenBatch>,
     ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
         let session_id = session_id.to_owned();
-        Box::pin(self.write(move |reply| Job::Append {
-            session_id,
-            batch,
-            reply,
-        }))
+        Box::pin(async move {
+            let written = self
+                .write(move |reply| Job::Append {
+                    session_id,
+                    batch,
+                    reply,
+                })
+                .await?;
+            Ok(written.receipt)
+        })
+    }
+
+    fn acquire<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let session_id = session_id.to_owned();
+        Box::pin(async move {
+            let written = self.write(move |reply| Job::Acquire { session_id, reply }).await?;
+            Ok(written.lease)
+        })
     }
 
     fn event_page<'a>(

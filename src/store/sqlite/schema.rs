@@ -32,6 +32,7 @@ CREATE TABLE sessions (
     updated_at_ms  INTEGER NOT NULL,
     last_sequence  INTEGER NOT NULL DEFAULT 0,
     transcript_len INTEGER NOT NULL DEFAULT 0,
+    lease          INTEGER NOT NULL DEFAULT 0,
     checkpoint     TEXT NOT NULL,
     execution      TEXT
 );

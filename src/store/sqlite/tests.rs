@@ -197,6 +197,7 @@ fn encode(events: &[Event]) -> Vec<EncodedEvent> {
 
 fn batch(events: &[Event]) -> AppendBatch {
     AppendBatch {
+        lease: None,
         events: encode(events),
         checkpoint: None,
     }
@@ -489,6 +490,7 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
             (
                 "ghost-with-checkpoint".into(),
                 AppendBatch {
+                    lease: None,
                     events: encode(&events("ghost-with-checkpoint", 0, 2)),
                     checkpoint: Some(CheckpointWrite {
                         checkpoint: checkpoint("ghost-with-checkpoint", "bot", 1),
@@ -834,6 +836,7 @@ async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_o
             .append(
                 "s",
                 AppendBatch {
+                    lease: None,
                     events: encode(&sent),
                     checkpoint: Some(CheckpointWrite {
                         checkpoint: checkpoint("s", "bot", 1),
@@ -886,6 +889,7 @@ async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_o
             .append(
                 "s",
                 AppendBatch {
+                    lease: None,
                     events: encode(&doomed),
                     checkpoint: Some(CheckpointWrite {
                         checkpoint: checkpoint("s", "bot", 2),
@@ -958,6 +962,7 @@ async fn append_refuses_a_checkpoint_of_another_session_and_writes_nothing() {
                 .append(
                     "s",
                     AppendBatch {
+                        lease: None,
                         events: encode(&events("s", 2, 3)),
                         checkpoint: Some(CheckpointWrite {
                             checkpoint: checkpoint(foreign, "bot", 99),
@@ -1003,6 +1008,7 @@ async fn load_returns_checkpoint_history_and_last_sequence_of_one_commit_while_w
                     .append(
                         "s",
                         AppendBatch {
+                            lease: None,
                             events: encode(&events("s", n as usize, 1)),
                             checkpoint: Some(CheckpointWrite {
                                 checkpoint: checkpoint("s", "bot", n),
@@ -1241,6 +1247,7 @@ async fn batches_with_history_but_no_events_are_stored_loaded_and_invisible_to_e
         let (_dir, path) = database();
         let store = open(&path).await;
         let only_history = |model_calls: u64, delta: Vec<TranscriptItem>, turn: Option<TurnExecution>| AppendBatch {
+            lease: None,
             events: vec![],
             checkpoint: Some(CheckpointWrite {
                 checkpoint: checkpoint("s", "bot", model_calls),
@@ -1288,6 +1295,7 @@ async fn batches_with_history_but_no_events_are_stored_loaded_and_invisible_to_e
             .append(
                 "quiet",
                 AppendBatch {
+                    lease: None,
                     events: vec![],
                     checkpoint: Some(CheckpointWrite {
                         checkpoint: checkpoint("quiet", "bot", 1),
@@ -1606,6 +1614,7 @@ async fn stored_values_of_any_damaged_shape_read_as_corrupt_not_as_backend_error
             .append(
                 "s",
                 AppendBatch {
+                    lease: None,
                     events: encode(&many),
                     checkpoint: Some(CheckpointWrite {
                         checkpoint: checkpoint("s", "bot", 2),
@@ -1782,6 +1791,7 @@ async fn large_batches_are_stored_compressed_and_read_back_equal() {
             .append(
                 "s",
                 AppendBatch {
+                    lease: None,
                     events: encode(&many),
                     checkpoint: Some(CheckpointWrite {
                         checkpoint: checkpoint("s", "bot", 1),
@@ -1889,6 +1899,7 @@ async fn compressed_values_with_a_damaged_length_prefix_read_as_corrupt_and_are_
             .append(
                 "s",
                 AppendBatch {
+                    lease: None,
                     events: encode(&many),
                     checkpoint: Some(CheckpointWrite {
                         checkpoint: checkpoint("s", "bot", 1),
@@ -2016,6 +2027,7 @@ async fn full_database_refuses_whole_batches_keeps_earlier_events_and_recovers_w
             .append(
                 "full",
                 AppendBatch {
+ lease: None,
                     events: encode(&huge),
                     checkpoint: Some(CheckpointWrite {
                         checkpoint: checkpoint("full", "bot", 9),
@@ -2468,6 +2480,7 @@ async fn list_sessions_puts_the_newest_update_first_with_bot_and_running_turn() 
             .append(
                 "c",
                 AppendBatch {
+                    lease: None,
                     events: encode(&events("c", 0, 1)),
                     checkpoint: Some(CheckpointWrite {
                         checkpoint: checkpoint("c", "bot-c", 1),
@@ -2606,6 +2619,46 @@ async fn the_wal_is_checkpointed_in_the_background_and_stays_bounded() {
         let wal = std::fs::metadata(path.with_extension("sqlite3-wal")).map_or(0, |meta| meta.len());
         assert!(wal <= 40 * 1024 * 1024, "the WAL grew to {wal} bytes");
         assert_eq!(whole_log(&store, "s").await, written);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_newer_lease_fences_off_the_older_holder_and_nothing_it_sends_is_written() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        assert!(matches!(store.acquire("s").await, Err(StoreError::UnknownSession(_))));
+        store.save(&checkpoint("s", "bot", 1), &[], None).await.expect("create");
+        let first = store.acquire("s").await.expect("first lease");
+        let with_lease = |lease, from| AppendBatch {
+            lease: Some(lease),
+            ..batch(&events("s", from, 2))
+        };
+        let kept = store
+            .append("s", with_lease(first, 0))
+            .await
+            .expect("the holder writes");
+        let second = store.acquire("s").await.expect("taken over");
+        assert!(second > first);
+        let refused = store.append("s", with_lease(first, 2)).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Fenced { session_id, lease }) if session_id == "s" && *lease == second),
+            "{refused:?}"
+        );
+        // Nothing of the refused batch was written; the new holder continues
+        // the sequence where the old one stopped.
+        assert_eq!(last_sequence(&store, "s").await, 2);
+        let next = store
+            .append("s", with_lease(second, 2))
+            .await
+            .expect("the new holder writes");
+        assert_eq!((kept.first_sequence, next.first_sequence), (1, 3));
+        // Writers without a lease (tools, migrations) are not fenced.
+        store
+            .append("s", batch(&events("s", 4, 1)))
+            .await
+            .expect("unleased append");
     })
     .await;
 }

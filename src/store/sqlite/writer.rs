@@ -26,13 +26,35 @@ pub(super) enum Job {
         session_id: String,
         /// Sealed when the group that carries it starts.
         batch: Arc<OpenBatch>,
-        reply: oneshot::Sender<Result<AppendReceipt, StoreError>>,
+        reply: Reply,
     },
     /// Create or rewrite a session's checkpoint.
-    Save {
-        write: CheckpointWrite,
-        reply: oneshot::Sender<Result<AppendReceipt, StoreError>>,
-    },
+    Save { write: CheckpointWrite, reply: Reply },
+    /// Take the session over: a new lease, fencing off older holders.
+    Acquire { session_id: String, reply: Reply },
+}
+
+/// Where a job's outcome goes.
+pub(super) type Reply = oneshot::Sender<Result<Written, StoreError>>;
+
+/// What a committed job wrote.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Written {
+    /// Where its events landed.
+    pub(super) receipt: AppendReceipt,
+    /// The session's lease after the job.
+    pub(super) lease: u64,
+}
+
+/// What a job does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Append to an existing session, checking the lease if one is given.
+    Append { lease: Option<u64> },
+    /// Create the session if needed, then write.
+    Save,
+    /// Bump the lease.
+    Acquire,
 }
 
 /// A job's content, fixed for the transaction.
@@ -40,8 +62,7 @@ struct Write<'a> {
     session_id: &'a str,
     events: Vec<EncodedEvent>,
     checkpoint: Option<Cow<'a, CheckpointWrite>>,
-    /// Create the session if it does not exist (a save).
-    create: bool,
+    mode: Mode,
 }
 
 impl Job {
@@ -53,7 +74,7 @@ impl Job {
                 session_id: &write.checkpoint.session_id,
                 events: Vec::new(),
                 checkpoint: Some(Cow::Borrowed(write)),
-                create: true,
+                mode: Mode::Save,
             },
             Job::Append { session_id, batch, .. } => {
                 let batch = batch.seal();
@@ -61,15 +82,21 @@ impl Job {
                     session_id,
                     events: batch.events,
                     checkpoint: batch.checkpoint.map(Cow::Owned),
-                    create: false,
+                    mode: Mode::Append { lease: batch.lease },
                 }
             }
+            Job::Acquire { session_id, .. } => Write {
+                session_id,
+                events: Vec::new(),
+                checkpoint: None,
+                mode: Mode::Acquire,
+            },
         }
     }
 
-    fn answer(self, outcome: Result<AppendReceipt, StoreError>) {
+    fn answer(self, outcome: Result<Written, StoreError>) {
         let reply = match self {
-            Job::Append { reply, .. } | Job::Save { reply, .. } => reply,
+            Job::Append { reply, .. } | Job::Save { reply, .. } | Job::Acquire { reply, .. } => reply,
         };
         // The caller may have given up waiting (cancelled); the write stands.
         let _ = reply.send(outcome);
@@ -163,7 +190,7 @@ fn run_group(
     conn: &mut Connection,
     group: &[Write<'_>],
     now: u64,
-) -> Result<(Vec<Result<AppendReceipt, StoreError>>, u64), StoreError> {
+) -> Result<(Vec<Result<Written, StoreError>>, u64), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(super::sqlite_error)?;
@@ -186,7 +213,7 @@ fn run_group(
 }
 
 /// Runs one job in a transaction of its own.
-fn run_alone(conn: &mut Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, StoreError> {
+fn run_alone(conn: &mut Connection, job: &Write<'_>, now: u64) -> Result<Written, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(super::sqlite_error)?;
@@ -223,19 +250,22 @@ struct EncodedWrite {
     transcript: Vec<String>,
 }
 
-fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, JobError> {
+fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobError> {
     let Write {
         session_id,
         events,
         checkpoint,
-        create,
+        mode,
     } = job;
+    if *mode == Mode::Acquire {
+        return acquire(conn, session_id, now);
+    }
     let write = checkpoint
         .as_deref()
         .map(|write| encode_write(session_id, write))
         .transpose()
         .map_err(JobError::Clean)?;
-    if *create {
+    if *mode == Mode::Save {
         conn.prepare_cached(
             "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint) VALUES (?1, ?2, ?2, '{}')
              ON CONFLICT (id) DO NOTHING",
@@ -243,6 +273,10 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, 
         .and_then(|mut insert| insert.execute(params![session_id, now]))
         .map_err(dirty)?;
     }
+    let lease = match mode {
+        Mode::Append { lease } => *lease,
+        Mode::Save | Mode::Acquire => None,
+    };
     // One statement takes the sequences, rewrites the checkpoint and extends
     // the history; matching no row means the session does not exist, and then
     // nothing was written.
@@ -252,7 +286,7 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, 
         Some(write) => (Some(write.checkpoint.as_str()), write.execution.as_deref()),
         None => (None, None),
     };
-    let row: Option<(i64, u64)> = conn
+    let row: Option<(i64, u64, u64)> = conn
         .prepare_cached(
             "UPDATE sessions SET
                  last_sequence = last_sequence + ?1,
@@ -260,19 +294,20 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, 
                  checkpoint = coalesce(?3, checkpoint),
                  execution = CASE WHEN ?3 IS NULL THEN execution ELSE ?4 END,
                  transcript_len = transcript_len + ?5
-             WHERE id = ?6
-             RETURNING key, last_sequence",
+             WHERE id = ?6 AND (?7 IS NULL OR lease = ?7)
+             RETURNING key, last_sequence, lease",
         )
         .and_then(|mut update| {
             update
-                .query_row(params![count, now, checkpoint, execution, added, session_id], |row| {
-                    Ok((row.get(0)?, row.get(1)?))
-                })
+                .query_row(
+                    params![count, now, checkpoint, execution, added, session_id, lease],
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                )
                 .optional()
         })
         .map_err(dirty)?;
-    let Some((key, last_sequence)) = row else {
-        return Err(JobError::Clean(StoreError::UnknownSession((*session_id).to_owned())));
+    let Some((key, last_sequence, lease)) = row else {
+        return Err(JobError::Clean(refusal(conn, session_id)?));
     };
     let first_sequence = last_sequence - count + 1;
     let history = write
@@ -291,9 +326,52 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<AppendReceipt, 
         })
         .map_err(dirty)?;
     }
-    Ok(AppendReceipt {
-        first_sequence,
-        recorded_at_ms: now,
+    Ok(Written {
+        receipt: AppendReceipt {
+            first_sequence,
+            recorded_at_ms: now,
+        },
+        lease,
+    })
+}
+
+/// Takes the session over for a new holder.
+fn acquire(conn: &Connection, session_id: &str, now: u64) -> Result<Written, JobError> {
+    let row: Option<(u64, u64)> = conn
+        .prepare_cached(
+            "UPDATE sessions SET lease = lease + 1, updated_at_ms = ?1 WHERE id = ?2 RETURNING lease, last_sequence",
+        )
+        .and_then(|mut update| {
+            update
+                .query_row(params![now, session_id], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()
+        })
+        .map_err(dirty)?;
+    let Some((lease, last_sequence)) = row else {
+        return Err(JobError::Clean(StoreError::UnknownSession(session_id.to_owned())));
+    };
+    Ok(Written {
+        receipt: AppendReceipt {
+            first_sequence: last_sequence + 1,
+            recorded_at_ms: now,
+        },
+        lease,
+    })
+}
+
+/// Why an update of `session_id` matched no row: the session is unknown, or
+/// another holder took it over.
+fn refusal(conn: &Connection, session_id: &str) -> Result<StoreError, JobError> {
+    let lease: Option<u64> = conn
+        .prepare_cached("SELECT lease FROM sessions WHERE id = ?1")
+        .and_then(|mut select| select.query_row(params![session_id], |row| row.get(0)).optional())
+        .map_err(dirty)?;
+    Ok(match lease {
+        Some(lease) => StoreError::Fenced {
+            session_id: session_id.to_owned(),
+            lease,
+        },
+        None => StoreError::UnknownSession(session_id.to_owned()),
     })
 }
 
