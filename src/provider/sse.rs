@@ -118,6 +118,18 @@ impl SseParser {
                 self.has_data = true;
             }
             "event" => self.event = Some(value.to_owned()),
+            // Not in the standard, but llama.cpp's server reports a failure
+            // mid-stream as an `error:` line; surfacing it as an `error`
+            // event lets the provider's own message reach the user.
+            "error" => {
+                if self.data.len() + value.len() + 1 > self.max_event_bytes {
+                    return Err(SseError::TooLarge(self.max_event_bytes));
+                }
+                self.event = Some("error".to_owned());
+                self.data.push_str(value);
+                self.data.push('\n');
+                self.has_data = true;
+            }
             // `id` and `retry` serve reconnecting browsers; a model response
             // is one request, so they are ignored, like unknown fields.
             _ => {}
@@ -167,6 +179,18 @@ mod tests {
             parser.push(&stream[split..], &mut events).expect("second part");
             assert_eq!(events, expected, "split at {split}");
         }
+    }
+
+    #[test]
+    fn an_error_line_is_an_error_event() {
+        let stream =
+            b"data: {\"choices\": []}\n\nerror: {\"code\": 500, \"message\": \"out of memory\"}\n\ndata: [DONE]\n\n";
+        let events = parse_in_pieces(stream, 4);
+        assert_eq!(
+            events[1],
+            event(Some("error"), "{\"code\": 500, \"message\": \"out of memory\"}")
+        );
+        assert_eq!(events.len(), 3);
     }
 
     #[test]

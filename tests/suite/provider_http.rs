@@ -175,3 +175,32 @@ async fn nothing_is_retried_once_output_was_streamed_or_when_the_wait_asked_is_t
         "test: HTTP 429: rate_limit: slow down"
     );
 }
+
+#[tokio::test]
+async fn dropping_the_agent_cancels_its_model_request_at_once() {
+    use keel::agent::AgentConfig;
+    use keel::provider::ProviderSettings;
+    use keel::provider::openai_chat::OpenAiChat;
+
+    let first =
+        "data: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"Hello\"}, \"finish_reason\": null}]}\n\n";
+    let server = ScriptedServer::start(vec![Reply::sse(vec![
+        Part::Bytes(first.as_bytes().to_vec()),
+        Part::Stall,
+    ])])
+    .await;
+    let mut settings = ProviderSettings::new("openai", "gpt-4.1-mini", format!("{}/v1", server.url()));
+    settings.http = quick_settings();
+    settings.http.idle_timeout = Duration::from_secs(60);
+    let model = Arc::new(OpenAiChat::new(settings).expect("model"));
+    let db = super::support::TestDb::new();
+    let store: Arc<dyn keel::CheckpointStore> = db.open();
+    let mut config = AgentConfig::new("s", store, model);
+    config.streaming = keel::agent::StreamingOptions::per_delta();
+    let mut agent = super::support::start_with(config).await;
+    agent.sender().submit(super::support::user("hi")).expect("submit");
+    super::support::read_until(&mut agent, |event| event.msg.kind() == "assistant_content_delta").await;
+    assert_eq!(server.abandoned(), 0);
+    drop(agent);
+    guard("the request is cancelled", server.wait_abandoned(1)).await;
+}

@@ -833,8 +833,9 @@ async fn a_stream_without_done_is_truncated() {
         cut(vec![]),
         // The body ends in the middle of an event.
         cut(vec![Part::Bytes(b"data: {\"choices\": [{\"index\": 0, \"del".to_vec())]),
-        // llama.cpp's way to fail mid-stream: an `error:` line, then `[DONE]`
-        // with no finish reason.
+        // `[DONE]` although no choice finished: generation stopped early.
+        cut(vec![Part::Bytes(DONE.as_bytes().to_vec())]),
+        // llama.cpp's way to fail mid-stream: an `error:` line, then `[DONE]`.
         cut(vec![
             Part::Bytes(
                 b"error: {\"code\": 500, \"message\": \"decode failed\", \"type\": \"server_error\"}\n\n".to_vec(),
@@ -859,7 +860,12 @@ async fn a_stream_without_done_is_truncated() {
             "openai: the stream ended before the response was complete"
         );
     }
-    assert_eq!(server.requests().len(), 4, "nothing retried after streaming");
+    // The server's own message reaches the user, and nothing is retried
+    // once text was streamed.
+    let (error, events) = failure(&model).await;
+    assert_eq!(text_deltas(&events), ["Half an ans"]);
+    assert_eq!(error.to_string(), "openai: server_error: decode failed");
+    assert_eq!(server.requests().len(), 5, "nothing retried after streaming");
 }
 
 #[tokio::test]
