@@ -37,7 +37,7 @@ use serde_json::{Map, Value, json};
 
 use super::http::{AttemptError, EventStream, HttpClient, Secret, message_of, with_retries};
 use super::sse::SseEvent;
-use super::{Emitter, ProviderError, ProviderSettings};
+use super::{Emitter, ProviderError, ProviderSettings, ReadError};
 use crate::Result;
 use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
 use crate::protocol::{TokenUsage, TranscriptItem};
@@ -135,14 +135,9 @@ impl Anthropic {
             .post_events(url, headers, body)
             .await
             .map_err(|error| AttemptError::Provider { error, streamed: false })?;
-        match self.read(stream, &mut emitter).await {
-            Ok(output) => Ok(output),
-            Err(ReadError::Provider(error)) => Err(AttemptError::Provider {
-                error,
-                streamed: emitter.emitted(),
-            }),
-            Err(ReadError::Fatal(error)) => Err(AttemptError::Fatal(error)),
-        }
+        self.read(stream, &mut emitter)
+            .await
+            .map_err(|error| error.into_attempt(&emitter))
     }
 
     /// Reads the event stream up to `message_stop`.
@@ -334,24 +329,6 @@ fn tools(tools: &[ToolSpec]) -> Value {
             spec
         })
         .collect()
-}
-
-/// Why reading a stream stopped.
-enum ReadError {
-    Provider(ProviderError),
-    Fatal(crate::Error),
-}
-
-impl From<ProviderError> for ReadError {
-    fn from(error: ProviderError) -> Self {
-        ReadError::Provider(error)
-    }
-}
-
-impl From<crate::Error> for ReadError {
-    fn from(error: crate::Error) -> Self {
-        ReadError::Fatal(error)
-    }
 }
 
 /// One stream event. Only what is used; unknown fields pass, and `null`

@@ -100,6 +100,41 @@ impl ProviderSettings {
     }
 }
 
+/// Why reading a response stream stopped early.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// The provider failed (retryable or not, as the error says).
+    Provider(ProviderError),
+    /// Something no retry can fix, such as a closed sink: the step is over.
+    Fatal(crate::Error),
+}
+
+impl From<ProviderError> for ReadError {
+    fn from(error: ProviderError) -> Self {
+        ReadError::Provider(error)
+    }
+}
+
+impl From<crate::Error> for ReadError {
+    fn from(error: crate::Error) -> Self {
+        ReadError::Fatal(error)
+    }
+}
+
+impl ReadError {
+    /// The attempt's failure, given what `emitter` already streamed: a
+    /// provider failure after streamed output is never retried.
+    pub(crate) fn into_attempt(self, emitter: &Emitter) -> http::AttemptError {
+        match self {
+            ReadError::Provider(error) => http::AttemptError::Provider {
+                error,
+                streamed: emitter.emitted(),
+            },
+            ReadError::Fatal(error) => http::AttemptError::Fatal(error),
+        }
+    }
+}
+
 /// Forwards streamed output to the sink and remembers whether any reached
 /// it, which decides whether a failed request may be retried.
 pub(crate) struct Emitter {

@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::http::{AttemptError, EventStream, HttpClient, Secret, message_of, with_retries};
-use super::{Emitter, ProviderError, ProviderSettings};
+use super::{Emitter, ProviderError, ProviderSettings, ReadError};
 use crate::Result;
 use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
 use crate::protocol::{TokenUsage, TranscriptItem, new_id};
@@ -105,14 +105,9 @@ impl OpenAiChat {
             .post_events(url, headers, body)
             .await
             .map_err(|error| AttemptError::Provider { error, streamed: false })?;
-        match self.read(stream, &mut emitter).await {
-            Ok(output) => Ok(output),
-            Err(ReadError::Provider(error)) => Err(AttemptError::Provider {
-                error,
-                streamed: emitter.emitted(),
-            }),
-            Err(ReadError::Fatal(error)) => Err(AttemptError::Fatal(error)),
-        }
+        self.read(stream, &mut emitter)
+            .await
+            .map_err(|error| error.into_attempt(&emitter))
     }
 
     /// Reads the event stream up to `[DONE]`.
@@ -318,24 +313,6 @@ fn is_passing(error: &Value) -> bool {
             .is_some_and(|code| code == 408 || code == 429 || code >= 500),
         _ => false,
     })
-}
-
-/// Why reading a stream stopped.
-enum ReadError {
-    Provider(ProviderError),
-    Fatal(crate::Error),
-}
-
-impl From<ProviderError> for ReadError {
-    fn from(error: ProviderError) -> Self {
-        ReadError::Provider(error)
-    }
-}
-
-impl From<crate::Error> for ReadError {
-    fn from(error: crate::Error) -> Self {
-        ReadError::Fatal(error)
-    }
 }
 
 /// One `chat.completion.chunk`. Only what is used; unknown fields pass, and

@@ -38,7 +38,7 @@ use serde_json::{Map, Value, json};
 
 use super::http::{AttemptError, EventStream, HttpClient, Secret, with_retries};
 use super::sse::SseEvent;
-use super::{Emitter, ProviderError, ProviderSettings};
+use super::{Emitter, ProviderError, ProviderSettings, ReadError};
 use crate::Result;
 use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
 use crate::protocol::{TokenUsage, TranscriptItem};
@@ -152,21 +152,15 @@ impl OpenAiResponses {
                 Ok(Some(event)) => response.read(&event, &mut emitter),
                 // Only a terminal event ends a response; a clean end of the
                 // body before it lost the rest.
-                Ok(None) => Err(Failure::Provider(ProviderError::Truncated {
+                Ok(None) => Err(ReadError::Provider(ProviderError::Truncated {
                     provider: self.settings.name.clone(),
                 })),
-                Err(error) => Err(Failure::Provider(error)),
+                Err(error) => Err(ReadError::Provider(error)),
             };
             match outcome {
                 Ok(None) => {}
                 Ok(Some(output)) => return Ok(output),
-                Err(Failure::Provider(error)) => {
-                    return Err(AttemptError::Provider {
-                        error,
-                        streamed: emitter.emitted(),
-                    });
-                }
-                Err(Failure::Fatal(error)) => return Err(AttemptError::Fatal(error)),
+                Err(error) => return Err(error.into_attempt(&emitter)),
             }
         }
     }
@@ -249,20 +243,6 @@ fn tool(spec: &ToolSpec) -> Value {
     })
 }
 
-/// Why reading an event stopped the response.
-enum Failure {
-    /// The provider failed (retryable or not, as the error says).
-    Provider(ProviderError),
-    /// The sink refused output: the step is over.
-    Fatal(crate::Error),
-}
-
-impl From<crate::Error> for Failure {
-    fn from(error: crate::Error) -> Self {
-        Failure::Fatal(error)
-    }
-}
-
 /// A function call being assembled from its events.
 #[derive(Debug, Default)]
 struct PendingCall {
@@ -305,7 +285,7 @@ impl<'a> ResponseReader<'a> {
     }
 
     /// Reads one event; returns the output once the response completed.
-    fn read(&mut self, event: &SseEvent, emitter: &mut Emitter) -> Result<Option<ModelOutput>, Failure> {
+    fn read(&mut self, event: &SseEvent, emitter: &mut Emitter) -> Result<Option<ModelOutput>, ReadError> {
         let data = event.data.trim();
         // Not part of the Responses protocol, but some compatible servers end
         // with it, as Chat Completions does; the terminal event decides.
@@ -378,7 +358,7 @@ impl<'a> ResponseReader<'a> {
                     .pointer("/response/incomplete_details/reason")
                     .and_then(Value::as_str)
                     .unwrap_or("no reason given");
-                return Err(Failure::Provider(ProviderError::Stream {
+                return Err(ReadError::Provider(ProviderError::Stream {
                     provider: self.provider.to_owned(),
                     message: format!("the response is incomplete ({reason}): the model stopped before it finished"),
                     retryable: false,
@@ -401,7 +381,7 @@ impl<'a> ResponseReader<'a> {
     /// A finished output item: reasoning is kept whole (its encrypted
     /// content is only final here), function calls take their final form,
     /// and a message that streamed no deltas is forwarded now.
-    fn item_done(&mut self, json: &Value, emitter: &mut Emitter) -> Result<(), Failure> {
+    fn item_done(&mut self, json: &Value, emitter: &mut Emitter) -> Result<(), ReadError> {
         let item = json.get("item").unwrap_or(&Value::Null);
         match str_at(item, "type") {
             "reasoning" => self.reasoning.push(TranscriptItem::Reasoning {
@@ -430,7 +410,7 @@ impl<'a> ResponseReader<'a> {
     }
 
     /// The output of a completed response.
-    fn complete(&mut self, json: &Value) -> Result<ModelOutput, Failure> {
+    fn complete(&mut self, json: &Value) -> Result<ModelOutput, ReadError> {
         let mut calls = Vec::with_capacity(self.calls.len());
         for call in std::mem::take(&mut self.calls) {
             if call.call_id.is_empty() || call.name.is_empty() {
@@ -480,7 +460,7 @@ impl<'a> ResponseReader<'a> {
 
     /// A [`ProviderError::Stream`] from an OpenAI error object (`code`,
     /// `message`), retryable when its code says the failure passes.
-    fn stream_error(&self, error: &Value, fallback: &str) -> Failure {
+    fn stream_error(&self, error: &Value, fallback: &str) -> ReadError {
         let code = error
             .get("code")
             .and_then(Value::as_str)
@@ -496,7 +476,7 @@ impl<'a> ResponseReader<'a> {
             .and_then(Value::as_str)
             .filter(|message| !message.is_empty())
             .unwrap_or(fallback);
-        Failure::Provider(ProviderError::Stream {
+        ReadError::Provider(ProviderError::Stream {
             provider: self.provider.to_owned(),
             message: match code {
                 Some(code) => format!("{code}: {message}"),
@@ -506,8 +486,8 @@ impl<'a> ResponseReader<'a> {
         })
     }
 
-    fn malformed(&self, message: String) -> Failure {
-        Failure::Provider(ProviderError::Malformed {
+    fn malformed(&self, message: String) -> ReadError {
+        ReadError::Provider(ProviderError::Malformed {
             provider: self.provider.to_owned(),
             message,
         })
