@@ -7,5 +7,6 @@ mod provider_anthropic;
 mod provider_http;
 mod provider_openai_chat;
 mod provider_openai_responses;
+mod provider_support;
 mod support;
 mod turns_with_tools;

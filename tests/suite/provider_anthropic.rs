@@ -3,21 +3,21 @@
 //! and failures, and whole turns through an agent. The streams are fixtures
 //! written after Anthropic's streaming reference (`tests/fixtures/anthropic`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use keel::agent::{AgentConfig, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, StreamingOptions};
+use keel::agent::{ModelEvent, ModelOutput, ModelRequest};
 use keel::model::ToolSpec;
 use keel::protocol::{AbortReason, TokenUsage, TranscriptItem};
 use keel::provider::anthropic::Anthropic;
 use keel::provider::http::{RetryPolicy, Secret};
 use keel::provider::{ProviderError, ProviderSettings};
 use keel::store::SqliteCheckpoint;
-use keel::tools::ToolSet;
 use keel::{Agent, CheckpointStore, Error, EventMsg, Model, Op, RecordedEvent};
 use serde_json::{Value, json};
 
 use super::http_server::{Part, Reply, ScriptedServer};
+use super::provider_support::*;
 use super::support::*;
 
 const SESSION: &str = "anthropic-session";
@@ -58,19 +58,6 @@ fn model(settings: ProviderSettings) -> Anthropic {
     Anthropic::new(settings).expect("build the adapter")
 }
 
-/// A sink that keeps what it is given.
-fn collector() -> (ModelEventSink, Arc<Mutex<Vec<ModelEvent>>>) {
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let sink: ModelEventSink = Arc::new({
-        let events = Arc::clone(&events);
-        move |event| {
-            events.lock().expect("events").push(event);
-            Ok(())
-        }
-    });
-    (sink, events)
-}
-
 /// What one call of the model returned and streamed.
 struct Called {
     result: keel::Result<ModelOutput>,
@@ -93,24 +80,16 @@ impl Called {
     }
 
     fn text(&self) -> Vec<&str> {
-        self.events
-            .iter()
-            .filter_map(|event| match event {
-                ModelEvent::TextDelta(text) => Some(text.as_str()),
-                _ => None,
-            })
-            .collect()
+        text_deltas(&self.events)
     }
 }
 
 /// Calls `model` once with `history`, `instructions` and `tools`.
 async fn call(model: &Anthropic, history: &[TranscriptItem], instructions: Option<&str>, tools: &[ToolSpec]) -> Called {
-    let (sink, events) = collector();
     let mut request = ModelRequest::new(SESSION, "turn-1", history, 0);
     request.instructions = instructions;
     request.tools = tools;
-    let result = guard("the model's response", model.respond(request, sink)).await;
-    let events = events.lock().expect("events").clone();
+    let (result, events) = call_model(model, request).await;
     Called { result, events }
 }
 
@@ -126,42 +105,13 @@ fn sent_messages(server: &ScriptedServer, n: usize) -> Value {
 
 /// An agent on `model`, with the built-in tools and per-delta streaming.
 async fn start_agent_on(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Anthropic) -> Agent {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(SESSION, store, Arc::new(model));
-    config.workspace = db.workspace().to_path_buf();
-    config.streaming = StreamingOptions::per_delta();
-    config.tools = ToolSet::builtin();
-    config.instructions = Some("Answer briefly.".to_owned());
-    start_with(config).await
+    provider_agent(db, store, SESSION, Arc::new(model), "Answer briefly.").await
 }
 
-/// Submits `text` and reads the session's first turn (after `session_started`).
+/// Submits `text` and reads the session's first turn.
 async fn first_turn(agent: &mut Agent, text: &str) -> Vec<RecordedEvent> {
-    assert_eq!(next(agent).await.msg.kind(), "session_started");
     agent.sender().submit(user(text)).expect("submit");
     read_turn(agent).await
-}
-
-/// The messages of the `error` events among `events`.
-fn errors(events: &[RecordedEvent]) -> Vec<&str> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::Error(error) => Some(error.message.as_str()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The usage of the `token_usage` events among `events`: (step, usage, session total).
-fn usages(events: &[RecordedEvent]) -> Vec<(u32, TokenUsage, TokenUsage)> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::TokenUsage(usage) => Some((usage.step, usage.usage, usage.session_total)),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Asserts that `KEY` appears in no stored event of the session.
@@ -522,7 +472,7 @@ async fn a_turn_runs_the_clock_tool_sends_its_result_back_and_sums_the_usage() {
     let step_one = usage(150, 0, 20);
     let step_two = usage(160, 150, 12);
     let total = usage(310, 150, 32);
-    assert_eq!(usages(&turn), [(1, step_one, step_one), (2, step_two, total)]);
+    assert_eq!(token_usages(&turn), [(1, step_one, step_one), (2, step_two, total)]);
     shutdown(agent).await;
     assert_eq!(load(&store).await.checkpoint.usage, total);
 }
@@ -649,7 +599,7 @@ async fn an_authentication_failure_ends_the_turn_with_the_providers_message_and_
         ]
     );
     let message = "anthropic: HTTP 401: authentication_error: invalid x-api-key";
-    assert_eq!(errors(&turn), [message]);
+    assert_eq!(error_messages(&turn), [message]);
     assert_eq!(abort_of(&turn), (AbortReason::ModelFailed, message.to_owned()));
     assert_eq!(server.requests().len(), 1, "a refused key is not retried");
     assert_key_absent(&store).await;
@@ -680,7 +630,7 @@ async fn an_error_event_after_text_ends_the_turn_without_a_retry_and_keeps_the_t
         ]
     );
     assert_eq!(deltas(&turn), ["Partial ", "answer"]);
-    assert_eq!(errors(&turn), ["anthropic: overloaded_error: Overloaded"]);
+    assert_eq!(error_messages(&turn), ["anthropic: overloaded_error: Overloaded"]);
     assert_eq!(abort_of(&turn).0, AbortReason::ModelFailed);
     assert_eq!(server.requests().len(), 1, "nothing is streamed twice");
     shutdown(agent).await;
@@ -779,7 +729,6 @@ async fn an_interrupt_during_streaming_cancels_the_request() {
     let db = TestDb::new();
     let store = db.open();
     let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
-    assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
     agent.sender().submit(user("Tell me a long story")).expect("submit");
     let streamed = read_until(&mut agent, |event| event.msg.kind() == "assistant_content_delta").await;
     assert_eq!(deltas(&streamed), ["Partial answer"]);

@@ -4,10 +4,10 @@
 //! usage, retries, failures mid-stream, stalls, cuts and interrupts, and a
 //! whole multi-step turn through the agent.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use keel::agent::{AgentConfig, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, StreamingOptions};
+use keel::agent::{ModelEvent, ModelOutput, ModelRequest};
 use keel::model::ToolSpec;
 use keel::protocol::{AbortReason, TokenUsage, TranscriptItem};
 use keel::provider::http::Secret;
@@ -19,6 +19,7 @@ use keel::{Agent, CheckpointStore, Error, EventMsg, Model, Op, RecordedEvent};
 use serde_json::{Value, json};
 
 use super::http_server::{Part, Reply, Request, ScriptedServer};
+use super::provider_support::*;
 use super::support::*;
 
 const SESSION: &str = "openai-chat-session";
@@ -53,19 +54,6 @@ fn model(settings: ProviderSettings) -> Arc<OpenAiChat> {
     Arc::new(OpenAiChat::new(settings).expect("build the adapter"))
 }
 
-/// A sink that keeps what it is given.
-fn recording_sink() -> (ModelEventSink, Arc<Mutex<Vec<ModelEvent>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let sink: ModelEventSink = {
-        let seen = Arc::clone(&seen);
-        Arc::new(move |event| {
-            seen.lock().expect("events").push(event);
-            Ok(())
-        })
-    };
-    (sink, seen)
-}
-
 /// Calls the model once, directly; returns its result and what it streamed.
 async fn respond(
     model: &OpenAiChat,
@@ -73,13 +61,10 @@ async fn respond(
     history: &[TranscriptItem],
     tools: &[ToolSpec],
 ) -> (keel::Result<ModelOutput>, Vec<ModelEvent>) {
-    let (sink, seen) = recording_sink();
     let mut request = ModelRequest::new(SESSION, "turn-1", history, 0);
     request.instructions = instructions;
     request.tools = tools;
-    let result = guard("OpenAiChat::respond", model.respond(request, sink)).await;
-    let events = seen.lock().expect("events").clone();
-    (result, events)
+    call_model(model, request).await
 }
 
 /// Asks for an answer to "hello" and expects one.
@@ -94,16 +79,6 @@ async fn failure(model: &OpenAiChat) -> (ProviderError, Vec<ModelEvent>) {
         (Err(Error::Provider(error)), events) => (error, events),
         (other, _) => panic!("expected a provider error, got {other:?}"),
     }
-}
-
-fn text_deltas(events: &[ModelEvent]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|event| match event {
-            ModelEvent::TextDelta(text) => Some(text.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 /// One `data:` event of a chunk shaped like OpenAI's, with `choices` as given.
@@ -217,15 +192,7 @@ fn weather_tool() -> ToolSpec {
 
 /// An agent on `model` with the built-in tools and instructions.
 async fn start_agent_on(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<dyn Model>) -> Agent {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(SESSION, store, model);
-    config.workspace = db.workspace().to_path_buf();
-    config.tools = ToolSet::builtin();
-    config.instructions = Some("You are terse.".to_owned());
-    config.streaming = StreamingOptions::per_delta();
-    let mut agent = start_with(config).await;
-    assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
-    agent
+    provider_agent(db, store, SESSION, model, "You are terse.").await
 }
 
 /// Submits `text` and reads the turn it starts.
@@ -235,23 +202,7 @@ async fn run_turn(agent: &mut Agent, text: &str) -> Vec<RecordedEvent> {
 }
 
 fn error_message(events: &[RecordedEvent]) -> String {
-    events
-        .iter()
-        .find_map(|event| match &event.msg {
-            EventMsg::Error(error) => Some(error.message.clone()),
-            _ => None,
-        })
-        .expect("an error event")
-}
-
-fn usage_events(events: &[RecordedEvent]) -> Vec<(u32, TokenUsage, TokenUsage)> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::TokenUsage(usage) => Some((usage.step, usage.usage, usage.session_total)),
-            _ => None,
-        })
-        .collect()
+    error_messages(events).first().expect("an error event").to_string()
 }
 
 async fn stored_state(store: &SqliteCheckpoint) -> keel::store::SessionState {
@@ -666,7 +617,7 @@ async fn usage_is_recorded_as_token_usage_and_summed_in_the_checkpoint() {
         assert_eq!(deltas(&events), ["Hello", ", world", "!"]);
         assert_eq!(assistant_text(&events), "Hello, world!");
         total.add(&per_request);
-        assert_eq!(usage_events(&events), [(1, per_request, total)]);
+        assert_eq!(token_usages(&events), [(1, per_request, total)]);
     }
     let state = stored_state(&store).await;
     assert_eq!(
@@ -1036,7 +987,7 @@ async fn a_full_turn_runs_the_tool_the_model_calls_and_sends_its_result_back() {
     };
     let mut total = first;
     total.add(&second);
-    assert_eq!(usage_events(&events), [(1, first, first), (2, second, total)]);
+    assert_eq!(token_usages(&events), [(1, first, first), (2, second, total)]);
 
     let requests: Vec<Request> = server.requests();
     assert_eq!(requests.len(), 2);

@@ -5,10 +5,10 @@
 //! incomplete responses, stalls, cuts, interrupts, and whole multi-step
 //! turns through the agent.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use keel::agent::{AgentConfig, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, StreamingOptions};
+use keel::agent::{ModelEvent, ModelOutput, ModelRequest};
 use keel::model::{ToolCall, ToolSpec};
 use keel::protocol::{AbortReason, TokenUsage, TranscriptItem};
 use keel::provider::http::{RetryPolicy, Secret};
@@ -20,6 +20,7 @@ use keel::{Agent, CheckpointStore, Error, EventMsg, Model, Op, RecordedEvent};
 use serde_json::{Value, json};
 
 use super::http_server::{Part, Reply, Request, ScriptedServer};
+use super::provider_support::*;
 use super::support::*;
 
 const SESSION: &str = "openai-responses-session";
@@ -80,32 +81,11 @@ async fn respond_with(
     model: &OpenAiResponses,
     request: ModelRequest<'_>,
 ) -> (keel::Result<ModelOutput>, Vec<ModelEvent>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let sink: ModelEventSink = {
-        let seen = Arc::clone(&seen);
-        Arc::new(move |event| {
-            seen.lock().unwrap().push(event);
-            Ok(())
-        })
-    };
-    let result = guard("respond", model.respond(request, sink)).await;
-    let events = seen.lock().unwrap().clone();
-    (result, events)
+    call_model(model, request).await
 }
 
 fn hello() -> Vec<TranscriptItem> {
     vec![user_item("Say hello")]
-}
-
-/// The text deltas among `events`.
-fn text_deltas(events: &[ModelEvent]) -> Vec<&str> {
-    events
-        .iter()
-        .filter_map(|event| match event {
-            ModelEvent::TextDelta(text) => Some(text.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 /// The provider error of a failed call.
@@ -205,36 +185,19 @@ fn squashed(events: &[RecordedEvent]) -> Vec<&'static str> {
 /// An agent on `model` with the built-in tools and instructions, recording
 /// every delta as it arrives. Its `session_started` has been read.
 async fn start_agent_on(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: OpenAiResponses) -> Agent {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(SESSION, store, Arc::new(model));
-    config.workspace = db.workspace().to_path_buf();
-    config.tools = ToolSet::builtin();
-    config.instructions = Some(INSTRUCTIONS.to_owned());
-    config.streaming = StreamingOptions::per_delta();
-    let mut agent = start_with(config).await;
-    assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
-    agent
+    provider_agent(db, store, SESSION, Arc::new(model), INSTRUCTIONS).await
 }
 
 /// The `error` event's message among `events`.
 fn error_message(events: &[RecordedEvent]) -> String {
-    events
-        .iter()
-        .find_map(|event| match &event.msg {
-            EventMsg::Error(error) => Some(error.message.clone()),
-            _ => None,
-        })
-        .expect("an error event")
+    error_messages(events).first().expect("an error event").to_string()
 }
 
 /// The `token_usage` events among `events`: (this step, session total).
 fn usages(events: &[RecordedEvent]) -> Vec<(TokenUsage, TokenUsage)> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::TokenUsage(usage) => Some((usage.usage, usage.session_total)),
-            _ => None,
-        })
+    token_usages(events)
+        .into_iter()
+        .map(|(_, usage, total)| (usage, total))
         .collect()
 }
 
