@@ -36,9 +36,13 @@ pub enum ToolError {
 pub struct ToolContext {
     /// The session the call belongs to.
     pub session_id: String,
-    /// The directory the session works in.
+    /// The directory the session works in; workspace tools stay inside it.
     pub workspace: PathBuf,
 }
+
+/// The most bytes of one tool result given back to the model; the rest is
+/// cut, with a marker saying so.
+pub const MAX_TOOL_OUTPUT_BYTES: usize = 256 * 1024;
 
 /// A tool the model can call.
 pub trait Tool: Send + Sync {
@@ -46,8 +50,16 @@ pub trait Tool: Send + Sync {
     fn spec(&self) -> ToolSpec;
 
     /// Whether the tool only reads (never changes anything outside itself).
+    /// Reading tools run without asking by default, and may be run again
+    /// after a crash.
     fn read_only(&self) -> bool {
         false
+    }
+
+    /// Whether the tool may run at the same time as other calls of the same
+    /// step. When every call of a step is parallel safe they run together.
+    fn parallel_safe(&self) -> bool {
+        self.read_only()
     }
 
     /// Runs one call. `arguments` is the JSON object the model produced.
@@ -76,10 +88,19 @@ impl ToolOutcome {
     }
 }
 
+/// A tool with its argument schema compiled once.
+#[derive(Clone)]
+struct Registered {
+    tool: Arc<dyn Tool>,
+    /// `None` when the tool's schema does not compile; calls are then
+    /// checked only for being a JSON object.
+    validator: Option<Arc<jsonschema::Validator>>,
+}
+
 /// The tools offered to a session's model, by name.
 #[derive(Clone, Default)]
 pub struct ToolSet {
-    tools: BTreeMap<String, Arc<dyn Tool>>,
+    tools: BTreeMap<String, Registered>,
 }
 
 impl std::fmt::Debug for ToolSet {
@@ -103,7 +124,20 @@ impl ToolSet {
 
     /// Adds (or replaces) a tool under its spec's name.
     pub fn add(&mut self, tool: Arc<dyn Tool>) {
-        self.tools.insert(tool.spec().name, tool);
+        let spec = tool.spec();
+        let validator = match jsonschema::validator_for(&spec.parameters) {
+            Ok(validator) => Some(Arc::new(validator)),
+            Err(error) => {
+                tracing::warn!(tool = %spec.name, %error, "the tool's argument schema does not compile");
+                None
+            }
+        };
+        self.tools.insert(spec.name, Registered { tool, validator });
+    }
+
+    /// The tool called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name).map(|registered| &registered.tool)
     }
 
     /// Whether there are no tools.
@@ -113,12 +147,12 @@ impl ToolSet {
 
     /// The specs the model is given, sorted by name.
     pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.values().map(|tool| tool.spec()).collect()
+        self.tools.values().map(|registered| registered.tool.spec()).collect()
     }
 
     /// Runs `call`. Never fails: every problem becomes an error result.
     pub async fn run(&self, call: &ToolCall, context: &ToolContext) -> ToolOutcome {
-        let Some(tool) = self.tools.get(&call.name) else {
+        let Some(Registered { tool, validator }) = self.tools.get(&call.name) else {
             let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
             return ToolOutcome::error(format!(
                 "unknown tool '{}'; the tools are: {}",
@@ -130,6 +164,24 @@ impl ToolSet {
             Ok(arguments) => arguments,
             Err(message) => return ToolOutcome::error(format!("invalid arguments for '{}': {message}", call.name)),
         };
+        if let Some(validator) = validator {
+            let instance = serde_json::Value::Object(arguments.clone());
+            let problems: Vec<String> = validator
+                .iter_errors(&instance)
+                .take(5)
+                .map(|error| match error.instance_path().to_string() {
+                    path if path.is_empty() => error.to_string(),
+                    path => format!("{path}: {error}"),
+                })
+                .collect();
+            if !problems.is_empty() {
+                return ToolOutcome::error(format!(
+                    "invalid arguments for '{}': {}",
+                    call.name,
+                    problems.join("; ")
+                ));
+            }
+        }
         // A panicking tool is a failed call, not a dead session.
         let run = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(arguments, context)));
         let outcome = match run {
@@ -138,13 +190,36 @@ impl ToolSet {
         };
         match outcome {
             Ok(Ok(output)) => ToolOutcome {
-                output,
+                output: bounded(output),
                 is_error: false,
             },
-            Ok(Err(error)) => ToolOutcome::error(error.to_string()),
+            Ok(Err(error)) => ToolOutcome::error(bounded(error.to_string())),
             Err(_) => ToolOutcome::error(format!("the tool '{}' crashed", call.name)),
         }
     }
+
+    /// Whether every call of `calls` names a tool that may run in parallel.
+    pub fn all_parallel_safe(&self, calls: &[ToolCall]) -> bool {
+        calls
+            .iter()
+            .all(|call| self.get(&call.name).is_some_and(|tool| tool.parallel_safe()))
+    }
+}
+
+/// `output` cut to [`MAX_TOOL_OUTPUT_BYTES`] (on a character boundary), with
+/// a marker saying how much was left out.
+pub fn bounded(mut output: String) -> String {
+    if output.len() <= MAX_TOOL_OUTPUT_BYTES {
+        return output;
+    }
+    let mut end = MAX_TOOL_OUTPUT_BYTES;
+    while !output.is_char_boundary(end) {
+        end -= 1;
+    }
+    let omitted = output.len() - end;
+    output.truncate(end);
+    output.push_str(&format!("\n…[truncated: {omitted} more bytes]"));
+    output
 }
 
 /// The arguments as a JSON object; an empty string counts as `{}`.
@@ -231,6 +306,77 @@ mod tests {
         );
         let panicked = tools.run(&call("panics", "{}"), &context()).await;
         assert_eq!(panicked, ToolOutcome::error("the tool 'panics' crashed"));
+    }
+
+    #[tokio::test]
+    async fn arguments_are_checked_against_the_schema() {
+        struct Typed;
+        impl Tool for Typed {
+            fn spec(&self) -> ToolSpec {
+                ToolSpec {
+                    name: "typed".into(),
+                    description: "takes a path".into(),
+                    parameters: serde_json::json!({
+                        "type": "object",
+                        "properties": {"path": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}},
+                        "required": ["path"],
+                        "additionalProperties": false
+                    }),
+                }
+            }
+            fn call<'a>(
+                &'a self,
+                _arguments: serde_json::Map<String, serde_json::Value>,
+                _context: &'a ToolContext,
+            ) -> BoxFuture<'a, Result<String, ToolError>> {
+                Box::pin(async { Ok("ran".into()) })
+            }
+        }
+        let mut tools = ToolSet::new();
+        tools.add(Arc::new(Typed));
+        let ok = tools
+            .run(&call("typed", r#"{"path": "a.txt", "limit": 2}"#), &context())
+            .await;
+        assert_eq!(
+            ok,
+            ToolOutcome {
+                output: "ran".into(),
+                is_error: false
+            }
+        );
+        for (arguments, expected) in [
+            (r#"{"limit": 2}"#, "\"path\" is a required property"),
+            (r#"{"path": 7}"#, "/path: 7 is not of type \"string\""),
+            (
+                r#"{"path": "a", "limit": 0}"#,
+                "/limit: 0 is less than the minimum of 1",
+            ),
+            (r#"{"path": "a", "mode": "x"}"#, "Additional properties are not allowed"),
+        ] {
+            let refused = tools.run(&call("typed", arguments), &context()).await;
+            assert!(refused.is_error, "{arguments}: {refused:?}");
+            assert!(
+                refused.output.starts_with("invalid arguments for 'typed': "),
+                "{refused:?}"
+            );
+            assert!(
+                refused.output.contains(expected),
+                "{arguments}: {} lacks {expected}",
+                refused.output
+            );
+        }
+    }
+
+    #[test]
+    fn long_outputs_are_cut_with_a_marker() {
+        let long = "é".repeat(MAX_TOOL_OUTPUT_BYTES);
+        let cut = bounded(long.clone());
+        assert!(cut.len() < long.len());
+        assert!(cut.ends_with(&format!(
+            "…[truncated: {} more bytes]",
+            long.len() - MAX_TOOL_OUTPUT_BYTES
+        )));
+        assert_eq!(bounded("short".into()), "short");
     }
 
     #[tokio::test]
