@@ -13,6 +13,7 @@ pub mod recorder;
 mod session;
 mod stream;
 pub mod submission;
+mod tool_phase;
 mod turn;
 
 #[cfg(test)]
@@ -38,7 +39,7 @@ pub use crate::store::{
     Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, SessionContext, SessionState,
     SqliteCheckpoint, StoreError,
 };
-use crate::tools::ToolSet;
+use crate::tools::{ApprovalRules, ToolSet};
 pub use crate::{Error, Result};
 
 /// Queued submissions a session holds by default.
@@ -69,6 +70,9 @@ pub struct AgentConfig {
     pub streaming: StreamingOptions,
     /// The tools offered to the model.
     pub tools: ToolSet,
+    /// Which tool calls run at once, wait for the user's approval, or are
+    /// refused (by default: reading tools run, the others ask).
+    pub approvals: ApprovalRules,
     /// Standing instructions for the model (the system prompt).
     pub instructions: Option<String>,
     /// The most model calls one turn may make; past it the turn ends with an
@@ -88,6 +92,7 @@ impl AgentConfig {
             submission_capacity: DEFAULT_SUBMISSION_CAPACITY,
             streaming: StreamingOptions::default(),
             tools: ToolSet::new(),
+            approvals: ApprovalRules::default(),
             instructions: None,
             max_steps: DEFAULT_MAX_STEPS,
         }
@@ -190,6 +195,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         submission_capacity,
         streaming,
         tools,
+        approvals,
         instructions,
         max_steps,
     } = config;
@@ -238,6 +244,12 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         ..RecorderOptions::default()
     };
     let (recorder, events) = EventRecorder::spawn_with(Arc::clone(&store), session_id.clone(), options);
+    // A turn that was waiting for the user's approval goes on waiting; any
+    // other turn left in flight is closed.
+    let (resume, execution) = match execution {
+        Some(execution) if !execution.awaiting_approval.is_empty() => (Some(execution), None),
+        other => (None, other),
+    };
     let mut startup = vec![Event {
         submission_id: None,
         msg: EventMsg::SessionStarted(SessionStartedEvent {
@@ -245,6 +257,10 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
             bot_id: checkpoint.session_context.bot_id.clone(),
             resumed,
             history_items: transcript.len() as u64,
+            pending_approvals: resume
+                .as_ref()
+                .map(|turn| turn.awaiting_approval.clone())
+                .unwrap_or_default(),
         }),
     }];
     let mut closing_write = None;
@@ -302,6 +318,8 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         transcript,
         streaming,
         tools,
+        approvals,
+        resume,
         instructions,
         max_steps: max_steps.max(1),
         workspace,

@@ -17,7 +17,7 @@ use crate::protocol::{
     Event, EventMsg, Op, ShutdownCompleteEvent, Submission, SubmissionRejectedEvent, TranscriptItem,
 };
 use crate::store::{Checkpoint, CheckpointWrite, TurnExecution};
-use crate::tools::ToolSet;
+use crate::tools::{ApprovalRules, ToolSet};
 
 /// The state a session task owns.
 pub(super) struct Session {
@@ -30,6 +30,11 @@ pub(super) struct Session {
     pub(super) streaming: StreamingOptions,
     /// The tools offered to the model.
     pub(super) tools: ToolSet,
+    /// Which tool calls run, wait for the user, or are refused.
+    pub(super) approvals: ApprovalRules,
+    /// A turn found waiting for approvals when the session was opened; it
+    /// goes on before anything else.
+    pub(super) resume: Option<TurnExecution>,
     /// Standing instructions for the model.
     pub(super) instructions: Option<String>,
     /// The most model calls one turn may make.
@@ -45,6 +50,9 @@ impl Session {
     /// Runs until shutdown, or until every sender is gone. Fails only when the
     /// recorder fails (the store is broken); then nothing more can be recorded.
     pub(super) async fn run(mut self) -> Result<()> {
+        if let Some(execution) = self.resume.take() {
+            self.resume_turn(execution).await?;
+        }
         loop {
             let submission = match self.deferred.take() {
                 Some(submission) => submission,
@@ -66,6 +74,10 @@ impl Session {
                 Op::UserInput { .. } => self.run_turn(submission).await?,
                 Op::Shutdown => return self.stop(Some(submission)).await,
                 Op::Interrupt { .. } => self.reject(&submission, "no turn is running").await?,
+                Op::Approval { call_id, .. } => {
+                    let reason = format!("no tool call {call_id} is waiting for approval");
+                    self.reject(&submission, &reason).await?;
+                }
             }
         }
     }

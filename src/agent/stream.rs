@@ -231,11 +231,19 @@ impl StepStream {
 }
 
 /// What was left in a stream when it closed.
+#[derive(Default)]
 pub(crate) struct ClosedStream {
     /// The delta event of streamed text not yet recorded, if any.
     pub(crate) pending: Option<Event>,
     /// All text streamed in the step.
     pub(crate) streamed: String,
+}
+
+impl ClosedStream {
+    /// Nothing streamed (a turn that ends outside a model step).
+    pub(crate) fn empty() -> Self {
+        Self::default()
+    }
 }
 
 /// Closes the stream when the step's future is dropped (cancelled), so a

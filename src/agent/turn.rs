@@ -8,6 +8,7 @@
 //! Every tool call the history holds gets a result, even when the turn is
 //! interrupted in the middle of the calls.
 
+use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
@@ -16,29 +17,29 @@ use tokio::time::Instant;
 
 use super::session::Session;
 use super::stream::{CloseOnDrop, ClosedStream, StepStream};
+use super::tool_phase::ToolsEnd;
 use crate::Result;
 use crate::model::{ModelOutput, ModelRequest, ToolCall};
 use crate::protocol::{
     AbortReason, AssistantMessageEvent, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, Op, Submission,
-    SubmissionRejectedEvent, TokenUsageEvent, ToolCallCompletedEvent, ToolCallStartedEvent, TranscriptItem,
-    TurnAbortedEvent, TurnCompleteEvent, TurnStartedEvent, UserMessageEvent, new_id, now_ms,
+    SubmissionRejectedEvent, TokenUsageEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent, TurnStartedEvent,
+    UserMessageEvent, new_id, now_ms,
 };
 use crate::store::TurnExecution;
-use crate::tools::{ToolContext, ToolOutcome};
 
-/// The identity of a running turn.
-struct Turn {
-    execution: TurnExecution,
+/// The identity and durable state of a running turn.
+pub(super) struct Turn {
+    pub(super) execution: TurnExecution,
     /// The submission that started it; the turn's events carry its id.
-    submission_id: String,
+    pub(super) submission_id: String,
 }
 
 impl Turn {
-    fn id(&self) -> &str {
+    pub(super) fn id(&self) -> &str {
         &self.execution.turn_id
     }
 
-    fn event(&self, msg: EventMsg) -> Event {
+    pub(super) fn event(&self, msg: EventMsg) -> Event {
         Event {
             submission_id: Some(self.submission_id.clone()),
             msg,
@@ -71,6 +72,9 @@ impl Session {
                 turn_id: new_id(),
                 submission_ids: inputs.iter().map(|(id, _)| id.clone()).collect(),
                 started_at_ms: now_ms(),
+                step: 1,
+                awaiting_approval: Vec::new(),
+                decisions: BTreeMap::new(),
             },
         };
         let mut events = vec![turn.event(EventMsg::TurnStarted(TurnStartedEvent {
@@ -91,8 +95,36 @@ impl Session {
         let write = self.checkpoint_write(history, Some(&turn.execution));
         self.recorder.append(events, Some(write)).await?;
 
-        let mut step = 1;
+        self.drive_turn(turn).await
+    }
+
+    /// Goes on with a turn that was waiting for approvals when the session
+    /// was last closed: the calls of its step that have no result yet are
+    /// decided (the pending ones by the user) and run, then the turn goes on.
+    pub(super) async fn resume_turn(&mut self, execution: TurnExecution) -> Result<()> {
+        let submission_id = execution.submission_ids.first().cloned().unwrap_or_default();
+        let mut turn = Turn {
+            execution,
+            submission_id,
+        };
+        let calls = unanswered_calls(&self.transcript);
+        if let ToolsEnd::Interrupted(interrupt) = self.tool_phase(&mut turn, &calls).await? {
+            return self
+                .abort_turn(&turn, Abort::Interrupted(interrupt), ClosedStream::empty())
+                .await;
+        }
+        if turn.execution.step >= self.max_steps {
+            return self.end_at_step_limit(&turn).await;
+        }
+        turn.execution.step += 1;
+        self.drive_turn(turn).await
+    }
+
+    /// Runs model steps, and the tool calls they ask for, from the turn's
+    /// current step until the turn ends.
+    async fn drive_turn(&mut self, mut turn: Turn) -> Result<()> {
         loop {
+            let step = turn.execution.step;
             let (end, closed) = self.model_step(&turn, step).await?;
             let output = match end {
                 StepEnd::Completed(output) => output,
@@ -106,19 +138,16 @@ impl Session {
             if last_step {
                 return Ok(());
             }
-            if let Some(interrupt) = self.run_tool_calls(&turn, &calls).await? {
-                let nothing_streamed = ClosedStream {
-                    pending: None,
-                    streamed: String::new(),
-                };
+            if let ToolsEnd::Interrupted(interrupt) = self.tool_phase(&mut turn, &calls).await? {
                 return self
-                    .abort_turn(&turn, Abort::Interrupted(interrupt), nothing_streamed)
+                    .abort_turn(&turn, Abort::Interrupted(interrupt), ClosedStream::empty())
                     .await;
             }
             if step >= self.max_steps {
                 return self.end_at_step_limit(&turn).await;
             }
-            step += 1;
+            turn.execution.step += 1;
+            turn.execution.decisions.clear();
         }
     }
 
@@ -261,69 +290,6 @@ impl Session {
         self.recorder.append(events, Some(write)).await
     }
 
-    /// Runs the calls of a step in order, recording each one's start and
-    /// result. Returns the interrupt that stopped them, if one did; then every
-    /// call left has an error result, so the history stays well formed.
-    async fn run_tool_calls(&mut self, turn: &Turn, calls: &[ToolCall]) -> Result<Option<Submission>> {
-        let context = ToolContext {
-            session_id: self.session_id.clone(),
-            workspace: self.workspace.clone(),
-        };
-        let mut interrupted: Option<Submission> = None;
-        for call in calls {
-            let started = turn.event(EventMsg::ToolCallStarted(ToolCallStartedEvent {
-                turn_id: turn.id().to_owned(),
-                call_id: call.call_id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-            }));
-            // The call (and everything before it) is durable before the tool
-            // runs, so a restart knows it may have run.
-            self.recorder.commit(vec![started], None).await?;
-            let outcome = match &interrupted {
-                Some(_) => ToolOutcome {
-                    output: "not run: the turn was interrupted".into(),
-                    is_error: true,
-                },
-                None => {
-                    let (inbox, recorder, tools) = (&mut self.inbox, &self.recorder, &self.tools);
-                    let run = tools.run(call, &context);
-                    tokio::pin!(run);
-                    let mut control_open = true;
-                    loop {
-                        tokio::select! {
-                            biased;
-                            control = inbox.recv_control(), if control_open => match control {
-                                Some(submission) if interrupts(&submission.op, turn.id()) => {
-                                    interrupted = Some(submission);
-                                    break ToolOutcome { output: "interrupted by the user".into(), is_error: true };
-                                }
-                                Some(submission) => reject_stray_control(recorder, submission).await?,
-                                None => control_open = false,
-                            },
-                            outcome = &mut run => break outcome,
-                        }
-                    }
-                }
-            };
-            let completed = turn.event(EventMsg::ToolCallCompleted(ToolCallCompletedEvent {
-                turn_id: turn.id().to_owned(),
-                call_id: call.call_id.clone(),
-                output: outcome.output.clone(),
-                is_error: outcome.is_error,
-            }));
-            let result = TranscriptItem::ToolResult {
-                call_id: call.call_id.clone(),
-                output: outcome.output,
-                is_error: outcome.is_error,
-            };
-            self.transcript.push(result.clone());
-            let write = self.checkpoint_write(vec![result], Some(&turn.execution));
-            self.recorder.append(vec![completed], Some(write)).await?;
-        }
-        Ok(interrupted)
-    }
-
     /// Ends a turn whose model kept calling tools until the step limit.
     async fn end_at_step_limit(&mut self, turn: &Turn) -> Result<()> {
         let turn_id = turn.id().to_owned();
@@ -380,9 +346,42 @@ impl Session {
     }
 }
 
+/// The tool calls at the end of `transcript` that have no result yet, in
+/// order: those of the step a turn was in when it stopped.
+fn unanswered_calls(transcript: &[TranscriptItem]) -> Vec<ToolCall> {
+    let answered: std::collections::HashSet<&str> = transcript
+        .iter()
+        .filter_map(|item| match item {
+            TranscriptItem::ToolResult { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    transcript
+        .iter()
+        .filter_map(|item| match item {
+            TranscriptItem::ToolCall {
+                call_id,
+                name,
+                arguments,
+            } if !answered.contains(call_id.as_str()) => Some(ToolCall {
+                call_id: call_id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Records that a control op aimed at another turn will not be acted on.
-async fn reject_stray_control(recorder: &super::recorder::EventRecorder, submission: Submission) -> Result<()> {
-    let reason = format!("turn {} is not running", interrupt_target(&submission.op));
+pub(super) async fn reject_stray_control(
+    recorder: &super::recorder::EventRecorder,
+    submission: Submission,
+) -> Result<()> {
+    let reason = match &submission.op {
+        Op::Approval { call_id, .. } => format!("no tool call {call_id} is waiting for approval"),
+        op => format!("turn {} is not running", interrupt_target(op)),
+    };
     let rejected = Event {
         submission_id: Some(submission.id),
         msg: EventMsg::SubmissionRejected(SubmissionRejectedEvent { reason }),
@@ -398,7 +397,7 @@ fn error_msg(turn_id: &str, message: &str) -> EventMsg {
 }
 
 /// Whether an op interrupts the turn `turn_id`.
-fn interrupts(op: &Op, turn_id: &str) -> bool {
+pub(super) fn interrupts(op: &Op, turn_id: &str) -> bool {
     matches!(op, Op::Interrupt { turn_id: None }) || matches!(op, Op::Interrupt { turn_id: Some(id) } if id == turn_id)
 }
 

@@ -59,6 +59,10 @@ pub enum EventMsg {
     ReasoningDelta(ReasoningDeltaEvent),
     /// The assistant's complete message for a step.
     AssistantMessage(AssistantMessageEvent),
+    /// A tool call waits for the user's decision (an `approval` op).
+    ApprovalRequested(ApprovalRequestedEvent),
+    /// The user decided about a tool call.
+    ApprovalDecided(ApprovalDecidedEvent),
     /// The model asked for a tool call, which is about to run.
     ToolCallStarted(ToolCallStartedEvent),
     /// A tool call finished (or failed); its result goes back to the model.
@@ -90,6 +94,8 @@ impl EventMsg {
             EventMsg::AssistantContentDelta(_) => "assistant_content_delta",
             EventMsg::ReasoningDelta(_) => "reasoning_delta",
             EventMsg::AssistantMessage(_) => "assistant_message",
+            EventMsg::ApprovalRequested(_) => "approval_requested",
+            EventMsg::ApprovalDecided(_) => "approval_decided",
             EventMsg::ToolCallStarted(_) => "tool_call_started",
             EventMsg::ToolCallCompleted(_) => "tool_call_completed",
             EventMsg::TokenUsage(_) => "token_usage",
@@ -111,6 +117,8 @@ impl EventMsg {
             EventMsg::AssistantContentDelta(e) => Some(&e.turn_id),
             EventMsg::ReasoningDelta(e) => Some(&e.turn_id),
             EventMsg::AssistantMessage(e) => Some(&e.turn_id),
+            EventMsg::ApprovalRequested(e) => Some(&e.turn_id),
+            EventMsg::ApprovalDecided(e) => Some(&e.turn_id),
             EventMsg::ToolCallStarted(e) => Some(&e.turn_id),
             EventMsg::ToolCallCompleted(e) => Some(&e.turn_id),
             EventMsg::TokenUsage(e) => Some(&e.turn_id),
@@ -141,6 +149,10 @@ pub struct SessionStartedEvent {
     pub resumed: bool,
     /// Number of history items restored from the checkpoint.
     pub history_items: u64,
+    /// Tool calls of a turn that was waiting for approval when the session
+    /// was last closed; the turn goes on once they are decided.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_approvals: Vec<String>,
 }
 
 /// Payload of [`EventMsg::TurnStarted`].
@@ -184,6 +196,31 @@ pub struct ReasoningDeltaEvent {
     pub turn_id: String,
     /// Reasoning text to append.
     pub delta: String,
+}
+
+/// Payload of [`EventMsg::ApprovalRequested`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalRequestedEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// The call waiting; answer with an `approval` op naming it.
+    pub call_id: String,
+    /// The tool.
+    pub name: String,
+    /// The arguments as the model wrote them.
+    pub arguments: String,
+}
+
+/// Payload of [`EventMsg::ApprovalDecided`]; the envelope's `submission_id`
+/// is the approval op's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalDecidedEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// The call decided.
+    pub call_id: String,
+    /// The decision.
+    pub decision: super::ApprovalDecision,
 }
 
 /// Payload of [`EventMsg::ToolCallStarted`].

@@ -9,7 +9,9 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// A request to a session.
 ///
 /// JSON: `{"type": "user_input", "text": "…"}`, `{"type": "interrupt",
-/// "turn_id": "…"}` (`turn_id` optional), `{"type": "shutdown"}`.
+/// "turn_id": "…"}` (`turn_id` optional), `{"type": "shutdown"}`,
+/// `{"type": "approval", "call_id": "…", "decision": "approve" |
+/// "approve_for_session" | "deny"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -30,6 +32,27 @@ pub enum Op {
     /// Finish the work queued before this op, flush the log, record a final
     /// event and stop. Ops queued after it are recorded as rejected.
     Shutdown,
+    /// Answers an `approval_requested` event.
+    Approval {
+        /// The tool call the decision is for.
+        call_id: String,
+        /// The decision.
+        decision: ApprovalDecision,
+    },
+}
+
+/// A user's answer to a tool call that needs approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ApprovalDecision {
+    /// Run this call.
+    Approve,
+    /// Run this call and, for the rest of the session, every call of the
+    /// same tool without asking.
+    ApproveForSession,
+    /// Do not run it; the model is told the user denied it.
+    Deny,
 }
 
 impl Op {
@@ -48,7 +71,7 @@ impl Op {
     /// Whether the op must reach a running turn at once instead of waiting
     /// in the queue behind user messages.
     pub fn is_control(&self) -> bool {
-        matches!(self, Op::Interrupt { .. })
+        matches!(self, Op::Interrupt { .. } | Op::Approval { .. })
     }
 }
 

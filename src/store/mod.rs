@@ -20,7 +20,9 @@ pub use error::StoreError;
 pub use sqlite::{SqliteCheckpoint, SqliteOptions, Synchronous, WriterStats};
 
 use crate::model::BoxFuture;
-use crate::protocol::{Event, RecordedEvent, TokenUsage, TranscriptItem};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::protocol::{ApprovalDecision, Event, RecordedEvent, TokenUsage, TranscriptItem};
 
 /// The most events one [`CheckpointStore::event_page`] call returns.
 pub const MAX_EVENT_PAGE: usize = 10_000;
@@ -51,6 +53,9 @@ pub struct Checkpoint {
     /// Tokens the session's model calls used, summed.
     #[serde(default)]
     pub usage: TokenUsage,
+    /// Tools the user approved for the rest of the session.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub approved_tools: BTreeSet<String>,
 }
 
 impl Checkpoint {
@@ -62,6 +67,7 @@ impl Checkpoint {
             model_calls: 0,
             turns_completed: 0,
             usage: TokenUsage::default(),
+            approved_tools: BTreeSet::new(),
         }
     }
 }
@@ -76,6 +82,16 @@ pub struct TurnExecution {
     pub submission_ids: Vec<String>,
     /// When it started, in milliseconds since the Unix epoch.
     pub started_at_ms: u64,
+    /// The model step the turn is at, from 1.
+    #[serde(default)]
+    pub step: u32,
+    /// Tool calls of this step waiting for the user's decision. A turn
+    /// found waiting when the session is opened goes on waiting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub awaiting_approval: Vec<String>,
+    /// Decisions already made for this step's calls, by call id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub decisions: BTreeMap<String, ApprovalDecision>,
 }
 
 /// Everything needed to resume a session.

@@ -7,6 +7,7 @@
 //! object, a tool error, a panic) into an error result for the model, so a
 //! bad call never ends the turn.
 
+mod approval;
 mod clock;
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 
+pub use self::approval::{ApprovalPolicy, ApprovalRules};
 pub use self::clock::Clock;
 use crate::model::{BoxFuture, ToolCall, ToolSpec};
 
@@ -80,7 +82,8 @@ pub struct ToolOutcome {
 }
 
 impl ToolOutcome {
-    fn error(message: impl Into<String>) -> Self {
+    /// A failed call whose result is `message`.
+    pub fn error(message: impl Into<String>) -> Self {
         Self {
             output: message.into(),
             is_error: true,

@@ -103,6 +103,7 @@ async fn plain_turn_records_every_step_in_order_and_stores_what_it_delivers() {
             bot_id: "test-bot".to_owned(),
             resumed: false,
             history_items: 0,
+            pending_approvals: vec![],
         })
     );
 
@@ -626,6 +627,7 @@ async fn reopening_a_session_closes_the_turn_left_in_flight_and_restores_history
             bot_id: "test-bot".to_owned(),
             resumed: true,
             history_items: 1,
+            pending_approvals: vec![],
         })
     );
     assert_eq!(second_run[0].sequence, first_run.last().expect("events").sequence + 1);
@@ -1031,6 +1033,7 @@ fn every_event_kind_is_its_wire_type() {
             bot_id: "b".to_owned(),
             resumed: false,
             history_items: 0,
+            pending_approvals: vec![],
         }),
         EventMsg::TurnStarted(TurnStartedEvent { turn_id: turn_id() }),
         EventMsg::UserMessage(UserMessageEvent {

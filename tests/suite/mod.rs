@@ -1,6 +1,7 @@
 //! Test modules, one per area.
 
 mod agent;
+mod approvals;
 mod cli;
 mod http_server;
 mod provider_anthropic;

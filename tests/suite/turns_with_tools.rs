@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use keel::agent::{AgentConfig, BoxFuture, ModelEvent, ModelOutput, StreamingOptions, ToolCall, ToolSpec};
 use keel::protocol::*;
-use keel::tools::{Tool, ToolContext, ToolError, ToolSet};
+use keel::tools::{ApprovalRules, Tool, ToolContext, ToolError, ToolSet};
 use keel::{CheckpointStore, Op};
 use tokio::sync::Notify;
 
@@ -52,6 +52,8 @@ fn config(db: &TestDb, store: &Arc<keel::store::SqliteCheckpoint>, model: Arc<dy
     let mut config = AgentConfig::new(SESSION, store, model);
     config.workspace = db.workspace().to_path_buf();
     config.tools = ToolSet::builtin();
+    // These tests are about running calls; approvals have their own.
+    config.approvals = ApprovalRules::auto();
     config.streaming = StreamingOptions::per_delta();
     config
 }

@@ -73,6 +73,7 @@ fn checkpoint(session_id: &str, bot_id: &str, model_calls: u64) -> Checkpoint {
             output_tokens: model_calls * 10,
             ..TokenUsage::default()
         },
+        approved_tools: ["write_file".to_owned()].into(),
     }
 }
 
@@ -92,6 +93,9 @@ fn execution(turn_id: &str) -> TurnExecution {
         turn_id: turn_id.into(),
         submission_ids: vec![format!("{turn_id}-sub-1"), format!("{turn_id}-sub-2")],
         started_at_ms: 1_764_430_000_000,
+        step: 2,
+        awaiting_approval: vec!["call-7".into()],
+        decisions: [("call-6".to_owned(), crate::protocol::ApprovalDecision::Deny)].into(),
     }
 }
 
@@ -130,6 +134,7 @@ fn event(session_id: &str, n: usize) -> Event {
             bot_id: "bot".into(),
             resumed: n % 2 == 0,
             history_items: n as u64,
+            pending_approvals: vec![],
         }),
         _ => EventMsg::TurnAborted(TurnAbortedEvent {
             turn_id,

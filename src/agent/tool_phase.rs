@@ -1,0 +1,293 @@
+//! The tool calls of one model step: policies, approvals, execution.
+//!
+//! Each call is first judged: it runs (policy `auto`, or the tool was
+//! approved for the session), is refused (policy `deny`), or waits for the
+//! user (policy `ask`). Calls that wait are recorded as `approval_requested`
+//! together with the turn's state, so the wait survives a restart; the turn
+//! then waits on the control lane for `approval` ops (an interrupt ends it).
+//! Then the calls run: all at once when every one of them is parallel safe,
+//! otherwise in order. Each call is durable (`tool_call_started`) before it
+//! runs; its result is recorded with the history it joins, in the order of
+//! the calls, whatever order they finish in.
+
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
+
+use super::session::Session;
+use super::turn::{Turn, interrupts, reject_stray_control};
+use crate::Result;
+use crate::model::ToolCall;
+use crate::protocol::{
+    ApprovalDecidedEvent, ApprovalDecision, ApprovalRequestedEvent, Event, EventMsg, Op, Submission,
+    ToolCallCompletedEvent, ToolCallStartedEvent, TranscriptItem,
+};
+use crate::tools::{ApprovalPolicy, ToolContext, ToolOutcome};
+
+/// What the user is told when they denied a call (or interrupted the wait).
+const DENIED_BY_USER: &str = "denied by user: the user did not allow this tool call";
+
+/// How the tool calls of a step ended.
+pub(super) enum ToolsEnd {
+    /// Every call has its result; the turn goes on.
+    Done,
+    /// An interrupt stopped them (every call still got a result).
+    Interrupted(Submission),
+}
+
+/// What is to happen to one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    Run,
+    Refuse(String),
+    Ask,
+}
+
+impl Session {
+    /// Decides, runs and records the tool calls of the turn's current step.
+    pub(super) async fn tool_phase(&mut self, turn: &mut Turn, calls: &[ToolCall]) -> Result<ToolsEnd> {
+        let mut verdicts: Vec<Verdict> = calls.iter().map(|call| self.verdict(turn, call)).collect();
+        if verdicts.contains(&Verdict::Ask) {
+            if let Some(interrupt) = self.await_approvals(turn, calls, &verdicts).await? {
+                let interrupted = calls
+                    .iter()
+                    .zip(&verdicts)
+                    .map(|(call, verdict)| match verdict {
+                        Verdict::Ask => (call, ToolOutcome::error(DENIED_BY_USER)),
+                        _ => (call, ToolOutcome::error("not run: the turn was interrupted")),
+                    })
+                    .collect::<Vec<_>>();
+                for (call, outcome) in interrupted {
+                    self.record_started(turn, call).await?;
+                    self.record_result(turn, call, outcome).await?;
+                }
+                return Ok(ToolsEnd::Interrupted(interrupt));
+            }
+            verdicts = calls.iter().map(|call| self.verdict(turn, call)).collect();
+        }
+        self.run_calls(turn, calls, &verdicts).await
+    }
+
+    /// Judges one call from the session's rules and the decisions made.
+    fn verdict(&self, turn: &Turn, call: &ToolCall) -> Verdict {
+        match turn.execution.decisions.get(&call.call_id) {
+            Some(ApprovalDecision::Deny) => return Verdict::Refuse(DENIED_BY_USER.to_owned()),
+            Some(_) => return Verdict::Run,
+            None => {}
+        }
+        // An unknown tool runs, to be answered "unknown tool" by the tool set.
+        let Some(tool) = self.tools.get(&call.name) else {
+            return Verdict::Run;
+        };
+        if self.checkpoint.approved_tools.contains(&call.name) {
+            return Verdict::Run;
+        }
+        match self.approvals.policy(&call.name, tool.read_only()) {
+            ApprovalPolicy::Auto => Verdict::Run,
+            ApprovalPolicy::Ask => Verdict::Ask,
+            ApprovalPolicy::Deny => Verdict::Refuse(format!(
+                "denied by policy: the tool '{}' is not allowed in this session",
+                call.name
+            )),
+        }
+    }
+
+    /// Records the approval requests not recorded yet (a resumed turn has
+    /// them already) and waits until every one is decided. Returns the
+    /// interrupt that ended the wait, if one did.
+    async fn await_approvals(
+        &mut self,
+        turn: &mut Turn,
+        calls: &[ToolCall],
+        verdicts: &[Verdict],
+    ) -> Result<Option<Submission>> {
+        let asking: Vec<&ToolCall> = calls
+            .iter()
+            .zip(verdicts)
+            .filter(|(_, verdict)| **verdict == Verdict::Ask)
+            .map(|(call, _)| call)
+            .collect();
+        let requests: Vec<Event> = asking
+            .iter()
+            .filter(|call| !turn.execution.awaiting_approval.contains(&call.call_id))
+            .map(|call| {
+                turn.event(EventMsg::ApprovalRequested(ApprovalRequestedEvent {
+                    turn_id: turn.id().to_owned(),
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                }))
+            })
+            .collect();
+        turn.execution.awaiting_approval = asking.iter().map(|call| call.call_id.clone()).collect();
+        if !requests.is_empty() {
+            // Durable before anyone is asked: a restart finds the turn waiting.
+            let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
+            self.recorder.commit(requests, Some(write)).await?;
+        }
+        while !turn.execution.awaiting_approval.is_empty() {
+            let Some(submission) = self.inbox.recv_control().await else {
+                // Every sender is gone; the runtime is being dropped.
+                return Ok(std::future::pending().await);
+            };
+            match &submission.op {
+                Op::Approval { call_id, decision } if turn.execution.awaiting_approval.contains(call_id) => {
+                    let (call_id, decision) = (call_id.clone(), *decision);
+                    turn.execution.awaiting_approval.retain(|waiting| *waiting != call_id);
+                    turn.execution.decisions.insert(call_id.clone(), decision);
+                    if decision == ApprovalDecision::ApproveForSession {
+                        if let Some(call) = calls.iter().find(|call| call.call_id == call_id) {
+                            self.checkpoint.approved_tools.insert(call.name.clone());
+                        }
+                    }
+                    let decided = Event {
+                        submission_id: Some(submission.id.clone()),
+                        msg: EventMsg::ApprovalDecided(ApprovalDecidedEvent {
+                            turn_id: turn.id().to_owned(),
+                            call_id,
+                            decision,
+                        }),
+                    };
+                    let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
+                    self.recorder.append(vec![decided], Some(write)).await?;
+                }
+                op if interrupts(op, turn.id()) => return Ok(Some(submission)),
+                _ => reject_stray_control(&self.recorder, submission).await?,
+            }
+        }
+        Ok(None)
+    }
+
+    /// Runs the calls judged `Run` (refused ones get their refusal as the
+    /// result), watching for interrupts, and records every result in order.
+    async fn run_calls(&mut self, turn: &Turn, calls: &[ToolCall], verdicts: &[Verdict]) -> Result<ToolsEnd> {
+        let context = ToolContext {
+            session_id: self.session_id.clone(),
+            workspace: self.workspace.clone(),
+        };
+        let tools = self.tools.clone();
+        let runnable: Vec<ToolCall> = calls
+            .iter()
+            .zip(verdicts)
+            .filter(|(_, verdict)| **verdict == Verdict::Run)
+            .map(|(call, _)| call.clone())
+            .collect();
+        let together = runnable.len() > 1 && tools.all_parallel_safe(&runnable);
+        // The calls start in order; running together, they are all started
+        // (and durable) before the first one runs.
+        let mut running = FuturesOrdered::new();
+        let mut interrupted: Option<Submission> = None;
+        let mut control_open = true;
+        for (call, verdict) in calls.iter().zip(verdicts) {
+            self.record_started(turn, call).await?;
+            match verdict {
+                Verdict::Refuse(reason) => {
+                    running.push_back(futures::future::ready(ToolOutcome::error(reason.clone())).boxed())
+                }
+                _ => running.push_back(tools.run(call, &context).boxed()),
+            }
+            if together {
+                continue;
+            }
+            // In order: this call finishes (or is interrupted) before the next starts.
+            let outcome = self
+                .next_outcome(turn, &mut running, &mut interrupted, &mut control_open)
+                .await?;
+            self.record_result(turn, call, outcome).await?;
+            if interrupted.is_some() {
+                break;
+            }
+        }
+        if together {
+            for call in calls {
+                let outcome = self
+                    .next_outcome(turn, &mut running, &mut interrupted, &mut control_open)
+                    .await?;
+                self.record_result(turn, call, outcome).await?;
+            }
+        }
+        // Calls left after an interrupt are answered without running.
+        match interrupted {
+            Some(interrupt) => {
+                let done: std::collections::HashSet<String> = self
+                    .transcript
+                    .iter()
+                    .filter_map(|item| match item {
+                        TranscriptItem::ToolResult { call_id, .. } => Some(call_id.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                for call in calls.iter().filter(|call| !done.contains(&call.call_id)) {
+                    self.record_started(turn, call).await?;
+                    self.record_result(turn, call, ToolOutcome::error("not run: the turn was interrupted"))
+                        .await?;
+                }
+                Ok(ToolsEnd::Interrupted(interrupt))
+            }
+            None => Ok(ToolsEnd::Done),
+        }
+    }
+
+    /// The next outcome of `running` in call order. An interrupt cancels
+    /// every call still running; each of them then gets an "interrupted"
+    /// result.
+    async fn next_outcome(
+        &mut self,
+        turn: &Turn,
+        running: &mut FuturesOrdered<futures::future::BoxFuture<'_, ToolOutcome>>,
+        interrupted: &mut Option<Submission>,
+        control_open: &mut bool,
+    ) -> Result<ToolOutcome> {
+        if interrupted.is_some() {
+            return Ok(ToolOutcome::error("interrupted by the user"));
+        }
+        loop {
+            tokio::select! {
+                biased;
+                control = self.inbox.recv_control(), if *control_open => match control {
+                    Some(submission) if interrupts(&submission.op, turn.id()) => {
+                        *interrupted = Some(submission);
+                        // Dropping the calls' futures cancels them.
+                        *running = FuturesOrdered::new();
+                        return Ok(ToolOutcome::error("interrupted by the user"));
+                    }
+                    Some(submission) => reject_stray_control(&self.recorder, submission).await?,
+                    None => *control_open = false,
+                },
+                outcome = running.next() => {
+                    return Ok(outcome.unwrap_or_else(|| ToolOutcome::error("not run: the turn was interrupted")));
+                }
+            }
+        }
+    }
+
+    /// Records that `call` starts, durably, before it runs: a restart then
+    /// knows it may have run.
+    async fn record_started(&mut self, turn: &Turn, call: &ToolCall) -> Result<()> {
+        let started = turn.event(EventMsg::ToolCallStarted(ToolCallStartedEvent {
+            turn_id: turn.id().to_owned(),
+            call_id: call.call_id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        }));
+        let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
+        self.recorder.commit(vec![started], Some(write)).await.map(drop)
+    }
+
+    /// Records a call's result with the history item it adds.
+    async fn record_result(&mut self, turn: &Turn, call: &ToolCall, outcome: ToolOutcome) -> Result<()> {
+        let completed = turn.event(EventMsg::ToolCallCompleted(ToolCallCompletedEvent {
+            turn_id: turn.id().to_owned(),
+            call_id: call.call_id.clone(),
+            output: outcome.output.clone(),
+            is_error: outcome.is_error,
+        }));
+        let result = TranscriptItem::ToolResult {
+            call_id: call.call_id.clone(),
+            output: outcome.output,
+            is_error: outcome.is_error,
+        };
+        self.transcript.push(result.clone());
+        let write = self.checkpoint_write(vec![result], Some(&turn.execution));
+        self.recorder.append(vec![completed], Some(write)).await
+    }
+}
