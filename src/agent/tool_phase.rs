@@ -134,10 +134,10 @@ impl Session {
                     let (call_id, decision) = (call_id.clone(), *decision);
                     turn.execution.awaiting_approval.retain(|waiting| *waiting != call_id);
                     turn.execution.decisions.insert(call_id.clone(), decision);
-                    if decision == ApprovalDecision::ApproveForSession {
-                        if let Some(call) = calls.iter().find(|call| call.call_id == call_id) {
-                            self.checkpoint.approved_tools.insert(call.name.clone());
-                        }
+                    if decision == ApprovalDecision::ApproveForSession
+                        && let Some(call) = calls.iter().find(|call| call.call_id == call_id)
+                    {
+                        self.checkpoint.approved_tools.insert(call.name.clone());
                     }
                     let decided = Event {
                         submission_id: Some(submission.id.clone()),

@@ -165,10 +165,10 @@ impl Anthropic {
     fn parse(&self, event: &SseEvent) -> Result<Option<StreamEvent>, ProviderError> {
         // Events are named after their type; unnamed ones (from a proxy that
         // drops the names) are told by the `type` in their data.
-        if let Some(name) = event.event.as_deref() {
-            if !KNOWN_EVENTS.contains(&name) {
-                return Ok(None);
-            }
+        if let Some(name) = event.event.as_deref()
+            && !KNOWN_EVENTS.contains(&name)
+        {
+            return Ok(None);
         }
         let mut data: Value = serde_json::from_str(&event.data)
             .map_err(|error| self.malformed(format!("an event is not valid JSON: {error}")))?;

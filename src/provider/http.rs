@@ -344,10 +344,10 @@ impl EventStream {
 /// The wait a `Retry-After` (seconds or HTTP date) or `retry-after-ms`
 /// header asks for.
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    if let Some(millis) = headers.get("retry-after-ms").and_then(|value| value.to_str().ok()) {
-        if let Ok(millis) = millis.trim().parse::<f64>() {
-            return (millis.is_finite() && millis >= 0.0).then(|| Duration::from_secs_f64(millis / 1000.0));
-        }
+    if let Some(millis) = headers.get("retry-after-ms").and_then(|value| value.to_str().ok())
+        && let Ok(millis) = millis.trim().parse::<f64>()
+    {
+        return (millis.is_finite() && millis >= 0.0).then(|| Duration::from_secs_f64(millis / 1000.0));
     }
     let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
     if let Ok(seconds) = value.parse::<f64>() {
@@ -365,10 +365,10 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// "error": {"type", "message"}}`, or other common shapes; the raw text
 /// (shortened) otherwise.
 pub fn error_message(body: &[u8], status: reqwest::StatusCode) -> String {
-    if let Ok(json) = serde_json::from_slice::<serde_json::Value>(body) {
-        if let Some(message) = message_of(&json) {
-            return message;
-        }
+    if let Ok(json) = serde_json::from_slice::<serde_json::Value>(body)
+        && let Some(message) = message_of(&json)
+    {
+        return message;
     }
     let text = String::from_utf8_lossy(body);
     let text = text.trim();

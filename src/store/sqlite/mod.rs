@@ -200,7 +200,14 @@ impl CheckpointStore for SqliteCheckpoint {
             transcript_delta: transcript_delta.to_vec(),
             execution: execution.cloned(),
         };
-        Box::pin(async move { self.write(|reply| Job::Save { write, reply }).await.map(drop) })
+        Box::pin(async move {
+            self.write(|reply| Job::Save {
+                write: Box::new(write),
+                reply,
+            })
+            .await
+            .map(drop)
+        })
     }
 
     fn load<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionState>, StoreError>> {

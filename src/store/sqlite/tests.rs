@@ -132,7 +132,7 @@ fn event(session_id: &str, n: usize) -> Event {
         5 => EventMsg::SessionStarted(SessionStartedEvent {
             session_id: session_id.into(),
             bot_id: "bot".into(),
-            resumed: n % 2 == 0,
+            resumed: n.is_multiple_of(2),
             history_items: n as u64,
             pending_approvals: vec![],
         }),
@@ -143,7 +143,7 @@ fn event(session_id: &str, n: usize) -> Event {
         }),
     };
     Event {
-        submission_id: (n % 3 != 0).then(|| format!("{session_id}-submission-{n}")),
+        submission_id: (!n.is_multiple_of(3)).then(|| format!("{session_id}-submission-{n}")),
         msg,
     }
 }

@@ -29,7 +29,7 @@ pub(super) enum Job {
         reply: Reply,
     },
     /// Create or rewrite a session's checkpoint.
-    Save { write: CheckpointWrite, reply: Reply },
+    Save { write: Box<CheckpointWrite>, reply: Reply },
     /// Take the session over: a new lease, fencing off older holders.
     Acquire { session_id: String, reply: Reply },
 }
