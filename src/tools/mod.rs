@@ -9,6 +9,8 @@
 
 mod approval;
 mod clock;
+pub mod mcp;
+pub mod workspace;
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;

@@ -60,10 +60,11 @@ pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<ExitCode> {
         };
         print_line(&line)?;
     }
-    if page.has_more && !args.json {
-        if let Some(first) = page.events.first() {
-            eprintln!("(older events: --before {})", first.sequence);
-        }
+    if page.has_more
+        && !args.json
+        && let Some(first) = page.events.first()
+    {
+        eprintln!("(older events: --before {})", first.sequence);
     }
     Ok(ExitCode::SUCCESS)
 }

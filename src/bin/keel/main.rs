@@ -7,6 +7,7 @@
 mod bench;
 mod log;
 mod run;
+mod sandbox;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +34,9 @@ enum Command {
     /// Run a benchmark workload.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run a command under a sandbox policy (the shell tool's launcher).
+    #[command(hide = true)]
+    SandboxExec(sandbox::SandboxExecArgs),
 }
 
 /// Where the database is.
@@ -97,6 +101,12 @@ impl ModelArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The launcher restricts its own thread and then execs: it must run
+    // before tracing or the async runtime start anything.
+    let command = match cli.command {
+        Command::SandboxExec(args) => return sandbox::sandbox_exec(args),
+        command => command,
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
@@ -112,11 +122,12 @@ fn main() -> ExitCode {
         }
     };
     let outcome = runtime.block_on(async {
-        match cli.command {
+        match command {
             Command::Run(args) => run::run(args).await,
             Command::Events(args) => log::events(args).await,
             Command::Sessions(args) => log::sessions(args).await,
             Command::Bench(command) => bench::bench(command).await,
+            Command::SandboxExec(_) => anyhow::bail!("sandbox-exec runs before the async runtime starts"),
         }
     });
     match outcome {

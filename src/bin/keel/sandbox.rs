@@ -1,0 +1,80 @@
+//! `keel sandbox-exec` (hidden): the launcher the `shell` tool runs its
+//! commands through. It applies a sandbox policy to itself and then becomes
+//! the command (`exec`), which inherits the restriction.
+//!
+//! It must run before any other thread exists (Landlock restricts only the
+//! calling thread), so `main` dispatches it before starting the async
+//! runtime. It writes one status line to stderr before the command's own
+//! output (see `keel::tools::workspace::sandbox`). Exit codes of its own,
+//! as a shell would use them: 126 when the sandbox cannot be applied or the
+//! command cannot run, 127 when the command is not found.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use keel::tools::workspace::sandbox::{self, SandboxPolicy};
+
+/// Arguments of `keel sandbox-exec`.
+#[derive(Args, Debug)]
+pub(crate) struct SandboxExecArgs {
+    /// The policy: read-only, workspace-write or full-access.
+    #[arg(long, default_value = "workspace-write", value_name = "POLICY")]
+    policy: SandboxPolicy,
+    /// The workspace, writable under workspace-write [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// Print whether this kernel can enforce the policy (one JSON line) and exit.
+    #[arg(long)]
+    probe: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+/// Runs the launcher; returns only if the command could not be started.
+pub(crate) fn sandbox_exec(args: SandboxExecArgs) -> ExitCode {
+    if args.probe {
+        let status = sandbox::probe(args.policy);
+        return match serde_json::to_string(&status) {
+            Ok(json) if crate::print_line(&json).is_ok() => ExitCode::SUCCESS,
+            _ => ExitCode::FAILURE,
+        };
+    }
+    let Some((program, arguments)) = args.command.split_first() else {
+        eprintln!("keel sandbox-exec: no command given (put it after --)");
+        return ExitCode::from(126);
+    };
+    let workspace = match args.workspace.map_or_else(std::env::current_dir, Ok) {
+        Ok(workspace) => workspace,
+        Err(error) => {
+            eprintln!("keel sandbox-exec: cannot read the current directory: {error}");
+            return ExitCode::from(126);
+        }
+    };
+    match sandbox::restrict_current_process(args.policy, &workspace) {
+        Ok(status) => {
+            // The report goes out before the command writes anything.
+            let mut stderr = std::io::stderr().lock();
+            let _ = stderr.write_all(sandbox::status_report_line(&status).as_bytes());
+            let _ = stderr.flush();
+        }
+        Err(error) => {
+            eprintln!(
+                "keel sandbox-exec: cannot apply the {} sandbox, so the command was not run: {error}",
+                args.policy
+            );
+            return ExitCode::from(126);
+        }
+    }
+    let error = std::process::Command::new(program).args(arguments).exec();
+    eprintln!("keel sandbox-exec: cannot run {}: {error}", program.to_string_lossy());
+    if error.kind() == std::io::ErrorKind::NotFound {
+        ExitCode::from(127)
+    } else {
+        ExitCode::from(126)
+    }
+}

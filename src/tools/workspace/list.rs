@@ -1,0 +1,258 @@
+//! `list_dir`: what a directory of the workspace holds, to a small depth.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::{Arguments, Workspace, blocking, io_failure, plural};
+use crate::model::{BoxFuture, ToolSpec};
+use crate::tools::{Tool, ToolContext, ToolError};
+
+/// The deepest listing one call may ask for.
+const MAX_DEPTH: u64 = 5;
+
+/// Entries shown per call; the rest are counted.
+const MAX_ENTRIES: usize = 500;
+
+/// Entries looked at per call, shown or counted; past this the count is a
+/// lower bound, so a call on a huge tree stays cheap.
+const MAX_VISITED: usize = 20_000;
+
+/// Directories listed but never descended into: their contents are noise to
+/// a model and can be huge.
+const NOT_DESCENDED: &[&str] = &[".git"];
+
+/// Lists a directory of the workspace.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ListDir;
+
+impl Tool for ListDir {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "list_dir".into(),
+            description: format!(
+                "Lists a directory of the workspace, sorted by name, one entry per line as a path relative to the \
+                 workspace root: directories end with `/`, files show their size in bytes, symbolic links show \
+                 their target (they are not followed). depth 1 (the default) lists only the directory itself; \
+                 up to {MAX_DEPTH} also lists subdirectories (never inside .git). At most {MAX_ENTRIES} entries \
+                 are shown."
+            ),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "The directory, relative to the workspace root; default: the root."},
+                    "depth": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH, "description": "How many levels to list; default 1."}
+                },
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    fn read_only(&self) -> bool {
+        true
+    }
+
+    fn call<'a>(
+        &'a self,
+        arguments: serde_json::Map<String, serde_json::Value>,
+        context: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let arguments = Arguments(&arguments);
+            let path = arguments.optional_str("path")?.unwrap_or(".").to_string();
+            let depth = arguments.optional_u64("depth", 1, MAX_DEPTH)?.unwrap_or(1);
+            let workspace = context.workspace.clone();
+            blocking(move || {
+                let workspace = Workspace::new(&workspace)?;
+                list(&workspace, &path, usize::try_from(depth).unwrap_or(1))
+            })
+            .await
+        })
+    }
+}
+
+/// What a listing has gathered so far.
+struct Listing {
+    lines: Vec<String>,
+    /// Entries seen, shown or not.
+    visited: usize,
+}
+
+fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, ToolError> {
+    let resolved = workspace.resolve(path)?;
+    if !resolved.exists {
+        return Err(ToolError::Failed(format!("'{path}' does not exist")));
+    }
+    let metadata = std::fs::metadata(&resolved.path).map_err(|error| io_failure("list", path, &error))?;
+    if !metadata.is_dir() {
+        return Err(ToolError::Failed(format!(
+            "'{path}' is a file, not a directory; use read_file to read it"
+        )));
+    }
+    let mut listing = Listing {
+        lines: Vec::new(),
+        visited: 0,
+    };
+    let entries = sorted_entries(&resolved.path).map_err(|error| io_failure("list", path, &error))?;
+    if entries.is_empty() {
+        return Ok(format!("['{path}' is empty]"));
+    }
+    walk(workspace, entries, depth, &mut listing);
+    let mut output = listing.lines.join("\n");
+    output.push('\n');
+    let hidden = listing.visited.saturating_sub(listing.lines.len());
+    if hidden > 0 {
+        let more = if listing.visited >= MAX_VISITED {
+            format!("more than {hidden}")
+        } else {
+            hidden.to_string()
+        };
+        let _ = writeln!(
+            output,
+            "[… {more} more entries not shown; list a subdirectory or use a smaller depth]"
+        );
+    }
+    Ok(output)
+}
+
+/// Lists `entries` (of one directory), descending while `depth` allows.
+fn walk(workspace: &Workspace, entries: Vec<std::fs::DirEntry>, depth: usize, listing: &mut Listing) {
+    for entry in entries {
+        if listing.visited >= MAX_VISITED {
+            return;
+        }
+        listing.visited += 1;
+        let path = entry.path();
+        let shown = workspace.display(&path);
+        // `DirEntry::file_type` does not follow symbolic links.
+        let file_type = entry.file_type();
+        let is_dir = file_type.as_ref().is_ok_and(std::fs::FileType::is_dir);
+        if listing.lines.len() < MAX_ENTRIES {
+            let line = match &file_type {
+                Ok(kind) if kind.is_dir() => format!("{shown}/"),
+                Ok(kind) if kind.is_file() => match entry.metadata() {
+                    Ok(metadata) => {
+                        let size = usize::try_from(metadata.len()).unwrap_or(usize::MAX);
+                        format!("{shown}  ({})", plural(size, "byte", "bytes"))
+                    }
+                    Err(_) => shown.clone(),
+                },
+                Ok(kind) if kind.is_symlink() => match std::fs::read_link(&path) {
+                    Ok(target) => format!("{shown} -> {}", target.display()),
+                    Err(_) => format!("{shown} -> ?"),
+                },
+                Ok(_) => format!("{shown}  (special file)"),
+                Err(error) => format!("{shown}  [cannot read: {error}]"),
+            };
+            listing.lines.push(line);
+        }
+        let name = entry.file_name();
+        if is_dir && depth > 1 && !NOT_DESCENDED.iter().any(|skip| name == *skip) {
+            match sorted_entries(&path) {
+                Ok(children) => walk(workspace, children, depth - 1, listing),
+                Err(error) => {
+                    if listing.lines.len() < MAX_ENTRIES {
+                        listing.lines.push(format!("{shown}/  [cannot list: {error}]"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The entries of `dir`, sorted by name.
+fn sorted_entries(dir: &Path) -> std::io::Result<Vec<std::fs::DirEntry>> {
+    let mut entries = std::fs::read_dir(dir)?.collect::<std::io::Result<Vec<_>>>()?;
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    async fn list_dir(workspace: &Path, arguments: serde_json::Value) -> Result<String, ToolError> {
+        let context = ToolContext {
+            session_id: "s".into(),
+            workspace: workspace.to_path_buf(),
+        };
+        let serde_json::Value::Object(arguments) = arguments else {
+            panic!("arguments must be an object")
+        };
+        ListDir.call(arguments, &context).await
+    }
+
+    fn tree() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("src/deep/deeper")).unwrap();
+        std::fs::create_dir_all(root.join(".git/objects")).unwrap();
+        std::fs::write(root.join("Cargo.toml"), "[package]\n").unwrap();
+        std::fs::write(root.join("src/main.rs"), "fn main() {}\n").unwrap();
+        std::fs::write(root.join("src/deep/deeper/x.txt"), "x").unwrap();
+        std::fs::write(root.join(".git/HEAD"), "ref").unwrap();
+        symlink("src/main.rs", root.join("link")).unwrap();
+        dir
+    }
+
+    #[tokio::test]
+    async fn entries_are_sorted_marked_and_sized() {
+        let dir = tree();
+        let output = list_dir(dir.path(), serde_json::json!({})).await.unwrap();
+        assert_eq!(output, ".git/\nCargo.toml  (10 bytes)\nlink -> src/main.rs\nsrc/\n");
+        let output = list_dir(dir.path(), serde_json::json!({"path": "src", "depth": 2}))
+            .await
+            .unwrap();
+        assert_eq!(output, "src/deep/\nsrc/deep/deeper/\nsrc/main.rs  (13 bytes)\n");
+    }
+
+    #[tokio::test]
+    async fn depth_goes_down_but_not_into_git() {
+        let dir = tree();
+        let output = list_dir(dir.path(), serde_json::json!({"depth": 5})).await.unwrap();
+        assert_eq!(
+            output,
+            ".git/\nCargo.toml  (10 bytes)\nlink -> src/main.rs\nsrc/\nsrc/deep/\nsrc/deep/deeper/\n\
+             src/deep/deeper/x.txt  (1 byte)\nsrc/main.rs  (13 bytes)\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn long_listings_are_capped_with_a_count() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in 0..MAX_ENTRIES + 7 {
+            std::fs::write(dir.path().join(format!("f{n:04}")), "").unwrap();
+        }
+        let output = list_dir(dir.path(), serde_json::json!({})).await.unwrap();
+        let lines: Vec<&str> = output.lines().collect();
+        assert_eq!(lines.len(), MAX_ENTRIES + 1);
+        assert_eq!(lines[0], "f0000  (0 bytes)");
+        assert_eq!(
+            lines[MAX_ENTRIES],
+            "[… 7 more entries not shown; list a subdirectory or use a smaller depth]"
+        );
+    }
+
+    #[tokio::test]
+    async fn files_empty_and_missing_directories() {
+        let dir = tree();
+        std::fs::create_dir(dir.path().join("empty")).unwrap();
+        assert_eq!(
+            list_dir(dir.path(), serde_json::json!({"path": "empty"}))
+                .await
+                .unwrap(),
+            "['empty' is empty]"
+        );
+        assert_eq!(
+            list_dir(dir.path(), serde_json::json!({"path": "Cargo.toml"})).await,
+            Err(ToolError::Failed(
+                "'Cargo.toml' is a file, not a directory; use read_file to read it".into()
+            ))
+        );
+        assert_eq!(
+            list_dir(dir.path(), serde_json::json!({"path": "nope"})).await,
+            Err(ToolError::Failed("'nope' does not exist".into()))
+        );
+    }
+}
