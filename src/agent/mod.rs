@@ -78,6 +78,11 @@ pub struct AgentConfig {
     /// The most model calls one turn may make; past it the turn ends with an
     /// error event (and still completes).
     pub max_steps: u32,
+    /// The sandbox shell commands run under, recorded in `session_started`.
+    pub sandbox: Option<SandboxInfo>,
+    /// Recorded as `warning` events right after `session_started` (an MCP
+    /// server that did not start, a sandbox the kernel cannot enforce).
+    pub startup_warnings: Vec<String>,
 }
 
 impl AgentConfig {
@@ -95,6 +100,8 @@ impl AgentConfig {
             approvals: ApprovalRules::default(),
             instructions: None,
             max_steps: DEFAULT_MAX_STEPS,
+            sandbox: None,
+            startup_warnings: Vec::new(),
         }
     }
 }
@@ -198,6 +205,8 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         approvals,
         instructions,
         max_steps,
+        sandbox,
+        startup_warnings,
     } = config;
     if session_id.is_empty() || session_id.len() > MAX_SESSION_ID_BYTES || session_id.chars().any(char::is_control) {
         return Err(Error::InvalidInput(format!(
@@ -261,8 +270,15 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
                 .as_ref()
                 .map(|turn| turn.awaiting_approval.clone())
                 .unwrap_or_default(),
+            sandbox: sandbox.clone(),
         }),
     }];
+    startup.extend(startup_warnings.iter().map(|message| Event {
+        submission_id: None,
+        msg: EventMsg::Warning(WarningEvent {
+            message: message.clone(),
+        }),
+    }));
     let mut closing_write = None;
     let mut transcript = transcript;
     if let Some(execution) = execution {

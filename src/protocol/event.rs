@@ -153,6 +153,23 @@ pub struct SessionStartedEvent {
     /// was last closed; the turn goes on once they are decided.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_approvals: Vec<String>,
+    /// The sandbox the session's shell commands run under, when it has a
+    /// shell tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxInfo>,
+}
+
+/// The sandbox a session's shell commands run under, as recorded in
+/// [`SessionStartedEvent`]. Each shell result also starts with the status
+/// that applied to that command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    /// The policy asked for: `read-only`, `workspace-write` or `full-access`.
+    pub policy: String,
+    /// Whether the operating system enforces it.
+    pub enforced: bool,
+    /// How, or why not.
+    pub detail: String,
 }
 
 /// Payload of [`EventMsg::TurnStarted`].

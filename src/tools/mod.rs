@@ -10,6 +10,7 @@
 mod approval;
 mod clock;
 pub mod mcp;
+mod session;
 pub mod workspace;
 
 use std::collections::BTreeMap;
@@ -21,6 +22,7 @@ use futures::FutureExt;
 
 pub use self::approval::{ApprovalPolicy, ApprovalRules};
 pub use self::clock::Clock;
+pub use self::session::{SessionTools, session_tools};
 use crate::model::{BoxFuture, ToolCall, ToolSpec};
 
 /// Why a tool call failed. The message is what the model reads.

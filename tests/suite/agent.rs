@@ -104,6 +104,7 @@ async fn plain_turn_records_every_step_in_order_and_stores_what_it_delivers() {
             resumed: false,
             history_items: 0,
             pending_approvals: vec![],
+            sandbox: None,
         })
     );
 
@@ -628,6 +629,7 @@ async fn reopening_a_session_closes_the_turn_left_in_flight_and_restores_history
             resumed: true,
             history_items: 1,
             pending_approvals: vec![],
+            sandbox: None,
         })
     );
     assert_eq!(second_run[0].sequence, first_run.last().expect("events").sequence + 1);
@@ -1034,6 +1036,7 @@ fn every_event_kind_is_its_wire_type() {
             resumed: false,
             history_items: 0,
             pending_approvals: vec![],
+            sandbox: None,
         }),
         EventMsg::TurnStarted(TurnStartedEvent { turn_id: turn_id() }),
         EventMsg::UserMessage(UserMessageEvent {

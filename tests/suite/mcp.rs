@@ -21,7 +21,7 @@ use keel::{CheckpointStore, Model};
 use super::support::*;
 
 /// Where the npm packages are; fails (never skips) when they are missing.
-fn node_modules() -> PathBuf {
+pub(super) fn node_modules() -> PathBuf {
     let dir = std::env::var_os("KEEL_MCP_NODE_MODULES")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/node/node_modules"));
@@ -37,7 +37,7 @@ fn node_modules() -> PathBuf {
 
 /// A word no other process has on its command line, to find this test's
 /// server processes among all of the machine's.
-fn marker() -> String {
+pub(super) fn marker() -> String {
     format!("keel-mcp-test-{}", uuid::Uuid::now_v7())
 }
 
@@ -107,7 +107,7 @@ fn ok(output: &str) -> ToolOutcome {
 }
 
 /// The processes whose command line has `marker` as an argument.
-fn processes_with(marker: &str) -> Vec<u32> {
+pub(super) fn processes_with(marker: &str) -> Vec<u32> {
     let mut pids: Vec<u32> = std::fs::read_dir("/proc")
         .expect("/proc")
         .filter_map(|entry| {

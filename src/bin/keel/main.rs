@@ -89,13 +89,15 @@ struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// Builds the model, checking keys and files before any session work.
-    fn build(&self) -> anyhow::Result<std::sync::Arc<dyn keel::Model>> {
+    /// Loads the configuration and builds the model, checking keys and files
+    /// before any session work.
+    fn load(&self) -> anyhow::Result<(keel::config::KeelConfig, std::sync::Arc<dyn keel::Model>)> {
         let (config, _) = keel::config::KeelConfig::discover(self.config.as_deref())?;
         let spec = self.model.clone().or_else(|| config.model.clone()).context(
             "no model: pass --model (for example --model openai:gpt-4.1-mini), set KEEL_MODEL, or set model in keel.toml",
         )?;
-        Ok(config.model(&spec)?)
+        let model = config.model(&spec)?;
+        Ok((config, model))
     }
 }
 

@@ -1,16 +1,29 @@
 //! `keel run`: one turn per message, streamed to the terminal.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use keel::agent::{AgentConfig, create_agent};
-use keel::protocol::{EventMsg, Op, RecordedEvent, new_id};
+use keel::protocol::{ApprovalDecision, EventMsg, Op, RecordedEvent, SandboxInfo, new_id};
 use keel::store::CheckpointStore;
+use keel::tools::workspace::SandboxPolicy;
 
 use crate::{DbArgs, ModelArgs, print_line};
+
+/// How `keel run` answers approval requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ApproveMode {
+    /// Ask on the terminal; deny when there is no terminal.
+    Ask,
+    /// Approve every request.
+    Auto,
+    /// Deny every request.
+    Deny,
+}
 
 /// Arguments of `keel run`.
 #[derive(Args, Debug)]
@@ -25,12 +38,26 @@ pub(crate) struct RunArgs {
     /// Standing instructions for the model (a system prompt).
     #[arg(long, value_name = "TEXT")]
     system: Option<String>,
-    /// Offer no tools to the model (by default: the built-in tools).
+    /// Offer no tools to the model (by default: the built-in tools, the
+    /// workspace tools and the MCP servers of keel.toml).
     #[arg(long)]
     no_tools: bool,
+    /// What shell commands may change, instead of keel.toml's `[tools]
+    /// sandbox` (default workspace-write).
+    #[arg(long, value_name = "POLICY")]
+    sandbox: Option<SandboxPolicy>,
+    /// The session's working directory, to which the file tools are
+    /// confined [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
     /// The most model calls one turn may make.
     #[arg(long, default_value_t = keel::agent::DEFAULT_MAX_STEPS, value_name = "N")]
     max_steps: u32,
+    /// What to do with tool calls that keel.toml's `[approvals]` says to ask
+    /// about: ask on the terminal (denied when there is none), approve them
+    /// all, or deny them all. Calls the policy denies stay denied.
+    #[arg(long, value_enum, default_value_t = ApproveMode::Ask, value_name = "MODE")]
+    approve: ApproveMode,
     /// The bot a new session belongs to.
     #[arg(long, default_value = "keel-cli", value_name = "ID")]
     bot: String,
@@ -45,7 +72,14 @@ pub(crate) struct RunArgs {
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Everything that can be wrong with the input is checked before any
     // session work starts.
-    let model = args.model.build()?;
+    let (keel_config, model) = args.model.load()?;
+    let workspace = match &args.workspace {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let workspace = workspace
+        .canonicalize()
+        .with_context(|| format!("cannot use {} as the workspace", workspace.display()))?;
     let mut args = args;
     for message in args.messages.iter_mut().filter(|message| *message == "-") {
         *message = std::io::read_to_string(std::io::stdin()).context("cannot read the message from stdin")?;
@@ -67,12 +101,23 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let mut config = AgentConfig::new(session_id.clone(), store, model);
     config.session_context.bot_id = args.bot.clone();
-    config.workspace = std::env::current_dir().context("cannot read the current directory")?;
     config.instructions = args.system.clone();
     config.max_steps = args.max_steps;
+    config.approvals = keel_config.approvals.clone();
     if !args.no_tools {
-        config.tools = keel::tools::ToolSet::builtin();
+        let mut tools_config = keel_config.tools.clone();
+        if let Some(policy) = args.sandbox {
+            tools_config.sandbox = policy;
+        }
+        // The shell's commands are started through this binary's hidden
+        // `sandbox-exec` command, which applies the sandbox and then execs.
+        let launcher = std::env::current_exe().ok();
+        let built = keel::tools::session_tools(&tools_config, &keel_config.mcp, &workspace, launcher).await;
+        config.tools = built.tools;
+        config.sandbox = built.sandbox.as_ref().map(SandboxInfo::from);
+        config.startup_warnings = built.warnings;
     }
+    config.workspace = workspace;
     let mut agent = create_agent(config).await?;
     if !args.json {
         eprintln!("session {session_id}");
@@ -110,6 +155,13 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let ours = event.submission_id.as_deref() == Some(submitted.id.as_str());
             match &event.msg {
                 EventMsg::TurnStarted(started) if ours => turn_id = Some(started.turn_id.clone()),
+                EventMsg::ApprovalRequested(request) => {
+                    let decision = decide(args.approve, request).await;
+                    agent.sender().submit(Op::Approval {
+                        call_id: request.call_id.clone(),
+                        decision,
+                    })?;
+                }
                 EventMsg::SubmissionRejected(rejected) if ours => bail!("message rejected: {}", rejected.reason),
                 msg if msg.ends_turn() && msg.turn_id() == turn_id.as_deref() && turn_id.is_some() => {
                     all_completed &= matches!(msg, EventMsg::TurnComplete(_));
@@ -133,6 +185,44 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         (false, true) => ExitCode::from(130),
         (false, false) => ExitCode::FAILURE,
     })
+}
+
+/// The decision for a tool call that needs approval: per `mode`, or asked
+/// on the terminal. Without a terminal to ask on, the call is denied.
+async fn decide(mode: ApproveMode, request: &keel::protocol::ApprovalRequestedEvent) -> ApprovalDecision {
+    use std::io::IsTerminal;
+    match mode {
+        ApproveMode::Auto => return ApprovalDecision::Approve,
+        ApproveMode::Deny => return ApprovalDecision::Deny,
+        ApproveMode::Ask => {}
+    }
+    if !std::io::stdin().is_terminal() || !std::io::stderr().is_terminal() {
+        eprintln!(
+            "[denied {}: no terminal to ask on; pass --approve auto to allow tool calls]",
+            request.name
+        );
+        return ApprovalDecision::Deny;
+    }
+    eprint!(
+        "Allow {} {}? [y]es / [n]o / [a]lways: ",
+        request.name,
+        shorten(&request.arguments, 200)
+    );
+    let answer = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    })
+    .await;
+    match answer
+        .ok()
+        .and_then(Result::ok)
+        .map(|line| line.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        Some("y" | "yes") => ApprovalDecision::Approve,
+        Some("a" | "always") => ApprovalDecision::ApproveForSession,
+        _ => ApprovalDecision::Deny,
+    }
 }
 
 /// `text` cut to `max` characters, on one line.
@@ -182,6 +272,14 @@ impl Printer {
             EventMsg::ToolCallStarted(call) => {
                 self.close_line()?;
                 eprintln!("[tool {} {}]", call.name, shorten(&call.arguments, 200));
+            }
+            EventMsg::ApprovalRequested(request) => {
+                self.close_line()?;
+                eprintln!(
+                    "[approval needed: {} {}]",
+                    request.name,
+                    shorten(&request.arguments, 200)
+                );
             }
             EventMsg::ToolCallCompleted(done) => {
                 let label = if done.is_error { "tool error" } else { "tool result" };

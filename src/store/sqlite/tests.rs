@@ -18,7 +18,7 @@ use tempfile::TempDir;
 use super::{SqliteCheckpoint, SqliteOptions, schema};
 use crate::protocol::{
     AbortReason, AssistantContentDeltaEvent, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, RecordedEvent,
-    SessionStartedEvent, TokenUsage, TranscriptItem, TurnAbortedEvent, TurnStartedEvent, UserMessageEvent,
+    SandboxInfo, SessionStartedEvent, TokenUsage, TranscriptItem, TurnAbortedEvent, TurnStartedEvent, UserMessageEvent,
     WarningEvent, now_ms,
 };
 use crate::store::{
@@ -135,6 +135,11 @@ fn event(session_id: &str, n: usize) -> Event {
             resumed: n.is_multiple_of(2),
             history_items: n as u64,
             pending_approvals: vec![],
+            sandbox: n.is_multiple_of(3).then(|| SandboxInfo {
+                policy: "workspace-write".into(),
+                enforced: true,
+                detail: format!("landlock {n}"),
+            }),
         }),
         _ => EventMsg::TurnAborted(TurnAbortedEvent {
             turn_id,

@@ -134,6 +134,16 @@ impl SandboxStatus {
     }
 }
 
+impl From<&SandboxStatus> for crate::protocol::SandboxInfo {
+    fn from(status: &SandboxStatus) -> Self {
+        Self {
+            policy: status.policy.to_string(),
+            enforced: status.enforced,
+            detail: status.detail.clone(),
+        }
+    }
+}
+
 /// Why the sandbox could not be applied.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

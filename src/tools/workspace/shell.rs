@@ -232,6 +232,17 @@ impl ShellTool {
     }
 
     /// What the sandbox did for this call.
+    /// The sandbox commands will run under, as far as can be known before
+    /// running one: the launcher reports the status that really applied in
+    /// the first line of each result.
+    pub fn expected_sandbox(&self) -> SandboxStatus {
+        match self.config.sandbox {
+            SandboxPolicy::FullAccess => self.sandbox_status(true, None),
+            _ if self.config.launcher.is_none() => self.sandbox_status(false, None),
+            policy => sandbox::probe(policy),
+        }
+    }
+
     fn sandbox_status(&self, launched: bool, reported: Option<SandboxStatus>) -> SandboxStatus {
         let policy = self.config.sandbox;
         let unrestricted = |detail: &str| SandboxStatus {

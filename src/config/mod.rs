@@ -1,0 +1,369 @@
+//! Configuration: `keel.toml`, model specs, tools and MCP servers.
+//!
+//! A model is named by a spec: `script:FILE`, `openai:MODEL` (Chat
+//! Completions), `openai-responses:MODEL`, `anthropic:MODEL`,
+//! `ollama:MODEL` (Chat Completions on `http://localhost:11434/v1`, no key),
+//! or the name of a model defined in `keel.toml`:
+//!
+//! ```toml
+//! model = "fast"                    # the default spec
+//!
+//! [models.fast]
+//! provider = "openai"               # openai | openai-responses | anthropic | ollama | script
+//! model = "gpt-4.1-mini"
+//! base_url = "https://api.openai.com/v1"
+//! api_key_env = "OPENAI_API_KEY"
+//! headers = { "OpenAI-Organization" = "org-123" }
+//! context_window = 128000
+//! max_output_tokens = 4096
+//! temperature = 0.2
+//! ```
+//!
+//! MCP tool servers are started for each session (see [`crate::tools::mcp`]);
+//! each is a child process spoken to over stdio, or a streamable-HTTP URL:
+//!
+//! ```toml
+//! [mcp.servers.files]               # tools are named files__<tool>
+//! command = "npx"                   # run as a child process (stdio)
+//! args = ["-y", "@modelcontextprotocol/server-filesystem", "."]
+//! env = { LOG_LEVEL = "warn" }      # added to PATH, HOME, … (nothing else is inherited)
+//! cwd = "."                         # relative to the session's workspace (the default)
+//! timeout_secs = 60                 # per call (default 60)
+//! startup_timeout_secs = 30         # start, handshake, tool list (default 30)
+//!
+//! [mcp.servers.search]
+//! url = "https://mcp.example.com/mcp"   # streamable HTTP instead of `command`
+//! headers = { Authorization = "Bearer …" }
+//! enabled = false                   # keep the entry, start nothing (default true)
+//! ```
+//!
+//! The built-in tools, the shell's sandbox and the approval policies:
+//!
+//! ```toml
+//! [tools]
+//! builtin = true                    # clock and the reading workspace tools (default true)
+//! write = true                      # write_file, edit_file (default true)
+//! shell = true                      # shell (default true)
+//! sandbox = "workspace-write"       # read-only | workspace-write | full-access
+//! shell_timeout_secs = 60           # per command unless the call asks for more
+//! shell_max_timeout_secs = 600      # the most a call may ask for
+//!
+//! [approvals]
+//! default = "ask"                   # auto | ask | deny; unset: reading tools auto, others ask
+//! tools = { shell = "ask", write_file = "auto", files__read_file = "auto" }
+//! ```
+//!
+//! Keys come from the environment (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, or
+//! the entry's `api_key_env`); endpoints from the entry, then
+//! `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL`, then the providers' defaults.
+//! The official endpoints need a key; a model on a custom `base_url` needs
+//! one only if its entry names an `api_key_env`. Keys are never written to
+//! the log, the checkpoint or a log line.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::model::{Model, ScriptedModel};
+use crate::provider::http::Secret;
+use crate::provider::{ProviderSettings, anthropic, openai_chat, openai_responses};
+use crate::tools::ApprovalRules;
+use crate::{Error, Result};
+
+mod mcp;
+mod tools;
+
+pub use self::mcp::*;
+pub use self::tools::ToolsConfig;
+
+const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
+const OLLAMA_BASE_URL: &str = "http://localhost:11434/v1";
+
+/// The contents of `keel.toml`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeelConfig {
+    /// The model spec used when none is given.
+    pub model: Option<String>,
+    /// Named models.
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelEntry>,
+    /// MCP tool servers (`[mcp.servers.NAME]`).
+    #[serde(default)]
+    pub mcp: McpConfig,
+    /// The built-in tools and the shell's sandbox (`[tools]`).
+    #[serde(default)]
+    pub tools: ToolsConfig,
+    /// Which tool calls run at once, ask the user, or are refused
+    /// (`[approvals]`).
+    #[serde(default)]
+    pub approvals: ApprovalRules,
+}
+
+/// A named model in `keel.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// `openai`, `openai-responses`, `anthropic`, `ollama` or `script`.
+    pub provider: String,
+    /// The provider's model name (or, for `script`, the script file).
+    pub model: String,
+    /// The API's base URL.
+    pub base_url: Option<String>,
+    /// The environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The model's context window, in tokens.
+    pub context_window: Option<u32>,
+    /// The most tokens to generate per request.
+    pub max_output_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Longest silence in a streamed response, in seconds.
+    pub idle_timeout_secs: Option<u64>,
+    /// Retries of a failed request (before anything was streamed).
+    pub max_retries: Option<u32>,
+}
+
+impl KeelConfig {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| Error::Config(format!("cannot read {}: {error}", path.display())))?;
+        toml::from_str(&text).map_err(|error| {
+            let message = error.message().to_owned();
+            Error::Config(format!("{}: {message}", path.display()))
+        })
+    }
+
+    /// The config in use: `explicit` if given (it must exist), else
+    /// `KEEL_CONFIG`, else `./keel.toml`, else `<config dir>/keel/keel.toml`,
+    /// else an empty one. Returns where it came from.
+    pub fn discover(explicit: Option<&Path>) -> Result<(Self, Option<PathBuf>)> {
+        if let Some(path) = explicit {
+            return Ok((Self::load(path)?, Some(path.to_path_buf())));
+        }
+        if let Some(path) = std::env::var_os("KEEL_CONFIG") {
+            let path = PathBuf::from(path);
+            return Ok((Self::load(&path)?, Some(path)));
+        }
+        let candidates = [
+            Some(PathBuf::from("keel.toml")),
+            dirs::config_dir().map(|dir| dir.join("keel/keel.toml")),
+        ];
+        for path in candidates.into_iter().flatten() {
+            if path.is_file() {
+                return Ok((Self::load(&path)?, Some(path)));
+            }
+        }
+        Ok((Self::default(), None))
+    }
+
+    /// Builds the model named by `spec`, reading keys and endpoints from the
+    /// process environment. Fails with a one-line [`Error::Config`].
+    pub fn model(&self, spec: &str) -> Result<Arc<dyn Model>> {
+        self.model_with_env(spec, &|name| std::env::var(name).ok().filter(|value| !value.is_empty()))
+    }
+
+    /// [`Self::model`] with the environment given as a lookup.
+    pub fn model_with_env(&self, spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn Model>> {
+        let (name, entry) = match spec.split_once(':') {
+            Some((provider, model)) => {
+                if model.is_empty() {
+                    return Err(Error::Config(format!(
+                        "model spec '{spec}' names no model after '{provider}:'"
+                    )));
+                }
+                let entry = ModelEntry {
+                    provider: provider.to_owned(),
+                    model: model.to_owned(),
+                    base_url: None,
+                    api_key_env: None,
+                    headers: BTreeMap::new(),
+                    context_window: None,
+                    max_output_tokens: None,
+                    temperature: None,
+                    idle_timeout_secs: None,
+                    max_retries: None,
+                };
+                (provider.to_owned(), entry)
+            }
+            None => match self.models.get(spec) {
+                Some(entry) => (spec.to_owned(), entry.clone()),
+                None => {
+                    let known: Vec<&str> = self.models.keys().map(String::as_str).collect();
+                    let known = if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    };
+                    return Err(Error::Config(format!(
+                        "unknown model '{spec}': write provider:model (openai, openai-responses, anthropic, ollama, \
+                         script) or a model named in keel.toml (known: {known})"
+                    )));
+                }
+            },
+        };
+        build(&name, &entry, env)
+    }
+}
+
+/// Builds a model from an entry.
+fn build(name: &str, entry: &ModelEntry, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn Model>> {
+    let (default_base, base_env, key_env, needs_key) = match entry.provider.as_str() {
+        "script" => return Ok(Arc::new(ScriptedModel::load(&entry.model)?)),
+        "openai" | "openai-responses" => (OPENAI_BASE_URL, Some("OPENAI_BASE_URL"), "OPENAI_API_KEY", true),
+        "anthropic" => (
+            ANTHROPIC_BASE_URL,
+            Some("ANTHROPIC_BASE_URL"),
+            "ANTHROPIC_API_KEY",
+            true,
+        ),
+        "ollama" => (OLLAMA_BASE_URL, None, "OLLAMA_API_KEY", false),
+        other => {
+            return Err(Error::Config(format!(
+                "unknown model provider '{other}' (known: openai, openai-responses, anthropic, ollama, script)"
+            )));
+        }
+    };
+    let custom_base = entry.base_url.clone().or_else(|| base_env.and_then(env));
+    let base_url = custom_base.clone().unwrap_or_else(|| default_base.to_owned());
+    let key_variable = entry.api_key_env.clone().unwrap_or_else(|| key_env.to_owned());
+    let api_key = env(&key_variable).map(Secret::new);
+    // The official endpoints always need a key; elsewhere only if asked for.
+    let key_required = (needs_key && custom_base.is_none()) || entry.api_key_env.is_some();
+    if api_key.is_none() && key_required {
+        return Err(Error::Config(format!(
+            "model '{name}' needs an API key: set {key_variable}"
+        )));
+    }
+    let mut settings = ProviderSettings::new(name, &entry.model, base_url);
+    settings.api_key = api_key;
+    settings.headers = entry
+        .headers
+        .iter()
+        .map(|(key, value)| (key.clone(), Secret::new(value.clone())))
+        .collect();
+    settings.max_output_tokens = entry.max_output_tokens;
+    settings.temperature = entry.temperature;
+    settings.context_window = entry.context_window;
+    if let Some(seconds) = entry.idle_timeout_secs {
+        settings.http.idle_timeout = Duration::from_secs(seconds);
+    }
+    if let Some(retries) = entry.max_retries {
+        settings.http.retry.max_retries = retries;
+    }
+    Ok(match entry.provider.as_str() {
+        "openai-responses" => Arc::new(openai_responses::OpenAiResponses::new(settings)?),
+        "anthropic" => Arc::new(anthropic::Anthropic::new(settings)?),
+        _ => Arc::new(openai_chat::OpenAiChat::new(settings)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        }
+    }
+
+    fn error(result: Result<Arc<dyn Model>>) -> String {
+        match result {
+            Ok(model) => panic!("expected an error, got {}", model.name()),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn specs_pick_provider_endpoint_and_key() {
+        let config = KeelConfig::default();
+        let keys = env(&[("OPENAI_API_KEY", "sk-test"), ("ANTHROPIC_API_KEY", "sk-ant")]);
+        for spec in [
+            "openai:gpt-4.1-mini",
+            "openai-responses:gpt-4.1-mini",
+            "anthropic:claude-sonnet-4-5",
+            "ollama:llama3.2",
+        ] {
+            let model = config
+                .model_with_env(spec, &keys)
+                .unwrap_or_else(|error| panic!("{spec}: {error}"));
+            assert!(
+                model
+                    .name()
+                    .contains(spec.split_once(':').map_or(spec, |(_, name)| name)),
+                "{}",
+                model.name()
+            );
+        }
+        assert!(
+            config.model_with_env("ollama:llama3.2", &env(&[])).is_ok(),
+            "ollama needs no key"
+        );
+    }
+
+    #[test]
+    fn missing_keys_and_unknown_names_are_one_line_errors() {
+        let config = KeelConfig::default();
+        let missing = error(config.model_with_env("openai:gpt-4.1-mini", &env(&[])));
+        assert_eq!(
+            missing,
+            "invalid configuration: model 'openai' needs an API key: set OPENAI_API_KEY"
+        );
+        assert!(error(config.model_with_env("anthropic:claude", &env(&[]))).contains("ANTHROPIC_API_KEY"));
+        assert!(error(config.model_with_env("gemini:pro", &env(&[]))).contains("unknown model provider 'gemini'"));
+        assert!(error(config.model_with_env("fast", &env(&[]))).contains("unknown model 'fast'"));
+        assert!(error(config.model_with_env("openai:", &env(&[]))).contains("names no model"));
+        assert!(!missing.contains('\n'));
+    }
+
+    #[test]
+    fn a_custom_endpoint_needs_a_key_only_when_the_entry_names_one() {
+        let config: KeelConfig = toml::from_str(
+            r#"
+            model = "local"
+            [models.local]
+            provider = "openai"
+            model = "qwen"
+            base_url = "http://127.0.0.1:8000/v1"
+
+            [models.proxy]
+            provider = "openai"
+            model = "gpt"
+            base_url = "http://127.0.0.1:4000"
+            api_key_env = "PROXY_KEY"
+            headers = { "X-Team" = "keel" }
+            max_output_tokens = 1024
+            temperature = 0.5
+            "#,
+        )
+        .expect("config");
+        assert_eq!(config.model.as_deref(), Some("local"));
+        assert!(config.model_with_env("local", &env(&[])).is_ok());
+        assert!(error(config.model_with_env("proxy", &env(&[]))).contains("set PROXY_KEY"));
+        assert!(config.model_with_env("proxy", &env(&[("PROXY_KEY", "k")])).is_ok());
+        // OPENAI_BASE_URL moves `openai:` specs to another endpoint, keyless.
+        assert!(
+            config
+                .model_with_env("openai:m", &env(&[("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")]))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn unknown_fields_in_the_file_are_errors() {
+        let bad = toml::from_str::<KeelConfig>("[models.x]\nprovider = \"openai\"\nmodel = \"m\"\nkey = \"sk\"\n");
+        assert!(bad.is_err());
+    }
+}

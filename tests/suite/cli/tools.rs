@@ -1,0 +1,308 @@
+//! `keel run` with tools: approvals answered from the command line, the
+//! shell's sandbox, MCP servers from `keel.toml`, and a process killed in the
+//! middle of a side-effecting tool call.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use keel::protocol::{AbortReason, ApprovalDecision, EventMsg, RecordedEvent};
+use keel::tools::workspace::SandboxPolicy;
+use keel::tools::workspace::sandbox::probe;
+
+use super::{Cli, assert_gap_free, parse_events, session_of, stderr, stdout};
+use crate::suite::mcp::{marker, node_modules, processes_with};
+
+/// A script that calls one tool and then answers `done`.
+fn one_call(cli: &Cli, name: &str, arguments: serde_json::Value) -> String {
+    let call = serde_json::json!({"tool_calls": [{"id": "call-1", "name": name, "arguments": arguments}]});
+    let script = cli.script("s.jsonl", &[&call.to_string(), r#"{"text": "done"}"#]);
+    format!("script:{}", script.display())
+}
+
+fn completed(events: &[RecordedEvent]) -> Vec<(String, String, bool)> {
+    events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::ToolCallCompleted(done) => Some((done.call_id.clone(), done.output.clone(), done.is_error)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn decisions(events: &[RecordedEvent]) -> Vec<ApprovalDecision> {
+    events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::ApprovalDecided(decided) => Some(decided.decision),
+            _ => None,
+        })
+        .collect()
+}
+
+fn count(events: &[RecordedEvent], kind: &str) -> usize {
+    events.iter().filter(|event| event.msg.kind() == kind).count()
+}
+
+#[test]
+fn the_approve_flag_answers_approval_requests_and_a_denied_write_changes_nothing() {
+    let cli = Cli::new();
+    let model = one_call(
+        &cli,
+        "write_file",
+        serde_json::json!({"path": "note.txt", "content": "hello"}),
+    );
+    let note = cli.dir.path().join("note.txt");
+
+    // Not on a terminal, `ask` cannot ask: the call is denied, and said so.
+    let asked = cli.run(&["run", "--json", "--model", &model, "write a note"]);
+    assert!(asked.status.success(), "{}", stderr(&asked));
+    assert!(stderr(&asked).contains("no terminal to ask on"), "{}", stderr(&asked));
+    let events = parse_events(&asked.stdout);
+    assert_eq!(count(&events, "approval_requested"), 1);
+    assert_eq!(decisions(&events), [ApprovalDecision::Deny]);
+    let results = completed(&events);
+    assert_eq!(results.len(), 1);
+    assert!(results[0].1.starts_with("denied by user"), "{results:?}");
+    assert!(!note.exists(), "a denied write must not happen");
+
+    let denied = cli.run(&["run", "--json", "--approve", "deny", "--model", &model, "write a note"]);
+    assert!(denied.status.success(), "{}", stderr(&denied));
+    assert_eq!(decisions(&parse_events(&denied.stdout)), [ApprovalDecision::Deny]);
+    assert!(!note.exists());
+
+    let approved = cli.run(&["run", "--json", "--approve", "auto", "--model", &model, "write a note"]);
+    assert!(approved.status.success(), "{}", stderr(&approved));
+    let events = parse_events(&approved.stdout);
+    assert_eq!(decisions(&events), [ApprovalDecision::Approve]);
+    assert_eq!(completed(&events).len(), 1);
+    assert!(!completed(&events)[0].2, "{:?}", completed(&events));
+    assert_eq!(std::fs::read_to_string(&note).expect("the note"), "hello");
+}
+
+#[test]
+fn keel_toml_sets_approval_policies_and_which_tools_are_offered() {
+    let cli = Cli::new();
+    let model = one_call(&cli, "write_file", serde_json::json!({"path": "x.txt", "content": "x"}));
+    let config = cli.dir.path().join("keel.toml");
+
+    // A denying policy wins over --approve auto, without asking.
+    std::fs::write(&config, "[approvals]\ntools = { write_file = \"deny\" }\n").expect("config");
+    let output = cli.run(&["run", "--json", "--approve", "auto", "--model", &model, "go"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let events = parse_events(&output.stdout);
+    assert_eq!(count(&events, "approval_requested"), 0);
+    let results = completed(&events);
+    assert!(
+        results[0].2 && results[0].1.starts_with("denied by policy"),
+        "{results:?}"
+    );
+
+    // An auto policy runs it without asking, even with --approve deny.
+    std::fs::write(&config, "[approvals]\ntools = { write_file = \"auto\" }\n").expect("config");
+    let output = cli.run(&["run", "--json", "--approve", "deny", "--model", &model, "go"]);
+    let events = parse_events(&output.stdout);
+    assert_eq!(count(&events, "approval_requested"), 0);
+    assert!(!completed(&events)[0].2, "{:?}", completed(&events));
+    assert_eq!(
+        std::fs::read_to_string(cli.dir.path().join("x.txt")).expect("written"),
+        "x"
+    );
+
+    // Without the writing tools the call names an unknown tool.
+    std::fs::write(&config, "[tools]\nwrite = false\nshell = false\n").expect("config");
+    let output = cli.run(&["run", "--json", "--approve", "auto", "--model", &model, "go"]);
+    let events = parse_events(&output.stdout);
+    let results = completed(&events);
+    assert!(results[0].2 && results[0].1.contains("unknown tool"), "{results:?}");
+    let EventMsg::SessionStarted(started) = &events[0].msg else {
+        panic!("first event: {:?}", events[0].msg)
+    };
+    assert_eq!(started.sandbox, None, "no shell, no sandbox to report");
+
+    // A bad section is a one-line error before anything runs.
+    std::fs::write(&config, "[tools]\nsandbox = \"none\"\n").expect("config");
+    let output = cli.run(&["run", "--model", &model, "go"]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("unknown variant `none`"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn the_session_records_its_sandbox_and_a_read_only_shell_cannot_write() {
+    let cli = Cli::new();
+    let model = one_call(&cli, "shell", serde_json::json!({"command": "echo hi > made.txt"}));
+    let output = cli.run(&[
+        "run",
+        "--json",
+        "--approve",
+        "auto",
+        "--sandbox",
+        "read-only",
+        "--model",
+        &model,
+        "make a file",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let events = parse_events(&output.stdout);
+    let EventMsg::SessionStarted(started) = &events[0].msg else {
+        panic!("first event: {:?}", events[0].msg)
+    };
+    let sandbox = started.sandbox.clone().expect("the shell's sandbox is recorded");
+    let expected = probe(SandboxPolicy::ReadOnly);
+    assert_eq!(sandbox.policy, "read-only");
+    assert_eq!(sandbox.enforced, expected.enforced, "{sandbox:?}");
+    let result = &completed(&events)[0];
+    if expected.enforced {
+        assert!(result.1.starts_with("[sandbox: read-only, enforced"), "{result:?}");
+        assert!(result.2, "the write fails: {result:?}");
+        assert!(!cli.dir.path().join("made.txt").exists());
+    } else {
+        // The kernel cannot enforce it: the session says so up front.
+        assert!(result.1.starts_with("[sandbox: read-only, not enforced"), "{result:?}");
+        assert_eq!(count(&events, "warning"), 1);
+    }
+}
+
+#[test]
+fn mcp_servers_from_keel_toml_serve_the_session_and_end_with_it() {
+    let cli = Cli::new();
+    let tag = marker();
+    let index = node_modules().join("@modelcontextprotocol/server-everything/dist/index.js");
+    std::fs::write(
+        cli.dir.path().join("keel.toml"),
+        format!(
+            "[mcp.servers.everything]\ncommand = \"node\"\nargs = [{:?}, \"stdio\", {tag:?}]\n\n\
+             [mcp.servers.broken]\ncommand = \"/nonexistent/mcp-server\"\n",
+            index.display().to_string()
+        ),
+    )
+    .expect("config");
+    let model = one_call(&cli, "everything__echo", serde_json::json!({"message": "through keel"}));
+    let output = cli.run(&["run", "--json", "--approve", "auto", "--model", &model, "echo it"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let events = parse_events(&output.stdout);
+    let warnings: Vec<&str> = events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::Warning(warning) => Some(warning.message.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|warning| warning.starts_with("the MCP server 'broken' was left out")),
+        "{warnings:?}"
+    );
+    assert_eq!(
+        completed(&events),
+        [("call-1".to_owned(), "Echo: through keel".to_owned(), false)]
+    );
+    // The server ended with the session that started it.
+    assert_eq!(processes_with(&tag), Vec::<u32>::new());
+}
+
+/// Kills every process working in `dir` (what a killed runtime's shell
+/// commands leave behind).
+fn kill_processes_in(dir: &std::path::Path) {
+    let dir = dir.canonicalize().expect("dir");
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else {
+            continue;
+        };
+        if std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd == dir) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+#[test]
+fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_resume() {
+    let cli = Cli::new();
+    let call = serde_json::json!({"tool_calls": [
+        {"id": "side-effect", "name": "shell", "arguments": {"command": "echo ran >> count.txt && exec sleep 60"}}
+    ]});
+    let script = cli.script("s.jsonl", &[&call.to_string(), r#"{"text": "recovered"}"#]);
+    let model = format!("script:{}", script.display());
+    let counter = cli.dir.path().join("count.txt");
+
+    let mut child = cli
+        .command(&["run", "--json", "--approve", "auto", "--model", &model, "count once"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn keel");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    // The start of the call is printed only once it is durable.
+    loop {
+        let line = lines.next().expect("keel ended before the call").expect("read line");
+        let event: RecordedEvent = serde_json::from_str(&line).expect("event json");
+        let started = matches!(event.msg, EventMsg::ToolCallStarted(_));
+        seen.push(event);
+        if started {
+            break;
+        }
+    }
+    // Let the command do its side effect, then kill the runtime mid-call.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !counter.exists() {
+        assert!(Instant::now() < deadline, "the command never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("kill keel");
+    child.wait().expect("reap keel");
+    kill_processes_in(cli.dir.path());
+    let session = session_of(&seen);
+
+    let resumed = cli.run(&[
+        "run",
+        "--session",
+        &session,
+        "--approve",
+        "auto",
+        "--model",
+        &model,
+        "again",
+    ]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert_eq!(stdout(&resumed), "recovered\n");
+
+    // Exactly one execution of the side effect.
+    assert_eq!(std::fs::read_to_string(&counter).expect("counter"), "ran\n");
+    let events = cli.events(&session);
+    assert_gap_free(&events);
+    assert_eq!(
+        events[..seen.len()],
+        seen[..],
+        "what was delivered is in the log, unchanged"
+    );
+    // The call that never finished has exactly one result, saying so.
+    let results = completed(&events);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].0, "side-effect");
+    assert!(results[0].2, "{results:?}");
+    assert!(
+        results[0].1.starts_with("interrupted:") && results[0].1.contains("may or may not have completed"),
+        "{results:?}"
+    );
+    assert_eq!(count(&events, "tool_call_started"), 1, "the call is not started again");
+    let aborted: Vec<&EventMsg> = events
+        .iter()
+        .map(|event| &event.msg)
+        .filter(|msg| matches!(msg, EventMsg::TurnAborted(aborted) if aborted.reason == AbortReason::RuntimeStopped))
+        .collect();
+    assert_eq!(aborted.len(), 1, "{aborted:?}");
+    // Its result comes before the crashed turn is closed, and the next turn
+    // runs on that well-formed history.
+    let result_at = events
+        .iter()
+        .position(|event| event.msg.kind() == "tool_call_completed");
+    let aborted_at = events.iter().position(|event| event.msg.kind() == "turn_aborted");
+    assert!(result_at < aborted_at);
+    assert_eq!(count(&events, "turn_complete"), 1);
+}
