@@ -171,24 +171,6 @@ impl Drop for Agent {
     }
 }
 
-/// The ids of tool calls in `transcript` that have no result.
-fn unanswered_tool_calls(transcript: &[TranscriptItem]) -> Vec<String> {
-    let answered: std::collections::HashSet<&str> = transcript
-        .iter()
-        .filter_map(|item| match item {
-            TranscriptItem::ToolResult { call_id, .. } => Some(call_id.as_str()),
-            _ => None,
-        })
-        .collect();
-    transcript
-        .iter()
-        .filter_map(|item| match item {
-            TranscriptItem::ToolCall { call_id, .. } if !answered.contains(call_id.as_str()) => Some(call_id.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Opens the session named in `config`, creating it if needed, and starts
 /// its task. A turn left in flight by a runtime that stopped is closed with
 /// a `turn_aborted` event (reason `runtime_stopped`) before anything else.
@@ -286,9 +268,9 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         let submission_id = execution.submission_ids.first().cloned();
         // A tool call that started but has no recorded result gets one, so
         // the history sent to the provider stays well formed.
-        let unanswered = unanswered_tool_calls(&transcript);
+        let unanswered = turn::unanswered_calls(&transcript);
         let mut results = Vec::with_capacity(unanswered.len());
-        for call_id in unanswered {
+        for ToolCall { call_id, .. } in unanswered {
             let output = "interrupted: the runtime stopped during this call; the tool may or may not have completed";
             startup.push(Event {
                 submission_id: submission_id.clone(),

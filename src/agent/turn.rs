@@ -348,7 +348,7 @@ impl Session {
 
 /// The tool calls at the end of `transcript` that have no result yet, in
 /// order: those of the step a turn was in when it stopped.
-fn unanswered_calls(transcript: &[TranscriptItem]) -> Vec<ToolCall> {
+pub(super) fn unanswered_calls(transcript: &[TranscriptItem]) -> Vec<ToolCall> {
     let answered: std::collections::HashSet<&str> = transcript
         .iter()
         .filter_map(|item| match item {

@@ -128,16 +128,6 @@ async fn read_to(agent: &mut Agent, kind: &str) -> Vec<RecordedEvent> {
     read_until(agent, |event| event.msg.kind() == kind).await
 }
 
-fn results(events: &[RecordedEvent]) -> Vec<(String, String, bool)> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::ToolCallCompleted(done) => Some((done.call_id.clone(), done.output.clone(), done.is_error)),
-            _ => None,
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn an_ask_call_waits_for_approval_and_runs_once_approved() {
     let db = TestDb::new();
@@ -177,7 +167,10 @@ async fn an_ask_call_waits_for_approval_and_runs_once_approved() {
         ]
     );
     assert_eq!(rest[0].submission_id.as_deref(), Some(decision.id.as_str()));
-    assert_eq!(results(&rest), [("w1".to_owned(), "write run 1".to_owned(), false)]);
+    assert_eq!(
+        tool_results(&rest),
+        [("w1".to_owned(), "write run 1".to_owned(), false)]
+    );
     assert_eq!(tools.runs.load(Ordering::SeqCst), 1);
     shutdown(agent).await;
 }
@@ -197,7 +190,7 @@ async fn a_denied_call_is_answered_denied_by_user_and_the_turn_goes_on() {
         .expect("deny");
     let rest = read_turn(&mut agent).await;
     assert_eq!(tools.runs.load(Ordering::SeqCst), 0, "a denied call never runs");
-    let answered = results(&rest);
+    let answered = tool_results(&rest);
     assert!(
         answered[0].2 && answered[0].1.starts_with("denied by user"),
         "{answered:?}"
@@ -260,7 +253,7 @@ async fn a_deny_policy_refuses_without_asking_and_an_auto_policy_runs_without_as
     agent.sender().submit(user("go")).expect("submit");
     let turn = read_turn(&mut agent).await;
     assert!(!kinds(&turn).contains(&"approval_requested"));
-    let answered = results(&turn);
+    let answered = tool_results(&turn);
     assert_eq!(answered[0].0, "w1");
     assert!(
         answered[0].2 && answered[0].1.starts_with("denied by policy"),
@@ -288,7 +281,7 @@ async fn an_interrupt_while_waiting_for_approval_denies_and_aborts() {
         .expect("interrupt");
     let rest = read_turn(&mut agent).await;
     assert_eq!(tools.runs.load(Ordering::SeqCst), 0, "nothing ran");
-    let answered = results(&rest);
+    let answered = tool_results(&rest);
     assert_eq!(answered.len(), 2, "both calls are answered: {answered:?}");
     assert_eq!(answered[0].1, "not run: the turn was interrupted");
     assert!(answered[1].1.starts_with("denied by user"));
@@ -392,7 +385,7 @@ async fn parallel_safe_calls_run_together_and_their_results_keep_the_call_order(
     }
     tools.gate.add_permits(2);
     let turn = read_turn(&mut agent).await;
-    let answered: Vec<String> = results(&turn).into_iter().map(|(id, _, _)| id).collect();
+    let answered: Vec<String> = tool_results(&turn).into_iter().map(|(id, _, _)| id).collect();
     assert_eq!(answered, ["a", "b"], "results in the order of the calls");
     let history = &model.seen()[1].history;
     let order: Vec<&str> = history
@@ -436,7 +429,7 @@ async fn calls_that_are_not_all_parallel_safe_run_one_after_the_other() {
     );
     tools.gate.add_permits(2);
     let turn = read_turn(&mut agent).await;
-    let answered: Vec<String> = results(&turn).into_iter().map(|(id, _, _)| id).collect();
+    let answered: Vec<String> = tool_results(&turn).into_iter().map(|(id, _, _)| id).collect();
     assert_eq!(answered, ["a", "w"]);
     assert_eq!(tools.runs.load(Ordering::SeqCst), 2);
     shutdown(agent).await;

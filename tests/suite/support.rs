@@ -128,6 +128,17 @@ pub(crate) fn kinds(events: &[RecordedEvent]) -> Vec<&'static str> {
     events.iter().map(|event| event.msg.kind()).collect()
 }
 
+/// `(call_id, output, is_error)` of each `tool_call_completed` among `events`.
+pub(crate) fn tool_results(events: &[RecordedEvent]) -> Vec<(String, String, bool)> {
+    events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::ToolCallCompleted(done) => Some((done.call_id.clone(), done.output.clone(), done.is_error)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The assistant content deltas among `events`.
 pub(crate) fn deltas(events: &[RecordedEvent]) -> Vec<&str> {
     events

@@ -58,16 +58,6 @@ fn config(db: &TestDb, store: &Arc<keel::store::SqliteCheckpoint>, model: Arc<dy
     config
 }
 
-fn completed(events: &[RecordedEvent]) -> Vec<(String, String, bool)> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::ToolCallCompleted(done) => Some((done.call_id.clone(), done.output.clone(), done.is_error)),
-            _ => None,
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn tool_calls_run_and_their_results_go_back_to_the_model_in_order() {
     let db = TestDb::new();
@@ -107,7 +97,7 @@ async fn tool_calls_run_and_their_results_go_back_to_the_model_in_order() {
             "turn_complete",
         ]
     );
-    let results = completed(&events);
+    let results = tool_results(&events);
     assert_eq!(results.len(), 3);
     assert!(!results[0].2 && results[0].1.contains("\"utc\""), "{results:?}");
     assert!(
@@ -185,7 +175,7 @@ async fn a_model_that_keeps_calling_tools_stops_at_the_step_limit_and_the_turn_c
         .filter(|kind| **kind == "model_step_started")
         .count();
     assert_eq!(steps, 3);
-    assert_eq!(completed(&events).len(), 3, "every call got its result");
+    assert_eq!(tool_results(&events).len(), 3, "every call got its result");
     let tail = &events[events.len() - 2..];
     assert!(
         matches!(&tail[0].msg, EventMsg::Error(error) if error.message.contains("limit of 3 model steps")),
@@ -257,7 +247,7 @@ async fn an_interrupt_during_a_tool_call_answers_every_call_and_aborts_the_turn(
     let events = read_turn(&mut agent).await;
 
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the second call never ran");
-    let results = completed(&events);
+    let results = tool_results(&events);
     assert_eq!(
         results,
         [
@@ -343,7 +333,7 @@ async fn a_tool_call_cut_short_by_a_stopped_runtime_gets_an_interrupted_result_o
         ["session_started", "tool_call_completed", "turn_aborted"],
         "the call is answered, then the turn closed"
     );
-    let results = completed(&events);
+    let results = tool_results(&events);
     assert_eq!(results[0].0, "g1");
     assert!(
         results[0].2 && results[0].1.starts_with("interrupted: the runtime stopped"),

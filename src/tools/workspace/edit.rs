@@ -114,14 +114,7 @@ mod tests {
     use super::*;
 
     async fn edit_file(workspace: &Path, arguments: serde_json::Value) -> Result<String, ToolError> {
-        let context = ToolContext {
-            session_id: "s".into(),
-            workspace: workspace.to_path_buf(),
-        };
-        let serde_json::Value::Object(arguments) = arguments else {
-            panic!("arguments must be an object")
-        };
-        EditFile.call(arguments, &context).await
+        super::super::test_call(&EditFile, workspace, arguments).await
     }
 
     fn failed(result: Result<String, ToolError>) -> String {

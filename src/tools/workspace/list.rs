@@ -173,14 +173,7 @@ mod tests {
     use super::*;
 
     async fn list_dir(workspace: &Path, arguments: serde_json::Value) -> Result<String, ToolError> {
-        let context = ToolContext {
-            session_id: "s".into(),
-            workspace: workspace.to_path_buf(),
-        };
-        let serde_json::Value::Object(arguments) = arguments else {
-            panic!("arguments must be an object")
-        };
-        ListDir.call(arguments, &context).await
+        super::super::test_call(&ListDir, workspace, arguments).await
     }
 
     fn tree() -> tempfile::TempDir {

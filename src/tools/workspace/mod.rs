@@ -153,6 +153,24 @@ fn plural(count: usize, one: &str, many: &str) -> String {
     }
 }
 
+/// Calls `tool` directly (no schema check) in `workspace`, for the tools'
+/// unit tests.
+#[cfg(test)]
+async fn test_call(
+    tool: &dyn Tool,
+    workspace: &std::path::Path,
+    arguments: serde_json::Value,
+) -> Result<String, ToolError> {
+    let context = crate::tools::ToolContext {
+        session_id: "s".into(),
+        workspace: workspace.to_path_buf(),
+    };
+    let serde_json::Value::Object(arguments) = arguments else {
+        panic!("arguments must be an object")
+    };
+    tool.call(arguments, &context).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

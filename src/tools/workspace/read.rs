@@ -176,14 +176,7 @@ mod tests {
     use super::*;
 
     async fn read(workspace: &std::path::Path, arguments: serde_json::Value) -> Result<String, ToolError> {
-        let context = ToolContext {
-            session_id: "s".into(),
-            workspace: workspace.to_path_buf(),
-        };
-        let serde_json::Value::Object(arguments) = arguments else {
-            panic!("arguments must be an object")
-        };
-        ReadFile.call(arguments, &context).await
+        super::super::test_call(&ReadFile, workspace, arguments).await
     }
 
     #[tokio::test]

@@ -270,14 +270,7 @@ mod tests {
     use super::*;
 
     async fn search(workspace: &Path, arguments: serde_json::Value) -> Result<String, ToolError> {
-        let context = ToolContext {
-            session_id: "s".into(),
-            workspace: workspace.to_path_buf(),
-        };
-        let serde_json::Value::Object(arguments) = arguments else {
-            panic!("arguments must be an object")
-        };
-        Search.call(arguments, &context).await
+        super::super::test_call(&Search, workspace, arguments).await
     }
 
     fn tree() -> tempfile::TempDir {

@@ -447,23 +447,13 @@ impl Capture {
 mod tests {
     use super::*;
 
-    fn context(dir: &std::path::Path) -> ToolContext {
-        ToolContext {
-            session_id: "s".into(),
-            workspace: dir.to_path_buf(),
-        }
-    }
-
     async fn shell(
         config: ShellConfig,
         dir: &std::path::Path,
         arguments: serde_json::Value,
     ) -> Result<String, ToolError> {
-        let serde_json::Value::Object(arguments) = arguments else {
-            panic!("arguments must be an object")
-        };
         let tool = ShellTool::new(config);
-        tokio::time::timeout(Duration::from_secs(60), tool.call(arguments, &context(dir)))
+        tokio::time::timeout(Duration::from_secs(60), super::super::test_call(&tool, dir, arguments))
             .await
             .expect("hang guard")
     }

@@ -123,14 +123,7 @@ mod tests {
     use super::*;
 
     async fn write_file(workspace: &Path, arguments: serde_json::Value) -> Result<String, ToolError> {
-        let context = ToolContext {
-            session_id: "s".into(),
-            workspace: workspace.to_path_buf(),
-        };
-        let serde_json::Value::Object(arguments) = arguments else {
-            panic!("arguments must be an object")
-        };
-        WriteFile.call(arguments, &context).await
+        super::super::test_call(&WriteFile, workspace, arguments).await
     }
 
     fn names(dir: &Path) -> Vec<String> {

@@ -71,6 +71,44 @@ fn session_of(events: &[RecordedEvent]) -> String {
     }
 }
 
+/// `keel run --json …` started in the background, read up to and including
+/// the first event that `stop_at` picks (printed only once it is durable).
+struct Running {
+    child: std::process::Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    seen: Vec<RecordedEvent>,
+}
+
+impl Running {
+    #[expect(clippy::zombie_processes, reason = "the caller reaps the child it is given")]
+    fn start(cli: &Cli, args: &[&str], stop_at: impl Fn(&EventMsg) -> bool) -> Self {
+        let mut child = cli
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn keel");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut seen = Vec::new();
+        loop {
+            let line = lines.next().expect("keel ended early").expect("read line");
+            let event: RecordedEvent = serde_json::from_str(&line).expect("event json");
+            let stop = stop_at(&event.msg);
+            seen.push(event);
+            if stop {
+                return Self { child, lines, seen };
+            }
+        }
+    }
+
+    /// Kills the process (SIGKILL: a crash) and reaps it.
+    fn crash(mut self) -> Vec<RecordedEvent> {
+        self.child.kill().expect("kill keel");
+        self.child.wait().expect("reap keel");
+        self.seen
+    }
+}
+
 fn assert_gap_free(events: &[RecordedEvent]) {
     let sequences: Vec<u64> = events.iter().map(|event| event.sequence).collect();
     let expected: Vec<u64> = (1..=events.len() as u64).collect();
@@ -174,26 +212,11 @@ fn a_killed_process_leaves_a_turn_that_the_next_process_closes() {
         r#"{"chunks": ["one ", "two ", "three ", "four ", "five ", "six ", "seven ", "eight "], "delay_ms": 300}"#;
     let script = cli.script("s.jsonl", &[slow, r#"{"text": "after the crash"}"#]);
     let model = format!("script:{}", script.display());
-    let mut child = cli
-        .command(&["run", "--json", "--model", &model, "tell me a story"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn keel");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut seen = Vec::new();
     // Wait until some streamed text is durable (it is printed only after its commit).
-    loop {
-        let line = lines.next().expect("keel ended before streaming").expect("read line");
-        let event: RecordedEvent = serde_json::from_str(&line).expect("event json");
-        let streamed = matches!(event.msg, EventMsg::AssistantContentDelta(_));
-        seen.push(event);
-        if streamed {
-            break;
-        }
-    }
-    child.kill().expect("kill keel");
-    child.wait().expect("reap keel");
+    let running = Running::start(&cli, &["run", "--json", "--model", &model, "tell me a story"], |msg| {
+        matches!(msg, EventMsg::AssistantContentDelta(_))
+    });
+    let seen = running.crash();
     let session = session_of(&seen);
     let crashed_turn = seen
         .iter()
@@ -251,29 +274,14 @@ fn ctrl_c_interrupts_the_running_turn_and_keeps_what_streamed() {
     let cli = Cli::new();
     let slow = r#"{"chunks": ["one ", "two ", "three ", "four ", "five ", "six "], "delay_ms": 300}"#;
     let script = cli.script("s.jsonl", &[slow]);
-    let mut child = cli
-        .command(&[
-            "run",
-            "--json",
-            "--model",
-            &format!("script:{}", script.display()),
-            "go",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn keel");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut events = Vec::new();
-    loop {
-        let line = lines.next().expect("keel ended before streaming").expect("read line");
-        let event: RecordedEvent = serde_json::from_str(&line).expect("event json");
-        let streamed = matches!(event.msg, EventMsg::AssistantContentDelta(_));
-        events.push(event);
-        if streamed {
-            break;
-        }
-    }
+    let model = format!("script:{}", script.display());
+    let Running {
+        mut child,
+        lines,
+        seen: mut events,
+    } = Running::start(&cli, &["run", "--json", "--model", &model, "go"], |msg| {
+        matches!(msg, EventMsg::AssistantContentDelta(_))
+    });
     let status = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

@@ -2,32 +2,21 @@
 //! shell's sandbox, MCP servers from `keel.toml`, and a process killed in the
 //! middle of a side-effecting tool call.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use keel::protocol::{AbortReason, ApprovalDecision, EventMsg, RecordedEvent};
 use keel::tools::workspace::SandboxPolicy;
 use keel::tools::workspace::sandbox::probe;
 
-use super::{Cli, assert_gap_free, parse_events, session_of, stderr, stdout};
+use super::{Cli, Running, assert_gap_free, parse_events, session_of, stderr, stdout};
 use crate::suite::mcp::{marker, node_modules, processes_with};
+use crate::suite::support::tool_results;
 
 /// A script that calls one tool and then answers `done`.
 fn one_call(cli: &Cli, name: &str, arguments: serde_json::Value) -> String {
     let call = serde_json::json!({"tool_calls": [{"id": "call-1", "name": name, "arguments": arguments}]});
     let script = cli.script("s.jsonl", &[&call.to_string(), r#"{"text": "done"}"#]);
     format!("script:{}", script.display())
-}
-
-fn completed(events: &[RecordedEvent]) -> Vec<(String, String, bool)> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::ToolCallCompleted(done) => Some((done.call_id.clone(), done.output.clone(), done.is_error)),
-            _ => None,
-        })
-        .collect()
 }
 
 fn decisions(events: &[RecordedEvent]) -> Vec<ApprovalDecision> {
@@ -61,7 +50,7 @@ fn the_approve_flag_answers_approval_requests_and_a_denied_write_changes_nothing
     let events = parse_events(&asked.stdout);
     assert_eq!(count(&events, "approval_requested"), 1);
     assert_eq!(decisions(&events), [ApprovalDecision::Deny]);
-    let results = completed(&events);
+    let results = tool_results(&events);
     assert_eq!(results.len(), 1);
     assert!(results[0].1.starts_with("denied by user"), "{results:?}");
     assert!(!note.exists(), "a denied write must not happen");
@@ -75,8 +64,8 @@ fn the_approve_flag_answers_approval_requests_and_a_denied_write_changes_nothing
     assert!(approved.status.success(), "{}", stderr(&approved));
     let events = parse_events(&approved.stdout);
     assert_eq!(decisions(&events), [ApprovalDecision::Approve]);
-    assert_eq!(completed(&events).len(), 1);
-    assert!(!completed(&events)[0].2, "{:?}", completed(&events));
+    assert_eq!(tool_results(&events).len(), 1);
+    assert!(!tool_results(&events)[0].2, "{:?}", tool_results(&events));
     assert_eq!(std::fs::read_to_string(&note).expect("the note"), "hello");
 }
 
@@ -92,7 +81,7 @@ fn keel_toml_sets_approval_policies_and_which_tools_are_offered() {
     assert!(output.status.success(), "{}", stderr(&output));
     let events = parse_events(&output.stdout);
     assert_eq!(count(&events, "approval_requested"), 0);
-    let results = completed(&events);
+    let results = tool_results(&events);
     assert!(
         results[0].2 && results[0].1.starts_with("denied by policy"),
         "{results:?}"
@@ -103,7 +92,7 @@ fn keel_toml_sets_approval_policies_and_which_tools_are_offered() {
     let output = cli.run(&["run", "--json", "--approve", "deny", "--model", &model, "go"]);
     let events = parse_events(&output.stdout);
     assert_eq!(count(&events, "approval_requested"), 0);
-    assert!(!completed(&events)[0].2, "{:?}", completed(&events));
+    assert!(!tool_results(&events)[0].2, "{:?}", tool_results(&events));
     assert_eq!(
         std::fs::read_to_string(cli.dir.path().join("x.txt")).expect("written"),
         "x"
@@ -113,7 +102,7 @@ fn keel_toml_sets_approval_policies_and_which_tools_are_offered() {
     std::fs::write(&config, "[tools]\nwrite = false\nshell = false\n").expect("config");
     let output = cli.run(&["run", "--json", "--approve", "auto", "--model", &model, "go"]);
     let events = parse_events(&output.stdout);
-    let results = completed(&events);
+    let results = tool_results(&events);
     assert!(results[0].2 && results[0].1.contains("unknown tool"), "{results:?}");
     let EventMsg::SessionStarted(started) = &events[0].msg else {
         panic!("first event: {:?}", events[0].msg)
@@ -155,7 +144,7 @@ fn the_session_records_its_sandbox_and_a_read_only_shell_cannot_write() {
     let expected = probe(SandboxPolicy::ReadOnly);
     assert_eq!(sandbox.policy, "read-only");
     assert_eq!(sandbox.enforced, expected.enforced, "{sandbox:?}");
-    let result = &completed(&events)[0];
+    let result = &tool_results(&events)[0];
     if expected.enforced {
         assert!(result.1.starts_with("[sandbox: read-only, enforced"), "{result:?}");
         assert!(result.2, "the write fails: {result:?}");
@@ -199,7 +188,7 @@ fn mcp_servers_from_keel_toml_serve_the_session_and_end_with_it() {
         "{warnings:?}"
     );
     assert_eq!(
-        completed(&events),
+        tool_results(&events),
         [("call-1".to_owned(), "Echo: through keel".to_owned(), false)]
     );
     // The server ended with the session that started it.
@@ -230,32 +219,19 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
     let model = format!("script:{}", script.display());
     let counter = cli.dir.path().join("count.txt");
 
-    let mut child = cli
-        .command(&["run", "--json", "--approve", "auto", "--model", &model, "count once"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn keel");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut seen = Vec::new();
     // The start of the call is printed only once it is durable.
-    loop {
-        let line = lines.next().expect("keel ended before the call").expect("read line");
-        let event: RecordedEvent = serde_json::from_str(&line).expect("event json");
-        let started = matches!(event.msg, EventMsg::ToolCallStarted(_));
-        seen.push(event);
-        if started {
-            break;
-        }
-    }
+    let running = Running::start(
+        &cli,
+        &["run", "--json", "--approve", "auto", "--model", &model, "count once"],
+        |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
+    );
     // Let the command do its side effect, then kill the runtime mid-call.
     let deadline = Instant::now() + Duration::from_secs(30);
     while !counter.exists() {
         assert!(Instant::now() < deadline, "the command never ran");
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.kill().expect("kill keel");
-    child.wait().expect("reap keel");
+    let seen = running.crash();
     kill_processes_in(cli.dir.path());
     let session = session_of(&seen);
 
@@ -282,7 +258,7 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
         "what was delivered is in the log, unchanged"
     );
     // The call that never finished has exactly one result, saying so.
-    let results = completed(&events);
+    let results = tool_results(&events);
     assert_eq!(results.len(), 1, "{results:?}");
     assert_eq!(results[0].0, "side-effect");
     assert!(results[0].2, "{results:?}");
