@@ -10,6 +10,7 @@ mod provider_http;
 mod provider_openai_chat;
 mod provider_openai_responses;
 mod provider_support;
+mod provider_tool_turns;
 mod support;
 mod turns_with_tools;
 mod workspace_tools;
