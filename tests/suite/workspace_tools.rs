@@ -314,11 +314,28 @@ async fn read_only_commands_cannot_write_where_the_sandbox_is_enforced() {
     }
 }
 
+/// A writable directory that is not under the temporary directory (which
+/// the workspace-write policy lets commands write): the build's scratch
+/// directory unless the checkout itself lives under `/tmp`, else `$HOME`.
+fn outside_the_temporary_directory() -> std::path::PathBuf {
+    let temporary = std::env::temp_dir().canonicalize().unwrap();
+    let candidates = [
+        Some(std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))),
+        std::env::var_os("HOME").map(std::path::PathBuf::from),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .filter_map(|dir| dir.canonicalize().ok())
+        .find(|dir| !dir.starts_with(&temporary) && tempfile::tempdir_in(dir).is_ok())
+        .expect("a writable directory outside the temporary directory (the target dir or $HOME)")
+}
+
 #[tokio::test]
 async fn workspace_write_commands_write_only_in_the_workspace_where_enforced() {
     let scratch = Scratch::new();
     // Outside both the workspace and /tmp, which workspace-write allows.
-    let elsewhere = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let elsewhere = tempfile::tempdir_in(outside_the_temporary_directory()).unwrap();
     let target = elsewhere.path().join("escaped.txt");
     let set = tool_set(launcher_config(SandboxPolicy::WorkspaceWrite));
     let command = format!("echo in > inside.txt; echo out > '{}'", target.display());
@@ -542,7 +559,7 @@ fn commands_cannot_see_secrets() {
         .env("OPENAI_API_KEY", "sk-fake-h7-secret")
         .env("KEEL_TEST_SECRETS_CHILD", "1")
         .output()
-        .unwrap();
+        .expect("re-run this test binary with a secret in its environment");
     let stdout = String::from_utf8_lossy(&child.stdout);
     assert!(
         child.status.success(),
