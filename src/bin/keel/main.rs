@@ -8,6 +8,7 @@ mod bench;
 mod log;
 mod run;
 mod sandbox;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +28,8 @@ struct Cli {
 enum Command {
     /// Run one turn per message in a session, streaming the answers.
     Run(run::RunArgs),
+    /// Serve the HTTP API (sessions, submissions, event streams) and the web UI.
+    Serve(serve::ServeArgs),
     /// Print a session's event log.
     Events(log::EventsArgs),
     /// List sessions, most recently active first.
@@ -126,6 +129,7 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match command {
             Command::Run(args) => run::run(args).await,
+            Command::Serve(args) => serve::serve_command(args).await,
             Command::Events(args) => log::events(args).await,
             Command::Sessions(args) => log::sessions(args).await,
             Command::Bench(command) => bench::bench(command).await,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::Args;
 use keel::agent::{AgentConfig, create_agent};
-use keel::protocol::{ApprovalDecision, EventMsg, Op, RecordedEvent, SandboxInfo, new_id};
+use keel::protocol::{ApprovalDecision, EventMsg, Op, RecordedEvent, new_id};
 use keel::store::CheckpointStore;
 use keel::tools::workspace::SandboxPolicy;
 
@@ -100,6 +100,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => new_id(),
     };
     let mut config = AgentConfig::new(session_id.clone(), store, model);
+    config.workspace = workspace;
     config.session_context.bot_id = args.bot.clone();
     config.instructions = args.system.clone();
     config.max_steps = args.max_steps;
@@ -112,12 +113,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // The shell's commands are started through this binary's hidden
         // `sandbox-exec` command, which applies the sandbox and then execs.
         let launcher = std::env::current_exe().ok();
-        let built = keel::tools::session_tools(&tools_config, &keel_config.mcp, &workspace, launcher).await;
-        config.tools = built.tools;
-        config.sandbox = built.sandbox.as_ref().map(SandboxInfo::from);
-        config.startup_warnings = built.warnings;
+        keel_config.install_tools(&mut config, &tools_config, launcher).await;
     }
-    config.workspace = workspace;
     let mut agent = create_agent(config).await?;
     if !args.json {
         eprintln!("session {session_id}");
