@@ -6,6 +6,7 @@ mod auth;
 mod errors;
 mod lifecycle;
 mod ops;
+mod policies;
 mod sessions;
 mod streams;
 mod support;
