@@ -21,6 +21,10 @@ pub enum Error {
     /// once the running turn has taken some of the queue.
     #[error("agent busy: submission queue is full")]
     Busy(Box<Op>),
+    /// The session is busy and the submission asked to be refused then
+    /// (`on_busy: reject`); the refusal is in the log.
+    #[error("session busy: {0}")]
+    SessionBusy(String),
     /// The runtime (or the part of it the caller talks to) has stopped or
     /// cannot take more work right now; the text says which.
     #[error("agent stopped: {0}")]

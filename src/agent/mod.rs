@@ -9,8 +9,10 @@
 //! - the session task (`session`, `turn`, `stream`): runs turns, streams the
 //!   model's output through a coalescing sink.
 
+mod handle;
 pub mod recorder;
 mod session;
+mod status;
 mod stream;
 pub mod submission;
 mod tool_phase;
@@ -27,8 +29,11 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+pub use self::handle::{Accepted, SessionHandle, SubmitOptions};
 pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};
 use self::session::Session;
+pub use self::status::SessionStatus;
+use self::status::StatusCell;
 pub use self::stream::StreamingOptions;
 pub use self::submission::{Inbox, SubmissionSender, Submitted, WeakSubmissionSender, submission_channel};
 #[cfg(test)]
@@ -115,6 +120,7 @@ pub struct Agent {
     sender: SubmissionSender,
     events: mpsc::Receiver<RecordedEvent>,
     task: JoinHandle<Result<()>>,
+    handle: SessionHandle,
 }
 
 impl Agent {
@@ -126,6 +132,13 @@ impl Agent {
     /// Where to submit ops.
     pub fn sender(&self) -> &SubmissionSender {
         &self.sender
+    }
+
+    /// A cloneable handle for submitting durably and reading the session's
+    /// status from other tasks. It keeps the submission queue open: drop
+    /// every clone before expecting the session to end on its own.
+    pub fn handle(&self) -> SessionHandle {
+        self.handle.clone()
     }
 
     /// The next recorded event, or `None` once the session has stopped and
@@ -218,6 +231,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
                     transcript: Vec::new(),
                     execution: None,
                     last_sequence: 0,
+                    queued: Vec::new(),
                 },
                 false,
             )
@@ -228,6 +242,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         checkpoint,
         transcript,
         execution,
+        queued,
         ..
     } = state;
     let options = RecorderOptions {
@@ -306,7 +321,28 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
     }
     recorder.append(startup, closing_write).await?;
 
-    let (sender, inbox) = submission_channel(submission_capacity);
+    // Messages stored durably but not taken up before the runtime stopped
+    // are queued again, first, under their ids; they kept their places when
+    // accepted, so the queue has room for them (unless it was made smaller).
+    let (sender, inbox) = submission_channel(submission_capacity.max(queued.len()));
+    for stored in queued {
+        let op = match stored.op {
+            Op::Steer { text } => Op::UserInput { text },
+            op => op,
+        };
+        let reservation = sender.reserve(&op)?;
+        recorder.expect_settlement(stored.id.clone());
+        sender.send_reserved(reservation, stored.id, op);
+    }
+    let status = Arc::new(StatusCell::default());
+    let handle = SessionHandle {
+        session_id: session_id.clone(),
+        sender: sender.clone(),
+        recorder: recorder.downgrade(),
+        store: Arc::clone(&store),
+        status: Arc::clone(&status),
+        keyed: Arc::default(),
+    };
     let session = Session {
         session_id: session_id.clone(),
         model,
@@ -322,6 +358,8 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         max_steps: max_steps.max(1),
         workspace,
         deferred: None,
+        steering: Vec::new(),
+        status,
     };
     let task = tokio::spawn(session.run());
     Ok(Agent {
@@ -329,5 +367,6 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         sender,
         events,
         task,
+        handle,
     })
 }

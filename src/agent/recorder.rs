@@ -19,14 +19,16 @@
 //! A store failure stops the recorder: every pending caller gets the error,
 //! nothing more is delivered, the delivery queue closes.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::protocol::{Event, RecordedEvent};
-use crate::store::{AppendBatch, AppendReceipt, CheckpointStore, CheckpointWrite, EncodedEvent, OpenBatch, StoreError};
+use crate::protocol::{Event, EventMsg, RecordedEvent};
+use crate::store::{
+    AppendBatch, AppendReceipt, CheckpointStore, CheckpointWrite, EncodedEvent, OpenBatch, QueueChange, StoreError,
+};
 use crate::{Error, Result};
 
 /// Recorded events waiting for the consumer. When it is full the recorder
@@ -90,6 +92,14 @@ struct Shared {
     room: Notify,
     /// Why the recorder stopped, once it has.
     failure: OnceLock<String>,
+    /// Durably queued submissions the session has not recorded anything
+    /// for yet: the first event that carries one of their ids takes it off
+    /// the stored queue, in the same commit.
+    unsettled: Mutex<HashSet<String>>,
+    /// `unsettled.len()`, read without the lock on every event.
+    unsettled_count: AtomicUsize,
+    /// The sequence of the newest committed event.
+    last_sequence: AtomicU64,
 }
 
 impl Shared {
@@ -124,6 +134,11 @@ pub struct WeakEventRecorder {
 }
 
 impl WeakEventRecorder {
+    /// The sequence of the newest event the recorder committed.
+    pub fn last_sequence(&self) -> u64 {
+        self.shared.last_sequence.load(Ordering::Acquire)
+    }
+
     /// The handle again, if the recorder is still alive.
     pub fn upgrade(&self) -> Option<EventRecorder> {
         Some(EventRecorder {
@@ -161,6 +176,9 @@ impl EventRecorder {
             queued_bytes: AtomicUsize::new(0),
             room: Notify::new(),
             failure: OnceLock::new(),
+            unsettled: Mutex::new(HashSet::new()),
+            unsettled_count: AtomicUsize::new(0),
+            last_sequence: AtomicU64::new(0),
         });
         let task = RecorderTask {
             store,
@@ -177,6 +195,44 @@ impl EventRecorder {
     /// The session this recorder writes to.
     pub fn session_id(&self) -> &str {
         &self.shared.session_id
+    }
+
+    /// The sequence of the newest event this recorder committed (0 before
+    /// the first).
+    pub fn last_sequence(&self) -> u64 {
+        self.shared.last_sequence.load(Ordering::Acquire)
+    }
+
+    /// Marks `submission_id` as queued in the store: the first event
+    /// recorded later with this submission id removes it from the stored
+    /// queue, atomically with that event.
+    pub(crate) fn expect_settlement(&self, submission_id: String) {
+        let mut unsettled = self
+            .shared
+            .unsettled
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        unsettled.insert(submission_id);
+        self.shared.unsettled_count.store(unsettled.len(), Ordering::Release);
+    }
+
+    /// Whether `event` is the first one for a durably queued submission;
+    /// if so it is no longer waited for.
+    fn settles(&self, event: &Event) -> Option<String> {
+        if self.shared.unsettled_count.load(Ordering::Acquire) == 0
+            || matches!(event.msg, EventMsg::SubmissionQueued(_))
+        {
+            return None;
+        }
+        let id = event.submission_id.as_ref()?;
+        let mut unsettled = self
+            .shared
+            .unsettled
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let settled = unsettled.remove(id);
+        self.shared.unsettled_count.store(unsettled.len(), Ordering::Release);
+        settled.then(|| id.clone())
     }
 
     /// A handle that does not keep the recorder alive.
@@ -258,7 +314,10 @@ impl EventRecorder {
         let mut bytes = 0;
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
-            let encoded = EncodedEvent::encode(&event)?;
+            let mut encoded = EncodedEvent::encode(&event)?;
+            if let Some(id) = self.settles(&event) {
+                encoded.queue = Some(QueueChange::Settled(id));
+            }
             bytes += encoded.json.len();
             pending.push(PendingEvent { event, encoded });
         }
@@ -529,6 +588,7 @@ impl RecorderTask {
                             event,
                         };
                         next_sequence += 1;
+                        self.shared.last_sequence.store(recorded.sequence, Ordering::Release);
                         // A dropped receiver means nobody is listening; the
                         // event is stored all the same.
                         let _ = self.delivery.send(recorded).await;
@@ -656,6 +716,40 @@ mod tests {
             limit: usize,
         ) -> crate::model::BoxFuture<'_, std::result::Result<Vec<crate::store::SessionSummary>, StoreError>> {
             self.inner.list_sessions(limit)
+        }
+
+        fn list_sessions_page<'a>(
+            &'a self,
+            cursor: Option<&'a str>,
+            limit: usize,
+        ) -> crate::model::BoxFuture<'a, std::result::Result<crate::store::SessionListPage, StoreError>> {
+            self.inner.list_sessions_page(cursor, limit)
+        }
+
+        fn session_summary<'a>(
+            &'a self,
+            session_id: &'a str,
+        ) -> crate::model::BoxFuture<'a, std::result::Result<Option<crate::store::SessionSummary>, StoreError>>
+        {
+            self.inner.session_summary(session_id)
+        }
+
+        fn events_after<'a>(
+            &'a self,
+            session_id: &'a str,
+            after_sequence: u64,
+            limit: usize,
+        ) -> crate::model::BoxFuture<'a, std::result::Result<Vec<RecordedEvent>, StoreError>> {
+            self.inner.events_after(session_id, after_sequence, limit)
+        }
+
+        fn keyed_submission<'a>(
+            &'a self,
+            session_id: &'a str,
+            idempotency_key: &'a str,
+        ) -> crate::model::BoxFuture<'a, std::result::Result<Option<crate::store::KeyedSubmission>, StoreError>>
+        {
+            self.inner.keyed_submission(session_id, idempotency_key)
         }
     }
 

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::recorder::EventRecorder;
+use super::status::StatusCell;
 use super::stream::StreamingOptions;
 use super::submission::Inbox;
 use crate::Result;
@@ -44,6 +45,11 @@ pub(super) struct Session {
     /// A submission taken off the queue while gathering a turn's input that
     /// was not input itself; it is handled next.
     pub(super) deferred: Option<Submission>,
+    /// Messages steered at the running turn, waiting for its next model
+    /// step. Any left when the turn ends start the next turn.
+    pub(super) steering: Vec<Submission>,
+    /// What the session is doing, for its handles.
+    pub(super) status: Arc<StatusCell>,
 }
 
 impl Session {
@@ -51,11 +57,16 @@ impl Session {
     /// recorder fails (the store is broken); then nothing more can be recorded.
     pub(super) async fn run(mut self) -> Result<()> {
         if let Some(execution) = self.resume.take() {
+            self.status.set_working(true);
             self.resume_turn(execution).await?;
+            self.status.end_turn();
         }
         loop {
+            self.status.set_working(false);
             let submission = match self.deferred.take() {
                 Some(submission) => submission,
+                // Steered messages the last turn did not take start a turn.
+                None if !self.steering.is_empty() => self.steering.remove(0),
                 None => {
                     let next = tokio::select! {
                         next = self.inbox.recv_any() => next,
@@ -70,8 +81,12 @@ impl Session {
                     }
                 }
             };
+            self.status.set_working(true);
             match &submission.op {
-                Op::UserInput { .. } => self.run_turn(submission).await?,
+                Op::UserInput { .. } | Op::Steer { .. } => {
+                    self.run_turn(submission).await?;
+                    self.status.end_turn();
+                }
                 Op::Shutdown => return self.stop(Some(submission)).await,
                 Op::Interrupt { .. } => self.reject(&submission, "no turn is running").await?,
                 Op::Approval { call_id, .. } => {
@@ -114,6 +129,9 @@ impl Session {
             self.reject(&late, "the session is shutting down").await?;
         }
         while let Some(late) = self.inbox.try_recv_control() {
+            self.reject(&late, "the session is shutting down").await?;
+        }
+        for late in std::mem::take(&mut self.steering) {
             self.reject(&late, "the session is shutting down").await?;
         }
         let last = Event {

@@ -88,6 +88,29 @@ impl SubmissionSender {
         Ok(self.accept(op, |submission| permit.send(submission)))
     }
 
+    /// Takes a place for `op` in its lane without sending it yet, so the
+    /// caller can store the submission first. Fails like [`Self::submit`].
+    pub(crate) fn reserve(&self, op: &Op) -> Result<Reservation> {
+        op.validate().map_err(Error::InvalidInput)?;
+        match self.lane(op).clone().try_reserve_owned() {
+            Ok(permit) => Ok(Reservation { permit }),
+            Err(mpsc::error::TrySendError::Full(_)) => Err(Error::Busy(Box::new(op.clone()))),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(Error::stopped("submission queue is closed")),
+        }
+    }
+
+    /// Sends `op` under the id it was stored with, in the place reserved.
+    pub(crate) fn send_reserved(&self, reservation: Reservation, id: String, op: Op) -> Submitted {
+        self.accept_as(id, op, |submission| {
+            reservation.permit.send(submission);
+        })
+    }
+
+    /// How many ops wait in the queue lane (reserved places included).
+    pub fn queued(&self) -> usize {
+        self.queue.max_capacity() - self.queue.capacity()
+    }
+
     /// A sender that does not keep the queue open.
     pub fn downgrade(&self) -> WeakSubmissionSender {
         WeakSubmissionSender {
@@ -104,10 +127,13 @@ impl SubmissionSender {
     /// Numbers the submission and sends it while holding the sequencing lock,
     /// so sequences reach each lane in increasing order.
     fn accept(&self, op: Op, send: impl FnOnce(Submission)) -> Submitted {
+        self.accept_as(new_id(), op, send)
+    }
+
+    fn accept_as(&self, id: String, op: Op, send: impl FnOnce(Submission)) -> Submitted {
         let control = op.is_control();
         let mut sequencing = self.sequencing.lock().unwrap_or_else(|poison| poison.into_inner());
         let sequence = sequencing.last_accepted + 1;
-        let id = new_id();
         send(Submission {
             id: id.clone(),
             sequence,
@@ -119,6 +145,13 @@ impl SubmissionSender {
         }
         Submitted { id, sequence }
     }
+}
+
+/// A place taken in a lane by [`SubmissionSender::reserve`]; dropping it
+/// gives the place back.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    permit: mpsc::OwnedPermit<Submission>,
 }
 
 /// A [`SubmissionSender`] that does not keep the queue open.

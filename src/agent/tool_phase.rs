@@ -119,6 +119,7 @@ impl Session {
             })
             .collect();
         turn.execution.awaiting_approval = asking.iter().map(|call| call.call_id.clone()).collect();
+        self.status.set_awaiting_approval(&turn.execution.awaiting_approval);
         if !requests.is_empty() {
             // Durable before anyone is asked: a restart finds the turn waiting.
             let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
@@ -133,6 +134,7 @@ impl Session {
                 Op::Approval { call_id, decision } if turn.execution.awaiting_approval.contains(call_id) => {
                     let (call_id, decision) = (call_id.clone(), *decision);
                     turn.execution.awaiting_approval.retain(|waiting| *waiting != call_id);
+                    self.status.set_awaiting_approval(&turn.execution.awaiting_approval);
                     turn.execution.decisions.insert(call_id.clone(), decision);
                     if decision == ApprovalDecision::ApproveForSession
                         && let Some(call) = calls.iter().find(|call| call.call_id == call_id)
@@ -150,7 +152,11 @@ impl Session {
                     let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
                     self.recorder.append(vec![decided], Some(write)).await?;
                 }
-                op if interrupts(op, turn.id()) => return Ok(Some(submission)),
+                op if interrupts(op, turn.id()) => {
+                    self.status.set_awaiting_approval(&[]);
+                    return Ok(Some(submission));
+                }
+                Op::Steer { .. } => self.steering.push(submission),
                 _ => reject_stray_control(&self.recorder, submission).await?,
             }
         }
@@ -250,6 +256,7 @@ impl Session {
                         *running = FuturesOrdered::new();
                         return Ok(ToolOutcome::error("interrupted by the user"));
                     }
+                    Some(submission) if matches!(submission.op, Op::Steer { .. }) => self.steering.push(submission),
                     Some(submission) => reject_stray_control(&self.recorder, submission).await?,
                     None => *control_open = false,
                 },

@@ -77,6 +77,7 @@ impl Session {
                 decisions: BTreeMap::new(),
             },
         };
+        self.status.begin_turn(turn.id());
         let mut events = vec![turn.event(EventMsg::TurnStarted(TurnStartedEvent {
             turn_id: turn.id().to_owned(),
         }))];
@@ -103,6 +104,7 @@ impl Session {
     /// decided (the pending ones by the user) and run, then the turn goes on.
     pub(super) async fn resume_turn(&mut self, execution: TurnExecution) -> Result<()> {
         let submission_id = execution.submission_ids.first().cloned().unwrap_or_default();
+        self.status.begin_turn(&execution.turn_id);
         let mut turn = Turn {
             execution,
             submission_id,
@@ -124,6 +126,7 @@ impl Session {
     /// current step until the turn ends.
     async fn drive_turn(&mut self, mut turn: Turn) -> Result<()> {
         loop {
+            self.take_steering(&mut turn).await?;
             let step = turn.execution.step;
             let (end, closed) = self.model_step(&turn, step).await?;
             let output = match end {
@@ -133,12 +136,16 @@ impl Session {
                 StepEnd::Saturated(message) => return self.abort_turn(&turn, Abort::Saturated(message), closed).await,
             };
             let calls = output.tool_calls.clone();
-            let last_step = calls.is_empty();
+            // A message steered in during the step keeps the turn going for
+            // one more step, so the model sees it.
+            let last_step = calls.is_empty() && (self.steering.is_empty() || step >= self.max_steps);
             self.record_step(&turn, step, output, closed, last_step).await?;
             if last_step {
                 return Ok(());
             }
-            if let ToolsEnd::Interrupted(interrupt) = self.tool_phase(&mut turn, &calls).await? {
+            if !calls.is_empty()
+                && let ToolsEnd::Interrupted(interrupt) = self.tool_phase(&mut turn, &calls).await?
+            {
                 return self
                     .abort_turn(&turn, Abort::Interrupted(interrupt), ClosedStream::empty())
                     .await;
@@ -151,25 +158,56 @@ impl Session {
         }
     }
 
+    /// Records the messages steered at the turn since its last step as user
+    /// messages of the turn, joining the history before the next step.
+    async fn take_steering(&mut self, turn: &mut Turn) -> Result<()> {
+        if self.steering.is_empty() {
+            return Ok(());
+        }
+        let mut events = Vec::new();
+        let mut history = Vec::new();
+        for submission in std::mem::take(&mut self.steering) {
+            let Some(text) = submission.op.message_text().map(str::to_owned) else {
+                continue;
+            };
+            turn.execution.submission_ids.push(submission.id.clone());
+            events.push(Event {
+                submission_id: Some(submission.id),
+                msg: EventMsg::UserMessage(UserMessageEvent {
+                    turn_id: turn.id().to_owned(),
+                    text: text.clone(),
+                }),
+            });
+            history.push(TranscriptItem::UserMessage { text });
+        }
+        self.transcript.extend(history.iter().cloned());
+        let write = self.checkpoint_write(history, Some(&turn.execution));
+        self.recorder.append(events, Some(write)).await
+    }
+
     /// Takes `first` and the user messages queued after it up to the cutoff,
     /// as `(submission id, text)` pairs. A non-input op stops the gathering
     /// and is handled after the turn.
     async fn take_inputs(&mut self, first: Submission) -> Vec<(String, String)> {
         let cutoff = self.inbox.cutoff().unwrap_or(0);
         let mut inputs = Vec::new();
+        // Messages steered at a turn that ended without them come first.
+        let mut steered = std::mem::take(&mut self.steering).into_iter();
         let mut next = Some(first);
         while let Some(submission) = next.take() {
             match submission.op {
-                Op::UserInput { text } => inputs.push((submission.id, text)),
+                Op::UserInput { text } | Op::Steer { text } => inputs.push((submission.id, text)),
                 _ => {
                     self.deferred = Some(submission);
                     break;
                 }
             }
-            if self.inbox.last_sequence < cutoff {
+            next = steered.next();
+            if next.is_none() && self.inbox.last_sequence < cutoff {
                 next = self.inbox.recv().await;
             }
         }
+        self.steering.extend(steered);
         inputs
     }
 
@@ -202,7 +240,7 @@ impl Session {
                 Ok(future) => AssertUnwindSafe(future).catch_unwind().boxed(),
                 Err(panic) => futures::future::ready(Err(panic)).boxed(),
             };
-        let (inbox, recorder) = (&mut self.inbox, &self.recorder);
+        let (inbox, recorder, steering) = (&mut self.inbox, &self.recorder, &mut self.steering);
         let mut control_open = true;
         let end = loop {
             let congested = recorder.is_congested();
@@ -211,6 +249,7 @@ impl Session {
                 biased;
                 control = inbox.recv_control(), if control_open => match control {
                     Some(submission) if interrupts(&submission.op, turn.id()) => break StepEnd::Interrupted(submission),
+                    Some(submission) if matches!(submission.op, Op::Steer { .. }) => steering.push(submission),
                     Some(submission) => reject_stray_control(recorder, submission).await?,
                     None => control_open = false,
                 },

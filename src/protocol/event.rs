@@ -4,6 +4,8 @@ use std::ops::Deref;
 
 use serde::{Deserialize, Serialize};
 
+use super::op::{BusyPolicy, Op};
+
 /// An event before it is recorded: what happened and which submission caused it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -79,6 +81,9 @@ pub enum EventMsg {
     Error(ErrorEvent),
     /// A submission was accepted into the queue but will not be acted on.
     SubmissionRejected(SubmissionRejectedEvent),
+    /// A submission was stored durably before being queued; after a crash
+    /// it is still queued. The envelope's `submission_id` is its id.
+    SubmissionQueued(SubmissionQueuedEvent),
     /// The runtime stopped after a shutdown op; the last event of that runtime.
     ShutdownComplete(ShutdownCompleteEvent),
 }
@@ -104,6 +109,7 @@ impl EventMsg {
             EventMsg::Warning(_) => "warning",
             EventMsg::Error(_) => "error",
             EventMsg::SubmissionRejected(_) => "submission_rejected",
+            EventMsg::SubmissionQueued(_) => "submission_queued",
             EventMsg::ShutdownComplete(_) => "shutdown_complete",
         }
     }
@@ -128,6 +134,7 @@ impl EventMsg {
             EventMsg::SessionStarted(_)
             | EventMsg::Warning(_)
             | EventMsg::SubmissionRejected(_)
+            | EventMsg::SubmissionQueued(_)
             | EventMsg::ShutdownComplete(_) => None,
         }
     }
@@ -337,6 +344,18 @@ pub struct ErrorEvent {
     pub turn_id: Option<String>,
     /// What failed.
     pub message: String,
+}
+
+/// Payload of [`EventMsg::SubmissionQueued`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmissionQueuedEvent {
+    /// The op, as it will run.
+    pub op: Op,
+    /// What it does if the session is busy.
+    pub on_busy: BusyPolicy,
+    /// The client's idempotency key, if it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 /// Payload of [`EventMsg::SubmissionRejected`]; the envelope's

@@ -11,7 +11,7 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// JSON: `{"type": "user_input", "text": "…"}`, `{"type": "interrupt",
 /// "turn_id": "…"}` (`turn_id` optional), `{"type": "shutdown"}`,
 /// `{"type": "approval", "call_id": "…", "decision": "approve" |
-/// "approve_for_session" | "deny"}`.
+/// "approve_for_session" | "deny"}`, `{"type": "steer", "text": "…"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -39,6 +39,56 @@ pub enum Op {
         /// The decision.
         decision: ApprovalDecision,
     },
+    /// A user message for the running turn: it joins the turn before the
+    /// turn's next model step (the turn takes one more step for it if the
+    /// model was done). With no turn running it starts one, like
+    /// [`Op::UserInput`].
+    Steer {
+        /// The message text.
+        text: String,
+    },
+}
+
+/// What a user message does when the session is busy (a turn is running or
+/// messages are queued). With the session idle every policy starts a turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BusyPolicy {
+    /// Wait for the next turn.
+    #[default]
+    Queue,
+    /// Abort the running turn, then start a new turn with the message.
+    Interrupt,
+    /// Refuse the message.
+    Reject,
+    /// Join the running turn before its next model step ([`Op::Steer`]).
+    Steer,
+}
+
+impl BusyPolicy {
+    /// The policy's name, as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queue => "queue",
+            Self::Interrupt => "interrupt",
+            Self::Reject => "reject",
+            Self::Steer => "steer",
+        }
+    }
+}
+
+/// The longest idempotency key accepted, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
+
+/// Checks an idempotency key: 1 to [`MAX_IDEMPOTENCY_KEY_BYTES`] printable
+/// ASCII characters.
+pub fn validate_idempotency_key(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES || !key.bytes().all(|byte| byte.is_ascii_graphic()) {
+        return Err(format!(
+            "an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY_BYTES} printable ASCII characters"
+        ));
+    }
+    Ok(())
 }
 
 /// A user's answer to a tool call that needs approval.
@@ -59,11 +109,11 @@ impl Op {
     /// Checks the op against the protocol's limits before it is queued.
     pub fn validate(&self) -> Result<(), String> {
         match self {
-            Op::UserInput { text } if text.len() > MAX_MESSAGE_BYTES => Err(format!(
+            Op::UserInput { text } | Op::Steer { text } if text.len() > MAX_MESSAGE_BYTES => Err(format!(
                 "message is {} bytes; the limit is {MAX_MESSAGE_BYTES}",
                 text.len()
             )),
-            Op::UserInput { text } if text.trim().is_empty() => Err("message is empty".into()),
+            Op::UserInput { text } | Op::Steer { text } if text.trim().is_empty() => Err("message is empty".into()),
             _ => Ok(()),
         }
     }
@@ -71,7 +121,15 @@ impl Op {
     /// Whether the op must reach a running turn at once instead of waiting
     /// in the queue behind user messages.
     pub fn is_control(&self) -> bool {
-        matches!(self, Op::Interrupt { .. } | Op::Approval { .. })
+        matches!(self, Op::Interrupt { .. } | Op::Approval { .. } | Op::Steer { .. })
+    }
+
+    /// The text of a user message ([`Op::UserInput`] or [`Op::Steer`]).
+    pub fn message_text(&self) -> Option<&str> {
+        match self {
+            Op::UserInput { text } | Op::Steer { text } => Some(text),
+            _ => None,
+        }
     }
 }
 

@@ -22,7 +22,7 @@ pub use sqlite::{SqliteCheckpoint, SqliteOptions, Synchronous, WriterStats};
 use crate::model::BoxFuture;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::protocol::{ApprovalDecision, Event, RecordedEvent, TokenUsage, TranscriptItem};
+use crate::protocol::{ApprovalDecision, BusyPolicy, Event, EventMsg, Op, RecordedEvent, TokenUsage, TranscriptItem};
 
 /// The most events one [`CheckpointStore::event_page`] call returns.
 pub const MAX_EVENT_PAGE: usize = 10_000;
@@ -35,6 +35,11 @@ pub struct SessionContext {
     /// Free-form context supplied by the application.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// Settings of the application hosting the session (a server keeps the
+    /// session's model, tools and policies here, to reopen it with them).
+    /// Opaque to the runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<serde_json::Value>,
 }
 
 /// A session's small durable state, rewritten on every save.
@@ -105,10 +110,44 @@ pub struct SessionState {
     pub execution: Option<TurnExecution>,
     /// The sequence of the newest event in the log (0 when it is empty).
     pub last_sequence: u64,
+    /// Submissions stored durably and not yet taken up, oldest first.
+    pub queued: Vec<QueuedSubmission>,
+}
+
+/// A submission stored before it was queued (its `submission_queued`
+/// event), kept until the session takes it up, so a crash cannot lose it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedSubmission {
+    /// The submission's id.
+    pub id: String,
+    /// The op.
+    pub op: Op,
+    /// What it does if the session is busy.
+    pub on_busy: BusyPolicy,
+    /// The sequence of its `submission_queued` event.
+    pub sequence: u64,
+}
+
+/// How an event changes the session's stored submission queue; the store
+/// applies it in the transaction that appends the event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueChange {
+    /// A `submission_queued` event: the submission joins the queue (its
+    /// sequence is the event's, filled in by the store) and its idempotency
+    /// key, if any, is remembered.
+    Queued {
+        /// The submission.
+        submission: Box<QueuedSubmission>,
+        /// The client's idempotency key.
+        idempotency_key: Option<String>,
+    },
+    /// The first event the session recorded for this submission: it was
+    /// taken up and leaves the queue.
+    Settled(String),
 }
 
 /// One line of a session listing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionSummary {
     /// The session's id.
     pub session_id: String,
@@ -122,6 +161,32 @@ pub struct SessionSummary {
     pub last_sequence: u64,
     /// The turn in flight at the last write, if any.
     pub running_turn_id: Option<String>,
+    /// Who the session belongs to, and the host's settings.
+    pub context: SessionContext,
+    /// Tokens used, summed.
+    pub usage: TokenUsage,
+    /// Turns that completed normally.
+    pub turns_completed: u64,
+    /// Tool calls waiting for the user's decision.
+    pub awaiting_approval: Vec<String>,
+}
+
+/// A page of [`CheckpointStore::list_sessions_page`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionListPage {
+    /// The sessions, newest created first.
+    pub sessions: Vec<SessionSummary>,
+    /// Where the next page starts; `None` after the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// Where a submission with an idempotency key landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyedSubmission {
+    /// The submission's id.
+    pub submission_id: String,
+    /// The sequence of its `submission_queued` event.
+    pub sequence: u64,
 }
 
 /// Which part of the log to read: the `limit` newest events older than
@@ -149,13 +214,28 @@ pub struct EventPage {
 pub struct EncodedEvent {
     /// The event's JSON.
     pub json: String,
+    /// What the event does to the stored submission queue.
+    pub queue: Option<QueueChange>,
 }
 
 impl EncodedEvent {
-    /// Serializes an event.
+    /// Serializes an event. A `submission_queued` event carries the
+    /// submission to store in the queue.
     pub fn encode(event: &Event) -> Result<Self, StoreError> {
         let json = serde_json::to_string(event).map_err(|error| StoreError::Encode(error.to_string()))?;
-        Ok(Self { json })
+        let queue = match (&event.msg, &event.submission_id) {
+            (EventMsg::SubmissionQueued(queued), Some(id)) => Some(QueueChange::Queued {
+                submission: Box::new(QueuedSubmission {
+                    id: id.clone(),
+                    op: queued.op.clone(),
+                    on_busy: queued.on_busy,
+                    sequence: 0,
+                }),
+                idempotency_key: queued.idempotency_key.clone(),
+            }),
+            _ => None,
+        };
+        Ok(Self { json, queue })
     }
 }
 
@@ -317,4 +397,34 @@ pub trait CheckpointStore: Send + Sync {
 
     /// Lists sessions, most recently updated first.
     fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionSummary>, StoreError>>;
+
+    /// Lists sessions, newest created first, `limit` (at most
+    /// [`MAX_EVENT_PAGE`]) per page from `cursor` (a page's `next_cursor`;
+    /// `None` for the first page). A malformed cursor is
+    /// [`StoreError::Invalid`].
+    fn list_sessions_page<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<SessionListPage, StoreError>>;
+
+    /// One session's summary without its history, or `None`.
+    fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>>;
+
+    /// The events after `after_sequence`, oldest first, at most `limit`
+    /// (capped at [`MAX_EVENT_PAGE`]). Fails with
+    /// [`StoreError::UnknownSession`] for a session that does not exist.
+    fn events_after<'a>(
+        &'a self,
+        session_id: &'a str,
+        after_sequence: u64,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<RecordedEvent>, StoreError>>;
+
+    /// The submission stored with `idempotency_key` in this session, if any.
+    fn keyed_submission<'a>(
+        &'a self,
+        session_id: &'a str,
+        idempotency_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>>;
 }

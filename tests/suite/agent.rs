@@ -11,8 +11,8 @@ use keel::agent::{AgentConfig, ModelEvent, ModelOutput, StreamingOptions};
 use keel::agent::{BoxFuture, EventPageRequest};
 use keel::protocol::*;
 use keel::store::{
-    AppendBatch, AppendReceipt, Checkpoint, EventPage, SessionState, SessionSummary, SqliteCheckpoint, StoreError,
-    TurnExecution,
+    AppendBatch, AppendReceipt, Checkpoint, EventPage, KeyedSubmission, SessionListPage, SessionState, SessionSummary,
+    SqliteCheckpoint, StoreError, TurnExecution,
 };
 use keel::{CheckpointStore, Error};
 use tokio::sync::Notify;
@@ -1197,6 +1197,34 @@ impl CheckpointStore for FailingStore {
 
     fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionSummary>, StoreError>> {
         self.inner.list_sessions(limit)
+    }
+    fn list_sessions_page<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
+        self.inner.list_sessions_page(cursor, limit)
+    }
+
+    fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {
+        self.inner.session_summary(session_id)
+    }
+
+    fn events_after<'a>(
+        &'a self,
+        session_id: &'a str,
+        after_sequence: u64,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<RecordedEvent>, StoreError>> {
+        self.inner.events_after(session_id, after_sequence, limit)
+    }
+
+    fn keyed_submission<'a>(
+        &'a self,
+        session_id: &'a str,
+        idempotency_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>> {
+        self.inner.keyed_submission(session_id, idempotency_key)
     }
 }
 

@@ -29,11 +29,11 @@ use tokio::sync::oneshot;
 use self::reader::ReaderPool;
 use self::writer::{Job, WriterCounters, Written};
 use super::{
-    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, OpenBatch,
-    SessionState, SessionSummary, StoreError, TurnExecution,
+    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest,
+    KeyedSubmission, OpenBatch, SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution,
 };
 use crate::model::BoxFuture;
-use crate::protocol::TranscriptItem;
+use crate::protocol::{RecordedEvent, TranscriptItem};
 
 /// How SQLite makes a commit durable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -260,6 +260,39 @@ impl CheckpointStore for SqliteCheckpoint {
 
     fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionSummary>, StoreError>> {
         Box::pin(self.read(move |conn| reader::list_sessions(conn, limit)))
+    }
+
+    fn list_sessions_page<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
+        let cursor = cursor.map(str::to_owned);
+        Box::pin(self.read(move |conn| reader::list_sessions_page(conn, cursor.as_deref(), limit)))
+    }
+
+    fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {
+        let session_id = session_id.to_owned();
+        Box::pin(self.read(move |conn| reader::session_summary(conn, &session_id)))
+    }
+
+    fn events_after<'a>(
+        &'a self,
+        session_id: &'a str,
+        after_sequence: u64,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<RecordedEvent>, StoreError>> {
+        let session_id = session_id.to_owned();
+        Box::pin(self.read(move |conn| reader::events_after(conn, &session_id, after_sequence, limit)))
+    }
+
+    fn keyed_submission<'a>(
+        &'a self,
+        session_id: &'a str,
+        idempotency_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>> {
+        let (session_id, key) = (session_id.to_owned(), idempotency_key.to_owned());
+        Box::pin(self.read(move |conn| reader::keyed_submission(conn, &session_id, &key)))
     }
 }
 

@@ -10,7 +10,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::protocol::{Event, RecordedEvent, TranscriptItem};
 use crate::store::{
-    Checkpoint, EventPage, EventPageRequest, MAX_EVENT_PAGE, SessionState, SessionSummary, StoreError, TurnExecution,
+    Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
+    SessionState, SessionSummary, StoreError, TurnExecution,
 };
 
 /// Idle read connections kept for reuse.
@@ -101,12 +102,113 @@ pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<Session
             detail: format!("{} items stored, {transcript_len} expected", transcript.len()),
         });
     }
+    let queued = queued_submissions(conn, key, session_id)?;
     Ok(Some(SessionState {
         checkpoint,
         transcript,
         execution,
         last_sequence,
+        queued,
     }))
+}
+
+/// The session's stored submission queue, oldest first.
+fn queued_submissions(conn: &Connection, key: i64, session_id: &str) -> Result<Vec<QueuedSubmission>, StoreError> {
+    let mut select = conn
+        .prepare_cached("SELECT id, submission FROM queued_submissions WHERE session_key = ?1 ORDER BY sequence")
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![key], |row| Ok((row.get::<_, String>(0)?, stored_json(row, 1)?)))
+        .map_err(super::sqlite_error)?;
+    let mut queued = Vec::new();
+    for row in rows {
+        let (id, json) = row.map_err(super::sqlite_error)?;
+        queued.push(decode(&json, || {
+            format!("queued submission {id} of session '{session_id}'")
+        })?);
+    }
+    Ok(queued)
+}
+
+/// The events after `after`, oldest first, at most `limit`.
+pub(super) fn events_after(
+    conn: &Connection,
+    session_id: &str,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let limit = limit.min(MAX_EVENT_PAGE);
+    let key = session_key(conn, session_id)?.ok_or_else(|| StoreError::UnknownSession(session_id.to_owned()))?;
+    // Past i64::MAX nothing is newer.
+    let Ok(after_sql) = i64::try_from(after) else {
+        return Ok(Vec::new());
+    };
+    let mut select = conn
+        .prepare_cached(
+            "SELECT first_sequence, last_sequence, recorded_at_ms, events FROM log
+             WHERE session_key = ?1 AND last_sequence > ?2 AND last_sequence >= first_sequence
+             ORDER BY first_sequence, id",
+        )
+        .map_err(super::sqlite_error)?;
+    let mut rows = select.query(params![key, after_sql]).map_err(super::sqlite_error)?;
+    let mut events = Vec::with_capacity(limit.min(1024));
+    while let Some(row) = rows.next().map_err(super::sqlite_error)? {
+        let first: u64 = row.get(0).map_err(super::sqlite_error)?;
+        let last: u64 = row.get(1).map_err(super::sqlite_error)?;
+        let recorded_at_ms: u64 = row.get(2).map_err(super::sqlite_error)?;
+        let json = stored_json(row, 3).map_err(super::sqlite_error)?;
+        for (sequence, event) in decode_batch(session_id, first, last, &json)? {
+            if sequence <= after {
+                continue;
+            }
+            if events.len() == limit {
+                return Ok(events);
+            }
+            events.push(RecordedEvent {
+                sequence,
+                recorded_at_ms,
+                event,
+            });
+        }
+    }
+    Ok(events)
+}
+
+/// The events of one log row with their sequences, checked against the
+/// row's bounds.
+fn decode_batch(session_id: &str, first: u64, last: u64, json: &StoredJson) -> Result<Vec<(u64, Event)>, StoreError> {
+    let what = || format!("events {first} to {last} of session '{session_id}'");
+    let batch: Vec<Event> = decode(json, what)?;
+    if last + 1 < first || batch.len() as u64 != last + 1 - first {
+        return Err(StoreError::Corrupt {
+            what: what(),
+            detail: format!("the row holds {} events", batch.len()),
+        });
+    }
+    Ok((first..).zip(batch).collect())
+}
+
+/// The submission stored under `idempotency_key`, if any.
+pub(super) fn keyed_submission(
+    conn: &Connection,
+    session_id: &str,
+    idempotency_key: &str,
+) -> Result<Option<KeyedSubmission>, StoreError> {
+    conn.prepare_cached(
+        "SELECT k.submission_id, k.sequence FROM submission_keys k JOIN sessions s ON s.key = k.session_key
+         WHERE s.id = ?1 AND k.key = ?2",
+    )
+    .and_then(|mut select| {
+        select
+            .query_row(params![session_id, idempotency_key], |row| {
+                Ok(KeyedSubmission {
+                    submission_id: row.get(0)?,
+                    sequence: row.get(1)?,
+                })
+            })
+            .optional()
+    })
+    .map_err(super::sqlite_error)
 }
 
 pub(super) fn event_page(
@@ -143,16 +245,7 @@ pub(super) fn event_page(
         }
         let recorded_at_ms: u64 = row.get(2).map_err(super::sqlite_error)?;
         let json = stored_json(row, 3).map_err(super::sqlite_error)?;
-        let what = || format!("events {first} to {last} of session '{session_id}'");
-        let batch: Vec<Event> = decode(&json, what)?;
-        if last + 1 < first || batch.len() as u64 != last + 1 - first {
-            return Err(StoreError::Corrupt {
-                what: what(),
-                detail: format!("the row holds {} events", batch.len()),
-            });
-        }
-        for (offset, event) in batch.into_iter().enumerate().rev() {
-            let sequence = first + offset as u64;
+        for (sequence, event) in decode_batch(session_id, first, last, &json)?.into_iter().rev() {
             if sequence >= before as u64 {
                 continue;
             }
@@ -173,40 +266,107 @@ pub(super) fn event_page(
 
 pub(super) fn list_sessions(conn: &Connection, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
     let mut select = conn
-        .prepare_cached(
-            "SELECT id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence FROM sessions
-             ORDER BY updated_at_ms DESC, id LIMIT ?1",
-        )
+        .prepare_cached(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM sessions ORDER BY updated_at_ms DESC, id LIMIT ?1"
+        ))
         .map_err(super::sqlite_error)?;
     let rows = select
-        .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                stored_json(row, 1)?,
-                stored_optional_json(row, 2)?,
-                row.get::<_, u64>(3)?,
-                row.get::<_, u64>(4)?,
-                row.get::<_, u64>(5)?,
-            ))
-        })
+        .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], summary_row)
         .map_err(super::sqlite_error)?;
-    let mut sessions = Vec::new();
-    for row in rows {
-        let (session_id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence) =
-            row.map_err(super::sqlite_error)?;
+    rows.map(|row| row.map_err(super::sqlite_error).and_then(SummaryRow::decode))
+        .collect()
+}
+
+/// Sessions newest created first, from `cursor` (a session key, exclusive).
+pub(super) fn list_sessions_page(
+    conn: &Connection,
+    cursor: Option<&str>,
+    limit: usize,
+) -> Result<SessionListPage, StoreError> {
+    let limit = limit.clamp(1, MAX_EVENT_PAGE);
+    let before: i64 = match cursor {
+        None => i64::MAX,
+        Some(cursor) => cursor
+            .parse()
+            .map_err(|_| StoreError::Invalid(format!("'{cursor}' is not a session list cursor")))?,
+    };
+    let mut select = conn
+        .prepare_cached(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM sessions WHERE key < ?1 ORDER BY key DESC LIMIT ?2"
+        ))
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![before, limit as i64 + 1], summary_row)
+        .map_err(super::sqlite_error)?;
+    let mut rows: Vec<SummaryRow> = rows.collect::<Result<_, _>>().map_err(super::sqlite_error)?;
+    let next_cursor = if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last().map(|row| row.key.to_string())
+    } else {
+        None
+    };
+    let sessions = rows.into_iter().map(SummaryRow::decode).collect::<Result<_, _>>()?;
+    Ok(SessionListPage { sessions, next_cursor })
+}
+
+/// One session's summary.
+pub(super) fn session_summary(conn: &Connection, session_id: &str) -> Result<Option<SessionSummary>, StoreError> {
+    conn.prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM sessions WHERE id = ?1"))
+        .and_then(|mut select| select.query_row(params![session_id], summary_row).optional())
+        .map_err(super::sqlite_error)?
+        .map(SummaryRow::decode)
+        .transpose()
+}
+
+/// The columns [`summary_row`] reads.
+const SUMMARY_COLUMNS: &str = "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence";
+
+/// A `sessions` row as read for a summary.
+struct SummaryRow {
+    key: i64,
+    session_id: String,
+    checkpoint: StoredJson,
+    execution: Option<StoredJson>,
+    created_at_ms: u64,
+    updated_at_ms: u64,
+    last_sequence: u64,
+}
+
+fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
+    Ok(SummaryRow {
+        key: row.get(0)?,
+        session_id: row.get(1)?,
+        checkpoint: stored_json(row, 2)?,
+        execution: stored_optional_json(row, 3)?,
+        created_at_ms: row.get(4)?,
+        updated_at_ms: row.get(5)?,
+        last_sequence: row.get(6)?,
+    })
+}
+
+impl SummaryRow {
+    fn decode(self) -> Result<SessionSummary, StoreError> {
+        let session_id = self.session_id;
         let what = || format!("checkpoint of session '{session_id}'");
-        let checkpoint: Checkpoint = decode(&checkpoint, what)?;
-        let execution: Option<TurnExecution> = execution.map(|json| decode(&json, what)).transpose()?;
-        sessions.push(SessionSummary {
-            bot_id: checkpoint.session_context.bot_id,
+        let checkpoint: Checkpoint = decode(&self.checkpoint, what)?;
+        let execution: Option<TurnExecution> = self.execution.map(|json| decode(&json, what)).transpose()?;
+        let (running_turn_id, awaiting_approval) = match execution {
+            Some(execution) => (Some(execution.turn_id), execution.awaiting_approval),
+            None => (None, Vec::new()),
+        };
+        Ok(SessionSummary {
+            bot_id: checkpoint.session_context.bot_id.clone(),
             session_id,
-            created_at_ms,
-            updated_at_ms,
-            last_sequence,
-            running_turn_id: execution.map(|execution| execution.turn_id),
-        });
+            created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
+            last_sequence: self.last_sequence,
+            running_turn_id,
+            context: checkpoint.session_context,
+            usage: checkpoint.usage,
+            turns_completed: checkpoint.turns_completed,
+            awaiting_approval,
+        })
     }
-    Ok(sessions)
 }
 
 /// The integer key the log and the history use for `session_id`.

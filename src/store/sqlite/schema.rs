@@ -9,7 +9,7 @@ use super::{SqliteOptions, Synchronous};
 use crate::store::StoreError;
 
 /// The schema this build writes; stored in `PRAGMA user_version`.
-pub(super) const SCHEMA_VERSION: i64 = 1;
+pub(super) const SCHEMA_VERSION: i64 = 2;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -46,6 +46,30 @@ CREATE TABLE log (
     events         TEXT NOT NULL
 );
 CREATE INDEX log_by_session ON log (session_key, first_sequence);
+";
+
+/// Version 2: the durable submission queue and idempotency keys.
+///
+/// A submission stored ahead of running (its `submission_queued` event) has
+/// a row in `queued_submissions` until the session takes it up; the rows are
+/// written and deleted in the transactions of the events that queue and
+/// settle them. `submission_keys` remembers, per session, which submission
+/// an idempotency key produced, so a retried request is not queued twice.
+const SCHEMA_V2: &str = "
+CREATE TABLE queued_submissions (
+    session_key INTEGER NOT NULL,
+    id          TEXT NOT NULL,
+    sequence    INTEGER NOT NULL,
+    submission  TEXT NOT NULL,
+    PRIMARY KEY (session_key, id)
+) WITHOUT ROWID;
+CREATE TABLE submission_keys (
+    session_key   INTEGER NOT NULL,
+    key           TEXT NOT NULL,
+    submission_id TEXT NOT NULL,
+    sequence      INTEGER NOT NULL,
+    PRIMARY KEY (session_key, key)
+) WITHOUT ROWID;
 ";
 
 /// Opens the writer connection: WAL, the configured durability, an optional
@@ -142,6 +166,9 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
     }
     if version < 1 {
         tx.execute_batch(SCHEMA_V1)?;
+    }
+    if version < 2 {
+        tx.execute_batch(SCHEMA_V2)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;

@@ -59,6 +59,7 @@ fn context(bot_id: &str) -> SessionContext {
     SessionContext {
         bot_id: bot_id.into(),
         metadata,
+        settings: Some(serde_json::json!({"model": "script:x"})),
     }
 }
 
@@ -732,6 +733,7 @@ async fn save_creates_rewrites_and_extends_a_session_and_load_returns_exactly_th
                 transcript: vec![],
                 execution: None,
                 last_sequence: 0,
+                queued: Vec::new(),
             })
         );
 
@@ -748,6 +750,7 @@ async fn save_creates_rewrites_and_extends_a_session_and_load_returns_exactly_th
                 transcript: vec![user("hi"), assistant("hello", false)],
                 execution: Some(turn.clone()),
                 last_sequence: 0,
+                queued: Vec::new(),
             })
         );
 
@@ -774,6 +777,7 @@ async fn save_creates_rewrites_and_extends_a_session_and_load_returns_exactly_th
                 transcript: history,
                 execution: None,
                 last_sequence: 4,
+                queued: Vec::new(),
             })
         );
         assert_eq!(whole_log(&store, "s").await, logged);
@@ -812,6 +816,7 @@ async fn save_creates_rewrites_and_extends_a_session_and_load_returns_exactly_th
                 ],
                 execution: None,
                 last_sequence: 4,
+                queued: Vec::new(),
             })
         );
         assert_eq!(log_rows(&path, "s").len(), 3);
@@ -822,6 +827,7 @@ async fn save_creates_rewrites_and_extends_a_session_and_load_returns_exactly_th
                 transcript: vec![user("other")],
                 execution: None,
                 last_sequence: 0,
+                queued: Vec::new(),
             })
         );
         assert_eq!(log_rows(&path, "t"), vec![log_row(1, &[user("other")], &[])]);
@@ -863,6 +869,7 @@ async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_o
             transcript: vec![user("hi"), assistant("hello", false), user("again")],
             execution: Some(turn),
             last_sequence: 3,
+            queued: Vec::new(),
         };
         assert_eq!(store.load("s").await.expect("load"), Some(committed.clone()));
         let log = recorded(receipt, &sent);
@@ -1328,12 +1335,14 @@ async fn batches_with_history_but_no_events_are_stored_loaded_and_invisible_to_e
             ],
             execution: Some(execution("turn-2")),
             last_sequence: 8,
+            queued: Vec::new(),
         };
         let quiet = SessionState {
             checkpoint: checkpoint("quiet", "bot", 1),
             transcript: vec![user("q1"), assistant("q2", false)],
             execution: None,
             last_sequence: 0,
+            queued: Vec::new(),
         };
         assert_eq!(store.load("s").await.expect("load"), Some(state.clone()));
         assert_eq!(store.load("quiet").await.expect("load"), Some(quiet.clone()));
@@ -1612,6 +1621,7 @@ async fn stored_values_of_any_damaged_shape_read_as_corrupt_not_as_backend_error
             transcript: vec![user("zero"), user("one")],
             execution: Some(execution("turn")),
             last_sequence: 3,
+            queued: Vec::new(),
         };
         store
             .save(&state.checkpoint, &state.transcript, state.execution.as_ref())
@@ -1850,6 +1860,7 @@ async fn large_batches_are_stored_compressed_and_read_back_equal() {
             transcript,
             execution: Some(execution("turn")),
             last_sequence: 503,
+            queued: Vec::new(),
         };
         assert_eq!(store.load("s").await.expect("load"), Some(state.clone()));
         let read = whole_log(&store, "s").await;
@@ -2016,6 +2027,7 @@ async fn full_database_refuses_whole_batches_keeps_earlier_events_and_recovers_w
             transcript: vec![user("hello")],
             execution: None,
             last_sequence: 0,
+            queued: Vec::new(),
         };
         store
             .save(&initial.checkpoint, &initial.transcript, None)
@@ -2317,6 +2329,7 @@ async fn reopened_store_has_everything_and_continues_sequences_and_history() {
                 transcript: vec![user("a1"), assistant("a2", true)],
                 execution: Some(turn),
                 last_sequence: 8,
+                queued: Vec::new(),
             })
         );
         assert_eq!(
@@ -2326,6 +2339,7 @@ async fn reopened_store_has_everything_and_continues_sequences_and_history() {
                 transcript: vec![user("b1")],
                 execution: None,
                 last_sequence: 2,
+                queued: Vec::new(),
             })
         );
         assert_eq!(whole_log(&store, "a").await, log_a);
@@ -2358,6 +2372,7 @@ async fn reopened_store_has_everything_and_continues_sequences_and_history() {
                 transcript: vec![user("a1"), assistant("a2", true), user("a3")],
                 execution: None,
                 last_sequence: 8,
+                queued: Vec::new(),
             })
         );
         // The history went on where it stopped: the save after the reopen
@@ -2522,6 +2537,10 @@ async fn list_sessions_puts_the_newest_update_first_with_bot_and_running_turn() 
                 updated_at_ms: carried.recorded_at_ms,
                 last_sequence: 1,
                 running_turn_id: Some("turn-c".into()),
+                context: context("bot-c"),
+                usage: checkpoint("c", "bot-c", 1).usage,
+                turns_completed: 0,
+                awaiting_approval: vec!["call-7".into()],
             }
         );
         assert_eq!(
@@ -2533,6 +2552,10 @@ async fn list_sessions_puts_the_newest_update_first_with_bot_and_running_turn() 
                 updated_at_ms: appended.recorded_at_ms,
                 last_sequence: 3,
                 running_turn_id: None,
+                context: context("bot-a"),
+                usage: TokenUsage::default(),
+                turns_completed: 0,
+                awaiting_approval: vec![],
             }
         );
         assert_eq!(
@@ -2544,6 +2567,10 @@ async fn list_sessions_puts_the_newest_update_first_with_bot_and_running_turn() 
                 updated_at_ms: b.created_at_ms,
                 last_sequence: 0,
                 running_turn_id: Some("turn-b".into()),
+                context: context("bot-b"),
+                usage: TokenUsage::default(),
+                turns_completed: 0,
+                awaiting_approval: vec!["call-7".into()],
             }
         );
         assert!(a.created_at_ms < b.created_at_ms && b.created_at_ms < c.created_at_ms);
@@ -2669,6 +2696,166 @@ async fn a_newer_lease_fences_off_the_older_holder_and_nothing_it_sends_is_writt
             .append("s", batch(&events("s", 4, 1)))
             .await
             .expect("unleased append");
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Reading forwards, listing by pages, the durable submission queue
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn events_after_reads_forwards_across_batches_from_any_point() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        create(&store, "s").await;
+        create(&store, "other").await;
+        let mut written = Vec::new();
+        for (from, count) in [(0, 3), (3, 1), (4, 5)] {
+            written.extend(append(&store, "s", &events("s", from, count)).await);
+            append(&store, "other", &events("other", from, 1)).await;
+        }
+        assert_eq!(store.events_after("s", 0, 100).await.expect("all"), written);
+        // From the middle of a batch, with a limit that ends in another.
+        assert_eq!(
+            store.events_after("s", 2, 4).await.expect("middle"),
+            written[2..6].to_vec()
+        );
+        assert_eq!(store.events_after("s", 9, 10).await.expect("end"), vec![]);
+        assert_eq!(store.events_after("s", u64::MAX, 10).await.expect("past"), vec![]);
+        assert!(matches!(
+            store.events_after("missing", 0, 10).await,
+            Err(StoreError::UnknownSession(_))
+        ));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sessions_page_newest_created_first_with_a_cursor() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        for id in ["a", "b", "c", "d", "e"] {
+            create(&store, id).await;
+        }
+        // Updating an old session does not move it: the order is creation.
+        append(&store, "a", &events("a", 0, 1)).await;
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = store.list_sessions_page(cursor.as_deref(), 2).await.expect("page");
+            assert!(page.sessions.len() <= 2);
+            seen.extend(page.sessions.iter().map(|summary| summary.session_id.clone()));
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["e", "d", "c", "b", "a"]);
+        let summary = store.session_summary("a").await.expect("summary").expect("a");
+        assert_eq!(summary.last_sequence, 1);
+        assert_eq!(summary.context, context("bot"));
+        assert_eq!(store.session_summary("zzz").await.expect("summary"), None);
+        assert!(matches!(
+            store.list_sessions_page(Some("not-a-cursor"), 2).await,
+            Err(StoreError::Invalid(_))
+        ));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_queued_submission_stays_stored_until_an_event_settles_it() {
+    use crate::protocol::{BusyPolicy, Op, SubmissionQueuedEvent};
+    use crate::store::{KeyedSubmission, QueueChange};
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        create(&store, "s").await;
+        append(&store, "s", &events("s", 0, 2)).await;
+        let queued = |id: &str, key: Option<&str>| Event {
+            submission_id: Some(id.into()),
+            msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+                op: Op::UserInput {
+                    text: format!("text of {id}"),
+                },
+                on_busy: BusyPolicy::Steer,
+                idempotency_key: key.map(str::to_owned),
+            }),
+        };
+        append(&store, "s", &[queued("q1", Some("key-1")), queued("q2", None)]).await;
+        let state = store.load("s").await.expect("load").expect("s");
+        let stored: Vec<(&str, u64, BusyPolicy)> = state
+            .queued
+            .iter()
+            .map(|q| (q.id.as_str(), q.sequence, q.on_busy))
+            .collect();
+        assert_eq!(stored, [("q1", 3, BusyPolicy::Steer), ("q2", 4, BusyPolicy::Steer)]);
+        assert_eq!(
+            state.queued[0].op,
+            Op::UserInput {
+                text: "text of q1".into()
+            }
+        );
+        assert_eq!(
+            store.keyed_submission("s", "key-1").await.expect("key"),
+            Some(KeyedSubmission {
+                submission_id: "q1".into(),
+                sequence: 3
+            })
+        );
+        assert_eq!(store.keyed_submission("s", "key-2").await.expect("key"), None);
+        assert_eq!(store.keyed_submission("other", "key-1").await.expect("key"), None);
+
+        // The event that settles q1 takes it off the queue in its commit.
+        let mut settling = encode(&events("s", 2, 1));
+        settling[0].queue = Some(QueueChange::Settled("q1".into()));
+        store
+            .append(
+                "s",
+                AppendBatch {
+                    lease: None,
+                    events: settling,
+                    checkpoint: None,
+                },
+            )
+            .await
+            .expect("settle");
+        let state = store.load("s").await.expect("load").expect("s");
+        assert_eq!(state.queued.iter().map(|q| q.id.as_str()).collect::<Vec<_>>(), ["q2"]);
+        // The key outlives the queue entry: a retry is still recognised.
+        assert!(store.keyed_submission("s", "key-1").await.expect("key").is_some());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_version_1_database_is_migrated_and_keeps_its_sessions() {
+    guarded(async {
+        let (_dir, path) = database();
+        {
+            let store = open(&path).await;
+            create(&store, "old").await;
+            append(&store, "old", &events("old", 0, 3)).await;
+            store.close().await;
+        }
+        {
+            // Back to what a version 1 build wrote.
+            let conn = Connection::open(&path).expect("raw");
+            conn.execute_batch("DROP TABLE queued_submissions; DROP TABLE submission_keys; PRAGMA user_version = 1;")
+                .expect("downgrade");
+        }
+        let store = open(&path).await;
+        let state = store.load("old").await.expect("load").expect("old");
+        assert_eq!((state.last_sequence, state.queued.len()), (3, 0));
+        assert_eq!(store.keyed_submission("old", "k").await.expect("keys table"), None);
+        let conn = Connection::open(&path).expect("raw");
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .expect("user_version");
+        assert_eq!(version, schema::SCHEMA_VERSION);
     })
     .await;
 }

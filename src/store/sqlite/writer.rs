@@ -17,7 +17,9 @@ use tokio::sync::oneshot;
 
 use super::codec;
 use crate::protocol::now_ms;
-use crate::store::{AppendReceipt, CheckpointWrite, EncodedEvent, OpenBatch, StoreError};
+use crate::store::{
+    AppendReceipt, CheckpointWrite, EncodedEvent, OpenBatch, QueueChange, QueuedSubmission, StoreError,
+};
 
 /// A write waiting for the writer thread.
 pub(super) enum Job {
@@ -326,6 +328,11 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
         })
         .map_err(dirty)?;
     }
+    for (offset, event) in events.iter().enumerate() {
+        if let Some(change) = &event.queue {
+            apply_queue_change(conn, key, first_sequence + offset as u64, change)?;
+        }
+    }
     Ok(Written {
         receipt: AppendReceipt {
             first_sequence,
@@ -333,6 +340,42 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
         },
         lease,
     })
+}
+
+/// Adds a queued submission (and its idempotency key) or removes a settled
+/// one, in the transaction of the event that does it.
+fn apply_queue_change(conn: &Connection, key: i64, sequence: u64, change: &QueueChange) -> Result<(), JobError> {
+    match change {
+        QueueChange::Queued {
+            submission,
+            idempotency_key,
+        } => {
+            let stored = QueuedSubmission {
+                sequence,
+                ..(**submission).clone()
+            };
+            let json = encode(&stored).map_err(JobError::Clean)?;
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO queued_submissions (session_key, id, sequence, submission) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut insert| insert.execute(params![key, stored.id, sequence, json]))
+            .map_err(dirty)?;
+            if let Some(idempotency_key) = idempotency_key {
+                conn.prepare_cached(
+                    "INSERT OR IGNORE INTO submission_keys (session_key, key, submission_id, sequence)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .and_then(|mut insert| insert.execute(params![key, idempotency_key, stored.id, sequence]))
+                .map_err(dirty)?;
+            }
+        }
+        QueueChange::Settled(id) => {
+            conn.prepare_cached("DELETE FROM queued_submissions WHERE session_key = ?1 AND id = ?2")
+                .and_then(|mut delete| delete.execute(params![key, id]))
+                .map_err(dirty)?;
+        }
+    }
+    Ok(())
 }
 
 /// Takes the session over for a new holder.

@@ -1,0 +1,175 @@
+//! [`SessionHandle`]: a cloneable way into a live session for servers and
+//! other hosts, with durable submission and the busy policies.
+
+use std::sync::Arc;
+
+use super::recorder::{EventRecorder, WeakEventRecorder};
+use super::status::{SessionStatus, StatusCell};
+use super::submission::SubmissionSender;
+use crate::protocol::{
+    BusyPolicy, Event, EventMsg, Op, SubmissionQueuedEvent, SubmissionRejectedEvent, new_id, validate_idempotency_key,
+};
+use crate::store::CheckpointStore;
+use crate::{Error, Result};
+
+/// How a submission is to be handled.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubmitOptions {
+    /// What a user message does if the session is busy.
+    pub on_busy: BusyPolicy,
+    /// A client's key for the request: a second submission with the same
+    /// key is answered with the first one's receipt and queues nothing.
+    pub idempotency_key: Option<String>,
+}
+
+/// What [`SessionHandle::submit_durable`] accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    /// The submission's id; the events it causes carry it.
+    pub submission_id: String,
+    /// The sequence of its `submission_queued` event (for a control op: the
+    /// newest sequence when it was accepted).
+    pub sequence: u64,
+    /// Whether an earlier submission with the same idempotency key answered.
+    pub duplicate: bool,
+}
+
+/// A cloneable handle on a live session: submit ops durably, read its
+/// status. The [`super::Agent`] it came from still owns the event stream.
+#[derive(Clone)]
+pub struct SessionHandle {
+    pub(super) session_id: String,
+    pub(super) sender: SubmissionSender,
+    /// Weak, so that the session's recorder ends with the session even
+    /// while handles remain.
+    pub(super) recorder: WeakEventRecorder,
+    pub(super) store: Arc<dyn CheckpointStore>,
+    pub(super) status: Arc<StatusCell>,
+    /// Serializes keyed submissions, so two requests with one key cannot
+    /// both miss the stored key and both be queued.
+    pub(super) keyed: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl std::fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle")
+            .field("session_id", &self.session_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionHandle {
+    /// The session's id.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// Where to submit ops without storing them first.
+    pub fn sender(&self) -> &SubmissionSender {
+        &self.sender
+    }
+
+    /// What the session is doing now.
+    pub fn status(&self) -> SessionStatus {
+        self.status
+            .snapshot(self.sender.queued(), self.recorder.last_sequence())
+    }
+
+    fn recorder(&self) -> Result<EventRecorder> {
+        self.recorder
+            .upgrade()
+            .ok_or_else(|| Error::Stopped("the session has stopped".to_owned()))
+    }
+
+    /// Submits `op` so that, once this returns `Ok`, a crash cannot lose it.
+    ///
+    /// A user message is stored (a `submission_queued` event, plus a row in
+    /// the store's queue that the session's first event for it removes)
+    /// before it is queued; after a restart a stored message that had not
+    /// started is queued again. If the session is busy, `options.on_busy`
+    /// decides: wait, interrupt the running turn, be refused
+    /// ([`Error::SessionBusy`], recorded as `submission_rejected`), or steer
+    /// into the running turn. Control ops (interrupt, approval) act at once
+    /// and are not stored ahead; shutdown is queued as it is.
+    ///
+    /// Errors: [`Error::InvalidInput`] for an op or key that breaks the
+    /// protocol's limits, [`Error::Busy`] when the queue is full,
+    /// [`Error::Stopped`] when the session stopped, [`Error::Checkpoint`]
+    /// when the store fails.
+    pub async fn submit_durable(&self, op: Op, options: SubmitOptions) -> Result<Accepted> {
+        op.validate().map_err(Error::InvalidInput)?;
+        if let Some(key) = &options.idempotency_key {
+            validate_idempotency_key(key).map_err(Error::InvalidInput)?;
+        }
+        let Some(text) = op.message_text().map(str::to_owned) else {
+            let submitted = self.sender.submit(op)?;
+            return Ok(Accepted {
+                submission_id: submitted.id,
+                sequence: self.recorder.last_sequence(),
+                duplicate: false,
+            });
+        };
+        let _keyed = match &options.idempotency_key {
+            Some(key) => {
+                let guard = self.keyed.lock().await;
+                if let Some(earlier) = self.store.keyed_submission(&self.session_id, key).await? {
+                    return Ok(Accepted {
+                        submission_id: earlier.submission_id,
+                        sequence: earlier.sequence,
+                        duplicate: true,
+                    });
+                }
+                Some(guard)
+            }
+            None => None,
+        };
+        let recorder = self.recorder()?;
+        let busy = self.status().busy;
+        let policy = if busy { options.on_busy } else { BusyPolicy::Queue };
+        let id = new_id();
+        if policy == BusyPolicy::Reject {
+            let reason = "the session is busy and the message asked to be refused then (on_busy: reject)";
+            let rejected = Event {
+                submission_id: Some(id),
+                msg: EventMsg::SubmissionRejected(SubmissionRejectedEvent {
+                    reason: reason.to_owned(),
+                }),
+            };
+            recorder.commit(vec![rejected], None).await?;
+            return Err(Error::SessionBusy(reason.to_owned()));
+        }
+        // What runs: a steered message goes to the running turn.
+        let queued_op = match policy {
+            BusyPolicy::Steer => Op::Steer { text },
+            _ => Op::UserInput { text },
+        };
+        // Take the place first: a full queue refuses before anything is stored.
+        let reservation = self.sender.reserve(&queued_op)?;
+        let event = Event {
+            submission_id: Some(id.clone()),
+            msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+                op: op.clone(),
+                on_busy: options.on_busy,
+                idempotency_key: options.idempotency_key.clone(),
+            }),
+        };
+        let sequence = recorder.commit(vec![event], None).await?;
+        recorder.expect_settlement(id.clone());
+        drop(recorder);
+        if policy == BusyPolicy::Interrupt {
+            // The interrupt takes the control lane, so it reaches the running
+            // turn ahead of the message; a full control lane means interrupts
+            // are already on their way.
+            match self.sender.submit(Op::Interrupt { turn_id: None }) {
+                Ok(_) | Err(Error::Busy(_)) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        self.sender.send_reserved(reservation, id.clone(), queued_op);
+        Ok(Accepted {
+            submission_id: id,
+            sequence,
+            duplicate: false,
+        })
+    }
+}
