@@ -90,11 +90,27 @@ pub(crate) struct LiveSession {
     stopped: Arc<AtomicBool>,
     close: Mutex<Option<oneshot::Sender<CloseMode>>>,
     pump: Mutex<Option<JoinHandle<()>>>,
+    /// The sequence of the last event published.
+    published: watch::Receiver<u64>,
 }
 
 impl LiveSession {
+    /// Waits (a little) until the session's startup events are committed
+    /// and published, so what is shown of a new session includes them.
+    pub(crate) async fn started(&self) {
+        let mut published = self.published.clone();
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, published.wait_for(|sequence| *sequence > 0)).await;
+    }
+
     fn stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Waits (a little) until the pump has ended.
+    async fn wait_stopped(&self) {
+        let mut published = self.published.clone();
+        // The pump drops its sender when it ends.
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, async { while published.changed().await.is_ok() {} }).await;
     }
 
     fn idle_since(&self) -> Instant {
@@ -113,9 +129,10 @@ impl LiveSession {
     }
 }
 
-/// Whether a session's status lets it stop without cutting a turn short.
+/// Whether a session's status lets it stop without cutting a turn short:
+/// idle, or waiting for approval with nothing queued (that wait is durable).
 fn at_rest(status: &SessionStatus) -> bool {
-    status.queued == 0 && (status.running_turn_id.is_none() || !status.awaiting_approval.is_empty())
+    !status.busy || (!status.awaiting_approval.is_empty() && status.queued == 0)
 }
 
 /// A live session in use by a request; it is not unloaded while leased.
@@ -258,10 +275,9 @@ impl Host {
             match session.handle.submit_durable(op.clone(), options).await {
                 Ok(accepted) => return Ok(accepted),
                 Err(crate::Error::Stopped(_)) if !retried && !self.is_closing() => {
-                    // Wait for the pump to notice, then load it again.
+                    // It stopped (a `shutdown` op): load it again.
                     retried = true;
-                    drop(session);
-                    tokio::time::sleep(SETTLE_POLL).await;
+                    session.wait_stopped().await;
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -388,22 +404,28 @@ impl Host {
         .await;
     }
 
+    /// Waits until the session is at rest or the grace period is over. A
+    /// turn still running then is interrupted (recording `turn_aborted`)
+    /// if nothing is queued behind it; with messages queued, the session is
+    /// dropped instead, so the messages stay stored and run at the next
+    /// start (which closes the cut turn as `runtime_stopped` and runs them).
     async fn settle_and_close(&self, session: Arc<LiveSession>, deadline: Instant) {
         while !session.stopped() && !at_rest(&session.handle.status()) && Instant::now() < deadline {
             tokio::time::sleep(SETTLE_POLL).await;
         }
         let status = session.handle.status();
-        if let (Some(turn_id), true) = (&status.running_turn_id, status.awaiting_approval.is_empty()) {
+        if !session.stopped()
+            && !at_rest(&status)
+            && status.queued == 0
+            && let Some(turn_id) = &status.running_turn_id
+        {
             let interrupt = Op::Interrupt {
                 turn_id: Some(turn_id.clone()),
             };
             match session.handle.submit_durable(interrupt, SubmitOptions::default()).await {
                 Ok(_) => {
                     let closed = Instant::now() + INTERRUPT_TIMEOUT;
-                    while !session.stopped()
-                        && session.handle.status().running_turn_id.as_ref() == Some(turn_id)
-                        && Instant::now() < closed
-                    {
+                    while !session.stopped() && session.handle.status().busy && Instant::now() < closed {
                         tokio::time::sleep(SETTLE_POLL).await;
                     }
                 }
@@ -454,6 +476,7 @@ impl Host {
         let config = self.factory.agent_config(session_id, &settings, context).await?;
         let agent = create_agent(config).await?;
         let (close, close_rx) = oneshot::channel();
+        let (published, published_rx) = watch::channel(0);
         let session = Arc::new(LiveSession {
             handle: agent.handle(),
             settings,
@@ -463,6 +486,7 @@ impl Host {
             stopped: Arc::new(AtomicBool::new(false)),
             close: Mutex::new(Some(close)),
             pump: Mutex::new(None),
+            published: published_rx,
         });
         let pump = Pump {
             agent,
@@ -470,6 +494,7 @@ impl Host {
             metrics: Arc::clone(&self.metrics),
             last_active: Arc::clone(&session.last_active),
             stopped: Arc::clone(&session.stopped),
+            published,
         };
         let task = tokio::spawn(pump.run(close_rx));
         *session.pump.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(task);
@@ -572,10 +597,11 @@ impl Host {
     }
 }
 
-/// How to stop a session with this status: a turn still in flight (waiting
-/// for approval, or taken from the queue) is left for the next runtime.
+/// How to stop a session with this status: a busy one (a turn waiting for
+/// approval, or messages queued) is left as it is stored for the next
+/// runtime; `Op::Shutdown` would wait behind its work.
 fn close_mode(status: &SessionStatus) -> CloseMode {
-    if status.running_turn_id.is_some() || status.queued > 0 {
+    if status.busy {
         CloseMode::Abort
     } else {
         CloseMode::Graceful
@@ -589,6 +615,7 @@ struct Pump {
     metrics: Arc<Metrics>,
     last_active: Arc<Mutex<Instant>>,
     stopped: Arc<AtomicBool>,
+    published: watch::Sender<u64>,
 }
 
 impl Pump {
@@ -623,6 +650,7 @@ impl Pump {
         self.metrics.events_recorded.inc();
         *self.last_active.lock().unwrap_or_else(|poison| poison.into_inner()) = Instant::now();
         self.hub.publish(event);
+        self.published.send_replace(event.sequence);
     }
 
     /// Queues `Op::Shutdown` and publishes the events up to the last one.

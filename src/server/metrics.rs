@@ -14,8 +14,8 @@ use prometheus_client::registry::Registry;
 use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest};
 use crate::protocol::TranscriptItem;
 use crate::store::{
-    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, EventPage, EventPageRequest, OpenBatch, SessionListPage,
-    SessionState, SessionSummary, StoreError, TurnExecution,
+    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, EventPage, EventPageRequest, KeyedSubmission, OpenBatch,
+    SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution,
 };
 use crate::{RecordedEvent, Result};
 
@@ -235,6 +235,14 @@ impl CheckpointStore for MeteredStore {
 
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {
         self.inner.session_summary(session_id)
+    }
+
+    fn keyed_submission<'a>(
+        &'a self,
+        session_id: &'a str,
+        idempotency_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>> {
+        self.inner.keyed_submission(session_id, idempotency_key)
     }
 }
 

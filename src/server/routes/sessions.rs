@@ -140,6 +140,7 @@ pub(crate) async fn create(
         settings: Some(settings.to_value()),
     };
     let session = server.host.create(&id, settings, context).await?;
+    session.started().await;
     let status = session.handle.status();
     drop(session);
     let summary = server

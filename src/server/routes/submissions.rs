@@ -9,13 +9,10 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use crate::agent::{Accepted, BusyPolicy};
-use crate::protocol::{MAX_MESSAGE_BYTES, Op};
+use crate::protocol::{MAX_MESSAGE_BYTES, Op, validate_idempotency_key};
 use crate::server::Server;
 use crate::server::error::ApiError;
 use crate::server::extract::ApiJson;
-
-/// The longest idempotency key accepted.
-const MAX_IDEMPOTENCY_KEY: usize = 128;
 
 /// The body of `POST /v1/sessions/{id}/submissions`.
 #[derive(Debug, Deserialize)]
@@ -72,7 +69,7 @@ pub(crate) async fn submit_op(
     idempotency_key: Option<String>,
 ) -> Result<Accepted, ApiError> {
     if let Some(key) = &idempotency_key {
-        check_idempotency_key(key)?;
+        validate_idempotency_key(key).map_err(ApiError::InvalidRequest)?;
     }
     if let Op::UserInput { text } = &op
         && text.len() > MAX_MESSAGE_BYTES
@@ -84,28 +81,4 @@ pub(crate) async fn submit_op(
     }
     op.validate().map_err(ApiError::InvalidRequest)?;
     server.host.submit(session_id, op, on_busy, idempotency_key).await
-}
-
-fn check_idempotency_key(key: &str) -> Result<(), ApiError> {
-    let printable = key.bytes().all(|byte| byte.is_ascii_graphic() || byte == b' ');
-    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY || !printable {
-        return Err(ApiError::InvalidRequest(format!(
-            "an idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters"
-        )));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn idempotency_keys_are_short_printable_ascii() {
-        assert!(check_idempotency_key("retry-1 of order 42").is_ok());
-        assert!(check_idempotency_key(&"k".repeat(128)).is_ok());
-        for bad in ["", "tab\there", "é", &"k".repeat(129)] {
-            assert!(check_idempotency_key(bad).is_err(), "{bad:?}");
-        }
-    }
 }

@@ -25,7 +25,10 @@ async fn the_server_refuses_to_listen_off_loopback_without_a_token() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "{stderr}");
-    assert!(lines[0].starts_with("error: refusing to listen on 0.0.0.0:"), "{stderr}");
+    assert!(
+        lines[0].starts_with("error: refusing to listen on 0.0.0.0:"),
+        "{stderr}"
+    );
     assert!(lines[0].contains("--token-file"), "{stderr}");
 }
 
@@ -38,7 +41,9 @@ async fn with_a_token_every_api_request_needs_it() {
     let missing = api.get("/v1/sessions").await;
     assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
     assert_eq!(missing.code(), "unauthorized");
-    let wrong = api.send(api.client.get(api.url("/v1/sessions")).bearer_auth("s3cret-tokeN")).await;
+    let wrong = api
+        .send(api.client.get(api.url("/v1/sessions")).bearer_auth("s3cret-tokeN"))
+        .await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     assert!(!wrong.body.to_string().contains("s3cret"), "the token is never echoed");
     let create_without = api.post("/v1/sessions", &json!({"id": "s", "model": model})).await;
@@ -75,8 +80,13 @@ async fn with_a_token_every_api_request_needs_it() {
         .await
         .expect("stream");
     assert_eq!(wrong_stream.status(), StatusCode::UNAUTHORIZED);
-    let ws_url = format!("{}/v1/sessions/s/ws?access_token=s3cret-token", api.base.replacen("http", "ws", 1));
-    let (socket, _) = tokio_tungstenite::connect_async(ws_url).await.expect("WebSocket with a query token");
+    let ws_url = format!(
+        "{}/v1/sessions/s/ws?access_token=s3cret-token",
+        api.base.replacen("http", "ws", 1)
+    );
+    let (socket, _) = tokio_tungstenite::connect_async(ws_url)
+        .await
+        .expect("WebSocket with a query token");
     drop(socket);
     let ws_wrong = format!("{}/v1/sessions/s/ws", api.base.replacen("http", "ws", 1));
     assert!(tokio_tungstenite::connect_async(ws_wrong).await.is_err());
@@ -88,7 +98,15 @@ fn the_binary_listens_off_loopback_with_a_token_file() {
     let scratch = Scratch::new();
     let token_file = scratch.dir.path().join("token");
     std::fs::write(&token_file, "file-token\n").expect("write the token");
-    let process = ServeProcess::start(&scratch, &["--listen", "0.0.0.0:0", "--token-file", token_file.to_str().expect("path")]);
+    let process = ServeProcess::start(
+        &scratch,
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--token-file",
+            token_file.to_str().expect("path"),
+        ],
+    );
     // Reach it over loopback.
     let base = process.api.base.replace("0.0.0.0", "127.0.0.1");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");

@@ -15,7 +15,9 @@ fn assert_error(reply: &Reply, status: StatusCode, code: &str) {
     assert_eq!(reply.status, status, "{}", reply.body);
     assert_eq!(reply.code(), code, "{}", reply.body);
     assert!(
-        reply.body["error"]["message"].as_str().is_some_and(|message| !message.is_empty()),
+        reply.body["error"]["message"]
+            .as_str()
+            .is_some_and(|message| !message.is_empty()),
         "{}",
         reply.body
     );
@@ -48,10 +50,18 @@ async fn bad_requests_are_400_and_unknown_things_404() {
         json!({"model": model, "tools": {"sandbox": "none"}}),
         json!({"model": model, "colour": "blue"}),
     ] {
-        assert_error(&api.post("/v1/sessions", &body).await, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(
+            &api.post("/v1/sessions", &body).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        );
     }
     // No model anywhere: the server has no default.
-    assert_error(&api.post("/v1/sessions", &json!({})).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(
+        &api.post("/v1/sessions", &json!({})).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
     for path in [
         "/v1/sessions?limit=0",
         "/v1/sessions?limit=501",
@@ -63,7 +73,11 @@ async fn bad_requests_are_400_and_unknown_things_404() {
         assert_error(&api.get(path).await, StatusCode::BAD_REQUEST, "invalid_request");
     }
     let bad_resume = api
-        .send(api.client.get(api.url("/v1/sessions/s/events/stream")).header("last-event-id", "soon"))
+        .send(
+            api.client
+                .get(api.url("/v1/sessions/s/events/stream"))
+                .header("last-event-id", "soon"),
+        )
         .await;
     assert_error(&bad_resume, StatusCode::BAD_REQUEST, "invalid_request");
     let bad_key = api
@@ -86,7 +100,8 @@ async fn bad_requests_are_400_and_unknown_things_404() {
         assert_error(&api.get(path).await, StatusCode::NOT_FOUND, "not_found");
     }
     assert_error(
-        &api.submit("nobody", json!({"op": {"type": "user_input", "text": "hi"}})).await,
+        &api.submit("nobody", json!({"op": {"type": "user_input", "text": "hi"}}))
+            .await,
         StatusCode::NOT_FOUND,
         "not_found",
     );
@@ -98,14 +113,22 @@ async fn bad_requests_are_400_and_unknown_things_404() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflicts_and_a_full_queue_are_409() {
     let server = TestServer::start(|config, _| config.submission_capacity = 1).await;
-    let model = server.scratch.script("s.jsonl", &[&slow_chunks(50, 50), r#"{"text": "b"}"#, r#"{"text": "c"}"#]);
+    let model = server.scratch.script(
+        "s.jsonl",
+        &[&slow_chunks(50, 50), r#"{"text": "b"}"#, r#"{"text": "c"}"#],
+    );
     server.api.create(json!({"id": "busy", "model": model})).await;
-    let again = server.api.post("/v1/sessions", &json!({"id": "busy", "model": model})).await;
+    let again = server
+        .api
+        .post("/v1/sessions", &json!({"id": "busy", "model": model}))
+        .await;
     assert_error(&again, StatusCode::CONFLICT, "conflict");
 
     let mut stream = server.api.stream("busy", Resume::Start).await;
     server.api.say("busy", "first").await;
-    stream.until(|event| event.msg.kind() == "assistant_content_delta").await;
+    stream
+        .until(|event| event.msg.kind() == "assistant_content_delta")
+        .await;
     // A turn runs; the queue holds one submission, the next is refused.
     let mut statuses = Vec::new();
     for text in ["second", "third", "fourth"] {
@@ -124,7 +147,10 @@ async fn conflicts_and_a_full_queue_are_409() {
 
     let rejected = server
         .api
-        .submit("busy", json!({"op": {"type": "user_input", "text": "now!"}, "on_busy": "reject"}))
+        .submit(
+            "busy",
+            json!({"op": {"type": "user_input", "text": "now!"}, "on_busy": "reject"}),
+        )
         .await;
     assert_error(&rejected, StatusCode::CONFLICT, "session_busy");
     server.stop().await;
@@ -171,9 +197,14 @@ async fn no_room_for_another_live_session_is_503_too_many_sessions() {
     server.api.create(json!({"id": "running", "model": slow})).await;
     let mut stream = server.api.stream("running", Resume::Start).await;
     server.api.say("running", "go").await;
-    stream.until(|event| event.msg.kind() == "assistant_content_delta").await;
+    stream
+        .until(|event| event.msg.kind() == "assistant_content_delta")
+        .await;
     // The only live session runs a turn: it cannot be unloaded.
-    let reply = server.api.post("/v1/sessions", &json!({"id": "other", "model": quick})).await;
+    let reply = server
+        .api
+        .post("/v1/sessions", &json!({"id": "other", "model": quick}))
+        .await;
     assert_error(&reply, StatusCode::SERVICE_UNAVAILABLE, "too_many_sessions");
     // Once it is idle, it makes room.
     stream.until(|event| event.msg.ends_turn()).await;

@@ -16,7 +16,9 @@ async fn health_readiness_and_metrics_say_what_happened() {
     assert_eq!(ready.status(), StatusCode::OK);
     assert_eq!(ready.text().await.expect("body"), "ready");
 
-    let model = server.scratch.script("s.jsonl", &[r#"{"chunks": ["a", "b"]}"#, r#"{"error": "boom"}"#]);
+    let model = server
+        .scratch
+        .script("s.jsonl", &[r#"{"chunks": ["a", "b"]}"#, r#"{"error": "boom"}"#]);
     api.create(json!({"id": "m", "model": model})).await;
     let mut stream = api.stream("m", Resume::Start).await;
     api.say("m", "one").await;
@@ -41,11 +43,19 @@ async fn health_readiness_and_metrics_say_what_happened() {
     }
     let recorded = super::streams::metric_value(&metrics, "keel_events_recorded_total");
     assert!(recorded >= 10.0, "{metrics}");
-    assert!(!metrics.contains("/v1/sessions/m"), "routes are labelled by pattern, never by id");
+    assert!(
+        !metrics.contains("/v1/sessions/m"),
+        "routes are labelled by pattern, never by id"
+    );
 
     let page = api.client.get(api.url("/")).send().await.expect("UI");
     assert_eq!(page.status(), StatusCode::OK);
-    assert!(page.headers()["content-type"].to_str().expect("type").starts_with("text/html"));
+    assert!(
+        page.headers()["content-type"]
+            .to_str()
+            .expect("type")
+            .starts_with("text/html")
+    );
     assert!(page.text().await.expect("body").contains("Keel"));
     server.stop().await;
 }
@@ -76,7 +86,10 @@ async fn cors_is_off_unless_an_origin_is_given() {
         .await
         .expect("preflight");
     assert_eq!(
-        preflight.headers().get("access-control-allow-origin").map(|value| value.as_bytes()),
+        preflight
+            .headers()
+            .get("access-control-allow-origin")
+            .map(|value| value.as_bytes()),
         Some(&b"https://app.example"[..])
     );
     open.stop().await;

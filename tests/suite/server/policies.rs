@@ -22,14 +22,19 @@ async fn busy_session(lines: &[&str]) -> (TestServer, SseStream, Vec<RecordedEve
     server.api.create(json!({"id": "s", "model": model})).await;
     let mut stream = server.api.stream("s", Resume::Start).await;
     server.api.say("s", "first").await;
-    let seen = stream.until(|event| event.msg.kind() == "assistant_content_delta").await;
+    let seen = stream
+        .until(|event| event.msg.kind() == "assistant_content_delta")
+        .await;
     (server, stream, seen)
 }
 
 async fn say_with(server: &TestServer, text: &str, on_busy: &str) -> (StatusCode, Value) {
     let reply = server
         .api
-        .submit("s", json!({"op": {"type": "user_input", "text": text}, "on_busy": on_busy}))
+        .submit(
+            "s",
+            json!({"op": {"type": "user_input", "text": text}, "on_busy": on_busy}),
+        )
         .await;
     (reply.status, reply.body)
 }
@@ -107,7 +112,11 @@ async fn reject_refuses_with_409_and_the_log_says_so() {
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"]["code"], "session_busy");
     events.extend(stream.until(ends_turn).await);
-    assert_eq!(kinds(&events).last(), Some(&"turn_complete"), "the running turn goes on");
+    assert_eq!(
+        kinds(&events).last(),
+        Some(&"turn_complete"),
+        "the running turn goes on"
+    );
     assert!(kinds(&events).contains(&"submission_rejected"), "{:?}", kinds(&events));
     assert!(events.iter().all(|event| msg(event)["text"] != "not now"));
     server.stop().await;
@@ -146,7 +155,9 @@ async fn steer_joins_the_running_turn_before_its_next_step() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_post_with_the_same_key_is_answered_once() {
     let server = TestServer::start(|config, _| config.idle_unload = Duration::from_millis(200)).await;
-    let model = server.scratch.script("s.jsonl", &[r#"{"text": "one"}"#, r#"{"text": "two"}"#]);
+    let model = server
+        .scratch
+        .script("s.jsonl", &[r#"{"text": "one"}"#, r#"{"text": "two"}"#]);
     server.api.create(json!({"id": "s", "model": model})).await;
     let post = |key: &'static str, text: &'static str| {
         let api = server.api.clone();

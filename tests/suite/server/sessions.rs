@@ -83,7 +83,10 @@ async fn a_turn_runs_and_the_session_shows_its_counters() {
     assert_eq!(shown["turns_completed"], 1);
     assert_eq!(shown["usage"]["input_tokens"], 7);
     assert_eq!(shown["usage"]["output_tokens"], 3);
-    assert_eq!(shown["last_sequence"], events.last().map(|event| event.sequence).unwrap_or(0));
+    assert_eq!(
+        shown["last_sequence"],
+        events.last().map(|event| event.sequence).unwrap_or(0)
+    );
     server.stop().await;
 }
 
@@ -125,7 +128,9 @@ async fn sessions_are_listed_newest_first_page_by_page() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_pages_backwards_and_forwards() {
     let server = TestServer::start(|_, _| {}).await;
-    let model = server.scratch.script("s.jsonl", &[r#"{"chunks": ["a", "b", "c"], "delay_ms": 50}"#]);
+    let model = server
+        .scratch
+        .script("s.jsonl", &[r#"{"chunks": ["a", "b", "c"], "delay_ms": 50}"#]);
     server.api.create(json!({"id": "paged", "model": model})).await;
     let mut stream = server.api.stream("paged", Resume::Start).await;
     server.api.say("paged", "Hello").await;
@@ -142,7 +147,10 @@ async fn the_log_pages_backwards_and_forwards() {
         .collect();
     assert_eq!(sequences, [last - 2, last - 1, last]);
     assert_eq!(newest.body["has_more"], true);
-    let older = server.api.get(&format!("/v1/sessions/paged/events?before={}&limit=1000", last - 2)).await;
+    let older = server
+        .api
+        .get(&format!("/v1/sessions/paged/events?before={}&limit=1000", last - 2))
+        .await;
     assert_eq!(older.body["events"].as_array().expect("events").len() as u64, last - 3);
     assert_eq!(older.body["has_more"], false);
     let forward = server.api.get("/v1/sessions/paged/events?after=2&limit=3").await;
@@ -154,7 +162,10 @@ async fn the_log_pages_backwards_and_forwards() {
         .collect();
     assert_eq!(sequences, [3, 4, 5]);
     assert_eq!(forward.body["has_more"], true);
-    let tail = server.api.get(&format!("/v1/sessions/paged/events?after={}", last - 1)).await;
+    let tail = server
+        .api
+        .get(&format!("/v1/sessions/paged/events?after={}", last - 1))
+        .await;
     assert_eq!(tail.body["events"].as_array().expect("events").len(), 1);
     assert_eq!(tail.body["has_more"], false);
     server.stop().await;

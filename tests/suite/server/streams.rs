@@ -40,7 +40,9 @@ async fn a_stream_cut_in_the_middle_of_a_turn_resumes_without_gap_or_duplicate()
 
     // Reconnect the way a browser does.
     let mut second = server.api.stream("resume", Resume::LastEventId(cut)).await;
-    let mut after_reconnect = second.until(|event| event.msg.kind() == "assistant_content_delta").await;
+    let mut after_reconnect = second
+        .until(|event| event.msg.kind() == "assistant_content_delta")
+        .await;
     let second_cut = after_reconnect.last().expect("events").sequence;
     drop(second);
     // And with `?after`.
@@ -80,7 +82,10 @@ async fn nine_subscribers_get_everything_while_a_tenth_stalls_and_it_still_gets_
     let address = server.api.base.trim_start_matches("http://").to_owned();
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("small receive buffer");
-    let mut stalled = socket.connect(address.parse().expect("address")).await.expect("connect");
+    let mut stalled = socket
+        .connect(address.parse().expect("address"))
+        .await
+        .expect("connect");
     stalled
         .write_all(&raw_get("/v1/sessions/fan/events/stream"))
         .await
@@ -122,7 +127,11 @@ async fn nine_subscribers_get_everything_while_a_tenth_stalls_and_it_still_gets_
             assert!(read > 0, "the stream ended");
             let mut parsed = Vec::new();
             parser.push(&buffer[..read], &mut parsed).expect("well-formed");
-            events.extend(parsed.iter().map(|event| serde_json::from_str::<RecordedEvent>(&event.data).expect("event")));
+            events.extend(
+                parsed
+                    .iter()
+                    .map(|event| serde_json::from_str::<RecordedEvent>(&event.data).expect("event")),
+            );
         }
     })
     .await;
@@ -130,7 +139,10 @@ async fn nine_subscribers_get_everything_while_a_tenth_stalls_and_it_still_gets_
     assert_eq!(events, received[0]);
     let metrics = server.api.metrics().await;
     let catch_ups = metric_value(&metrics, "keel_subscriber_catch_ups_total");
-    assert!(catch_ups >= 1.0, "the stalled subscriber was served from the store:\n{metrics}");
+    assert!(
+        catch_ups >= 1.0,
+        "the stalled subscriber was served from the store:\n{metrics}"
+    );
     drop(stalled);
     tokio::time::sleep(Duration::from_millis(10)).await;
     server.stop().await;

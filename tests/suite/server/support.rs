@@ -127,13 +127,16 @@ impl Api {
 
     /// Submits a user message; it must answer `202`.
     pub(crate) async fn say(&self, session_id: &str, text: &str) -> Value {
-        let reply = self.submit(session_id, json!({"op": {"type": "user_input", "text": text}})).await;
+        let reply = self
+            .submit(session_id, json!({"op": {"type": "user_input", "text": text}}))
+            .await;
         assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
         reply.body
     }
 
     pub(crate) async fn submit(&self, session_id: &str, body: Value) -> Reply {
-        self.post(&format!("/v1/sessions/{session_id}/submissions"), &body).await
+        self.post(&format!("/v1/sessions/{session_id}/submissions"), &body)
+            .await
     }
 
     /// The session as `GET /v1/sessions/{id}` shows it.
@@ -161,9 +164,12 @@ impl Api {
 
     /// The server's metrics text.
     pub(crate) async fn metrics(&self) -> String {
-        let response = guard("GET /metrics", self.authorize(self.client.get(self.url("/metrics"))).send())
-            .await
-            .expect("GET /metrics");
+        let response = guard(
+            "GET /metrics",
+            self.authorize(self.client.get(self.url("/metrics"))).send(),
+        )
+        .await
+        .expect("GET /metrics");
         assert_eq!(response.status(), StatusCode::OK);
         response.text().await.expect("metrics text")
     }
@@ -213,7 +219,11 @@ impl SseStream {
             loop {
                 if let Some(event) = self.ready.pop_front() {
                     let recorded: RecordedEvent = serde_json::from_str(&event.data).expect("event JSON");
-                    assert_eq!(event.event.as_deref(), Some(recorded.msg.kind()), "the SSE event name is the type");
+                    assert_eq!(
+                        event.event.as_deref(),
+                        Some(recorded.msg.kind()),
+                        "the SSE event name is the type"
+                    );
                     return Some(recorded);
                 }
                 let chunk = self.response.chunk().await.ok()??;

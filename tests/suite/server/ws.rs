@@ -52,7 +52,9 @@ async fn send(socket: &mut Socket, frame: Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ops_go_in_and_events_come_out_and_a_new_socket_resumes() {
     let server = TestServer::start(|_, _| {}).await;
-    let model = server.scratch.script("s.jsonl", &[&slow_chunks(20, 20), r#"{"text": "second"}"#]);
+    let model = server
+        .scratch
+        .script("s.jsonl", &[&slow_chunks(20, 20), r#"{"text": "second"}"#]);
     server.api.create(json!({"id": "sock", "model": model})).await;
 
     let mut socket = connect(&server, "sock", 0).await;
@@ -77,7 +79,10 @@ async fn ops_go_in_and_events_come_out_and_a_new_socket_resumes() {
     assert_eq!(reply["type"], "submission_accepted", "{reply}");
     assert_eq!(reply["request_id"], "r1");
     assert_eq!(reply["duplicate"], false);
-    assert!(reply["submission_id"].is_string() && reply["sequence"].is_u64(), "{reply}");
+    assert!(
+        reply["submission_id"].is_string() && reply["sequence"].is_u64(),
+        "{reply}"
+    );
 
     // Bad frames are answered, not fatal.
     send(&mut socket, json!({"op": {"type": "nope"}, "request_id": "r2"})).await;
@@ -97,7 +102,11 @@ async fn ops_go_in_and_events_come_out_and_a_new_socket_resumes() {
     // A new socket from the last event seen: the rest, once each.
     let resume = events.last().expect("events").sequence;
     let mut socket = connect(&server, "sock", resume).await;
-    send(&mut socket, json!({"op": {"type": "user_input", "text": "Again"}, "request_id": "r3"})).await;
+    send(
+        &mut socket,
+        json!({"op": {"type": "user_input", "text": "Again"}, "request_id": "r3"}),
+    )
+    .await;
     let mut turns_ended = 0;
     while turns_ended < 2 {
         if let Frame::Event(event) = next_frame(&mut socket).await {
