@@ -3,12 +3,15 @@
 //! - [`turns`]: the runtime-neutral "durable streaming agent turns" workload
 //!   (`shared/bench/langgraph`), run through the real agent runtime;
 //! - [`recorder`]: durable events per second through the event recorder, with
-//!   and without group commit.
+//!   and without group commit;
+//! - [`serve`]: the same turns driven over `keel serve`'s HTTP API and event
+//!   streams, with many subscribers and a stalled one.
 //!
-//! Both run on a real SQLite file with the durable default
+//! All run on a real SQLite file with the durable default
 //! (`synchronous=FULL`), because fsync is what they measure.
 
 pub mod recorder;
+pub mod serve;
 mod stats;
 pub mod turns;
 

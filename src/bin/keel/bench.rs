@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use keel::agent::StreamingOptions;
 use keel::bench::recorder::{RecorderParams, run_recorder};
+use keel::bench::serve::{ServeParams, ServeReport, run_serve};
 use keel::bench::turns::{TurnsParams, Variant, run_turns};
 use keel::store::Synchronous;
 
@@ -47,6 +48,30 @@ pub(crate) enum BenchCommand {
     /// sessions, flooding and one event at a time), against a
     /// one-transaction-per-event baseline.
     Recorder,
+    /// Durable turns over `keel serve`'s HTTP API and event streams: the
+    /// same turns in-process (the baseline), over HTTP with one subscriber
+    /// per session, and with W subscribers of which one is stalled.
+    Serve {
+        /// Concurrent sessions.
+        #[arg(short = 'S', long, default_value_t = 8)]
+        sessions: usize,
+        /// Turns per session (enough, with `-B`, for a stalled subscriber
+        /// to fall behind its socket buffers and the live buffer).
+        #[arg(short = 'T', long, default_value_t = 200)]
+        turns: usize,
+        /// Text chunks per answer.
+        #[arg(short = 'K', long, default_value_t = 32)]
+        chunks: usize,
+        /// Bytes per chunk.
+        #[arg(short = 'B', long, default_value_t = 256)]
+        bytes: usize,
+        /// Subscribers per session in the fan-out run, one of them stalled.
+        #[arg(short = 'W', long, default_value_t = 10)]
+        subscribers: usize,
+        /// Repetitions of each run; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+    },
 }
 
 pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
@@ -129,6 +154,99 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             let reports: Vec<_> = reports.into_iter().map(|(_, report)| report).collect();
             print_line(&serde_json::to_string(&reports)?)?;
         }
+        BenchCommand::Serve {
+            sessions,
+            turns,
+            chunks,
+            bytes,
+            subscribers,
+            repeat,
+        } => bench_serve(sessions, turns, chunks, bytes, subscribers, repeat).await?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the baseline and the two server runs `repeat` times, interleaved so
+/// that the machine's drift touches them alike, and prints their medians.
+async fn bench_serve(
+    sessions: usize,
+    turns: usize,
+    chunks: usize,
+    bytes: usize,
+    subscribers: usize,
+    repeat: usize,
+) -> anyhow::Result<()> {
+    let in_process = TurnsParams {
+        sessions,
+        turns,
+        chunks,
+        chunk_bytes: bytes,
+        db: None,
+        synchronous: Synchronous::Full,
+        // What a server session does: deltas coalesced, every byte stored
+        // before it is delivered.
+        streaming: StreamingOptions::default(),
+        variant: Variant::Plain,
+    };
+    let over_http = |subscribers: usize, stalled: bool| ServeParams {
+        sessions,
+        turns,
+        chunks,
+        chunk_bytes: bytes,
+        subscribers,
+        stalled,
+    };
+    let readers = subscribers.max(2) - 1;
+    let runs = [
+        ("HTTP + SSE", over_http(1, false)),
+        ("HTTP + SSE, all reading", over_http(readers, false)),
+        ("HTTP + SSE, one stalled", over_http(readers, true)),
+    ];
+    let mut baseline = Vec::new();
+    let mut reports: Vec<Vec<ServeReport>> = vec![Vec::new(); runs.len()];
+    for _ in 0..repeat.max(1) {
+        baseline.push(run_turns(&in_process).await?.turns_per_s);
+        for ((_, params), reports) in runs.iter().zip(&mut reports) {
+            reports.push(run_serve(params).await?);
+        }
+    }
+    let baseline_turns = keel::bench::median(&baseline);
+    let median_of = |reports: &[ServeReport], pick: fn(&ServeReport) -> f64| {
+        keel::bench::median(&reports.iter().map(pick).collect::<Vec<_>>())
+    };
+    print_line(&format!(
+        "S={sessions} T={turns} K={chunks} B={bytes}, medians of {} runs",
+        repeat.max(1)
+    ))?;
+    print_line(
+        "| run | subscribers/session | turns/s | × in-process | 202 p50 ms | 202 p99 ms | first delta p50 ms | turn p50 ms | catch-ups |",
+    )?;
+    print_line("|---|---|---|---|---|---|---|---|---|")?;
+    print_line(&format!(
+        "| in-process (baseline) | - | {baseline_turns:.1} | 1.00 | - | - | - | - | - |"
+    ))?;
+    for ((name, _), reports) in runs.iter().zip(&reports) {
+        let Some(first) = reports.first() else { continue };
+        let turns_per_s = median_of(reports, |report| report.turns_per_s);
+        print_line(&format!(
+            "| {name} | {} | {turns_per_s:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |",
+            first.subscribers + usize::from(first.stalled),
+            turns_per_s / baseline_turns,
+            median_of(reports, |report| report.accept_p50_ms),
+            median_of(reports, |report| report.accept_p99_ms),
+            median_of(reports, |report| report.first_delta_p50_ms),
+            median_of(reports, |report| report.turn_p50_ms),
+            median_of(reports, |report| report.catch_ups as f64),
+        ))?;
+    }
+    let turns_of = |index: usize| median_of(&reports[index], |report| report.turns_per_s);
+    print_line(&format!(
+        "one stalled / all reading (the stalled subscriber's cost to the agent): {:.2}",
+        turns_of(2) / turns_of(1)
+    ))?;
+    print_line(&serde_json::to_string(&serde_json::json!({
+        "baseline_turns_per_s": baseline,
+        "runs": runs.iter().zip(&reports).map(|((name, _), reports)| serde_json::json!({"run": name, "reports": reports})).collect::<Vec<_>>(),
+    }))?)?;
+    Ok(())
 }

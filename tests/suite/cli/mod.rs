@@ -557,4 +557,35 @@ fn bench_turns_prints_a_table_and_a_json_summary() {
     assert!(text.starts_with("| S | T | K | B |"), "{text}");
 }
 
+#[test]
+fn bench_serve_checks_every_subscriber_and_reports_each_run() {
+    let cli = Cli::new();
+    let output = cli.run(&[
+        "bench", "serve", "-S", "2", "-T", "3", "-K", "4", "-B", "8", "-W", "3", "--repeat", "1",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let last = text.lines().last().expect("output");
+    let summary: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
+    let runs = summary["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 3, "{summary}");
+    for (run, (subscribers, stalled)) in runs.iter().zip([(1, false), (2, false), (2, true)]) {
+        let report = &run["reports"][0];
+        assert_eq!(report["subscribers"], subscribers, "{run}");
+        assert_eq!(report["stalled"], stalled, "{run}");
+        assert!(report["turns_per_s"].as_f64().is_some_and(|value| value > 0.0), "{run}");
+        // session_started, then per turn (three and a warm-up) at least
+        // submission_queued, turn_started, user_message, a delta and
+        // turn_complete, then shutdown_complete: every subscriber saw all of
+        // them, gap-free (the bench fails otherwise).
+        assert!(
+            report["events_per_subscriber"]
+                .as_u64()
+                .is_some_and(|events| events >= 22),
+            "{run}"
+        );
+    }
+    assert!(text.contains("| in-process (baseline) |"), "{text}");
+}
+
 mod tools;
