@@ -16,6 +16,7 @@
 //! | [`config`] | `keel.toml` and model specs |
 //! | [`tools`] | the [`tools::Tool`] trait, tool sets, built-in tools |
 //! | [`agent`] | submission queue, event recorder, turn loop, [`Agent`] |
+//! | [`server`] | `keel serve`: the HTTP API, multi-session hosting, event fan-out |
 //! | [`bench`] | the workloads behind `keel bench` and `cargo bench` |
 
 pub mod agent;
@@ -25,6 +26,7 @@ mod error;
 pub mod model;
 pub mod protocol;
 pub mod provider;
+pub mod server;
 pub mod store;
 pub mod tools;
 

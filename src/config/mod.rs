@@ -74,6 +74,7 @@ use crate::tools::ApprovalRules;
 use crate::{Error, Result};
 
 mod mcp;
+mod session;
 mod tools;
 
 pub use self::mcp::*;

@@ -12,6 +12,7 @@ mod log;
 mod run;
 mod sandbox;
 mod session;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +34,8 @@ enum Command {
     Run(run::RunArgs),
     /// Chat in a session on the terminal: one turn per line, answers streamed.
     Chat(chat::ChatArgs),
+    /// Serve the HTTP API (sessions, submissions, event streams) and the web UI.
+    Serve(serve::ServeArgs),
     /// Print a session's event log.
     Events(log::EventsArgs),
     /// List sessions, most recently active first.
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
         match command {
             Command::Run(args) => run::run(args).await,
             Command::Chat(args) => chat::chat(args).await,
+            Command::Serve(args) => serve::serve_command(args).await,
             Command::Events(args) => log::events(args).await,
             Command::Sessions(args) => log::sessions(args).await,
             Command::Bench(command) => bench::bench(command).await,

@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use keel::agent::AgentConfig;
 use keel::config::KeelConfig;
-use keel::protocol::{SandboxInfo, new_id};
+use keel::protocol::new_id;
 use keel::store::CheckpointStore;
 use keel::tools::workspace::SandboxPolicy;
 
@@ -70,6 +70,7 @@ pub(crate) async fn agent_config(
 ) -> AgentConfig {
     let mut config = AgentConfig::new(session_id, store, model);
     config.approvals = keel_config.approvals.clone();
+    config.workspace = workspace;
     if !tools.no_tools {
         let mut tools_config = keel_config.tools.clone();
         if let Some(policy) = tools.sandbox {
@@ -78,11 +79,7 @@ pub(crate) async fn agent_config(
         // The shell's commands are started through this binary's hidden
         // `sandbox-exec` command, which applies the sandbox and then execs.
         let launcher = std::env::current_exe().ok();
-        let built = keel::tools::session_tools(&tools_config, &keel_config.mcp, &workspace, launcher).await;
-        config.tools = built.tools;
-        config.sandbox = built.sandbox.as_ref().map(SandboxInfo::from);
-        config.startup_warnings = built.warnings;
+        keel_config.install_tools(&mut config, &tools_config, launcher).await;
     }
-    config.workspace = workspace;
     config
 }

@@ -1,0 +1,131 @@
+//! `keel serve`: the HTTP API over the database's sessions.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use keel::server::{ServerConfig, serve};
+use keel::store::CheckpointStore;
+
+use crate::DbArgs;
+
+/// Arguments of `keel serve`.
+#[derive(Args, Debug)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The address to listen on; anything but loopback needs --token-file.
+    #[arg(long, default_value = "127.0.0.1:7777", value_name = "ADDR")]
+    listen: String,
+    /// A file holding the bearer token every API request must carry.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// The config file [default: $KEEL_CONFIG, ./keel.toml, or
+    /// <config dir>/keel/keel.toml].
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The model of sessions created without one [default: the config's
+    /// `model`].
+    #[arg(long, env = "KEEL_MODEL", value_name = "SPEC")]
+    model: Option<String>,
+    /// Each session works in its own directory under this one [default:
+    /// the current directory].
+    #[arg(long, value_name = "DIR")]
+    workspace_root: Option<PathBuf>,
+    /// The most sessions loaded at once.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    max_live_sessions: usize,
+    /// Seconds an idle session stays loaded.
+    #[arg(long, default_value_t = 300, value_name = "N")]
+    idle_unload_secs: u64,
+    /// Seconds running turns get to finish at shutdown before they are
+    /// interrupted.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    shutdown_grace_secs: u64,
+    /// The most model calls one turn may make.
+    #[arg(long, default_value_t = keel::agent::DEFAULT_MAX_STEPS, value_name = "N")]
+    max_steps: u32,
+    /// The one origin allowed to call the API from a browser (CORS is off
+    /// without it).
+    #[arg(long, value_name = "ORIGIN")]
+    cors_origin: Option<String>,
+}
+
+pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    // Everything that can be wrong with the configuration is reported
+    // before the database is opened or the port taken.
+    let (keel_config, _) = keel::config::KeelConfig::discover(args.config.as_deref())?;
+    let default_model = args.model.clone().or_else(|| keel_config.model.clone());
+    if let Some(spec) = &default_model {
+        keel_config.model(spec)?;
+    }
+    let token = match &args.token_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the token file {}", path.display()))?;
+            let token = text.trim().to_owned();
+            anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
+            Some(token)
+        }
+        None => None,
+    };
+    let workspace_root = match &args.workspace_root {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    std::fs::create_dir_all(&workspace_root)
+        .with_context(|| format!("cannot create the workspace root {}", workspace_root.display()))?;
+    let workspace_root = workspace_root
+        .canonicalize()
+        .with_context(|| format!("cannot use {} as the workspace root", workspace_root.display()))?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let address = listener.local_addr()?;
+    if token.is_none() && !address.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on {address} without a token: pass --token-file FILE (or listen on 127.0.0.1)"
+        );
+    }
+    let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
+
+    let mut config = ServerConfig::new(store);
+    config.keel = keel_config;
+    config.default_model = default_model;
+    config.workspace_root = workspace_root;
+    // Shell commands are started through this binary's hidden
+    // `sandbox-exec` command, which applies the sandbox and then execs.
+    config.launcher = std::env::current_exe().ok();
+    config.token = token;
+    config.cors_origin = args.cors_origin.clone();
+    config.max_live_sessions = args.max_live_sessions;
+    config.idle_unload = Duration::from_secs(args.idle_unload_secs);
+    config.shutdown_grace = Duration::from_secs(args.shutdown_grace_secs);
+    config.max_steps = args.max_steps;
+
+    eprintln!("keel serve listening on http://{address}");
+    serve(listener, config, shutdown_signal()).await?;
+    eprintln!("keel serve stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch for SIGTERM; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    eprintln!("keel serve shutting down");
+}

@@ -1,0 +1,86 @@
+//! Bearer-token authentication.
+//!
+//! With a token configured, every `/v1/…` request and `/metrics` must carry
+//! `Authorization: Bearer <token>`; the event stream and the WebSocket also
+//! accept `?access_token=<token>`, since browsers cannot set headers there.
+//! Tokens are compared in constant time and never logged or echoed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+use super::Server;
+use super::error::ApiError;
+
+/// The server's bearer token. Its `Debug` does not show it.
+#[derive(Clone)]
+pub(crate) struct Token(Arc<str>);
+
+impl Token {
+    pub(crate) fn new(token: &str) -> Self {
+        Self(Arc::from(token))
+    }
+
+    /// Whether `given` is the token, in time independent of where they differ.
+    fn matches(&self, given: &str) -> bool {
+        bool::from(self.0.as_bytes().ct_eq(given.as_bytes()))
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(…)")
+    }
+}
+
+/// Middleware: lets the request through when no token is configured or the
+/// request carries the token; answers `401 unauthorized` otherwise.
+pub(crate) async fn require_token(State(server): State<Arc<Server>>, request: Request, next: Next) -> Response {
+    let Some(token) = &server.token else {
+        return next.run(request).await;
+    };
+    let from_header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .is_some_and(|given| token.matches(given.trim()));
+    let allowed = from_header || (accepts_query_token(request.uri().path()) && query_token_matches(&request, token));
+    if allowed {
+        next.run(request).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    }
+}
+
+/// The endpoints a browser opens without being able to set headers.
+fn accepts_query_token(path: &str) -> bool {
+    path.ends_with("/events/stream") || path.ends_with("/ws")
+}
+
+fn query_token_matches(request: &Request, token: &Token) -> bool {
+    axum::extract::Query::<HashMap<String, String>>::try_from_uri(request.uri())
+        .ok()
+        .and_then(|axum::extract::Query(query)| query.get("access_token").map(|given| token.matches(given)))
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_match_only_exactly_and_are_not_shown() {
+        let token = Token::new("s3cret");
+        assert!(token.matches("s3cret"));
+        assert!(!token.matches("s3cre"));
+        assert!(!token.matches("s3cret!"));
+        assert!(!token.matches(""));
+        assert_eq!(format!("{token:?}"), "Token(…)");
+    }
+}

@@ -1,0 +1,179 @@
+//! API errors: one status, one machine code and one human message each.
+//!
+//! Every error answers `{"error": {"code": "…", "message": "…"}}`. Messages
+//! never carry a key or a token: they come from the runtime's and the
+//! store's errors, which never hold them either.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::Error;
+use crate::store::StoreError;
+
+/// An error answered by the API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    /// Malformed JSON, unknown fields, bad values, an invalid op (400).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// A missing or wrong bearer token (401).
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// An unknown session or route (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// A route that does not take this method (405).
+    #[error("this route does not take that method")]
+    MethodNotAllowed,
+    /// The session's submission queue is full (409).
+    #[error("the session's submission queue is full; retry later")]
+    QueueFull,
+    /// `on_busy: reject` while the session is busy (409).
+    #[error("{0}")]
+    SessionBusy(String),
+    /// The resource exists already (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The body or the message is over its limit (413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// No live session can be unloaded to make room (503).
+    #[error("{0}")]
+    TooManySessions(String),
+    /// The server is shutting down, or the session stopped (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A store failure or another server fault (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::QueueFull | Self::SessionBusy(_) | Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TooManySessions(_) | Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The machine code of the body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound(_) => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::QueueFull => "queue_full",
+            Self::SessionBusy(_) => "session_busy",
+            Self::Conflict(_) => "conflict",
+            Self::TooLarge(_) => "too_large",
+            Self::TooManySessions(_) => "too_many_sessions",
+            Self::Unavailable(_) => "unavailable",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// An unknown session.
+    pub(crate) fn unknown_session(session_id: &str) -> Self {
+        Self::NotFound(format!("no session '{session_id}'"))
+    }
+
+    /// The body of the error, also sent in WebSocket replies.
+    pub(crate) fn body(&self) -> ErrorBody {
+        ErrorBody {
+            code: self.code(),
+            message: self.to_string(),
+        }
+    }
+}
+
+/// `{"code": …, "message": …}`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ErrorBody {
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+}
+
+#[derive(Serialize)]
+struct Envelope {
+    error: ErrorBody,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let Self::Internal(message) = &self {
+            tracing::error!(%message, "request failed");
+        }
+        let mut response = (self.status(), Json(Envelope { error: self.body() })).into_response();
+        if self == Self::Unauthorized {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::UnknownSession(id) => Self::unknown_session(&id),
+            StoreError::Invalid(message) => Self::InvalidRequest(message),
+            StoreError::Closed => Self::Unavailable("the store is closed".to_owned()),
+            other => Self::Internal(format!("store failed: {other}")),
+        }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::InvalidInput(message) => Self::InvalidRequest(message),
+            Error::Busy(_) => Self::QueueFull,
+            Error::SessionBusy(message) => Self::SessionBusy(message),
+            Error::Stopped(reason) => Self::Unavailable(format!("the session stopped: {reason}")),
+            Error::Checkpoint(store) => store.into(),
+            Error::Config(message) => Self::InvalidRequest(message),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_its_status_and_code() {
+        let cases = [
+            (ApiError::InvalidRequest("x".into()), 400, "invalid_request"),
+            (ApiError::Unauthorized, 401, "unauthorized"),
+            (ApiError::NotFound("x".into()), 404, "not_found"),
+            (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
+            (ApiError::QueueFull, 409, "queue_full"),
+            (ApiError::SessionBusy("x".into()), 409, "session_busy"),
+            (ApiError::Conflict("x".into()), 409, "conflict"),
+            (ApiError::TooLarge("x".into()), 413, "too_large"),
+            (ApiError::TooManySessions("x".into()), 503, "too_many_sessions"),
+            (ApiError::Unavailable("x".into()), 503, "unavailable"),
+            (ApiError::Internal("x".into()), 500, "internal"),
+        ];
+        for (error, status, code) in cases {
+            assert_eq!((error.status().as_u16(), error.code()), (status, code));
+        }
+        assert_eq!(
+            ApiError::from(Error::Checkpoint(StoreError::UnknownSession("s".into()))),
+            ApiError::NotFound("no session 's'".into())
+        );
+    }
+}

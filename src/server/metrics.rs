@@ -1,0 +1,287 @@
+//! Prometheus metrics, and the decorators that feed them: [`MeteredStore`]
+//! times the store's commits, [`MeteredModel`] the provider's requests.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest};
+use crate::protocol::TranscriptItem;
+use crate::store::{
+    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, EventPage, EventPageRequest, KeyedSubmission, OpenBatch,
+    SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution,
+};
+use crate::{RecordedEvent, Result};
+
+/// Labels of the per-provider model metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ProviderLabel {
+    provider: String,
+}
+
+/// Labels of `keel_http_requests_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct HttpLabels {
+    route: String,
+    status: u16,
+}
+
+/// Builds the model-latency histograms: 10 ms to about 5 min.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ModelBuckets;
+
+impl MetricConstructor<Histogram> for ModelBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(exponential_buckets(0.01, 2.0, 15))
+    }
+}
+
+/// The server's metrics.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    registry: Registry,
+    pub(crate) live_sessions: Gauge,
+    pub(crate) queued_submissions: Gauge,
+    pub(crate) events_recorded: Counter,
+    pub(crate) store_commit: Histogram,
+    pub(crate) model_request: Family<ProviderLabel, Histogram, ModelBuckets>,
+    pub(crate) model_errors: Family<ProviderLabel, Counter>,
+    pub(crate) http_requests: Family<HttpLabels, Counter>,
+    pub(crate) sse_subscribers: Gauge,
+    pub(crate) catch_ups: Counter,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::default();
+        let live_sessions = Gauge::default();
+        registry.register(
+            "keel_live_sessions",
+            "Sessions loaded in this server",
+            live_sessions.clone(),
+        );
+        let queued_submissions = Gauge::default();
+        registry.register(
+            "keel_queued_submissions",
+            "Submissions waiting in the queues of the live sessions",
+            queued_submissions.clone(),
+        );
+        let events_recorded = Counter::default();
+        registry.register(
+            "keel_events_recorded",
+            "Events recorded by the live sessions",
+            events_recorded.clone(),
+        );
+        // 100 µs to about 3 s.
+        let store_commit = Histogram::new(exponential_buckets(0.0001, 2.0, 15));
+        registry.register(
+            "keel_store_commit_seconds",
+            "Time from handing a batch to the store to its durable commit",
+            store_commit.clone(),
+        );
+        let model_request = Family::new_with_constructor(ModelBuckets);
+        registry.register(
+            "keel_model_request_seconds",
+            "Duration of model requests, by provider",
+            model_request.clone(),
+        );
+        let model_errors = Family::default();
+        registry.register(
+            "keel_model_errors",
+            "Model requests that failed, by provider",
+            model_errors.clone(),
+        );
+        let http_requests = Family::default();
+        registry.register(
+            "keel_http_requests",
+            "HTTP requests answered, by route and status",
+            http_requests.clone(),
+        );
+        let sse_subscribers = Gauge::default();
+        registry.register(
+            "keel_sse_subscribers",
+            "Open server-sent event streams",
+            sse_subscribers.clone(),
+        );
+        let catch_ups = Counter::default();
+        registry.register(
+            "keel_subscriber_catch_ups",
+            "Times a stream or WebSocket subscriber read missed events from the store",
+            catch_ups.clone(),
+        );
+        Self {
+            registry,
+            live_sessions,
+            queued_submissions,
+            events_recorded,
+            store_commit,
+            model_request,
+            model_errors,
+            http_requests,
+            sse_subscribers,
+            catch_ups,
+        }
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub(crate) fn render(&self) -> String {
+        let mut text = String::new();
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::error!(%error, "cannot encode the metrics");
+        }
+        text
+    }
+
+    /// Counts an answered HTTP request.
+    pub(crate) fn http_request(&self, route: &str, status: u16) {
+        self.http_requests
+            .get_or_create(&HttpLabels {
+                route: route.to_owned(),
+                status,
+            })
+            .inc();
+    }
+}
+
+/// A store that times its commits into `keel_store_commit_seconds`.
+pub(crate) struct MeteredStore {
+    inner: Arc<dyn CheckpointStore>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredStore {
+    pub(crate) fn new(inner: Arc<dyn CheckpointStore>, metrics: Arc<Metrics>) -> Self {
+        Self { inner, metrics }
+    }
+
+    async fn timed<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        let start = Instant::now();
+        let result = work.await;
+        if result.is_ok() {
+            self.metrics.store_commit.observe(start.elapsed().as_secs_f64());
+        }
+        result
+    }
+}
+
+impl CheckpointStore for MeteredStore {
+    fn save<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        transcript_delta: &'a [TranscriptItem],
+        execution: Option<&'a TurnExecution>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.save(checkpoint, transcript_delta, execution)
+    }
+
+    fn load<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionState>, StoreError>> {
+        self.inner.load(session_id)
+    }
+
+    fn append<'a>(
+        &'a self,
+        session_id: &'a str,
+        batch: AppendBatch,
+    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
+        Box::pin(self.timed(self.inner.append(session_id, batch)))
+    }
+
+    fn append_open<'a>(
+        &'a self,
+        session_id: &'a str,
+        batch: Arc<OpenBatch>,
+    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
+        Box::pin(self.timed(self.inner.append_open(session_id, batch)))
+    }
+
+    fn acquire<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.acquire(session_id)
+    }
+
+    fn event_page<'a>(
+        &'a self,
+        session_id: &'a str,
+        request: EventPageRequest,
+    ) -> BoxFuture<'a, Result<EventPage, StoreError>> {
+        self.inner.event_page(session_id, request)
+    }
+
+    fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionSummary>, StoreError>> {
+        self.inner.list_sessions(limit)
+    }
+
+    fn events_after<'a>(
+        &'a self,
+        session_id: &'a str,
+        after_sequence: u64,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<RecordedEvent>, StoreError>> {
+        self.inner.events_after(session_id, after_sequence, limit)
+    }
+
+    fn list_sessions_page<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
+        self.inner.list_sessions_page(cursor, limit)
+    }
+
+    fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {
+        self.inner.session_summary(session_id)
+    }
+
+    fn keyed_submission<'a>(
+        &'a self,
+        session_id: &'a str,
+        idempotency_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>> {
+        self.inner.keyed_submission(session_id, idempotency_key)
+    }
+}
+
+/// A model that times its requests into `keel_model_request_seconds` and
+/// counts failures into `keel_model_errors_total`, labelled by provider. A
+/// request cancelled (an interrupted turn) counts as neither.
+pub(crate) struct MeteredModel {
+    inner: Arc<dyn Model>,
+    label: ProviderLabel,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredModel {
+    pub(crate) fn new(inner: Arc<dyn Model>, provider: String, metrics: Arc<Metrics>) -> Self {
+        Self {
+            inner,
+            label: ProviderLabel { provider },
+            metrics,
+        }
+    }
+}
+
+impl Model for MeteredModel {
+    fn respond<'a>(&'a self, request: ModelRequest<'a>, events: ModelEventSink) -> BoxFuture<'a, Result<ModelOutput>> {
+        Box::pin(async move {
+            let start = Instant::now();
+            let result = self.inner.respond(request, events).await;
+            self.metrics
+                .model_request
+                .get_or_create(&self.label)
+                .observe(start.elapsed().as_secs_f64());
+            if result.is_err() {
+                self.metrics.model_errors.get_or_create(&self.label).inc();
+            }
+            result
+        })
+    }
+
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+}

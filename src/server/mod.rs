@@ -1,0 +1,221 @@
+//! `keel serve`: the HTTP API of `docs/http-api.md` over a store of sessions.
+//!
+//! [`serve`] answers on a listener until its shutdown future resolves, then
+//! stops accepting, gives running turns a grace period, interrupts the ones
+//! still running and shuts every live session down. Inside, one job per
+//! module:
+//!
+//! - `host`: which sessions are loaded; loading on first use, unloading
+//!   when idle, the bound on live sessions, shutdown;
+//! - `fanout`: each live session's events, published to any number of
+//!   subscribers without gaps, duplicates or back-pressure on the agent;
+//! - `routes`, `sse`, `ws`: the endpoints; `auth`: the bearer token;
+//!   `error`: the JSON errors; `settings`: per-session settings and how a
+//!   session is assembled; `metrics`: Prometheus metrics; `ui`: the web UI.
+
+mod auth;
+mod error;
+mod extract;
+mod fanout;
+mod host;
+mod metrics;
+mod routes;
+mod settings;
+mod sse;
+mod ui;
+mod ws;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::HeaderValue;
+use tokio::net::TcpListener;
+
+pub use self::error::ApiError;
+use self::host::{Host, HostLimits};
+use self::metrics::{MeteredStore, Metrics};
+use self::settings::SessionFactory;
+use crate::agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};
+use crate::config::KeelConfig;
+use crate::store::CheckpointStore;
+
+/// The default limit on a request body.
+pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// Everything a server needs.
+pub struct ServerConfig {
+    /// Where the sessions live.
+    pub store: Arc<dyn CheckpointStore>,
+    /// `keel.toml`: named models, `[tools]`, `[approvals]`, `[mcp]`.
+    pub keel: KeelConfig,
+    /// The model of sessions created without one.
+    pub default_model: Option<String>,
+    /// Each session works in a directory of its own under this one.
+    pub workspace_root: PathBuf,
+    /// The `keel` binary whose hidden `sandbox-exec` command runs shell
+    /// commands under the sandbox; without it the shell is not sandboxed.
+    pub launcher: Option<PathBuf>,
+    /// The bearer token every `/v1/…` request must carry; required unless
+    /// the listener is on loopback.
+    pub token: Option<String>,
+    /// The one origin allowed to call the API from a browser (CORS).
+    pub cors_origin: Option<String>,
+    /// The most sessions loaded at once.
+    pub max_live_sessions: usize,
+    /// How long an idle session stays loaded.
+    pub idle_unload: Duration,
+    /// How long running turns get to finish at shutdown before they are
+    /// interrupted.
+    pub shutdown_grace: Duration,
+    /// The largest request body (and WebSocket message).
+    pub body_limit: usize,
+    /// Events kept per session for subscribers that fall behind before
+    /// they are served from the store instead.
+    pub live_buffer: usize,
+    /// How often an idle event stream sends a keep-alive comment.
+    pub keep_alive: Duration,
+    /// The most model calls one turn may make.
+    pub max_steps: u32,
+    /// Queued submissions a session holds.
+    pub submission_capacity: usize,
+}
+
+impl ServerConfig {
+    /// A configuration with the defaults: no default model, sessions'
+    /// workspaces under the current directory, no token, 256 live sessions
+    /// unloaded after 5 minutes idle, 10 s of grace at shutdown.
+    pub fn new(store: Arc<dyn CheckpointStore>) -> Self {
+        Self {
+            store,
+            keel: KeelConfig::default(),
+            default_model: None,
+            workspace_root: PathBuf::from("."),
+            launcher: None,
+            token: None,
+            cors_origin: None,
+            max_live_sessions: 256,
+            idle_unload: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(10),
+            body_limit: DEFAULT_BODY_LIMIT,
+            live_buffer: 256,
+            keep_alive: sse::DEFAULT_KEEP_ALIVE,
+            max_steps: DEFAULT_MAX_STEPS,
+            submission_capacity: DEFAULT_SUBMISSION_CAPACITY,
+        }
+    }
+}
+
+/// Why a server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// Listening beyond loopback without a token.
+    #[error("refusing to listen on {0} without a token (one is required off loopback)")]
+    TokenRequired(SocketAddr),
+    /// The configuration is unusable; the text says why.
+    #[error("invalid server configuration: {0}")]
+    Config(String),
+    /// The listener failed.
+    #[error("the server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What the handlers share.
+pub(crate) struct Server {
+    host: Arc<Host>,
+    metrics: Arc<Metrics>,
+    token: Option<auth::Token>,
+    cors_origin: Option<HeaderValue>,
+    body_limit: usize,
+    keep_alive: Duration,
+}
+
+/// Serves the API on `listener` until `shutdown` resolves, then shuts down
+/// gracefully: stops accepting, ends the event streams, lets running turns
+/// reach a safe point (interrupting those still running after the grace
+/// period) and shuts every live session down.
+pub async fn serve(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let address = listener.local_addr()?;
+    let token = match config.token.as_deref().map(str::trim) {
+        Some("") => return Err(ServeError::Config("the token is empty".to_owned())),
+        Some(token) => Some(auth::Token::new(token)),
+        None if !address.ip().is_loopback() => return Err(ServeError::TokenRequired(address)),
+        None => None,
+    };
+    let cors_origin = config
+        .cors_origin
+        .as_deref()
+        .map(|origin| {
+            HeaderValue::from_str(origin).map_err(|_| ServeError::Config(format!("invalid CORS origin '{origin}'")))
+        })
+        .transpose()?;
+    if config.max_live_sessions == 0 {
+        return Err(ServeError::Config(
+            "the live-session bound must be at least 1".to_owned(),
+        ));
+    }
+    let metrics = Arc::new(Metrics::new());
+    let store: Arc<dyn CheckpointStore> = Arc::new(MeteredStore::new(config.store, Arc::clone(&metrics)));
+    let factory = SessionFactory {
+        keel: config.keel,
+        default_model: config.default_model,
+        workspace_root: config.workspace_root,
+        launcher: config.launcher,
+        store: Arc::clone(&store),
+        metrics: Arc::clone(&metrics),
+        max_steps: config.max_steps,
+        submission_capacity: config.submission_capacity,
+    };
+    let limits = HostLimits {
+        max_live: config.max_live_sessions,
+        idle_unload: config.idle_unload,
+        shutdown_grace: config.shutdown_grace,
+    };
+    let host = Arc::new(Host::new(
+        store,
+        factory,
+        Arc::clone(&metrics),
+        limits,
+        config.live_buffer,
+    ));
+    let server = Arc::new(Server {
+        host: Arc::clone(&host),
+        metrics,
+        token,
+        cors_origin,
+        body_limit: config.body_limit,
+        keep_alive: config.keep_alive,
+    });
+    let app = routes::router(server);
+
+    let reaper = tokio::spawn({
+        let host = Arc::clone(&host);
+        async move { host.reap().await }
+    });
+    let recovery = tokio::spawn({
+        let host = Arc::clone(&host);
+        async move { host.recover().await }
+    });
+    let stopping = {
+        let host = Arc::clone(&host);
+        async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            // Streams end now, so the connections can drain.
+            host.begin_shutdown();
+        }
+    };
+    let served = axum::serve(listener, app).with_graceful_shutdown(stopping).await;
+    host.begin_shutdown();
+    recovery.abort();
+    let _ = reaper.await;
+    host.close_all().await;
+    served?;
+    Ok(())
+}

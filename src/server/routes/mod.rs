@@ -1,0 +1,89 @@
+//! The routes of the API (see `docs/http-api.md`).
+
+pub(crate) mod events;
+pub(crate) mod ops;
+pub(crate) mod sessions;
+pub(crate) mod submissions;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderName, HeaderValue, Method, header};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use tower_http::cors::CorsLayer;
+use tower_http::trace::TraceLayer;
+
+use super::error::ApiError;
+use super::{Server, auth, sse, ui, ws};
+
+/// The whole application.
+pub(crate) fn router(server: Arc<Server>) -> Router {
+    let require_token = middleware::from_fn_with_state(Arc::clone(&server), auth::require_token);
+    let v1 = Router::new()
+        .route("/sessions", post(sessions::create).get(sessions::list))
+        .route("/sessions/{id}", get(sessions::show))
+        .route("/sessions/{id}/submissions", post(submissions::submit))
+        .route("/sessions/{id}/events", get(events::page))
+        .route("/sessions/{id}/events/stream", get(sse::stream))
+        .route("/sessions/{id}/ws", get(ws::upgrade))
+        .route_layer(require_token.clone());
+    let metrics = Router::new()
+        .route("/metrics", get(ops::metrics))
+        .route_layer(require_token);
+    let mut app = Router::new()
+        .nest("/v1", v1)
+        .merge(metrics)
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .merge(ui::router())
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::clone(&server), count_requests))
+        .layer(DefaultBodyLimit::max(server.body_limit))
+        .layer(
+            // The path only: a query may hold an access token.
+            TraceLayer::new_for_http().make_span_with(|request: &Request| {
+                tracing::debug_span!("http", method = %request.method(), path = %request.uri().path())
+            }),
+        );
+    if let Some(origin) = &server.cors_origin {
+        app = app.layer(cors(origin.clone()));
+    }
+    app.with_state(server)
+}
+
+/// CORS for one origin: the API's methods and headers, nothing else.
+fn cors(origin: HeaderValue) -> CorsLayer {
+    CorsLayer::new()
+        .allow_origin(origin)
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            HeaderName::from_static("idempotency-key"),
+            HeaderName::from_static("last-event-id"),
+        ])
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".to_owned())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+/// Counts each answered request in `keel_http_requests_total`, by the
+/// route's pattern (never the raw path, which holds ids).
+async fn count_requests(State(server): State<Arc<Server>>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let response = next.run(request).await;
+    server.metrics.http_request(&route, response.status().as_u16());
+    response
+}

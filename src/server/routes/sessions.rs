@@ -1,0 +1,214 @@
+//! `POST /v1/sessions`, `GET /v1/sessions`, `GET /v1/sessions/{id}`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+
+use crate::agent::{BusyPolicy, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus};
+use crate::protocol::{TokenUsage, new_id};
+use crate::server::Server;
+use crate::server::error::ApiError;
+use crate::server::extract::{ApiJson, ApiQuery};
+use crate::server::settings::{SessionSettings, ToolsOverrides};
+use crate::store::SessionSummary;
+use crate::tools::ApprovalRules;
+
+/// The bot a session belongs to when the request names none.
+const DEFAULT_BOT_ID: &str = "keel-server";
+
+/// Sessions per page by default, and at most.
+const DEFAULT_PAGE: usize = 50;
+const MAX_PAGE: usize = 500;
+
+/// The body of `POST /v1/sessions`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CreateSession {
+    id: Option<String>,
+    model: Option<String>,
+    bot_id: Option<String>,
+    context: Option<serde_json::Map<String, serde_json::Value>>,
+    instructions: Option<String>,
+    tools: Option<ToolsOverrides>,
+    approvals: Option<ApprovalRules>,
+    on_busy: Option<BusyPolicy>,
+}
+
+/// A session as the API shows it.
+#[derive(Debug, Serialize)]
+pub(crate) struct SessionView {
+    id: String,
+    bot_id: String,
+    context: serde_json::Map<String, serde_json::Value>,
+    model: Option<String>,
+    on_busy: BusyPolicy,
+    created_at_ms: u64,
+    updated_at_ms: u64,
+    last_sequence: u64,
+    state: &'static str,
+    running_turn_id: Option<String>,
+    queued: usize,
+    pending_approvals: Vec<String>,
+    usage: TokenUsage,
+    turns_completed: u64,
+    live: bool,
+}
+
+impl SessionView {
+    /// The view of a stored session, with the live status when it is loaded.
+    fn new(server: &Server, summary: SessionSummary, live: Option<SessionStatus>) -> Self {
+        let settings = SessionSettings::of(&summary.context);
+        let (running_turn_id, queued, pending_approvals, last_sequence) = match &live {
+            Some(status) => (
+                status.running_turn_id.clone(),
+                status.queued,
+                status.awaiting_approval.clone(),
+                status.last_sequence.max(summary.last_sequence),
+            ),
+            None => (
+                summary.running_turn_id.clone(),
+                0,
+                summary.awaiting_approval.clone(),
+                summary.last_sequence,
+            ),
+        };
+        let state = if !pending_approvals.is_empty() {
+            "awaiting_approval"
+        } else if running_turn_id.is_some() {
+            "running"
+        } else {
+            "idle"
+        };
+        Self {
+            id: summary.session_id,
+            bot_id: summary.bot_id,
+            context: summary.context.metadata,
+            model: server.host.factory.model_spec(&settings),
+            on_busy: settings.on_busy,
+            created_at_ms: summary.created_at_ms,
+            updated_at_ms: summary.updated_at_ms,
+            last_sequence,
+            state,
+            running_turn_id,
+            queued,
+            pending_approvals,
+            usage: summary.usage,
+            turns_completed: summary.turns_completed,
+            live: live.is_some(),
+        }
+    }
+}
+
+/// Checks a session id the way the runtime does, with an API message.
+fn check_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > MAX_SESSION_ID_BYTES || id.chars().any(char::is_control) {
+        return Err(ApiError::InvalidRequest(format!(
+            "`id` must be 1 to {MAX_SESSION_ID_BYTES} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// `POST /v1/sessions`.
+pub(crate) async fn create(
+    State(server): State<Arc<Server>>,
+    ApiJson(request): ApiJson<CreateSession>,
+) -> Result<(StatusCode, Json<SessionView>), ApiError> {
+    let id = request.id.unwrap_or_else(new_id);
+    check_id(&id)?;
+    let settings = SessionSettings {
+        model: request.model,
+        instructions: request.instructions,
+        tools: request.tools,
+        approvals: request.approvals,
+        on_busy: request.on_busy.unwrap_or_default(),
+    };
+    // A bad spec or a missing key is the request's fault; check it before
+    // anything is stored. The resolved spec is stored, so the session keeps
+    // its model when the server's default changes.
+    let spec = server.host.factory.check(&settings)?;
+    let settings = SessionSettings {
+        model: Some(spec),
+        ..settings
+    };
+    let context = SessionContext {
+        bot_id: request.bot_id.unwrap_or_else(|| DEFAULT_BOT_ID.to_owned()),
+        metadata: request.context.unwrap_or_default(),
+        settings: Some(settings.to_value()),
+    };
+    let session = server.host.create(&id, settings, context).await?;
+    session.started().await;
+    let status = session.handle.status();
+    drop(session);
+    let summary = server
+        .host
+        .store
+        .session_summary(&id)
+        .await?
+        .ok_or_else(|| ApiError::Internal(format!("session '{id}' was created but cannot be read")))?;
+    Ok((
+        StatusCode::CREATED,
+        Json(SessionView::new(&server, summary, Some(status))),
+    ))
+}
+
+/// The query of `GET /v1/sessions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+/// A page of sessions.
+#[derive(Debug, Serialize)]
+pub(crate) struct SessionList {
+    sessions: Vec<SessionView>,
+    next_cursor: Option<String>,
+}
+
+/// `GET /v1/sessions`.
+pub(crate) async fn list(
+    State(server): State<Arc<Server>>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<Json<SessionList>, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::InvalidRequest(format!("`limit` must be 1 to {MAX_PAGE}")));
+    }
+    let page = server
+        .host
+        .store
+        .list_sessions_page(query.cursor.as_deref(), limit)
+        .await?;
+    let sessions = page
+        .sessions
+        .into_iter()
+        .map(|summary| {
+            let live = server.host.status(&summary.session_id);
+            SessionView::new(&server, summary, live)
+        })
+        .collect();
+    Ok(Json(SessionList {
+        sessions,
+        next_cursor: page.next_cursor,
+    }))
+}
+
+/// `GET /v1/sessions/{id}`.
+pub(crate) async fn show(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionView>, ApiError> {
+    let summary = server
+        .host
+        .store
+        .session_summary(&id)
+        .await?
+        .ok_or_else(|| ApiError::unknown_session(&id))?;
+    let live = server.host.status(&id);
+    Ok(Json(SessionView::new(&server, summary, live)))
+}

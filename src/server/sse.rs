@@ -1,0 +1,97 @@
+//! `GET /v1/sessions/{id}/events/stream`: the log as server-sent events,
+//! replayed from a resume point and then followed live.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use serde::Deserialize;
+
+use super::Server;
+use super::error::ApiError;
+use super::extract::ApiQuery;
+use super::fanout::Subscription;
+use super::metrics::Metrics;
+
+/// The query of the stream (the token is checked by the auth layer).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StreamQuery {
+    after: Option<u64>,
+    #[serde(rename = "access_token")]
+    _access_token: Option<String>,
+}
+
+/// The resume point: `Last-Event-ID` (a reconnecting browser's) wins over
+/// `?after`; the whole log by default.
+pub(crate) fn resume_point(headers: &HeaderMap, after: Option<u64>) -> Result<u64, ApiError> {
+    match headers.get("last-event-id") {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .ok_or_else(|| ApiError::InvalidRequest("`Last-Event-ID` must be a sequence number".to_owned())),
+        None => Ok(after.unwrap_or(0)),
+    }
+}
+
+/// `GET /v1/sessions/{id}/events/stream`.
+pub(crate) async fn stream(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<StreamQuery>,
+) -> Result<Response, ApiError> {
+    let after = resume_point(&headers, query.after)?;
+    if server.host.store.session_summary(&id).await?.is_none() {
+        return Err(ApiError::unknown_session(&id));
+    }
+    let subscription = server.host.subscribe(&id, after);
+    let keep_alive = KeepAlive::new().interval(server.keep_alive).text("keep-alive");
+    Ok(Sse::new(events(subscription, Arc::clone(&server.metrics)))
+        .keep_alive(keep_alive)
+        .into_response())
+}
+
+/// Counts an open stream in `keel_sse_subscribers` while it lives.
+struct Counted {
+    subscription: Subscription,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.metrics.sse_subscribers.dec();
+    }
+}
+
+fn events(subscription: Subscription, metrics: Arc<Metrics>) -> impl Stream<Item = Result<Event, Infallible>> {
+    metrics.sse_subscribers.inc();
+    let state = Counted { subscription, metrics };
+    futures::stream::unfold(state, |mut state| async move {
+        match state.subscription.next().await {
+            Ok(Some(event)) => {
+                let message = Event::default()
+                    .id(event.sequence.to_string())
+                    .event(event.kind)
+                    .data(&event.json);
+                Some((Ok(message), state))
+            }
+            Ok(None) => None,
+            Err(error) => {
+                // The stream cannot go on without a gap; end it so the client
+                // reconnects from its last event.
+                tracing::error!(%error, "ending an event stream");
+                None
+            }
+        }
+    })
+}
+
+/// How often an idle stream sends a comment, by default.
+pub(crate) const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(15);

@@ -1,0 +1,128 @@
+//! The bearer token: required off loopback, checked on every API request.
+
+use std::sync::Arc;
+
+use keel::server::{ServeError, ServerConfig, serve};
+use keel::store::{CheckpointStore, SqliteCheckpoint};
+use reqwest::StatusCode;
+use serde_json::json;
+
+use super::support::{Scratch, ServeProcess, TestServer};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_refuses_to_listen_off_loopback_without_a_token() {
+    let scratch = Scratch::new();
+    let store: Arc<dyn CheckpointStore> = Arc::new(SqliteCheckpoint::new(scratch.db()).expect("store"));
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.expect("bind");
+    let refused = serve(listener, ServerConfig::new(store), std::future::pending()).await;
+    assert!(matches!(refused, Err(ServeError::TokenRequired(_))), "{refused:?}");
+
+    // The binary says so in one line and exits non-zero.
+    let output = ServeProcess::command(&scratch, &["--listen", "0.0.0.0:0"])
+        .output()
+        .expect("run keel serve");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("error: refusing to listen on 0.0.0.0:"),
+        "{stderr}"
+    );
+    assert!(lines[0].contains("--token-file"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_every_api_request_needs_it() {
+    let mut server = TestServer::start(|config, _| config.token = Some("s3cret-token".to_owned())).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
+    let api = server.api.clone();
+
+    let missing = api.get("/v1/sessions").await;
+    assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(missing.code(), "unauthorized");
+    let wrong = api
+        .send(api.client.get(api.url("/v1/sessions")).bearer_auth("s3cret-tokeN"))
+        .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(!wrong.body.to_string().contains("s3cret"), "the token is never echoed");
+    let create_without = api.post("/v1/sessions", &json!({"id": "s", "model": model})).await;
+    assert_eq!(create_without.status, StatusCode::UNAUTHORIZED);
+    let metrics = api.get("/metrics").await;
+    assert_eq!(metrics.status, StatusCode::UNAUTHORIZED);
+    // Not in the query either, except where browsers need it.
+    let query = api.get("/v1/sessions?access_token=s3cret-token").await;
+    assert_eq!(query.status, StatusCode::UNAUTHORIZED);
+
+    // Health, readiness and the UI need no token.
+    for path in ["/healthz", "/readyz", "/", "/assets/app.js", "/assets/app.css"] {
+        let response = api.client.get(api.url(path)).send().await.expect("request");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+    }
+
+    server.api.token = Some("s3cret-token".to_owned());
+    server.api.create(json!({"id": "s", "model": model})).await;
+    assert_eq!(server.api.get("/v1/sessions").await.status, StatusCode::OK);
+    server.api.metrics().await;
+    // The event stream and the WebSocket take `?access_token=`.
+    let stream = api
+        .client
+        .get(api.url("/v1/sessions/s/events/stream?access_token=s3cret-token"))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(stream.status(), StatusCode::OK);
+    drop(stream);
+    let wrong_stream = api
+        .client
+        .get(api.url("/v1/sessions/s/events/stream?access_token=nope"))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(wrong_stream.status(), StatusCode::UNAUTHORIZED);
+    let ws_url = format!(
+        "{}/v1/sessions/s/ws?access_token=s3cret-token",
+        api.base.replacen("http", "ws", 1)
+    );
+    let (socket, _) = tokio_tungstenite::connect_async(ws_url)
+        .await
+        .expect("WebSocket with a query token");
+    drop(socket);
+    let ws_wrong = format!("{}/v1/sessions/s/ws", api.base.replacen("http", "ws", 1));
+    assert!(tokio_tungstenite::connect_async(ws_wrong).await.is_err());
+    server.stop().await;
+}
+
+#[test]
+fn the_binary_listens_off_loopback_with_a_token_file() {
+    let scratch = Scratch::new();
+    let token_file = scratch.dir.path().join("token");
+    std::fs::write(&token_file, "file-token\n").expect("write the token");
+    let process = ServeProcess::start(
+        &scratch,
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--token-file",
+            token_file.to_str().expect("path"),
+        ],
+    );
+    // Reach it over loopback.
+    let base = process.api.base.replace("0.0.0.0", "127.0.0.1");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let client = reqwest::Client::new();
+        let without = client.get(format!("{base}/v1/sessions")).send().await.expect("request");
+        assert_eq!(without.status(), StatusCode::UNAUTHORIZED);
+        let with = client
+            .get(format!("{base}/v1/sessions"))
+            .bearer_auth("file-token")
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(with.status(), StatusCode::OK);
+    });
+    let (status, stderr) = process.terminate();
+    assert!(status.success(), "{stderr:?}");
+    assert!(!stderr.join("\n").contains("file-token"), "the token is never logged");
+}

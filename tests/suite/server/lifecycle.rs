@@ -1,0 +1,285 @@
+//! Sessions unloading and reloading; the server process shutting down,
+//! restarting and crashing.
+
+use std::time::Duration;
+
+use keel::protocol::{AbortReason, EventMsg, RecordedEvent};
+use serde_json::json;
+
+use super::support::{Resume, Scratch, ServeProcess, TestServer, ends_turn, first_turn, kinds, sequences, slow_chunks};
+use crate::suite::support::guard;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_unloads_and_reloads_on_use() {
+    let server = TestServer::start(|config, _| config.idle_unload = Duration::from_millis(200)).await;
+    let model = server
+        .scratch
+        .script("s.jsonl", &[r#"{"text": "one"}"#, r#"{"text": "two"}"#]);
+    server
+        .api
+        .create(json!({"id": "napper", "model": model, "on_busy": "queue"}))
+        .await;
+    let mut stream = server.api.stream("napper", Resume::Start).await;
+    server.api.say("napper", "first").await;
+    stream.until(ends_turn).await;
+    // A subscriber keeps it loaded.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(server.api.session("napper").await["live"], true);
+    drop(stream);
+    guard("the session to unload", async {
+        while server.api.session("napper").await["live"] == true {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let shown = server.api.session("napper").await;
+    assert_eq!(
+        (shown["state"].as_str(), shown["turns_completed"].as_u64()),
+        (Some("idle"), Some(1))
+    );
+
+    // A submission loads it again, with its settings.
+    let after = shown["last_sequence"].as_u64().expect("sequence");
+    let mut stream = server.api.stream("napper", Resume::After(after)).await;
+    server.api.say("napper", "second").await;
+    let events = stream.until(ends_turn).await;
+    match &events[0].msg {
+        EventMsg::SessionStarted(started) => assert!(started.resumed),
+        other => panic!("expected session_started, got {other:?}"),
+    }
+    assert_eq!(kinds(&events).last(), Some(&"turn_complete"));
+    assert_eq!(server.api.session("napper").await["live"], true);
+    drop(stream);
+
+    let scratch = server.stop().await;
+    let stored = scratch.stored("napper").await;
+    let unload = kinds(&stored)
+        .iter()
+        .position(|kind| *kind == "shutdown_complete")
+        .expect("an unload");
+    assert_eq!(kinds(&stored)[unload + 1], "session_started");
+    let texts: Vec<&str> = stored
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::AssistantMessage(message) => Some(message.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, ["one", "two"], "the script went on where it was");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loading_one_more_session_than_the_bound_unloads_the_longest_idle() {
+    let server = TestServer::start(|config, _| config.max_live_sessions = 2).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
+    for id in ["a", "b"] {
+        server.api.create(json!({"id": id, "model": model})).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.api.create(json!({"id": "c", "model": model})).await;
+    let live: Vec<bool> = futures::future::join_all(["a", "b", "c"].map(|id| server.api.session(id)))
+        .await
+        .iter()
+        .map(|session| session["live"] == true)
+        .collect();
+    assert_eq!(live, [false, true, true], "the longest-idle session made room");
+    let metrics = server.api.metrics().await;
+    assert!(metrics.contains("keel_live_sessions 2"), "{metrics}");
+    server.stop().await;
+}
+
+/// The events of `turn_id` among `events`.
+fn turn_events<'a>(events: &'a [RecordedEvent], turn_id: &str) -> Vec<&'a RecordedEvent> {
+    events
+        .iter()
+        .filter(|event| event.msg.turn_id() == Some(turn_id))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_turn_in_flight_closes_the_turn_and_exits_zero() {
+    let scratch = Scratch::new();
+    let model = scratch.script("slow.jsonl", &[&slow_chunks(200, 100)]);
+    let process = ServeProcess::start(&scratch, &["--shutdown-grace-secs", "1"]);
+    process.api.create(json!({"id": "inflight", "model": model})).await;
+    let mut stream = process.api.stream("inflight", Resume::Start).await;
+    process.api.say("inflight", "a long one").await;
+    let seen = stream
+        .until(|event| event.msg.kind() == "assistant_content_delta")
+        .await;
+    let turn = first_turn(&seen);
+
+    let (status, stderr) = tokio::task::spawn_blocking(move || process.terminate())
+        .await
+        .expect("terminate");
+    assert!(status.success(), "exit {status:?}: {stderr:?}");
+    assert!(stderr.iter().any(|line| line == "keel serve stopped"), "{stderr:?}");
+
+    let stored = scratch.stored("inflight").await;
+    let closing: Vec<&RecordedEvent> = turn_events(&stored, &turn)
+        .into_iter()
+        .filter(|event| event.msg.ends_turn())
+        .collect();
+    assert_eq!(closing.len(), 1, "the turn is closed once: {:?}", kinds(&stored));
+    match &closing[0].msg {
+        EventMsg::TurnAborted(aborted) => assert_eq!(aborted.reason, AbortReason::Interrupted),
+        other => panic!("expected the turn to be interrupted, got {other:?}"),
+    }
+    assert_eq!(
+        kinds(&stored).last(),
+        Some(&"shutdown_complete"),
+        "{:?}",
+        kinds(&stored)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_stream_resumes_where_it_was() {
+    let scratch = Scratch::new();
+    let model = scratch.script("s.jsonl", &[r#"{"text": "before"}"#, r#"{"text": "after"}"#]);
+    let first = ServeProcess::start(&scratch, &[]);
+    first.api.create(json!({"id": "durable", "model": model})).await;
+    let mut stream = first.api.stream("durable", Resume::Start).await;
+    first.api.say("durable", "one").await;
+    let before = stream.until(ends_turn).await;
+    let resume_at = before.last().expect("events").sequence;
+    let (status, _) = tokio::task::spawn_blocking(move || first.terminate())
+        .await
+        .expect("stop");
+    assert!(status.success());
+    // The old stream ends with the server.
+    assert!(stream.next().await.is_none_or(|event| event.sequence > resume_at));
+
+    let second = ServeProcess::start(&scratch, &[]);
+    let mut stream = second.api.stream("durable", Resume::LastEventId(resume_at)).await;
+    second.api.say("durable", "two").await;
+    let after = stream.until(ends_turn).await;
+    assert_eq!(
+        sequences(&after),
+        ((resume_at + 1)..=after.last().expect("events").sequence).collect::<Vec<_>>()
+    );
+    assert!(
+        kinds(&after).contains(&"shutdown_complete"),
+        "the first server's last event: {:?}",
+        kinds(&after)
+    );
+    assert!(kinds(&after).contains(&"session_started"));
+    let texts: Vec<&str> = after
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::AssistantMessage(message) => Some(message.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, ["after"]);
+    let (status, _) = tokio::task::spawn_blocking(move || second.terminate())
+        .await
+        .expect("stop");
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accepted_submission_survives_kill_9_and_runs_after_the_restart() {
+    let scratch = Scratch::new();
+    let model = scratch.script(
+        "s.jsonl",
+        &[&slow_chunks(200, 100), r#"{"text": "the queued one ran"}"#],
+    );
+    let first = ServeProcess::start(&scratch, &[]);
+    first.api.create(json!({"id": "crashy", "model": model})).await;
+    let mut stream = first.api.stream("crashy", Resume::Start).await;
+    first.api.say("crashy", "a long one").await;
+    stream
+        .until(|event| event.msg.kind() == "assistant_content_delta")
+        .await;
+    let accepted = first.api.say("crashy", "queued behind it").await;
+    let submission_id = accepted["submission_id"].as_str().expect("id").to_owned();
+    tokio::task::spawn_blocking(move || first.crash()).await.expect("crash");
+
+    let second = ServeProcess::start(&scratch, &[]);
+    let mut stream = second.api.stream("crashy", Resume::Start).await;
+    let events = stream
+        .until(|event| {
+            event.msg.kind() == "turn_complete" && event.submission_id.as_deref() == Some(submission_id.as_str())
+        })
+        .await;
+    let texts: Vec<&str> = events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::UserMessage(message) => Some(message.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, ["a long one", "queued behind it"]);
+    let aborted: Vec<AbortReason> = events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::TurnAborted(aborted) => Some(aborted.reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(aborted, [AbortReason::RuntimeStopped], "the crashed turn is closed");
+    let (status, _) = tokio::task::spawn_blocking(move || second.terminate())
+        .await
+        .expect("stop");
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_op_stops_the_session_and_the_next_message_loads_it_again() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "after the stop"}"#]);
+    server.api.create(json!({"id": "stopper", "model": model})).await;
+    let mut stream = server.api.stream("stopper", Resume::Start).await;
+    let reply = server.api.submit("stopper", json!({"op": {"type": "shutdown"}})).await;
+    assert_eq!(reply.status, reqwest::StatusCode::ACCEPTED, "{}", reply.body);
+    stream.until(|event| event.msg.kind() == "shutdown_complete").await;
+    server.api.say("stopper", "hello again").await;
+    let events = stream.until(ends_turn).await;
+    assert_eq!(events[0].msg.kind(), "session_started");
+    assert_eq!(kinds(&events).last(), Some(&"turn_complete"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_waiting_for_approval_unloads_and_the_decision_completes_it_after_reloading() {
+    let server = TestServer::start(|config, _| config.idle_unload = Duration::from_millis(200)).await;
+    let call = json!({"tool_calls": [{"id": "call-1", "name": "write_file", "arguments": {"path": "note.txt", "content": "hi"}}]});
+    let model = server
+        .scratch
+        .script("s.jsonl", &[&call.to_string(), r#"{"text": "written"}"#]);
+    server
+        .api
+        .create(json!({"id": "asker", "model": model, "tools": {"shell": false}, "approvals": {"default": "ask"}}))
+        .await;
+    let mut stream = server.api.stream("asker", Resume::Start).await;
+    server.api.say("asker", "write a note").await;
+    stream.until(|event| event.msg.kind() == "approval_requested").await;
+    let shown = server.api.session("asker").await;
+    assert_eq!(shown["state"], "awaiting_approval", "{shown}");
+    assert_eq!(shown["pending_approvals"], json!(["call-1"]));
+    // Nobody watches: the waiting session is at rest, so it unloads.
+    drop(stream);
+    guard("the waiting session to unload", async {
+        while server.api.session("asker").await["live"] == true {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let shown = server.api.session("asker").await;
+    assert_eq!(shown["state"], "awaiting_approval", "{shown}");
+
+    let after = shown["last_sequence"].as_u64().expect("sequence");
+    let mut stream = server.api.stream("asker", Resume::After(after)).await;
+    let decision = json!({"op": {"type": "approval", "call_id": "call-1", "decision": "approve"}});
+    let reply = server.api.submit("asker", decision).await;
+    assert_eq!(reply.status, reqwest::StatusCode::ACCEPTED, "{}", reply.body);
+    let events = stream.until(ends_turn).await;
+    assert_eq!(kinds(&events).last(), Some(&"turn_complete"), "{:?}", kinds(&events));
+    assert!(kinds(&events).contains(&"tool_call_completed"));
+    assert_eq!(
+        std::fs::read_to_string(server.scratch.workspaces().join("asker").join("note.txt")).expect("the file"),
+        "hi"
+    );
+    server.stop().await;
+}

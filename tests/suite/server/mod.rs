@@ -1,0 +1,13 @@
+//! `keel serve` over real HTTP on loopback: the in-process server on a
+//! `127.0.0.1:0` listener, and the binary as a process where restarts and
+//! signals matter. Real SQLite files, the scripted model, no mocks.
+
+mod auth;
+mod errors;
+mod lifecycle;
+mod ops;
+mod policies;
+mod sessions;
+mod streams;
+mod support;
+mod ws;
