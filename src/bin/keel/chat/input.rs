@@ -1,6 +1,6 @@
-//! Reading what the user types: a line editor (rustyline) with history kept
-//! in the data directory when stdin and stdout are terminals, otherwise
-//! plain lines from stdin.
+//! Reading what the user types: a line editor (rustyline) with a saved
+//! history when stdin and stdout are terminals, otherwise plain lines from
+//! stdin.
 
 use std::io::{BufRead, IsTerminal};
 use std::path::PathBuf;
@@ -12,6 +12,7 @@ use rustyline::history::DefaultHistory;
 use rustyline::{Cmd, ConditionalEventHandler, Editor, Event, EventContext, EventHandler, KeyEvent, Movement, RepeatCount};
 use tokio::sync::mpsc;
 
+use super::interrupts::Interrupts;
 use crate::console::parse_answer;
 
 /// The prompt for a message.
@@ -36,9 +37,10 @@ pub(super) enum Input {
 }
 
 impl Input {
-    /// The line editor on the terminal, with the saved history loaded.
-    pub(super) fn editor() -> anyhow::Result<Self> {
-        Ok(Input::Editor(LineEditor::open()?))
+    /// The line editor on the terminal, with the history saved in `history`
+    /// (if any) loaded.
+    pub(super) fn editor(history: Option<PathBuf>) -> anyhow::Result<Self> {
+        Ok(Input::Editor(LineEditor::open(history)?))
     }
 
     /// Plain lines from stdin.
@@ -46,11 +48,12 @@ impl Input {
         Input::Lines(Lines::spawn())
     }
 
-    /// The next line typed.
-    pub(super) async fn read(&mut self) -> anyhow::Result<Read> {
+    /// The next line typed. The line editor sees Ctrl-C as a key; plain
+    /// lines are interrupted by SIGINT from `interrupts`.
+    pub(super) async fn read(&mut self, interrupts: &mut Interrupts) -> anyhow::Result<Read> {
         match self {
             Input::Editor(editor) => editor.readline(PROMPT.to_owned()).await,
-            Input::Lines(lines) => lines.read().await,
+            Input::Lines(lines) => lines.read(interrupts).await,
         }
     }
 
@@ -71,12 +74,16 @@ impl Input {
 
     /// Asks `question`; `None` when the user pressed Ctrl-C instead of
     /// answering. The end of the input denies.
-    pub(super) async fn ask(&mut self, question: &str) -> anyhow::Result<Option<ApprovalDecision>> {
+    pub(super) async fn ask(
+        &mut self,
+        question: &str,
+        interrupts: &mut Interrupts,
+    ) -> anyhow::Result<Option<ApprovalDecision>> {
         let read = match self {
             Input::Editor(editor) => editor.readline(question.to_owned()).await?,
             Input::Lines(lines) => {
                 eprint!("{question}");
-                lines.read().await?
+                lines.read(interrupts).await?
             }
         };
         Ok(match read {
@@ -104,12 +111,12 @@ impl ConditionalEventHandler for CtrlC {
 /// a line is read and put back after.
 pub(super) struct LineEditor {
     editor: Option<Editor<(), DefaultHistory>>,
-    /// Where the history is saved (`<data dir>/keel/chat_history`).
+    /// Where the history is saved.
     history: Option<PathBuf>,
 }
 
 impl LineEditor {
-    fn open() -> anyhow::Result<Self> {
+    fn open(history: Option<PathBuf>) -> anyhow::Result<Self> {
         let config = rustyline::Config::builder()
             .max_history_size(HISTORY_LINES)
             .context("cannot set up the line editor")?
@@ -118,7 +125,6 @@ impl LineEditor {
         let mut editor: Editor<(), DefaultHistory> =
             Editor::with_config(config).context("cannot set up the line editor")?;
         editor.bind_sequence(KeyEvent::ctrl('C'), EventHandler::Conditional(Box::new(CtrlC)));
-        let history = dirs::data_dir().map(|dir| dir.join("keel").join("chat_history"));
         if let Some(path) = &history {
             // No saved history yet is the usual first run.
             let _ = editor.load_history(path);
@@ -190,14 +196,14 @@ impl Lines {
         }
     }
 
-    async fn read(&mut self) -> anyhow::Result<Read> {
+    async fn read(&mut self, interrupts: &mut Interrupts) -> anyhow::Result<Read> {
         tokio::select! {
             line = self.lines.recv() => match line {
                 Some(Ok(line)) => Ok(Read::Line(line)),
                 Some(Err(error)) => Err(error).context("cannot read stdin"),
                 None => Ok(Read::Eof),
             },
-            _ = tokio::signal::ctrl_c() => Ok(Read::Interrupted),
+            () = interrupts.next() => Ok(Read::Interrupted),
         }
     }
 }

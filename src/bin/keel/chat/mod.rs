@@ -10,9 +10,11 @@
 //! - `local`: a session on the SQLite database, in this process;
 //! - `remote`: a session of a server, over its HTTP API;
 //! - `render`: printing events (the spinner, the history of a resumed session);
-//! - `input`: the line editor with its history, or plain lines from stdin.
+//! - `input`: the line editor with its history, or plain lines from stdin;
+//! - `interrupts`: Ctrl-C while a turn runs.
 
 mod input;
+mod interrupts;
 mod local;
 mod remote;
 mod render;
@@ -27,6 +29,7 @@ use clap::Args;
 use keel::protocol::{AbortReason, ApprovalDecision, ApprovalRequestedEvent, EventMsg, Op, RecordedEvent};
 
 use self::input::{Input, Read};
+use self::interrupts::Interrupts;
 use self::render::Renderer;
 use crate::console::{ApproveMode, decide_without_asking};
 use crate::session::ToolArgs;
@@ -59,13 +62,37 @@ pub(crate) struct ChatArgs {
     approve: ApproveMode,
     #[command(flatten)]
     tools: ToolArgs,
+    /// Where the line editor keeps the lines typed, across chats [default:
+    /// <data dir>/keel/chat_history].
+    #[arg(long, env = "KEEL_CHAT_HISTORY", value_name = "FILE")]
+    history: Option<PathBuf>,
 }
 
+impl ChatArgs {
+    /// The history file: `--history`, or one in the per-user data directory
+    /// (none when there is no such directory).
+    fn history(&self) -> Option<PathBuf> {
+        self.history
+            .clone()
+            .or_else(|| dirs::data_dir().map(|dir| dir.join("keel").join("chat_history")))
+    }
+}
+
+/// Runs `keel chat`.
 pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
+    // Listening from the start: Ctrl-C while the session opens (a slow
+    // server, say) leaves.
+    let mut interrupts = Interrupts::listen()?;
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let opened = match &args.server {
-        Some(server) => remote::open(&args, server).await?,
-        None => local::open(&args).await?,
+    let opening = async {
+        match &args.server {
+            Some(server) => remote::open(&args, server).await,
+            None => local::open(&args).await,
+        }
+    };
+    let opened = tokio::select! {
+        opened = opening => opened?,
+        () = interrupts.next() => return Ok(ExitCode::from(INTERRUPTED)),
     };
     let Opened {
         session,
@@ -85,13 +112,14 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
         if let Some(hint) = render.hint("/help lists the commands; Ctrl-D leaves") {
             eprintln!("{hint}");
         }
-        Input::editor()?
+        Input::editor(args.history())?
     } else {
         Input::lines()
     };
     let mut chat = Chat {
         session,
         input,
+        interrupts,
         render,
         approve: args.approve,
         interactive,
@@ -252,9 +280,11 @@ Each line is a message; the answer streams as it arrives.
 Ctrl-C during an answer interrupts the turn; a second Ctrl-C leaves.
 Up and Down recall earlier lines.";
 
+/// A chat under way.
 struct Chat {
     session: Session,
     input: Input,
+    interrupts: Interrupts,
     render: Renderer,
     approve: ApproveMode,
     /// The line editor, prompts and colours (stdin and stdout are terminals);
@@ -295,7 +325,7 @@ impl Chat {
 
         let mut all_completed = true;
         loop {
-            let line = match self.input.read().await? {
+            let line = match self.input.read(&mut self.interrupts).await? {
                 Read::Line(line) => line,
                 Read::Eof => break,
                 Read::Interrupted if self.interactive => break,
@@ -326,6 +356,7 @@ impl Chat {
                 self.problem(&format!("invalid message: {error}"))?;
                 continue;
             }
+            self.interrupts.forget();
             let submission_id = self.session.submit(text).await?;
             self.render.waiting();
             match self.follow(Until::TurnOf(submission_id)).await? {
@@ -372,7 +403,7 @@ impl Chat {
         loop {
             let event = tokio::select! {
                 event = self.session.next_event() => event?,
-                _ = tokio::signal::ctrl_c() => {
+                () = self.interrupts.next() => {
                     if interrupted {
                         self.render.end_turn()?;
                         eprintln!("interrupted");
@@ -462,7 +493,7 @@ impl Chat {
             return Ok(Some(decision));
         }
         let question = crate::console::approval_question(request);
-        self.input.ask(&question).await
+        self.input.ask(&question, &mut self.interrupts).await
     }
 }
 
