@@ -557,4 +557,5 @@ fn bench_turns_prints_a_table_and_a_json_summary() {
     assert!(text.starts_with("| S | T | K | B |"), "{text}");
 }
 
+mod chat;
 mod tools;
