@@ -143,16 +143,15 @@ impl Printer {
             EventMsg::TurnAborted(aborted) => {
                 self.close_line()?;
                 let reason = serde_json::to_value(aborted.reason)?;
-                let line = format!(
-                    "turn aborted ({}): {}",
-                    reason.as_str().unwrap_or("?"),
-                    aborted.message
-                );
+                let line = format!("turn aborted ({}): {}", reason.as_str().unwrap_or("?"), aborted.message);
                 self.note(Tone::Alarm, &line)?;
             }
             EventMsg::Error(error) => self.note(Tone::Alarm, &format!("error: {}", error.message))?,
             EventMsg::ToolCallStarted(call) => {
-                self.note(Tone::Quiet, &format!("[tool {} {}]", call.name, shorten(&call.arguments, 200)))?;
+                self.note(
+                    Tone::Quiet,
+                    &format!("[tool {} {}]", call.name, shorten(&call.arguments, 200)),
+                )?;
             }
             EventMsg::ApprovalRequested(request) => self.awaiting(request),
             EventMsg::ApprovalDecided(decided) => {

@@ -11,8 +11,8 @@ mod console;
 mod log;
 mod run;
 mod sandbox;
-mod session;
 mod serve;
+mod session;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -72,7 +72,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         eprintln!("session {session_id}");
     }
 
-    let mut printer = if args.json { Printer::json() } else { Printer::text(false) };
+    let mut printer = if args.json {
+        Printer::json()
+    } else {
+        Printer::text(false)
+    };
     let mut all_completed = true;
     let mut interrupted = false;
     for message in args.messages {

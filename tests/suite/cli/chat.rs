@@ -14,9 +14,10 @@ use rexpect::session::{Options, PtySession, spawn_with_options};
 
 use super::{Cli, assert_gap_free, assert_one_line_error, stderr, stdout};
 
-// The server tests' helpers (`keel serve` as a process), shared as they are;
+// The server tests' helpers (`keel serve` as a process), compiled here a
+// second time because `suite::server` keeps its `support` module private;
 // this suite uses only some of them.
-#[allow(dead_code, unreachable_pub)]
+#[allow(dead_code, clippy::duplicate_mod)]
 #[path = "../server/support.rs"]
 mod serve_support;
 
@@ -213,7 +214,10 @@ fn piped_lines_are_one_turn_each_with_plain_text_out() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(stdout(&output), "Hello there.\nOne, two.\n");
     let err = stderr(&output);
-    assert!(!err.contains('\x1b') && !err.contains('\r'), "plain text when not on a terminal: {err:?}");
+    assert!(
+        !err.contains('\x1b') && !err.contains('\r'),
+        "plain text when not on a terminal: {err:?}"
+    );
 
     let events = cli.events(&session_line(&output));
     assert_gap_free(&events);
@@ -224,13 +228,20 @@ fn piped_lines_are_one_turn_each_with_plain_text_out() {
 #[test]
 fn piped_chat_stops_at_a_failed_turn_and_denies_approvals() {
     let cli = Cli::new();
-    let model = cli.model(&[&write_call("note.txt"), r#"{"text": "no note"}"#, r#"{"error": "the model is down"}"#]);
+    let model = cli.model(&[
+        &write_call("note.txt"),
+        r#"{"text": "no note"}"#,
+        r#"{"error": "the model is down"}"#,
+    ]);
     let output = cli.chat_piped(&["--model", &model], "write a note\nfail\nnever sent\n");
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let err = stderr(&output);
     assert!(err.contains("no terminal to ask on"), "{err}");
     assert!(err.contains("the model is down"), "{err}");
-    assert!(!cli.dir.path().join("note.txt").exists(), "a denied write must not happen");
+    assert!(
+        !cli.dir.path().join("note.txt").exists(),
+        "a denied write must not happen"
+    );
     let events = cli.events(&session_line(&output));
     assert_eq!(decisions(&events), [ApprovalDecision::Deny]);
     assert_eq!(user_messages(&events), ["write a note", "fail"]);
@@ -343,7 +354,10 @@ fn approvals_are_asked_inline_and_answered_with_y_or_n() {
         std::fs::read_to_string(cli.dir.path().join("yes.txt")).expect("the approved write"),
         "hello"
     );
-    assert!(!cli.dir.path().join("no.txt").exists(), "a denied write must not happen");
+    assert!(
+        !cli.dir.path().join("no.txt").exists(),
+        "a denied write must not happen"
+    );
     let events = cli.events(&id);
     assert_eq!(decisions(&events), [ApprovalDecision::Approve, ApprovalDecision::Deny]);
     assert_eq!(turn_ends(&events), ["turn_complete", "turn_complete"]);
@@ -352,10 +366,7 @@ fn approvals_are_asked_inline_and_answered_with_y_or_n() {
 #[test]
 fn up_recalls_earlier_lines_and_the_history_outlives_the_process() {
     let cli = Cli::new();
-    let model = cli.model(&[
-        r#"{"text": "answer one"}"#,
-        r#"{"text": "answer two"}"#,
-    ]);
+    let model = cli.model(&[r#"{"text": "answer one"}"#, r#"{"text": "answer two"}"#]);
     let up = "\x1b[A";
     let mut pty = cli.chat_pty(&["--model", &model, "--no-tools"]);
     pty.type_line("first line");
@@ -418,7 +429,16 @@ fn served() -> (Cli, Scratch, ServeProcess) {
 /// The stored log of a session of the server, read by `keel events`.
 fn served_events(cli: &Cli, scratch: &Scratch, session: &str) -> Vec<RecordedEvent> {
     let db = scratch.db().display().to_string();
-    let output = cli.run(&["events", "--db", &db, "--session", session, "--json", "--limit", "10000"]);
+    let output = cli.run(&[
+        "events",
+        "--db",
+        &db,
+        "--session",
+        session,
+        "--json",
+        "--limit",
+        "10000",
+    ]);
     assert!(output.status.success(), "{}", stderr(&output));
     super::parse_events(&output.stdout)
 }

@@ -9,7 +9,9 @@ use anyhow::Context;
 use keel::protocol::ApprovalDecision;
 use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
-use rustyline::{Cmd, ConditionalEventHandler, Editor, Event, EventContext, EventHandler, KeyEvent, Movement, RepeatCount};
+use rustyline::{
+    Cmd, ConditionalEventHandler, Editor, Event, EventContext, EventHandler, KeyEvent, Movement, RepeatCount,
+};
 use tokio::sync::mpsc;
 
 use super::interrupts::Interrupts;
@@ -32,7 +34,8 @@ pub(super) enum Read {
 
 /// Where lines come from.
 pub(super) enum Input {
-    Editor(LineEditor),
+    /// Boxed: the editor is large, and there is one per chat.
+    Editor(Box<LineEditor>),
     Lines(Lines),
 }
 
@@ -40,7 +43,7 @@ impl Input {
     /// The line editor on the terminal, with the history saved in `history`
     /// (if any) loaded.
     pub(super) fn editor(history: Option<PathBuf>) -> anyhow::Result<Self> {
-        Ok(Input::Editor(LineEditor::open(history)?))
+        Ok(Input::Editor(Box::new(LineEditor::open(history)?)))
     }
 
     /// Plain lines from stdin.

@@ -164,13 +164,15 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
 /// The bearer token: the file's, or `KEEL_TOKEN`'s.
 fn token(args: &ChatArgs) -> anyhow::Result<Option<String>> {
     if let Some(path) = &args.token_file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the token file {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read the token file {}", path.display()))?;
         let token = text.trim();
         anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
         return Ok(Some(token.to_owned()));
     }
-    Ok(std::env::var("KEEL_TOKEN").ok().filter(|token| !token.trim().is_empty()))
+    Ok(std::env::var("KEEL_TOKEN")
+        .ok()
+        .filter(|token| !token.trim().is_empty()))
 }
 
 impl Api {
@@ -211,7 +213,11 @@ impl Api {
     async fn session(&self, id: &str) -> anyhow::Result<SessionView> {
         let request = self.request(Method::GET, &["sessions", id]);
         match self.send(request).await {
-            Err(error) if error.downcast_ref::<ApiError>().is_some_and(|e| e.status == StatusCode::NOT_FOUND) => {
+            Err(error)
+                if error
+                    .downcast_ref::<ApiError>()
+                    .is_some_and(|e| e.status == StatusCode::NOT_FOUND) =>
+            {
                 bail!("unknown session '{id}' on the server (omit --session to start a new one)")
             }
             other => parse(other?).await,
@@ -258,7 +264,9 @@ async fn check(response: Response) -> anyhow::Result<Response> {
         Err(_) => (String::new(), body.trim().chars().take(200).collect()),
     };
     let text = if status == StatusCode::UNAUTHORIZED {
-        format!("the server refused the request (401 unauthorized): {message}; pass --token-file FILE or set KEEL_TOKEN")
+        format!(
+            "the server refused the request (401 unauthorized): {message}; pass --token-file FILE or set KEEL_TOKEN"
+        )
     } else if code.is_empty() {
         format!("the server answered {status}: {message}")
     } else {
@@ -361,7 +369,11 @@ async fn stream_once(
             let refused = error
                 .downcast_ref::<ApiError>()
                 .is_some_and(|e| e.status.is_client_error());
-            return Err(if refused { Failure::Fatal(error) } else { retry(error, false) });
+            return Err(if refused {
+                Failure::Fatal(error)
+            } else {
+                retry(error, false)
+            });
         }
     };
     let mut body = response.bytes_stream();
@@ -369,7 +381,8 @@ async fn stream_once(
     let mut parsed = Vec::new();
     let mut progressed = false;
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|error| retry(anyhow!("the event stream broke: {}", root_cause(&error)), progressed))?;
+        let chunk =
+            chunk.map_err(|error| retry(anyhow!("the event stream broke: {}", root_cause(&error)), progressed))?;
         parser
             .push(&chunk, &mut parsed)
             .map_err(|error| Failure::Fatal(anyhow!("bad event stream from the server: {error}")))?;
