@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use keel::protocol::{AbortReason, ApprovalDecision, EventMsg, RecordedEvent};
+use rexpect::process::{Signal, WaitStatus};
 use rexpect::session::{Options, PtySession, spawn_with_options};
 
 use super::{Cli, assert_gap_free, assert_one_line_error, stderr, stdout};
@@ -126,14 +127,10 @@ impl Pty {
     /// Waits for the process to end; its exit code.
     fn exit_code(mut self) -> i32 {
         self.session.exp_eof().expect("keel chat ends");
-        let status = self.session.process().wait().expect("reap keel chat");
-        // rexpect's WaitStatus comes from its own nix version: read it by name.
-        let shown = format!("{status:?}");
-        shown
-            .strip_prefix("Exited(")
-            .and_then(|rest| rest.rsplit_once(", "))
-            .and_then(|(_, code)| code.trim_end_matches(')').parse().ok())
-            .unwrap_or_else(|| panic!("keel chat did not exit normally: {shown}"))
+        match self.session.process().wait().expect("reap keel chat") {
+            WaitStatus::Exited(_, code) => code,
+            other => panic!("keel chat did not exit normally: {other:?}"),
+        }
     }
 }
 
@@ -496,4 +493,62 @@ fn against_a_server_ctrl_c_interrupts_the_turn() {
     let events = served_events(&cli, &scratch, &id);
     assert_eq!(aborts(&events), [AbortReason::Interrupted]);
     assert_eq!(turn_ends(&events), ["turn_aborted", "turn_complete"]);
+}
+
+#[test]
+fn a_question_left_unanswered_is_asked_again_when_the_session_resumes() {
+    let cli = Cli::new();
+    let model = cli.model(&[&write_call("later.txt"), r#"{"text": "wrote it later"}"#]);
+    let mut pty = cli.chat_pty(&["--model", &model]);
+    pty.type_line("write later.txt");
+    pty.expect("[y]es / [n]o / [a]lways: ");
+    let id = pty.id.clone();
+    // The terminal goes away without an answer.
+    pty.session
+        .process_mut()
+        .signal(Signal::SIGKILL)
+        .expect("kill keel chat");
+    drop(pty);
+
+    let mut pty = cli.chat_pty(&["--session", &id, "--model", &model]);
+    pty.expect("Allow write_file");
+    pty.expect("[y]es / [n]o / [a]lways: ");
+    pty.keys("y\r");
+    pty.expect("wrote it later");
+    pty.prompt();
+    pty.control('d');
+    assert_eq!(pty.exit_code(), 0);
+
+    assert!(
+        cli.dir.path().join("later.txt").exists(),
+        "the write approved on resume ran"
+    );
+    let events = cli.events(&id);
+    assert_gap_free(&events);
+    assert_eq!(decisions(&events), [ApprovalDecision::Approve]);
+    assert_eq!(turn_ends(&events), ["turn_complete"]);
+}
+
+#[test]
+fn against_a_server_approvals_are_asked_inline() {
+    let (cli, scratch, server) = served();
+    let model = cli.model(&[&write_call("yes.txt"), r#"{"text": "wrote it"}"#]);
+    let mut pty = cli.chat_pty(&["--server", &server.api.base, "--model", &model]);
+    pty.type_line("write yes.txt");
+    pty.expect("Allow write_file");
+    pty.expect("[y]es / [n]o / [a]lways: ");
+    pty.keys("y\r");
+    pty.expect("[approved write_file]");
+    pty.expect("wrote it");
+    pty.prompt();
+    pty.control('d');
+    let id = pty.id.clone();
+    assert_eq!(pty.exit_code(), 0);
+
+    // The server's session works in its own directory under the root.
+    let written = scratch.workspaces().join(&id).join("yes.txt");
+    assert_eq!(std::fs::read_to_string(&written).expect("the approved write"), "hello");
+    let events = served_events(&cli, &scratch, &id);
+    assert_eq!(decisions(&events), [ApprovalDecision::Approve]);
+    assert_eq!(turn_ends(&events), ["turn_complete"]);
 }
