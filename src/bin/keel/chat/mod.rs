@@ -428,6 +428,11 @@ impl Chat {
                         && event.submission_id.as_deref() == Some(submission.as_str())
                     {
                         ours = Some(message.turn_id.clone());
+                        // Ctrl-C came while the message waited in the queue:
+                        // it meant this turn.
+                        if interrupted {
+                            self.interrupt(ours.clone()).await?;
+                        }
                     }
                 }
                 EventMsg::ApprovalRequested(request) => match self.decide(request).await? {
