@@ -335,6 +335,9 @@ fn approvals_are_asked_inline_and_answered_with_y_or_n() {
     pty.expect("[y]es / [n]o / [a]lways: ");
     pty.keys("y\r");
     pty.expect("[approved write_file]");
+    // Tool calls and their results show as lines of their own.
+    pty.expect("[tool write_file");
+    pty.expect("[tool result:");
     pty.expect("wrote it");
     pty.type_line("write no.txt");
     pty.expect("Allow write_file");
