@@ -270,6 +270,12 @@ fn resuming_a_session_prints_its_history_and_continues_its_log() {
 fn an_unknown_session_is_a_one_line_error() {
     let cli = Cli::new();
     let model = cli.model(&[r#"{"text": "x"}"#]);
+    let no_db = cli.chat_piped(&["--session", "ghost", "--model", &model], "hi\n");
+    assert_one_line_error(&no_db, "no database");
+    assert!(!cli.db().exists(), "resuming creates no database");
+
+    let first = cli.chat_piped(&["--model", &model, "--no-tools"], "hi\n");
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
     let output = cli.chat_piped(&["--session", "ghost", "--model", &model], "hi\n");
     assert_one_line_error(&output, "unknown session 'ghost'");
 }
@@ -554,4 +560,50 @@ fn against_a_server_approvals_are_asked_inline() {
     let events = served_events(&cli, &scratch, &id);
     assert_eq!(decisions(&events), [ApprovalDecision::Approve]);
     assert_eq!(turn_ends(&events), ["turn_complete"]);
+}
+
+#[test]
+fn sigint_ends_a_piped_chat_after_interrupting_its_turn() {
+    let cli = Cli::new();
+    let model = cli.model(&[&slow_answer(40), r#"{"text": "never asked"}"#]);
+    let mut child = cli
+        .chat(&["--model", &model, "--no-tools"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn keel chat");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"tell me a story\nnot sent\n")
+        .expect("write stdin");
+    // Wait until the answer streams: the turn runs.
+    let mut out = child.stdout.take().expect("stdout");
+    let mut streamed = Vec::new();
+    while !String::from_utf8_lossy(&streamed).contains("w0 ") {
+        let mut chunk = [0u8; 256];
+        let read = std::io::Read::read(&mut out, &mut chunk).expect("read stdout");
+        assert!(read > 0, "keel chat ended before answering");
+        streamed.extend_from_slice(&chunk[..read]);
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let output = child.wait_with_output().expect("keel chat output");
+    assert_eq!(output.status.code(), Some(130), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("turn aborted (interrupted)"),
+        "{}",
+        stderr(&output)
+    );
+
+    let events = cli.events(&session_line(&output));
+    assert_gap_free(&events);
+    assert_eq!(aborts(&events), [AbortReason::Interrupted]);
+    assert_eq!(
+        user_messages(&events),
+        ["tell me a story"],
+        "nothing after the interrupt is sent"
+    );
 }
