@@ -128,6 +128,7 @@ impl Printer {
         }
     }
 
+    /// Prints one event (text deltas as they come, notes as lines).
     pub(crate) fn print(&mut self, event: &RecordedEvent) -> anyhow::Result<()> {
         if self.json {
             return print_line(&serde_json::to_string(event)?);

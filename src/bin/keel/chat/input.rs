@@ -25,6 +25,7 @@ const HISTORY_LINES: usize = 1000;
 
 /// What reading a line gave.
 pub(super) enum Read {
+    /// A line, without its end.
     Line(String),
     /// The end of the input (Ctrl-D at an empty prompt).
     Eof,
@@ -36,6 +37,7 @@ pub(super) enum Read {
 pub(super) enum Input {
     /// Boxed: the editor is large, and there is one per chat.
     Editor(Box<LineEditor>),
+    /// Plain lines, for scripts.
     Lines(Lines),
 }
 
@@ -119,6 +121,7 @@ pub(super) struct LineEditor {
 }
 
 impl LineEditor {
+    /// The editor, Ctrl-C bound, with `history` loaded when it exists.
     fn open(history: Option<PathBuf>) -> anyhow::Result<Self> {
         let config = rustyline::Config::builder()
             .max_history_size(HISTORY_LINES)
@@ -138,6 +141,8 @@ impl LineEditor {
         })
     }
 
+    /// Reads a line after `prompt`, on a blocking thread (the terminal is in
+    /// raw mode meanwhile, so Ctrl-C arrives as a key, not a signal).
     async fn readline(&mut self, prompt: String) -> anyhow::Result<Read> {
         let mut editor = self.editor.take().context("the line editor is busy")?;
         let (editor, read) = tokio::task::spawn_blocking(move || {
@@ -183,6 +188,7 @@ pub(super) struct Lines {
 }
 
 impl Lines {
+    /// Starts the reading thread.
     fn spawn() -> Self {
         let (sender, lines) = mpsc::channel(1);
         std::thread::spawn(move || {
@@ -199,6 +205,7 @@ impl Lines {
         }
     }
 
+    /// The next line; `Interrupted` on Ctrl-C while waiting for it.
     async fn read(&mut self, interrupts: &mut Interrupts) -> anyhow::Result<Read> {
         tokio::select! {
             line = self.lines.recv() => match line {

@@ -98,10 +98,13 @@ fn unfinished_turn(history: &[RecordedEvent]) -> Option<String> {
 }
 
 impl LocalSession {
+    /// The session's id.
     pub(super) fn id(&self) -> &str {
         self.agent.session_id()
     }
 
+    /// Submits a message durably, queued behind a running turn; its
+    /// submission id.
     pub(super) async fn submit(&mut self, text: String) -> anyhow::Result<String> {
         let options = SubmitOptions {
             on_busy: BusyPolicy::Queue,
@@ -111,6 +114,7 @@ impl LocalSession {
         Ok(accepted.submission_id)
     }
 
+    /// Sends an interrupt or an approval on the control lane.
     pub(super) fn control(&mut self, op: Op) -> anyhow::Result<()> {
         match self.agent.sender().submit(op) {
             // A full control lane: interrupts are already on their way.
@@ -119,6 +123,7 @@ impl LocalSession {
         }
     }
 
+    /// The next event, once stored.
     pub(super) async fn next_event(&mut self) -> anyhow::Result<RecordedEvent> {
         self.agent
             .next_event()
@@ -126,6 +131,7 @@ impl LocalSession {
             .context("the session stopped before the turn ended")
     }
 
+    /// Whether a turn runs or messages wait.
     pub(super) fn busy(&self) -> bool {
         self.handle.status().busy
     }

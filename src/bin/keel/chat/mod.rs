@@ -161,11 +161,14 @@ pub(super) struct Opened {
 
 /// Where the session lives.
 pub(super) enum Session {
+    /// On the local database, run by this process.
     Local(local::LocalSession),
+    /// On a server, over HTTP.
     Remote(remote::RemoteSession),
 }
 
 impl Session {
+    /// The session's id.
     fn id(&self) -> &str {
         match self {
             Session::Local(session) => session.id(),
@@ -205,6 +208,8 @@ impl Session {
         }
     }
 
+    /// Lets go of the session: a local one is shut down after what is
+    /// queued; a remote one stays on its server.
     async fn close(self) -> anyhow::Result<()> {
         match self {
             Session::Local(session) => session.close().await,
@@ -242,15 +247,22 @@ enum Outcome {
 /// What a line typed at the prompt asks for.
 #[derive(Debug, PartialEq, Eq)]
 enum Line {
+    /// Nothing but blanks: ignored.
     Empty,
+    /// A message for the model.
     Message(String),
+    /// `/exit` or `/quit`.
     Exit,
+    /// `/help`.
     Help,
+    /// `/session`: print the session id.
     Session,
+    /// A `/word` that is no command.
     Unknown(String),
 }
 
 impl Line {
+    /// What `line` asks for; `//` escapes a message that starts with `/`.
     fn parse(line: &str) -> Self {
         let trimmed = line.trim();
         if trimmed.is_empty() {
@@ -271,6 +283,7 @@ impl Line {
     }
 }
 
+/// What `/help` prints.
 const HELP: &str = "\
 Each line is a message; the answer streams as it arrives.
   /session     print this session's id (resume it with keel chat --session ID)
@@ -484,6 +497,7 @@ impl Chat {
         }
     }
 
+    /// Asks the session to interrupt `turn_id` (the running turn if `None`).
     async fn interrupt(&mut self, turn_id: Option<String>) -> anyhow::Result<()> {
         self.render.stop_spinner();
         self.session.control(Op::Interrupt { turn_id }).await

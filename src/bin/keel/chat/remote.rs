@@ -21,6 +21,7 @@ use super::{BOT_ID, ChatArgs, Opened, Session};
 
 /// How long to wait for a connection, and for an ordinary request.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an ordinary request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Events per page of the history (the API's most).
@@ -33,6 +34,7 @@ const MAX_EVENT_BYTES: usize = 8 << 20;
 /// How often a lost event stream is reconnected before giving up, and the
 /// longest pause between attempts.
 const STREAM_ATTEMPTS: u32 = 8;
+/// The longest pause between reconnection attempts.
 const STREAM_MAX_BACKOFF: Duration = Duration::from_secs(4);
 
 /// Events buffered between the stream and the chat; a full buffer stops
@@ -59,27 +61,32 @@ struct SessionView {
 }
 
 impl SessionView {
+    /// Whether a turn runs, waits for approval, or messages wait.
     fn busy(&self) -> bool {
         self.state != "idle" || self.queued > 0
     }
 }
 
+/// A page of `GET …/events`.
 #[derive(Debug, Deserialize)]
 struct EventsPage {
     events: Vec<RecordedEvent>,
     has_more: bool,
 }
 
+/// The answer to an accepted submission.
 #[derive(Debug, Deserialize)]
 struct AcceptedView {
     submission_id: String,
 }
 
+/// An error answer: `{"error": {"code", "message"}}`.
 #[derive(Debug, Deserialize)]
 struct ErrorBody {
     error: ErrorDetail,
 }
 
+/// What an error answer says.
 #[derive(Debug, Deserialize)]
 struct ErrorDetail {
     code: String,
@@ -185,10 +192,12 @@ impl Api {
         url
     }
 
+    /// A request to `{base}/v1/{segments…}`, with the token.
     fn request(&self, method: Method, segments: &[&str]) -> RequestBuilder {
         self.authorized(self.client.request(method, self.url(segments)))
     }
 
+    /// `request` with the bearer token, if there is one.
     fn authorized(&self, request: RequestBuilder) -> RequestBuilder {
         match &self.token {
             Some(token) => request.bearer_auth(token),
@@ -206,10 +215,13 @@ impl Api {
         check(response).await
     }
 
+    /// The error for a request that got no answer.
     fn unreachable(&self, error: &reqwest::Error) -> anyhow::Error {
         anyhow!("cannot reach the server at {}: {}", self.base, root_cause(error))
     }
 
+    /// The session as the server shows it; a clear error when it has none
+    /// by that id.
     async fn session(&self, id: &str) -> anyhow::Result<SessionView> {
         let request = self.request(Method::GET, &["sessions", id]);
         match self.send(request).await {
@@ -275,6 +287,7 @@ async fn check(response: Response) -> anyhow::Result<Response> {
     Err(ApiError { status, text }.into())
 }
 
+/// The JSON body of a successful answer.
 async fn parse<T: serde::de::DeserializeOwned>(response: Response) -> anyhow::Result<T> {
     let url = response.url().path().to_owned();
     response
@@ -334,6 +347,7 @@ async fn follow(api: Api, id: String, mut after: u64, events: mpsc::Sender<anyho
     }
 }
 
+/// How one connection of the event stream ended without an error.
 enum Streamed {
     /// The chat stopped listening.
     ReceiverGone,
@@ -341,6 +355,7 @@ enum Streamed {
     Ended { progressed: bool },
 }
 
+/// How one connection of the event stream failed.
 enum Failure {
     /// Worth reconnecting for.
     Retry { error: anyhow::Error, progressed: bool },
@@ -348,6 +363,8 @@ enum Failure {
     Fatal(anyhow::Error),
 }
 
+/// Reads one connection of the event stream, passing on the events after
+/// `after` and moving `after` along.
 async fn stream_once(
     api: &Api,
     id: &str,
@@ -405,10 +422,12 @@ async fn stream_once(
 }
 
 impl RemoteSession {
+    /// The session's id.
     pub(super) fn id(&self) -> &str {
         &self.id
     }
 
+    /// Submits a message, queued behind a running turn; its submission id.
     pub(super) async fn submit(&mut self, text: String) -> anyhow::Result<String> {
         // One key for every attempt: a retry after a lost answer is
         // answered with the first submission instead of queueing another.
@@ -436,6 +455,7 @@ impl RemoteSession {
         }
     }
 
+    /// Submits an interrupt or an approval.
     pub(super) async fn control(&mut self, op: Op) -> anyhow::Result<()> {
         let request = self
             .api
@@ -445,6 +465,7 @@ impl RemoteSession {
         Ok(())
     }
 
+    /// The next event from the stream.
     pub(super) async fn next_event(&mut self) -> anyhow::Result<RecordedEvent> {
         match self.events.recv().await {
             Some(event) => event,
@@ -452,10 +473,12 @@ impl RemoteSession {
         }
     }
 
+    /// Whether a turn runs or messages wait, as the server says.
     pub(super) async fn busy(&mut self) -> anyhow::Result<bool> {
         Ok(self.api.session(&self.id).await?.busy())
     }
 
+    /// Stops following the session (it goes on on the server).
     pub(super) fn close(self) {
         self.stream.abort();
     }

@@ -24,6 +24,7 @@ pub(super) struct Renderer {
 }
 
 impl Renderer {
+    /// A renderer with a spinner (on a terminal) and colours as given.
     pub(super) fn new(spinner: bool, colour: bool, colour_notes: bool) -> Self {
         Self {
             printer: Printer::text(colour_notes),
@@ -41,6 +42,7 @@ impl Renderer {
         }
     }
 
+    /// Stops and clears the spinner, if it runs.
     pub(super) fn stop_spinner(&mut self) {
         if let Some(spinner) = self.spinner.take() {
             spinner.stop();
@@ -148,8 +150,10 @@ struct Spinner {
 }
 
 impl Spinner {
+    /// The frames drawn in turn.
     const FRAMES: [&'static str; 10] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
 
+    /// Starts drawing (after a short pause).
     fn start() -> Self {
         let active = Arc::new(Mutex::new(true));
         let drawing = Arc::clone(&active);
@@ -170,6 +174,7 @@ impl Spinner {
         Self { active, task }
     }
 
+    /// Stops drawing and clears the frame.
     fn stop(self) {
         let mut active = self.active.lock().unwrap_or_else(|poison| poison.into_inner());
         if std::mem::replace(&mut *active, false) {
