@@ -120,11 +120,11 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
         .context("cannot set up the HTTP client")?;
     let api = Api { client, base, token };
 
-    let (view, history) = match &args.session {
+    let (view, history, startup) = match &args.session {
         Some(id) => {
             let view = api.session(id).await?;
             let history = api.history(id).await?;
-            (view, history)
+            (view, history, Vec::new())
         }
         None => {
             let mut body = json!({"bot_id": BOT_ID, "on_busy": "queue"});
@@ -137,7 +137,11 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
                 body["tools"] = json!({ "sandbox": policy });
             }
             let response = api.send(api.request(Method::POST, &["sessions"]).json(&body)).await?;
-            (parse::<SessionView>(response).await?, Vec::new())
+            let view: SessionView = parse(response).await?;
+            // The opening's events stored so far (warnings among them), to
+            // show before the first prompt; later ones come on the stream.
+            let opening = api.history(&view.id).await?;
+            (view, Vec::new(), opening)
         }
     };
     let pending_ids: HashSet<&str> = view.pending_approvals.iter().map(String::as_str).collect();
@@ -150,9 +154,13 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
             _ => None,
         })
         .collect();
-    // A new session's stream starts at its beginning (its opening events,
-    // warnings among them); a resumed one's after the history.
-    let after = history.last().map_or(0, |event| event.sequence);
+    // The stream goes on after what was read.
+    let after = history
+        .iter()
+        .chain(&startup)
+        .map(|event| event.sequence)
+        .max()
+        .unwrap_or(0);
     let (sender, events) = mpsc::channel(EVENT_BUFFER);
     let stream = tokio::spawn(follow(api.clone(), view.id.clone(), after, sender));
     Ok(Opened {
@@ -163,7 +171,7 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
             stream,
         }),
         history,
-        startup: Vec::new(),
+        startup,
         pending,
     })
 }
