@@ -607,3 +607,26 @@ fn sigint_ends_a_piped_chat_after_interrupting_its_turn() {
         "nothing after the interrupt is sent"
     );
 }
+
+#[test]
+fn slash_commands_print_the_session_and_help_and_double_slash_sends_a_slash() {
+    let cli = Cli::new();
+    let model = cli.model(&[r#"{"text": "a path"}"#]);
+    let output = cli.chat_piped(&["--model", &model, "--no-tools"], "/session\n/help\n//etc/hosts?\n");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let session = session_line(&output);
+    let out = stdout(&output);
+    assert!(out.starts_with(&format!("{session}\n")), "{out}");
+    assert!(out.contains("/exit"), "the help lists the commands: {out}");
+    assert!(out.ends_with("a path\n"), "{out}");
+    assert_eq!(user_messages(&cli.events(&session)), ["/etc/hosts?"]);
+
+    // In a script an unknown command ends the chat: what follows may not make sense.
+    let unknown = cli.chat_piped(&["--model", &model, "--no-tools"], "/nope\nhi\n");
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(
+        stderr(&unknown).contains("unknown command /nope"),
+        "{}",
+        stderr(&unknown)
+    );
+}
