@@ -630,3 +630,43 @@ fn slash_commands_print_the_session_and_help_and_double_slash_sends_a_slash() {
         stderr(&unknown)
     );
 }
+
+#[test]
+fn against_a_server_with_a_token_the_chat_sends_it_and_a_missing_one_is_explained() {
+    let scratch = Scratch::new();
+    let token_file = scratch.dir.path().join("token");
+    std::fs::write(&token_file, "chat-token\n").expect("write the token");
+    let token_path = token_file.display().to_string();
+    let server = ServeProcess::start(&scratch, &["--token-file", &token_path]);
+    let cli = Cli::new();
+    let model = cli.model(&[r#"{"text": "authorized"}"#]);
+    let base = server.api.base.clone();
+
+    let output = cli.chat_piped(
+        &[
+            "--server",
+            &base,
+            "--token-file",
+            &token_path,
+            "--model",
+            &model,
+            "--no-tools",
+        ],
+        "hi\n",
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "authorized\n");
+
+    let by_env = cli
+        .chat(&["--server", &base, "--session", &session_line(&output)])
+        .env("KEEL_TOKEN", "chat-token")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run keel chat");
+    assert_eq!(by_env.status.code(), Some(0), "{}", stderr(&by_env));
+    assert_eq!(stdout(&by_env), "> hi\nauthorized\n");
+
+    let without = cli.chat_piped(&["--server", &base, "--model", &model], "hi\n");
+    assert_one_line_error(&without, "401");
+    assert!(stderr(&without).contains("--token-file"), "{}", stderr(&without));
+}
