@@ -1,14 +1,18 @@
-//! The `keel` command line: run sessions, read their logs, run benchmarks.
+//! The `keel` command line: run sessions, chat in them, read their logs, run
+//! benchmarks.
 //!
 //! Every command opens the SQLite database given by `--db` (or `KEEL_DB`, or
 //! a file in the per-user data directory). Errors print as one line on
 //! stderr with a non-zero exit code.
 
 mod bench;
+mod chat;
+mod console;
 mod log;
 mod run;
 mod sandbox;
 mod serve;
+mod session;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +32,8 @@ struct Cli {
 enum Command {
     /// Run one turn per message in a session, streaming the answers.
     Run(run::RunArgs),
+    /// Chat in a session on the terminal: one turn per line, answers streamed.
+    Chat(chat::ChatArgs),
     /// Serve the HTTP API (sessions, submissions, event streams) and the web UI.
     Serve(serve::ServeArgs),
     /// Print a session's event log.
@@ -129,6 +135,7 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match command {
             Command::Run(args) => run::run(args).await,
+            Command::Chat(args) => chat::chat(args).await,
             Command::Serve(args) => serve::serve_command(args).await,
             Command::Events(args) => log::events(args).await,
             Command::Sessions(args) => log::sessions(args).await,

@@ -588,4 +588,5 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
     assert!(text.contains("| in-process (baseline) |"), "{text}");
 }
 
+mod chat;
 mod tools;

@@ -1,0 +1,146 @@
+//! A chat on the local database: the session runs in this process.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use anyhow::Context;
+use keel::agent::{Agent, BusyPolicy, SessionHandle, SubmitOptions, create_agent};
+use keel::protocol::{EventMsg, Op, RecordedEvent};
+use keel::store::CheckpointStore;
+
+use super::{BOT_ID, ChatArgs, Opened, Session};
+use crate::session::{agent_config, session_id};
+
+/// A session opened in this process.
+pub(crate) struct LocalSession {
+    agent: Agent,
+    handle: SessionHandle,
+}
+
+/// Events read per page of a resumed session's history.
+const HISTORY_PAGE: usize = 1000;
+
+/// Opens (or creates) the session, reading its history first.
+pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
+    // Everything that can be wrong with the input is checked before any
+    // session work starts.
+    let (keel_config, model) = args.model.load()?;
+    let workspace = args.tools.workspace()?;
+    // Resuming needs the database that has the session: none is created.
+    let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(args.session.is_none()).await?);
+    let id = session_id(store.as_ref(), args.session.as_deref()).await?;
+    let mut history = Vec::new();
+    if args.session.is_some() {
+        loop {
+            let after = history.last().map_or(0, |event: &RecordedEvent| event.sequence);
+            let page = store.events_after(&id, after, HISTORY_PAGE).await?;
+            if page.is_empty() {
+                break;
+            }
+            history.extend(page);
+        }
+    }
+    let mut config = agent_config(id, Arc::clone(&store), model, &keel_config, &args.tools, workspace).await;
+    config.session_context.bot_id = BOT_ID.to_owned();
+    let warnings = config.startup_warnings.len();
+    let mut agent = create_agent(config).await?;
+
+    // The opening's events come first, in one batch: `session_started`, the
+    // warnings, then (for a turn the runtime left running) that turn's end.
+    let mut startup = Vec::new();
+    let first = agent.next_event().await.context("the session stopped as it opened")?;
+    let pending_ids: HashSet<String> = match &first.msg {
+        EventMsg::SessionStarted(started) => started.pending_approvals.iter().cloned().collect(),
+        other => anyhow::bail!("the session opened with {} instead of session_started", other.kind()),
+    };
+    startup.push(first);
+    for _ in 0..warnings {
+        startup.push(agent.next_event().await.context("the session stopped as it opened")?);
+    }
+    let unfinished = unfinished_turn(&history);
+    if let Some(turn_id) = unfinished.filter(|_| pending_ids.is_empty()) {
+        loop {
+            let event = agent.next_event().await.context("the session stopped as it opened")?;
+            let closes = event.msg.ends_turn() && event.msg.turn_id() == Some(turn_id.as_str());
+            startup.push(event);
+            if closes {
+                break;
+            }
+        }
+    }
+    let pending = history
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::ApprovalRequested(request) if pending_ids.contains(&request.call_id) => Some(request.clone()),
+            _ => None,
+        })
+        .collect();
+    let handle = agent.handle();
+    Ok(Opened {
+        session: Session::Local(LocalSession { agent, handle }),
+        history,
+        startup,
+        pending,
+    })
+}
+
+/// The turn the log leaves open (started, never completed or aborted).
+fn unfinished_turn(history: &[RecordedEvent]) -> Option<String> {
+    let mut open = None;
+    for event in history {
+        match &event.msg {
+            EventMsg::TurnStarted(started) => open = Some(started.turn_id.clone()),
+            msg if msg.ends_turn() && msg.turn_id() == open.as_deref() => open = None,
+            _ => {}
+        }
+    }
+    open
+}
+
+impl LocalSession {
+    /// The session's id.
+    pub(super) fn id(&self) -> &str {
+        self.agent.session_id()
+    }
+
+    /// Submits a message durably, queued behind a running turn; its
+    /// submission id.
+    pub(super) async fn submit(&mut self, text: String) -> anyhow::Result<String> {
+        let options = SubmitOptions {
+            on_busy: BusyPolicy::Queue,
+            idempotency_key: None,
+        };
+        let accepted = self.handle.submit_durable(Op::UserInput { text }, options).await?;
+        Ok(accepted.submission_id)
+    }
+
+    /// Sends an interrupt or an approval on the control lane.
+    pub(super) fn control(&mut self, op: Op) -> anyhow::Result<()> {
+        match self.agent.sender().submit(op) {
+            // A full control lane: interrupts are already on their way.
+            Ok(_) | Err(keel::Error::Busy(_)) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The next event, once stored.
+    pub(super) async fn next_event(&mut self) -> anyhow::Result<RecordedEvent> {
+        self.agent
+            .next_event()
+            .await
+            .context("the session stopped before the turn ended")
+    }
+
+    /// Whether a turn runs or messages wait.
+    pub(super) fn busy(&self) -> bool {
+        self.handle.status().busy
+    }
+
+    /// Stops the session after what is queued.
+    pub(super) async fn close(self) -> anyhow::Result<()> {
+        let Self { agent, handle } = self;
+        drop(handle);
+        agent.shutdown().await?;
+        Ok(())
+    }
+}

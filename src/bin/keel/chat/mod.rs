@@ -1,0 +1,534 @@
+//! `keel chat`: an interactive chat in a session, on the local database or
+//! against a `keel serve` server.
+//!
+//! Each line typed is one message, submitted durably (`on_busy: queue`);
+//! the answer streams as it arrives, tool calls and their results show as
+//! lines on stderr, and approvals are asked inline. With stdin not a
+//! terminal, lines are read from stdin, one message each, every turn runs to
+//! its end before the next, and the output is plain text.
+//!
+//! - `local`: a session on the SQLite database, in this process;
+//! - `remote`: a session of a server, over its HTTP API;
+//! - `render`: printing events (the spinner, the history of a resumed session);
+//! - `input`: the line editor with its history, or plain lines from stdin;
+//! - `interrupts`: Ctrl-C while a turn runs.
+
+mod input;
+mod interrupts;
+mod local;
+mod remote;
+mod render;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Args;
+use keel::protocol::{AbortReason, ApprovalDecision, ApprovalRequestedEvent, EventMsg, Op, RecordedEvent};
+
+use self::input::{Input, Read};
+use self::interrupts::Interrupts;
+use self::render::Renderer;
+use crate::console::{ApproveMode, decide_without_asking};
+use crate::session::ToolArgs;
+use crate::{DbArgs, ModelArgs, print_line};
+
+/// The bot new chat sessions belong to.
+const BOT_ID: &str = "keel-chat";
+
+/// Arguments of `keel chat`.
+#[derive(Args, Debug)]
+pub(crate) struct ChatArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Resume this session (it must exist), printing its conversation so
+    /// far; a new session when omitted.
+    #[arg(long, value_name = "ID")]
+    session: Option<String>,
+    /// Chat in a session of the `keel serve` server at this URL (for
+    /// example http://127.0.0.1:7777) instead of the local database.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["config", "workspace"])]
+    server: Option<String>,
+    /// A file holding the server's bearer token [default: $KEEL_TOKEN].
+    #[arg(long, value_name = "FILE", requires = "server")]
+    token_file: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// What to do with tool calls that need approval: ask inline (denied
+    /// when stdin is not a terminal), approve them all, or deny them all.
+    #[arg(long, value_enum, default_value_t = ApproveMode::Ask, value_name = "MODE")]
+    approve: ApproveMode,
+    #[command(flatten)]
+    tools: ToolArgs,
+    /// Where the line editor keeps the lines typed, across chats [default:
+    /// <data dir>/keel/chat_history].
+    #[arg(long, env = "KEEL_CHAT_HISTORY", value_name = "FILE")]
+    history: Option<PathBuf>,
+}
+
+impl ChatArgs {
+    /// The history file: `--history`, or one in the per-user data directory
+    /// (none when there is no such directory).
+    fn history(&self) -> Option<PathBuf> {
+        self.history
+            .clone()
+            .or_else(|| dirs::data_dir().map(|dir| dir.join("keel").join("chat_history")))
+    }
+}
+
+/// Runs `keel chat`.
+pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
+    // Listening from the start: Ctrl-C while the session opens (a slow
+    // server, say) leaves.
+    let mut interrupts = Interrupts::listen()?;
+    let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+    let opening = async {
+        match &args.server {
+            Some(server) => remote::open(&args, server).await,
+            None => local::open(&args).await,
+        }
+    };
+    let opened = tokio::select! {
+        opened = opening => opened?,
+        () = interrupts.next() => return Ok(ExitCode::from(INTERRUPTED)),
+    };
+    let Opened {
+        session,
+        history,
+        startup,
+        pending,
+    } = opened;
+    eprintln!("session {}", session.id());
+    let colour = interactive && std::env::var_os("NO_COLOR").is_none();
+    let stderr_terminal = std::io::stderr().is_terminal();
+    let mut render = Renderer::new(interactive && stderr_terminal, colour, colour && stderr_terminal);
+    render.history(&history)?;
+    for event in &startup {
+        render.event(event)?;
+    }
+    let input = if interactive {
+        if let Some(hint) = render.hint("/help lists the commands; Ctrl-D leaves") {
+            eprintln!("{hint}");
+        }
+        Input::editor(args.history())?
+    } else {
+        Input::lines()
+    };
+    let mut chat = Chat {
+        session,
+        input,
+        interrupts,
+        render,
+        approve: args.approve,
+        interactive,
+    };
+    let finish = chat.run(pending).await?;
+    let Chat { session, .. } = chat;
+    match finish {
+        // The turn is closed (runtime_stopped) when the session is next opened.
+        Finish::Leave => Ok(ExitCode::from(INTERRUPTED)),
+        Finish::Code(code) => {
+            session.close().await?;
+            Ok(ExitCode::from(code))
+        }
+    }
+}
+
+/// The exit code after Ctrl-C (128 + SIGINT).
+const INTERRUPTED: u8 = 130;
+
+/// How the chat ends.
+enum Finish {
+    /// Close the session, then exit with this code.
+    Code(u8),
+    /// Leave at once (a second Ctrl-C during a turn).
+    Leave,
+}
+
+/// A session opened for chatting.
+pub(super) struct Opened {
+    pub(super) session: Session,
+    /// The events of the session before it was opened (empty for a new one).
+    pub(super) history: Vec<RecordedEvent>,
+    /// Events of the opening to show before the first prompt (warnings, a
+    /// turn closed because the runtime had stopped).
+    pub(super) startup: Vec<RecordedEvent>,
+    /// Approval requests of a turn that was waiting for them.
+    pub(super) pending: Vec<ApprovalRequestedEvent>,
+}
+
+/// Where the session lives.
+pub(super) enum Session {
+    /// On the local database, run by this process.
+    Local(local::LocalSession),
+    /// On a server, over HTTP.
+    Remote(remote::RemoteSession),
+}
+
+impl Session {
+    /// The session's id.
+    fn id(&self) -> &str {
+        match self {
+            Session::Local(session) => session.id(),
+            Session::Remote(session) => session.id(),
+        }
+    }
+
+    /// Submits a message durably; returns its submission id.
+    async fn submit(&mut self, text: String) -> anyhow::Result<String> {
+        match self {
+            Session::Local(session) => session.submit(text).await,
+            Session::Remote(session) => session.submit(text).await,
+        }
+    }
+
+    /// Submits a control op (an interrupt or an approval).
+    async fn control(&mut self, op: Op) -> anyhow::Result<()> {
+        match self {
+            Session::Local(session) => session.control(op),
+            Session::Remote(session) => session.control(op).await,
+        }
+    }
+
+    /// The next event, in sequence; an error when the session is gone.
+    async fn next_event(&mut self) -> anyhow::Result<RecordedEvent> {
+        match self {
+            Session::Local(session) => session.next_event().await,
+            Session::Remote(session) => session.next_event().await,
+        }
+    }
+
+    /// Whether a turn runs or messages wait.
+    async fn busy(&mut self) -> anyhow::Result<bool> {
+        match self {
+            Session::Local(session) => Ok(session.busy()),
+            Session::Remote(session) => session.busy().await,
+        }
+    }
+
+    /// Lets go of the session: a local one is shut down after what is
+    /// queued; a remote one stays on its server.
+    async fn close(self) -> anyhow::Result<()> {
+        match self {
+            Session::Local(session) => session.close().await,
+            Session::Remote(session) => {
+                session.close();
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What to follow the session's events until.
+enum Until {
+    /// The end of the turn that takes up this submission.
+    TurnOf(String),
+    /// The end of this turn.
+    Turn(String),
+    /// No turn running and nothing queued.
+    Idle,
+}
+
+/// How following a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// The turn completed (or, following until idle, the session is idle).
+    Completed,
+    /// The turn was interrupted by Ctrl-C.
+    Interrupted,
+    /// The turn failed, or the message was refused.
+    Failed,
+    /// A second Ctrl-C: leave at once.
+    Leave,
+}
+
+/// What a line typed at the prompt asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    /// Nothing but blanks: ignored.
+    Empty,
+    /// A message for the model.
+    Message(String),
+    /// `/exit` or `/quit`.
+    Exit,
+    /// `/help`.
+    Help,
+    /// `/session`: print the session id.
+    Session,
+    /// A `/word` that is no command.
+    Unknown(String),
+}
+
+impl Line {
+    /// What `line` asks for; `//` escapes a message that starts with `/`.
+    fn parse(line: &str) -> Self {
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            return Line::Empty;
+        }
+        if let Some(escaped) = line.trim_start().strip_prefix("//") {
+            return Line::Message(format!("/{escaped}"));
+        }
+        if !trimmed.starts_with('/') {
+            return Line::Message(line.to_owned());
+        }
+        match trimmed.split_whitespace().next().unwrap_or(trimmed) {
+            "/exit" | "/quit" => Line::Exit,
+            "/help" | "/?" => Line::Help,
+            "/session" => Line::Session,
+            other => Line::Unknown(other.to_owned()),
+        }
+    }
+}
+
+/// What `/help` prints.
+const HELP: &str = "\
+Each line is a message; the answer streams as it arrives.
+  /session     print this session's id (resume it with keel chat --session ID)
+  /help        this help
+  /exit        leave (also Ctrl-D, or Ctrl-C at an empty prompt)
+  //text       send a message that starts with '/'
+Ctrl-C during an answer interrupts the turn; a second Ctrl-C leaves.
+Up and Down recall earlier lines.";
+
+/// A chat under way.
+struct Chat {
+    session: Session,
+    input: Input,
+    interrupts: Interrupts,
+    render: Renderer,
+    approve: ApproveMode,
+    /// The line editor, prompts and colours (stdin and stdout are terminals);
+    /// otherwise plain lines in, plain text out.
+    interactive: bool,
+}
+
+impl Chat {
+    /// Settles what the session was doing when it was opened, then reads
+    /// and submits lines until the end of the input.
+    async fn run(&mut self, pending: Vec<ApprovalRequestedEvent>) -> anyhow::Result<Finish> {
+        if let Some(first) = pending.first() {
+            let turn_id = first.turn_id.clone();
+            for request in &pending {
+                self.render.awaiting(request);
+                match self.decide(request).await? {
+                    Some(decision) => {
+                        self.session
+                            .control(Op::Approval {
+                                call_id: request.call_id.clone(),
+                                decision,
+                            })
+                            .await?;
+                    }
+                    None => {
+                        self.interrupt(Some(turn_id.clone())).await?;
+                        break;
+                    }
+                }
+            }
+            if self.follow(Until::Turn(turn_id)).await? == Outcome::Leave {
+                return Ok(Finish::Leave);
+            }
+        }
+        if self.session.busy().await? && self.follow(Until::Idle).await? == Outcome::Leave {
+            return Ok(Finish::Leave);
+        }
+
+        let mut all_completed = true;
+        loop {
+            let line = match self.input.read(&mut self.interrupts).await? {
+                Read::Line(line) => line,
+                Read::Eof => break,
+                Read::Interrupted if self.interactive => break,
+                Read::Interrupted => return Ok(Finish::Code(INTERRUPTED)),
+            };
+            let parsed = Line::parse(&line);
+            if parsed != Line::Empty {
+                self.input.remember(&line);
+            }
+            let text = match parsed {
+                Line::Empty => continue,
+                Line::Exit => break,
+                Line::Help => {
+                    print_line(HELP)?;
+                    continue;
+                }
+                Line::Session => {
+                    print_line(self.session.id())?;
+                    continue;
+                }
+                Line::Unknown(command) => {
+                    self.problem(&format!("unknown command {command}; /help lists the commands"))?;
+                    continue;
+                }
+                Line::Message(text) => text,
+            };
+            if let Err(error) = (Op::UserInput { text: text.clone() }).validate() {
+                self.problem(&format!("invalid message: {error}"))?;
+                continue;
+            }
+            self.interrupts.forget();
+            let submission_id = self.session.submit(text).await?;
+            self.render.waiting();
+            match self.follow(Until::TurnOf(submission_id)).await? {
+                Outcome::Completed => {}
+                Outcome::Leave => return Ok(Finish::Leave),
+                // At the terminal the user saw what happened and goes on.
+                _ if self.interactive => {}
+                Outcome::Interrupted => return Ok(Finish::Code(INTERRUPTED)),
+                Outcome::Failed => {
+                    all_completed = false;
+                    break;
+                }
+            }
+        }
+        if self.interactive {
+            // Leave the terminal on a fresh line after the prompt.
+            print_line("")?;
+        }
+        Ok(Finish::Code(if all_completed { 0 } else { 1 }))
+    }
+
+    /// A problem with what was typed: a line on stderr at the terminal; in
+    /// a script, the end (nothing after a bad line can be trusted to make
+    /// sense).
+    fn problem(&mut self, message: &str) -> anyhow::Result<()> {
+        if !self.interactive {
+            bail!("{message}");
+        }
+        self.render.problem(message)
+    }
+
+    /// Renders the session's events until `until`, answering approval
+    /// requests and turning Ctrl-C into an interrupt (a second one leaves).
+    async fn follow(&mut self, until: Until) -> anyhow::Result<Outcome> {
+        let mut ours: Option<String> = match &until {
+            Until::Turn(turn_id) => Some(turn_id.clone()),
+            _ => None,
+        };
+        let mut running = ours.clone();
+        let mut interrupted = false;
+        let mut poll = tokio::time::interval(Duration::from_millis(200));
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let idle_wait = matches!(until, Until::Idle);
+        loop {
+            let event = tokio::select! {
+                event = self.session.next_event() => event?,
+                () = self.interrupts.next() => {
+                    if interrupted {
+                        self.render.end_turn()?;
+                        eprintln!("interrupted");
+                        return Ok(Outcome::Leave);
+                    }
+                    interrupted = true;
+                    self.interrupt(ours.clone().or_else(|| running.clone())).await?;
+                    continue;
+                }
+                _ = poll.tick(), if idle_wait => {
+                    if running.is_none() && !self.session.busy().await? {
+                        return Ok(Outcome::Completed);
+                    }
+                    continue;
+                }
+            };
+            self.render.event(&event)?;
+            match &event.msg {
+                EventMsg::TurnStarted(started) => running = Some(started.turn_id.clone()),
+                EventMsg::UserMessage(message) => {
+                    if let Until::TurnOf(submission) = &until
+                        && event.submission_id.as_deref() == Some(submission.as_str())
+                    {
+                        ours = Some(message.turn_id.clone());
+                        // Ctrl-C came while the message waited in the queue:
+                        // it meant this turn.
+                        if interrupted {
+                            self.interrupt(ours.clone()).await?;
+                        }
+                    }
+                }
+                EventMsg::ApprovalRequested(request) => match self.decide(request).await? {
+                    Some(decision) => {
+                        self.session
+                            .control(Op::Approval {
+                                call_id: request.call_id.clone(),
+                                decision,
+                            })
+                            .await?;
+                    }
+                    // Ctrl-C at the question interrupts the turn.
+                    None if interrupted => return Ok(Outcome::Leave),
+                    None => {
+                        interrupted = true;
+                        self.interrupt(Some(request.turn_id.clone())).await?;
+                    }
+                },
+                EventMsg::SubmissionRejected(rejected) => {
+                    if let Until::TurnOf(submission) = &until
+                        && event.submission_id.as_deref() == Some(submission.as_str())
+                    {
+                        self.render.problem(&format!("message refused: {}", rejected.reason))?;
+                        return Ok(Outcome::Failed);
+                    }
+                }
+                msg if msg.ends_turn() => {
+                    let ended = msg.turn_id();
+                    if running.as_deref() == ended {
+                        running = None;
+                    }
+                    if ours.is_some() && ours.as_deref() == ended {
+                        self.render.end_turn()?;
+                        return Ok(match msg {
+                            EventMsg::TurnComplete(_) => Outcome::Completed,
+                            EventMsg::TurnAborted(aborted) if aborted.reason == AbortReason::Interrupted => {
+                                Outcome::Interrupted
+                            }
+                            _ => Outcome::Failed,
+                        });
+                    }
+                    if idle_wait && !self.session.busy().await? {
+                        self.render.end_turn()?;
+                        return Ok(Outcome::Completed);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Asks the session to interrupt `turn_id` (the running turn if `None`).
+    async fn interrupt(&mut self, turn_id: Option<String>) -> anyhow::Result<()> {
+        self.render.stop_spinner();
+        self.session.control(Op::Interrupt { turn_id }).await
+    }
+
+    /// The decision for `request`: per `--approve`, or asked; `None` when
+    /// the user pressed Ctrl-C at the question.
+    async fn decide(&mut self, request: &ApprovalRequestedEvent) -> anyhow::Result<Option<ApprovalDecision>> {
+        self.render.stop_spinner();
+        self.render.end_line()?;
+        if let Some(decision) = decide_without_asking(self.approve, request, self.input.can_ask()) {
+            return Ok(Some(decision));
+        }
+        let question = crate::console::approval_question(request);
+        self.input.ask(&question, &mut self.interrupts).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Line;
+
+    #[test]
+    fn lines_are_messages_unless_they_are_commands() {
+        assert_eq!(Line::parse("  "), Line::Empty);
+        assert_eq!(Line::parse("hello /exit"), Line::Message("hello /exit".to_owned()));
+        assert_eq!(Line::parse(" /exit "), Line::Exit);
+        assert_eq!(Line::parse("/quit"), Line::Exit);
+        assert_eq!(Line::parse("/session"), Line::Session);
+        assert_eq!(Line::parse("/help me"), Line::Help);
+        assert_eq!(Line::parse("/nope"), Line::Unknown("/nope".to_owned()));
+        assert_eq!(Line::parse("//etc/hosts?"), Line::Message("/etc/hosts?".to_owned()));
+    }
+}
