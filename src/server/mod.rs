@@ -99,7 +99,7 @@ impl ServerConfig {
             idle_unload: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(10),
             body_limit: DEFAULT_BODY_LIMIT,
-            live_buffer: 1024,
+            live_buffer: 256,
             keep_alive: sse::DEFAULT_KEEP_ALIVE,
             max_steps: DEFAULT_MAX_STEPS,
             submission_capacity: DEFAULT_SUBMISSION_CAPACITY,
@@ -112,7 +112,7 @@ impl ServerConfig {
 #[non_exhaustive]
 pub enum ServeError {
     /// Listening beyond loopback without a token.
-    #[error("refusing to listen on {0} without a token: pass --token-file FILE (or listen on 127.0.0.1)")]
+    #[error("refusing to listen on {0} without a token (one is required off loopback)")]
     TokenRequired(SocketAddr),
     /// The configuration is unusable; the text says why.
     #[error("invalid server configuration: {0}")]

@@ -210,8 +210,21 @@ async fn no_room_for_another_live_session_is_503_too_many_sessions() {
     stream.until(|event| event.msg.ends_turn()).await;
     server.api.wait_idle("running").await;
     drop(stream);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let created = server.api.create(json!({"id": "other", "model": quick})).await;
+    // Room is made once the server has noticed the stream is gone.
+    let created = guard("room for another session", async {
+        loop {
+            let reply = server
+                .api
+                .post("/v1/sessions", &json!({"id": "other", "model": quick}))
+                .await;
+            if reply.status == StatusCode::CREATED {
+                return reply.body;
+            }
+            assert_error(&reply, StatusCode::SERVICE_UNAVAILABLE, "too_many_sessions");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
     assert_eq!(created["live"], true);
     assert_eq!(server.api.session("running").await["live"], false);
     server.stop().await;

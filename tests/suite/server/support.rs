@@ -307,6 +307,8 @@ impl TestServer {
         config.workspace_root = scratch.workspaces();
         config.launcher = Some(PathBuf::from(env!("CARGO_BIN_EXE_keel")));
         config.shutdown_grace = Duration::from_secs(2);
+        // Keep-alive writes also notice closed connections sooner.
+        config.keep_alive = Duration::from_secs(1);
         configure(&mut config, &scratch);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("address"));
