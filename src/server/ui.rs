@@ -27,23 +27,21 @@ const FILES: &[(&str, &str, &str)] = &[
 
 /// `/` and the files under `/assets/`.
 pub(crate) fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    FILES
-        .iter()
-        .fold(Router::new(), |router, &(path, content_type, body)| {
-            router.route(
-                path,
-                get(move || async move {
-                    (
-                        [
-                            (header::CONTENT_TYPE, content_type),
-                            // A new binary may bring new files: always revalidate.
-                            (header::CACHE_CONTROL, "no-cache"),
-                            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-                            (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
-                        ],
-                        body,
-                    )
-                }),
-            )
-        })
+    FILES.iter().fold(Router::new(), |router, &(path, content_type, body)| {
+        router.route(
+            path,
+            get(move || async move {
+                (
+                    [
+                        (header::CONTENT_TYPE, content_type),
+                        // A new binary may bring new files: always revalidate.
+                        (header::CACHE_CONTROL, "no-cache"),
+                        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+                    ],
+                    body,
+                )
+            }),
+        )
+    })
 }

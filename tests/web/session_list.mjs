@@ -23,8 +23,8 @@ scenario("session_list", async ({ page, base, params }) => {
   await until("the chosen session to open", async () => (await page.getByTestId("chat-title").textContent()) === params.open);
   assert.equal(sessionIdOf(page), params.open);
   assert.equal(await item.getByTestId("session-link").getAttribute("aria-current"), "page");
-  // Its log so far: session_started, shown in the timeline.
-  await page.locator('[data-testid=timeline-event][data-kind="session_started"]').waitFor();
+  // Its log so far: session_started, listed in the timeline.
+  await page.locator('[data-testid=timeline-event][data-kind="session_started"]').waitFor({ state: "attached" });
 
   // Refresh starts over from the first page.
   await page.getByTestId("refresh-sessions").click();
