@@ -393,10 +393,22 @@ async fn web_ui_reloaded_mid_stream_shows_every_event_once() {
     let id = session_of(&outcome);
     let log = log_of(&server.api, &id).await;
     let last = log.last().expect("events")["sequence"].as_u64().expect("sequence");
+    let expected: Vec<Value> = log
+        .iter()
+        .map(|event| json!({"sequence": event["sequence"], "kind": event["msg"]["type"]}))
+        .collect();
     assert_eq!(
         outcome.result["timeline"],
-        json!((1..=last).collect::<Vec<u64>>()),
-        "the reloaded page lists the whole log, each sequence once"
+        json!(expected),
+        "the reloaded page lists the whole log, each sequence once, in order"
+    );
+    assert_eq!(
+        expected
+            .iter()
+            .map(|entry| entry["sequence"].as_u64())
+            .collect::<Vec<_>>(),
+        (1..=last).map(Some).collect::<Vec<_>>(),
+        "the log's sequences are 1..{last}"
     );
     assert!(
         outcome.result["rendered_before_reload"].as_u64().expect("count") < last,

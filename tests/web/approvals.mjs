@@ -17,6 +17,8 @@ scenario("approvals", async ({ page, base, log }) => {
   await approved.getByTestId("approve").waitFor();
   assert.equal(await approved.getByTestId("tool-name").textContent(), "write_file");
   assert.equal(await approved.getAttribute("data-state"), "awaiting");
+  assert.equal(await approved.getByTestId("tool-status").textContent(), "waiting for approval");
+  assert.equal(await approved.getByTestId("tool-result").isVisible(), false, "nothing ran before the approval");
   const args = JSON.parse(await approved.getByTestId("tool-arguments").textContent());
   assert.deepEqual(args, { path: "approved.txt", content: "approved from the browser" });
   assert.equal(await turnStatus.textContent(), "Waiting for your approval");
@@ -26,6 +28,7 @@ scenario("approvals", async ({ page, base, log }) => {
   assert.match(await approved.getByTestId("tool-result").textContent(), /approved\.txt/);
   assert.equal(await approved.getByTestId("tool-result").getAttribute("class"), "result");
   assert.match(await approved.getByTestId("tool-decision").textContent(), /approved this call/);
+  assert.equal(await approved.getByTestId("tool-status").textContent(), "done");
   assert.equal(await approved.getByTestId("approve").isVisible(), false, "the buttons go once decided");
   await page.locator('[data-testid=assistant-message][data-state="final"]').filter({ hasText: "Wrote approved.txt." }).waitFor();
   log("approved");
@@ -40,6 +43,7 @@ scenario("approvals", async ({ page, base, log }) => {
   assert.match(await refusal.getAttribute("class"), /\berror\b/, "a failed call is styled as an error");
   assert.match(await denied.getAttribute("class"), /\bfailed\b/);
   assert.match(await denied.getByTestId("tool-decision").textContent(), /denied this call/);
+  assert.equal(await denied.getByTestId("tool-status").textContent(), "denied");
   await page.locator('[data-testid=assistant-message][data-state="final"]').filter({ hasText: "I did not write it." }).waitFor();
   log("denied");
 

@@ -89,6 +89,38 @@ export async function timelineSequences(page) {
     .evaluateAll((items) => items.map((item) => Number(item.dataset.sequence)));
 }
 
+/**
+ * What the page shows at one instant: the timeline's entries and the text
+ * of each assistant message, with its state.
+ */
+export async function snapshot(page) {
+  return page.evaluate(() => ({
+    timeline: Array.from(document.querySelectorAll("[data-testid=timeline-event]"), (item) => ({
+      sequence: Number(item.dataset.sequence),
+      kind: item.dataset.kind,
+    })),
+    answers: Array.from(document.querySelectorAll("[data-testid=assistant-message]"), (item) => ({
+      turn_id: item.dataset.turnId,
+      state: item.dataset.state,
+      text: item.querySelector("[data-testid=assistant-text]").textContent,
+    })),
+  }));
+}
+
+/** The whole log of a session, fetched from inside the page. */
+export async function serverLog(page, sessionId) {
+  const events = [];
+  for (;;) {
+    const after = events.at(-1)?.sequence ?? 0;
+    const reply = await pageApi(page, `${sessionPath(sessionId)}/events?after=${after}&limit=1000`);
+    assert.equal(reply.status, 200, JSON.stringify(reply.body));
+    events.push(...reply.body.events);
+    if (!reply.body.has_more) {
+      return events;
+    }
+  }
+}
+
 /** Asserts that `sequences` is exactly 1, 2, …, last. */
 export function assertGapless(sequences, last) {
   const expected = Array.from({ length: last }, (_, index) => index + 1);

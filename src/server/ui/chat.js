@@ -233,7 +233,8 @@ export class ChatView {
         card.result.classList.toggle("error", Boolean(msg.is_error));
         card.resultBox.hidden = false;
         card.root.classList.toggle("failed", Boolean(msg.is_error));
-        this.setCardState(card, msg.is_error ? "error" : "done", msg.is_error ? "failed" : "done");
+        const denied = card.root.dataset.state === "denied";
+        this.setCardState(card, msg.is_error ? "error" : "done", denied ? "denied" : msg.is_error ? "failed" : "done");
         break;
       }
       case "token_usage":
@@ -248,8 +249,13 @@ export class ChatView {
           this.settle(turn.bubble, "interrupted");
           turn.bubble = null;
         }
-        const what = msg.reason === "interrupted" ? "Interrupted" : `The turn ended early (${msg.reason})`;
-        this.note("turn_aborted", `${what}: ${msg.message}`, { "data-reason": msg.reason });
+        let text = `The turn ended early (${msg.reason}): ${msg.message}`;
+        if (msg.reason === "interrupted") {
+          text = /^interrupted\b/i.test(msg.message ?? "")
+            ? `I${msg.message.slice(1)}.`
+            : `Interrupted: ${msg.message}`;
+        }
+        this.note("turn_aborted", text, { "data-reason": msg.reason });
         this.endTurn(msg.turn_id);
         break;
       }
@@ -428,6 +434,8 @@ export class ChatView {
   }
 
   addToTimeline(event) {
+    const list = this.timeline;
+    const follow = list.scrollHeight - list.scrollTop - list.clientHeight < 48;
     this.count += 1;
     const kind = event.msg?.type ?? "unknown";
     const pre = h("pre", { class: "raw" });
@@ -452,6 +460,9 @@ export class ChatView {
     this.timeline.append(
       h("li", { "data-testid": "timeline-event", "data-sequence": event.sequence, "data-kind": kind }, details),
     );
+    if (follow) {
+      list.scrollTop = list.scrollHeight;
+    }
   }
 
   nearBottom() {
