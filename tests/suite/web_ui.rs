@@ -134,7 +134,8 @@ async fn scenario(tools: &Tools, name: &str, base: &str, params: Value) -> Outco
         .find_map(|line| line.strip_prefix("RESULT "))
         .and_then(|json| serde_json::from_str(json).ok())
         .unwrap_or_else(|| panic!("the browser scenario {name} printed no RESULT line:\n{text}"));
-    eprintln!("browser scenario {name}: {:?}", started.elapsed());
+    // Shown with `--nocapture`: what the scenario logged on its way.
+    eprintln!("browser scenario {name}: {:?}\n{stdout}", started.elapsed());
     Outcome { result, output: text }
 }
 
@@ -453,4 +454,62 @@ async fn web_ui_asks_for_the_token_once_and_keeps_it() {
     let answers = of_kind(&log, "assistant_message");
     assert_eq!(answers.len(), 1);
     assert_eq!(answers[0]["msg"]["text"], chunks.concat());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_ui_resumes_its_stream_after_a_server_restart() {
+    let Some(tools) = tools("web_ui_resumes_its_stream_after_a_server_restart") else {
+        return;
+    };
+    let _browser = BROWSER.lock().await;
+    let scratch = Scratch::new();
+    let first = ["Said ", "before ", "the ", "restart."];
+    let second = ["Said ", "after ", "it."];
+    let model = scratch.script("restart.jsonl", &[&chunks_line(&first, 40), &chunks_line(&second, 40)]);
+    let server = serve(&scratch, &model, &[]);
+    let base = server.api.base.clone();
+    let listen = base.trim_start_matches("http://").to_owned();
+    let signals = scratch.dir.path().join("signals");
+    std::fs::create_dir_all(&signals).expect("create the signal directory");
+
+    // The page asks for the restart by writing a file; the same address and
+    // database come back, and a file says so.
+    let restart = async {
+        let deadline = Instant::now() + SCENARIO_TIMEOUT;
+        while !signals.join("restart").exists() {
+            assert!(Instant::now() < deadline, "the page never asked for the restart");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (status, stderr) = tokio::task::block_in_place(|| server.terminate());
+        assert!(status.success(), "keel serve exited with {status}: {stderr:#?}");
+        let again = tokio::task::block_in_place(|| serve(&scratch, &model, &["--listen", &listen]));
+        std::fs::write(signals.join("restarted"), "").expect("write the signal");
+        again
+    };
+    let (outcome, server) = tokio::join!(
+        scenario(
+            &tools,
+            "restart",
+            &base,
+            json!({
+                "signal_dir": signals,
+                "first_text": first.concat(),
+                "second_text": second.concat(),
+            }),
+        ),
+        restart,
+    );
+
+    let id = session_of(&outcome);
+    let log = log_of(&server.api, &id).await;
+    let expected: Vec<Value> = log
+        .iter()
+        .map(|event| json!({"sequence": event["sequence"], "kind": event["msg"]["type"]}))
+        .collect();
+    assert_eq!(outcome.result["timeline"], json!(expected));
+    let answers: Vec<&Value> = of_kind(&log, "assistant_message")
+        .iter()
+        .map(|event| &event["msg"]["text"])
+        .collect();
+    assert_eq!(answers, [&json!(first.concat()), &json!(second.concat())]);
 }
