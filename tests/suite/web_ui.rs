@@ -385,7 +385,7 @@ async fn web_ui_reloaded_mid_stream_shows_every_event_once() {
     };
     let _browser = BROWSER.lock().await;
     let scratch = Scratch::new();
-    let (slow, full_text) = slow_words(40, 100);
+    let (slow, full_text) = slow_words(60, 100);
     let model = scratch.script("reload.jsonl", &[&slow]);
     let server = serve(&scratch, &model, &[]);
 
