@@ -15,4 +15,5 @@ mod provider_tool_turns;
 mod server;
 mod support;
 mod turns_with_tools;
+mod web_ui;
 mod workspace_tools;

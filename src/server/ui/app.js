@@ -1,42 +1,484 @@
-// Lists the server's sessions. A placeholder for the full web UI.
-"use strict";
+// The web UI of keel serve: the session list, the new-session form and the
+// chat view of the session named in the URL (#/sessions/{id}).
+//
+// Plain ES modules, no build step; served from the binary by
+// src/server/ui.rs. The API is docs/http-api.md.
 
-const tokenKey = "keel-token";
+import { api, ApiError, newKey, sessionPath, setTokenPrompt } from "./api.js";
+import { ChatView, h } from "./chat.js";
+import { EventFeed } from "./feed.js";
 
-function headers() {
-  const token = sessionStorage.getItem(tokenKey);
-  return token ? { Authorization: `Bearer ${token}` } : {};
+const $ = (id) => document.getElementById(id);
+
+const ui = {
+  notice: $("notice"),
+  askToken: $("ask-token"),
+  newForm: $("new-session"),
+  newModel: $("new-model"),
+  newBot: $("new-bot"),
+  newInstructions: $("new-instructions"),
+  newSubmit: $("new-session-submit"),
+  newError: $("new-session-error"),
+  sessionList: $("session-list"),
+  sessionListStatus: $("session-list-status"),
+  refreshSessions: $("refresh-sessions"),
+  moreSessions: $("more-sessions"),
+  emptyChat: $("empty-chat"),
+  chatView: $("chat-view"),
+  chatTitle: $("chat-title"),
+  chatMeta: $("chat-meta"),
+  streamStatus: $("stream-status"),
+  turnStatus: $("turn-status"),
+  interrupt: $("interrupt"),
+  messages: $("messages"),
+  composer: $("composer"),
+  composerText: $("composer-text"),
+  busyPolicy: $("busy-policy"),
+  send: $("send"),
+  composerError: $("composer-error"),
+  timelineList: $("timeline-list"),
+  timelineCount: $("timeline-count"),
+  tokenDialog: $("token-dialog"),
+  tokenForm: $("token-form"),
+  tokenMessage: $("token-message"),
+  tokenInput: $("token-input"),
+};
+
+/** Sessions per page of the list: `?limit=N` in the page's URL, or 50. */
+const PAGE_SIZE = (() => {
+  const limit = Number(new URLSearchParams(location.search).get("limit"));
+  return Number.isInteger(limit) && limit >= 1 && limit <= 500 ? limit : 50;
+})();
+
+function notify(text, kind = "info") {
+  ui.notice.textContent = text;
+  ui.notice.dataset.kind = kind;
 }
 
-async function loadSessions() {
-  const status = document.getElementById("status");
-  const list = document.getElementById("sessions");
-  const response = await fetch("/v1/sessions?limit=100", { headers: headers() });
-  if (response.status === 401) {
-    status.textContent = "This server needs a token.";
-    document.getElementById("token-form").hidden = false;
+function showError(element, text) {
+  element.textContent = text;
+  element.hidden = !text;
+}
+
+/** Handles an API failure that is not a form's own business. */
+function reportFailure(what, error) {
+  if (error instanceof ApiError && error.status === 401) {
+    notify("This server needs an access token.", "error");
+    ui.askToken.hidden = false;
     return;
   }
-  if (!response.ok) {
-    status.textContent = `Cannot list sessions (${response.status}).`;
-    return;
-  }
-  const body = await response.json();
-  list.replaceChildren(
-    ...body.sessions.map((session) => {
-      const item = document.createElement("li");
-      item.textContent = `${session.id} — ${session.state}, ${session.turns_completed} turns`;
-      return item;
+  notify(`${what}: ${error.message}`, "error");
+}
+
+// --- The token -------------------------------------------------------------
+
+setTokenPrompt(
+  (message) =>
+    new Promise((resolve, reject) => {
+      ui.tokenMessage.textContent = message;
+      ui.tokenInput.value = "";
+      let settled = false;
+      const finish = () => {
+        settled = true;
+        ui.tokenForm.removeEventListener("submit", submitted);
+        ui.tokenDialog.removeEventListener("close", closed);
+      };
+      const submitted = (event) => {
+        event.preventDefault();
+        const token = ui.tokenInput.value.trim();
+        if (!token) {
+          return;
+        }
+        finish();
+        ui.tokenDialog.close();
+        ui.askToken.hidden = true;
+        notify("");
+        resolve(token);
+      };
+      const closed = () => {
+        if (!settled) {
+          finish();
+          reject(new ApiError(401, "unauthorized", "no token was given"));
+        }
+      };
+      ui.tokenForm.addEventListener("submit", submitted);
+      ui.tokenDialog.addEventListener("close", closed);
+      if (!ui.tokenDialog.open) {
+        ui.tokenDialog.showModal();
+      }
+      ui.tokenInput.focus();
     }),
-  );
-  status.textContent = body.sessions.length ? "" : "No sessions yet.";
-}
+);
 
-document.getElementById("token-form").addEventListener("submit", (event) => {
-  event.preventDefault();
-  sessionStorage.setItem(tokenKey, document.getElementById("token").value);
-  document.getElementById("token-form").hidden = true;
+ui.askToken.addEventListener("click", () => {
+  ui.askToken.hidden = true;
+  notify("");
   loadSessions();
+  if (current) {
+    const id = current.id;
+    closeSession();
+    openSession(id);
+  }
 });
 
+// --- The session list ------------------------------------------------------
+
+const listing = { cursor: null, generation: 0 };
+
+function formatTime(ms) {
+  return new Date(ms).toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" });
+}
+
+function stateLabel(state) {
+  return { idle: "idle", running: "running", awaiting_approval: "awaiting approval" }[state] ?? state;
+}
+
+function sessionItem(session) {
+  const link = h(
+    "a",
+    { href: `#/sessions/${encodeURIComponent(session.id)}`, "data-testid": "session-link" },
+    h("span", { class: "session-id", text: session.id }),
+  );
+  const state = h("span", {
+    class: "badge",
+    "data-testid": "session-state",
+    "data-state": session.state,
+    text: stateLabel(session.state),
+  });
+  const turns = `${session.turns_completed} turn${session.turns_completed === 1 ? "" : "s"}`;
+  const item = h(
+    "li",
+    { "data-testid": "session-item", "data-session-id": session.id },
+    link,
+    h("div", { class: "session-meta" }, state, ` ${session.bot_id} · ${turns} · ${formatTime(session.created_at_ms)}`),
+  );
+  if (current?.id === session.id) {
+    link.setAttribute("aria-current", "page");
+  }
+  return item;
+}
+
+/** The first page of sessions, or with `more` the next one. */
+async function loadSessions({ more = false } = {}) {
+  const generation = more ? listing.generation : ++listing.generation;
+  const query = new URLSearchParams({ limit: String(PAGE_SIZE) });
+  if (more) {
+    if (!listing.cursor) {
+      return;
+    }
+    query.set("cursor", listing.cursor);
+  }
+  ui.moreSessions.disabled = true;
+  ui.sessionList.setAttribute("aria-busy", "true");
+  try {
+    const page = await api(`/v1/sessions?${query}`);
+    if (generation !== listing.generation) {
+      return;
+    }
+    const items = page.sessions.map(sessionItem);
+    if (more) {
+      const shown = new Set(Array.from(ui.sessionList.children, (item) => item.dataset.sessionId));
+      ui.sessionList.append(...items.filter((item) => !shown.has(item.dataset.sessionId)));
+    } else {
+      ui.sessionList.replaceChildren(...items);
+    }
+    listing.cursor = page.next_cursor ?? null;
+    ui.moreSessions.hidden = !listing.cursor;
+    ui.sessionListStatus.textContent = ui.sessionList.children.length ? "" : "No sessions yet.";
+  } catch (error) {
+    if (generation === listing.generation) {
+      ui.sessionListStatus.textContent = `Cannot list the sessions: ${error.message}`;
+      reportFailure("Cannot list the sessions", error);
+    }
+  } finally {
+    ui.moreSessions.disabled = false;
+    ui.sessionList.removeAttribute("aria-busy");
+  }
+}
+
+function listedItem(sessionId) {
+  return Array.from(ui.sessionList.children).find((item) => item.dataset.sessionId === sessionId);
+}
+
+/** Shows a session's state in its list entry, if listed. */
+function updateListedState(sessionId, state) {
+  const badge = listedItem(sessionId)?.querySelector("[data-testid=session-state]");
+  if (badge) {
+    badge.dataset.state = state;
+    badge.textContent = stateLabel(state);
+  }
+}
+
+// Once a turn has ended (and the log has gone quiet for a moment, so a
+// replay costs one request), the session's list entry is fetched again.
+let entryRefresh = null;
+
+function refreshListedSoon(sessionId) {
+  clearTimeout(entryRefresh);
+  entryRefresh = setTimeout(async () => {
+    if (!listedItem(sessionId)) {
+      return;
+    }
+    try {
+      const session = await api(sessionPath(sessionId));
+      listedItem(sessionId)?.replaceWith(sessionItem(session));
+    } catch {
+      // The entry keeps what it showed; the list's Refresh button is there.
+    }
+  }, 300);
+}
+
+function markCurrentInList() {
+  for (const item of ui.sessionList.children) {
+    const link = item.querySelector("a");
+    if (current && item.dataset.sessionId === current.id) {
+      link.setAttribute("aria-current", "page");
+    } else {
+      link.removeAttribute("aria-current");
+    }
+  }
+}
+
+ui.refreshSessions.addEventListener("click", () => loadSessions());
+ui.moreSessions.addEventListener("click", () => loadSessions({ more: true }));
+
+// --- A new session ---------------------------------------------------------
+
+ui.newForm.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  showError(ui.newError, "");
+  const body = {};
+  const model = ui.newModel.value.trim();
+  const bot = ui.newBot.value.trim();
+  const instructions = ui.newInstructions.value.trim();
+  if (model) {
+    body.model = model;
+  }
+  if (bot) {
+    body.bot_id = bot;
+  }
+  if (instructions) {
+    body.instructions = instructions;
+  }
+  ui.newSubmit.disabled = true;
+  try {
+    const session = await api("/v1/sessions", { method: "POST", body });
+    ui.newForm.reset();
+    location.hash = `#/sessions/${encodeURIComponent(session.id)}`;
+    await loadSessions();
+    ui.composerText.focus();
+  } catch (error) {
+    showError(ui.newError, `Cannot create the session: ${error.message}`);
+  } finally {
+    ui.newSubmit.disabled = false;
+  }
+});
+
+// --- The chat view ---------------------------------------------------------
+
+/** The open session: { id, feed }. */
+let current = null;
+
+const TURN_STATUS = {
+  running: "Running…",
+  awaiting_approval: "Waiting for your approval",
+  idle: "",
+};
+
+const chat = new ChatView({
+  messages: ui.messages,
+  timeline: ui.timelineList,
+  onApproval: async (callId, decision) => {
+    const session = current;
+    await api(`${sessionPath(session.id)}/submissions`, {
+      method: "POST",
+      body: { op: { type: "approval", call_id: callId, decision } },
+    });
+  },
+  onTurn: (turnId, state) => {
+    ui.interrupt.hidden = !turnId;
+    if (!turnId) {
+      ui.interrupt.disabled = false;
+    }
+    ui.turnStatus.textContent = TURN_STATUS[state] ?? "";
+    ui.turnStatus.dataset.state = state;
+    if (current) {
+      updateListedState(current.id, state);
+      if (state === "idle") {
+        refreshListedSoon(current.id);
+      }
+    }
+  },
+  onUsage: (total) => {
+    if (total) {
+      ui.chatMeta.dataset.usage = `${total.input_tokens} tokens in, ${total.output_tokens} out`;
+      renderMeta();
+    }
+  },
+});
+
+const STREAM_STATUS = {
+  connecting: "Connecting…",
+  live: "Live",
+  reconnecting: "Reconnecting…",
+  closed: "Disconnected",
+};
+
+function renderMeta() {
+  const parts = [ui.chatMeta.dataset.info, ui.chatMeta.dataset.usage].filter(Boolean);
+  ui.chatMeta.textContent = parts.join(" · ");
+}
+
+function openSession(id) {
+  if (current?.id === id) {
+    return;
+  }
+  closeSession();
+  ui.emptyChat.hidden = true;
+  ui.chatView.hidden = false;
+  ui.chatTitle.textContent = id;
+  ui.chatMeta.dataset.info = "";
+  ui.chatMeta.dataset.usage = "";
+  renderMeta();
+  showError(ui.composerError, "");
+  chat.reset();
+  ui.timelineCount.textContent = "0";
+  ui.interrupt.hidden = true;
+  ui.turnStatus.textContent = "";
+  const session = { id, feed: null };
+  current = session;
+  markCurrentInList();
+  session.feed = new EventFeed(id, {
+    onEvent: (event) => {
+      chat.apply(event);
+      ui.timelineCount.textContent = String(chat.count);
+    },
+    onStatus: (status) => {
+      ui.streamStatus.textContent = STREAM_STATUS[status] ?? status;
+      ui.streamStatus.dataset.state = status;
+    },
+    onError: (error) => {
+      if (current === session) {
+        reportFailure("The event stream failed", error);
+      }
+    },
+  });
+  session.feed.start();
+  api(sessionPath(id))
+    .then((info) => {
+      if (current !== session) {
+        return;
+      }
+      ui.chatMeta.dataset.info = [info.model && `model ${info.model}`, `bot ${info.bot_id}`]
+        .filter(Boolean)
+        .join(" · ");
+      renderMeta();
+      if ([...ui.busyPolicy.options].some((option) => option.value === info.on_busy)) {
+        ui.busyPolicy.value = info.on_busy;
+      }
+    })
+    .catch((error) => {
+      if (current !== session) {
+        return;
+      }
+      if (error instanceof ApiError && error.status === 404) {
+        session.feed.stop();
+        ui.streamStatus.textContent = STREAM_STATUS.closed;
+        notify(`There is no session ${id}.`, "error");
+      } else {
+        reportFailure("Cannot show the session", error);
+      }
+    });
+}
+
+function closeSession() {
+  if (current) {
+    current.feed?.stop();
+    current = null;
+  }
+  chat.reset();
+  ui.chatView.hidden = true;
+  ui.emptyChat.hidden = false;
+  markCurrentInList();
+}
+
+ui.interrupt.addEventListener("click", async () => {
+  if (!current || !chat.running) {
+    return;
+  }
+  ui.interrupt.disabled = true;
+  try {
+    await api(`${sessionPath(current.id)}/submissions`, {
+      method: "POST",
+      body: { op: { type: "interrupt", turn_id: chat.running } },
+    });
+  } catch (error) {
+    ui.interrupt.disabled = false;
+    reportFailure("Cannot interrupt the turn", error);
+  }
+});
+
+// --- The message box -------------------------------------------------------
+
+// The idempotency key of the message being sent: kept while its text is
+// unchanged, so sending again after a failure cannot submit it twice.
+let draftKey = null;
+
+ui.composerText.addEventListener("input", () => {
+  draftKey = null;
+});
+
+ui.composerText.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing && !event.altKey && !event.ctrlKey && !event.metaKey) {
+    event.preventDefault();
+    ui.composer.requestSubmit();
+  }
+});
+
+ui.composer.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const text = ui.composerText.value;
+  if (!current || !text.trim() || ui.send.disabled) {
+    return;
+  }
+  showError(ui.composerError, "");
+  draftKey ??= newKey();
+  ui.send.disabled = true;
+  try {
+    await api(`${sessionPath(current.id)}/submissions`, {
+      method: "POST",
+      body: { op: { type: "user_input", text }, on_busy: ui.busyPolicy.value },
+      headers: { "Idempotency-Key": draftKey },
+    });
+    if (ui.composerText.value === text) {
+      ui.composerText.value = "";
+    }
+    draftKey = null;
+  } catch (error) {
+    showError(ui.composerError, `Not sent: ${error.message}`);
+  } finally {
+    ui.send.disabled = false;
+    ui.composerText.focus();
+  }
+});
+
+// --- Routing ---------------------------------------------------------------
+
+function route() {
+  const match = /^#\/sessions\/(.+)$/.exec(location.hash);
+  if (match) {
+    let id;
+    try {
+      id = decodeURIComponent(match[1]);
+    } catch {
+      id = match[1];
+    }
+    openSession(id);
+  } else {
+    closeSession();
+  }
+}
+
+window.addEventListener("hashchange", route);
+route();
 loadSessions();

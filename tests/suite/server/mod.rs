@@ -9,5 +9,5 @@ mod ops;
 mod policies;
 mod sessions;
 mod streams;
-mod support;
+pub(super) mod support;
 mod ws;

@@ -1,0 +1,235 @@
+// Shared by the browser scenarios of tests/suite/web_ui.rs: launches the
+// system Chromium through playwright-core (never a downloaded browser),
+// runs one scenario against a running `keel serve`, and reports.
+//
+// A scenario script is run as
+//
+//   node tests/web/SCENARIO.mjs BASE_URL [PARAMS_JSON]
+//
+// with, in the environment, KEEL_CHROMIUM (the browser binary; default:
+// `chromium` on PATH), KEEL_WEB_NODE_MODULES (where playwright-core is;
+// default: .ci/node/node_modules) and optionally KEEL_WEB_ARTIFACTS (a
+// directory for a screenshot and the page's HTML when a scenario fails).
+// It exits 0 when every assertion held and prints `RESULT {json}` as its
+// last line for the Rust side to check against the server's log.
+
+import assert from "node:assert/strict";
+import { accessSync, constants, mkdirSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { delimiter, dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+export { assert };
+
+const here = dirname(fileURLToPath(import.meta.url));
+
+function nodeModules() {
+  return resolve(process.env.KEEL_WEB_NODE_MODULES ?? join(here, "../../.ci/node/node_modules"));
+}
+
+function chromiumPath() {
+  const given = process.env.KEEL_CHROMIUM;
+  if (given) {
+    return given;
+  }
+  for (const dir of (process.env.PATH ?? "").split(delimiter)) {
+    const candidate = join(dir, "chromium");
+    try {
+      accessSync(candidate, constants.X_OK);
+      return candidate;
+    } catch {
+      // Not here.
+    }
+  }
+  throw new Error("no chromium on PATH: install Debian's chromium (`apt-get install -y chromium`) or set KEEL_CHROMIUM");
+}
+
+function loadPlaywright() {
+  const require = createRequire(join(nodeModules(), "keel-web-tests.cjs"));
+  try {
+    return require("playwright-core");
+  } catch (error) {
+    throw new Error(
+      `playwright-core is not installed in ${nodeModules()}: run \`npm ci --prefix .ci/node\` (${error.message})`,
+    );
+  }
+}
+
+/** Waits until `check()` is truthy (it may be async), polling. */
+export async function until(what, check, { timeout = 20000, every = 25 } = {}) {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    const value = await check();
+    if (value) {
+      return value;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeout} ms waiting for ${what}`);
+    }
+    await new Promise((done) => setTimeout(done, every));
+  }
+}
+
+/** The API path of a session. */
+export function sessionPath(sessionId) {
+  return `/v1/sessions/${encodeURIComponent(sessionId)}`;
+}
+
+/** The session id in the page's URL (`#/sessions/{id}`). */
+export function sessionIdOf(page) {
+  const match = /#\/sessions\/(.+)$/.exec(page.url());
+  assert.ok(match, `no session in the URL ${page.url()}`);
+  return decodeURIComponent(match[1]);
+}
+
+/** The sequences listed in the timeline, in the order shown. */
+export async function timelineSequences(page) {
+  return page
+    .getByTestId("timeline-event")
+    .evaluateAll((items) => items.map((item) => Number(item.dataset.sequence)));
+}
+
+/**
+ * What the page shows at one instant: the timeline's entries and the text
+ * of each assistant message, with its state.
+ */
+export async function snapshot(page) {
+  return page.evaluate(() => ({
+    timeline: Array.from(document.querySelectorAll("[data-testid=timeline-event]"), (item) => ({
+      sequence: Number(item.dataset.sequence),
+      kind: item.dataset.kind,
+    })),
+    answers: Array.from(document.querySelectorAll("[data-testid=assistant-message]"), (item) => ({
+      turn_id: item.dataset.turnId,
+      state: item.dataset.state,
+      text: item.querySelector("[data-testid=assistant-text]").textContent,
+    })),
+  }));
+}
+
+/** The whole log of a session, fetched from inside the page. */
+export async function serverLog(page, sessionId) {
+  const events = [];
+  for (;;) {
+    const after = events.at(-1)?.sequence ?? 0;
+    const reply = await pageApi(page, `${sessionPath(sessionId)}/events?after=${after}&limit=1000`);
+    assert.equal(reply.status, 200, JSON.stringify(reply.body));
+    events.push(...reply.body.events);
+    if (!reply.body.has_more) {
+      return events;
+    }
+  }
+}
+
+/** Asserts that `sequences` is exactly 1, 2, …, last. */
+export function assertGapless(sequences, last) {
+  const expected = Array.from({ length: last }, (_, index) => index + 1);
+  assert.deepEqual(sequences, expected, `the timeline lists every sequence 1..${last} once, in order`);
+}
+
+/** Creates a session with the page's form; answers its id. */
+export async function createSession(page, { model, bot, instructions } = {}) {
+  const before = page.url();
+  if (model) {
+    await page.getByTestId("new-session-model").fill(model);
+  }
+  if (bot) {
+    await page.getByTestId("new-session-bot").fill(bot);
+  }
+  if (instructions) {
+    await page.getByTestId("new-session-instructions").fill(instructions);
+  }
+  await page.getByTestId("new-session-submit").click();
+  await until("the URL to name the new session", () => page.url() !== before && /#\/sessions\//.test(page.url()));
+  const id = sessionIdOf(page);
+  await until("the chat view of the new session", async () => (await page.getByTestId("chat-title").textContent()) === id);
+  await page.locator('[data-testid=stream-status][data-state="live"]').waitFor();
+  return id;
+}
+
+/** Types a message and sends it with Enter. */
+export async function send(page, text, { policy } = {}) {
+  if (policy) {
+    await page.getByTestId("busy-policy").selectOption(policy);
+  }
+  const box = page.getByTestId("message-input");
+  await box.fill(text);
+  await box.press("Enter");
+  await until("the message box to be cleared after sending", async () => (await box.inputValue()) === "");
+}
+
+/** Calls the API from inside the page (with the page's token, if any). */
+export async function pageApi(page, path) {
+  return page.evaluate(async (path) => {
+    const token = sessionStorage.getItem("keel.token");
+    const response = await fetch(path, { headers: token ? { Authorization: `Bearer ${token}` } : {} });
+    return { status: response.status, body: await response.json() };
+  }, path);
+}
+
+/**
+ * Runs `body({ browser, context, page, base, params, log })` in a fresh
+ * browser, prints `RESULT {json}` with what it returns, and exits 0; on any
+ * failure prints the error (and what the page logged) and exits 1.
+ */
+export async function scenario(name, body, { timeoutMs = 90000 } = {}) {
+  const base = process.argv[2];
+  const params = process.argv[3] ? JSON.parse(process.argv[3]) : {};
+  const started = Date.now();
+  const log = (...parts) => console.log(`[${name} +${Date.now() - started} ms]`, ...parts);
+  const watchdog = setTimeout(() => {
+    console.error(`${name}: timed out after ${timeoutMs} ms`);
+    process.exit(1);
+  }, timeoutMs);
+  let browser;
+  let page;
+  const pageErrors = [];
+  try {
+    assert.ok(base, "usage: node SCENARIO.mjs BASE_URL [PARAMS_JSON]");
+    const { chromium } = loadPlaywright();
+    browser = await chromium.launch({ executablePath: chromiumPath(), headless: true });
+    const newPage = async (context) => {
+      const opened = await context.newPage();
+      opened.setDefaultTimeout(20000);
+      opened.on("pageerror", (error) => {
+        pageErrors.push(error);
+        log("page error:", error.message);
+      });
+      opened.on("console", (message) => {
+        if (message.type() === "error" || message.type() === "warning") {
+          log(`console ${message.type()}:`, message.text());
+        }
+      });
+      return opened;
+    };
+    const context = await browser.newContext({ viewport: { width: 1200, height: 800 } });
+    page = await newPage(context);
+    const result = await body({ browser, context, page, base, params, log, newPage });
+    assert.deepEqual(
+      pageErrors.map((error) => error.message),
+      [],
+      "the page threw no uncaught errors",
+    );
+    log("passed");
+    console.log(`RESULT ${JSON.stringify(result ?? {})}`);
+    clearTimeout(watchdog);
+    await browser.close();
+    process.exit(0);
+  } catch (error) {
+    console.error(`${name} FAILED after ${Date.now() - started} ms:`, error?.stack ?? error);
+    const artifacts = process.env.KEEL_WEB_ARTIFACTS;
+    if (artifacts && page) {
+      try {
+        mkdirSync(artifacts, { recursive: true });
+        const shot = join(artifacts, `${name}.png`);
+        await page.screenshot({ path: shot, fullPage: true });
+        writeFileSync(join(artifacts, `${name}.html`), await page.content());
+        console.error(`the page at the failure: ${shot} and ${name}.html beside it`);
+      } catch (artifactError) {
+        console.error("no screenshot:", artifactError.message);
+      }
+    }
+    await browser?.close().catch(() => {});
+    process.exit(1);
+  }
+}
