@@ -15,14 +15,7 @@ use rexpect::session::{Options, PtySession, spawn_with_options};
 
 use super::{Cli, assert_gap_free, assert_one_line_error, stderr, stdout};
 
-// The server tests' helpers (`keel serve` as a process), compiled here a
-// second time because `suite::server` keeps its `support` module private;
-// this suite uses only some of them.
-#[allow(dead_code, clippy::duplicate_mod)]
-#[path = "../server/support.rs"]
-mod serve_support;
-
-use serve_support::{Scratch, ServeProcess};
+use crate::suite::server::support::{Scratch, ServeProcess};
 
 /// How long one expectation on the terminal may wait before the test fails.
 const PTY_GUARD_MS: u64 = 30_000;
