@@ -8,6 +8,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use super::support::{Scratch, ServeProcess, TestServer};
+use crate::suite::http_server::{Reply as HttpReply, ScriptedServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_refuses_to_listen_off_loopback_without_a_token() {
@@ -125,4 +126,58 @@ fn the_binary_listens_off_loopback_with_a_token_file() {
     let (status, stderr) = process.terminate();
     assert!(status.success(), "{stderr:?}");
     assert!(!stderr.join("\n").contains("file-token"), "the token is never logged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provider_key_never_appears_in_responses_events_metrics_or_logs() {
+    const KEY: &str = "sk-test-7f3a9c0e2b5d41e8a6c9f0d2b4e6a8c1";
+    // The provider refuses the request, so the key's path ends in an error
+    // that is recorded, answered and logged: everywhere it could leak.
+    let provider = ScriptedServer::start(vec![HttpReply::json(
+        401,
+        r#"{"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "code": "invalid_api_key"}}"#,
+    )])
+    .await;
+    let scratch = Scratch::new();
+    let mut command = ServeProcess::command(&scratch, &[]);
+    command
+        .env("OPENAI_API_KEY", KEY)
+        .env("OPENAI_BASE_URL", provider.url() + "/v1")
+        .env("KEEL_LOG", "trace");
+    let server = ServeProcess::spawn(command);
+    let api = &server.api;
+
+    let created = api.create(json!({"id": "keyed", "model": "openai:gpt-4.1-mini"})).await;
+    api.say("keyed", "Hello").await;
+    let mut stream = api.stream("keyed", super::support::Resume::Start).await;
+    let events = stream.until(super::support::ends_turn).await;
+    assert_eq!(
+        events.last().map(|event| event.msg.kind()),
+        Some("turn_aborted"),
+        "the refused request ends the turn"
+    );
+    let requests = provider.requests();
+    assert_eq!(
+        requests.first().and_then(|request| request.header("authorization")),
+        Some(format!("Bearer {KEY}").as_str()),
+        "the key was sent to the provider, so the checks below can fail"
+    );
+
+    let mut seen = vec![created.to_string(), serde_json::to_string(&events).expect("events")];
+    for path in ["/v1/sessions/keyed", "/v1/sessions", "/v1/sessions/keyed/events"] {
+        seen.push(api.get(path).await.body.to_string());
+    }
+    seen.push(api.metrics().await);
+    let (status, logs) = server.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(logs.len() > 2, "the server logged at trace level: {logs:?}");
+    seen.extend(logs);
+    let stored = serde_json::to_string(&scratch.stored("keyed").await).expect("stored");
+    seen.push(stored);
+    for text in &seen {
+        assert!(
+            !text.contains(KEY) && !text.contains(&KEY[8..]),
+            "the key leaked: {text}"
+        );
+    }
 }

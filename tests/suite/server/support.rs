@@ -358,7 +358,13 @@ impl ServeProcess {
     /// Starts `keel serve` on a free loopback port with `args` added and
     /// waits until it listens.
     pub(crate) fn start(scratch: &Scratch, args: &[&str]) -> Self {
-        let mut child = Self::command(scratch, args)
+        Self::spawn(Self::command(scratch, args))
+    }
+
+    /// Starts `command` (one made by [`ServeProcess::command`], perhaps
+    /// with more environment) and waits until it listens.
+    pub(crate) fn spawn(mut command: Command) -> Self {
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
