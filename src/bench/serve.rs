@@ -262,18 +262,18 @@ impl BenchSession {
         })
     }
 
+    /// Posts `op` to the session; `Ok` once it is answered `202`.
+    async fn submit(&self, client: &reqwest::Client, base: &str, op: serde_json::Value) -> Result<()> {
+        let url = format!("{base}/v1/sessions/{}/submissions", self.id);
+        check(client.post(url).json(&json!({ "op": op })).send().await).await?;
+        Ok(())
+    }
+
     /// Submits `text` and waits for its turn to complete.
     async fn turn(&mut self, client: &reqwest::Client, base: &str, text: &str) -> Result<TurnTimes> {
         let started = Instant::now();
-        let body = json!({"op": {"type": "user_input", "text": text}});
-        check(
-            client
-                .post(format!("{base}/v1/sessions/{}/submissions", self.id))
-                .json(&body)
-                .send()
-                .await,
-        )
-        .await?;
+        self.submit(client, base, json!({"type": "user_input", "text": text}))
+            .await?;
         let accept_ms = started.elapsed().as_secs_f64() * 1000.0;
         let mut first_delta_ms = None;
         loop {
@@ -300,15 +300,7 @@ impl BenchSession {
     /// Shuts the session down and checks that every subscriber, the
     /// stalled one included, got every event; answers how many.
     async fn finish(self, client: &reqwest::Client, base: &str) -> Result<u64> {
-        let body = json!({"op": {"type": "shutdown"}});
-        check(
-            client
-                .post(format!("{base}/v1/sessions/{}/submissions", self.id))
-                .json(&body)
-                .send()
-                .await,
-        )
-        .await?;
+        self.submit(client, base, json!({"type": "shutdown"})).await?;
         let mut counts = Vec::new();
         if let Some(stalled) = self.stalled {
             counts.push(drain_stalled(stalled).await?);
