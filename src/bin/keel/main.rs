@@ -8,6 +8,7 @@
 mod bench;
 mod chat;
 mod console;
+mod interrupts;
 mod log;
 mod run;
 mod sandbox;

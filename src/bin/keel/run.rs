@@ -10,6 +10,7 @@ use keel::protocol::{EventMsg, Op};
 use keel::store::CheckpointStore;
 
 use crate::console::{ApproveMode, Printer, decide};
+use crate::interrupts::Interrupts;
 use crate::session::{ToolArgs, agent_config, session_id};
 use crate::{DbArgs, ModelArgs};
 
@@ -77,6 +78,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         Printer::text(false)
     };
+    let mut interrupts = Interrupts::listen()?;
     let mut all_completed = true;
     let mut interrupted = false;
     for message in args.messages {
@@ -85,7 +87,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         loop {
             let event = tokio::select! {
                 event = agent.next_event() => event,
-                _ = tokio::signal::ctrl_c() => {
+                () = interrupts.next() => {
                     if interrupted {
                         // A second Ctrl-C: leave now. The turn is closed
                         // (runtime_stopped) when the session is next opened.

@@ -14,8 +14,8 @@ use rustyline::{
 };
 use tokio::sync::mpsc;
 
-use super::interrupts::Interrupts;
 use crate::console::parse_answer;
+use crate::interrupts::Interrupts;
 
 /// The prompt for a message.
 const PROMPT: &str = "> ";

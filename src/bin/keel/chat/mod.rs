@@ -10,11 +10,9 @@
 //! - `local`: a session on the SQLite database, in this process;
 //! - `remote`: a session of a server, over its HTTP API;
 //! - `render`: printing events (the spinner, the history of a resumed session);
-//! - `input`: the line editor with its history, or plain lines from stdin;
-//! - `interrupts`: Ctrl-C while a turn runs.
+//! - `input`: the line editor with its history, or plain lines from stdin.
 
 mod input;
-mod interrupts;
 mod local;
 mod remote;
 mod render;
@@ -29,9 +27,9 @@ use clap::Args;
 use keel::protocol::{AbortReason, ApprovalDecision, ApprovalRequestedEvent, EventMsg, Op, RecordedEvent};
 
 use self::input::{Input, Read};
-use self::interrupts::Interrupts;
 use self::render::Renderer;
 use crate::console::{ApproveMode, decide_without_asking};
+use crate::interrupts::Interrupts;
 use crate::session::ToolArgs;
 use crate::{DbArgs, ModelArgs, print_line};
 

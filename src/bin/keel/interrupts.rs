@@ -1,23 +1,23 @@
-//! Ctrl-C outside the line editor: one SIGINT listener for the whole chat,
-//! so a signal that arrives while no one is waiting for it is not lost (a
-//! fresh `ctrl_c()` per wait would miss it).
+//! Ctrl-C outside the line editor: one SIGINT listener for a whole command
+//! (`keel chat`, `keel run`), so a signal that arrives while no one is
+//! waiting for it is not lost (a fresh `ctrl_c()` per wait would miss it).
 
 use anyhow::Context;
 use futures::FutureExt;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-/// The chat's SIGINT listener.
-pub(super) struct Interrupts(Signal);
+/// The command's SIGINT listener.
+pub(crate) struct Interrupts(Signal);
 
 impl Interrupts {
     /// Starts listening; from here on SIGINT no longer ends the process.
-    pub(super) fn listen() -> anyhow::Result<Self> {
+    pub(crate) fn listen() -> anyhow::Result<Self> {
         let listener = signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?;
         Ok(Self(listener))
     }
 
     /// Waits for the next Ctrl-C (or one that came since the last wait).
-    pub(super) async fn next(&mut self) {
+    pub(crate) async fn next(&mut self) {
         if self.0.recv().await.is_none() {
             // The signal driver is gone: no Ctrl-C will come.
             std::future::pending::<()>().await;
@@ -26,7 +26,7 @@ impl Interrupts {
 
     /// Drops a Ctrl-C that came while nothing ran (between the end of a turn
     /// and the next prompt), so it does not interrupt the next turn.
-    pub(super) fn forget(&mut self) {
+    pub(crate) fn forget(&mut self) {
         while let Some(Some(())) = self.0.recv().now_or_never() {}
     }
 }
