@@ -153,7 +153,12 @@ impl SessionHandle {
                 idempotency_key: options.idempotency_key.clone(),
             }),
         };
-        let sequence = recorder.commit(vec![event], None).await?;
+        // The message goes to the session as soon as its `submission_queued`
+        // is queued, not once it is committed: the session's events for it
+        // are queued after it, so they commit with it or after it (never
+        // before), and an idle session's turn can start in the same commit.
+        // The caller hears of the acceptance only after the commit.
+        let stored = recorder.append_with_receipt(vec![event], None).await?;
         recorder.expect_settlement(id.clone());
         drop(recorder);
         if policy == BusyPolicy::Interrupt {
@@ -166,6 +171,7 @@ impl SessionHandle {
             }
         }
         self.sender.send_reserved(reservation, id.clone(), queued_op);
+        let sequence = stored.await?;
         Ok(Accepted {
             submission_id: id,
             sequence,

@@ -264,10 +264,22 @@ impl EventRecorder {
     /// [`Self::append`], then waits until the group is stored and delivered.
     /// Returns the sequence of the last event (or of the log's end).
     pub async fn commit(&self, events: Vec<Event>, checkpoint: Option<CheckpointWrite>) -> Result<u64> {
+        self.append_with_receipt(events, checkpoint).await?.await
+    }
+
+    /// [`Self::append`], answering a future that resolves as [`Self::commit`]
+    /// does: the caller can act between queueing the group and its commit
+    /// (events queued after it still commit after it).
+    pub async fn append_with_receipt(
+        &self,
+        events: Vec<Event>,
+        checkpoint: Option<CheckpointWrite>,
+    ) -> Result<impl Future<Output = Result<u64>> + Send + use<>> {
         let (ack, done) = oneshot::channel();
         let command = self.encode(events, checkpoint, Some(ack))?;
         self.send(command).await?;
-        done.await.map_err(|_| self.shared.stopped())?
+        let shared = Arc::clone(&self.shared);
+        Ok(async move { done.await.map_err(|_| shared.stopped())? })
     }
 
     /// Resolves once the recorder has stopped (after a store failure, or

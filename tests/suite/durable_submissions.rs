@@ -351,3 +351,79 @@ async fn queue_waits_for_the_next_turn_and_a_full_queue_refuses_before_storing()
     drop(handle);
     shutdown(agent).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_messages_are_each_stored_before_anything_they_cause() {
+    // A message is handed to the session before its `submission_queued`
+    // commits (so a turn can start in the same commit): what the session
+    // records for it must still come after it in the log, and the sequence
+    // the caller gets must be that event's.
+    let db = TestDb::new();
+    let store = db.open();
+    let model = TestModel::chunks(&["a", "b"]);
+    let mut agent = start_with(config(&db, &store, model)).await;
+    let handle = agent.handle();
+    next(&mut agent).await;
+    const MESSAGES: usize = 24;
+    let mut senders = tokio::task::JoinSet::new();
+    for sender in 0..4 {
+        let handle = handle.clone();
+        senders.spawn(async move {
+            let mut accepted = Vec::new();
+            for message in 0..MESSAGES / 4 {
+                let text = format!("message {message} of sender {sender}");
+                // The queue holds a few at a time: wait for room when full.
+                loop {
+                    match handle.submit_durable(user(&text), options(BusyPolicy::Queue)).await {
+                        Ok(done) => break accepted.push(done),
+                        Err(Error::Busy(_)) => tokio::time::sleep(std::time::Duration::from_millis(2)).await,
+                        Err(error) => panic!("submit: {error}"),
+                    }
+                }
+            }
+            accepted
+        });
+    }
+    // Messages queued while a turn runs may start the next turn together,
+    // so read until every message was taken up and its turn completed.
+    let reading = async {
+        let mut taken_up = 0;
+        loop {
+            match next(&mut agent).await.msg.kind() {
+                "user_message" => taken_up += 1,
+                "turn_complete" if taken_up == MESSAGES => break,
+                _ => {}
+            }
+        }
+    };
+    let (accepted, ()) = tokio::join!(
+        async {
+            let mut all = Vec::new();
+            while let Some(joined) = senders.join_next().await {
+                all.extend(joined.expect("sender"));
+            }
+            all
+        },
+        guard("every turn", reading)
+    );
+    assert_eq!(accepted.len(), MESSAGES);
+
+    let events = stored_events(&store, SESSION).await;
+    assert_gapless(&events, 1);
+    for done in &accepted {
+        let theirs: Vec<&RecordedEvent> = events
+            .iter()
+            .filter(|event| event.submission_id.as_deref() == Some(done.submission_id.as_str()))
+            .collect();
+        assert_eq!(theirs[0].msg.kind(), "submission_queued", "{theirs:?}");
+        assert_eq!(theirs[0].sequence, done.sequence);
+        assert_eq!(
+            theirs.iter().filter(|event| event.msg.kind() == "user_message").count(),
+            1,
+            "{theirs:?}"
+        );
+    }
+    let state = store.load(SESSION).await.expect("load").expect("session");
+    assert_eq!(state.queued, vec![], "every message was taken up");
+    shutdown(agent).await;
+}
