@@ -26,8 +26,15 @@ async fn an_idle_session_unloads_and_reloads_on_use() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(server.api.session("napper").await["live"], true);
     drop(stream);
+    // `live` turns false as the unload begins; the unload is over once its
+    // `shutdown_complete` is stored.
     guard("the session to unload", async {
-        while server.api.session("napper").await["live"] == true {
+        loop {
+            let live = server.api.session("napper").await["live"] == true;
+            let newest = server.api.get("/v1/sessions/napper/events?limit=1").await.body;
+            if !live && newest["events"][0]["msg"]["type"] == "shutdown_complete" {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
