@@ -568,3 +568,24 @@ fn commands_cannot_see_secrets() {
     );
     assert!(stdout.contains("1 passed"), "the child test did not run: {stdout}");
 }
+
+#[tokio::test]
+async fn a_command_killed_by_a_signal_is_reported_alike_with_and_without_the_launcher() {
+    // The launcher runs the command as its child and ends the way it ended.
+    let scratch = Scratch::new();
+    for shell in [ShellConfig::default(), launcher_config(SandboxPolicy::WorkspaceWrite)] {
+        let set = tool_set(shell);
+        let message = error(
+            run(
+                &set,
+                &scratch,
+                "shell",
+                serde_json::json!({"command": "echo before; kill -TERM $$; echo after"}),
+            )
+            .await,
+        );
+        assert_eq!(after_status(&message), "[killed by signal 15]\n[stdout]\nbefore\n");
+        let exited = error(run(&set, &scratch, "shell", serde_json::json!({"command": "exit 7"})).await);
+        assert_eq!(after_status(&exited), "[exit code 7]\n[no output]\n");
+    }
+}

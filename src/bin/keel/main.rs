@@ -113,8 +113,8 @@ impl ModelArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The launcher restricts its own thread and then execs: it must run
-    // before tracing or the async runtime start anything.
+    // The launcher restricts its own thread before it starts the command:
+    // it must run before tracing or the async runtime start any thread.
     let command = match cli.command {
         Command::SandboxExec(args) => return sandbox::sandbox_exec(args),
         command => command,

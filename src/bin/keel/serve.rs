@@ -97,7 +97,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.default_model = default_model;
     config.workspace_root = workspace_root;
     // Shell commands are started through this binary's hidden
-    // `sandbox-exec` command, which applies the sandbox and then execs.
+    // `sandbox-exec` command, which applies the sandbox and runs them.
     config.launcher = std::env::current_exe().ok();
     config.token = token;
     config.cors_origin = args.cors_origin.clone();

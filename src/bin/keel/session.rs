@@ -77,7 +77,7 @@ pub(crate) async fn agent_config(
             tools_config.sandbox = policy;
         }
         // The shell's commands are started through this binary's hidden
-        // `sandbox-exec` command, which applies the sandbox and then execs.
+        // `sandbox-exec` command, which applies the sandbox and runs them.
         let launcher = std::env::current_exe().ok();
         keel_config.install_tools(&mut config, &tools_config, launcher).await;
     }

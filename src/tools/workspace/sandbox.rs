@@ -8,8 +8,9 @@
 //! `keel sandbox-exec` subcommand (see [`launcher_arguments`]): a fresh
 //! process that applies the ruleset to itself with
 //! [`restrict_current_process`], reports what it achieved on stderr (one
-//! line, see [`status_report_line`]), and then `exec`s the command, which
-//! inherits the restriction.
+//! line, see [`status_report_line`]), and then runs the command as its
+//! child, which inherits the restriction; it waits for it, kills the call's
+//! process group if Keel dies meanwhile, and ends as the command ended.
 //!
 //! What each [`SandboxPolicy`] allows:
 //!

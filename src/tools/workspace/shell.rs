@@ -4,8 +4,9 @@
 //! Each command runs in a process group of its own. When the call ends —
 //! the command exited, timed out, or the call's future was dropped because
 //! the turn was interrupted — the whole group is killed with `SIGKILL`, so
-//! background processes and grandchildren do not outlive the call. (A
-//! process that leaves the group on purpose, with `setsid`, escapes this.
+//! background processes and grandchildren do not outlive the call; should
+//! Keel itself be killed, the launcher (when there is one) kills the group.
+//! (A process that leaves the group on purpose, with `setsid`, escapes this.
 //! After a normal exit the group is signalled just after the shell was
 //! reaped; should every member be gone and the number be reused by a new
 //! group in that instant, that group would be signalled: the kernel hands

@@ -195,8 +195,8 @@ fn mcp_servers_from_keel_toml_serve_the_session_and_end_with_it() {
     assert_eq!(processes_with(&tag), Vec::<u32>::new());
 }
 
-/// Kills every process working in `dir` (what a killed runtime's shell
-/// commands leave behind).
+/// Kills every process working in `dir`: a safety net, as the launcher ends
+/// a killed runtime's shell commands itself (see the test below).
 fn kill_processes_in(dir: &std::path::Path) {
     let dir = dir.canonicalize().expect("dir");
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
@@ -281,4 +281,58 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
     let aborted_at = events.iter().position(|event| event.msg.kind() == "turn_aborted");
     assert!(result_at < aborted_at);
     assert_eq!(count(&events, "turn_complete"), 1);
+}
+
+/// Whether process `pid` is gone (or a zombie, which runs nothing).
+fn gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with(['Z', 'X'])))
+        .unwrap_or(true)
+}
+
+#[test]
+fn a_runtime_killed_during_a_shell_call_leaves_none_of_its_processes_running() {
+    let cli = Cli::new();
+    let call = serde_json::json!({"tool_calls": [{"id": "long", "name": "shell", "arguments": {
+        "command": "sleep 300 & echo $! > bg.pid; echo $$ > sh.pid; wait"
+    }}]});
+    let script = cli.script("s.jsonl", &[&call.to_string()]);
+    let model = format!("script:{}", script.display());
+    let running = Running::start(
+        &cli,
+        &[
+            "run",
+            "--json",
+            "--approve",
+            "auto",
+            "--model",
+            &model,
+            "wait a long time",
+        ],
+        |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
+    );
+    let read_pid = |name: &str| -> Option<i32> {
+        let text = std::fs::read_to_string(cli.dir.path().join(name)).ok()?;
+        text.ends_with('\n').then(|| text.trim().parse().ok()).flatten()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pids = loop {
+        if let (Some(background), Some(shell)) = (read_pid("bg.pid"), read_pid("sh.pid")) {
+            break [background, shell];
+        }
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!pids.iter().any(|pid| gone(*pid)), "the command runs");
+    running.crash();
+    // Nobody is left to kill them but the launcher watching its parent.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pids.iter().all(|pid| gone(*pid)) {
+        assert!(
+            Instant::now() < deadline,
+            "the shell call's processes outlived the runtime: {pids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
