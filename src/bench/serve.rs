@@ -387,11 +387,17 @@ async fn read_events(
 ) -> Result<u64> {
     let mut body = std::pin::pin!(body);
     let mut buffer: Vec<u8> = Vec::new();
+    // Bytes of `buffer` already searched for a frame's end, so that a long
+    // frame arriving in many pieces is not searched again from its start.
+    let mut searched = 0;
     let mut last = 0;
     loop {
-        while let Some(end) = buffer.windows(2).position(|window| window == b"\n\n") {
-            let frame: Vec<u8> = buffer.drain(..end + 2).collect();
-            let Some(event) = parse_frame(&frame) else {
+        let mut start = 0;
+        while let Some(offset) = buffer[searched..].windows(2).position(|window| window == b"\n\n") {
+            let end = searched + offset + 2;
+            let frame = &buffer[start..end];
+            (start, searched) = (end, end);
+            let Some(event) = parse_frame(frame) else {
                 continue; // a keep-alive comment
             };
             if event.sequence != last + 1 {
@@ -409,6 +415,9 @@ async fn read_events(
                 return Ok(last);
             }
         }
+        buffer.drain(..start);
+        // The last byte may be the first half of the next "\n\n".
+        searched = buffer.len().saturating_sub(1);
         match body.next().await {
             Some(chunk) => buffer.extend_from_slice(&chunk?),
             None => {
