@@ -129,8 +129,9 @@ fn the_binary_listens_off_loopback_with_a_token_file() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_provider_key_never_appears_in_responses_events_metrics_or_logs() {
+async fn neither_the_provider_key_nor_the_token_appears_in_responses_events_metrics_or_logs() {
     const KEY: &str = "sk-test-7f3a9c0e2b5d41e8a6c9f0d2b4e6a8c1";
+    const TOKEN: &str = "server-token-5b0e9d7c3a1f4e6b8d2c";
     // The provider refuses the request, so the key's path ends in an error
     // that is recorded, answered and logged: everywhere it could leak.
     let provider = ScriptedServer::start(vec![HttpReply::json(
@@ -139,12 +140,16 @@ async fn the_provider_key_never_appears_in_responses_events_metrics_or_logs() {
     )])
     .await;
     let scratch = Scratch::new();
-    let mut command = ServeProcess::command(&scratch, &[]);
+    let token_file = scratch.dir.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+    let token_file = token_file.to_str().expect("utf-8 path").to_owned();
+    let mut command = ServeProcess::command(&scratch, &["--token-file", &token_file]);
     command
         .env("OPENAI_API_KEY", KEY)
         .env("OPENAI_BASE_URL", provider.url() + "/v1")
         .env("KEEL_LOG", "trace");
-    let server = ServeProcess::spawn(command);
+    let mut server = ServeProcess::spawn(command);
+    server.api.token = Some(TOKEN.to_owned());
     let api = &server.api;
 
     let created = api.create(json!({"id": "keyed", "model": "openai:gpt-4.1-mini"})).await;
@@ -163,6 +168,18 @@ async fn the_provider_key_never_appears_in_responses_events_metrics_or_logs() {
         "the key was sent to the provider, so the checks below can fail"
     );
 
+    // A browser's stream carries the token in its query.
+    let in_query = api
+        .client
+        .get(api.url(&format!(
+            "/v1/sessions/keyed/events/stream?after=0&access_token={TOKEN}"
+        )))
+        .send()
+        .await
+        .expect("a stream with the token in its query");
+    assert_eq!(in_query.status(), reqwest::StatusCode::OK);
+    drop(in_query);
+
     let mut seen = vec![created.to_string(), serde_json::to_string(&events).expect("events")];
     for path in ["/v1/sessions/keyed", "/v1/sessions", "/v1/sessions/keyed/events"] {
         seen.push(api.get(path).await.body.to_string());
@@ -179,5 +196,6 @@ async fn the_provider_key_never_appears_in_responses_events_metrics_or_logs() {
             !text.contains(KEY) && !text.contains(&KEY[8..]),
             "the key leaked: {text}"
         );
+        assert!(!text.contains(TOKEN), "the token leaked: {text}");
     }
 }
