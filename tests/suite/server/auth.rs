@@ -188,6 +188,10 @@ async fn neither_the_provider_key_nor_the_token_appears_in_responses_events_metr
     let (status, logs) = server.terminate();
     assert!(status.success(), "{status:?}");
     assert!(logs.len() > 2, "the server logged at trace level: {logs:?}");
+    assert!(
+        !logs.iter().any(|line| line.contains('\u{1b}')),
+        "logs to a pipe are plain text: {logs:?}"
+    );
     seen.extend(logs);
     let stored = serde_json::to_string(&scratch.stored("keyed").await).expect("stored");
     seen.push(stored);
