@@ -154,3 +154,45 @@ pub(super) fn metric_value(text: &str, name: &str) -> f64 {
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stream_gets_keep_alive_comments_between_events() {
+    // The test server sends a keep-alive comment after 1 s without events.
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
+    server.api.create(json!({"id": "quiet", "model": model})).await;
+    let response = server
+        .api
+        .client
+        .get(server.api.url("/v1/sessions/quiet/events/stream"))
+        .send()
+        .await
+        .expect("open the stream");
+    assert_eq!(
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|value| value.to_str().ok()),
+        Some("text/event-stream")
+    );
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    guard("a keep-alive comment after the first event", async {
+        while !text.contains(": keep-alive\n\n") {
+            let chunk = futures::StreamExt::next(&mut body)
+                .await
+                .expect("the stream goes on")
+                .expect("bytes");
+            text.push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+        }
+    })
+    .await;
+    // The replayed event first, then the comment on the idle stream.
+    assert!(text.starts_with("id: 1\nevent: session_started\n"), "{text}");
+    assert!(text.ends_with("\n\n: keep-alive\n\n"), "{text}");
+    // A comment is not an event: parsed, the stream holds the one event.
+    let mut parser = SseParser::new(1024 * 1024);
+    let mut parsed = Vec::new();
+    parser.push(text.as_bytes(), &mut parsed).expect("well-formed");
+    assert_eq!(parsed.len(), 1, "{parsed:?}");
+}
