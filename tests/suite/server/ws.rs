@@ -118,3 +118,53 @@ async fn ops_go_in_and_events_come_out_and_a_new_socket_resumes() {
     assert_eq!(sequences(&events), (1..=last).collect::<Vec<_>>());
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_drive_one_session_and_every_watcher_sees_the_same_log() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script(
+        "s.jsonl",
+        &[&slow_chunks(10, 20), r#"{"text": "second"}"#, r#"{"text": "third"}"#],
+    );
+    server.api.create(json!({"id": "shared", "model": model})).await;
+    let mut watcher = server.api.stream("shared", super::support::Resume::Start).await;
+
+    // One client over the WebSocket, another over HTTP, while a turn runs.
+    let mut socket = connect(&server, "shared", 0).await;
+    send(
+        &mut socket,
+        json!({"op": {"type": "user_input", "text": "from the socket"}}),
+    )
+    .await;
+    let posted = server.api.say("shared", "from HTTP").await;
+    assert!(posted["submission_id"].is_string(), "{posted}");
+    let mut over_socket = Vec::new();
+    let mut user_messages = 0;
+    while user_messages < 2
+        || over_socket
+            .last()
+            .is_none_or(|event: &RecordedEvent| !event.msg.ends_turn())
+    {
+        if let Frame::Event(event) = next_frame(&mut socket).await {
+            user_messages += usize::from(event.msg.kind() == "user_message");
+            over_socket.push(*event);
+        }
+    }
+    let last = over_socket.last().expect("events").sequence;
+    let mut watched = Vec::new();
+    while watched.last().is_none_or(|event: &RecordedEvent| event.sequence < last) {
+        watched.push(watcher.next().await.expect("the watcher's stream goes on"));
+    }
+    assert_eq!(watched, over_socket, "both see one log, event for event");
+    assert_eq!(sequences(&watched), (1..=last).collect::<Vec<_>>());
+    let texts: Vec<String> = watched
+        .iter()
+        .filter_map(|event| match &event.msg {
+            keel::protocol::EventMsg::UserMessage(message) => Some(message.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts.len(), 2, "{texts:?}");
+    assert!(texts.contains(&"from the socket".to_owned()) && texts.contains(&"from HTTP".to_owned()));
+    server.stop().await;
+}
