@@ -304,6 +304,12 @@ struct Chat {
 }
 
 impl Chat {
+    /// Sends the decision on an approval request.
+    async fn answer(&mut self, request: &ApprovalRequestedEvent, decision: ApprovalDecision) -> anyhow::Result<()> {
+        let call_id = request.call_id.clone();
+        self.session.control(Op::Approval { call_id, decision }).await
+    }
+
     /// Settles what the session was doing when it was opened, then reads
     /// and submits lines until the end of the input.
     async fn run(&mut self, pending: Vec<ApprovalRequestedEvent>) -> anyhow::Result<Finish> {
@@ -312,14 +318,7 @@ impl Chat {
             for request in &pending {
                 self.render.awaiting(request);
                 match self.decide(request).await? {
-                    Some(decision) => {
-                        self.session
-                            .control(Op::Approval {
-                                call_id: request.call_id.clone(),
-                                decision,
-                            })
-                            .await?;
-                    }
+                    Some(decision) => self.answer(request, decision).await?,
                     None => {
                         self.interrupt(Some(turn_id.clone())).await?;
                         break;
@@ -447,14 +446,7 @@ impl Chat {
                     }
                 }
                 EventMsg::ApprovalRequested(request) => match self.decide(request).await? {
-                    Some(decision) => {
-                        self.session
-                            .control(Op::Approval {
-                                call_id: request.call_id.clone(),
-                                decision,
-                            })
-                            .await?;
-                    }
+                    Some(decision) => self.answer(request, decision).await?,
                     // Ctrl-C at the question interrupts the turn.
                     None if interrupted => return Ok(Outcome::Leave),
                     None => {
