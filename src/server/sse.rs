@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
@@ -53,9 +53,15 @@ pub(crate) async fn stream(
     }
     let subscription = server.host.subscribe(&id, after);
     let keep_alive = KeepAlive::new().interval(server.keep_alive).text("keep-alive");
-    Ok(Sse::new(events(subscription, Arc::clone(&server.metrics)))
+    let mut response = Sse::new(events(subscription, Arc::clone(&server.metrics)))
         .keep_alive(keep_alive)
-        .into_response())
+        .into_response();
+    // Reverse proxies (nginx and those that follow it) pass the stream on as
+    // it comes instead of buffering it.
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
 }
 
 /// Counts an open stream in `keel_sse_subscribers` while it lives.

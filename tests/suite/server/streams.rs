@@ -168,12 +168,13 @@ async fn an_idle_stream_gets_keep_alive_comments_between_events() {
         .send()
         .await
         .expect("open the stream");
+    let header = |name: &str| response.headers().get(name).and_then(|value| value.to_str().ok());
+    assert_eq!(header("content-type"), Some("text/event-stream"));
+    assert_eq!(header("cache-control"), Some("no-cache"));
     assert_eq!(
-        response
-            .headers()
-            .get("content-type")
-            .and_then(|value| value.to_str().ok()),
-        Some("text/event-stream")
+        header("x-accel-buffering"),
+        Some("no"),
+        "proxies must not buffer the stream"
     );
     let mut body = response.bytes_stream();
     let mut text = String::new();
