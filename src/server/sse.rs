@@ -40,6 +40,32 @@ pub(crate) fn resume_point(headers: &HeaderMap, after: Option<u64>) -> Result<u6
     }
 }
 
+/// The resume point of a stream of session `id`, checked against its log:
+/// `404` for an unknown session, `400` for a point past the log's end (no
+/// client can have seen such an event, since events are delivered only once
+/// stored; waiting for it would look like a stream that hangs).
+pub(crate) async fn checked_resume_point(
+    server: &Server,
+    id: &str,
+    headers: &HeaderMap,
+    after: Option<u64>,
+) -> Result<u64, ApiError> {
+    let after = resume_point(headers, after)?;
+    let summary = server
+        .host
+        .store
+        .session_summary(id)
+        .await?
+        .ok_or_else(|| ApiError::unknown_session(id))?;
+    if after > summary.last_sequence {
+        return Err(ApiError::InvalidRequest(format!(
+            "cannot resume after sequence {after}: the log of session '{id}' ends at {}",
+            summary.last_sequence
+        )));
+    }
+    Ok(after)
+}
+
 /// `GET /v1/sessions/{id}/events/stream`.
 pub(crate) async fn stream(
     State(server): State<Arc<Server>>,
@@ -47,10 +73,7 @@ pub(crate) async fn stream(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<StreamQuery>,
 ) -> Result<Response, ApiError> {
-    let after = resume_point(&headers, query.after)?;
-    if server.host.store.session_summary(&id).await?.is_none() {
-        return Err(ApiError::unknown_session(&id));
-    }
+    let after = checked_resume_point(&server, &id, &headers, query.after).await?;
     let subscription = server.host.subscribe(&id, after);
     let keep_alive = KeepAlive::new().interval(server.keep_alive).text("keep-alive");
     let mut response = Sse::new(events(subscription, Arc::clone(&server.metrics)))

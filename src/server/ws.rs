@@ -18,7 +18,7 @@ use super::Server;
 use super::error::{ApiError, ErrorBody};
 use super::extract::ApiQuery;
 use super::routes::submissions::submit_op;
-use super::sse::resume_point;
+use super::sse::checked_resume_point;
 use crate::agent::BusyPolicy;
 use crate::protocol::Op;
 
@@ -65,10 +65,7 @@ pub(crate) async fn upgrade(
     ApiQuery(query): ApiQuery<WsQuery>,
     upgrade: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
-    let after = resume_point(&headers, query.after)?;
-    if server.host.store.session_summary(&id).await?.is_none() {
-        return Err(ApiError::unknown_session(&id));
-    }
+    let after = checked_resume_point(&server, &id, &headers, query.after).await?;
     Ok(upgrade
         .max_message_size(server.body_limit)
         .on_upgrade(move |socket| run(server, id, after, socket)))

@@ -80,6 +80,39 @@ async fn bad_requests_are_400_and_unknown_things_404() {
         )
         .await;
     assert_error(&bad_resume, StatusCode::BAD_REQUEST, "invalid_request");
+    // A resume point past the log's end was never seen by anyone: refused at
+    // once instead of a stream that waits for nothing.
+    let last = api.session("s").await["last_sequence"].as_u64().expect("last sequence");
+    let beyond = api
+        .get(&format!("/v1/sessions/s/events/stream?after={}", last + 1))
+        .await;
+    assert_error(&beyond, StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(
+        beyond.body["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains(&format!("ends at {last}"))),
+        "{}",
+        beyond.body
+    );
+    let socket = format!(
+        "{}/v1/sessions/s/ws?after={}",
+        api.base.replacen("http", "ws", 1),
+        last + 1000
+    );
+    match tokio_tungstenite::connect_async(socket).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST.as_u16());
+        }
+        other => panic!("a WebSocket past the log's end must be refused, got {other:?}"),
+    }
+    let beyond = api
+        .send(
+            api.client
+                .get(api.url("/v1/sessions/s/events/stream"))
+                .header("last-event-id", (last + 1).to_string()),
+        )
+        .await;
+    assert_error(&beyond, StatusCode::BAD_REQUEST, "invalid_request");
     let bad_key = api
         .send(
             api.client
