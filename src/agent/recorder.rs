@@ -734,8 +734,9 @@ mod tests {
             &'a self,
             cursor: Option<&'a str>,
             limit: usize,
+            bot_id: Option<&'a str>,
         ) -> crate::model::BoxFuture<'a, std::result::Result<crate::store::SessionListPage, StoreError>> {
-            self.inner.list_sessions_page(cursor, limit)
+            self.inner.list_sessions_page(cursor, limit, bot_id)
         }
 
         fn session_summary<'a>(

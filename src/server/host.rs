@@ -325,7 +325,7 @@ impl Host {
         let mut cursor: Option<String> = None;
         let mut loaded = 0;
         loop {
-            let page = match self.store.list_sessions_page(cursor.as_deref(), 500).await {
+            let page = match self.store.list_sessions_page(cursor.as_deref(), 500, None).await {
                 Ok(page) => page,
                 Err(error) => {
                     tracing::warn!(%error, "cannot list sessions to recover");

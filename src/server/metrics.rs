@@ -229,8 +229,9 @@ impl CheckpointStore for MeteredStore {
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
+        bot_id: Option<&'a str>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        self.inner.list_sessions_page(cursor, limit)
+        self.inner.list_sessions_page(cursor, limit, bot_id)
     }
 
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {

@@ -400,12 +400,13 @@ pub trait CheckpointStore: Send + Sync {
 
     /// Lists sessions, newest created first, `limit` (at most
     /// [`MAX_EVENT_PAGE`]) per page from `cursor` (a page's `next_cursor`;
-    /// `None` for the first page). A malformed cursor is
-    /// [`StoreError::Invalid`].
+    /// `None` for the first page); only those of bot `bot_id` when given. A
+    /// malformed cursor is [`StoreError::Invalid`].
     fn list_sessions_page<'a>(
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
+        bot_id: Option<&'a str>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>>;
 
     /// One session's summary without its history, or `None`.

@@ -1202,8 +1202,9 @@ impl CheckpointStore for FailingStore {
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
+        bot_id: Option<&'a str>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        self.inner.list_sessions_page(cursor, limit)
+        self.inner.list_sessions_page(cursor, limit, bot_id)
     }
 
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {

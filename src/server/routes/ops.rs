@@ -18,7 +18,7 @@ pub(crate) async fn readyz(State(server): State<Arc<Server>>) -> (StatusCode, &'
     if server.host.is_closing() {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down");
     }
-    match server.host.store.list_sessions_page(None, 1).await {
+    match server.host.store.list_sessions_page(None, 1, None).await {
         Ok(_) => (StatusCode::OK, "ready"),
         Err(error) => {
             tracing::warn!(%error, "not ready: the store does not answer");

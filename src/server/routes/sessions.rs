@@ -161,6 +161,8 @@ pub(crate) async fn create(
 pub(crate) struct ListQuery {
     limit: Option<usize>,
     cursor: Option<String>,
+    /// Only the sessions of this bot.
+    bot_id: Option<String>,
 }
 
 /// A page of sessions.
@@ -182,7 +184,7 @@ pub(crate) async fn list(
     let page = server
         .host
         .store
-        .list_sessions_page(query.cursor.as_deref(), limit)
+        .list_sessions_page(query.cursor.as_deref(), limit, query.bot_id.as_deref())
         .await?;
     let sessions = page
         .sessions

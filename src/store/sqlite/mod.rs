@@ -266,9 +266,10 @@ impl CheckpointStore for SqliteCheckpoint {
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
+        bot_id: Option<&'a str>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        let cursor = cursor.map(str::to_owned);
-        Box::pin(self.read(move |conn| reader::list_sessions_page(conn, cursor.as_deref(), limit)))
+        let (cursor, bot_id) = (cursor.map(str::to_owned), bot_id.map(str::to_owned));
+        Box::pin(self.read(move |conn| reader::list_sessions_page(conn, cursor.as_deref(), limit, bot_id.as_deref())))
     }
 
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {

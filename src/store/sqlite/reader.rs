@@ -277,11 +277,13 @@ pub(super) fn list_sessions(conn: &Connection, limit: usize) -> Result<Vec<Sessi
         .collect()
 }
 
-/// Sessions newest created first, from `cursor` (a session key, exclusive).
+/// Sessions newest created first, from `cursor` (a session key, exclusive),
+/// only those of `bot_id` when given.
 pub(super) fn list_sessions_page(
     conn: &Connection,
     cursor: Option<&str>,
     limit: usize,
+    bot_id: Option<&str>,
 ) -> Result<SessionListPage, StoreError> {
     let limit = limit.clamp(1, MAX_EVENT_PAGE);
     let before: i64 = match cursor {
@@ -292,11 +294,12 @@ pub(super) fn list_sessions_page(
     };
     let mut select = conn
         .prepare_cached(&format!(
-            "SELECT {SUMMARY_COLUMNS} FROM sessions WHERE key < ?1 ORDER BY key DESC LIMIT ?2"
+            "SELECT {SUMMARY_COLUMNS} FROM sessions WHERE key < ?1 AND (?3 IS NULL OR bot_id = ?3)
+             ORDER BY key DESC LIMIT ?2"
         ))
         .map_err(super::sqlite_error)?;
     let rows = select
-        .query_map(params![before, limit as i64 + 1], summary_row)
+        .query_map(params![before, limit as i64 + 1, bot_id], summary_row)
         .map_err(super::sqlite_error)?;
     let mut rows: Vec<SummaryRow> = rows.collect::<Result<_, _>>().map_err(super::sqlite_error)?;
     let next_cursor = if rows.len() > limit {

@@ -9,7 +9,7 @@ use super::{SqliteOptions, Synchronous};
 use crate::store::StoreError;
 
 /// The schema this build writes; stored in `PRAGMA user_version`.
-pub(super) const SCHEMA_VERSION: i64 = 2;
+pub(super) const SCHEMA_VERSION: i64 = 3;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -70,6 +70,14 @@ CREATE TABLE submission_keys (
     sequence      INTEGER NOT NULL,
     PRIMARY KEY (session_key, key)
 ) WITHOUT ROWID;
+";
+
+/// Version 3: each session's bot in a column of its own, so that sessions
+/// can be listed by bot (the bot is also in the checkpoint, which a query
+/// cannot read: it may be compressed).
+const SCHEMA_V3: &str = "
+ALTER TABLE sessions ADD COLUMN bot_id TEXT NOT NULL DEFAULT '';
+CREATE INDEX sessions_by_bot ON sessions (bot_id, key);
 ";
 
 /// Opens the writer connection: WAL, the configured durability, an optional
@@ -170,7 +178,42 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
     if version < 2 {
         tx.execute_batch(SCHEMA_V2)?;
     }
+    if version < 3 {
+        tx.execute_batch(SCHEMA_V3)?;
+        if version >= 1 {
+            backfill_bot_ids(&tx)?;
+        }
+    }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;
+    Ok(())
+}
+
+/// Fills the `bot_id` column of sessions stored before version 3 from their
+/// checkpoints. A checkpoint that cannot be read leaves the column empty:
+/// the session is then listed under no bot, and reading it reports the
+/// damage as before.
+fn backfill_bot_ids(tx: &rusqlite::Transaction<'_>) -> Result<(), rusqlite::Error> {
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        session_context: Context,
+    }
+    #[derive(serde::Deserialize)]
+    struct Context {
+        bot_id: String,
+    }
+    let mut select = tx.prepare("SELECT key, checkpoint FROM sessions")?;
+    let mut update = tx.prepare("UPDATE sessions SET bot_id = ?2 WHERE key = ?1")?;
+    let mut rows = select.query([])?;
+    while let Some(row) = rows.next()? {
+        let key: i64 = row.get(0)?;
+        let bot_id = super::codec::decode(row.get_ref(1)?)
+            .ok()
+            .and_then(|json| serde_json::from_slice::<Stored>(&json).ok())
+            .map(|stored| stored.session_context.bot_id);
+        if let Some(bot_id) = bot_id {
+            update.execute(rusqlite::params![key, bot_id])?;
+        }
+    }
     Ok(())
 }

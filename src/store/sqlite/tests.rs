@@ -2745,7 +2745,10 @@ async fn sessions_page_newest_created_first_with_a_cursor() {
         let mut seen = Vec::new();
         let mut cursor = None;
         loop {
-            let page = store.list_sessions_page(cursor.as_deref(), 2).await.expect("page");
+            let page = store
+                .list_sessions_page(cursor.as_deref(), 2, None)
+                .await
+                .expect("page");
             assert!(page.sessions.len() <= 2);
             seen.extend(page.sessions.iter().map(|summary| summary.session_id.clone()));
             match page.next_cursor {
@@ -2759,7 +2762,7 @@ async fn sessions_page_newest_created_first_with_a_cursor() {
         assert_eq!(summary.context, context("bot"));
         assert_eq!(store.session_summary("zzz").await.expect("summary"), None);
         assert!(matches!(
-            store.list_sessions_page(Some("not-a-cursor"), 2).await,
+            store.list_sessions_page(Some("not-a-cursor"), 2, None).await,
             Err(StoreError::Invalid(_))
         ));
     })
@@ -2844,8 +2847,11 @@ async fn a_version_1_database_is_migrated_and_keeps_its_sessions() {
         {
             // Back to what a version 1 build wrote.
             let conn = Connection::open(&path).expect("raw");
-            conn.execute_batch("DROP TABLE queued_submissions; DROP TABLE submission_keys; PRAGMA user_version = 1;")
-                .expect("downgrade");
+            conn.execute_batch(
+                "DROP INDEX sessions_by_bot; ALTER TABLE sessions DROP COLUMN bot_id;
+                 DROP TABLE queued_submissions; DROP TABLE submission_keys; PRAGMA user_version = 1;",
+            )
+            .expect("downgrade");
         }
         let store = open(&path).await;
         let state = store.load("old").await.expect("load").expect("old");
@@ -2856,6 +2862,88 @@ async fn a_version_1_database_is_migrated_and_keeps_its_sessions() {
             .pragma_query_value(None, "user_version", |row| row.get(0))
             .expect("user_version");
         assert_eq!(version, schema::SCHEMA_VERSION);
+    })
+    .await;
+}
+
+/// The ids of a page's sessions, in order.
+fn page_ids(page: crate::store::SessionListPage) -> Vec<String> {
+    page.sessions.into_iter().map(|summary| summary.session_id).collect()
+}
+
+#[tokio::test]
+async fn sessions_are_listed_by_bot_page_by_page() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        for (id, bot) in [("a1", "a"), ("b1", "b"), ("a2", "a"), ("c1", "c"), ("a3", "a")] {
+            store.save(&checkpoint(id, bot, 0), &[], None).await.expect("create");
+        }
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = store
+                .list_sessions_page(cursor.as_deref(), 2, Some("a"))
+                .await
+                .expect("page");
+            seen.extend(page.sessions.iter().map(|summary| summary.session_id.clone()));
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["a3", "a2", "a1"]);
+        let page = store.list_sessions_page(None, 10, Some("b")).await.expect("b");
+        assert_eq!(page_ids(page), ["b1"]);
+        let page = store.list_sessions_page(None, 10, Some("nobody")).await.expect("none");
+        assert_eq!((page.sessions.len(), page.next_cursor), (0, None));
+        let page = store.list_sessions_page(None, 10, None).await.expect("all");
+        assert_eq!(page_ids(page), ["a3", "c1", "a2", "b1", "a1"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_version_2_database_gets_each_sessions_bot_from_its_checkpoint() {
+    guarded(async {
+        let (_dir, path) = database();
+        {
+            let store = open(&path).await;
+            for (id, bot) in [("first", "bot-a"), ("second", "bot-b"), ("third", "bot-a")] {
+                store.save(&checkpoint(id, bot, 0), &[], None).await.expect("create");
+                append(&store, id, &events(id, 0, 2)).await;
+            }
+            store.close().await;
+        }
+        {
+            // Back to what a version 2 build wrote, with one checkpoint
+            // damaged: the migration must not fail on it.
+            let conn = Connection::open(&path).expect("raw");
+            conn.execute_batch(
+                "DROP INDEX sessions_by_bot; ALTER TABLE sessions DROP COLUMN bot_id;
+                 UPDATE sessions SET checkpoint = 'not json' WHERE id = 'second';
+                 PRAGMA user_version = 2;",
+            )
+            .expect("downgrade");
+        }
+        let store = open(&path).await;
+        let page = store.list_sessions_page(None, 10, Some("bot-a")).await.expect("bot-a");
+        assert_eq!(page_ids(page), ["third", "first"]);
+        let page = store.list_sessions_page(None, 10, Some("bot-b")).await.expect("bot-b");
+        assert_eq!(
+            page_ids(page),
+            Vec::<String>::new(),
+            "a damaged checkpoint is listed under no bot"
+        );
+        let state = store.load("first").await.expect("load").expect("first");
+        assert_eq!(state.last_sequence, 2);
+        // Written again, a session's bot column follows its checkpoint.
+        store
+            .save(&checkpoint("second", "bot-b", 1), &[], None)
+            .await
+            .expect("repair");
+        let page = store.list_sessions_page(None, 10, Some("bot-b")).await.expect("bot-b");
+        assert_eq!(page_ids(page), ["second"]);
     })
     .await;
 }

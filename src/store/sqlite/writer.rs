@@ -248,6 +248,8 @@ fn dirty(error: rusqlite::Error) -> JobError {
 /// A checkpoint write, serialized before anything is written.
 struct EncodedWrite {
     checkpoint: String,
+    /// The checkpoint's bot, kept in a column of its own for listing.
+    bot_id: String,
     execution: Option<String>,
     transcript: Vec<String>,
 }
@@ -284,9 +286,13 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
     // nothing was written.
     let count = events.len() as u64;
     let added = write.as_ref().map_or(0, |write| write.transcript.len() as u64);
-    let (checkpoint, execution) = match &write {
-        Some(write) => (Some(write.checkpoint.as_str()), write.execution.as_deref()),
-        None => (None, None),
+    let (checkpoint, execution, bot_id) = match &write {
+        Some(write) => (
+            Some(write.checkpoint.as_str()),
+            write.execution.as_deref(),
+            Some(write.bot_id.as_str()),
+        ),
+        None => (None, None, None),
     };
     let row: Option<(i64, u64, u64)> = conn
         .prepare_cached(
@@ -295,14 +301,15 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
                  updated_at_ms = ?2,
                  checkpoint = coalesce(?3, checkpoint),
                  execution = CASE WHEN ?3 IS NULL THEN execution ELSE ?4 END,
-                 transcript_len = transcript_len + ?5
+                 transcript_len = transcript_len + ?5,
+                 bot_id = coalesce(?8, bot_id)
              WHERE id = ?6 AND (?7 IS NULL OR lease = ?7)
              RETURNING key, last_sequence, lease",
         )
         .and_then(|mut update| {
             update
                 .query_row(
-                    params![count, now, checkpoint, execution, added, session_id, lease],
+                    params![count, now, checkpoint, execution, added, session_id, lease, bot_id],
                     |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
                 )
                 .optional()
@@ -441,6 +448,7 @@ fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrit
     }
     Ok(EncodedWrite {
         checkpoint: encode(&write.checkpoint)?,
+        bot_id: write.checkpoint.session_context.bot_id.clone(),
         execution: write.execution.as_ref().map(encode).transpose()?,
         transcript: write.transcript_delta.iter().map(encode).collect::<Result<_, _>>()?,
     })

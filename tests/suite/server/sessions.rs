@@ -126,6 +126,49 @@ async fn sessions_are_listed_newest_first_page_by_page() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_listed_by_bot() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
+    for (id, bot) in [
+        ("s1", "support"),
+        ("b1", "billing"),
+        ("s2", "support"),
+        ("s3", "support"),
+    ] {
+        server
+            .api
+            .create(json!({"id": id, "model": model, "bot_id": bot}))
+            .await;
+    }
+    let ids = |body: &serde_json::Value| -> Vec<String> {
+        body["sessions"]
+            .as_array()
+            .expect("sessions")
+            .iter()
+            .map(|session| session["id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+    let page = server.api.get("/v1/sessions?bot_id=support&limit=2").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert_eq!(ids(&page.body), ["s3", "s2"]);
+    let cursor = page.body["next_cursor"].as_str().expect("a next page");
+    let next = server
+        .api
+        .get(&format!(
+            "/v1/sessions?bot_id=support&limit=2&cursor={}",
+            urlencode(cursor)
+        ))
+        .await;
+    assert_eq!(ids(&next.body), ["s1"]);
+    assert!(next.body["next_cursor"].is_null());
+    let billing = server.api.get("/v1/sessions?bot_id=billing").await;
+    assert_eq!(ids(&billing.body), ["b1"]);
+    let nobody = server.api.get("/v1/sessions?bot_id=nobody").await;
+    assert_eq!(ids(&nobody.body), Vec::<String>::new());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_pages_backwards_and_forwards() {
     let server = TestServer::start(|_, _| {}).await;
     let model = server
