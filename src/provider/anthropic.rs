@@ -35,7 +35,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::http::{AttemptError, EventStream, HttpClient, Secret, message_of, with_retries};
+use super::http::{EventStream, HttpClient, Secret, message_of, with_retries};
 use super::sse::SseEvent;
 use super::{Emitter, ProviderError, ProviderSettings, ReadError};
 use crate::Result;
@@ -120,26 +120,6 @@ impl Anthropic {
         body
     }
 
-    /// One request: send it, stream the answer into `sink`, return the
-    /// assembled output. Says whether anything was streamed when it fails.
-    async fn attempt(
-        &self,
-        url: &str,
-        headers: &[(String, Secret)],
-        body: &Value,
-        sink: ModelEventSink,
-    ) -> Result<ModelOutput, AttemptError> {
-        let mut emitter = Emitter::new(sink);
-        let stream = self
-            .http
-            .post_events(url, headers, body)
-            .await
-            .map_err(|error| AttemptError::Provider { error, streamed: false })?;
-        self.read(stream, &mut emitter)
-            .await
-            .map_err(|error| error.into_attempt(&emitter))
-    }
-
     /// Reads the event stream up to `message_stop`.
     async fn read(&self, mut stream: EventStream, emitter: &mut Emitter) -> Result<ModelOutput, ReadError> {
         let mut response = Response::default();
@@ -208,13 +188,23 @@ impl Anthropic {
     }
 }
 
+impl super::ReadStream for Anthropic {
+    fn read_stream(
+        &self,
+        stream: EventStream,
+        emitter: &mut Emitter,
+    ) -> impl Future<Output = Result<ModelOutput, ReadError>> + Send {
+        self.read(stream, emitter)
+    }
+}
+
 impl Model for Anthropic {
     fn respond<'a>(&'a self, request: ModelRequest<'a>, events: ModelEventSink) -> BoxFuture<'a, Result<ModelOutput>> {
         Box::pin(async move {
             self.settings.check_context(request.instructions, request.history)?;
             let (url, headers, body) = (self.url(), self.headers(), self.body(&request));
             with_retries(&self.settings.http.retry, |_| {
-                self.attempt(&url, &headers, &body, Arc::clone(&events))
+                super::attempt(&self.http, self, &url, &headers, &body, Arc::clone(&events))
             })
             .await
         })

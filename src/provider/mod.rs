@@ -121,6 +121,39 @@ impl From<crate::Error> for ReadError {
     }
 }
 
+/// How a provider reads its event stream, for [`attempt`].
+pub(crate) trait ReadStream: Sync {
+    /// Reads `stream` up to its terminator, forwarding output through
+    /// `emitter`, and returns the assembled output.
+    fn read_stream(
+        &self,
+        stream: http::EventStream,
+        emitter: &mut Emitter,
+    ) -> impl Future<Output = Result<crate::model::ModelOutput, ReadError>> + Send;
+}
+
+/// One request: send `body` to `url`, stream the answer into `sink` with
+/// `reader`, return the assembled output. A failure says whether anything
+/// was streamed (then it is not retried).
+pub(crate) async fn attempt(
+    http: &http::HttpClient,
+    reader: &impl ReadStream,
+    url: &str,
+    headers: &[(String, http::Secret)],
+    body: &serde_json::Value,
+    sink: ModelEventSink,
+) -> Result<crate::model::ModelOutput, http::AttemptError> {
+    let mut emitter = Emitter::new(sink);
+    let stream = http
+        .post_events(url, headers, body)
+        .await
+        .map_err(|error| http::AttemptError::Provider { error, streamed: false })?;
+    reader
+        .read_stream(stream, &mut emitter)
+        .await
+        .map_err(|error| error.into_attempt(&emitter))
+}
+
 impl ReadError {
     /// The attempt's failure, given what `emitter` already streamed: a
     /// provider failure after streamed output is never retried.
