@@ -444,35 +444,37 @@ fn chat_tool_names(body: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The events of an approved three-call turn from a provider that streams
+/// no text before its tool calls: the calls run one at a time (the approved
+/// write is not parallel-safe), each result recorded before the next starts.
+const APPROVED_TURN: [&str; 18] = [
+    "turn_started",
+    "user_message",
+    "model_step_started",
+    "token_usage",
+    "approval_requested",
+    "approval_decided",
+    "tool_call_started",
+    "tool_call_completed",
+    "tool_call_started",
+    "tool_call_completed",
+    "tool_call_started",
+    "tool_call_completed",
+    "model_step_started",
+    "assistant_content_delta",
+    "assistant_content_delta",
+    "assistant_message",
+    "token_usage",
+    "turn_complete",
+];
+
 #[tokio::test]
 async fn openai_chat_three_calls_in_one_step_read_wait_for_the_approved_write_and_fail_in_call_order() {
     let calls = chat_calls();
     let server = ScriptedServer::start(vec![chat_three_calls(&calls), chat_answer()]).await;
     let turn = run_turn(&server, chat_model(&server), &calls, ApprovalDecision::Approve).await;
 
-    assert_eq!(
-        kinds(&turn.events),
-        [
-            "turn_started",
-            "user_message",
-            "model_step_started",
-            "token_usage",
-            "approval_requested",
-            "approval_decided",
-            "tool_call_started",
-            "tool_call_completed",
-            "tool_call_started",
-            "tool_call_completed",
-            "tool_call_started",
-            "tool_call_completed",
-            "model_step_started",
-            "assistant_content_delta",
-            "assistant_content_delta",
-            "assistant_message",
-            "token_usage",
-            "turn_complete",
-        ]
-    );
+    assert_eq!(kinds(&turn.events), APPROVED_TURN);
     let results = check_calls(&turn, &calls, ApprovalDecision::Approve);
     assert_eq!(deltas(&turn.events), ANSWER);
     assert_eq!(assistant_text(&turn.events), "All done.");
@@ -701,29 +703,7 @@ async fn openai_responses_three_calls_in_one_step_read_wait_for_the_approved_wri
     let model = Arc::new(OpenAiResponses::new(settings).expect("build the adapter"));
     let turn = run_turn(&server, model, &calls, ApprovalDecision::Approve).await;
 
-    assert_eq!(
-        kinds(&turn.events),
-        [
-            "turn_started",
-            "user_message",
-            "model_step_started",
-            "token_usage",
-            "approval_requested",
-            "approval_decided",
-            "tool_call_started",
-            "tool_call_completed",
-            "tool_call_started",
-            "tool_call_completed",
-            "tool_call_started",
-            "tool_call_completed",
-            "model_step_started",
-            "assistant_content_delta",
-            "assistant_content_delta",
-            "assistant_message",
-            "token_usage",
-            "turn_complete",
-        ]
-    );
+    assert_eq!(kinds(&turn.events), APPROVED_TURN);
     let results = check_calls(&turn, &calls, ApprovalDecision::Approve);
     assert_eq!(deltas(&turn.events), ANSWER);
     assert_eq!(assistant_text(&turn.events), "All done.");
