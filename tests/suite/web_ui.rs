@@ -285,7 +285,14 @@ async fn web_ui_interrupts_a_slow_turn() {
     let _browser = BROWSER.lock().await;
     let scratch = Scratch::new();
     let (slow, _) = slow_words(200, 50);
-    let model = scratch.script("slow.jsonl", &[&slow, &slow, r#"{"text": "Third time lucky."}"#]);
+    // The page shows the model spec: a long path with nowhere to break a
+    // line must not push the Interrupt button out of its column.
+    let long_dir = "scriptsofthisscenariokeptinadirectorywithaverylongnamewithoutanyhyphen";
+    std::fs::create_dir_all(scratch.dir.path().join(long_dir)).expect("script directory");
+    let model = scratch.script(
+        &format!("{long_dir}/slow.jsonl"),
+        &[&slow, &slow, r#"{"text": "Third time lucky."}"#],
+    );
     let server = serve(&scratch, &model, &[]);
 
     let outcome = scenario(

@@ -13,6 +13,12 @@ scenario("interrupt", async ({ page, base, params, log }) => {
   await send(page, "Tell me a long story");
   await until("the story to start streaming", async () => ((await bubbles.first().textContent()) ?? "").includes("word2"));
   await button.waitFor({ state: "visible" });
+  const inColumn = await page.evaluate(() => {
+    const own = document.getElementById("interrupt").getBoundingClientRect();
+    const column = document.querySelector(".conversation").getBoundingClientRect();
+    return own.left >= column.left && own.right <= column.right;
+  });
+  assert.ok(inColumn, "the Interrupt button stays inside the conversation column");
   await button.click();
   await aborted.first().waitFor();
   await button.waitFor({ state: "hidden" });
