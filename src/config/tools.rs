@@ -21,6 +21,9 @@ pub struct ToolsConfig {
     pub shell: bool,
     /// What shell commands may change.
     pub sandbox: SandboxPolicy,
+    /// Whether shell commands may use the network (blocked by default,
+    /// except under full access).
+    pub network: bool,
     /// How long a command may run when the call does not say.
     pub shell_timeout: Duration,
     /// The longest timeout a call may ask for.
@@ -35,6 +38,7 @@ impl Default for ToolsConfig {
             write: true,
             shell: true,
             sandbox: shell.sandbox,
+            network: shell.network,
             shell_timeout: shell.timeout,
             shell_max_timeout: shell.max_timeout,
         }
@@ -53,6 +57,8 @@ struct RawToolsConfig {
     shell: bool,
     #[serde(default)]
     sandbox: SandboxPolicy,
+    #[serde(default)]
+    network: bool,
     shell_timeout_secs: Option<u64>,
     shell_max_timeout_secs: Option<u64>,
 }
@@ -85,6 +91,7 @@ impl TryFrom<RawToolsConfig> for ToolsConfig {
             write: raw.write,
             shell: raw.shell,
             sandbox: raw.sandbox,
+            network: raw.network,
             shell_timeout,
             shell_max_timeout,
         })

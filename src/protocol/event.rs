@@ -175,8 +175,12 @@ pub struct SandboxInfo {
     pub policy: String,
     /// Whether the operating system enforces it.
     pub enforced: bool,
-    /// How, or why not.
+    /// How, or why not: which kernel features applied.
     pub detail: String,
+    /// Whether commands are kept off the network (absent in logs written
+    /// before it was recorded).
+    #[serde(default)]
+    pub network_blocked: bool,
 }
 
 /// Payload of [`EventMsg::TurnStarted`].

@@ -41,13 +41,14 @@ pub async fn session_tools(
         set = ToolSet::builtin();
         let shell = tools.shell.then(|| ShellConfig {
             sandbox: tools.sandbox,
+            network: tools.network,
             launcher,
             timeout: tools.shell_timeout,
             max_timeout: tools.shell_max_timeout,
             ..ShellConfig::default()
         });
         if let Some(shell) = &shell {
-            let status = ShellTool::new(shell.clone()).expected_sandbox();
+            let status = ShellTool::new(shell.clone()).expected_sandbox().await;
             if !status.enforced && status.policy != workspace::SandboxPolicy::FullAccess {
                 warnings.push(format!(
                     "shell commands are not sandboxed ({} asked for): {}",

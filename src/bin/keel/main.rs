@@ -81,6 +81,9 @@ impl DbArgs {
             }
         }
         let store = SqliteCheckpoint::open(&path, SqliteOptions::default()).await?;
+        // It holds every session's conversation: no sandboxed command of
+        // any session may read it.
+        keel::tools::workspace::sandbox::protect_database(&path);
         Ok(store)
     }
 }
@@ -103,7 +106,11 @@ impl ModelArgs {
     /// Loads the configuration and builds the model, checking keys and files
     /// before any session work.
     fn load(&self) -> anyhow::Result<(keel::config::KeelConfig, std::sync::Arc<dyn keel::Model>)> {
-        let (config, _) = keel::config::KeelConfig::discover(self.config.as_deref())?;
+        let (config, path) = keel::config::KeelConfig::discover(self.config.as_deref())?;
+        if let Some(path) = path {
+            // It may hold headers with credentials (MCP servers, proxies).
+            keel::tools::workspace::sandbox::protect(&path);
+        }
         let spec = self.model.clone().or_else(|| config.model.clone()).context(
             "no model: pass --model (for example --model openai:gpt-4.1-mini), set KEEL_MODEL, or set model in keel.toml",
         )?;
@@ -120,6 +127,13 @@ fn main() -> ExitCode {
         Command::SandboxExec(args) => return sandbox::sandbox_exec(args),
         command => command,
     };
+    // No other process of this user (a sandboxed command that escaped its
+    // namespaces, a debugger) may read this one's memory or environment,
+    // where API keys live: a non-dumpable process's /proc files belong to
+    // root and it cannot be traced. It also keeps keys out of core dumps.
+    if let Err(error) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("warning: cannot make this process non-dumpable: {error}");
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")

@@ -57,7 +57,10 @@ pub(crate) struct ServeArgs {
 pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Everything that can be wrong with the configuration is reported
     // before the database is opened or the port taken.
-    let (keel_config, _) = keel::config::KeelConfig::discover(args.config.as_deref())?;
+    let (keel_config, config_path) = keel::config::KeelConfig::discover(args.config.as_deref())?;
+    if let Some(path) = &config_path {
+        keel::tools::workspace::sandbox::protect(path);
+    }
     let default_model = args.model.clone().or_else(|| keel_config.model.clone());
     if let Some(spec) = &default_model {
         keel_config.model(spec)?;
@@ -68,6 +71,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("cannot read the token file {}", path.display()))?;
             let token = text.trim().to_owned();
             anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
+            keel::tools::workspace::sandbox::protect(path);
             Some(token)
         }
         None => None,

@@ -140,6 +140,7 @@ fn event(session_id: &str, n: usize) -> Event {
                 policy: "workspace-write".into(),
                 enforced: true,
                 detail: format!("landlock {n}"),
+                network_blocked: n.is_multiple_of(2),
             }),
         }),
         _ => EventMsg::TurnAborted(TurnAbortedEvent {

@@ -1,16 +1,23 @@
 //! `shell`: runs a command with `sh -c` in the workspace, bounded in time and
 //! output, in a scrubbed environment, optionally sandboxed.
 //!
-//! Each command runs in a process group of its own. When the call ends —
-//! the command exited, timed out, or the call's future was dropped because
-//! the turn was interrupted — the whole group is killed with `SIGKILL`, so
-//! background processes and grandchildren do not outlive the call; should
-//! Keel itself be killed, the launcher (when there is one) kills the group.
-//! (A process that leaves the group on purpose, with `setsid`, escapes this.
-//! After a normal exit the group is signalled just after the shell was
-//! reaped; should every member be gone and the number be reused by a new
-//! group in that instant, that group would be signalled: the kernel hands
-//! out numbers in sequence, so this needs a wrap-around of the PID space.)
+//! With a launcher (the `keel` binary's `sandbox-exec`, see [`sandbox`]),
+//! every command runs under it, whatever the policy: the command lives in a
+//! PID namespace of its own (or under a subreaper), so when it ends, times
+//! out, or the call's future is dropped because the turn was interrupted,
+//! nothing it started survives, `setsid` and double forks included; and
+//! should Keel itself be killed, the launcher notices and kills it all.
+//! Keel asks the launcher to stop with `SIGTERM` (it then kills the
+//! command and everything it started) and kills the launcher's process
+//! group with `SIGKILL` if it has not ended a moment later.
+//!
+//! Without a launcher (library use), each command runs in a process group
+//! of its own, killed with `SIGKILL` when the call ends; a process that
+//! leaves the group on purpose, with `setsid`, escapes this. (After a
+//! normal exit the group is signalled just after the shell was reaped;
+//! should every member be gone and the number be reused by a new group in
+//! that instant, that group would be signalled: the kernel hands out
+//! numbers in sequence, so this needs a wrap-around of the PID space.)
 //!
 //! The environment is not inherited: a command sees only [`SHELL_PASSED_ENV`]
 //! (when Keel has them) and `TERM=dumb`, so API keys and other secrets in
@@ -24,7 +31,7 @@ use std::pin::pin;
 use std::process::Stdio;
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -51,11 +58,18 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// end; a longer first line is ordinary output.
 const MAX_STATUS_LINE: usize = 4096;
 
+/// How long the launcher gets to kill the command after `SIGTERM` before
+/// its process group is killed outright.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// How the `shell` tool runs commands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShellConfig {
     /// What commands may change.
     pub sandbox: SandboxPolicy,
+    /// Whether commands may use the network (the sandbox blocks it
+    /// otherwise, except under full access).
+    pub network: bool,
     /// The `keel` binary to launch sandboxed commands with (its hidden
     /// `sandbox-exec` subcommand). Without it, commands run unsandboxed and
     /// every result says so.
@@ -69,10 +83,12 @@ pub struct ShellConfig {
 }
 
 impl Default for ShellConfig {
-    /// Workspace-write, no launcher, 60 s (at most 10 min), 64 KiB per stream.
+    /// Workspace-write without network, no launcher, 60 s (at most 10
+    /// min), 64 KiB per stream.
     fn default() -> Self {
         Self {
             sandbox: SandboxPolicy::WorkspaceWrite,
+            network: false,
             launcher: None,
             timeout: Duration::from_secs(60),
             max_timeout: Duration::from_secs(600),
@@ -108,17 +124,23 @@ impl ShellTool {
     fn command(&self, root: &std::path::Path, command: &str) -> (tokio::process::Command, bool) {
         let shell_arguments = [OsStr::new("-c"), OsStr::new(command)];
         match &self.config.launcher {
-            Some(launcher) if self.config.sandbox != SandboxPolicy::FullAccess => {
+            Some(launcher) => {
+                let protected = sandbox::protected_paths();
+                let options = sandbox::LaunchOptions {
+                    policy: self.config.sandbox,
+                    workspace: root,
+                    network: self.config.network,
+                    protected: &protected,
+                };
                 let mut spawned = tokio::process::Command::new(launcher);
                 spawned.args(sandbox::launcher_arguments(
-                    self.config.sandbox,
-                    root,
+                    &options,
                     OsStr::new("sh"),
                     &shell_arguments,
                 ));
                 (spawned, true)
             }
-            _ => {
+            None => {
                 let mut spawned = tokio::process::Command::new("sh");
                 spawned.args(shell_arguments);
                 (spawned, false)
@@ -137,7 +159,9 @@ impl ShellTool {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
-            .kill_on_drop(true);
+            // A launcher is asked to stop (see `ProcessGroup`), so that it
+            // can kill what the command left before it goes.
+            .kill_on_drop(!launched);
         let mut child = spawned
             .spawn()
             .map_err(|error| match (&self.config.launcher, launched) {
@@ -148,7 +172,10 @@ impl ShellTool {
                 _ => ToolError::Failed(format!("cannot start sh: {error}")),
             })?;
         // Dropped with the call's future: the whole group dies with it.
-        let mut group = ProcessGroup(child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw));
+        let mut group = ProcessGroup {
+            leader: child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw),
+            launcher: launched,
+        };
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let mut out = Capture::new(self.config.output_cap, false);
@@ -157,6 +184,11 @@ impl ShellTool {
         let (ended, pipes_left_open) = {
             let mut waiting = pin!(async {
                 let waited = tokio::time::timeout(timeout, child.wait()).await;
+                if waited.is_err() && group.launcher {
+                    // The launcher kills the command and all it started.
+                    group.stop();
+                    let _ = tokio::time::timeout(STOP_GRACE, child.wait()).await;
+                }
                 // Whatever happened, nothing the command started may outlive
                 // it (and keep the pipes open).
                 group.kill();
@@ -232,32 +264,48 @@ impl ShellTool {
         }
     }
 
-    /// What the sandbox did for this call.
     /// The sandbox commands will run under, as far as can be known before
-    /// running one: the launcher reports the status that really applied in
-    /// the first line of each result.
-    pub fn expected_sandbox(&self) -> SandboxStatus {
-        match self.config.sandbox {
-            SandboxPolicy::FullAccess => self.sandbox_status(true, None),
-            _ if self.config.launcher.is_none() => self.sandbox_status(false, None),
-            policy => sandbox::probe(policy),
+    /// running one: the launcher's report on a trial command (`true`),
+    /// asked once per launcher, policy and network setting in a process.
+    /// The launcher reports the status that really applied in the first
+    /// line of each result.
+    pub async fn expected_sandbox(&self) -> SandboxStatus {
+        let Some(launcher) = &self.config.launcher else {
+            return self.sandbox_status(false, None);
+        };
+        let key = (launcher.clone(), self.config.sandbox, self.config.network);
+        let cached = PROBES
+            .lock()
+            .ok()
+            .and_then(|probes| probes.iter().find(|(probed, _)| *probed == key).map(|(_, status)| status.clone()));
+        if let Some(status) = cached {
+            return status;
         }
+        let status = match probe_launcher(launcher, self.config.sandbox, self.config.network).await {
+            Ok(status) => status,
+            Err(reason) => SandboxStatus::unrestricted(self.config.sandbox, reason),
+        };
+        if let Ok(mut probes) = PROBES.lock() {
+            probes.push((key, status.clone()));
+        }
+        status
     }
 
     fn sandbox_status(&self, launched: bool, reported: Option<SandboxStatus>) -> SandboxStatus {
         let policy = self.config.sandbox;
-        let unrestricted = |detail: &str| SandboxStatus {
-            policy,
-            enforced: false,
-            detail: detail.into(),
-        };
-        if policy == SandboxPolicy::FullAccess {
-            return unrestricted("the policy restricts nothing");
-        }
         if !launched {
-            return unrestricted("no sandbox launcher is configured");
+            return SandboxStatus::unrestricted(
+                policy,
+                if policy == SandboxPolicy::FullAccess {
+                    "the policy restricts nothing"
+                } else {
+                    "no sandbox launcher is configured"
+                },
+            );
         }
-        reported.unwrap_or_else(|| unrestricted("the sandbox launcher did not start the command; see stderr"))
+        reported.unwrap_or_else(|| {
+            SandboxStatus::unrestricted(policy, "the sandbox launcher did not start the command; see stderr")
+        })
     }
 }
 
@@ -329,6 +377,35 @@ fn command_environment(parent: impl IntoIterator<Item = (OsString, OsString)>) -
     environment
 }
 
+/// Launcher probes already made in this process.
+type ProbeKey = (PathBuf, SandboxPolicy, bool);
+static PROBES: std::sync::Mutex<Vec<(ProbeKey, SandboxStatus)>> = std::sync::Mutex::new(Vec::new());
+
+/// Asks `launcher` what it enforces for `policy` (`keel sandbox-exec --probe`).
+async fn probe_launcher(launcher: &std::path::Path, policy: SandboxPolicy, network: bool) -> Result<SandboxStatus, String> {
+    let mut command = tokio::process::Command::new(launcher);
+    command
+        .args([sandbox::LAUNCHER_SUBCOMMAND, "--probe", "--policy", policy.as_str()])
+        .env_clear()
+        .envs(command_environment(std::env::vars_os()))
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    if network {
+        command.arg("--network");
+    }
+    let output = command
+        .output()
+        .await
+        .map_err(|error| format!("cannot start the sandbox launcher {}: {error}", launcher.display()))?;
+    serde_json::from_slice(&output.stdout).map_err(|_| {
+        format!(
+            "the sandbox launcher {} could not probe the sandbox: {}",
+            launcher.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+    })
+}
+
 /// How a command ended.
 enum Ended {
     Exited(std::process::ExitStatus),
@@ -336,12 +413,25 @@ enum Ended {
     Lost(std::io::Error),
 }
 
-/// A command's process group; killed (once) when asked or when dropped.
-struct ProcessGroup(Option<Pid>);
+/// A command's process group, led by the launcher or by `sh`; killed
+/// (once) when asked or when dropped.
+struct ProcessGroup {
+    leader: Option<Pid>,
+    /// Whether the leader is the launcher, which kills the command and
+    /// everything it started when asked to stop.
+    launcher: bool,
+}
 
 impl ProcessGroup {
+    /// Asks the launcher to stop the command.
+    fn stop(&self) {
+        if let (Some(leader), true) = (self.leader, self.launcher) {
+            let _ = kill(leader, Signal::SIGTERM);
+        }
+    }
+
     fn kill(&mut self) {
-        if let Some(group) = self.0.take() {
+        if let Some(group) = self.leader.take() {
             // The group may be gone already (ESRCH): nothing to do then.
             let _ = killpg(group, Signal::SIGKILL);
         }
@@ -350,7 +440,22 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        self.kill();
+        let Some(group) = self.leader else {
+            return;
+        };
+        if self.launcher {
+            // The call was dropped (an interrupted turn): the launcher is
+            // asked to stop and kills what the command started; its group
+            // is killed outright a moment later, should it not be done.
+            self.stop();
+            self.leader = None;
+            std::thread::spawn(move || {
+                std::thread::sleep(STOP_GRACE);
+                let _ = killpg(group, Signal::SIGKILL);
+            });
+        } else {
+            self.kill();
+        }
     }
 }
 
@@ -502,16 +607,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = ShellConfig {
             sandbox: SandboxPolicy::FullAccess,
-            launcher: Some(PathBuf::from("/nonexistent/keel")),
             ..ShellConfig::default()
         };
-        // Full access never uses the launcher, so a missing one is no problem.
         let output = shell(config, dir.path(), serde_json::json!({"command": "printf x"}))
             .await
             .unwrap();
         assert_eq!(
             output,
             "[sandbox: full-access, not enforced: the policy restricts nothing]\n[exit code 0]\n[stdout]\nx\n"
+        );
+        // Full access goes through the launcher too (it ends every process
+        // the command started), so a missing one is named.
+        let config = ShellConfig {
+            sandbox: SandboxPolicy::FullAccess,
+            launcher: Some(PathBuf::from("/nonexistent/keel")),
+            ..ShellConfig::default()
+        };
+        let refused = shell(config, dir.path(), serde_json::json!({"command": "true"}))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, ToolError::Failed(message) if message.starts_with("cannot start the sandbox launcher /nonexistent/keel")),
+            "{refused:?}"
         );
     }
 
@@ -628,6 +745,7 @@ mod tests {
             policy: SandboxPolicy::ReadOnly,
             enforced: true,
             detail: "landlock ABI v5".into(),
+            network_blocked: false,
         };
         let report = sandbox::status_report_line(&status);
         let mut capture = Capture::new(100, true);

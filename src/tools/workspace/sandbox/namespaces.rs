@@ -1,0 +1,305 @@
+//! Linux namespaces for a sandboxed command: its own PID namespace (so
+//! nothing it starts outlives it, and Keel's processes are out of sight),
+//! its own mount namespace (read-only everywhere but where the policy lets
+//! it write, with Keel's secrets covered) and, unless the network is
+//! allowed, its own network namespace (no interface but a loopback that is
+//! down).
+//!
+//! Two halves, run by the two processes of the launcher: [`unshare`] by the
+//! supervisor, so that its next child is created in the new namespaces (as
+//! PID 1 of the new PID namespace), and [`confine_mounts`] by that child,
+//! the only process that can mount a `/proc` for the new PID namespace.
+//!
+//! Creating namespaces needs `CAP_SYS_ADMIN`: Keel running as root has it;
+//! otherwise the namespaces are created inside a new user namespace, where
+//! the caller's user and group map to themselves. Where neither is allowed
+//! (a container without `CAP_SYS_ADMIN` and with user namespaces filtered,
+//! or a kernel with unprivileged user namespaces turned off), [`unshare`]
+//! fails and the launcher falls back to Landlock, seccomp and a subreaper.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, unshare as unshare_namespaces};
+use nix::unistd::{getgid, getuid};
+
+/// The namespaces the supervisor entered for its child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Namespaces {
+    /// Whether they live in a new user namespace (Keel is not root).
+    pub(super) user: bool,
+    /// Whether the child has a network namespace of its own (no network).
+    pub(super) network: bool,
+}
+
+impl Namespaces {
+    /// Their names, for the status line: `pid, mount, network, user`.
+    pub(super) fn describe(self) -> String {
+        let mut names = vec!["pid", "mount"];
+        if self.network {
+            names.push("network");
+        }
+        if self.user {
+            names.push("user");
+        }
+        names.join(", ")
+    }
+}
+
+/// Makes the calling process's *next child* start in new PID and mount
+/// namespaces, and a new network namespace unless `network` is allowed.
+/// Tries without a user namespace first (root), then with one. Must run
+/// while the caller has a single thread (a user namespace requires it), and
+/// the caller must not start threads afterwards (the kernel refuses to
+/// share an address space across PID namespaces).
+pub(super) fn unshare(network: bool) -> Result<Namespaces, String> {
+    let mut flags = CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS;
+    if !network {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    match unshare_namespaces(flags) {
+        Ok(()) => {
+            return Ok(Namespaces {
+                user: false,
+                network: !network,
+            });
+        }
+        Err(Errno::EPERM) => {}
+        Err(error) => return Err(format!("cannot create namespaces: {error}")),
+    }
+    let (uid, gid) = (getuid(), getgid());
+    unshare_namespaces(flags | CloneFlags::CLONE_NEWUSER)
+        .map_err(|error| format!("cannot create namespaces, with or without a user namespace: {error}"))?;
+    // Map the caller's own ids, so files keep their owner. `setgroups` must
+    // be denied before an unprivileged process may write its gid map.
+    match std::fs::write("/proc/self/setgroups", "deny") {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            return Err(format!("cannot deny setgroups in the user namespace: {error}"));
+        }
+        _ => {}
+    }
+    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))
+        .map_err(|error| format!("cannot map the user in the user namespace: {error}"))?;
+    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
+        .map_err(|error| format!("cannot map the group in the user namespace: {error}"))?;
+    Ok(Namespaces {
+        user: true,
+        network: !network,
+    })
+}
+
+/// What [`confine_mounts`] achieved besides the mandatory steps.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(super) struct MountReport {
+    /// Whether every mount outside the writable places is read-only.
+    pub(super) read_only: bool,
+    /// Whether `/proc` shows only the new PID namespace (so Keel's
+    /// processes, their command lines and environments are out of sight).
+    pub(super) private_proc: bool,
+    /// The protected paths that were covered.
+    pub(super) hidden: usize,
+}
+
+/// Sets up the mount namespace of the sandboxed command, from inside it
+/// (as PID 1 of the new PID namespace): nothing propagates back to the
+/// host; when `read_only`, every mount becomes read-only except `writable`
+/// (bound onto themselves first, so they stay writable); every path of
+/// `hidden` that exists is covered (a file by `/dev/null`, a directory by
+/// an empty read-only tmpfs); and a fresh `/proc` shows only the new PID
+/// namespace.
+///
+/// Making the mounts private, binding the writable places and covering the
+/// protected paths are mandatory: an error means the command must not run.
+/// A `/proc` that cannot be replaced (a kernel that refuses because parts of
+/// the host's are masked) is reported, not fatal: Keel is non-dumpable and
+/// the command has no capabilities, so Keel's environment stays unreadable.
+pub(super) fn confine_mounts(read_only: bool, writable: &[PathBuf], hidden: &[PathBuf]) -> Result<MountReport, String> {
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(|error| format!("cannot make the mounts private: {error}"))?;
+    let mut report = MountReport::default();
+    if read_only {
+        for place in writable {
+            mount(Some(place), place, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+                .map_err(|error| format!("cannot bind {}: {error}", place.display()))?;
+        }
+    }
+    for path in hidden {
+        match std::fs::metadata(path) {
+            Ok(metadata) if metadata.is_dir() => mount(
+                Some("tmpfs"),
+                path,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("size=4k,mode=000"),
+            ),
+            Ok(_) => mount(Some("/dev/null"), path, None::<&str>, MsFlags::MS_BIND, None::<&str>),
+            Err(_) => continue,
+        }
+        .map_err(|error| format!("cannot cover {}: {error}", path.display()))?;
+        report.hidden += 1;
+    }
+    if read_only {
+        remount_read_only(writable)?;
+        report.read_only = true;
+    }
+    report.private_proc = mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .is_ok();
+    Ok(report)
+}
+
+/// Remounts every mount of this namespace read-only, except the ones at or
+/// under `writable`. Each keeps its other flags: inside a user namespace
+/// the kernel refuses a remount that would drop `nosuid`, `nodev`, `noexec`
+/// or the atime flags.
+fn remount_read_only(writable: &[PathBuf]) -> Result<(), String> {
+    let table = std::fs::read("/proc/self/mountinfo").map_err(|error| format!("cannot read the mount table: {error}"))?;
+    for entry in parse_mountinfo(&table) {
+        if writable.iter().any(|place| entry.mount_point.starts_with(place)) {
+            continue;
+        }
+        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | entry.flags;
+        match mount(None::<&str>, &entry.mount_point, None::<&str>, flags, None::<&str>) {
+            Ok(()) => {}
+            // A mount point that is gone or hidden under another mount (a
+            // stacked mount), or one this process cannot reach: there is
+            // nothing there the command could write through.
+            Err(Errno::ENOENT | Errno::EACCES) => {}
+            Err(error) => {
+                return Err(format!(
+                    "cannot make {} read-only: {error}",
+                    entry.mount_point.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One line of `/proc/self/mountinfo`: where, and the per-mount flags that
+/// a remount must keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MountEntry {
+    mount_point: PathBuf,
+    flags: MsFlags,
+}
+
+/// The entries of a mount table, parents before children as the kernel
+/// lists them. Fields are separated by spaces; field 5 is the mount point
+/// (with spaces, tabs, newlines and backslashes written as octal escapes)
+/// and field 6 the per-mount options.
+fn parse_mountinfo(table: &[u8]) -> Vec<MountEntry> {
+    table
+        .split(|byte| *byte == b'\n')
+        .filter_map(|line| {
+            let mut fields = line.split(|byte| *byte == b' ');
+            let mount_point = fields.nth(4)?;
+            let options = fields.next()?;
+            Some(MountEntry {
+                mount_point: PathBuf::from(OsString::from_vec(unescape(mount_point))),
+                flags: mount_flags(options),
+            })
+        })
+        .collect()
+}
+
+/// The flags among a mount's options that a bind remount must repeat.
+fn mount_flags(options: &[u8]) -> MsFlags {
+    options
+        .split(|byte| *byte == b',')
+        .fold(MsFlags::empty(), |flags, option| {
+            flags
+                | match option {
+                    b"nosuid" => MsFlags::MS_NOSUID,
+                    b"nodev" => MsFlags::MS_NODEV,
+                    b"noexec" => MsFlags::MS_NOEXEC,
+                    b"noatime" => MsFlags::MS_NOATIME,
+                    b"nodiratime" => MsFlags::MS_NODIRATIME,
+                    b"relatime" => MsFlags::MS_RELATIME,
+                    b"strictatime" => MsFlags::MS_STRICTATIME,
+                    _ => MsFlags::empty(),
+                }
+        })
+}
+
+/// Decodes the `\ooo` octal escapes of a mount table field.
+fn unescape(field: &[u8]) -> Vec<u8> {
+    let mut decoded = Vec::with_capacity(field.len());
+    let mut index = 0;
+    while index < field.len() {
+        let octal = field.get(index + 1..index + 4).filter(|digits| {
+            field[index] == b'\\' && digits.iter().all(|digit| (b'0'..=b'7').contains(digit))
+        });
+        match octal {
+            Some(digits) => {
+                let value = digits
+                    .iter()
+                    .fold(0u32, |value, digit| value * 8 + u32::from(digit - b'0'));
+                decoded.push(u8::try_from(value).unwrap_or(b'?'));
+                index += 4;
+            }
+            None => {
+                decoded.push(field[index]);
+                index += 1;
+            }
+        }
+    }
+    decoded
+}
+
+/// `path` made absolute and free of symbolic links where it exists, so
+/// that it can be compared with the mount table's entries.
+pub(super) fn real_path(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_tables_parse_with_escapes_and_flags() {
+        let table = b"22 1 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw\n\
+                      30 1 8:1 / /mnt/with\\040space ro,noatime - ext4 /dev/sda1 rw\n\
+                      garbage\n";
+        let entries = parse_mountinfo(table);
+        assert_eq!(
+            entries,
+            [
+                MountEntry {
+                    mount_point: PathBuf::from("/proc"),
+                    flags: MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_RELATIME,
+                },
+                MountEntry {
+                    mount_point: PathBuf::from("/mnt/with space"),
+                    flags: MsFlags::MS_NOATIME,
+                },
+            ]
+        );
+        assert_eq!(unescape(b"a\\134b\\011"), b"a\\b\t");
+        assert_eq!(unescape(b"trailing\\"), b"trailing\\");
+        assert_eq!(unescape(b"\\9xx"), b"\\9xx");
+    }
+
+    #[test]
+    fn namespaces_describe_themselves() {
+        let all = Namespaces {
+            user: true,
+            network: true,
+        };
+        assert_eq!(all.describe(), "pid, mount, network, user");
+        let root = Namespaces {
+            user: false,
+            network: false,
+        };
+        assert_eq!(root.describe(), "pid, mount");
+    }
+}
