@@ -14,8 +14,10 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
 
+use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, raise};
-use nix::unistd::{Pid, getuid};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{Pid, getpid, getuid};
 
 use super::landlock::{self, Applied};
 use super::namespaces::{self, Namespaces};
@@ -134,12 +136,32 @@ pub fn supervise(launch: &Launch) -> ExitCode {
     };
     let mut confiner = Command::new(program);
     confiner.args(confiner_arguments(launch, confinement, fallback_reason.as_deref()));
+    // In namespaces the confiner stays as PID 1 and tells how the command
+    // ended through a pipe given as its standard input (the command gets
+    // an empty one), since PID 1 cannot end by the command's signal.
+    let mut report = None;
+    if confinement.namespaces {
+        match std::io::pipe() {
+            Ok((reader, writer)) => {
+                confiner.stdin(writer);
+                report = Some(reader);
+            }
+            Err(error) => {
+                eprintln!("keel sandbox-exec: cannot create a pipe: {error}");
+                return ExitCode::from(126);
+            }
+        }
+    }
     // Asking for the same user makes the standard library start the child
     // with fork (as posix_spawn cannot change users): the kernel refuses
     // the shared address space of posix_spawn's vfork across PID
     // namespaces.
     confiner.uid(getuid().as_raw());
-    let mut child = match confiner.spawn() {
+    let spawned = confiner.spawn();
+    // The confiner holds the pipe's writing end now; this copy must go, so
+    // that reading sees the end once the confiner is gone.
+    drop(confiner);
+    let mut child = match spawned {
         Ok(child) => child,
         Err(error) => {
             eprintln!("keel sandbox-exec: cannot start the sandboxed process: {error}");
@@ -161,8 +183,18 @@ pub fn supervise(launch: &Launch) -> ExitCode {
         reaper::kill_descendants();
     }
     reaper::unblock_stop_signals();
+    let ended = report.and_then(|mut reader| {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut reader, &mut text).ok()?;
+        Ended::parse(&text)
+    });
     match (waited, status) {
         (Ok(Waited::Stop(signal)), _) => end_by(signal),
+        (_, Some(_)) if ended.is_some() => match ended {
+            Some(Ended::Code(code)) => ExitCode::from(code),
+            Some(Ended::Signal(signal)) => end_by(signal),
+            None => ExitCode::from(126),
+        },
         (_, Some(status)) => exit_as(status),
         (Err(error), None) => {
             eprintln!("keel sandbox-exec: cannot wait for the command: {error}");
@@ -196,7 +228,9 @@ fn confiner_arguments(launch: &Launch, confinement: Confinement, fallback: Optio
 }
 
 /// The second stage: restricts this process as far as it can, reports
-/// what applied on stderr and becomes the command. Returns only when the
+/// what applied on stderr and runs the command: in namespaces as its
+/// child (this process stays as PID 1, see [`run_as_init`]), otherwise by
+/// becoming it. Returns when the command ended (in namespaces), or when the
 /// sandbox could not be applied (126) or the command could not run (126,
 /// or 127 when it was not found).
 pub fn confine_and_exec(launch: &Launch, confinement: Confinement, fallback_reason: Option<&str>) -> ExitCode {
@@ -207,12 +241,18 @@ pub fn confine_and_exec(launch: &Launch, confinement: Confinement, fallback_reas
     // Should the supervisor die, so does this process, and with it (as PID
     // 1 of its namespace) everything the command started.
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    // The supervisor blocks its stop signals and a child inherits the mask
+    // (so would the command and everything it starts): clear it.
+    let _ = nix::sys::signal::SigSet::all().thread_unblock();
     match confine(launch, confinement, fallback_reason) {
-        Ok(status) => {
+        Ok((status, report)) => {
             // The report goes out before the command writes anything.
             let mut stderr = std::io::stderr().lock();
             let _ = stderr.write_all(status_report_line(&status).as_bytes());
             let _ = stderr.flush();
+            if confinement.namespaces {
+                return run_as_init(program, arguments, report);
+            }
         }
         Err(error) => {
             eprintln!(
@@ -238,10 +278,11 @@ fn confine(
     launch: &Launch,
     confinement: Confinement,
     fallback_reason: Option<&str>,
-) -> Result<SandboxStatus, SandboxError> {
+) -> Result<(SandboxStatus, Option<std::fs::File>), SandboxError> {
     let restricted = launch.policy != SandboxPolicy::FullAccess;
     let mut parts: Vec<String> = Vec::new();
     let mut read_only_mounts = false;
+    let mut report_to = None;
     if confinement.namespaces {
         let writable = launch.writable();
         let hidden: &[PathBuf] = if restricted { &launch.protected } else { &[] };
@@ -251,6 +292,9 @@ fn confine(
         // writable bind: enter the workspace again through the new one.
         std::env::set_current_dir(&launch.workspace)
             .map_err(|error| SandboxError::Confinement(format!("cannot enter the workspace: {error}")))?;
+        // The supervisor's pipe (this process's standard input), opened for
+        // writing before Landlock could refuse it; closed on exec.
+        report_to = std::fs::OpenOptions::new().write(true).open("/proc/self/fd/0").ok();
         let names = Namespaces {
             user: confinement.user_namespace,
             network: confinement.network_namespace,
@@ -315,20 +359,97 @@ fn confine(
     } else {
         parts.push("network not blocked".into());
     }
-    Ok(SandboxStatus {
+    let status = SandboxStatus {
         policy: launch.policy,
         enforced: restricted && (read_only_mounts || landlock_enforced),
         detail: parts.join("; "),
         network_blocked,
-    })
+    };
+    Ok((status, report_to))
 }
 
-/// Ends this process as if by `signal`, for a supervisor that was asked to
-/// stop (or lost its parent) and killed the command.
-fn end_by(signal: Signal) -> ExitCode {
-    if signal != Signal::SIGKILL {
-        let _ = raise(signal);
+/// How the command ended, as the confiner reports it to the supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Code(u8),
+    Signal(Signal),
+}
+
+impl Ended {
+    fn of(status: WaitStatus) -> Option<Self> {
+        match status {
+            WaitStatus::Exited(_, code) => Some(Self::Code(u8::try_from(code).unwrap_or(u8::MAX))),
+            WaitStatus::Signaled(_, signal, _) => Some(Self::Signal(signal)),
+            _ => None,
+        }
     }
+
+    fn to_text(self) -> String {
+        match self {
+            Self::Code(code) => format!("code {code}"),
+            Self::Signal(signal) => format!("signal {}", signal as i32),
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let (kind, number) = text.trim().split_once(' ')?;
+        match kind {
+            "code" => number.parse().ok().map(Self::Code),
+            "signal" => number
+                .parse::<i32>()
+                .ok()
+                .and_then(|number| Signal::try_from(number).ok())
+                .map(Self::Signal),
+            _ => None,
+        }
+    }
+}
+
+/// PID 1 of the command's namespace: starts the command as its child,
+/// reaps every orphan until the command ends, kills what is left, tells
+/// the supervisor how the command ended and exits; the kernel then ends
+/// the namespace. The command is not PID 1 itself, so that it can be
+/// ended by its own signals as anywhere else.
+fn run_as_init(program: &OsString, arguments: &[OsString], report: Option<std::fs::File>) -> ExitCode {
+    let child = match Command::new(program).args(arguments).stdin(std::process::Stdio::null()).spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            eprintln!("keel sandbox-exec: cannot run {}: {error}", program.to_string_lossy());
+            return if error.kind() == std::io::ErrorKind::NotFound {
+                ExitCode::from(127)
+            } else {
+                ExitCode::from(126)
+            };
+        }
+    };
+    let command = i32::try_from(child.id()).ok().map(Pid::from_raw);
+    let ended = loop {
+        match waitpid(None, None) {
+            Ok(status) if status.pid() == command => break Ended::of(status),
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => break None,
+        }
+    };
+    // Only PID 1 of a PID namespace may do this: it ends every other
+    // process of the namespace, and nothing outside it.
+    if getpid().as_raw() == 1 {
+        let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        while waitpid(None, None).is_ok() {}
+    }
+    let ended = ended.unwrap_or(Ended::Code(126));
+    if let Some(mut report) = report {
+        let _ = report.write_all(ended.to_text().as_bytes());
+    }
+    match ended {
+        Ended::Code(code) => ExitCode::from(code),
+        Ended::Signal(signal) => ExitCode::from(u8::try_from(128 + signal as i32).unwrap_or(u8::MAX)),
+    }
+}
+
+/// Ends this process by `signal`: the command's, or the one that asked the
+/// supervisor to stop (`SIGKILL` when it lost its parent).
+fn end_by(signal: Signal) -> ExitCode {
+    let _ = raise(signal);
     ExitCode::from(u8::try_from(128 + signal as i32).unwrap_or(u8::MAX))
 }
 
@@ -371,4 +492,19 @@ pub fn probe(policy: SandboxPolicy, network: bool) -> Result<SandboxStatus, Stri
         .split(|byte| *byte == b'\n')
         .find_map(super::parse_status_report)
         .ok_or_else(|| format!("the launcher reported nothing: {}", String::from_utf8_lossy(&output.stderr).trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endings_round_trip_as_text() {
+        for ended in [Ended::Code(0), Ended::Code(143), Ended::Signal(Signal::SIGTERM)] {
+            assert_eq!(Ended::parse(&ended.to_text()), Some(ended));
+        }
+        assert_eq!(Ended::parse(""), None);
+        assert_eq!(Ended::parse("signal 999"), None);
+        assert_eq!(Ended::parse("code x"), None);
+    }
 }
