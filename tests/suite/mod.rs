@@ -12,6 +12,7 @@ mod provider_openai_chat;
 mod provider_openai_responses;
 mod provider_support;
 mod provider_tool_turns;
+mod sandbox;
 mod server;
 mod support;
 mod turns_with_tools;

@@ -376,7 +376,10 @@ fn the_launcher_probes_and_fails_clearly() {
     assert_eq!(status.policy, SandboxPolicy::ReadOnly);
     // The launcher enforces at least what Landlock alone can.
     assert!(status.enforced || !landlock.enforced, "{status:?}");
-    assert!(status.network_blocked == status.detail.contains("network blocked"), "{status:?}");
+    assert!(
+        status.network_blocked == status.detail.contains("network blocked"),
+        "{status:?}"
+    );
 
     let missing = std::process::Command::new(keel)
         .args(["sandbox-exec", "--policy", "read-only", "--", "no-such-command-h7"])

@@ -49,6 +49,12 @@ pub(crate) struct SandboxExecArgs {
     /// Second stage: the namespaces include a network namespace.
     #[arg(long, hide = true)]
     network_namespace: bool,
+    /// Second stage: the supervisor made the mounts read-only.
+    #[arg(long, hide = true)]
+    read_only_mounts: bool,
+    /// Second stage: how many protected paths the supervisor covered.
+    #[arg(long, hide = true, default_value_t = 0)]
+    covered: usize,
     /// Second stage: why no namespaces could be created.
     #[arg(long, hide = true, value_name = "REASON")]
     no_namespaces_because: Option<String>,
@@ -90,6 +96,8 @@ pub(crate) fn sandbox_exec(args: SandboxExecArgs) -> ExitCode {
             namespaces: args.in_namespaces,
             user_namespace: args.user_namespace,
             network_namespace: args.network_namespace,
+            read_only_mounts: args.read_only_mounts,
+            covered: args.covered,
         };
         launcher::confine_and_exec(&launch, confinement, args.no_namespaces_because.as_deref())
     } else {

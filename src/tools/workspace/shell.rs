@@ -274,10 +274,12 @@ impl ShellTool {
             return self.sandbox_status(false, None);
         };
         let key = (launcher.clone(), self.config.sandbox, self.config.network);
-        let cached = PROBES
-            .lock()
-            .ok()
-            .and_then(|probes| probes.iter().find(|(probed, _)| *probed == key).map(|(_, status)| status.clone()));
+        let cached = PROBES.lock().ok().and_then(|probes| {
+            probes
+                .iter()
+                .find(|(probed, _)| *probed == key)
+                .map(|(_, status)| status.clone())
+        });
         if let Some(status) = cached {
             return status;
         }
@@ -382,7 +384,11 @@ type ProbeKey = (PathBuf, SandboxPolicy, bool);
 static PROBES: std::sync::Mutex<Vec<(ProbeKey, SandboxStatus)>> = std::sync::Mutex::new(Vec::new());
 
 /// Asks `launcher` what it enforces for `policy` (`keel sandbox-exec --probe`).
-async fn probe_launcher(launcher: &std::path::Path, policy: SandboxPolicy, network: bool) -> Result<SandboxStatus, String> {
+async fn probe_launcher(
+    launcher: &std::path::Path,
+    policy: SandboxPolicy,
+    network: bool,
+) -> Result<SandboxStatus, String> {
     let mut command = tokio::process::Command::new(launcher);
     command
         .args([sandbox::LAUNCHER_SUBCOMMAND, "--probe", "--policy", policy.as_str()])

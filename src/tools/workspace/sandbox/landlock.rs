@@ -152,9 +152,7 @@ fn build(policy: SandboxPolicy, writable: &[&Path], network: bool) -> Result<Rul
     if !network {
         // Handled with no rule allowing any port: no TCP (from v4) and no
         // UDP (from v10) at all.
-        ruleset = ruleset
-            .handle_access(AccessNet::from_all(ABI::V10))
-            .map_err(landlock)?;
+        ruleset = ruleset.handle_access(AccessNet::from_all(ABI::V10)).map_err(landlock)?;
     }
     let scopes = if network {
         Scope::Signal.into()
@@ -197,10 +195,7 @@ mod tests {
     fn features_follow_the_abi_and_the_network() {
         assert_eq!(features(ABI::V1, false), Vec::<&str>::new());
         assert_eq!(features(ABI::V4, false), ["tcp"]);
-        assert_eq!(
-            features(ABI::V7, false),
-            ["tcp", "abstract unix sockets", "signals"]
-        );
+        assert_eq!(features(ABI::V7, false), ["tcp", "abstract unix sockets", "signals"]);
         assert_eq!(features(ABI::V7, true), ["signals"]);
         assert_eq!(
             features(ABI::V10, false),

@@ -52,6 +52,10 @@ pub struct Confinement {
     pub user_namespace: bool,
     /// Whether they include a network namespace.
     pub network_namespace: bool,
+    /// Whether the supervisor made the mounts read-only.
+    pub read_only_mounts: bool,
+    /// How many protected paths the supervisor covered.
+    pub covered: usize,
 }
 
 /// The flag that makes the launcher the confiner (second stage).
@@ -111,6 +115,7 @@ pub fn supervise(launch: &Launch) -> ExitCode {
                 namespaces: true,
                 user_namespace: user,
                 network_namespace: network,
+                ..Confinement::default()
             },
             None,
         ),
@@ -120,6 +125,27 @@ pub fn supervise(launch: &Launch) -> ExitCode {
         // Orphans of the command become this process's children, so that
         // it can kill them all at the end.
         let _ = nix::sys::prctl::set_child_subreaper(true);
+    }
+    let mut mounts = None;
+    if confinement.namespaces {
+        let restricted = launch.policy != SandboxPolicy::FullAccess;
+        let hidden: &[PathBuf] = if restricted { &launch.protected } else { &[] };
+        match namespaces::confine_mounts(restricted, &launch.writable(), hidden) {
+            Ok(report) => mounts = Some(report),
+            Err(error) => {
+                eprintln!(
+                    "keel sandbox-exec: cannot apply the {} sandbox, so the command was not run: {error}",
+                    launch.policy
+                );
+                return ExitCode::from(126);
+            }
+        }
+        // The working directory still points into the mount beneath the
+        // writable bind: enter the workspace again through the new one.
+        if let Err(error) = std::env::set_current_dir(&launch.workspace) {
+            eprintln!("keel sandbox-exec: cannot enter the workspace: {error}");
+            return ExitCode::from(126);
+        }
     }
     if confinement.user_namespace
         && let Err(error) = privileges::pass_on_to_child()
@@ -135,7 +161,12 @@ pub fn supervise(launch: &Launch) -> ExitCode {
         }
     };
     let mut confiner = Command::new(program);
-    confiner.args(confiner_arguments(launch, confinement, fallback_reason.as_deref()));
+    confiner.args(confiner_arguments(
+        launch,
+        confinement,
+        mounts.as_ref(),
+        fallback_reason.as_deref(),
+    ));
     // In namespaces the confiner stays as PID 1 and tells how the command
     // ended through a pipe given as its standard input (the command gets
     // an empty one), since PID 1 cannot end by the command's signal.
@@ -204,11 +235,28 @@ pub fn supervise(launch: &Launch) -> ExitCode {
     }
 }
 
-/// The confiner's arguments: the same options, the confinement, the
+/// The confiner's arguments: the same options but the protected paths
+/// (the command can read PID 1's command line), the confinement, the
 /// command.
-fn confiner_arguments(launch: &Launch, confinement: Confinement, fallback: Option<&str>) -> Vec<OsString> {
+fn confiner_arguments(
+    launch: &Launch,
+    confinement: Confinement,
+    mounts: Option<&namespaces::MountReport>,
+    fallback: Option<&str>,
+) -> Vec<OsString> {
     let mut all: Vec<OsString> = vec![LAUNCHER_SUBCOMMAND.into(), CONFINE_FLAG.into()];
-    all.extend(option_arguments(&launch.options()));
+    let options = LaunchOptions {
+        protected: &[],
+        ..launch.options()
+    };
+    all.extend(option_arguments(&options));
+    if let Some(mounts) = mounts {
+        if mounts.read_only {
+            all.push("--read-only-mounts".into());
+        }
+        all.push("--covered".into());
+        all.push(mounts.hidden.to_string().into());
+    }
     if confinement.namespaces {
         all.push("--in-namespaces".into());
     }
@@ -284,14 +332,7 @@ fn confine(
     let mut read_only_mounts = false;
     let mut report_to = None;
     if confinement.namespaces {
-        let writable = launch.writable();
-        let hidden: &[PathBuf] = if restricted { &launch.protected } else { &[] };
-        let report =
-            namespaces::confine_mounts(restricted, &writable, hidden).map_err(SandboxError::Confinement)?;
-        // The working directory still points into the mount beneath the
-        // writable bind: enter the workspace again through the new one.
-        std::env::set_current_dir(&launch.workspace)
-            .map_err(|error| SandboxError::Confinement(format!("cannot enter the workspace: {error}")))?;
+        let private_proc = namespaces::mount_private_proc();
         // The supervisor's pipe (this process's standard input), opened for
         // writing before Landlock could refuse it; closed on exec.
         report_to = std::fs::OpenOptions::new().write(true).open("/proc/self/fd/0").ok();
@@ -301,14 +342,14 @@ fn confine(
         }
         .describe();
         let mut text = format!("namespaces ({names})");
-        if report.read_only {
+        if confinement.read_only_mounts {
             read_only_mounts = true;
             text.push_str(", read-only mounts");
         }
-        if report.hidden > 0 {
-            text.push_str(&format!(", {} protected paths covered", report.hidden));
+        if confinement.covered > 0 {
+            text.push_str(&format!(", {} protected paths covered", confinement.covered));
         }
-        if !report.private_proc {
+        if !private_proc {
             text.push_str(", host /proc visible");
         }
         parts.push(text);
@@ -411,7 +452,11 @@ impl Ended {
 /// the namespace. The command is not PID 1 itself, so that it can be
 /// ended by its own signals as anywhere else.
 fn run_as_init(program: &OsString, arguments: &[OsString], report: Option<std::fs::File>) -> ExitCode {
-    let child = match Command::new(program).args(arguments).stdin(std::process::Stdio::null()).spawn() {
+    let child = match Command::new(program)
+        .args(arguments)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+    {
         Ok(child) => child,
         Err(error) => {
             eprintln!("keel sandbox-exec: cannot run {}: {error}", program.to_string_lossy());
@@ -491,7 +536,12 @@ pub fn probe(policy: SandboxPolicy, network: bool) -> Result<SandboxStatus, Stri
         .stderr
         .split(|byte| *byte == b'\n')
         .find_map(super::parse_status_report)
-        .ok_or_else(|| format!("the launcher reported nothing: {}", String::from_utf8_lossy(&output.stderr).trim()))
+        .ok_or_else(|| {
+            format!(
+                "the launcher reported nothing: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+        })
 }
 
 #[cfg(test)]

@@ -465,7 +465,10 @@ mod tests {
         let real = std::fs::canonicalize(&database).unwrap();
         assert_eq!(protected.iter().filter(|path| **path == real).count(), 1);
         let wal = format!("{}-wal", real.display());
-        assert!(protected.iter().any(|path| path.as_os_str() == wal.as_str()), "{protected:?}");
+        assert!(
+            protected.iter().any(|path| path.as_os_str() == wal.as_str()),
+            "{protected:?}"
+        );
         assert!(protected.iter().all(|path| path.is_absolute()));
     }
 

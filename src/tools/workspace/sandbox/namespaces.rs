@@ -5,10 +5,10 @@
 //! allowed, its own network namespace (no interface but a loopback that is
 //! down).
 //!
-//! Two halves, run by the two processes of the launcher: [`unshare`] by the
-//! supervisor, so that its next child is created in the new namespaces (as
-//! PID 1 of the new PID namespace), and [`confine_mounts`] by that child,
-//! the only process that can mount a `/proc` for the new PID namespace.
+//! The supervisor calls [`unshare`], so that its next child is created in
+//! the new namespaces (as PID 1 of the new PID namespace), and sets the
+//! mounts up with [`confine_mounts`]; the child, the only process that can
+//! mount a `/proc` for the new PID namespace, calls [`mount_private_proc`].
 //!
 //! Creating namespaces needs `CAP_SYS_ADMIN`: Keel running as root has it;
 //! otherwise the namespaces are created inside a new user namespace, where
@@ -91,39 +91,43 @@ pub(super) fn unshare(network: bool) -> Result<Namespaces, String> {
     })
 }
 
-/// What [`confine_mounts`] achieved besides the mandatory steps.
+/// What [`confine_mounts`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(super) struct MountReport {
     /// Whether every mount outside the writable places is read-only.
     pub(super) read_only: bool,
-    /// Whether `/proc` shows only the new PID namespace (so Keel's
-    /// processes, their command lines and environments are out of sight).
-    pub(super) private_proc: bool,
     /// The protected paths that were covered.
     pub(super) hidden: usize,
 }
 
-/// Sets up the mount namespace of the sandboxed command, from inside it
-/// (as PID 1 of the new PID namespace): nothing propagates back to the
-/// host; when `read_only`, every mount becomes read-only except `writable`
-/// (bound onto themselves first, so they stay writable); every path of
-/// `hidden` that exists is covered (a file by `/dev/null`, a directory by
-/// an empty read-only tmpfs); and a fresh `/proc` shows only the new PID
-/// namespace.
-///
-/// Making the mounts private, binding the writable places and covering the
-/// protected paths are mandatory: an error means the command must not run.
-/// A `/proc` that cannot be replaced (a kernel that refuses because parts of
-/// the host's are masked) is reported, not fatal: Keel is non-dumpable and
-/// the command has no capabilities, so Keel's environment stays unreadable.
+/// Sets up the mount namespace the sandboxed command will share, from the
+/// supervisor (which entered it with [`unshare`]), so that the paths to
+/// cover never appear in a command line the command can read: nothing
+/// propagates back to the host; when `read_only`, every mount becomes
+/// read-only except `writable` (bound onto themselves first, so they stay
+/// writable); every path of `hidden` that exists is covered (a file by
+/// `/dev/null`, a directory by an empty read-only tmpfs). Any error means
+/// the command must not run.
 pub(super) fn confine_mounts(read_only: bool, writable: &[PathBuf], hidden: &[PathBuf]) -> Result<MountReport, String> {
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(|error| format!("cannot make the mounts private: {error}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|error| format!("cannot make the mounts private: {error}"))?;
     let mut report = MountReport::default();
     if read_only {
         for place in writable {
-            mount(Some(place), place, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
-                .map_err(|error| format!("cannot bind {}: {error}", place.display()))?;
+            mount(
+                Some(place),
+                place,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            )
+            .map_err(|error| format!("cannot bind {}: {error}", place.display()))?;
         }
     }
     for path in hidden {
@@ -145,15 +149,24 @@ pub(super) fn confine_mounts(read_only: bool, writable: &[PathBuf], hidden: &[Pa
         remount_read_only(writable)?;
         report.read_only = true;
     }
-    report.private_proc = mount(
+    Ok(report)
+}
+
+/// Mounts a `/proc` that shows only the caller's PID namespace (so Keel's
+/// processes, their command lines and environments are out of sight); only
+/// a process inside that namespace can. Returns whether it could: a kernel
+/// may refuse because parts of the host's `/proc` are masked, which is
+/// reported, not fatal (Keel is non-dumpable and the command has no
+/// capabilities, so Keel's environment stays unreadable).
+pub(super) fn mount_private_proc() -> bool {
+    mount(
         Some("proc"),
         "/proc",
         Some("proc"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
-    .is_ok();
-    Ok(report)
+    .is_ok()
 }
 
 /// Remounts every mount of this namespace read-only, except the ones at or
@@ -161,7 +174,8 @@ pub(super) fn confine_mounts(read_only: bool, writable: &[PathBuf], hidden: &[Pa
 /// the kernel refuses a remount that would drop `nosuid`, `nodev`, `noexec`
 /// or the atime flags.
 fn remount_read_only(writable: &[PathBuf]) -> Result<(), String> {
-    let table = std::fs::read("/proc/self/mountinfo").map_err(|error| format!("cannot read the mount table: {error}"))?;
+    let table =
+        std::fs::read("/proc/self/mountinfo").map_err(|error| format!("cannot read the mount table: {error}"))?;
     for entry in parse_mountinfo(&table) {
         if writable.iter().any(|place| entry.mount_point.starts_with(place)) {
             continue;
@@ -235,9 +249,9 @@ fn unescape(field: &[u8]) -> Vec<u8> {
     let mut decoded = Vec::with_capacity(field.len());
     let mut index = 0;
     while index < field.len() {
-        let octal = field.get(index + 1..index + 4).filter(|digits| {
-            field[index] == b'\\' && digits.iter().all(|digit| (b'0'..=b'7').contains(digit))
-        });
+        let octal = field
+            .get(index + 1..index + 4)
+            .filter(|digits| field[index] == b'\\' && digits.iter().all(|digit| (b'0'..=b'7').contains(digit)));
         match octal {
             Some(digits) => {
                 let value = digits

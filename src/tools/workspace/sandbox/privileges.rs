@@ -24,7 +24,12 @@ pub(super) fn drop_all() -> Result<(), String> {
     {
         return Err(format!("cannot clear the capability bounding set: {error}"));
     }
-    for set in [CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
+    for set in [
+        CapSet::Ambient,
+        CapSet::Inheritable,
+        CapSet::Effective,
+        CapSet::Permitted,
+    ] {
         caps::clear(None, set).map_err(|error| format!("cannot clear the {set:?} capabilities: {error}"))?;
     }
     Ok(())
@@ -35,7 +40,8 @@ pub(super) fn drop_all() -> Result<(), String> {
 /// not root in its namespace loses them on `execve` unless they are
 /// ambient. The confiner drops them all again before the command runs.
 pub(super) fn pass_on_to_child() -> Result<(), String> {
-    let permitted = caps::read(None, CapSet::Permitted).map_err(|error| format!("cannot read capabilities: {error}"))?;
+    let permitted =
+        caps::read(None, CapSet::Permitted).map_err(|error| format!("cannot read capabilities: {error}"))?;
     caps::set(None, CapSet::Inheritable, &permitted)
         .map_err(|error| format!("cannot make capabilities inheritable: {error}"))?;
     for capability in permitted {

@@ -12,8 +12,7 @@ use std::collections::BTreeMap;
 
 use nix::libc;
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    TargetArch,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 
 /// The architecture the filter is compiled for, if seccomp is supported on it.
@@ -47,9 +46,16 @@ fn network_filter(arch: TargetArch) -> Result<BpfProgram, String> {
     )
     .map_err(invalid)?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    rules.insert(libc::SYS_socket, vec![SeccompRule::new(vec![not_unix]).map_err(invalid)?]);
+    rules.insert(
+        libc::SYS_socket,
+        vec![SeccompRule::new(vec![not_unix]).map_err(invalid)?],
+    );
     // An empty chain matches every call of the syscall.
-    for syscall in [libc::SYS_io_uring_setup, libc::SYS_io_uring_enter, libc::SYS_io_uring_register] {
+    for syscall in [
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+    ] {
         rules.insert(syscall, Vec::new());
     }
     let filter = SeccompFilter::new(
