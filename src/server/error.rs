@@ -125,6 +125,7 @@ struct Envelope {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if let Self::Internal(message) = &self {
+            let message = crate::provider::redact::redact(message);
             tracing::error!(%message, "request failed");
         }
         let mut response = (self.status(), Json(Envelope { error: self.body() })).into_response();
