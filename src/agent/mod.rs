@@ -273,7 +273,8 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
     startup.extend(startup_warnings.iter().map(|message| Event {
         submission_id: None,
         msg: EventMsg::Warning(WarningEvent {
-            message: message.clone(),
+            // An MCP server's failure may echo its headers.
+            message: crate::provider::redact::redact_owned(message.clone()),
         }),
     }));
     let mut closing_write = None;

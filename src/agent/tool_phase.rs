@@ -21,6 +21,7 @@ use crate::protocol::{
     ApprovalDecidedEvent, ApprovalDecision, ApprovalRequestedEvent, Event, EventMsg, Op, Submission,
     ToolCallCompletedEvent, ToolCallStartedEvent, TranscriptItem,
 };
+use crate::provider::redact::redact_owned;
 use crate::tools::{ApprovalPolicy, ToolContext, ToolOutcome};
 
 /// What the user is told when they denied a call (or interrupted the wait).
@@ -281,7 +282,10 @@ impl Session {
     }
 
     /// Records a call's result with the history item it adds.
-    async fn record_result(&mut self, turn: &Turn, call: &ToolCall, outcome: ToolOutcome) -> Result<()> {
+    async fn record_result(&mut self, turn: &Turn, call: &ToolCall, mut outcome: ToolOutcome) -> Result<()> {
+        // A command's output (`env`, a config file) may hold a provider key;
+        // neither the log nor the next request carries it.
+        outcome.output = redact_owned(outcome.output);
         let completed = turn.event(EventMsg::ToolCallCompleted(ToolCallCompletedEvent {
             turn_id: turn.id().to_owned(),
             call_id: call.call_id.clone(),

@@ -25,6 +25,7 @@ use crate::protocol::{
     SubmissionRejectedEvent, TokenUsageEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent, TurnStartedEvent,
     UserMessageEvent, new_id, now_ms,
 };
+use crate::provider::redact::{redact, redact_owned};
 use crate::store::TurnExecution;
 
 /// The identity and durable state of a running turn.
@@ -367,6 +368,8 @@ impl Session {
         };
         match abort {
             Abort::Failed(message) => {
+                // A provider's or tool's failure may echo a key.
+                let message = redact_owned(message);
                 events.push(turn.event(error_msg(&turn_id, &message)));
                 events.push(turn.event(aborted(AbortReason::ModelFailed, message)));
             }
@@ -428,10 +431,11 @@ pub(super) async fn reject_stray_control(
     recorder.append(vec![rejected], None).await
 }
 
+/// An `error` event; its text is redacted (see [`crate::provider::redact`]).
 fn error_msg(turn_id: &str, message: &str) -> EventMsg {
     EventMsg::Error(ErrorEvent {
         turn_id: Some(turn_id.to_owned()),
-        message: message.to_owned(),
+        message: redact(message).into_owned(),
     })
 }
 

@@ -47,10 +47,25 @@
 //! sandbox = "workspace-write"       # read-only | workspace-write | full-access
 //! shell_timeout_secs = 60           # per command unless the call asks for more
 //! shell_max_timeout_secs = 600      # the most a call may ask for
+//! network = false                   # whether shell commands may use the network (default false)
 //!
 //! [approvals]
 //! default = "ask"                   # auto | ask | deny; unset: reading tools auto, others ask
 //! tools = { shell = "ask", write_file = "auto", files__read_file = "auto" }
+//! ```
+//!
+//! What API clients of `keel serve` may ask for when they create a session
+//! (the ceiling; `keel serve` flags override each key). The operator's own
+//! `[tools]`, `[approvals]` and models are not limited by it; a client may
+//! not turn on a tool `[tools]` turned off. A request beyond it is refused
+//! with `403`:
+//!
+//! ```toml
+//! [server]
+//! max_sandbox = "workspace-write"   # the loosest `tools.sandbox` a client may ask for (--max-sandbox)
+//! auto_approve = ["clock", "read_file", "list_dir", "search"]  # tools a client may set to auto; "*" for all (--auto-approve)
+//! allow_network = false             # whether a client may turn `tools.network` on (--allow-network)
+//! script_dir = "scripts"            # `script:` models from clients only from here (--script-dir); unset: none
 //! ```
 //!
 //! Keys come from the environment (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, or
@@ -58,7 +73,9 @@
 //! `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL`, then the providers' defaults.
 //! The official endpoints need a key; a model on a custom `base_url` needs
 //! one only if its entry names an `api_key_env`. Keys are never written to
-//! the log, the checkpoint or a log line.
+//! the log, the checkpoint or a log line: every key is registered with
+//! [`crate::provider::redact`], which replaces it (and echoed credential
+//! headers) in stored errors, tool outputs and API errors.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -74,10 +91,12 @@ use crate::tools::ApprovalRules;
 use crate::{Error, Result};
 
 mod mcp;
+mod server;
 mod session;
 mod tools;
 
 pub use self::mcp::*;
+pub use self::server::{READING_TOOLS, ServerPolicy, sandbox_rank};
 pub use self::tools::ToolsConfig;
 
 const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
@@ -103,6 +122,9 @@ pub struct KeelConfig {
     /// (`[approvals]`).
     #[serde(default)]
     pub approvals: ApprovalRules,
+    /// What API clients of `keel serve` may ask for (`[server]`).
+    #[serde(default)]
+    pub server: ServerPolicy,
 }
 
 /// A named model in `keel.toml`.

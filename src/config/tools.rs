@@ -21,8 +21,9 @@ pub struct ToolsConfig {
     pub shell: bool,
     /// What shell commands may change.
     pub sandbox: SandboxPolicy,
-    /// Whether shell commands may use the network (blocked by default,
-    /// except under full access).
+    /// Whether shell commands may use the network (off by default: a
+    /// command the model runs should not reach other hosts unless allowed;
+    /// full access always has it).
     pub network: bool,
     /// How long a command may run when the call does not say.
     pub shell_timeout: Duration,
@@ -113,17 +114,17 @@ mod tests {
     fn every_tool_is_offered_by_default_with_a_workspace_write_shell() {
         let config = tools("").expect("empty file");
         assert_eq!(config, ToolsConfig::default());
-        assert!(config.builtin && config.write && config.shell);
+        assert!(config.builtin && config.write && config.shell && !config.network);
         assert_eq!(config.sandbox, SandboxPolicy::WorkspaceWrite);
     }
 
     #[test]
     fn the_section_sets_tools_sandbox_and_timeouts() {
         let config = tools(
-            "[tools]\nwrite = false\nsandbox = \"read-only\"\nshell_timeout_secs = 5\nshell_max_timeout_secs = 30\n",
+            "[tools]\nwrite = false\nsandbox = \"read-only\"\nnetwork = true\nshell_timeout_secs = 5\nshell_max_timeout_secs = 30\n",
         )
         .expect("valid");
-        assert!(!config.write && config.shell && config.builtin);
+        assert!(!config.write && config.shell && config.builtin && config.network);
         assert_eq!(config.sandbox, SandboxPolicy::ReadOnly);
         assert_eq!(config.shell_timeout, Duration::from_secs(5));
         assert_eq!(config.shell_max_timeout, Duration::from_secs(30));

@@ -11,7 +11,7 @@ mod script;
 use std::sync::Arc;
 
 pub use futures::future::BoxFuture;
-pub use script::ScriptedModel;
+pub use script::{MAX_SCRIPT_BYTES, ScriptedModel};
 
 use crate::Result;
 use crate::protocol::{TokenUsage, TranscriptItem};

@@ -14,6 +14,13 @@
 //!   can produce malformed arguments), and an `id` may be given.
 //!
 //! Any response may also carry `"usage": {"input_tokens": N, "output_tokens": N}`.
+//!
+//! Loading is careful because a spec may come from an API client: only a
+//! regular file is read (it is opened non-blocking, so a FIFO cannot stall
+//! the caller, and `/dev/zero` is refused before reading), at most
+//! [`MAX_SCRIPT_BYTES`], and a malformed line is reported by its number and
+//! the kind of error only, never with text from the file. Loading blocks:
+//! async callers run it on a blocking thread.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,6 +30,9 @@ use serde::Deserialize;
 use super::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, ToolCall};
 use crate::protocol::TokenUsage;
 use crate::{Error, Result};
+
+/// The largest script file loaded.
+pub const MAX_SCRIPT_BYTES: u64 = 8 * 1024 * 1024;
 
 /// One line of a script, as written.
 #[derive(Debug, Deserialize)]
@@ -67,11 +77,11 @@ pub struct ScriptedModel {
 
 impl ScriptedModel {
     /// Reads and checks the whole script, so a bad line is reported before
-    /// any session work starts.
+    /// any session work starts. Blocks on the file system.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|error| Error::Config(format!("cannot read script {}: {error}", path.display())))?;
+        let text =
+            read_script(path).map_err(|why| Error::Config(format!("cannot read script {}: {why}", path.display())))?;
         let responses = parse(&text)
             .map_err(|(line, error)| Error::Config(format!("script {} line {line}: {error}", path.display())))?;
         if responses.is_empty() {
@@ -84,6 +94,54 @@ impl ScriptedModel {
     }
 }
 
+/// The text of a script file: a regular file of at most
+/// [`MAX_SCRIPT_BYTES`] bytes of UTF-8.
+fn read_script(path: &Path) -> std::result::Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    // Non-blocking, so opening a FIFO does not wait for a writer; the type
+    // check below then refuses it. Reads of a regular file ignore the flag.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|error| error.to_string())?;
+    let metadata = file.metadata().map_err(|error| error.to_string())?;
+    if !metadata.is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    let too_large = || format!("larger than {MAX_SCRIPT_BYTES} bytes");
+    if metadata.len() > MAX_SCRIPT_BYTES {
+        return Err(too_large());
+    }
+    // The size may change after the check; the read is bounded anyway.
+    let mut bytes = Vec::new();
+    file.take(MAX_SCRIPT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| error.to_string())?;
+    if bytes.len() as u64 > MAX_SCRIPT_BYTES {
+        return Err(too_large());
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())
+}
+
+/// What is wrong with a line, without quoting it: serde's messages can
+/// quote the file (an unknown field's name), which may not be the caller's
+/// to read.
+fn describe(error: &serde_json::Error) -> String {
+    let what = match error.classify() {
+        serde_json::error::Category::Syntax => "not valid JSON",
+        serde_json::error::Category::Eof => "the JSON ends early",
+        serde_json::error::Category::Data => {
+            "not a response: an unknown field or a value of the wrong type (the fields are text, chunks, \
+             delay_ms, error, tool_calls, usage)"
+        }
+        serde_json::error::Category::Io => "unreadable",
+    };
+    format!("column {}: {what}", error.column())
+}
+
 fn parse(text: &str) -> std::result::Result<Vec<Response>, (usize, String)> {
     let mut responses = Vec::new();
     for (index, line) in text.lines().enumerate() {
@@ -91,7 +149,7 @@ fn parse(text: &str) -> std::result::Result<Vec<Response>, (usize, String)> {
             continue;
         }
         let number = index + 1;
-        let parsed: ScriptLine = serde_json::from_str(line).map_err(|error| (number, error.to_string()))?;
+        let parsed: ScriptLine = serde_json::from_str(line).map_err(|error| (number, describe(&error)))?;
         let delay = Duration::from_millis(parsed.delay_ms.unwrap_or(0));
         let tool_calls: Vec<ToolCall> = parsed
             .tool_calls
@@ -243,5 +301,40 @@ mod tests {
             Err(1)
         );
         assert_eq!(parse("{\"txt\": \"a\"}").map_err(|(line, _)| line), Err(1));
+    }
+
+    #[test]
+    fn errors_never_quote_the_file() {
+        let secret = "sk-live-0123456789abcdef";
+        for text in [
+            format!("{{\"{secret}\": 1}}"),
+            format!("{{\"text\": {secret}}}"),
+            format!("{{\"text\": \"a\", \"chunks\": \"{secret}\"}}"),
+        ] {
+            let (line, message) = parse(&text).expect_err(&text);
+            assert_eq!(line, 1);
+            assert!(!message.contains(secret), "{message}");
+        }
+    }
+
+    #[test]
+    fn only_small_regular_files_are_read() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("run mkfifo");
+        assert!(made.success());
+        let error = ScriptedModel::load(&fifo).expect_err("a FIFO").to_string();
+        assert!(error.contains("not a regular file"), "{error}");
+        let error = ScriptedModel::load("/dev/zero").expect_err("a device").to_string();
+        assert!(error.contains("not a regular file"), "{error}");
+        let big = dir.path().join("big.jsonl");
+        let line = "{\"text\": \"x\"}\n";
+        let count = usize::try_from(MAX_SCRIPT_BYTES).expect("size") / line.len() + 1;
+        std::fs::write(&big, line.repeat(count)).expect("write");
+        let error = ScriptedModel::load(&big).expect_err("too large").to_string();
+        assert!(error.contains("larger than"), "{error}");
     }
 }

@@ -13,6 +13,7 @@ use rand::RngExt;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::ProviderError;
+use super::redact::{redact, redact_owned, register};
 use super::sse::{SseEvent, SseParser};
 use crate::Error;
 
@@ -249,7 +250,7 @@ impl HttpClient {
         }
         ProviderError::Connection {
             provider: self.provider.clone(),
-            message,
+            message: redact_owned(message),
         }
     }
 }
@@ -259,9 +260,12 @@ impl HttpClient {
 pub struct Secret(String);
 
 impl Secret {
-    /// Wraps `value`.
+    /// Wraps `value` and registers it with [`super::redact`], so it is
+    /// replaced in any text Keel stores or returns.
     pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
+        let value = value.into();
+        register(&value);
+        Self(value)
     }
 
     /// The value itself, for the one place that sends it.
@@ -363,7 +367,8 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// The provider's own message from an error body: OpenAI's
 /// `{"error": {"message", "type", "code"}}`, Anthropic's `{"type": "error",
 /// "error": {"type", "message"}}`, or other common shapes; the raw text
-/// (shortened) otherwise.
+/// (shortened) otherwise. Keys are redacted (see [`super::redact`]): an
+/// upstream may echo the request's headers.
 pub fn error_message(body: &[u8], status: reqwest::StatusCode) -> String {
     if let Ok(json) = serde_json::from_slice::<serde_json::Value>(body)
         && let Some(message) = message_of(&json)
@@ -371,6 +376,8 @@ pub fn error_message(body: &[u8], status: reqwest::StatusCode) -> String {
         return message;
     }
     let text = String::from_utf8_lossy(body);
+    // Before shortening, so no key is cut where the redaction misses it.
+    let text = redact(&text);
     let text = text.trim();
     if text.is_empty() {
         return status.canonical_reason().unwrap_or("error").to_owned();
@@ -382,8 +389,13 @@ pub fn error_message(body: &[u8], status: reqwest::StatusCode) -> String {
     shown
 }
 
-/// The message of a JSON error object, with its type or code in front.
+/// The message of a JSON error object, with its type or code in front;
+/// keys redacted.
 pub fn message_of(json: &serde_json::Value) -> Option<String> {
+    message_of_raw(json).map(redact_owned)
+}
+
+fn message_of_raw(json: &serde_json::Value) -> Option<String> {
     let error = json.get("error").unwrap_or(json);
     if let Some(text) = error.as_str() {
         return Some(text.to_owned());

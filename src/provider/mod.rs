@@ -11,7 +11,8 @@
 //! arrives, assembles tool calls, and reports failures as [`ProviderError`]s
 //! that name the provider, the HTTP status and the provider's own message.
 //! [`http`] holds what they share: the client, timeouts, bounded bodies and
-//! retries (only while nothing has been streamed yet).
+//! retries (only while nothing has been streamed yet). [`redact`] keeps the
+//! keys out of every text Keel stores or returns.
 //!
 //! **Architecture invariant:** providers know the `Model` trait and the
 //! protocol types, nothing of the store or the recorder.
@@ -21,6 +22,7 @@ mod error;
 pub mod http;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod redact;
 pub mod sse;
 
 pub use self::error::ProviderError;

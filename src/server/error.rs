@@ -2,7 +2,8 @@
 //!
 //! Every error answers `{"error": {"code": "…", "message": "…"}}`. Messages
 //! never carry a key or a token: they come from the runtime's and the
-//! store's errors, which never hold them either.
+//! store's errors, which never hold them either, and are redacted on the way
+//! out anyway (see [`crate::provider::redact`]) in case an upstream echoed one.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -22,6 +23,16 @@ pub enum ApiError {
     /// A missing or wrong bearer token (401).
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// A request beyond what the operator lets API clients ask for (403);
+    /// `code` names the setting (`sandbox_over_ceiling`, …) and the message
+    /// the `keel.toml` key or `keel serve` flag that would allow it.
+    #[error("{message}")]
+    Forbidden {
+        /// The machine code.
+        code: &'static str,
+        /// What was refused and how the operator could allow it.
+        message: String,
+    },
     /// An unknown session or route (404).
     #[error("{0}")]
     NotFound(String),
@@ -57,6 +68,7 @@ impl ApiError {
         match self {
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::QueueFull | Self::SessionBusy(_) | Self::Conflict(_) => StatusCode::CONFLICT,
@@ -71,6 +83,7 @@ impl ApiError {
         match self {
             Self::InvalidRequest(_) => "invalid_request",
             Self::Unauthorized => "unauthorized",
+            Self::Forbidden { code, .. } => code,
             Self::NotFound(_) => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::QueueFull => "queue_full",
@@ -92,7 +105,7 @@ impl ApiError {
     pub(crate) fn body(&self) -> ErrorBody {
         ErrorBody {
             code: self.code(),
-            message: self.to_string(),
+            message: crate::provider::redact::redact_owned(self.to_string()),
         }
     }
 }
@@ -112,6 +125,7 @@ struct Envelope {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if let Self::Internal(message) = &self {
+            let message = crate::provider::redact::redact(message);
             tracing::error!(%message, "request failed");
         }
         let mut response = (self.status(), Json(Envelope { error: self.body() })).into_response();
@@ -158,6 +172,14 @@ mod tests {
         let cases = [
             (ApiError::InvalidRequest("x".into()), 400, "invalid_request"),
             (ApiError::Unauthorized, 401, "unauthorized"),
+            (
+                ApiError::Forbidden {
+                    code: "sandbox_over_ceiling",
+                    message: "x".into(),
+                },
+                403,
+                "sandbox_over_ceiling",
+            ),
             (ApiError::NotFound("x".into()), 404, "not_found"),
             (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
             (ApiError::QueueFull, 409, "queue_full"),

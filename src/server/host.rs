@@ -213,7 +213,7 @@ impl Host {
                 .session_summary(session_id)
                 .await?
                 .ok_or_else(|| ApiError::unknown_session(session_id))?;
-            let settings = SessionSettings::of(&summary.context);
+            let settings = SessionSettings::stored(session_id, &summary.context)?;
             let session = self.start(session_id, settings, summary.context).await?;
             let lease = session.lease();
             *live = Some(session);

@@ -11,9 +11,11 @@
 //!   subscribers without gaps, duplicates or back-pressure on the agent;
 //! - `routes`, `sse`, `ws`: the endpoints; `auth`: the bearer token;
 //!   `error`: the JSON errors; `settings`: per-session settings and how a
-//!   session is assembled; `metrics`: Prometheus metrics; `ui`: the web UI.
+//!   session is assembled; `ceiling`: what API clients may ask for
+//!   (`keel.toml`'s `[server]`); `metrics`: Prometheus metrics; `ui`: the web UI.
 
 mod auth;
+mod ceiling;
 mod error;
 mod extract;
 mod fanout;
@@ -48,7 +50,8 @@ pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
 pub struct ServerConfig {
     /// Where the sessions live.
     pub store: Arc<dyn CheckpointStore>,
-    /// `keel.toml`: named models, `[tools]`, `[approvals]`, `[mcp]`.
+    /// `keel.toml`: named models, `[tools]`, `[approvals]`, `[mcp]`, and
+    /// `[server]`, the ceiling on what API clients may ask for.
     pub keel: KeelConfig,
     /// The model of sessions created without one.
     pub default_model: Option<String>,
@@ -162,8 +165,17 @@ pub async fn serve(
     }
     let metrics = Arc::new(Metrics::new());
     let store: Arc<dyn CheckpointStore> = Arc::new(MeteredStore::new(config.store, Arc::clone(&metrics)));
+    let script_dir = config
+        .keel
+        .server
+        .script_dir
+        .as_deref()
+        .map(ceiling::ScriptDir::new)
+        .transpose()
+        .map_err(ServeError::Config)?;
     let factory = SessionFactory {
-        keel: config.keel,
+        keel: Arc::new(config.keel),
+        script_dir,
         default_model: config.default_model,
         workspace_root: config.workspace_root,
         launcher: config.launcher,

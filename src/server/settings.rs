@@ -4,6 +4,11 @@
 //! overrides, instructions, busy policy) are stored in the session's
 //! [`SessionContext::settings`], so a session reloads with them after being
 //! unloaded or after a restart. API users see only the context's metadata.
+//!
+//! What a client may ask for is bounded by the operator's ceiling (see
+//! `ceiling`): checked at creation and again at every load. Settings that
+//! no longer fit, or no longer parse, keep the session from loading rather
+//! than loading it with defaults (which could turn a tool back on).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,10 +16,12 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::ceiling::{ScriptDir, check_overrides, resolve_script};
 use super::error::ApiError;
 use super::metrics::{MeteredModel, Metrics};
 use crate::agent::{AgentConfig, BusyPolicy, SessionContext};
 use crate::config::{KeelConfig, ToolsConfig};
+use crate::model::Model;
 use crate::store::CheckpointStore;
 use crate::tools::ApprovalRules;
 use crate::tools::workspace::SandboxPolicy;
@@ -31,15 +38,19 @@ pub(crate) struct ToolsOverrides {
     pub(crate) shell: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) sandbox: Option<SandboxPolicy>,
+    /// Whether the shell may use the network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) network: Option<bool>,
 }
 
 impl ToolsOverrides {
-    fn apply(&self, base: &ToolsConfig) -> ToolsConfig {
+    pub(crate) fn apply(&self, base: &ToolsConfig) -> ToolsConfig {
         ToolsConfig {
             builtin: self.builtin.unwrap_or(base.builtin),
             write: self.write.unwrap_or(base.write),
             shell: self.shell.unwrap_or(base.shell),
             sandbox: self.sandbox.unwrap_or(base.sandbox),
+            network: self.network.unwrap_or(base.network),
             ..base.clone()
         }
     }
@@ -47,7 +58,7 @@ impl ToolsOverrides {
 
 /// `approvals` over `keel.toml`'s `[approvals]`: a given `default` replaces
 /// the file's, per-tool entries are added to (and win over) the file's.
-fn merge_approvals(base: &ApprovalRules, overrides: &ApprovalRules) -> ApprovalRules {
+pub(crate) fn merge_approvals(base: &ApprovalRules, overrides: &ApprovalRules) -> ApprovalRules {
     let mut tools: BTreeMap<_, _> = base.tools.clone();
     tools.extend(overrides.tools.iter().map(|(name, policy)| (name.clone(), *policy)));
     ApprovalRules {
@@ -74,15 +85,23 @@ pub(crate) struct SessionSettings {
 }
 
 impl SessionSettings {
-    /// The settings stored in a session's context (defaults when it has
-    /// none, or ones another application wrote).
-    pub(crate) fn of(context: &SessionContext) -> Self {
+    /// The settings stored in a session's context: defaults when it has
+    /// none (a session `keel run` created), an error when they do not parse
+    /// (defaults could be looser than what the session was created with).
+    pub(crate) fn of(context: &SessionContext) -> Result<Self, String> {
         let Some(value) = &context.settings else {
-            return Self::default();
+            return Ok(Self::default());
         };
-        serde_json::from_value(value.clone()).unwrap_or_else(|error| {
-            tracing::warn!(%error, "ignoring session settings this server does not understand");
-            Self::default()
+        serde_json::from_value(value.clone()).map_err(|error| error.to_string())
+    }
+
+    /// The stored settings of `session_id`, or the error that keeps it from
+    /// loading.
+    pub(crate) fn stored(session_id: &str, context: &SessionContext) -> Result<Self, ApiError> {
+        Self::of(context).map_err(|error| {
+            ApiError::Internal(format!(
+                "session '{session_id}' is not loaded: its stored settings do not parse ({error})"
+            ))
         })
     }
 
@@ -94,7 +113,10 @@ impl SessionSettings {
 
 /// Builds the agents of server sessions.
 pub(crate) struct SessionFactory {
-    pub(crate) keel: KeelConfig,
+    pub(crate) keel: Arc<KeelConfig>,
+    /// Where API clients' `script:` models may come from (`[server]
+    /// script_dir`, resolved).
+    pub(crate) script_dir: Option<ScriptDir>,
     /// The model of sessions that name none.
     pub(crate) default_model: Option<String>,
     /// Each session works in a directory of its own under this one.
@@ -113,17 +135,42 @@ impl SessionFactory {
         settings.model.clone().or_else(|| self.default_model.clone())
     }
 
-    /// Checks that a new session's settings can be built; fails with `400`.
-    pub(crate) fn check(&self, settings: &SessionSettings) -> Result<String, ApiError> {
+    /// Checks that a new session's settings fit the operator's ceiling
+    /// (`403`) and can be built (`400`); returns the model spec.
+    pub(crate) async fn check(&self, settings: &SessionSettings) -> Result<String, ApiError> {
+        check_overrides(&self.keel, settings.tools.as_ref(), settings.approvals.as_ref())?;
         let spec = self.model_spec(settings).ok_or_else(|| {
             ApiError::InvalidRequest(
                 "no model: name one in `model`, or start the server with --model or a keel.toml `model`".to_owned(),
             )
         })?;
-        self.keel
-            .model(&spec)
-            .map_err(|error| ApiError::InvalidRequest(error.to_string()))?;
+        self.load_model(&spec).await?;
         Ok(spec)
+    }
+
+    /// Whether the operator chose `spec`: the server's default model or one
+    /// named in `keel.toml`.
+    fn operator_model(&self, spec: &str) -> bool {
+        self.default_model.as_deref() == Some(spec) || self.keel.models.contains_key(spec)
+    }
+
+    /// Builds the model of `spec` on a blocking thread (a script is a file
+    /// read). A `script:` spec the operator did not choose must name a file
+    /// in the script directory (`403` otherwise); a spec that cannot be
+    /// built is `400`.
+    async fn load_model(&self, spec: &str) -> Result<Arc<dyn Model>, ApiError> {
+        let spec = match spec.strip_prefix("script:") {
+            Some(path) if !self.operator_model(spec) => {
+                let resolved = resolve_script(self.script_dir.as_ref(), spec, path).await?;
+                format!("script:{}", resolved.display())
+            }
+            _ => spec.to_owned(),
+        };
+        let keel = Arc::clone(&self.keel);
+        tokio::task::spawn_blocking(move || keel.model(&spec))
+            .await
+            .map_err(|error| ApiError::Internal(format!("building the model failed: {error}")))?
+            .map_err(|error| ApiError::InvalidRequest(error.to_string()))
     }
 
     /// The configuration that opens `session_id` with `settings`. For a new
@@ -134,15 +181,23 @@ impl SessionFactory {
         settings: &SessionSettings,
         context: SessionContext,
     ) -> Result<AgentConfig, ApiError> {
+        // The ceiling may have been lowered since the session was created.
+        let refused = |error: ApiError| match error {
+            ApiError::Forbidden { code, message } => ApiError::Forbidden {
+                code,
+                message: format!(
+                    "session '{session_id}' is not loaded: its settings are beyond this server's ceiling: {message}"
+                ),
+            },
+            other => ApiError::Internal(format!("cannot load session '{session_id}': {other}")),
+        };
+        check_overrides(&self.keel, settings.tools.as_ref(), settings.approvals.as_ref()).map_err(refused)?;
         let spec = self.model_spec(settings).ok_or_else(|| {
             ApiError::Internal(format!(
                 "session '{session_id}' names no model and the server has no default model"
             ))
         })?;
-        let model = self
-            .keel
-            .model(&spec)
-            .map_err(|error| ApiError::Internal(format!("cannot load session '{session_id}': {error}")))?;
+        let model = self.load_model(&spec).await.map_err(refused)?;
         let provider = self.keel.provider_of(&spec).unwrap_or_else(|| "unknown".to_owned());
         let model = Arc::new(MeteredModel::new(model, provider, Arc::clone(&self.metrics)));
         let workspace = workspace_dir(&self.workspace_root, session_id);
@@ -236,7 +291,7 @@ mod tests {
     }
 
     #[test]
-    fn settings_round_trip_and_tolerate_foreign_ones() {
+    fn settings_round_trip_and_foreign_ones_are_errors() {
         let settings = SessionSettings {
             model: Some("script:a.jsonl".into()),
             on_busy: BusyPolicy::Steer,
@@ -246,11 +301,15 @@ mod tests {
             settings: Some(settings.to_value()),
             ..SessionContext::default()
         };
-        assert_eq!(SessionSettings::of(&context), settings);
+        assert_eq!(SessionSettings::of(&context), Ok(settings));
         let foreign = SessionContext {
             settings: Some(serde_json::json!({"on_busy": 7})),
             ..SessionContext::default()
         };
-        assert_eq!(SessionSettings::of(&foreign), SessionSettings::default());
+        assert!(SessionSettings::of(&foreign).is_err(), "not defaults");
+        assert_eq!(
+            SessionSettings::of(&SessionContext::default()),
+            Ok(SessionSettings::default())
+        );
     }
 }

@@ -52,14 +52,49 @@ pub(crate) struct ServeArgs {
     /// without it).
     #[arg(long, value_name = "ORIGIN")]
     cors_origin: Option<String>,
+    /// The loosest shell sandbox an API client may ask for [default: the
+    /// config's `[server] max_sandbox`, else workspace-write].
+    #[arg(long, value_name = "POLICY", value_parser = ["read-only", "workspace-write", "full-access"])]
+    max_sandbox: Option<String>,
+    /// Tools an API client may set to `auto` approval, comma-separated;
+    /// `*` for all [default: the config's `[server] auto_approve`, else
+    /// clock,read_file,list_dir,search].
+    #[arg(long, value_name = "TOOLS", value_delimiter = ',')]
+    auto_approve: Option<Vec<String>>,
+    /// Let API clients turn the shell's network on (`tools.network`).
+    #[arg(long)]
+    allow_network: bool,
+    /// The directory `script:` models named by API clients must be in
+    /// [default: the config's `[server] script_dir`, else none].
+    #[arg(long, value_name = "DIR")]
+    script_dir: Option<PathBuf>,
 }
 
 pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Everything that can be wrong with the configuration is reported
     // before the database is opened or the port taken.
-    let (keel_config, config_path) = keel::config::KeelConfig::discover(args.config.as_deref())?;
+    let (mut keel_config, config_path) = keel::config::KeelConfig::discover(args.config.as_deref())?;
     if let Some(path) = &config_path {
         keel::tools::workspace::sandbox::protect(path);
+    }
+    // The flags override `[server]`, the ceiling on what API clients ask for.
+    let ceiling = &mut keel_config.server;
+    if let Some(policy) = &args.max_sandbox {
+        ceiling.max_sandbox = serde_json::from_value(serde_json::Value::String(policy.clone()))
+            .with_context(|| format!("invalid --max-sandbox '{policy}'"))?;
+    }
+    if let Some(tools) = &args.auto_approve {
+        ceiling.auto_approve = tools
+            .iter()
+            .map(|tool| tool.trim().to_owned())
+            .filter(|tool| !tool.is_empty())
+            .collect();
+    }
+    if args.allow_network {
+        ceiling.allow_network = true;
+    }
+    if let Some(dir) = &args.script_dir {
+        ceiling.script_dir = Some(dir.clone());
     }
     let default_model = args.model.clone().or_else(|| keel_config.model.clone());
     if let Some(spec) = &default_model {

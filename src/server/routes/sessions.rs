@@ -60,7 +60,9 @@ pub(crate) struct SessionView {
 impl SessionView {
     /// The view of a stored session, with the live status when it is loaded.
     fn new(server: &Server, summary: SessionSummary, live: Option<SessionStatus>) -> Self {
-        let settings = SessionSettings::of(&summary.context);
+        // Settings that do not parse show no model (the session will not
+        // load; the listing still shows it).
+        let settings = SessionSettings::of(&summary.context).ok();
         let (running_turn_id, queued, pending_approvals, last_sequence) = match &live {
             Some(status) => (
                 status.running_turn_id.clone(),
@@ -86,8 +88,10 @@ impl SessionView {
             id: summary.session_id,
             bot_id: summary.bot_id,
             context: summary.context.metadata,
-            model: server.host.factory.model_spec(&settings),
-            on_busy: settings.on_busy,
+            model: settings
+                .as_ref()
+                .and_then(|settings| server.host.factory.model_spec(settings)),
+            on_busy: settings.map(|settings| settings.on_busy).unwrap_or_default(),
             created_at_ms: summary.created_at_ms,
             updated_at_ms: summary.updated_at_ms,
             last_sequence,
@@ -129,7 +133,7 @@ pub(crate) async fn create(
     // A bad spec or a missing key is the request's fault; check it before
     // anything is stored. The resolved spec is stored, so the session keeps
     // its model when the server's default changes.
-    let spec = server.host.factory.check(&settings)?;
+    let spec = server.host.factory.check(&settings).await?;
     let settings = SessionSettings {
         model: Some(spec),
         ..settings

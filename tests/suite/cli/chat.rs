@@ -421,8 +421,12 @@ fn the_history_file_can_be_chosen() {
 /// `keel serve` on a loopback port, and a scratch directory for `keel chat`.
 fn served() -> (Cli, Scratch, ServeProcess) {
     let scratch = Scratch::new();
-    let server = ServeProcess::start(&scratch, &[]);
-    (Cli::new(), scratch, server)
+    let cli = Cli::new();
+    // The chat names scripts in its own scratch directory: the server lets
+    // clients use scripts from there.
+    let scripts = cli.dir.path().display().to_string();
+    let server = ServeProcess::start(&scratch, &["--script-dir", &scripts]);
+    (cli, scratch, server)
 }
 
 /// The stored log of a session of the server, read by `keel events`.
@@ -630,8 +634,9 @@ fn against_a_server_with_a_token_the_chat_sends_it_and_a_missing_one_is_explaine
     let token_file = scratch.dir.path().join("token");
     std::fs::write(&token_file, "chat-token\n").expect("write the token");
     let token_path = token_file.display().to_string();
-    let server = ServeProcess::start(&scratch, &["--token-file", &token_path]);
     let cli = Cli::new();
+    let scripts = cli.dir.path().display().to_string();
+    let server = ServeProcess::start(&scratch, &["--token-file", &token_path, "--script-dir", &scripts]);
     let model = cli.model(&[r#"{"text": "authorized"}"#]);
     let base = server.api.base.clone();
 

@@ -305,6 +305,9 @@ impl TestServer {
         let store: Arc<dyn CheckpointStore> = Arc::new(SqliteCheckpoint::new(scratch.db()).expect("open the store"));
         let mut config = ServerConfig::new(store);
         config.workspace_root = scratch.workspaces();
+        // Tests write their scripts into the scratch directory and name
+        // them in requests; the server lets clients use scripts from there.
+        config.keel.server.script_dir = Some(scratch.dir.path().to_path_buf());
         config.launcher = Some(PathBuf::from(env!("CARGO_BIN_EXE_keel")));
         config.shutdown_grace = Duration::from_secs(2);
         // Keep-alive writes also notice closed connections sooner.
@@ -408,6 +411,10 @@ impl ServeProcess {
             .current_dir(scratch.dir.path());
         if !args.contains(&"--listen") {
             command.args(["--listen", "127.0.0.1:0"]);
+        }
+        // As for the in-process server: scripts are in the scratch directory.
+        if !args.contains(&"--script-dir") {
+            command.arg("--script-dir").arg(scratch.dir.path());
         }
         command
     }
