@@ -4,6 +4,7 @@
 
 mod auth;
 mod errors;
+mod front_door;
 mod lifecycle;
 mod ops;
 mod policies;
