@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -50,7 +50,8 @@ pub(crate) async fn require_token(State(server): State<Arc<Server>>, request: Re
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "))
         .is_some_and(|given| token.matches(given.trim()));
-    let allowed = from_header || (accepts_query_token(request.uri().path()) && query_token_matches(&request, token));
+    let route = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
+    let allowed = from_header || (route.is_some_and(accepts_query_token) && query_token_matches(&request, token));
     if allowed {
         next.run(request).await
     } else {
@@ -58,9 +59,11 @@ pub(crate) async fn require_token(State(server): State<Arc<Server>>, request: Re
     }
 }
 
-/// The endpoints a browser opens without being able to set headers.
-fn accepts_query_token(path: &str) -> bool {
-    path.ends_with("/events/stream") || path.ends_with("/ws")
+/// The routes a browser opens without being able to set headers, by their
+/// pattern: a raw path such as `/v1/sessions/ws` (the session `ws`) must
+/// not pass for one.
+fn accepts_query_token(route: &str) -> bool {
+    matches!(route, "/v1/sessions/{id}/events/stream" | "/v1/sessions/{id}/ws")
 }
 
 fn query_token_matches(request: &Request, token: &Token) -> bool {

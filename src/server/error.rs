@@ -33,6 +33,10 @@ pub enum ApiError {
         /// What was refused and how the operator could allow it.
         message: String,
     },
+    /// A request from a browser page of another origin (403), refused so
+    /// no web page can drive the server.
+    #[error("{0}")]
+    ForbiddenOrigin(String),
     /// An unknown session or route (404).
     #[error("{0}")]
     NotFound(String),
@@ -51,6 +55,13 @@ pub enum ApiError {
     /// The body or the message is over its limit (413).
     #[error("{0}")]
     TooLarge(String),
+    /// A JSON body sent with another content type (415): a browser can send
+    /// `text/plain` cross-site without asking, `application/json` it cannot.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// A `Host` the server does not answer for (421): DNS rebinding.
+    #[error("{0}")]
+    MisdirectedRequest(String),
     /// No live session can be unloaded to make room (503).
     #[error("{0}")]
     TooManySessions(String),
@@ -69,10 +80,13 @@ impl ApiError {
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::QueueFull | Self::SessionBusy(_) | Self::Conflict(_) => StatusCode::CONFLICT,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::MisdirectedRequest(_) => StatusCode::MISDIRECTED_REQUEST,
             Self::TooManySessions(_) | Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -84,12 +98,15 @@ impl ApiError {
             Self::InvalidRequest(_) => "invalid_request",
             Self::Unauthorized => "unauthorized",
             Self::Forbidden { code, .. } => code,
+            Self::ForbiddenOrigin(_) => "forbidden_origin",
             Self::NotFound(_) => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::QueueFull => "queue_full",
             Self::SessionBusy(_) => "session_busy",
             Self::Conflict(_) => "conflict",
             Self::TooLarge(_) => "too_large",
+            Self::UnsupportedMediaType(_) => "unsupported_media_type",
+            Self::MisdirectedRequest(_) => "misdirected_request",
             Self::TooManySessions(_) => "too_many_sessions",
             Self::Unavailable(_) => "unavailable",
             Self::Internal(_) => "internal",
@@ -180,12 +197,19 @@ mod tests {
                 403,
                 "sandbox_over_ceiling",
             ),
+            (ApiError::ForbiddenOrigin("x".into()), 403, "forbidden_origin"),
             (ApiError::NotFound("x".into()), 404, "not_found"),
             (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
             (ApiError::QueueFull, 409, "queue_full"),
             (ApiError::SessionBusy("x".into()), 409, "session_busy"),
             (ApiError::Conflict("x".into()), 409, "conflict"),
             (ApiError::TooLarge("x".into()), 413, "too_large"),
+            (
+                ApiError::UnsupportedMediaType("x".into()),
+                415,
+                "unsupported_media_type",
+            ),
+            (ApiError::MisdirectedRequest("x".into()), 421, "misdirected_request"),
             (ApiError::TooManySessions("x".into()), 503, "too_many_sessions"),
             (ApiError::Unavailable("x".into()), 503, "unavailable"),
             (ApiError::Internal("x".into()), 500, "internal"),

@@ -3,15 +3,18 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// A JSON body. The content type is not checked (`curl -d` sends a form
-/// type); a body over the limit is `413 too_large`, anything unparsable
-/// `400 invalid_request`. An empty body reads as `{}`.
+/// A JSON body. It must be sent as `application/json` (or
+/// `application/*+json`), else `415 unsupported_media_type`: the types a
+/// browser sends cross-site without a preflight (`text/plain`, forms) are
+/// refused, so no page of another site can post to the API. A body over the
+/// limit is `413 too_large`, anything unparsable `400 invalid_request`. An
+/// empty body sent without a content type (or as JSON) reads as `{}`.
 pub(crate) struct ApiJson<T>(pub(crate) T);
 
 impl<S, T> FromRequest<S> for ApiJson<T>
@@ -22,16 +25,38 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(request, state).await.map_err(body_error)?;
-        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            &bytes
+        let declared_json = match request.headers().get(header::CONTENT_TYPE) {
+            Some(value) if is_json(value) => true,
+            Some(_) => return Err(not_json()),
+            None => false,
         };
+        let bytes = Bytes::from_request(request, state).await.map_err(body_error)?;
+        let blank = bytes.iter().all(u8::is_ascii_whitespace);
+        if !blank && !declared_json {
+            return Err(not_json());
+        }
+        let bytes: &[u8] = if blank { b"{}" } else { &bytes };
         serde_json::from_slice(bytes)
             .map(ApiJson)
             .map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))
     }
+}
+
+/// Whether a `Content-Type` names JSON: `application/json` or
+/// `application/<anything>+json`, parameters (`; charset=utf-8`) allowed.
+fn is_json(value: &HeaderValue) -> bool {
+    let Ok(value) = value.to_str() else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|subtype| subtype.len() > "+json".len() && subtype.ends_with("+json"))
+}
+
+fn not_json() -> ApiError {
+    ApiError::UnsupportedMediaType("send the body as JSON with 'Content-Type: application/json'".to_owned())
 }
 
 fn body_error(rejection: BytesRejection) -> ApiError {
@@ -56,5 +81,32 @@ where
         axum::extract::Query::<T>::try_from_uri(&parts.uri)
             .map(|axum::extract::Query(value)| ApiQuery(value))
             .map_err(|rejection| ApiError::InvalidRequest(format!("invalid query: {}", rejection.body_text())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_json_types_are_json() {
+        for json in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/merge-patch+json",
+        ] {
+            assert!(is_json(&HeaderValue::from_static(json)), "{json}");
+        }
+        for other in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "text/json",
+            "application/+json",
+            "application/jsonp",
+            "",
+        ] {
+            assert!(!is_json(&HeaderValue::from_static(other)), "{other}");
+        }
     }
 }

@@ -9,6 +9,9 @@
 //!   when idle, the bound on live sessions, shutdown;
 //! - `fanout`: each live session's events, published to any number of
 //!   subscribers without gaps, duplicates or back-pressure on the agent;
+//! - `conn`: accepting connections and bounding what each may hold before
+//!   it is authenticated; `front`: the `Host`, `Origin` and body-size
+//!   checks that keep other sites' pages out;
 //! - `routes`, `sse`, `ws`: the endpoints; `auth`: the bearer token;
 //!   `error`: the JSON errors; `settings`: per-session settings and how a
 //!   session is assembled; `ceiling`: what API clients may ask for
@@ -16,9 +19,11 @@
 
 mod auth;
 mod ceiling;
+mod conn;
 mod error;
 mod extract;
 mod fanout;
+mod front;
 mod host;
 mod metrics;
 mod routes;
@@ -35,6 +40,9 @@ use std::time::Duration;
 use axum::http::HeaderValue;
 use tokio::net::TcpListener;
 
+pub use self::conn::{
+    DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES, raise_open_file_limit,
+};
 pub use self::error::ApiError;
 use self::host::{Host, HostLimits};
 use self::metrics::{MeteredStore, Metrics};
@@ -45,6 +53,9 @@ use crate::store::CheckpointStore;
 
 /// The default limit on a request body.
 pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// The largest connection bound accepted (far above any open-file limit).
+const MAX_CONNECTIONS_BOUND: usize = 1 << 20;
 
 /// Everything a server needs.
 pub struct ServerConfig {
@@ -83,12 +94,28 @@ pub struct ServerConfig {
     pub max_steps: u32,
     /// Queued submissions a session holds.
     pub submission_capacity: usize,
+    /// Host names the server answers for besides its listen address,
+    /// `localhost`, `127.0.0.1` and `[::1]` (on any port); requests for any
+    /// other `Host` are `421`, which defeats DNS rebinding.
+    pub allowed_hosts: Vec<String>,
+    /// How long a connection gets to send a complete request head, counted
+    /// from when it opens or finished its previous request: also how long
+    /// an idle kept-alive connection stays open.
+    pub header_timeout: Duration,
+    /// The most connections open at once (kept below the open-file limit);
+    /// further ones wait to be accepted.
+    pub max_connections: usize,
+    /// The largest request head (request line and headers); larger is
+    /// `431` and the connection is closed.
+    pub max_header_bytes: usize,
 }
 
 impl ServerConfig {
     /// A configuration with the defaults: no default model, sessions'
     /// workspaces under the current directory, no token, 256 live sessions
-    /// unloaded after 5 minutes idle, 10 s of grace at shutdown.
+    /// unloaded after 5 minutes idle, 10 s of grace at shutdown; no extra
+    /// host names, 10 s to send a request head, at most 1024 connections
+    /// and 32 KiB request heads.
     pub fn new(store: Arc<dyn CheckpointStore>) -> Self {
         Self {
             store,
@@ -106,6 +133,10 @@ impl ServerConfig {
             keep_alive: sse::DEFAULT_KEEP_ALIVE,
             max_steps: DEFAULT_MAX_STEPS,
             submission_capacity: DEFAULT_SUBMISSION_CAPACITY,
+            allowed_hosts: Vec::new(),
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
         }
     }
 }
@@ -131,6 +162,7 @@ pub(crate) struct Server {
     metrics: Arc<Metrics>,
     token: Option<auth::Token>,
     cors_origin: Option<HeaderValue>,
+    front: front::FrontDoor,
     body_limit: usize,
     keep_alive: Duration,
 }
@@ -158,6 +190,21 @@ pub async fn serve(
             HeaderValue::from_str(origin).map_err(|_| ServeError::Config(format!("invalid CORS origin '{origin}'")))
         })
         .transpose()?;
+    let front = front::FrontDoor::new(address, &config.allowed_hosts, cors_origin.clone(), config.body_limit)
+        .map_err(|error| ServeError::Config(error.to_string()))?;
+    if !(1..=MAX_CONNECTIONS_BOUND).contains(&config.max_connections) {
+        return Err(ServeError::Config(format!(
+            "the connection bound must be between 1 and {MAX_CONNECTIONS_BOUND}"
+        )));
+    }
+    if config.header_timeout.is_zero() {
+        return Err(ServeError::Config("the header timeout must not be zero".to_owned()));
+    }
+    let connection_limits = conn::ConnectionLimits {
+        header_timeout: config.header_timeout,
+        max_connections: config.max_connections,
+        max_header_bytes: config.max_header_bytes,
+    };
     if config.max_live_sessions == 0 {
         return Err(ServeError::Config(
             "the live-session bound must be at least 1".to_owned(),
@@ -201,6 +248,7 @@ pub async fn serve(
         metrics,
         token,
         cors_origin,
+        front,
         body_limit: config.body_limit,
         keep_alive: config.keep_alive,
     });
@@ -223,11 +271,10 @@ pub async fn serve(
             host.begin_shutdown();
         }
     };
-    let served = axum::serve(listener, app).with_graceful_shutdown(stopping).await;
+    conn::serve_connections(listener, app, connection_limits, stopping).await;
     host.begin_shutdown();
     recovery.abort();
     let _ = reaper.await;
     host.close_all().await;
-    served?;
     Ok(())
 }

@@ -68,6 +68,18 @@ pub(crate) struct ServeArgs {
     /// [default: the config's `[server] script_dir`, else none].
     #[arg(long, value_name = "DIR")]
     script_dir: Option<PathBuf>,
+    /// A host name the server also answers for (repeatable); besides it,
+    /// only the listen address, localhost, 127.0.0.1 and [::1] are, so a
+    /// rebound DNS name gets 421.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_hosts: Vec<String>,
+    /// Seconds a connection gets to send a request head; also how long an
+    /// idle kept-alive connection stays open.
+    #[arg(long, default_value_t = keel::server::DEFAULT_HEADER_TIMEOUT.as_secs(), value_name = "N")]
+    header_timeout_secs: u64,
+    /// The most connections open at once; further ones wait.
+    #[arg(long, default_value_t = keel::server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    max_connections: usize,
 }
 
 pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -120,6 +132,8 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let workspace_root = workspace_root
         .canonicalize()
         .with_context(|| format!("cannot use {} as the workspace root", workspace_root.display()))?;
+    // Connections, not the open-file limit, should be what runs out first.
+    keel::server::raise_open_file_limit();
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -144,6 +158,9 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.idle_unload = Duration::from_secs(args.idle_unload_secs);
     config.shutdown_grace = Duration::from_secs(args.shutdown_grace_secs);
     config.max_steps = args.max_steps;
+    config.allowed_hosts = args.allow_hosts.clone();
+    config.header_timeout = Duration::from_secs(args.header_timeout_secs);
+    config.max_connections = args.max_connections;
 
     eprintln!("keel serve listening on http://{address}");
     serve(listener, config, shutdown_signal()).await?;

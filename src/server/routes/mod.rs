@@ -17,7 +17,7 @@ use tower_http::cors::CorsLayer;
 use tower_http::trace::TraceLayer;
 
 use super::error::ApiError;
-use super::{Server, auth, sse, ui, ws};
+use super::{Server, auth, front, sse, ui, ws};
 
 /// The whole application.
 pub(crate) fn router(server: Arc<Server>) -> Router {
@@ -52,7 +52,10 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
     if let Some(origin) = &server.cors_origin {
         app = app.layer(cors(origin.clone()));
     }
-    app.with_state(server)
+    // Outermost, so that nothing (CORS preflights included) answers a
+    // request the front door refuses.
+    app.layer(middleware::from_fn_with_state(Arc::clone(&server), front::admit))
+        .with_state(server)
 }
 
 /// CORS for one origin: the API's methods and headers, nothing else.

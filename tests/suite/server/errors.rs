@@ -31,7 +31,12 @@ async fn bad_requests_are_400_and_unknown_things_404() {
     let api = &server.api;
 
     let malformed = api
-        .send(api.client.post(api.url("/v1/sessions/s/submissions")).body("{not json"))
+        .send(
+            api.client
+                .post(api.url("/v1/sessions/s/submissions"))
+                .header("content-type", "application/json")
+                .body("{not json"),
+        )
         .await;
     assert_error(&malformed, StatusCode::BAD_REQUEST, "invalid_request");
     for body in [

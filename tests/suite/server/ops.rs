@@ -71,6 +71,8 @@ async fn cors_is_off_unless_an_origin_is_given() {
         .send()
         .await
         .expect("request");
+    // Not only no CORS: a request from an origin not configured is refused.
+    assert_eq!(response.status(), reqwest::StatusCode::FORBIDDEN);
     assert!(response.headers().get("access-control-allow-origin").is_none());
     closed.stop().await;
 

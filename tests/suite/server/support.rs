@@ -419,6 +419,11 @@ impl ServeProcess {
         command
     }
 
+    /// The process id, to read the process's state under `/proc`.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub(crate) fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));

@@ -1,0 +1,262 @@
+//! The front door: which requests the server answers at all.
+//!
+//! A server on loopback without a token is reachable by every web page the
+//! user opens, through the browser. Three checks, on every route (the UI,
+//! the WebSocket upgrade and CORS preflights included), keep pages of other
+//! sites out:
+//!
+//! - `Host` must name this server: the listen address, `localhost`,
+//!   `127.0.0.1` or `[::1]` (any port), or a name the operator allowed;
+//!   anything else, or none, is `421 misdirected_request`. This defeats DNS
+//!   rebinding, where a page's own host name is re-pointed at 127.0.0.1.
+//! - `Origin`, when sent, must be the server's own (its host and port equal
+//!   to `Host`) or the configured CORS origin; anything else, `null`
+//!   included, is `403 forbidden_origin`. Without an `Origin`, a
+//!   `Sec-Fetch-Site` of `cross-site` or `same-site` is refused the same way,
+//!   except for a top-level navigation (`GET` with `Sec-Fetch-Mode:
+//!   navigate`), whose answer the other site cannot read.
+//! - A declared `Content-Length` over the body limit is `413 too_large`
+//!   before any of the body is read.
+//!
+//! JSON bodies must also be `application/json` (see `extract::ApiJson`), so
+//! no cross-site request can be a "simple" one that skips the preflight.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::Server;
+use super::error::ApiError;
+
+/// What the front door lets in.
+#[derive(Debug)]
+pub(crate) struct FrontDoor {
+    /// Normalised host names (see [`normalise`]) answered on any port.
+    hosts: HashSet<String>,
+    cors_origin: Option<HeaderValue>,
+    body_limit: usize,
+}
+
+/// A name given to `--allow-host` that is not a host name.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid allowed host '{0}': give a host name or an IP address, without a scheme, port or path")]
+pub(crate) struct InvalidHost(pub(crate) String);
+
+impl FrontDoor {
+    /// The door of a server listening on `address`, answering also for
+    /// `extra_hosts`.
+    pub(crate) fn new(
+        address: SocketAddr,
+        extra_hosts: &[String],
+        cors_origin: Option<HeaderValue>,
+        body_limit: usize,
+    ) -> Result<Self, InvalidHost> {
+        let mut hosts: HashSet<String> = ["localhost", "127.0.0.1", "::1"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        hosts.insert(address.ip().to_string());
+        for name in extra_hosts {
+            let trimmed = name.trim();
+            // A bare IPv6 address is allowed too, not only a bracketed one.
+            let host = if trimmed.parse::<IpAddr>().is_ok() {
+                Some(trimmed)
+            } else {
+                host_of(trimmed).filter(|host| host.len() == trimmed.len())
+            };
+            match host {
+                Some(host) if !host.is_empty() && !host.contains(['/', '@', '?', '#', ' ']) => {
+                    hosts.insert(normalise(host));
+                }
+                _ => return Err(InvalidHost(name.clone())),
+            }
+        }
+        Ok(Self {
+            hosts,
+            cors_origin,
+            body_limit,
+        })
+    }
+
+    /// Whether `authority` (`name[:port]`) names this server.
+    fn answers_for(&self, authority: &str) -> bool {
+        host_of(authority).is_some_and(|host| self.hosts.contains(&normalise(host)))
+    }
+
+    /// Why `request` is refused, if it is.
+    fn refusal(&self, request: &Request) -> Option<ApiError> {
+        let headers = request.headers();
+        let host = headers.get(header::HOST).and_then(|value| value.to_str().ok());
+        let Some(host) = host.filter(|host| self.answers_for(host)) else {
+            return Some(ApiError::MisdirectedRequest(
+                "this server does not answer for that Host".to_owned(),
+            ));
+        };
+        // An absolute-form request target names a host too.
+        if let Some(authority) = request.uri().authority()
+            && !self.answers_for(authority.as_str())
+        {
+            return Some(ApiError::MisdirectedRequest(
+                "this server does not answer for that host".to_owned(),
+            ));
+        }
+        match headers.get(header::ORIGIN) {
+            Some(origin) if !self.origin_allowed(origin, host) => {
+                return Some(ApiError::ForbiddenOrigin(
+                    "requests from that origin are not allowed".to_owned(),
+                ));
+            }
+            Some(_) => {}
+            None if cross_site_without_origin(request.method(), headers) => {
+                return Some(ApiError::ForbiddenOrigin(
+                    "cross-site requests are not allowed".to_owned(),
+                ));
+            }
+            None => {}
+        }
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok());
+        if declared.is_some_and(|length| length > self.body_limit as u64) {
+            return Some(ApiError::TooLarge(
+                "the request body is over the server's limit".to_owned(),
+            ));
+        }
+        None
+    }
+
+    /// Whether `origin` is this server's own (as reached through `host`,
+    /// which passed the allow-list) or the configured CORS origin.
+    fn origin_allowed(&self, origin: &HeaderValue, host: &str) -> bool {
+        if self
+            .cors_origin
+            .as_ref()
+            .is_some_and(|allowed| allowed.as_bytes().eq_ignore_ascii_case(origin.as_bytes()))
+        {
+            return true;
+        }
+        let Ok(origin) = origin.to_str() else {
+            return false;
+        };
+        origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|authority| authority.eq_ignore_ascii_case(host))
+    }
+}
+
+/// A request a browser marked as coming from another site, other than a
+/// top-level navigation.
+fn cross_site_without_origin(method: &Method, headers: &HeaderMap) -> bool {
+    let site = headers.get("sec-fetch-site").map(HeaderValue::as_bytes);
+    let cross = matches!(site, Some(b"cross-site" | b"same-site"));
+    let navigation = (method == Method::GET || method == Method::HEAD)
+        && headers.get("sec-fetch-mode").map(HeaderValue::as_bytes) == Some(b"navigate");
+    cross && !navigation
+}
+
+/// The host of an authority: `name`, `name:port`, `[v6]` or `[v6]:port`
+/// give `name` or `v6`; `None` when it is malformed.
+fn host_of(authority: &str) -> Option<&str> {
+    let port_ok = |port: &str| port.bytes().all(|byte| byte.is_ascii_digit());
+    if let Some(rest) = authority.strip_prefix('[') {
+        let (address, after) = rest.split_once(']')?;
+        let port_ok = after.is_empty() || after.strip_prefix(':').is_some_and(port_ok);
+        return port_ok.then_some(address);
+    }
+    match authority.rsplit_once(':') {
+        Some((name, port)) if port_ok(port) && !name.contains(':') => Some(name),
+        Some(_) => None,
+        None => Some(authority),
+    }
+}
+
+/// One spelling per host: IP addresses in their canonical form, names in
+/// lower case without a trailing dot.
+fn normalise(host: &str) -> String {
+    match host.parse::<IpAddr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) => host.trim_end_matches('.').to_ascii_lowercase(),
+    }
+}
+
+/// Middleware: answers the refusal of a request the door does not let in.
+pub(crate) async fn admit(State(server): State<Arc<Server>>, request: Request, next: Next) -> Response {
+    match server.front.refusal(&request) {
+        Some(refusal) => {
+            tracing::debug!(code = refusal.code(), "refused at the front door");
+            refusal.into_response()
+        }
+        None => next.run(request).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn door(extra: &[&str]) -> FrontDoor {
+        let extra: Vec<String> = extra.iter().map(|name| (*name).to_owned()).collect();
+        FrontDoor::new(
+            "127.0.0.1:7777".parse().expect("address"),
+            &extra,
+            Some(HeaderValue::from_static("https://app.example")),
+            1024,
+        )
+        .expect("door")
+    }
+
+    #[test]
+    fn hosts_are_matched_by_name_on_any_port() {
+        let door = door(&["Keel.Example", "::2"]);
+        for host in [
+            "127.0.0.1:7777",
+            "127.0.0.1",
+            "localhost:1",
+            "LOCALHOST.",
+            "[::1]:7777",
+            "[0:0:0:0:0:0:0:1]",
+            "keel.example:443",
+            "[::2]",
+        ] {
+            assert!(door.answers_for(host), "{host}");
+        }
+        for host in [
+            "rebind.example:7777",
+            "127.0.0.2",
+            "127.0.0.1:x",
+            "::1",
+            "[::1",
+            "",
+            "evil.localhost",
+        ] {
+            assert!(!door.answers_for(host), "{host}");
+        }
+        for bad in ["http://x", "x/y", "x:80", "", "a b"] {
+            let given = vec![bad.to_owned()];
+            assert!(
+                FrontDoor::new("127.0.0.1:1".parse().expect("address"), &given, None, 1).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_own_origin_and_the_cors_origin_are_allowed() {
+        let door = door(&[]);
+        let allowed = |origin: &'static str| door.origin_allowed(&HeaderValue::from_static(origin), "127.0.0.1:7777");
+        assert!(allowed("http://127.0.0.1:7777"));
+        assert!(allowed("https://app.example"));
+        assert!(!allowed("http://127.0.0.1:7778"));
+        assert!(!allowed("http://evil.example"));
+        assert!(!allowed("null"));
+        assert!(!allowed("http://127.0.0.1:7777.evil.example"));
+        assert!(!allowed("file://127.0.0.1:7777"));
+    }
+}
