@@ -17,4 +17,5 @@ mod server;
 mod support;
 mod turns_with_tools;
 mod web_ui;
+mod workspace_race;
 mod workspace_tools;

@@ -3,7 +3,9 @@
 //! Exact matching, and refusing an ambiguous match, keep an edit from
 //! landing somewhere the model did not look.
 
-use super::read::load_text;
+use cap_std::fs::PermissionsExt as _;
+
+use super::read::load_text_at;
 use super::write::atomic_write;
 use super::{Arguments, Workspace, blocking, io_failure, plural};
 use crate::model::{BoxFuture, ToolSpec};
@@ -68,7 +70,8 @@ impl Tool for EditFile {
 }
 
 fn edit(workspace: &Workspace, path: &str, old: &str, new: &str, replace_all: bool) -> Result<String, ToolError> {
-    let text = load_text(workspace, path)?;
+    let location = workspace.locate(path)?;
+    let text = load_text_at(&location, path)?;
     let count = text.matches(old).count();
     if count == 0 {
         let mut message = format!(
@@ -90,12 +93,23 @@ fn edit(workspace: &Workspace, path: &str, old: &str, new: &str, replace_all: bo
         )));
     }
     let edited = text.replace(old, new);
-    let resolved = workspace.resolve(path)?;
-    atomic_write(&resolved.path, edited.as_bytes()).map_err(|error| io_failure("write", path, &error))?;
+    // The file is replaced in the directory it was read from, through that
+    // directory's handle, keeping its permissions.
+    let (dir, Some(name)) = location.parent() else {
+        return Err(ToolError::Failed(format!("'{path}' is not a regular file")));
+    };
+    let metadata = location.metadata().map_err(|error| io_failure("write", path, &error))?;
+    if !metadata.is_file() {
+        return Err(ToolError::Failed(format!(
+            "'{path}' changed while it was being edited (it is no longer a regular file); read it again"
+        )));
+    }
+    let mode = metadata.permissions().mode();
+    atomic_write(dir, name, edited.as_bytes(), mode).map_err(|error| io_failure("write", path, &error))?;
     Ok(format!(
         "replaced {} in '{}'",
         plural(count, "occurrence", "occurrences"),
-        workspace.display(&resolved.path)
+        workspace.display(&location.path)
     ))
 }
 

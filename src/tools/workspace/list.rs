@@ -1,7 +1,10 @@
 //! `list_dir`: what a directory of the workspace holds, to a small depth.
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
-use std::path::Path;
+
+use cap_fs_ext::DirExt as _;
+use cap_std::fs::{Dir, DirEntry, FileType};
 
 use super::{Arguments, Workspace, blocking, io_failure, plural};
 use crate::model::{BoxFuture, ToolSpec};
@@ -78,11 +81,11 @@ struct Listing {
 }
 
 fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, ToolError> {
-    let resolved = workspace.resolve(path)?;
-    if !resolved.exists {
+    let location = workspace.locate(path)?;
+    if !location.exists {
         return Err(ToolError::Failed(format!("'{path}' does not exist")));
     }
-    let metadata = std::fs::metadata(&resolved.path).map_err(|error| io_failure("list", path, &error))?;
+    let metadata = location.metadata().map_err(|error| io_failure("list", path, &error))?;
     if !metadata.is_dir() {
         return Err(ToolError::Failed(format!(
             "'{path}' is a file, not a directory; use read_file to read it"
@@ -92,11 +95,16 @@ fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, ToolE
         lines: Vec::new(),
         visited: 0,
     };
-    let entries = sorted_entries(&resolved.path).map_err(|error| io_failure("list", path, &error))?;
+    // Listed through a handle opened without following a link, and every
+    // subdirectory likewise through its parent's handle: a directory swapped
+    // for a link meanwhile is not entered.
+    let dir = location.open_dir().map_err(|error| io_failure("list", path, &error))?;
+    let entries = sorted_entries(&dir).map_err(|error| io_failure("list", path, &error))?;
     if entries.is_empty() {
         return Ok(format!("['{path}' is empty]"));
     }
-    walk(workspace, entries, depth, &mut listing);
+    let shown = workspace.display(&location.path);
+    walk(&dir, &shown, entries, depth, &mut listing);
     let mut output = listing.lines.join("\n");
     output.push('\n');
     let hidden = listing.visited.saturating_sub(listing.lines.len());
@@ -114,29 +122,39 @@ fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, ToolE
     Ok(output)
 }
 
-/// Lists `entries` (of one directory), descending while `depth` allows.
-fn walk(workspace: &Workspace, entries: Vec<std::fs::DirEntry>, depth: usize, listing: &mut Listing) {
+/// `name` below the directory shown as `parent` (`.` for the root).
+pub(super) fn shown_child(parent: &str, name: &OsStr) -> String {
+    if parent == "." {
+        name.to_string_lossy().into_owned()
+    } else {
+        format!("{parent}/{}", name.to_string_lossy())
+    }
+}
+
+/// Lists `entries` (of `dir`, shown as `parent`), descending while `depth`
+/// allows.
+fn walk(dir: &Dir, parent: &str, entries: Vec<DirEntry>, depth: usize, listing: &mut Listing) {
     for entry in entries {
         if listing.visited >= MAX_VISITED {
             return;
         }
         listing.visited += 1;
-        let path = entry.path();
-        let shown = workspace.display(&path);
+        let name = entry.file_name();
+        let shown = shown_child(parent, &name);
         // `DirEntry::file_type` does not follow symbolic links.
         let file_type = entry.file_type();
-        let is_dir = file_type.as_ref().is_ok_and(std::fs::FileType::is_dir);
+        let is_dir = file_type.as_ref().is_ok_and(FileType::is_dir);
         if listing.lines.len() < MAX_ENTRIES {
             let line = match &file_type {
                 Ok(kind) if kind.is_dir() => format!("{shown}/"),
-                Ok(kind) if kind.is_file() => match entry.metadata() {
+                Ok(kind) if kind.is_file() => match dir.symlink_metadata(&name) {
                     Ok(metadata) => {
                         let size = usize::try_from(metadata.len()).unwrap_or(usize::MAX);
                         format!("{shown}  ({})", plural(size, "byte", "bytes"))
                     }
                     Err(_) => shown.clone(),
                 },
-                Ok(kind) if kind.is_symlink() => match std::fs::read_link(&path) {
+                Ok(kind) if kind.is_symlink() => match dir.read_link_contents(&name) {
                     Ok(target) => format!("{shown} -> {}", target.display()),
                     Err(_) => format!("{shown} -> ?"),
                 },
@@ -145,10 +163,12 @@ fn walk(workspace: &Workspace, entries: Vec<std::fs::DirEntry>, depth: usize, li
             };
             listing.lines.push(line);
         }
-        let name = entry.file_name();
         if is_dir && depth > 1 && !NOT_DESCENDED.iter().any(|skip| name == *skip) {
-            match sorted_entries(&path) {
-                Ok(children) => walk(workspace, children, depth - 1, listing),
+            match dir.open_dir_nofollow(&name).and_then(|child| {
+                let entries = sorted_entries(&child)?;
+                Ok((child, entries))
+            }) {
+                Ok((child, entries)) => walk(&child, &shown, entries, depth - 1, listing),
                 Err(error) => {
                     if listing.lines.len() < MAX_ENTRIES {
                         listing.lines.push(format!("{shown}/  [cannot list: {error}]"));
@@ -160,15 +180,16 @@ fn walk(workspace: &Workspace, entries: Vec<std::fs::DirEntry>, depth: usize, li
 }
 
 /// The entries of `dir`, sorted by name.
-fn sorted_entries(dir: &Path) -> std::io::Result<Vec<std::fs::DirEntry>> {
-    let mut entries = std::fs::read_dir(dir)?.collect::<std::io::Result<Vec<_>>>()?;
-    entries.sort_by_key(std::fs::DirEntry::file_name);
+pub(super) fn sorted_entries(dir: &Dir) -> std::io::Result<Vec<DirEntry>> {
+    let mut entries = dir.entries()?.collect::<std::io::Result<Vec<_>>>()?;
+    entries.sort_by_key(DirEntry::file_name);
     Ok(entries)
 }
 
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::symlink;
+    use std::path::Path;
 
     use super::*;
 

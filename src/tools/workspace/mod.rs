@@ -10,8 +10,11 @@
 //! | `edit_file` | exact string replacement in a file, atomically | no |
 //! | `shell` | `sh -c` in the workspace, bounded, optionally sandboxed | no |
 //!
-//! Every path is confined to the workspace by [`Workspace`] (see `paths.rs`
-//! for what that guarantees and what it cannot). The shell cannot be
+//! Every path is confined to the workspace by [`Workspace`], which resolves
+//! it through directory handles opened beneath the workspace root; the file
+//! tools read, write and walk through those handles, so a symbolic link
+//! swapped in while they run cannot lead them out (see `paths.rs` for what
+//! that guarantees and what it cannot). The shell cannot be
 //! confined by path checks; [`sandbox`] restricts what its commands may
 //! write, where the kernel supports Landlock.
 //!

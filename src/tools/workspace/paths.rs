@@ -1,31 +1,54 @@
 //! Path confinement: every path a model gives is resolved inside the
-//! session's workspace, or refused.
+//! session's workspace, through directory handles, or refused.
 //!
 //! A path is taken relative to the workspace root (an absolute path is
-//! accepted when it names something inside the workspace). Resolution walks
-//! the path one component at a time, following symbolic links itself, so the
-//! result is the real location the operation will touch; that location must
-//! be under the canonical workspace root. Components that do not exist yet
-//! (a file about to be written, its missing parent directories) are checked
-//! against the deepest existing ancestor, whose real location is known.
+//! accepted when it names something inside the workspace); `.` and `..` in
+//! it are applied lexically, and climbing above the root is refused.
+//! [`Workspace::locate`] then walks the remaining components one at a time
+//! from an open handle on the root: each directory is opened relative to
+//! the handle of its parent without following a symbolic link
+//! (`openat(O_NOFOLLOW)` via `cap-std`, which adds `RESOLVE_BENEATH` where
+//! the kernel has `openat2`). A symbolic link met on the way is read through
+//! its directory's handle and its target walked the same way: a relative
+//! target from the directory holding the link, an absolute one (or a `..`
+//! above the root) lexically along the root's own ancestors until it comes
+//! back to the root, whose handle is used again. A target that leaves that
+//! path leads outside the workspace and is refused; nothing outside is ever
+//! opened. Components that do not exist yet (a file about to be written, its
+//! missing parent directories) are kept as names below the deepest existing
+//! directory.
 //!
-//! # Limits (time of check, time of use)
+//! The result, a [`Location`], holds the handle of the directory the target
+//! lives in and the target's name there; the tools open, create, replace
+//! and list through that handle, with `O_NOFOLLOW` on the last component.
 //!
-//! The check and the use are separate system calls. A process that swaps a
-//! directory inside the workspace for a symbolic link *between* them can
-//! redirect the use outside the workspace. Within Keel this needs a process
-//! running at the same time as the file tool: the `shell` tool is not
-//! parallel safe, so it never runs beside another call of the same step, and
-//! it kills its whole process group when a call ends, so nothing it started
-//! is left to race. A process outside Keel with write access to the
-//! workspace can still win such a race; closing that would take
-//! `openat2(RESOLVE_BENEATH)` for every open, which these tools do not use
-//! (yet). The sandbox of the `shell` tool, where enforced, is the boundary
-//! that does not depend on timing.
+//! # Guarantee (time of check, time of use)
+//!
+//! There is no separate check: the walk that finds a path is the one whose
+//! handles are used. A process that swaps a directory of the workspace for
+//! a symbolic link while a tool runs (even a loop of
+//! `renameat2(RENAME_EXCHANGE)`) can make a call fail, or act on the
+//! directory that was there when it was opened, but cannot make a call
+//! read, list, create, replace or rename anything through a link that
+//! leads out of the workspace. Not covered: a directory the walk had
+//! already opened being moved out of the workspace by such a process (the
+//! call then acts inside that directory, wherever it now is; moving it
+//! needs write access outside the workspace, which the `shell` tool's
+//! sandbox, where enforced, does not give); and the workspace root itself,
+//! which is the runtime's and is opened by its canonical path.
+//!
+//! Links that stay inside the workspace are followed, as before, including
+//! absolute ones and ones that climb out along the root's own path and come
+//! back (`../ws/a`); a target that passes through anything else outside is
+//! refused, even if a link there would lead back in, since following it
+//! would mean resolving paths outside.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::path::{Component, Path, PathBuf};
+
+use cap_fs_ext::{DirExt as _, FollowSymlinks, OpenOptionsFollowExt as _};
+use cap_std::fs::{Dir, File, Metadata, OpenOptions, OpenOptionsExt as _};
 
 use crate::tools::ToolError;
 
@@ -33,14 +56,21 @@ use crate::tools::ToolError;
 /// `MAXSYMLINKS`; more is a loop.
 const MAX_SYMLINKS: usize = 40;
 
-/// A session's workspace directory, canonicalized once.
-#[derive(Debug, Clone)]
+/// How often one component is looked at again when it was a directory to
+/// `lstat` but not to the `open` just before (something is swapping it).
+const MAX_RETRIES: usize = 40;
+
+/// A session's workspace directory: its canonical path and an open handle
+/// every other path is reached through.
+#[derive(Debug)]
 pub struct Workspace {
     /// The real (canonical) root; every resolved path starts with it.
     root: PathBuf,
     /// The root as the runtime gave it (absolute, not canonical), so an
     /// absolute path written in those terms is accepted too.
     given: PathBuf,
+    /// The root, open.
+    dir: Dir,
 }
 
 /// Where a model-given path leads.
@@ -53,19 +83,59 @@ pub struct Resolved {
     pub exists: bool,
 }
 
+/// Where a model-given path leads, with the handle to reach it: the tools
+/// act through [`Location`]'s methods, never through [`Location::path`].
+#[derive(Debug)]
+pub(super) struct Location {
+    /// The real location, for showing (see [`Workspace::display`]).
+    pub(super) path: PathBuf,
+    /// Whether something existed there when it was looked up.
+    pub(super) exists: bool,
+    /// The deepest directory of the walk: the one holding the target.
+    dir: Dir,
+    /// The target below `dir`: no name when it is `dir` itself, its name
+    /// when it exists, and the missing directories then its name when it
+    /// does not.
+    rest: Vec<OsString>,
+}
+
+/// Why a walk stopped.
+enum WalkError {
+    /// A symbolic link's target left the workspace at `through` (a lexical
+    /// path), with `pending` still to walk.
+    Escaped {
+        through: PathBuf,
+        pending: Vec<PendingComponent>,
+    },
+    /// The file system said no.
+    Io(io::Error),
+}
+
+impl From<io::Error> for WalkError {
+    fn from(error: io::Error) -> Self {
+        Self::Io(error)
+    }
+}
+
 impl Workspace {
     /// The workspace at `dir`, which must be an existing directory.
     pub fn new(dir: &Path) -> Result<Self, ToolError> {
-        let root = std::fs::canonicalize(dir)
-            .map_err(|error| ToolError::Failed(format!("the workspace {} is not usable: {error}", dir.display())))?;
+        let unusable =
+            |error: io::Error| ToolError::Failed(format!("the workspace {} is not usable: {error}", dir.display()));
+        let root = std::fs::canonicalize(dir).map_err(unusable)?;
         if !root.is_dir() {
             return Err(ToolError::Failed(format!(
                 "the workspace {} is not a directory",
                 dir.display()
             )));
         }
+        let handle = Dir::open_ambient_dir(&root, cap_std::ambient_authority()).map_err(unusable)?;
         let given = std::path::absolute(dir).unwrap_or_else(|_| root.clone());
-        Ok(Self { root, given })
+        Ok(Self {
+            root,
+            given,
+            dir: handle,
+        })
     }
 
     /// The canonical root directory.
@@ -74,21 +144,60 @@ impl Workspace {
     }
 
     /// Resolves `path` (as the model wrote it) to its real location inside
-    /// the workspace. The empty path and `.` are the root.
+    /// the workspace. The empty path and `.` are the root. What it returns
+    /// is a report; the tools use [`Workspace::locate`], whose handles keep
+    /// the answer true while they act.
     pub fn resolve(&self, path: &str) -> Result<Resolved, ToolError> {
-        let relative = self.relative_components(path)?;
-        let mut followed_link = false;
-        let resolved = resolve_real(&self.root, relative, &mut followed_link)
-            .map_err(|error| ToolError::Failed(format!("cannot resolve '{path}': {error}")))?;
-        if !resolved.path.starts_with(&self.root) {
-            let how = if followed_link { " through a symbolic link" } else { "" };
-            return Err(ToolError::Failed(format!(
-                "'{path}' leads outside the workspace{how}: it resolves to {}, which is not under the workspace {}",
-                resolved.path.display(),
-                self.root.display()
-            )));
+        let location = self.locate(path)?;
+        Ok(Resolved {
+            path: location.path,
+            exists: location.exists,
+        })
+    }
+
+    /// Walks `path` (as the model wrote it) from the root's handle, as the
+    /// module documentation describes, and returns where it leads, with
+    /// the handle of the directory holding it.
+    pub(super) fn locate(&self, path: &str) -> Result<Location, ToolError> {
+        let components = self.relative_components(path)?;
+        match self.walk(components) {
+            Ok(location) => Ok(location),
+            Err(WalkError::Io(error)) => Err(ToolError::Failed(format!("cannot resolve '{path}': {error}"))),
+            Err(WalkError::Escaped { through, pending }) => {
+                // Only for the message: where the link would have led, found
+                // by path; nothing is opened, and a race can only make the
+                // message less precise.
+                let message = match resolve_real(through.clone(), pending) {
+                    Ok(target) if !target.starts_with(&self.root) => format!(
+                        "'{path}' leads outside the workspace through a symbolic link: it resolves to {}, which is \
+                         not under the workspace {}",
+                        target.display(),
+                        self.root.display()
+                    ),
+                    _ => format!(
+                        "'{path}' leads outside the workspace through a symbolic link: it passes through {}, which \
+                         is not under the workspace {}",
+                        through.display(),
+                        self.root.display()
+                    ),
+                };
+                Err(ToolError::Failed(message))
+            }
         }
-        Ok(resolved)
+    }
+
+    /// Opens the directory at `relative` (a real path below the root, as in
+    /// a [`Location`]'s path) through the root's handle, following no link.
+    pub(super) fn open_real_dir(&self, relative: &Path) -> io::Result<Dir> {
+        let mut dir = self.dir.try_clone()?;
+        for component in relative.components() {
+            match component {
+                Component::Normal(name) => dir = dir.open_dir_nofollow(name)?,
+                Component::CurDir => {}
+                _ => return Err(io::Error::other("not a path below the workspace root")),
+            }
+        }
+        Ok(dir)
     }
 
     /// `real` (a resolved path) relative to the root, for showing to the
@@ -142,15 +251,232 @@ impl Workspace {
         }
         Ok(components)
     }
+
+    /// Walks `components` from the root's handle, one directory handle at a
+    /// time, following symbolic links itself (see the module documentation).
+    fn walk(&self, components: Vec<OsString>) -> Result<Location, WalkError> {
+        // Pending components, next one last (so links can push their targets).
+        let mut pending: Vec<PendingComponent> = components.into_iter().rev().map(PendingComponent::Name).collect();
+        // The directories entered below the root, each with its name.
+        let mut stack: Vec<(Dir, OsString)> = Vec::new();
+        // While a link's target is above the root: where it is, lexically.
+        let mut above: Option<PathBuf> = None;
+        // Names below the deepest existing directory, once one is missing.
+        let mut missing: Vec<OsString> = Vec::new();
+        // The target's name in the deepest directory, when it exists.
+        let mut target: Option<OsString> = None;
+        let (mut links, mut retries) = (0, 0);
+        while let Some(component) = pending.pop() {
+            if let Some(mut outside) = above.take() {
+                match component {
+                    PendingComponent::Root => outside = PathBuf::from("/"),
+                    PendingComponent::Parent => {
+                        outside.pop();
+                    }
+                    PendingComponent::Name(name) => outside.push(name),
+                }
+                above = self.settle(outside, &mut stack, &mut pending)?;
+                continue;
+            }
+            if !missing.is_empty() {
+                match component {
+                    PendingComponent::Name(name) => missing.push(name),
+                    // `..` or `/` after a missing directory: the kernel
+                    // would not get past the missing one either.
+                    PendingComponent::Root | PendingComponent::Parent => {
+                        return Err(io::Error::from(io::ErrorKind::NotFound).into());
+                    }
+                }
+                continue;
+            }
+            match component {
+                PendingComponent::Root => {
+                    above = self.settle(PathBuf::from("/"), &mut stack, &mut pending)?;
+                }
+                PendingComponent::Parent => {
+                    if stack.pop().is_none() {
+                        let parent = self.root.parent().unwrap_or(&self.root).to_path_buf();
+                        above = self.settle(parent, &mut stack, &mut pending)?;
+                    }
+                }
+                PendingComponent::Name(name) => {
+                    let current = stack.last().map_or(&self.dir, |(dir, _)| dir);
+                    // The last component is only looked at, not opened: the
+                    // tool opens it (without following links) as it needs.
+                    let opened = if pending.is_empty() {
+                        Err(None)
+                    } else {
+                        current.open_dir_nofollow(&name).map_err(Some)
+                    };
+                    let error = match opened {
+                        Ok(dir) => {
+                            stack.push((dir, name));
+                            continue;
+                        }
+                        Err(error) => error,
+                    };
+                    match current.symlink_metadata(&name) {
+                        Ok(metadata) if metadata.file_type().is_symlink() => {
+                            links += 1;
+                            if links > MAX_SYMLINKS {
+                                return Err(io::Error::other("too many levels of symbolic links").into());
+                            }
+                            let link = current.read_link_contents(&name)?;
+                            push_target(&link, &mut pending);
+                        }
+                        Ok(metadata) if error.is_some() && metadata.is_dir() => {
+                            // A directory now, not when it was opened: look again.
+                            retries += 1;
+                            if retries > MAX_RETRIES {
+                                return Err(io::Error::other("the path kept changing while it was resolved").into());
+                            }
+                            pending.push(PendingComponent::Name(name));
+                        }
+                        Ok(_) => match error {
+                            // Not a directory, yet more components follow.
+                            Some(error) => return Err(error.into()),
+                            None => target = Some(name),
+                        },
+                        Err(lookup) if lookup.kind() == io::ErrorKind::NotFound => missing.push(name),
+                        Err(lookup) => return Err(error.unwrap_or(lookup).into()),
+                    }
+                }
+            }
+        }
+        if let Some(through) = above {
+            return Err(WalkError::Escaped {
+                through,
+                pending: Vec::new(),
+            });
+        }
+        let mut path = self.root.clone();
+        path.extend(stack.iter().map(|(_, name)| name));
+        let exists = missing.is_empty();
+        let rest: Vec<OsString> = target.into_iter().chain(missing).collect();
+        path.extend(&rest);
+        let dir = match stack.pop() {
+            Some((dir, _)) => dir,
+            None => self.dir.try_clone()?,
+        };
+        Ok(Location {
+            path,
+            exists,
+            dir,
+            rest,
+        })
+    }
+
+    /// Where a link's target is once it has climbed to `outside`: back at
+    /// the root (its handle is used again: `None`), still on the root's own
+    /// path above it (`Some`), or elsewhere, which is an escape.
+    fn settle(
+        &self,
+        outside: PathBuf,
+        stack: &mut Vec<(Dir, OsString)>,
+        pending: &mut Vec<PendingComponent>,
+    ) -> Result<Option<PathBuf>, WalkError> {
+        stack.clear();
+        if outside == self.root || outside == self.given {
+            Ok(None)
+        } else if self.root.starts_with(&outside) || self.given.starts_with(&outside) {
+            Ok(Some(outside))
+        } else {
+            Err(WalkError::Escaped {
+                through: outside,
+                pending: std::mem::take(pending),
+            })
+        }
+    }
 }
 
-/// Walks `components` from `root`, following symbolic links like the kernel
-/// does, and returns the real location. Once a component is missing, the
-/// rest are appended as they are (they cannot be links).
-fn resolve_real(root: &Path, components: Vec<OsString>, followed_link: &mut bool) -> io::Result<Resolved> {
-    let mut resolved = root.to_path_buf();
-    // Pending components, next one last (so links can push their targets).
-    let mut pending: Vec<PendingComponent> = components.into_iter().rev().map(PendingComponent::Name).collect();
+impl Location {
+    /// The target's own metadata, not following a link (a link there now
+    /// means something swapped it since the walk).
+    pub(super) fn metadata(&self) -> io::Result<Metadata> {
+        match self.rest.as_slice() {
+            [] => self.dir.dir_metadata(),
+            [name] => self.dir.symlink_metadata(name),
+            _ => Err(io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    /// Opens the target for reading (see [`open_file_in`]).
+    pub(super) fn open_file(&self) -> io::Result<File> {
+        match self.rest.as_slice() {
+            [name] => open_file_in(&self.dir, name),
+            [] => Err(io::ErrorKind::IsADirectory.into()),
+            _ => Err(io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    /// Opens the target as a directory, following no link.
+    pub(super) fn open_dir(&self) -> io::Result<Dir> {
+        match self.rest.as_slice() {
+            [] => self.dir.try_clone(),
+            [name] => self.dir.open_dir_nofollow(name),
+            _ => Err(io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    /// The directory to create the target in and its name there, creating
+    /// the missing directories on the way through their parents' handles.
+    pub(super) fn parent_for_write(&self) -> io::Result<(Dir, &OsStr)> {
+        let Some((name, directories)) = self.rest.split_last() else {
+            return Err(io::ErrorKind::IsADirectory.into());
+        };
+        let mut dir = self.dir.try_clone()?;
+        for directory in directories {
+            match dir.create_dir(directory) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(error) => return Err(error),
+            }
+            // Created just now or by someone else meanwhile: either way it
+            // must be a directory, not a link.
+            dir = dir.open_dir_nofollow(directory)?;
+        }
+        Ok((dir, name))
+    }
+
+    /// The directory holding the target, and the target's name in it
+    /// (`None` when the target is that directory).
+    pub(super) fn parent(&self) -> (&Dir, Option<&OsStr>) {
+        match self.rest.as_slice() {
+            [name] => (&self.dir, Some(name.as_os_str())),
+            _ => (&self.dir, None),
+        }
+    }
+}
+
+/// Opens `name` in `dir` for reading, without following a link there and
+/// without blocking on a FIFO that may have been swapped in.
+pub(super) fn open_file_in(dir: &Dir, name: &OsStr) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .follow(FollowSymlinks::No)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+    dir.open_with(name, &options)
+}
+
+/// Puts a link's target on `pending`, its first component last.
+fn push_target(target: &Path, pending: &mut Vec<PendingComponent>) {
+    for part in target.components().rev() {
+        match part {
+            Component::RootDir | Component::Prefix(_) => pending.push(PendingComponent::Root),
+            Component::CurDir => {}
+            Component::ParentDir => pending.push(PendingComponent::Parent),
+            Component::Normal(part) => pending.push(PendingComponent::Name(part.to_os_string())),
+        }
+    }
+}
+
+/// Walks `pending` by path from `start`, following symbolic links like the
+/// kernel does, and returns the location reached. Only for messages about
+/// links leading outside: by path, so it may race; nothing is opened. Once
+/// a component is missing, the rest are appended as they are.
+fn resolve_real(start: PathBuf, mut pending: Vec<PendingComponent>) -> io::Result<PathBuf> {
+    let mut resolved = start;
     let mut links = 0;
     let mut exists = true;
     while let Some(component) = pending.pop() {
@@ -171,17 +497,7 @@ fn resolve_real(root: &Path, components: Vec<OsString>, followed_link: &mut bool
                         if links > MAX_SYMLINKS {
                             return Err(io::Error::other("too many levels of symbolic links"));
                         }
-                        *followed_link = true;
-                        let target = std::fs::read_link(&next)?;
-                        // The target's components come next, in order.
-                        for part in target.components().rev() {
-                            match part {
-                                Component::RootDir | Component::Prefix(_) => pending.push(PendingComponent::Root),
-                                Component::CurDir => {}
-                                Component::ParentDir => pending.push(PendingComponent::Parent),
-                                Component::Normal(part) => pending.push(PendingComponent::Name(part.to_os_string())),
-                            }
-                        }
+                        push_target(&std::fs::read_link(&next)?, &mut pending);
                     }
                     Ok(_) => resolved = next,
                     Err(error) if error.kind() == io::ErrorKind::NotFound => {
@@ -193,7 +509,7 @@ fn resolve_real(root: &Path, components: Vec<OsString>, followed_link: &mut bool
             }
         }
     }
-    Ok(Resolved { path: resolved, exists })
+    Ok(resolved)
 }
 
 /// One step of a resolution.
@@ -354,6 +670,60 @@ mod tests {
                 exists: false
             }
         );
+    }
+
+    #[test]
+    fn links_passing_through_outside_are_refused_even_if_they_come_back() {
+        let fixture = fixture();
+        let root = fixture.workspace.root().to_path_buf();
+        symlink(root.join("a"), fixture.outside.join("back")).unwrap();
+        symlink(fixture.outside.join("back"), root.join("via")).unwrap();
+        symlink("..", root.join("up")).unwrap();
+        assert_eq!(
+            refused(&fixture.workspace, "via/b.txt"),
+            format!(
+                "'via/b.txt' leads outside the workspace through a symbolic link: it passes through {}, which is \
+                 not under the workspace {}",
+                fixture.outside.display(),
+                root.display()
+            )
+        );
+        assert_eq!(
+            refused(&fixture.workspace, "up"),
+            format!(
+                "'up' leads outside the workspace through a symbolic link: it resolves to {}, which is not under \
+                 the workspace {}",
+                root.parent().unwrap().display(),
+                root.display()
+            )
+        );
+    }
+
+    #[test]
+    fn a_location_acts_through_the_handles_it_found_even_after_a_swap() {
+        let fixture = fixture();
+        let root = fixture.workspace.root().to_path_buf();
+        let existing = fixture.workspace.locate("a/b.txt").unwrap();
+        let missing = fixture.workspace.locate("a/new/c.txt").unwrap();
+        let listed = fixture.workspace.locate("a").unwrap();
+        // `a` is swapped for a link leading out after the lookup.
+        std::fs::rename(root.join("a"), root.join("moved")).unwrap();
+        symlink(&fixture.outside, root.join("a")).unwrap();
+
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut existing.open_file().unwrap(), &mut text).unwrap();
+        assert_eq!(text, "b");
+        let (dir, name) = missing.parent_for_write().unwrap();
+        dir.write(name, "c").unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("moved/new/c.txt")).unwrap(), "c");
+        assert!(!fixture.outside.join("new").exists(), "nothing was created outside");
+        // `a` itself is the last component of that lookup: it is opened
+        // without following the link now there, so it fails, not lists
+        // outside.
+        let error = listed.open_dir().unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::NotADirectory, "{error}");
+        // A new lookup sees the link, and refuses it.
+        assert!(refused(&fixture.workspace, "a/b.txt").contains("leads outside the workspace"));
     }
 
     #[test]

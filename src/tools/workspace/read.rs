@@ -2,7 +2,9 @@
 //! quote them, a range at a time.
 
 use std::fmt::Write as _;
+use std::io::Read as _;
 
+use super::paths::Location;
 use super::{Arguments, Workspace, blocking, io_failure, plural};
 use crate::model::{BoxFuture, ToolSpec};
 use crate::tools::{Tool, ToolContext, ToolError};
@@ -78,15 +80,21 @@ impl Tool for ReadFile {
 }
 
 /// The text of the file `path`, refusing what is not a regular UTF-8 text
-/// file of at most [`MAX_FILE_BYTES`]. Shared with `edit_file`.
+/// file of at most [`MAX_FILE_BYTES`].
 pub(super) fn load_text(workspace: &Workspace, path: &str) -> Result<String, ToolError> {
-    let resolved = workspace.resolve(path)?;
-    if !resolved.exists {
+    let location = workspace.locate(path)?;
+    load_text_at(&location, path)
+}
+
+/// [`load_text`] of an already located file, which `edit_file` then
+/// replaces through the same directory handle.
+pub(super) fn load_text_at(location: &Location, path: &str) -> Result<String, ToolError> {
+    if !location.exists {
         return Err(ToolError::Failed(format!(
             "'{path}' does not exist; use list_dir or search to find the file"
         )));
     }
-    let metadata = std::fs::metadata(&resolved.path).map_err(|error| io_failure("read", path, &error))?;
+    let metadata = location.metadata().map_err(|error| io_failure("read", path, &error))?;
     if metadata.is_dir() {
         return Err(ToolError::Failed(format!(
             "'{path}' is a directory; use list_dir to see what it holds"
@@ -95,15 +103,31 @@ pub(super) fn load_text(workspace: &Workspace, path: &str) -> Result<String, Too
     if !metadata.is_file() {
         return Err(ToolError::Failed(format!("'{path}' is not a regular file")));
     }
-    if metadata.len() > MAX_FILE_BYTES {
-        return Err(ToolError::Failed(format!(
-            "'{path}' is {} bytes, over the {} MiB limit of read_file; use search to find the lines you need, \
-             or shell (for example `sed -n '1000,1100p' {path}`)",
-            metadata.len(),
-            MAX_FILE_BYTES / (1024 * 1024)
-        )));
+    // Opened without following a link, then checked again on the handle:
+    // what is read is what was checked.
+    let file = location.open_file().map_err(|error| io_failure("read", path, &error))?;
+    let metadata = file.metadata().map_err(|error| io_failure("read", path, &error))?;
+    if !metadata.is_file() {
+        return Err(ToolError::Failed(format!("'{path}' is not a regular file")));
     }
-    let bytes = std::fs::read(&resolved.path).map_err(|error| io_failure("read", path, &error))?;
+    let too_large = |size: u64| {
+        ToolError::Failed(format!(
+            "'{path}' is {size} bytes, over the {} MiB limit of read_file; use search to find the lines you need, \
+             or shell (for example `sed -n '1000,1100p' {path}`)",
+            MAX_FILE_BYTES / (1024 * 1024)
+        ))
+    };
+    if metadata.len() > MAX_FILE_BYTES {
+        return Err(too_large(metadata.len()));
+    }
+    let mut bytes = Vec::new();
+    // One byte past the limit tells a file that grew since the check.
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| io_failure("read", path, &error))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large(bytes.len() as u64));
+    }
     if bytes.contains(&0) {
         return Err(ToolError::Failed(format!(
             "'{path}' is a binary file ({} bytes, contains NUL bytes); read_file shows text only. \

@@ -1,16 +1,30 @@
 //! `search`: a regular expression over the contents of the workspace's
 //! files, like a small `ripgrep`.
 //!
-//! The walk respects `.gitignore`, `.ignore` and `.git/info/exclude` (even
-//! outside a git repository, so a workspace that is not a clone still gets
-//! its ignore files honoured), but not the user's global excludes, which
-//! would make results depend on the machine. Hidden files are searched;
-//! `.git` is not. Symbolic links are not followed, so the search stays in
-//! the workspace.
+//! The walk respects `.gitignore`, `.ignore` and `.git/info/exclude` of the
+//! workspace's directories (even outside a git repository, so a workspace
+//! that is not a clone still gets its ignore files honoured), with the
+//! `ignore` crate's matchers and precedence, but not ignore files above the
+//! workspace nor the user's global excludes, which would make results
+//! depend on the machine. Hidden files are searched; `.git` is not.
+//!
+//! The walk goes through directory handles (see `paths.rs`): each
+//! subdirectory is opened from its parent's handle without following a
+//! link, and each file likewise, so a directory swapped for a link during
+//! the walk is not entered. Symbolic links are not followed at all.
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
+use std::io::Read as _;
 use std::path::Path;
 
+use cap_fs_ext::DirExt as _;
+use cap_std::fs::Dir;
+use ignore::Match;
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+
+use super::list::{shown_child, sorted_entries};
+use super::paths::open_file_in;
 use super::read::MAX_FILE_BYTES;
 use super::{Arguments, Workspace, blocking, plural};
 use crate::model::{BoxFuture, ToolSpec};
@@ -127,48 +141,202 @@ fn search(
     path: &str,
     glob: Option<&FileFilter>,
 ) -> Result<String, ToolError> {
-    let resolved = workspace.resolve(path)?;
-    if !resolved.exists {
+    let location = workspace.locate(path)?;
+    if !location.exists {
         return Err(ToolError::Failed(format!("'{path}' does not exist")));
     }
-    let mut findings = Findings::default();
-    let walk = ignore::WalkBuilder::new(&resolved.path)
-        .hidden(false)
-        .git_global(false)
-        .require_git(false)
-        .follow_links(false)
-        .filter_entry(|entry| entry.file_name() != ".git")
-        .sort_by_file_name(|a, b| a.cmp(b))
-        .build();
-    for entry in walk {
-        let Ok(entry) = entry else {
-            findings.unreadable += 1;
-            continue;
-        };
-        // Only regular files: links are not followed, so they cannot lead out.
-        if !entry.file_type().is_some_and(|kind| kind.is_file()) {
-            continue;
+    let mut search = Walk {
+        regex,
+        glob,
+        findings: Findings::default(),
+    };
+    let shown = workspace.display(&location.path);
+    match location.metadata() {
+        Ok(metadata) if metadata.is_dir() => match location.open_dir() {
+            Ok(dir) => {
+                let mut ignores = ancestors_ignores(workspace, &location.path);
+                ignores.push(IgnoreLevel::of(&dir, &location.path));
+                search.directory(&dir, &location.path, &shown, &mut ignores);
+            }
+            Err(_) => search.findings.unreadable += 1,
+        },
+        Ok(metadata) if metadata.is_file() => {
+            if let (dir, Some(name)) = location.parent() {
+                search.file(dir, name, shown);
+            }
         }
-        let relative = workspace.display(entry.path());
-        if glob.is_some_and(|glob| !glob.accepts(&relative, entry.file_name())) {
-            continue;
-        }
-        if findings.files >= MAX_FILES {
-            findings.walk_cut = true;
-            break;
-        }
-        findings.files += 1;
-        search_file(entry.path(), &relative, regex, &mut findings);
-        if findings.more {
-            break;
-        }
+        // Anything else (a FIFO, a socket) has no lines to search.
+        Ok(_) => {}
+        Err(_) => search.findings.unreadable += 1,
     }
-    Ok(report(regex, path, &findings))
+    Ok(report(regex, path, &search.findings))
 }
 
-/// Adds the matching lines of one file to `findings`.
-fn search_file(file: &Path, relative: &str, regex: &regex::bytes::Regex, findings: &mut Findings) {
-    match std::fs::metadata(file) {
+/// One search's walk: what it looks for and what it found.
+struct Walk<'a> {
+    regex: &'a regex::bytes::Regex,
+    glob: Option<&'a FileFilter>,
+    findings: Findings,
+}
+
+impl Walk<'_> {
+    /// Searches the entries of `dir` (real path `real`, shown as `shown`),
+    /// in name order, descending through each subdirectory's handle opened
+    /// from `dir` without following links. `ignores` holds the ignore rules
+    /// of `dir` and the directories above it. Returns whether to stop.
+    fn directory(&mut self, dir: &Dir, real: &Path, shown: &str, ignores: &mut Vec<IgnoreLevel>) -> bool {
+        let Ok(entries) = sorted_entries(dir) else {
+            self.findings.unreadable += 1;
+            return false;
+        };
+        for entry in entries {
+            let name = entry.file_name();
+            if name == ".git" {
+                continue;
+            }
+            let Ok(kind) = entry.file_type() else {
+                self.findings.unreadable += 1;
+                continue;
+            };
+            // Only directories and regular files: links are not followed.
+            if !kind.is_dir() && !kind.is_file() {
+                continue;
+            }
+            let child_real = real.join(&name);
+            if ignored(ignores, &child_real, kind.is_dir()) {
+                continue;
+            }
+            let child_shown = shown_child(shown, &name);
+            if kind.is_dir() {
+                let Ok(child) = dir.open_dir_nofollow(&name) else {
+                    self.findings.unreadable += 1;
+                    continue;
+                };
+                ignores.push(IgnoreLevel::of(&child, &child_real));
+                let stop = self.directory(&child, &child_real, &child_shown, ignores);
+                ignores.pop();
+                if stop {
+                    return true;
+                }
+            } else if self.file(dir, &name, child_shown) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Searches the file `name` of `dir`, shown as `relative`, if the glob
+    /// accepts it. Returns whether to stop.
+    fn file(&mut self, dir: &Dir, name: &OsStr, relative: String) -> bool {
+        if self.glob.is_some_and(|glob| !glob.accepts(&relative, name)) {
+            return false;
+        }
+        if self.findings.files >= MAX_FILES {
+            self.findings.walk_cut = true;
+            return true;
+        }
+        self.findings.files += 1;
+        search_file(dir, name, &relative, self.regex, &mut self.findings);
+        self.findings.more
+    }
+}
+
+/// The ignore rules one directory adds: its `.ignore`, `.gitignore` and
+/// `.git/info/exclude`, each read through the directory's handle.
+struct IgnoreLevel {
+    ignore: Gitignore,
+    gitignore: Gitignore,
+    exclude: Gitignore,
+}
+
+impl IgnoreLevel {
+    fn of(dir: &Dir, real: &Path) -> Self {
+        let exclude = dir
+            .open_dir_nofollow(".git")
+            .and_then(|git| git.open_dir_nofollow("info"))
+            .map_or_else(|_| Gitignore::empty(), |info| ignore_file(&info, "exclude", real));
+        Self {
+            ignore: ignore_file(dir, ".ignore", real),
+            gitignore: ignore_file(dir, ".gitignore", real),
+            exclude,
+        }
+    }
+}
+
+/// The rules of the ignore file `name` in `dir` (real path `real`, which
+/// its patterns are relative to); none when it is missing or unreadable.
+fn ignore_file(dir: &Dir, name: &str, real: &Path) -> Gitignore {
+    let Ok(file) = open_file_in(dir, OsStr::new(name)) else {
+        return Gitignore::empty();
+    };
+    let mut bytes = Vec::new();
+    if file.take(MAX_FILE_BYTES).read_to_end(&mut bytes).is_err() {
+        return Gitignore::empty();
+    }
+    let mut builder = GitignoreBuilder::new(real);
+    for line in String::from_utf8_lossy(&bytes).lines() {
+        // A bad pattern is skipped, as git does.
+        let _ = builder.add_line(None, line);
+    }
+    builder.build().unwrap_or_else(|_| Gitignore::empty())
+}
+
+/// The ignore rules of the directories from the workspace root down to the
+/// parent of `real` (a directory's real path), opened from the root's
+/// handle, since rules of a parent apply below it. Stops early at anything
+/// that is no longer a directory.
+fn ancestors_ignores(workspace: &Workspace, real: &Path) -> Vec<IgnoreLevel> {
+    let mut levels = Vec::new();
+    let Ok(relative) = real.strip_prefix(workspace.root()) else {
+        return levels;
+    };
+    let Ok(mut dir) = workspace.open_real_dir(Path::new("")) else {
+        return levels;
+    };
+    let mut at = workspace.root().to_path_buf();
+    let names: Vec<&OsStr> = relative.iter().collect();
+    for name in names {
+        levels.push(IgnoreLevel::of(&dir, &at));
+        match dir.open_dir_nofollow(name) {
+            Ok(child) => dir = child,
+            Err(_) => break,
+        }
+        at.push(name);
+    }
+    levels
+}
+
+/// Whether `path` is ignored, with the precedence of the `ignore` crate's
+/// walker: `.ignore` files over `.gitignore` files over
+/// `.git/info/exclude`, and within each kind the deepest directory's rules
+/// first; a whitelist (`!pattern`) match keeps the path.
+fn ignored(levels: &[IgnoreLevel], path: &Path, is_dir: bool) -> bool {
+    let kinds: [fn(&IgnoreLevel) -> &Gitignore; 3] =
+        [|level| &level.ignore, |level| &level.gitignore, |level| &level.exclude];
+    for kind in kinds {
+        for level in levels.iter().rev() {
+            match kind(level).matched(path, is_dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
+            }
+        }
+    }
+    false
+}
+
+/// Adds the matching lines of the file `name` in `dir` to `findings`; the
+/// file is opened without following a link.
+fn search_file(dir: &Dir, name: &OsStr, relative: &str, regex: &regex::bytes::Regex, findings: &mut Findings) {
+    let Ok(file) = open_file_in(dir, name) else {
+        findings.unreadable += 1;
+        return;
+    };
+    match file.metadata() {
+        Ok(metadata) if !metadata.is_file() => {
+            findings.unreadable += 1;
+            return;
+        }
         Ok(metadata) if metadata.len() > MAX_FILE_BYTES => {
             findings.too_large += 1;
             return;
@@ -179,10 +347,15 @@ fn search_file(file: &Path, relative: &str, regex: &regex::bytes::Regex, finding
             return;
         }
     }
-    let Ok(bytes) = std::fs::read(file) else {
+    let mut bytes = Vec::new();
+    if file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).is_err() {
         findings.unreadable += 1;
         return;
-    };
+    }
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        findings.too_large += 1;
+        return;
+    }
     if bytes.contains(&0) {
         findings.binary += 1;
         return;
@@ -351,6 +524,44 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(output, "no matches for /nothing here/ in 'src' (2 files searched)\n");
+    }
+
+    #[tokio::test]
+    async fn ignore_files_of_every_level_apply_with_their_precedence() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join(".git/info")).unwrap();
+        std::fs::create_dir_all(root.join("build")).unwrap();
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::write(root.join(".gitignore"), "*.log\n!keep.log\nbuild/\n").unwrap();
+        // `.ignore` wins over `.gitignore`, whitelists included.
+        std::fs::write(root.join(".ignore"), "secret.txt\n!forced.log\n").unwrap();
+        std::fs::write(root.join(".git/info/exclude"), "excluded.txt\n").unwrap();
+        std::fs::write(root.join("src/.gitignore"), "gen.rs\n!b.log\n").unwrap();
+        for file in [
+            "a.log",
+            "keep.log",
+            "forced.log",
+            "build/x.txt",
+            "secret.txt",
+            "excluded.txt",
+            "src/gen.rs",
+            "src/b.log",
+            "src/c.log",
+            "src/main.rs",
+        ] {
+            std::fs::write(root.join(file), "needle\n").unwrap();
+        }
+        let output = search(root, serde_json::json!({"pattern": "needle"})).await.unwrap();
+        assert_eq!(
+            output,
+            "forced.log:1: needle\nkeep.log:1: needle\nsrc/b.log:1: needle\nsrc/main.rs:1: needle\n"
+        );
+        // The rules of the directories above the searched one apply too.
+        let output = search(root, serde_json::json!({"pattern": "needle", "path": "src"}))
+            .await
+            .unwrap();
+        assert_eq!(output, "src/b.log:1: needle\nsrc/main.rs:1: needle\n");
     }
 
     #[tokio::test]

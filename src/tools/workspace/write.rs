@@ -1,8 +1,10 @@
 //! `write_file`: creates or replaces a file in the workspace, atomically.
 
+use std::ffi::OsStr;
 use std::io::{self, Write as _};
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt as _;
+
+use cap_std::fs::{Dir, OpenOptionsExt as _, PermissionsExt as _};
 
 use super::{Arguments, Workspace, blocking, io_failure, plural};
 use crate::model::{BoxFuture, ToolSpec};
@@ -57,68 +59,85 @@ impl Tool for WriteFile {
 }
 
 fn write(workspace: &Workspace, path: &str, content: &str) -> Result<String, ToolError> {
-    let resolved = workspace.resolve(path)?;
-    let previous = if resolved.exists {
-        let metadata = std::fs::metadata(&resolved.path).map_err(|error| io_failure("write", path, &error))?;
+    let location = workspace.locate(path)?;
+    let existing = if location.exists {
+        let metadata = location.metadata().map_err(|error| io_failure("write", path, &error))?;
         if metadata.is_dir() {
             return Err(ToolError::Failed(format!(
                 "'{path}' is a directory; give the path of a file inside it"
             )));
         }
-        Some(metadata.len())
+        Some(metadata)
     } else {
         None
     };
-    // The resolved path is below the workspace root and is not the root
-    // itself (that exists and is a directory), so it has a parent inside.
-    let Some(parent) = resolved.path.parent() else {
-        return Err(ToolError::Failed(format!("'{path}' has no parent directory")));
-    };
-    std::fs::create_dir_all(parent).map_err(|error| io_failure("create the directories of", path, &error))?;
-    atomic_write(&resolved.path, content.as_bytes()).map_err(|error| io_failure("write", path, &error))?;
-    let shown = workspace.display(&resolved.path);
+    let (dir, name) = location
+        .parent_for_write()
+        .map_err(|error| io_failure("create the directories of", path, &error))?;
+    // An existing file keeps its permissions.
+    let mode = existing
+        .as_ref()
+        .filter(|metadata| metadata.is_file())
+        .map_or(NEW_FILE_MODE, |metadata| metadata.permissions().mode());
+    atomic_write(&dir, name, content.as_bytes(), mode).map_err(|error| io_failure("write", path, &error))?;
+    let shown = workspace.display(&location.path);
     let written = plural(content.len(), "byte", "bytes");
-    Ok(match previous {
+    Ok(match existing {
         None => format!("wrote {written} to '{shown}' (new file)"),
-        Some(before) => format!("wrote {written} to '{shown}' (replaced {before} bytes)"),
+        Some(before) => format!("wrote {written} to '{shown}' (replaced {} bytes)", before.len()),
     })
 }
 
-/// Replaces `target` with `content` atomically: the bytes go to a temporary
-/// file in the same directory, which is synced and then renamed over the
-/// target, so a crash or a concurrent reader sees the old file or the new
-/// one. An existing file keeps its permissions. The temporary file is
-/// removed if anything fails before the rename.
+/// Replaces `name` in `dir` with `content` atomically: the bytes go to a
+/// temporary file created in `dir` (through its handle), which is synced,
+/// given `mode` and then renamed over `name` within `dir`, so a crash or a
+/// concurrent reader sees the old file or the new one, and no link can
+/// redirect it. The temporary file is removed if anything fails before the
+/// rename.
 ///
 /// Replacing a file by rename gives it a new inode: other hard links to it
 /// keep the old content.
-pub(super) fn atomic_write(target: &Path, content: &[u8]) -> io::Result<()> {
-    let dir = target
-        .parent()
-        .ok_or_else(|| io::Error::other("the path has no parent directory"))?;
-    let permissions = match std::fs::metadata(target) {
-        Ok(metadata) => metadata.permissions(),
-        Err(_) => std::fs::Permissions::from_mode(NEW_FILE_MODE),
-    };
-    let mut temporary = tempfile::Builder::new()
-        .prefix(".keel-write-")
-        .suffix(".tmp")
-        .tempfile_in(dir)?;
-    temporary.write_all(content)?;
-    temporary.as_file().set_permissions(permissions)?;
-    temporary.as_file().sync_all()?;
-    temporary.persist(target).map_err(|error| error.error)?;
+pub(super) fn atomic_write(dir: &Dir, name: &OsStr, content: &[u8], mode: u32) -> io::Result<()> {
+    let (temporary_name, file) = create_temporary(dir)?;
+    let written = (|| {
+        let mut file = file.into_std();
+        file.write_all(content)?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.sync_all()?;
+        dir.rename(&temporary_name, dir, name)
+    })();
+    if let Err(error) = written {
+        let _ = dir.remove_file(&temporary_name);
+        return Err(error);
+    }
     // Make the rename itself durable; a failure here leaves a complete file,
     // so it is not reported.
-    if let Ok(directory) = std::fs::File::open(dir) {
-        let _ = directory.sync_all();
+    if let Ok(directory) = dir.try_clone() {
+        let _ = directory.into_std_file().sync_all();
     }
     Ok(())
+}
+
+/// A new, empty temporary file in `dir` (created exclusively, so never
+/// through a link), with its name.
+fn create_temporary(dir: &Dir) -> io::Result<(String, cap_std::fs::File)> {
+    let mut options = cap_std::fs::OpenOptions::new();
+    options.write(true).create_new(true).mode(0o600);
+    let mut attempts = 0;
+    loop {
+        let name = format!(".keel-write-{}.tmp", uuid::Uuid::now_v7().simple());
+        match dir.open_with(&name, &options) {
+            Ok(file) => return Ok((name, file)),
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists && attempts < 8 => attempts += 1,
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::symlink;
+    use std::path::Path;
 
     use super::*;
 
@@ -190,8 +209,8 @@ mod tests {
         );
         // The rename fails (a directory is in the way) after the temporary
         // file was written: it must be cleaned up.
-        let target = dir.path().join("sub");
-        assert!(atomic_write(&target, b"data").is_err());
+        let handle = Dir::open_ambient_dir(dir.path(), cap_std::ambient_authority()).unwrap();
+        assert!(atomic_write(&handle, OsStr::new("sub"), b"data", NEW_FILE_MODE).is_err());
         assert_eq!(names(dir.path()), ["sub"]);
     }
 
