@@ -185,11 +185,11 @@ fn hunt_for_secrets(uid: Option<u32>) {
     .expect("config");
     // The patterns are written so that they do not match themselves in the
     // command's own command line.
-    let command = format!(
+    let command = String::from(
         "for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do cat \"$f\"; done 2>/dev/null | tr '\\0' '\\n' \
          | grep -a -o -e '[s]k-canary-[0-9a-f]*' -e '[k]eel-canary-db'; \
          grep -a -o '[d]b-canary-[0-9a-f]*' data/*.sqlite3* 2>&1; \
-         grep -a -o '[h]dr-canary-[0-9a-f]*' keel.toml 2>&1; echo hunted"
+         grep -a -o '[h]dr-canary-[0-9a-f]*' keel.toml 2>&1; echo hunted",
     );
     let call = serde_json::json!({"tool_calls": [{"name": "shell", "arguments": {"command": command}}]});
     std::fs::write(dir.path().join("s.jsonl"), format!("{call}\n{{\"text\": \"done\"}}\n")).expect("script");
