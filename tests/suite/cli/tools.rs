@@ -285,12 +285,20 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
 
 #[test]
 fn a_runtime_killed_during_a_shell_call_leaves_none_of_its_processes_running() {
+    for (index, policy) in ["read-only", "workspace-write", "full-access"].into_iter().enumerate() {
+        killed_during_a_shell_call(policy, 3001 + 2 * index);
+    }
+}
+
+/// `keel run` under `policy` is killed while a shell call runs a
+/// background job and one that left the command's process group and
+/// session with setsid (their durations, `marker` and `marker + 1`, are
+/// how they are found): neither may outlive the runtime.
+fn killed_during_a_shell_call(policy: &str, marker: usize) {
     let cli = Cli::new();
-    // A background job, and one that left the command's process group and
-    // session with setsid: neither may outlive the runtime. The durations
-    // are markers to find them by.
+    let markers = [marker.to_string(), (marker + 1).to_string()];
     let call = serde_json::json!({"tool_calls": [{"id": "long", "name": "shell", "arguments": {
-        "command": "sleep 3001 & setsid sleep 3002 & echo started > started.txt; wait"
+        "command": format!("sleep {} & setsid sleep {} & wait", markers[0], markers[1])
     }}]});
     let script = cli.script("s.jsonl", &[&call.to_string()]);
     let model = format!("script:{}", script.display());
@@ -301,32 +309,38 @@ fn a_runtime_killed_during_a_shell_call_leaves_none_of_its_processes_running() {
             "--json",
             "--approve",
             "auto",
+            "--sandbox",
+            policy,
             "--model",
             &model,
             "wait a long time",
         ],
         |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
     );
+    let running_now = || -> Vec<u32> { markers.iter().flat_map(|marker| processes_with(marker)).collect() };
     let deadline = Instant::now() + Duration::from_secs(30);
     let pids = loop {
-        let pids = [processes_with("3001"), processes_with("3002")].concat();
-        if pids.len() == 2 && cli.dir.path().join("started.txt").exists() {
+        let pids = running_now();
+        if pids.len() == 2 {
             break pids;
         }
-        assert!(Instant::now() < deadline, "the command never started: {pids:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{policy}: the command never started: {pids:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     running.crash();
     // Nobody is left to kill them but the launcher watching its parent.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let left = [processes_with("3001"), processes_with("3002")].concat();
+        let left = running_now();
         if left.is_empty() {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the shell call's processes outlived the runtime: {left:?} (were {pids:?})"
+            "{policy}: the shell call's processes outlived the runtime: {left:?} (were {pids:?})"
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -9,6 +9,7 @@ mod front_door;
 mod lifecycle;
 mod ops;
 mod policies;
+mod sandbox_escape;
 mod sessions;
 mod streams;
 pub(super) mod support;
