@@ -275,3 +275,48 @@ fn a_command_of_an_unprivileged_keel_sees_none_of_its_secrets_either() {
         hunt_for_secrets(None);
     }
 }
+
+#[test]
+fn without_namespaces_the_fallback_still_contains_the_command() {
+    // As on a host that allows no namespaces: Landlock, seccomp and a
+    // subreaper supervisor.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("listener");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let port = listener.local_addr().expect("address").port();
+    let workspace = tempfile::tempdir().expect("workspace");
+    let outside = outside_scratch();
+    let target = outside.path().join("escaped.txt");
+    let command = format!(
+        "setsid sleep 4201 & sh -c 'sleep 4202 &'; {}; echo out > '{}'; echo in > inside.txt; echo ran",
+        connect_command(port),
+        target.display()
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "sandbox-exec",
+            "--no-namespaces",
+            "--policy",
+            "workspace-write",
+            "--workspace",
+        ])
+        .arg(workspace.path())
+        .args(["--", "sh", "-c", &command])
+        .current_dir(workspace.path())
+        .output()
+        .expect("launcher");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stdout.contains("ran"), "{stdout}{stderr}");
+    assert!(stderr.contains("no namespaces (turned off)"), "{stderr}");
+    assert!(stderr.contains("network blocked"), "{stderr}");
+    assert!(stderr.contains("connect failed"), "{stderr}");
+    assert!(listener.accept().is_err(), "the command connected");
+    assert!(!target.exists(), "the command wrote outside the workspace");
+    assert!(workspace.path().join("inside.txt").exists(), "{stderr}");
+    // The subreaper killed the orphans before the launcher returned.
+    let left: Vec<u32> = ["4201", "4202"]
+        .iter()
+        .flat_map(|marker| processes_with(marker))
+        .collect();
+    assert!(left.is_empty(), "processes outlived the command: {left:?}");
+}

@@ -34,6 +34,9 @@ pub(crate) struct SandboxExecArgs {
     /// A file or directory the command may not see (repeatable).
     #[arg(long, value_name = "PATH")]
     protect: Vec<PathBuf>,
+    /// Do not use namespaces (the fallback of hosts that allow none).
+    #[arg(long, hide = true)]
+    no_namespaces: bool,
     /// Print what this machine enforces for the policy (one JSON line) and exit.
     #[arg(long)]
     probe: bool,
@@ -89,6 +92,7 @@ pub(crate) fn sandbox_exec(args: SandboxExecArgs) -> ExitCode {
         workspace,
         network: args.network,
         protected: args.protect,
+        namespaces: !args.no_namespaces,
         command: args.command,
     };
     if args.confine {

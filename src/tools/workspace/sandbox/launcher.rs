@@ -38,6 +38,10 @@ pub struct Launch {
     pub network: bool,
     /// Paths to cover.
     pub protected: Vec<PathBuf>,
+    /// Whether to try namespaces at all; without them the launcher uses its
+    /// fallback (Landlock, seccomp and a subreaper), as on a host that
+    /// allows none.
+    pub namespaces: bool,
     /// The program and its arguments.
     pub command: Vec<OsString>,
 }
@@ -109,7 +113,12 @@ pub fn supervise(launch: &Launch) -> ExitCode {
         return ExitCode::from(126);
     }
     let signals = reaper::block_stop_signals();
-    let (confinement, fallback_reason) = match namespaces::unshare(launch.network_allowed()) {
+    let attempt = if launch.namespaces {
+        namespaces::unshare(launch.network_allowed())
+    } else {
+        Err("turned off".to_owned())
+    };
+    let (confinement, fallback_reason) = match attempt {
         Ok(Namespaces { user, network }) => (
             Confinement {
                 namespaces: true,
