@@ -191,6 +191,9 @@ pub(crate) async fn admit(State(server): State<Arc<Server>>, request: Request, n
     match server.front.refusal(&request) {
         Some(refusal) => {
             tracing::debug!(code = refusal.code(), "refused at the front door");
+            // Counted under a route of its own: no route was matched, and
+            // an operator wants to see pages knocking.
+            server.metrics.http_request("refused", refusal.status().as_u16());
             refusal.into_response()
         }
         None => next.run(request).await,

@@ -146,6 +146,12 @@ async fn a_page_of_another_site_cannot_create_a_session() {
     assert_error(&no_type, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type");
     assert_error(&api.get("/v1/sessions/x").await, StatusCode::NOT_FOUND, "not_found");
     assert_eq!(api.get("/v1/sessions").await.body["sessions"], json!([]));
+    // The operator sees the pages knocking: 8 refused by origin above.
+    let metrics = api.metrics().await;
+    assert!(
+        metrics.contains(r#"keel_http_requests_total{route="refused",status="403"} 8"#),
+        "{metrics}"
+    );
 
     // The server's own page (same origin) still works, and a top-level
     // navigation from another site still opens the UI.
