@@ -132,12 +132,24 @@ async fn commands_change_no_metadata_outside_the_workspace() {
     let before = std::fs::metadata(&target).expect("metadata");
     let inside = workspace.path().join("inside.txt");
     std::fs::write(&inside, "inside\n").expect("inside");
+    // Extended attributes through the system call itself (x86-64's
+    // setxattr), as no attr tool is installed everywhere.
+    let setxattr = |path: &str| {
+        format!(
+            "perl -e 'my ($p, $n, $v) = ($ARGV[0], \"user.keel\", \"x\"); $r = syscall(188, $p, $n, $v, 1, 0); print \"xattr=\", ($r == 0 ? 0 : 1), \"\\n\"' '{path}'"
+        )
+    };
     let attacks = |path: &Path| {
-        let path = path.display();
+        let path = path.display().to_string();
         format!(
             "chmod 0777 '{path}'; echo chmod=$?; touch -m -d '2001-02-03 04:05:06' '{path}'; echo touch=$?; \
-             chown 65534:65534 '{path}'; echo chown=$?"
+             chown 65534:65534 '{path}'; echo chown=$?; {}",
+            setxattr(&path)
         )
+    };
+    let has_xattr = |path: &Path| {
+        let mut value = [0u8; 16];
+        rustix::fs::getxattr(path, "user.keel", &mut value).is_ok()
     };
     for policy in [SandboxPolicy::ReadOnly, SandboxPolicy::WorkspaceWrite] {
         let output = run(&shell(policy, false), workspace.path(), &attacks(&target)).await;
@@ -153,15 +165,25 @@ async fn commands_change_no_metadata_outside_the_workspace() {
             output.contains("chmod=1") && output.contains("touch=1"),
             "{policy}: {output}"
         );
+        if cfg!(target_arch = "x86_64") {
+            assert!(!has_xattr(&target), "{policy}: an extended attribute was set: {output}");
+            assert!(output.contains("xattr=1"), "{policy}: {output}");
+        }
     }
     // Inside the workspace, workspace-write lets the same commands work.
     let output = run(
         &shell(SandboxPolicy::WorkspaceWrite, false),
         workspace.path(),
-        "chmod 0600 inside.txt; echo chmod=$?; touch -m -d '2001-02-03 04:05:06' inside.txt; echo touch=$?",
+        &format!(
+            "chmod 0600 inside.txt; echo chmod=$?; touch -m -d '2001-02-03 04:05:06' inside.txt; echo touch=$?; {}",
+            setxattr("inside.txt")
+        ),
     )
     .await;
     assert!(output.contains("chmod=0") && output.contains("touch=0"), "{output}");
+    if cfg!(target_arch = "x86_64") {
+        assert!(output.contains("xattr=0") && has_xattr(&inside), "{output}");
+    }
     assert_eq!(std::fs::metadata(&inside).expect("metadata").mode() & 0o777, 0o600);
 }
 
