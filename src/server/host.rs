@@ -21,9 +21,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::error::ApiError;
+use super::factory::SessionFactory;
 use super::fanout::{Hub, Hubs, Subscription};
 use super::metrics::Metrics;
-use super::settings::{SessionFactory, SessionSettings};
+use super::settings::SessionSettings;
 use crate::agent::{Agent, SessionContext, SessionHandle, SessionStatus, SubmitOptions, create_agent};
 use crate::protocol::Op;
 use crate::store::CheckpointStore;

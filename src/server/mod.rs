@@ -13,15 +13,17 @@
 //!   it is authenticated; `front`: the `Host`, `Origin` and body-size
 //!   checks that keep other sites' pages out;
 //! - `routes`, `sse`, `ws`: the endpoints; `auth`: the bearer token;
-//!   `error`: the JSON errors; `settings`: per-session settings and how a
-//!   session is assembled; `ceiling`: what API clients may ask for
-//!   (`keel.toml`'s `[server]`); `metrics`: Prometheus metrics; `ui`: the web UI.
+//!   `error`: the JSON errors; `settings`: per-session settings;
+//!   `ceiling`: what API clients may ask for (`keel.toml`'s `[server]`);
+//!   `factory`: how a session is assembled from its settings; `metrics`:
+//!   Prometheus metrics; `ui`: the web UI.
 
 mod auth;
 mod ceiling;
 mod conn;
 mod error;
 mod extract;
+mod factory;
 mod fanout;
 mod front;
 mod host;
@@ -44,9 +46,9 @@ pub use self::conn::{
     DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES, raise_open_file_limit,
 };
 pub use self::error::ApiError;
+use self::factory::SessionFactory;
 use self::host::{Host, HostLimits};
 use self::metrics::{MeteredStore, Metrics};
-use self::settings::SessionFactory;
 use crate::agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};
 use crate::config::KeelConfig;
 use crate::store::CheckpointStore;
