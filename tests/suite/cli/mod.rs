@@ -590,3 +590,51 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
 
 mod chat;
 mod tools;
+
+#[test]
+fn a_session_keeps_its_model_and_can_be_created_under_a_chosen_id() {
+    let cli = Cli::new();
+    let script = cli.script(
+        "s.jsonl",
+        &[
+            r#"{"text": "first answer"}"#,
+            r#"{"text": "second answer"}"#,
+            r#"{"text": "third answer"}"#,
+        ],
+    );
+    let model = format!("script:{}", script.display());
+    let first = cli.run(&["run", "--new-session", "demo", "--model", &model, "one"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(stdout(&first), "first answer\n");
+    assert!(stderr(&first).contains("session demo"), "{}", stderr(&first));
+    // No --model: the session's own model answers.
+    let second = cli.run(&["run", "--session", "demo", "second"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_eq!(stdout(&second), "second answer\n");
+    let mut chat = cli
+        .command(&["chat", "--session", "demo"])
+        .env_remove("KEEL_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn keel chat");
+    {
+        use std::io::Write;
+        let mut stdin = chat.stdin.take().expect("stdin");
+        stdin.write_all(b"third\n").expect("write stdin");
+    }
+    let third = chat.wait_with_output().expect("keel chat");
+    assert!(third.status.success(), "{}", stderr(&third));
+    assert!(stdout(&third).contains("third answer"), "{}", stdout(&third));
+    let events = cli.events("demo");
+    assert_gap_free(&events);
+    assert_eq!(session_of(&events), "demo");
+
+    // The id is taken now: a second --new-session is refused, naming it.
+    let again = cli.run(&["run", "--new-session", "demo", "--model", &model, "four"]);
+    assert_one_line_error(&again, "demo");
+    assert_eq!(cli.events("demo").len(), events.len(), "nothing was written");
+    let both = cli.run(&["run", "--session", "demo", "--new-session", "other", "five"]);
+    assert!(!both.status.success());
+}

@@ -42,9 +42,13 @@ pub(crate) struct ChatArgs {
     #[command(flatten)]
     db: DbArgs,
     /// Resume this session (it must exist), printing its conversation so
-    /// far; a new session when omitted.
+    /// far, with its own model unless --model is given; a new session when
+    /// omitted.
     #[arg(long, value_name = "ID")]
     session: Option<String>,
+    /// Start a new session under this id (it must not exist yet).
+    #[arg(long, value_name = "ID", conflicts_with = "session")]
+    new_session: Option<String>,
     /// Chat in a session of the `keel serve` server at this URL (for
     /// example http://127.0.0.1:7777) instead of the local database.
     #[arg(long, value_name = "URL", conflicts_with_all = ["config", "workspace"])]

@@ -128,6 +128,9 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
         }
         None => {
             let mut body = json!({"bot_id": BOT_ID, "on_busy": "queue"});
+            if let Some(id) = &args.new_session {
+                body["id"] = json!(id);
+            }
             if let Some(model) = &args.model.model {
                 body["model"] = json!(model);
             }
