@@ -56,15 +56,16 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
     }
     let mut config = agent_config(id, Arc::clone(&store), model, &keel_config, &args.tools, workspace).await;
     config.session_context.bot_id = BOT_ID.to_owned();
+    let instructions = args.system.clone().or(stored.instructions);
     // Kept with a new session (a resumed one keeps what it was created with).
     config.session_context.settings = Some(
         StoredSettings {
             model: Some(spec),
-            instructions: stored.instructions.clone(),
+            instructions: instructions.clone(),
         }
         .to_value(),
     );
-    config.instructions = stored.instructions;
+    config.instructions = instructions;
     let warnings = config.startup_warnings.len();
     let mut agent = create_agent(config).await?;
 

@@ -58,6 +58,10 @@ pub(crate) struct ChatArgs {
     token_file: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
+    /// Standing instructions for the model (a system prompt) of a new
+    /// session, or of a resumed local one for this chat.
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
     /// What to do with tool calls that need approval: ask inline (denied
     /// when stdin is not a terminal), approve them all, or deny them all.
     #[arg(long, value_enum, default_value_t = ApproveMode::Ask, value_name = "MODE")]
