@@ -163,8 +163,26 @@ impl KeelConfig {
         let text = std::fs::read_to_string(path)
             .map_err(|error| Error::Config(format!("cannot read {}: {error}", path.display())))?;
         toml::from_str(&text).map_err(|error| {
-            let message = error.message().to_owned();
-            Error::Config(format!("{}: {message}", path.display()))
+            let message = error.message().trim_end();
+            // `FILE:LINE:COLUMN: message`, the form editors and terminals
+            // jump to.
+            match error.span() {
+                Some(span) => {
+                    let (line, column) = line_and_column(&text, span.start);
+                    // The line itself, since serde's messages do not always
+                    // name the key ("invalid type: string, expected f64").
+                    let source: String = text
+                        .lines()
+                        .nth(line - 1)
+                        .unwrap_or_default()
+                        .trim()
+                        .chars()
+                        .take(80)
+                        .collect();
+                    Error::Config(format!("{}:{line}:{column}: {message} (in `{source}`)", path.display()))
+                }
+                None => Error::Config(format!("{}: {message}", path.display())),
+            }
         })
     }
 
@@ -247,6 +265,15 @@ impl KeelConfig {
         }
         build(&name, &entry, env)
     }
+}
+
+/// The 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |index| index + 1);
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
 }
 
 /// The options a spec may carry after `?`, as `KEY=VALUE` joined with `&`.
@@ -430,6 +457,15 @@ mod tests {
                 .model_with_env("openai:m", &env(&[("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")]))
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn positions_count_lines_and_characters_from_one() {
+        let text = "a = 1\nbé = \"x\"\n";
+        assert_eq!(line_and_column(text, 0), (1, 1));
+        assert_eq!(line_and_column(text, 6), (2, 1));
+        assert_eq!(line_and_column(text, 10), (2, 4), "é is one character of two bytes");
+        assert_eq!(line_and_column(text, text.len() + 5), (3, 1));
     }
 
     #[test]

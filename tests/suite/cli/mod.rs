@@ -752,3 +752,44 @@ async fn a_provider_spec_caps_output_and_chat_takes_a_system_prompt() {
     assert_one_line_error(&unknown, "colour");
     assert!(!fresh.db().exists());
 }
+
+#[test]
+fn keel_toml_errors_name_the_file_line_and_column() {
+    let cli = Cli::new();
+    let cases = [
+        // An unknown key, on line 3.
+        (
+            "model = \"x\"\n[models.x]\nprovder = \"openai\"\nmodel = \"m\"\n",
+            "keel.toml:3:1",
+            "provder",
+        ),
+        // A value of the wrong type, on line 4 after the `=`.
+        (
+            "[models.x]\nprovider = \"openai\"\nmodel = \"m\"\ntemperature = \"hot\"\n",
+            "keel.toml:4:15",
+            "temperature",
+        ),
+        // Broken syntax: an unterminated string on line 2.
+        ("model = \"x\"\nmodel2 = \"oops\n", "keel.toml:2:", "string"),
+    ];
+    for (text, place, needle) in cases {
+        std::fs::write(cli.dir.path().join("keel.toml"), text).expect("write keel.toml");
+        let output = cli
+            .command(&["run", "--model", "script:none.jsonl", "hi"])
+            .env_remove("KEEL_CONFIG")
+            .output()
+            .expect("run keel");
+        assert_one_line_error(&output, place);
+        assert_one_line_error(&output, needle);
+    }
+    // An explicit --config is named as given.
+    let elsewhere = cli.dir.path().join("conf").join("other.toml");
+    std::fs::create_dir_all(elsewhere.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&elsewhere, "[tools]\nshell = 3\n").expect("write other.toml");
+    let output = cli
+        .command(&["run", "--config", &elsewhere.display().to_string(), "hi"])
+        .output()
+        .expect("run keel");
+    assert_one_line_error(&output, &format!("{}:2:9", elsewhere.display()));
+    assert!(!cli.db().exists(), "nothing was stored");
+}
