@@ -25,6 +25,11 @@ pub enum Error {
     /// (`on_busy: reject`); the refusal is in the log.
     #[error("session busy: {0}")]
     SessionBusy(String),
+    /// An idempotency key already used for another request (another op or
+    /// busy policy) on this session; nothing was queued. The text names the
+    /// earlier submission.
+    #[error("idempotency key reused: {0}")]
+    KeyReused(String),
     /// The runtime (or the part of it the caller talks to) has stopped or
     /// cannot take more work right now; the text says which.
     #[error("agent stopped: {0}")]

@@ -9,7 +9,7 @@ use super::submission::SubmissionSender;
 use crate::protocol::{
     BusyPolicy, Event, EventMsg, Op, SubmissionQueuedEvent, SubmissionRejectedEvent, new_id, validate_idempotency_key,
 };
-use crate::store::CheckpointStore;
+use crate::store::{CheckpointStore, KeyedSubmission};
 use crate::{Error, Result};
 
 /// How a submission is to be handled.
@@ -81,6 +81,32 @@ impl SessionHandle {
             .ok_or_else(|| Error::Stopped("the session has stopped".to_owned()))
     }
 
+    /// Refuses a reused idempotency key whose request differs from the one
+    /// it was first sent with: answering it as a duplicate would silently
+    /// drop the new message. The earlier request is read back from its
+    /// `submission_queued` event; if that cannot be found the retry is taken
+    /// as the same request, as before keys were compared.
+    async fn check_same_body(&self, key: &str, earlier: &KeyedSubmission, op: &Op, on_busy: BusyPolicy) -> Result<()> {
+        let after = earlier.sequence.saturating_sub(1);
+        let events = self.store.events_after(&self.session_id, after, 1).await?;
+        let Some(stored) = events.into_iter().next() else {
+            return Ok(());
+        };
+        if stored.submission_id.as_deref() != Some(earlier.submission_id.as_str()) {
+            return Ok(());
+        }
+        let EventMsg::SubmissionQueued(queued) = &stored.msg else {
+            return Ok(());
+        };
+        if queued.op == *op && queued.on_busy == on_busy {
+            return Ok(());
+        }
+        Err(Error::KeyReused(format!(
+            "idempotency key '{key}' was first used for submission {} with another body; use a new key for a new request",
+            earlier.submission_id
+        )))
+    }
+
     /// Submits `op` so that, once this returns `Ok`, a crash cannot lose it.
     ///
     /// A user message is stored (a `submission_queued` event, plus a row in
@@ -93,7 +119,8 @@ impl SessionHandle {
     /// and are not stored ahead; shutdown is queued as it is.
     ///
     /// Errors: [`Error::InvalidInput`] for an op or key that breaks the
-    /// protocol's limits, [`Error::Busy`] when the queue is full,
+    /// protocol's limits, [`Error::KeyReused`] for a known key sent with
+    /// another op or policy, [`Error::Busy`] when the queue is full,
     /// [`Error::Stopped`] when the session stopped, [`Error::Checkpoint`]
     /// when the store fails.
     pub async fn submit_durable(&self, op: Op, options: SubmitOptions) -> Result<Accepted> {
@@ -113,6 +140,7 @@ impl SessionHandle {
             Some(key) => {
                 let guard = self.keyed.lock().await;
                 if let Some(earlier) = self.store.keyed_submission(&self.session_id, key).await? {
+                    self.check_same_body(key, &earlier, &op, options.on_busy).await?;
                     return Ok(Accepted {
                         submission_id: earlier.submission_id,
                         sequence: earlier.sequence,

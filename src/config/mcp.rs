@@ -396,7 +396,7 @@ mod tests {
         assert_eq!(
             message,
             format!(
-                "invalid configuration: {}: [mcp.servers.x]: give either `command` or `url`, not both",
+                "invalid configuration: {}:1:2: [mcp.servers.x]: give either `command` or `url`, not both (in `[mcp.servers.x]`)",
                 path.display()
             )
         );

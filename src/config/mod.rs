@@ -3,7 +3,10 @@
 //! A model is named by a spec: `script:FILE`, `openai:MODEL` (Chat
 //! Completions), `openai-responses:MODEL`, `anthropic:MODEL`,
 //! `ollama:MODEL` (Chat Completions on `http://localhost:11434/v1`, no key),
-//! or the name of a model defined in `keel.toml`:
+//! or the name of a model defined in `keel.toml`. Any spec may end in
+//! options, `?KEY=VALUE&…` (`max_output_tokens`, `temperature`,
+//! `context_window`, `idle_timeout_secs`, `max_retries`), as in
+//! `openai:gpt-4.1-mini?max_output_tokens=1024`; they override the entry's.
 //!
 //! ```toml
 //! model = "fast"                    # the default spec
@@ -160,8 +163,26 @@ impl KeelConfig {
         let text = std::fs::read_to_string(path)
             .map_err(|error| Error::Config(format!("cannot read {}: {error}", path.display())))?;
         toml::from_str(&text).map_err(|error| {
-            let message = error.message().to_owned();
-            Error::Config(format!("{}: {message}", path.display()))
+            let message = error.message().trim_end();
+            // `FILE:LINE:COLUMN: message`, the form editors and terminals
+            // jump to.
+            match error.span() {
+                Some(span) => {
+                    let (line, column) = line_and_column(&text, span.start);
+                    // The line itself, since serde's messages do not always
+                    // name the key ("invalid type: string, expected f64").
+                    let source: String = text
+                        .lines()
+                        .nth(line - 1)
+                        .unwrap_or_default()
+                        .trim()
+                        .chars()
+                        .take(80)
+                        .collect();
+                    Error::Config(format!("{}:{line}:{column}: {message} (in `{source}`)", path.display()))
+                }
+                None => Error::Config(format!("{}: {message}", path.display())),
+            }
         })
     }
 
@@ -196,7 +217,13 @@ impl KeelConfig {
 
     /// [`Self::model`] with the environment given as a lookup.
     pub fn model_with_env(&self, spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn Model>> {
-        let (name, entry) = match spec.split_once(':') {
+        // Options after `?` apply to any spec, so that an `openai:` spec can
+        // be capped without a keel.toml entry.
+        let (spec, options) = match spec.split_once('?') {
+            Some((base, options)) => (base, Some(options)),
+            None => (spec, None),
+        };
+        let (name, mut entry) = match spec.split_once(':') {
             Some((provider, model)) => {
                 if model.is_empty() {
                     return Err(Error::Config(format!(
@@ -233,8 +260,56 @@ impl KeelConfig {
                 }
             },
         };
+        if let Some(options) = options {
+            apply_options(&mut entry, options)?;
+        }
         build(&name, &entry, env)
     }
+}
+
+/// The 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |index| index + 1);
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
+}
+
+/// The options a spec may carry after `?`, as `KEY=VALUE` joined with `&`.
+const SPEC_OPTIONS: &str = "max_output_tokens, temperature, context_window, idle_timeout_secs, max_retries";
+
+/// Sets the options of a spec (`max_output_tokens=1024&temperature=0.2`) on
+/// `entry`, over what a keel.toml entry says.
+fn apply_options(entry: &mut ModelEntry, options: &str) -> Result<()> {
+    if entry.provider == "script" {
+        return Err(Error::Config("a script: model takes no options".to_owned()));
+    }
+    fn number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
+        value
+            .parse()
+            .map_err(|_| Error::Config(format!("model option {key}={value:?} is not a valid number")))
+    }
+    for option in options.split('&').filter(|option| !option.is_empty()) {
+        let Some((key, value)) = option.split_once('=') else {
+            return Err(Error::Config(format!(
+                "model option '{option}' has no value: write KEY=VALUE ({SPEC_OPTIONS})"
+            )));
+        };
+        match key {
+            "max_output_tokens" => entry.max_output_tokens = Some(number(key, value)?),
+            "temperature" => entry.temperature = Some(number(key, value)?),
+            "context_window" => entry.context_window = Some(number(key, value)?),
+            "idle_timeout_secs" => entry.idle_timeout_secs = Some(number(key, value)?),
+            "max_retries" => entry.max_retries = Some(number(key, value)?),
+            other => {
+                return Err(Error::Config(format!(
+                    "unknown model option '{other}' (known: {SPEC_OPTIONS})"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Builds a model from an entry.
@@ -382,6 +457,30 @@ mod tests {
                 .model_with_env("openai:m", &env(&[("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")]))
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn positions_count_lines_and_characters_from_one() {
+        let text = "a = 1\nbé = \"x\"\n";
+        assert_eq!(line_and_column(text, 0), (1, 1));
+        assert_eq!(line_and_column(text, 6), (2, 1));
+        assert_eq!(line_and_column(text, 10), (2, 4), "é is one character of two bytes");
+        assert_eq!(line_and_column(text, text.len() + 5), (3, 1));
+    }
+
+    #[test]
+    fn spec_options_are_checked() {
+        let config = KeelConfig::default();
+        let keyless = env(&[("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")]);
+        assert!(
+            config
+                .model_with_env("ollama:llama3.2:3b?max_output_tokens=64&temperature=0", &keyless)
+                .is_ok()
+        );
+        assert!(error(config.model_with_env("openai:m?max_output_tokens=-1", &keyless)).contains("max_output_tokens"));
+        assert!(error(config.model_with_env("openai:m?seed=1", &keyless)).contains("unknown model option 'seed'"));
+        assert!(error(config.model_with_env("openai:m?max_output_tokens", &keyless)).contains("no value"));
+        assert!(error(config.model_with_env("script:x.jsonl?temperature=1", &keyless)).contains("no options"));
     }
 
     #[test]

@@ -13,7 +13,9 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// `{"type": "approval", "call_id": "…", "decision": "approve" |
 /// "approve_for_session" | "deny"}`, `{"type": "steer", "text": "…"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+// Parsed through `OpWire`, which refuses unknown fields: a misspelt field
+// would otherwise be dropped without a word (the API documents them as `400`).
+#[serde(tag = "type", rename_all = "snake_case", from = "OpWire")]
 #[non_exhaustive]
 pub enum Op {
     /// A user message. It starts a turn, or waits for the next one while a
@@ -47,6 +49,41 @@ pub enum Op {
         /// The message text.
         text: String,
     },
+}
+
+/// [`Op`] as parsed: the same tags and fields, with unknown fields refused.
+/// `Shutdown` is an empty struct here because serde ignores extra fields
+/// after the tag of a unit variant.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum OpWire {
+    UserInput {
+        text: String,
+    },
+    Interrupt {
+        #[serde(default)]
+        turn_id: Option<String>,
+    },
+    Shutdown {},
+    Approval {
+        call_id: String,
+        decision: ApprovalDecision,
+    },
+    Steer {
+        text: String,
+    },
+}
+
+impl From<OpWire> for Op {
+    fn from(wire: OpWire) -> Self {
+        match wire {
+            OpWire::UserInput { text } => Op::UserInput { text },
+            OpWire::Interrupt { turn_id } => Op::Interrupt { turn_id },
+            OpWire::Shutdown {} => Op::Shutdown,
+            OpWire::Approval { call_id, decision } => Op::Approval { call_id, decision },
+            OpWire::Steer { text } => Op::Steer { text },
+        }
+    }
 }
 
 /// What a user message does when the session is busy (a turn is running or
@@ -157,12 +194,30 @@ mod tests {
             r#"{"type": "launch_rockets"}"#,
             r#"{"text": "no type"}"#,
             r#"{"type": "user_input", "text": "unterminated"#,
+            r#"{"type": "user_input", "text": "hi", "txet": "typo"}"#,
+            r#"{"type": "interrupt", "turn": "t1"}"#,
+            r#"{"type": "shutdown", "now": true}"#,
+            r#"{"type": "approval", "call_id": "c", "decision": "deny", "why": "no"}"#,
             "",
         ] {
             assert!(serde_json::from_str::<Op>(bad).is_err(), "{bad:?} must not parse");
         }
         let op: Op = serde_json::from_str(r#"{"type": "interrupt"}"#).expect("interrupt without a turn id");
         assert_eq!(op, Op::Interrupt { turn_id: None });
+        for op in [
+            Op::Shutdown,
+            Op::Interrupt {
+                turn_id: Some("t".into()),
+            },
+            Op::Steer { text: "s".into() },
+            Op::Approval {
+                call_id: "c".into(),
+                decision: ApprovalDecision::ApproveForSession,
+            },
+        ] {
+            let json = serde_json::to_string(&op).expect("serialize");
+            assert_eq!(serde_json::from_str::<Op>(&json).expect("round trip"), op, "{json}");
+        }
     }
 
     #[test]

@@ -52,6 +52,10 @@ pub enum ApiError {
     /// The resource exists already (409).
     #[error("{0}")]
     Conflict(String),
+    /// An `Idempotency-Key` sent again with another body (422): answering
+    /// it as a duplicate would drop the new request silently.
+    #[error("{0}")]
+    KeyReused(String),
     /// The body or the message is over its limit (413).
     #[error("{0}")]
     TooLarge(String),
@@ -85,6 +89,7 @@ impl ApiError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::QueueFull | Self::SessionBusy(_) | Self::Conflict(_) => StatusCode::CONFLICT,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::KeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MisdirectedRequest(_) => StatusCode::MISDIRECTED_REQUEST,
             Self::TooManySessions(_) | Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -105,6 +110,7 @@ impl ApiError {
             Self::SessionBusy(_) => "session_busy",
             Self::Conflict(_) => "conflict",
             Self::TooLarge(_) => "too_large",
+            Self::KeyReused(_) => "idempotency_key_reused",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::MisdirectedRequest(_) => "misdirected_request",
             Self::TooManySessions(_) => "too_many_sessions",
@@ -172,6 +178,7 @@ impl From<Error> for ApiError {
             Error::InvalidInput(message) => Self::InvalidRequest(message),
             Error::Busy(_) => Self::QueueFull,
             Error::SessionBusy(message) => Self::SessionBusy(message),
+            Error::KeyReused(message) => Self::KeyReused(message),
             Error::Stopped(reason) => Self::Unavailable(format!("the session stopped: {reason}")),
             Error::Checkpoint(store) => store.into(),
             Error::Config(message) => Self::InvalidRequest(message),
@@ -202,6 +209,7 @@ mod tests {
             (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
             (ApiError::QueueFull, 409, "queue_full"),
             (ApiError::SessionBusy("x".into()), 409, "session_busy"),
+            (ApiError::KeyReused("x".into()), 422, "idempotency_key_reused"),
             (ApiError::Conflict("x".into()), 409, "conflict"),
             (ApiError::TooLarge("x".into()), 413, "too_large"),
             (

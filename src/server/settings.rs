@@ -62,7 +62,8 @@ pub(crate) fn merge_approvals(base: &ApprovalRules, overrides: &ApprovalRules) -
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct SessionSettings {
     /// The model spec; `None` means the server's default at load time (a
-    /// session created by `keel run` has no settings).
+    /// session created by an older `keel run` has no settings; a newer one
+    /// stores its `model` and `instructions` here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -77,7 +78,7 @@ pub(crate) struct SessionSettings {
 
 impl SessionSettings {
     /// The settings stored in a session's context: defaults when it has
-    /// none (a session `keel run` created), an error when they do not parse
+    /// none (a session an older `keel run` created), an error when they do not parse
     /// (defaults could be looser than what the session was created with).
     pub(crate) fn of(context: &SessionContext) -> Result<Self, String> {
         let Some(value) = &context.settings else {

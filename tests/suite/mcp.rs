@@ -4,6 +4,10 @@
 //! stdio and streamable HTTP, and a small scripted server (node, inline
 //! below) for what real servers do not do on request: pages of tools,
 //! garbage, crashes in the middle of a call, a silent or dying start.
+//!
+//! Outside CI, a test whose Node.js or npm packages are missing passes with
+//! a `SKIPPED` line on the terminal; in CI (`CI` or `KEEL_REQUIRE_MCP_TESTS`
+//! set, as `.ci/run` does) it fails instead.
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;
@@ -18,13 +22,20 @@ use keel::tools::mcp::{McpConfig, McpError, McpServer, McpServerConfig, McpTrans
 use keel::tools::{ToolContext, ToolOutcome, ToolSet};
 use keel::{CheckpointStore, Model};
 
+use super::skip;
 use super::support::*;
 
-/// Where the npm packages are; fails (never skips) when they are missing.
-pub(super) fn node_modules() -> PathBuf {
-    let dir = std::env::var_os("KEEL_MCP_NODE_MODULES")
+/// Where the npm packages are, installed or not.
+fn node_modules_dir() -> PathBuf {
+    std::env::var_os("KEEL_MCP_NODE_MODULES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/node/node_modules"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/node/node_modules"))
+}
+
+/// Where the npm packages are; fails when they are missing (a test checks
+/// [`mcp_skipped`] first).
+pub(super) fn node_modules() -> PathBuf {
+    let dir = node_modules_dir();
     let everything = dir.join("@modelcontextprotocol/server-everything/dist/index.js");
     assert!(
         everything.is_file(),
@@ -33,6 +44,42 @@ pub(super) fn node_modules() -> PathBuf {
         dir.display()
     );
     dir
+}
+
+/// Whether `test` is skipped because Node.js, or (with `packages`) the npm
+/// test servers, are missing. Only outside CI (`CI` and
+/// `KEEL_REQUIRE_MCP_TESTS` unset, see [`skip`]), and said on the
+/// terminal; in CI a missing tool fails the test with how to install it.
+pub(super) fn mcp_skipped(test: &str, packages: bool) -> bool {
+    static NODE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let node = *NODE.get_or_init(|| {
+        std::process::Command::new("node")
+            .arg("--version")
+            .output()
+            .is_ok_and(|output| output.status.success())
+    });
+    let missing = if !node {
+        "Node.js is not on PATH".to_owned()
+    } else if packages
+        && !node_modules_dir()
+            .join("@modelcontextprotocol/server-everything/dist/index.js")
+            .is_file()
+    {
+        format!(
+            "the MCP test servers are not installed in {}",
+            node_modules_dir().display()
+        )
+    } else {
+        return false;
+    };
+    let how = "install Node.js and run `npm ci --prefix .ci/node` (the install step of .ci/run), or point \
+               KEEL_MCP_NODE_MODULES at a node_modules that has them";
+    assert!(
+        skip::may_skip("KEEL_REQUIRE_MCP_TESTS"),
+        "{missing}, and this run requires the MCP tests (CI or KEEL_REQUIRE_MCP_TESTS): {how}"
+    );
+    skip::announce(test, &format!("{missing}, so MCP is NOT tested here; {how}"));
+    true
 }
 
 /// A word no other process has on its command line, to find this test's
@@ -175,6 +222,12 @@ fn kill(pid: u32) {
 
 #[tokio::test]
 async fn everything_tools_are_offered_prefixed_by_the_server_name_with_their_schemas_and_hints() {
+    if mcp_skipped(
+        "everything_tools_are_offered_prefixed_by_the_server_name_with_their_schemas_and_hints",
+        true,
+    ) {
+        return;
+    }
     let marker = marker();
     let server = start("everything", &everything(&marker)).await;
     let tools = tool_set(&server);
@@ -201,6 +254,9 @@ async fn everything_tools_are_offered_prefixed_by_the_server_name_with_their_sch
 
 #[tokio::test]
 async fn calls_return_the_servers_text_and_placeholders_for_other_content() {
+    if mcp_skipped("calls_return_the_servers_text_and_placeholders_for_other_content", true) {
+        return;
+    }
     let server = start("everything", &everything(&marker())).await;
     let tools = tool_set(&server);
     assert_eq!(
@@ -231,6 +287,12 @@ async fn calls_return_the_servers_text_and_placeholders_for_other_content() {
 
 #[tokio::test]
 async fn a_server_gets_its_configured_variables_and_no_others_of_the_runtime() {
+    if mcp_skipped(
+        "a_server_gets_its_configured_variables_and_no_others_of_the_runtime",
+        true,
+    ) {
+        return;
+    }
     let mut config = everything(&marker());
     let McpTransport::Stdio { env, .. } = &mut config.transport else {
         unreachable!("stdio")
@@ -254,6 +316,9 @@ async fn a_server_gets_its_configured_variables_and_no_others_of_the_runtime() {
 
 #[tokio::test]
 async fn a_tool_error_result_is_a_failed_call_and_the_server_goes_on() {
+    if mcp_skipped("a_tool_error_result_is_a_failed_call_and_the_server_goes_on", true) {
+        return;
+    }
     let allowed = tempfile::tempdir().expect("allowed dir");
     let outside = tempfile::tempdir().expect("outside dir");
     let secret = outside.path().join("secret.txt");
@@ -299,6 +364,9 @@ async fn a_tool_error_result_is_a_failed_call_and_the_server_goes_on() {
 
 #[tokio::test]
 async fn a_call_past_its_timeout_fails_and_the_next_call_works() {
+    if mcp_skipped("a_call_past_its_timeout_fails_and_the_next_call_works", true) {
+        return;
+    }
     let mut config = everything(&marker());
     // The thing under test: the operation takes minutes, the call may take 5 s.
     config.timeout = Duration::from_secs(5);
@@ -325,6 +393,12 @@ async fn a_call_past_its_timeout_fails_and_the_next_call_works() {
 
 #[tokio::test]
 async fn a_killed_server_is_restarted_by_the_next_call_without_piling_up_processes() {
+    if mcp_skipped(
+        "a_killed_server_is_restarted_by_the_next_call_without_piling_up_processes",
+        true,
+    ) {
+        return;
+    }
     let marker = marker();
     let server = start("everything", &everything(&marker)).await;
     let tools = tool_set(&server);
@@ -355,6 +429,12 @@ async fn a_killed_server_is_restarted_by_the_next_call_without_piling_up_process
 
 #[tokio::test]
 async fn a_server_that_dies_during_a_call_fails_that_call_and_is_restarted_by_the_next() {
+    if mcp_skipped(
+        "a_server_that_dies_during_a_call_fails_that_call_and_is_restarted_by_the_next",
+        false,
+    ) {
+        return;
+    }
     let marker = marker();
     let server = start("fake", &fake("basic", &marker)).await;
     let tools = tool_set(&server);
@@ -380,6 +460,9 @@ async fn a_server_that_dies_during_a_call_fails_that_call_and_is_restarted_by_th
 
 #[tokio::test]
 async fn dropping_the_tools_ends_the_server_process() {
+    if mcp_skipped("dropping_the_tools_ends_the_server_process", true) {
+        return;
+    }
     let marker = marker();
     let server = start("everything", &everything(&marker)).await;
     let process = watch(server.process_id().expect("pid"));
@@ -397,6 +480,12 @@ async fn dropping_the_tools_ends_the_server_process() {
 
 #[tokio::test]
 async fn shutting_a_server_down_ends_its_process_and_a_later_call_starts_it_again() {
+    if mcp_skipped(
+        "shutting_a_server_down_ends_its_process_and_a_later_call_starts_it_again",
+        true,
+    ) {
+        return;
+    }
     let marker = marker();
     let server = start("everything", &everything(&marker)).await;
     let process = watch(server.process_id().expect("pid"));
@@ -413,6 +502,12 @@ async fn shutting_a_server_down_ends_its_process_and_a_later_call_starts_it_agai
 
 #[tokio::test]
 async fn tool_lists_are_read_across_pages_and_names_and_schemas_made_fit_for_providers() {
+    if mcp_skipped(
+        "tool_lists_are_read_across_pages_and_names_and_schemas_made_fit_for_providers",
+        false,
+    ) {
+        return;
+    }
     let server = start("fake", &fake("basic", &marker())).await;
     let specs: BTreeMap<String, keel::agent::ToolSpec> = tool_set(&server)
         .specs()
@@ -459,6 +554,9 @@ async fn tool_lists_are_read_across_pages_and_names_and_schemas_made_fit_for_pro
 
 #[tokio::test]
 async fn unusual_results_and_garbage_become_text_or_clear_errors() {
+    if mcp_skipped("unusual_results_and_garbage_become_text_or_clear_errors", false) {
+        return;
+    }
     let server = start("fake", &fake("basic", &marker())).await;
     let tools = tool_set(&server);
     // A line of garbage before the answer is skipped.
@@ -490,6 +588,9 @@ async fn unusual_results_and_garbage_become_text_or_clear_errors() {
 
 #[tokio::test]
 async fn servers_that_cannot_start_fail_with_a_clear_error() {
+    if mcp_skipped("servers_that_cannot_start_fail_with_a_clear_error", true) {
+        return;
+    }
     let missing = start_error("ghost", &McpServerConfig::stdio("keel-no-such-mcp-server", ["--stdio"])).await;
     assert!(matches!(missing, McpError::Start { .. }), "{missing:?}");
     let text = missing.to_string();
@@ -552,6 +653,12 @@ async fn servers_that_cannot_start_fail_with_a_clear_error() {
 
 #[tokio::test]
 async fn a_session_starts_the_enabled_servers_and_reports_the_ones_that_failed() {
+    if mcp_skipped(
+        "a_session_starts_the_enabled_servers_and_reports_the_ones_that_failed",
+        true,
+    ) {
+        return;
+    }
     let index = node_modules().join("@modelcontextprotocol/server-everything/dist/index.js");
     let text = format!(
         r#"
@@ -585,6 +692,9 @@ async fn a_session_starts_the_enabled_servers_and_reports_the_ones_that_failed()
 
 #[tokio::test]
 async fn an_agent_turn_calls_an_mcp_tool_and_records_its_result() {
+    if mcp_skipped("an_agent_turn_calls_an_mcp_tool_and_records_its_result", true) {
+        return;
+    }
     let db = TestDb::new();
     let store = db.open();
     let mut mcp = McpConfig::default();
@@ -710,6 +820,12 @@ fn free_port() -> u16 {
 
 #[tokio::test]
 async fn a_streamable_http_server_is_called_and_reconnected_after_it_restarts() {
+    if mcp_skipped(
+        "a_streamable_http_server_is_called_and_reconnected_after_it_restarts",
+        true,
+    ) {
+        return;
+    }
     let http = HttpEverything::start(free_port()).await;
     let port = http.port;
     let mut config = McpServerConfig::http(format!("http://127.0.0.1:{port}/mcp"));

@@ -8,7 +8,8 @@
 //!
 //! Without node, playwright-core or Chromium these tests fail and say how
 //! to install them. For local development without a browser,
-//! `KEEL_SKIP_BROWSER_TESTS=1` makes them pass with a loud message instead;
+//! `KEEL_SKIP_BROWSER_TESTS=1` makes them pass with a `SKIPPED` line on the
+//! terminal instead (see [`super::skip`]);
 //! CI (`CI` or `KEEL_REQUIRE_BROWSER_TESTS` set, as `.ci/run` does) never
 //! skips them.
 
@@ -20,6 +21,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use super::server::support::{Api, Scratch, ServeProcess};
+use super::skip;
 
 /// One browser at a time: Chromium is heavy on a two-core machine, and the
 /// scenarios watch text stream in.
@@ -46,8 +48,7 @@ fn on_path(name: &str) -> Option<PathBuf> {
 
 /// Whether the environment asks to skip the browser tests, and may.
 fn skipping() -> bool {
-    let set = |name: &str| std::env::var_os(name).is_some_and(|value| !value.is_empty() && value != "0");
-    set("KEEL_SKIP_BROWSER_TESTS") && !set("CI") && !set("KEEL_REQUIRE_BROWSER_TESTS")
+    skip::set("KEEL_SKIP_BROWSER_TESTS") && skip::may_skip("KEEL_REQUIRE_BROWSER_TESTS")
 }
 
 /// Finds node, playwright-core and Chromium; panics with how to install
@@ -55,9 +56,10 @@ fn skipping() -> bool {
 /// `KEEL_SKIP_BROWSER_TESTS=1` allows skipping.
 fn tools(test: &str) -> Option<Tools> {
     if skipping() {
-        eprintln!(
-            "\n!!! SKIPPED {test}: KEEL_SKIP_BROWSER_TESTS is set, so the web UI is NOT tested in a browser. \
-             Unset it (CI always runs these) once Chromium and `npm ci --prefix .ci/node` are in place.\n"
+        skip::announce(
+            test,
+            "KEEL_SKIP_BROWSER_TESTS is set, so the web UI is NOT tested in a browser. Unset it (CI always runs \
+             these) once Chromium and `npm ci --prefix .ci/node` are in place.",
         );
         return None;
     }

@@ -103,19 +103,34 @@ struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// Loads the configuration and builds the model, checking keys and files
-    /// before any session work.
-    fn load(&self) -> anyhow::Result<(keel::config::KeelConfig, std::sync::Arc<dyn keel::Model>)> {
+    /// Loads the configuration; the model is built from it with
+    /// [`ModelArgs::build`] before any session work.
+    fn config(&self) -> anyhow::Result<keel::config::KeelConfig> {
         let (config, path) = keel::config::KeelConfig::discover(self.config.as_deref())?;
         if let Some(path) = path {
             // It may hold headers with credentials (MCP servers, proxies).
             keel::tools::workspace::sandbox::protect(&path);
         }
-        let spec = self.model.clone().or_else(|| config.model.clone()).context(
-            "no model: pass --model (for example --model openai:gpt-4.1-mini), set KEEL_MODEL, or set model in keel.toml",
-        )?;
+        Ok(config)
+    }
+
+    /// Builds the model: `--model`, else the session's own (`stored`), else
+    /// the config's. Returns it with its spec.
+    fn build(
+        &self,
+        config: &keel::config::KeelConfig,
+        stored: Option<&str>,
+    ) -> anyhow::Result<(std::sync::Arc<dyn keel::Model>, String)> {
+        let spec = self
+            .model
+            .clone()
+            .or_else(|| stored.map(str::to_owned))
+            .or_else(|| config.model.clone())
+            .context(
+                "no model: pass --model (for example --model openai:gpt-4.1-mini), set KEEL_MODEL, or set model in keel.toml",
+            )?;
         let model = config.model(&spec)?;
-        Ok((config, model))
+        Ok((model, spec))
     }
 }
 

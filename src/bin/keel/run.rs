@@ -11,7 +11,7 @@ use keel::store::CheckpointStore;
 
 use crate::console::{ApproveMode, Printer, decide};
 use crate::interrupts::Interrupts;
-use crate::session::{ToolArgs, agent_config, session_id};
+use crate::session::{StoredSettings, ToolArgs, agent_config, new_session_id};
 use crate::{DbArgs, ModelArgs};
 
 /// Arguments of `keel run`.
@@ -19,9 +19,13 @@ use crate::{DbArgs, ModelArgs};
 pub(crate) struct RunArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// Continue this session (it must exist); a new session when omitted.
+    /// Continue this session (it must exist), with its model and system
+    /// prompt unless --model or --system is given; a new session when omitted.
     #[arg(long, value_name = "ID")]
     session: Option<String>,
+    /// Start a new session under this id (it must not exist yet).
+    #[arg(long, value_name = "ID", conflicts_with = "session")]
+    new_session: Option<String>,
     #[command(flatten)]
     model: ModelArgs,
     /// Standing instructions for the model (a system prompt).
@@ -51,7 +55,7 @@ pub(crate) struct RunArgs {
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Everything that can be wrong with the input is checked before any
     // session work starts.
-    let (keel_config, model) = args.model.load()?;
+    let keel_config = args.model.config()?;
     let workspace = args.tools.workspace()?;
     let mut args = args;
     for message in args.messages.iter_mut().filter(|message| *message == "-") {
@@ -62,11 +66,35 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .validate()
             .map_err(|error| anyhow::anyhow!("invalid message: {error}"))?;
     }
-    let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
-    let session_id = session_id(store.as_ref(), args.session.as_deref()).await?;
+    // A new session's model is built before the database is touched, so bad
+    // input leaves nothing behind; a session being continued is read first,
+    // for the model it keeps.
+    let (store, session_id, stored, model, spec) = match &args.session {
+        Some(id) => {
+            let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
+            let stored = StoredSettings::of(store.as_ref(), id).await?;
+            let (model, spec) = args.model.build(&keel_config, stored.model.as_deref())?;
+            (store, id.clone(), stored, model, spec)
+        }
+        None => {
+            let (model, spec) = args.model.build(&keel_config, None)?;
+            let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
+            let id = new_session_id(store.as_ref(), args.new_session.as_deref()).await?;
+            (store, id, StoredSettings::default(), model, spec)
+        }
+    };
+    let instructions = args.system.clone().or(stored.instructions);
     let mut config = agent_config(session_id.clone(), store, model, &keel_config, &args.tools, workspace).await;
     config.session_context.bot_id = args.bot.clone();
-    config.instructions = args.system.clone();
+    // Kept with a new session (a resumed one keeps what it was created with).
+    config.session_context.settings = Some(
+        StoredSettings {
+            model: Some(spec),
+            instructions: instructions.clone(),
+        }
+        .to_value(),
+    );
+    config.instructions = instructions;
     config.max_steps = args.max_steps;
     let mut agent = create_agent(config).await?;
     if !args.json {

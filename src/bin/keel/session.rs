@@ -42,13 +42,47 @@ impl ToolArgs {
     }
 }
 
-/// The session to open: `session` if the store has it (an error naming it
-/// otherwise), or a new id.
-pub(crate) async fn session_id(store: &dyn CheckpointStore, session: Option<&str>) -> anyhow::Result<String> {
-    match session {
+/// What a session keeps of how it was created, so that continuing it needs
+/// no flags again: the settings object a server stores (its `model` and
+/// `instructions`; the CLI writes the same shape, so either can resume the
+/// other's sessions).
+#[derive(Debug, Default, Clone, serde::Deserialize, serde::Serialize)]
+pub(crate) struct StoredSettings {
+    /// The model spec the session was created with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) model: Option<String>,
+    /// Its system prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) instructions: Option<String>,
+}
+
+impl StoredSettings {
+    /// The settings stored with session `id` (defaults when it has none, or
+    /// none this binary understands). Errors when the session does not exist.
+    pub(crate) async fn of(store: &dyn CheckpointStore, id: &str) -> anyhow::Result<Self> {
+        let Some(summary) = store.session_summary(id).await? else {
+            bail!("unknown session '{id}' (omit --session to start a new one, or use --new-session {id})");
+        };
+        Ok(summary
+            .context
+            .settings
+            .and_then(|value| serde_json::from_value(value).ok())
+            .unwrap_or_default())
+    }
+
+    /// The value to store in a new session's context.
+    pub(crate) fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// The id for a new session: `chosen` if the store does not have it yet (an
+/// error naming it otherwise), or a fresh one.
+pub(crate) async fn new_session_id(store: &dyn CheckpointStore, chosen: Option<&str>) -> anyhow::Result<String> {
+    match chosen {
         Some(id) => {
-            if store.session_summary(id).await?.is_none() {
-                bail!("unknown session '{id}' (omit --session to start a new one)");
+            if store.session_summary(id).await?.is_some() {
+                bail!("session '{id}' exists (use --session {id} to continue it)");
             }
             Ok(id.to_owned())
         }

@@ -71,7 +71,7 @@ pub(crate) async fn submit_op(
     if let Some(key) = &idempotency_key {
         validate_idempotency_key(key).map_err(ApiError::InvalidRequest)?;
     }
-    if let Op::UserInput { text } = &op
+    if let Op::UserInput { text } | Op::Steer { text } = &op
         && text.len() > MAX_MESSAGE_BYTES
     {
         return Err(ApiError::TooLarge(format!(

@@ -668,3 +668,38 @@ fn against_a_server_with_a_token_the_chat_sends_it_and_a_missing_one_is_explaine
     assert_one_line_error(&without, "401");
     assert!(stderr(&without).contains("--token-file"), "{}", stderr(&without));
 }
+
+#[test]
+fn against_a_server_a_new_session_takes_a_chosen_id_and_a_system_prompt() {
+    let (cli, scratch, server) = served();
+    let model = cli.model(&[r#"{"text": "Named."}"#]);
+    let base = server.api.base.clone();
+    let output = cli.chat_piped(
+        &[
+            "--server",
+            &base,
+            "--new-session",
+            "picked",
+            "--system",
+            "Be terse.",
+            "--model",
+            &model,
+            "--no-tools",
+        ],
+        "hi\n",
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(session_line(&output), "picked");
+    let db = scratch.db().display().to_string();
+    let listed = cli.run(&["sessions", "--json", "--db", &db]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let view: serde_json::Value = serde_json::from_str(stdout(&listed).trim()).expect("one session");
+    assert_eq!(view["session_id"], "picked", "{view}");
+    assert_eq!(view["context"]["settings"]["instructions"], "Be terse.", "{view}");
+    // The id is taken now.
+    let again = cli.chat_piped(
+        &["--server", &base, "--new-session", "picked", "--model", &model],
+        "hi\n",
+    );
+    assert_one_line_error(&again, "conflict");
+}

@@ -590,3 +590,206 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
 
 mod chat;
 mod tools;
+
+#[test]
+fn a_session_keeps_its_model_and_can_be_created_under_a_chosen_id() {
+    let cli = Cli::new();
+    let script = cli.script(
+        "s.jsonl",
+        &[
+            r#"{"text": "first answer"}"#,
+            r#"{"text": "second answer"}"#,
+            r#"{"text": "third answer"}"#,
+        ],
+    );
+    let model = format!("script:{}", script.display());
+    let first = cli.run(&["run", "--new-session", "demo", "--model", &model, "one"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(stdout(&first), "first answer\n");
+    assert!(stderr(&first).contains("session demo"), "{}", stderr(&first));
+    // No --model: the session's own model answers.
+    let second = cli.run(&["run", "--session", "demo", "second"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_eq!(stdout(&second), "second answer\n");
+    let mut chat = cli
+        .command(&["chat", "--session", "demo"])
+        .env_remove("KEEL_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn keel chat");
+    {
+        use std::io::Write;
+        let mut stdin = chat.stdin.take().expect("stdin");
+        stdin.write_all(b"third\n").expect("write stdin");
+    }
+    let third = chat.wait_with_output().expect("keel chat");
+    assert!(third.status.success(), "{}", stderr(&third));
+    assert!(stdout(&third).contains("third answer"), "{}", stdout(&third));
+    let events = cli.events("demo");
+    assert_gap_free(&events);
+    assert_eq!(session_of(&events), "demo");
+
+    // The id is taken now: a second --new-session is refused, naming it.
+    let again = cli.run(&["run", "--new-session", "demo", "--model", &model, "four"]);
+    assert_one_line_error(&again, "demo");
+    assert_eq!(cli.events("demo").len(), events.len(), "nothing was written");
+    let both = cli.run(&["run", "--session", "demo", "--new-session", "other", "five"]);
+    assert!(!both.status.success());
+}
+
+/// A streamed Chat Completions answer saying `text`.
+fn chat_completion_reply(text: &str) -> crate::suite::http_server::Reply {
+    let delta = serde_json::json!({
+        "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": null}],
+    });
+    let finish = serde_json::json!({
+        "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+    });
+    let body = format!("data: {delta}\n\ndata: {finish}\n\ndata: [DONE]\n\n");
+    crate::suite::http_server::Reply::sse_in_pieces(body.as_bytes(), 1 << 16)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_spec_caps_output_and_chat_takes_a_system_prompt() {
+    use crate::suite::http_server::ScriptedServer;
+    let server = ScriptedServer::start(vec![
+        chat_completion_reply("capped"),
+        chat_completion_reply("brief"),
+        chat_completion_reply("again"),
+    ])
+    .await;
+    let cli = Cli::new();
+    let base = format!("{}/v1", server.url());
+    let run = |args: Vec<String>, input: Option<&'static str>| {
+        let mut command = cli.command(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        command
+            .env("OPENAI_BASE_URL", &base)
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("KEEL_CONFIG")
+            .env("XDG_CONFIG_HOME", cli.dir.path().join("config"))
+            .env("XDG_DATA_HOME", cli.dir.path().join("data"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let mut child = command.spawn().expect("spawn keel");
+                let mut stdin = child.stdin.take().expect("stdin");
+                if let Some(input) = input {
+                    std::io::Write::write_all(&mut stdin, input.as_bytes()).expect("write stdin");
+                }
+                drop(stdin);
+                child.wait_with_output().expect("keel output")
+            })
+            .await
+            .expect("join")
+        }
+    };
+    let spec = "openai:m?max_output_tokens=7&temperature=0.5".to_owned();
+    let output = run(
+        vec![
+            "run".into(),
+            "--no-tools".into(),
+            "--model".into(),
+            spec.clone(),
+            "hi".into(),
+        ],
+        None,
+    )
+    .await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "capped\n");
+    let output = run(
+        vec![
+            "chat".into(),
+            "--no-tools".into(),
+            "--new-session".into(),
+            "chatty".into(),
+            "--model".into(),
+            "openai:m".into(),
+            "--system".into(),
+            "Answer in one word.".into(),
+        ],
+        Some("hello\n"),
+    )
+    .await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("brief"), "{}", stdout(&output));
+    // Resumed, the chat keeps its system prompt.
+    let output = run(
+        vec!["chat".into(), "--no-tools".into(), "--session".into(), "chatty".into()],
+        Some("again\n"),
+    )
+    .await;
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    let capped = requests[0].json();
+    assert_eq!(capped["model"], "m", "the options are not part of the model name");
+    assert_eq!(capped["max_tokens"], 7, "{capped}");
+    assert_eq!(capped["temperature"], 0.5, "{capped}");
+    for request in &requests[1..] {
+        let body = request.json();
+        assert_eq!(body["model"], "m");
+        assert!(body.get("max_tokens").is_none(), "{body}");
+        assert_eq!(
+            body["messages"][0],
+            serde_json::json!({"role": "system", "content": "Answer in one word."}),
+            "{body}"
+        );
+    }
+
+    // A bad option is a one-line error naming it, before anything is stored.
+    let fresh = Cli::new();
+    let bad = fresh.run(&["run", "--model", "openai:m?max_output_tokens=lots", "hi"]);
+    assert_one_line_error(&bad, "max_output_tokens");
+    let unknown = fresh.run(&["run", "--model", "openai:m?colour=blue", "hi"]);
+    assert_one_line_error(&unknown, "colour");
+    assert!(!fresh.db().exists());
+}
+
+#[test]
+fn keel_toml_errors_name_the_file_line_and_column() {
+    let cli = Cli::new();
+    let cases = [
+        // An unknown key, on line 3.
+        (
+            "model = \"x\"\n[models.x]\nprovder = \"openai\"\nmodel = \"m\"\n",
+            "keel.toml:3:1",
+            "provder",
+        ),
+        // A value of the wrong type, on line 4 after the `=`.
+        (
+            "[models.x]\nprovider = \"openai\"\nmodel = \"m\"\ntemperature = \"hot\"\n",
+            "keel.toml:4:15",
+            "temperature",
+        ),
+        // Broken syntax: an unterminated string on line 2.
+        ("model = \"x\"\nmodel2 = \"oops\n", "keel.toml:2:", "string"),
+    ];
+    for (text, place, needle) in cases {
+        std::fs::write(cli.dir.path().join("keel.toml"), text).expect("write keel.toml");
+        let output = cli
+            .command(&["run", "--model", "script:none.jsonl", "hi"])
+            .env_remove("KEEL_CONFIG")
+            .output()
+            .expect("run keel");
+        assert_one_line_error(&output, place);
+        assert_one_line_error(&output, needle);
+    }
+    // An explicit --config is named as given.
+    let elsewhere = cli.dir.path().join("conf").join("other.toml");
+    std::fs::create_dir_all(elsewhere.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&elsewhere, "[tools]\nshell = 3\n").expect("write other.toml");
+    let output = cli
+        .command(&["run", "--config", &elsewhere.display().to_string(), "hi"])
+        .output()
+        .expect("run keel");
+    assert_one_line_error(&output, &format!("{}:2:9", elsewhere.display()));
+    assert!(!cli.db().exists(), "nothing was stored");
+}

@@ -303,3 +303,36 @@ async fn a_request_that_arrives_while_the_server_shuts_down_is_503_unavailable()
         .expect("task")
         .expect("stopped cleanly");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_inside_an_op_are_400_and_a_long_steer_413() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
+    server.api.create(json!({"id": "s", "model": model})).await;
+    let api = &server.api;
+    for body in [
+        json!({"op": {"type": "user_input", "text": "hi", "txet": "typo"}}),
+        json!({"op": {"type": "steer", "text": "hi", "urgent": true}}),
+        json!({"op": {"type": "interrupt", "turn": "t1"}}),
+        json!({"op": {"type": "shutdown", "now": true}}),
+        json!({"op": {"type": "approval", "call_id": "c", "decision": "deny", "why": "no"}}),
+    ] {
+        let reply = api.submit("s", body.clone()).await;
+        assert_error(&reply, StatusCode::BAD_REQUEST, "invalid_request");
+    }
+    // A steer is a message: over 1 MiB it is too large, like `user_input`.
+    let long = "x".repeat(MAX_MESSAGE_BYTES + 1);
+    let reply = api.submit("s", json!({"op": {"type": "steer", "text": long}})).await;
+    assert_error(&reply, StatusCode::PAYLOAD_TOO_LARGE, "too_large");
+    let events = api.get("/v1/sessions/s/events").await;
+    assert!(
+        events.body["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .all(|event| event["msg"]["type"] != "submission_queued"),
+        "nothing was queued: {}",
+        events.body
+    );
+    server.stop().await;
+}

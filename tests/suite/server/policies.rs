@@ -211,3 +211,61 @@ async fn a_retried_post_with_the_same_key_is_answered_once() {
         .collect();
     assert_eq!(messages, [json!("hello"), json!("hello again")]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_with_another_body_is_422() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server
+        .scratch
+        .script("s.jsonl", &[r#"{"text": "one"}"#, r#"{"text": "two"}"#]);
+    server.api.create(json!({"id": "s", "model": model})).await;
+    let post = |key: &'static str, body: Value| {
+        let api = server.api.clone();
+        async move {
+            api.send(
+                api.client
+                    .post(api.url("/v1/sessions/s/submissions"))
+                    .header("idempotency-key", key)
+                    .json(&body),
+            )
+            .await
+        }
+    };
+    let first = post("order-7", json!({"op": {"type": "user_input", "text": "buy one"}})).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{}", first.body);
+    server.api.wait_idle("s").await;
+    for other in [
+        json!({"op": {"type": "user_input", "text": "buy two"}}),
+        json!({"op": {"type": "steer", "text": "buy one"}}),
+        json!({"op": {"type": "user_input", "text": "buy one"}, "on_busy": "reject"}),
+    ] {
+        let reply = post("order-7", other.clone()).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{other}: {}",
+            reply.body
+        );
+        assert_eq!(reply.code(), "idempotency_key_reused", "{}", reply.body);
+        assert!(
+            reply.body["error"]["message"]
+                .as_str()
+                .is_some_and(|message| message.contains(first.body["submission_id"].as_str().expect("id"))),
+            "the message names the earlier submission: {}",
+            reply.body
+        );
+    }
+    // The same body is still a duplicate.
+    let again = post("order-7", json!({"op": {"type": "user_input", "text": "buy one"}})).await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.body);
+    assert_eq!(again.body["duplicate"], true);
+    let scratch = server.stop().await;
+    let stored = scratch.stored("s").await;
+    let messages: Vec<Value> = stored
+        .iter()
+        .map(msg)
+        .filter(|body| body["type"] == "user_message")
+        .map(|body| body["text"].clone())
+        .collect();
+    assert_eq!(messages, [json!("buy one")], "nothing else was queued");
+}

@@ -9,7 +9,7 @@ use keel::protocol::{EventMsg, Op, RecordedEvent};
 use keel::store::CheckpointStore;
 
 use super::{BOT_ID, ChatArgs, Opened, Session};
-use crate::session::{agent_config, session_id};
+use crate::session::{StoredSettings, agent_config, new_session_id};
 
 /// A session opened in this process.
 pub(crate) struct LocalSession {
@@ -24,11 +24,25 @@ const HISTORY_PAGE: usize = 1000;
 pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
     // Everything that can be wrong with the input is checked before any
     // session work starts.
-    let (keel_config, model) = args.model.load()?;
+    let keel_config = args.model.config()?;
     let workspace = args.tools.workspace()?;
-    // Resuming needs the database that has the session: none is created.
-    let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(args.session.is_none()).await?);
-    let id = session_id(store.as_ref(), args.session.as_deref()).await?;
+    // A new session's model is built before the database is touched;
+    // resuming needs the database that has the session (none is created),
+    // read first for the model the session keeps.
+    let (store, id, stored, model, spec) = match &args.session {
+        Some(id) => {
+            let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(false).await?);
+            let stored = StoredSettings::of(store.as_ref(), id).await?;
+            let (model, spec) = args.model.build(&keel_config, stored.model.as_deref())?;
+            (store, id.clone(), stored, model, spec)
+        }
+        None => {
+            let (model, spec) = args.model.build(&keel_config, None)?;
+            let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
+            let id = new_session_id(store.as_ref(), args.new_session.as_deref()).await?;
+            (store, id, StoredSettings::default(), model, spec)
+        }
+    };
     let mut history = Vec::new();
     if args.session.is_some() {
         loop {
@@ -42,6 +56,16 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
     }
     let mut config = agent_config(id, Arc::clone(&store), model, &keel_config, &args.tools, workspace).await;
     config.session_context.bot_id = BOT_ID.to_owned();
+    let instructions = args.system.clone().or(stored.instructions);
+    // Kept with a new session (a resumed one keeps what it was created with).
+    config.session_context.settings = Some(
+        StoredSettings {
+            model: Some(spec),
+            instructions: instructions.clone(),
+        }
+        .to_value(),
+    );
+    config.instructions = instructions;
     let warnings = config.startup_warnings.len();
     let mut agent = create_agent(config).await?;
 

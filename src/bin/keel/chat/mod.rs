@@ -42,9 +42,13 @@ pub(crate) struct ChatArgs {
     #[command(flatten)]
     db: DbArgs,
     /// Resume this session (it must exist), printing its conversation so
-    /// far; a new session when omitted.
+    /// far, with its own model unless --model is given; a new session when
+    /// omitted.
     #[arg(long, value_name = "ID")]
     session: Option<String>,
+    /// Start a new session under this id (it must not exist yet).
+    #[arg(long, value_name = "ID", conflicts_with = "session")]
+    new_session: Option<String>,
     /// Chat in a session of the `keel serve` server at this URL (for
     /// example http://127.0.0.1:7777) instead of the local database.
     #[arg(long, value_name = "URL", conflicts_with_all = ["config", "workspace"])]
@@ -54,6 +58,10 @@ pub(crate) struct ChatArgs {
     token_file: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
+    /// Standing instructions for the model (a system prompt) of a new
+    /// session, or of a resumed local one for this chat.
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
     /// What to do with tool calls that need approval: ask inline (denied
     /// when stdin is not a terminal), approve them all, or deny them all.
     #[arg(long, value_enum, default_value_t = ApproveMode::Ask, value_name = "MODE")]

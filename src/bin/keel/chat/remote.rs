@@ -122,12 +122,21 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
 
     let (view, history, startup) = match &args.session {
         Some(id) => {
+            if args.system.is_some() {
+                bail!("a server's session keeps the system prompt it was created with: omit --system with --session");
+            }
             let view = api.session(id).await?;
             let history = api.history(id).await?;
             (view, history, Vec::new())
         }
         None => {
             let mut body = json!({"bot_id": BOT_ID, "on_busy": "queue"});
+            if let Some(id) = &args.new_session {
+                body["id"] = json!(id);
+            }
+            if let Some(system) = &args.system {
+                body["instructions"] = json!(system);
+            }
             if let Some(model) = &args.model.model {
                 body["model"] = json!(model);
             }
