@@ -23,6 +23,13 @@
 //! unchanged and ahead of the step's text and tool calls, on the next
 //! request: the API requires them there while a tool-use cycle runs.
 //!
+//! **Prompt caching.** An agent's conversation only grows, and every step
+//! sends all of it; without caching each step pays for the whole history
+//! again. The request marks the stable prefix with `cache_control`
+//! (ephemeral): the last tool, the system prompt, and the last block of the
+//! history, so the next step reads all of it from the cache. Cache reads
+//! and writes are counted in `token_usage` (`cached_input_tokens`).
+//!
 //! A response that reaches `max_tokens` in the middle of a `tool_use` block
 //! fails the step instead of running the call: its input is unfinished, a
 //! tool must never run with arguments the model did not complete, and
@@ -52,6 +59,11 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 /// It names the wire protocol, not the configured name, so that a model
 /// renamed in `keel.toml` still gets its thinking blocks back.
 pub const REASONING_PROVIDER: &str = "anthropic";
+
+/// The mark of a prompt-cache breakpoint (the default five-minute cache).
+fn cache_control() -> Value {
+    json!({"type": "ephemeral"})
+}
 
 /// Event types this adapter knows; events of other types are skipped
 /// without reading their data.
@@ -102,17 +114,25 @@ impl Anthropic {
 
     /// The JSON body for `request`.
     fn body(&self, request: &ModelRequest<'_>) -> Value {
+        let mut messages = messages(request.history);
+        mark_cache_breakpoint(&mut messages);
         let mut body = json!({
             "model": self.settings.model,
             "max_tokens": self.settings.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-            "messages": messages(request.history),
+            "messages": messages,
             "stream": true,
         });
+        // The prompt is cached in the order tools, system, messages; each
+        // part that does not change between steps ends with a breakpoint.
         if let Some(system) = request.instructions.filter(|text| !text.trim().is_empty()) {
-            body["system"] = json!(system);
+            body["system"] = json!([{"type": "text", "text": system, "cache_control": cache_control()}]);
         }
         if !request.tools.is_empty() {
-            body["tools"] = tools(request.tools);
+            let mut tools = tools(request.tools);
+            if let Some(last) = tools.as_array_mut().and_then(|tools| tools.last_mut()) {
+                last["cache_control"] = cache_control();
+            }
+            body["tools"] = tools;
         }
         if let Some(temperature) = self.settings.temperature {
             body["temperature"] = json!(temperature);
@@ -291,6 +311,30 @@ fn messages(history: &[TranscriptItem]) -> Vec<Value> {
             }
         })
         .collect()
+}
+
+/// Marks the end of the history as a prompt-cache breakpoint: the history
+/// only grows, so everything up to its last block is the stable prefix of
+/// the next step's request, which then reads it from the cache instead of
+/// paying for it again. Thinking blocks cannot carry the mark; the block
+/// before them does then.
+fn mark_cache_breakpoint(messages: &mut [Value]) {
+    let Some(blocks) = messages
+        .last_mut()
+        .and_then(|message| message.get_mut("content"))
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    let cacheable = |block: &Value| {
+        !matches!(
+            block.get("type").and_then(Value::as_str),
+            Some("thinking" | "redacted_thinking")
+        )
+    };
+    if let Some(block) = blocks.iter_mut().rev().find(|block| cacheable(block)) {
+        block["cache_control"] = cache_control();
+    }
 }
 
 /// A text block, unless the text is blank (the API refuses those).

@@ -102,6 +102,24 @@ impl ProviderSettings {
     }
 }
 
+/// A tool result's text for protocols without an error flag (Chat
+/// Completions, Responses): a failed call says so in words, so the model
+/// cannot take an error message for the tool's output.
+pub(crate) fn tool_result_text(output: &str, is_error: bool) -> String {
+    if !is_error || output.trim_start().to_ascii_lowercase().starts_with("error") {
+        return output.to_owned();
+    }
+    format!("Error: {output}")
+}
+
+/// Whether `base_url` is OpenAI's own API, which has its own dialect where
+/// compatible servers differ (field names, item ids).
+pub(crate) fn is_openai_itself(base_url: &str) -> bool {
+    reqwest::Url::parse(base_url)
+        .ok()
+        .is_some_and(|url| url.host_str() == Some("api.openai.com"))
+}
+
 /// Why reading a response stream stopped early.
 #[derive(Debug)]
 pub(crate) enum ReadError {

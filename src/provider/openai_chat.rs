@@ -34,9 +34,6 @@ use crate::Result;
 use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
 use crate::protocol::{TokenUsage, TranscriptItem, new_id};
 
-/// The host of OpenAI's own API, which wants `max_completion_tokens`.
-const OPENAI_HOST: &str = "api.openai.com";
-
 /// A model behind the OpenAI Chat Completions API.
 #[derive(Debug)]
 pub struct OpenAiChat {
@@ -192,10 +189,7 @@ impl Model for OpenAiChat {
 /// compatible servers read `max_tokens` (Ollama reads nothing else), so they
 /// get the field they know.
 fn max_tokens_field(base_url: &str) -> &'static str {
-    let official = reqwest::Url::parse(base_url)
-        .ok()
-        .is_some_and(|url| url.host_str() == Some(OPENAI_HOST));
-    if official {
+    if super::is_openai_itself(base_url) {
         "max_completion_tokens"
     } else {
         "max_tokens"
@@ -236,9 +230,15 @@ fn messages(instructions: Option<&str>, history: &[TranscriptItem]) -> Vec<Value
                     "function": {"name": name, "arguments": arguments},
                 }));
             }
-            TranscriptItem::ToolResult { call_id, output, .. } => {
+            TranscriptItem::ToolResult {
+                call_id,
+                output,
+                is_error,
+            } => {
                 flush(&mut assistant, &mut messages);
-                messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
+                // A tool message has no error field; the text carries it.
+                let content = super::tool_result_text(output, *is_error);
+                messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": content}));
             }
             // Reasoning state belongs to the provider that produced it; Chat
             // Completions has no place to send it back.

@@ -327,7 +327,8 @@ async fn the_request_carries_the_history_as_chat_messages() {
                      "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}},
                 ]},
                 {"role": "tool", "tool_call_id": "call_berlin", "content": "12°C, rain"},
-                {"role": "tool", "tool_call_id": "call_rome", "content": "weather service unavailable"},
+                // A tool message has no error flag: the text says the call failed.
+                {"role": "tool", "tool_call_id": "call_rome", "content": "Error: weather service unavailable"},
                 {"role": "assistant", "content": "Berlin: 12°C and rain. Rome: unkn"},
                 {"role": "user", "content": "And tomorrow?"},
             ],
