@@ -689,9 +689,12 @@ impl Response {
                 "the response reached max_tokens; its text is cut short"
             );
         }
-        let output = ModelOutput::text(self.text)
+        let mut output = ModelOutput::text(self.text)
             .with_tool_calls(calls)
             .with_reasoning(reasoning);
+        if cut_short {
+            output = output.cut_at_length_limit();
+        }
         Ok(match self.tokens {
             Some(tokens) => output.with_usage(tokens.into()),
             None => output,

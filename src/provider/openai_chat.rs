@@ -227,7 +227,7 @@ fn messages(instructions: Option<&str>, history: &[TranscriptItem]) -> Vec<Value
                 assistant.get_or_insert_with(Assistant::default).tool_calls.push(json!({
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": name, "arguments": arguments},
+                    "function": {"name": name, "arguments": super::well_formed_arguments(arguments)},
                 }));
             }
             TranscriptItem::ToolResult {
@@ -409,6 +409,8 @@ struct Response {
     by_index: HashMap<u64, usize>,
     usage: Option<TokenUsage>,
     finished: bool,
+    /// The finish reason was `length`: the output limit cut the response.
+    length_limited: bool,
 }
 
 /// A tool call whose pieces are still arriving.
@@ -432,8 +434,9 @@ impl Response {
             if let Some(delta) = choice.delta {
                 self.apply_delta(delta, emitter)?;
             }
-            if choice.finish_reason.is_some() {
+            if let Some(reason) = choice.finish_reason {
                 self.finished = true;
+                self.length_limited = reason == "length";
             }
         }
         Ok(())
@@ -515,7 +518,10 @@ impl Response {
                 },
             })
             .collect();
-        let output = ModelOutput::text(self.text).with_tool_calls(calls);
+        let mut output = ModelOutput::text(self.text).with_tool_calls(calls);
+        if self.length_limited {
+            output = output.cut_at_length_limit();
+        }
         match self.usage {
             Some(usage) => output.with_usage(usage),
             None => output,

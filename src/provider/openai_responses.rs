@@ -240,7 +240,7 @@ fn input_items(history: &[TranscriptItem], item_ids: bool) -> Vec<Value> {
                     "type": "function_call",
                     "call_id": call_id,
                     "name": name,
-                    "arguments": arguments,
+                    "arguments": super::well_formed_arguments(arguments),
                     "status": "completed",
                 });
                 if item_ids {
