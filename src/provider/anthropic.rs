@@ -42,7 +42,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::http::{EventStream, HttpClient, Secret, message_of, with_retries};
+use super::http::{EventStream, HttpClient, Secret, message_of, with_retries, within_step_deadline};
 use super::sse::SseEvent;
 use super::{Emitter, ProviderError, ProviderSettings, ReadError};
 use crate::Result;
@@ -142,6 +142,9 @@ impl Anthropic {
 
     /// Reads the event stream up to `message_stop`.
     async fn read(&self, mut stream: EventStream, emitter: &mut Emitter) -> Result<ModelOutput, ReadError> {
+        if let Some(message) = stream.take_complete() {
+            stream.replay(events_of_complete(&message));
+        }
         let mut response = Response::default();
         loop {
             let Some(event) = stream.next().await? else {
@@ -223,10 +226,10 @@ impl Model for Anthropic {
         Box::pin(async move {
             self.settings.check_context(request.instructions, request.history)?;
             let (url, headers, body) = (self.url(), self.headers(), self.body(&request));
-            with_retries(&self.settings.http.retry, |_| {
+            let attempts = with_retries(&self.settings.http.retry, |_| {
                 super::attempt(&self.http, self, &url, &headers, &body, Arc::clone(&events))
-            })
-            .await
+            });
+            within_step_deadline(&self.settings.name, &self.settings.http, attempts).await
         })
     }
 
@@ -311,6 +314,47 @@ fn messages(history: &[TranscriptItem]) -> Vec<Value> {
             }
         })
         .collect()
+}
+
+/// The events a stream would have carried for a complete, non-streamed
+/// answer (a `message` object, or an error): each content block arrives
+/// whole in its start, which the reader accepts as it does a block that
+/// gets no deltas.
+fn events_of_complete(message: &Value) -> Vec<SseEvent> {
+    let event = |kind: &str, data: Value| SseEvent {
+        event: Some(kind.to_owned()),
+        data: data.to_string(),
+    };
+    if message.get("type").and_then(Value::as_str) == Some("error") {
+        return vec![event("error", message.clone())];
+    }
+    let mut shell = message.clone();
+    shell["content"] = json!([]);
+    let mut events = vec![event(
+        "message_start",
+        json!({"type": "message_start", "message": shell}),
+    )];
+    let blocks = message.get("content").and_then(Value::as_array).into_iter().flatten();
+    for (index, block) in blocks.enumerate() {
+        events.push(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    events.push(event(
+        "message_delta",
+        json!({
+            "type": "message_delta",
+            "delta": {"stop_reason": message.get("stop_reason"), "stop_sequence": null},
+            "usage": message.get("usage").cloned().unwrap_or_else(|| json!({})),
+        }),
+    ));
+    events.push(event("message_stop", json!({"type": "message_stop"})));
+    events
 }
 
 /// Marks the end of the history as a prompt-cache breakpoint: the history

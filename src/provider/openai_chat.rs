@@ -28,7 +28,8 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::http::{EventStream, HttpClient, Secret, message_of, with_retries};
+use super::http::{EventStream, HttpClient, Secret, message_of, with_retries, within_step_deadline};
+use super::sse::SseEvent;
 use super::{Emitter, ProviderError, ProviderSettings, ReadError};
 use crate::Result;
 use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
@@ -89,6 +90,9 @@ impl OpenAiChat {
 
     /// Reads the event stream up to `[DONE]`.
     async fn read(&self, mut stream: EventStream, emitter: &mut Emitter) -> Result<ModelOutput, ReadError> {
+        if let Some(completion) = stream.take_complete() {
+            stream.replay(events_of_complete(completion));
+        }
         let mut response = Response::default();
         loop {
             let event = match stream.next().await {
@@ -170,16 +174,38 @@ impl Model for OpenAiChat {
         Box::pin(async move {
             self.settings.check_context(request.instructions, request.history)?;
             let (url, headers, body) = (self.url(), self.headers(), self.body(&request));
-            with_retries(&self.settings.http.retry, |_| {
+            let attempts = with_retries(&self.settings.http.retry, |_| {
                 super::attempt(&self.http, self, &url, &headers, &body, std::sync::Arc::clone(&events))
-            })
-            .await
+            });
+            within_step_deadline(&self.settings.name, &self.settings.http, attempts).await
         })
     }
 
     fn name(&self) -> String {
         format!("{}:{}", self.settings.name, self.settings.model)
     }
+}
+
+/// The events a stream would have carried for a complete, non-streamed
+/// `chat.completion` (or an error object): one chunk whose choices carry
+/// their `message` as the `delta`, tool calls numbered, then `[DONE]`.
+fn events_of_complete(mut completion: Value) -> Vec<SseEvent> {
+    let choices = completion.get_mut("choices").and_then(Value::as_array_mut);
+    for choice in choices.into_iter().flatten() {
+        let Some(choice) = choice.as_object_mut() else { continue };
+        let Some(mut message) = choice.remove("message") else {
+            continue;
+        };
+        let calls = message.get_mut("tool_calls").and_then(Value::as_array_mut);
+        for (index, call) in calls.into_iter().flatten().enumerate() {
+            if call.get("index").is_none() && call.is_object() {
+                call["index"] = json!(index);
+            }
+        }
+        choice.insert("delta".to_owned(), message);
+    }
+    let event = |data: String| SseEvent { event: None, data };
+    vec![event(completion.to_string()), event("[DONE]".to_owned())]
 }
 
 /// `max_completion_tokens` for OpenAI itself, `max_tokens` elsewhere.

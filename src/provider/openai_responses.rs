@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Map, Value, json};
 
-use super::http::{AttemptError, EventStream, HttpClient, Secret, with_retries};
+use super::http::{AttemptError, EventStream, HttpClient, Secret, with_retries, within_step_deadline};
 use super::sse::SseEvent;
 use super::{Emitter, ProviderError, ProviderSettings, ReadError};
 use crate::Result;
@@ -152,6 +152,9 @@ impl OpenAiResponses {
             .open(url, headers, request)
             .await
             .map_err(|error| AttemptError::Provider { error, streamed: false })?;
+        if let Some(response) = stream.take_complete() {
+            stream.replay(events_of_complete(&response));
+        }
         let mut emitter = Emitter::new(sink);
         let mut response = ResponseReader::new(&self.settings.name);
         loop {
@@ -179,16 +182,43 @@ impl Model for OpenAiResponses {
             self.settings.check_context(request.instructions, request.history)?;
             let url = format!("{}/responses", self.settings.base_url);
             let headers = self.headers();
-            with_retries(&self.settings.http.retry, |_| {
+            let attempts = with_retries(&self.settings.http.retry, |_| {
                 self.attempt(&url, &headers, &request, events.clone())
-            })
-            .await
+            });
+            within_step_deadline(&self.settings.name, &self.settings.http, attempts).await
         })
     }
 
     fn name(&self) -> String {
         format!("{}:{}", self.settings.name, self.settings.model)
     }
+}
+
+/// The events a stream would have carried for a complete, non-streamed
+/// `response` object (or an error): each output item done, then the
+/// terminal event its `status` names.
+fn events_of_complete(response: &Value) -> Vec<SseEvent> {
+    let event = |data: Value| SseEvent {
+        event: None,
+        data: data.to_string(),
+    };
+    if response.get("output").is_none()
+        && let Some(error) = response.get("error").filter(|error| error.is_object())
+    {
+        return vec![event(json!({"type": "error", "error": error}))];
+    }
+    let items = response.get("output").and_then(Value::as_array).into_iter().flatten();
+    let mut events: Vec<SseEvent> = items
+        .enumerate()
+        .map(|(index, item)| event(json!({"type": "response.output_item.done", "output_index": index, "item": item})))
+        .collect();
+    let terminal = match response.get("status").and_then(Value::as_str) {
+        Some("incomplete") => "response.incomplete",
+        Some("failed") => "response.failed",
+        _ => "response.completed",
+    };
+    events.push(event(json!({"type": terminal, "response": response})));
+    events
 }
 
 /// Whether `error` is the API refusing `include: ["reasoning.encrypted_content"]`

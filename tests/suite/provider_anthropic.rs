@@ -732,11 +732,15 @@ async fn a_stalled_stream_fails_after_the_idle_timeout() {
     settings.http.idle_timeout = Duration::from_millis(500);
     let called = ask(&model(settings), "hi").await;
     assert_eq!(called.text(), ["Partial answer"]);
+    // The second request stalled after output; the error counts both.
     assert_eq!(
         called.provider_error(),
-        &ProviderError::Stalled {
-            provider: "anthropic".to_owned(),
-            after: Duration::from_millis(500),
+        &ProviderError::GaveUp {
+            attempts: 2,
+            last: Box::new(ProviderError::Stalled {
+                provider: "anthropic".to_owned(),
+                after: Duration::from_millis(500),
+            }),
         }
     );
     assert_eq!(server.requests().len(), 2);

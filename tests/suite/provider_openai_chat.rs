@@ -874,8 +874,11 @@ async fn a_stalled_stream_hits_the_idle_timeout() {
     settings.http.retry.max_retries = 1;
     let (error, events) = failure(&model(settings)).await;
     assert_eq!(text_deltas(&events), ["Let me see"]);
-    assert!(matches!(error, ProviderError::Stalled { .. }), "{error:?}");
-    assert_eq!(error.to_string(), "openai: the stream stalled: no data for 0.5 s");
+    assert!(matches!(error.cause(), ProviderError::Stalled { .. }), "{error:?}");
+    assert_eq!(
+        error.to_string(),
+        "openai: the stream stalled: no data for 0.5 s (gave up after 2 attempts)"
+    );
     assert_eq!(server.requests().len(), 2, "one retry, before anything was streamed");
     guard("both stalled responses abandoned", server.wait_abandoned(2)).await;
 }

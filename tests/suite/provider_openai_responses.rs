@@ -814,9 +814,12 @@ async fn a_stalled_stream_hits_the_idle_timeout_and_is_retried_only_before_outpu
     let (result, events) = respond(&model(settings), &hello()).await;
     assert_eq!(
         provider_error(result),
-        ProviderError::Stalled {
-            provider: "openai".into(),
-            after: Duration::from_millis(300),
+        ProviderError::GaveUp {
+            attempts: 2,
+            last: Box::new(ProviderError::Stalled {
+                provider: "openai".into(),
+                after: Duration::from_millis(300),
+            }),
         }
     );
     assert_eq!(text_deltas(&events), ["Hé"], "nothing is streamed twice");
