@@ -681,6 +681,13 @@ mod tests {
                 json!({"type": "function_call_output", "call_id": "call_a", "output": "error: no clock"}),
             ]
         );
+        // A call cut mid-arguments goes back as a well-formed call.
+        let cut = [TranscriptItem::ToolCall {
+            call_id: "call_b".into(),
+            name: "clock".into(),
+            arguments: "{\"tz\": \"Eur".into(),
+        }];
+        assert_eq!(input_items(&cut, false)[0]["arguments"], "{}");
     }
 
     #[test]
