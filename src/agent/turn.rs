@@ -23,7 +23,7 @@ use crate::model::{ModelOutput, ModelRequest, ToolCall};
 use crate::protocol::{
     AbortReason, AssistantMessageEvent, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, Op, Submission,
     SubmissionRejectedEvent, TokenUsageEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent, TurnStartedEvent,
-    UserMessageEvent, new_id, now_ms,
+    UserMessageEvent, WarningEvent, new_id, now_ms,
 };
 use crate::provider::redact::{redact, redact_owned};
 use crate::store::TurnExecution;
@@ -303,6 +303,16 @@ impl Session {
                 text: output.text,
                 interrupted: false,
             });
+        }
+        if output.length_limited {
+            // Recorded in the turn, so that a cut answer or a cut call is
+            // not mistaken for a finished one.
+            events.push(turn.event(EventMsg::Warning(WarningEvent {
+                message: format!(
+                    "model step {step} was cut off at the output length limit; its text may be incomplete \
+                     and a call cut mid-arguments was not run (raise max_output_tokens)"
+                ),
+            })));
         }
         if let Some(usage) = output.usage {
             self.checkpoint.usage.add(&usage);

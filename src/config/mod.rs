@@ -20,6 +20,10 @@
 //! context_window = 128000
 //! max_output_tokens = 4096
 //! temperature = 0.2
+//! idle_timeout_secs = 300           # longest silence in a stream (default 300)
+//! response_timeout_secs = 120       # wait for response headers, per request (default 120)
+//! step_timeout_secs = 1800          # a whole step: all retries and the stream (default 1800)
+//! max_retries = 4                   # before anything was streamed (default 4)
 //! ```
 //!
 //! MCP tool servers are started for each session (see [`crate::tools::mcp`]);
@@ -153,6 +157,11 @@ pub struct ModelEntry {
     pub temperature: Option<f64>,
     /// Longest silence in a streamed response, in seconds.
     pub idle_timeout_secs: Option<u64>,
+    /// Longest wait for the response headers of one request, in seconds.
+    pub response_timeout_secs: Option<u64>,
+    /// Longest a model step may take, every retry and the whole stream
+    /// included, in seconds.
+    pub step_timeout_secs: Option<u64>,
     /// Retries of a failed request (before anything was streamed).
     pub max_retries: Option<u32>,
 }
@@ -240,6 +249,8 @@ impl KeelConfig {
                     max_output_tokens: None,
                     temperature: None,
                     idle_timeout_secs: None,
+                    response_timeout_secs: None,
+                    step_timeout_secs: None,
                     max_retries: None,
                 };
                 (provider.to_owned(), entry)
@@ -353,6 +364,12 @@ fn build(name: &str, entry: &ModelEntry, env: &dyn Fn(&str) -> Option<String>) -
     settings.context_window = entry.context_window;
     if let Some(seconds) = entry.idle_timeout_secs {
         settings.http.idle_timeout = Duration::from_secs(seconds);
+    }
+    if let Some(seconds) = entry.response_timeout_secs {
+        settings.http.response_timeout = Duration::from_secs(seconds);
+    }
+    if let Some(seconds) = entry.step_timeout_secs {
+        settings.http.step_timeout = Duration::from_secs(seconds);
     }
     if let Some(retries) = entry.max_retries {
         settings.http.retry.max_retries = retries;
@@ -481,6 +498,21 @@ mod tests {
         assert!(error(config.model_with_env("openai:m?seed=1", &keyless)).contains("unknown model option 'seed'"));
         assert!(error(config.model_with_env("openai:m?max_output_tokens", &keyless)).contains("no value"));
         assert!(error(config.model_with_env("script:x.jsonl?temperature=1", &keyless)).contains("no options"));
+    }
+
+    #[test]
+    fn the_request_deadlines_are_per_model_settings() {
+        let config: KeelConfig = toml::from_str(
+            "[models.local]\nprovider = \"openai\"\nmodel = \"m\"\nbase_url = \"http://127.0.0.1:8080/v1\"\n\
+             response_timeout_secs = 15\nstep_timeout_secs = 600\n",
+        )
+        .expect("parse");
+        let entry = &config.models["local"];
+        assert_eq!(
+            (entry.response_timeout_secs, entry.step_timeout_secs),
+            (Some(15), Some(600))
+        );
+        assert!(config.model_with_env("local", &env(&[])).is_ok());
     }
 
     #[test]

@@ -99,6 +99,11 @@ pub struct ModelOutput {
     pub reasoning: Vec<TranscriptItem>,
     /// Tokens used, if the provider said.
     pub usage: Option<TokenUsage>,
+    /// The provider stopped the output at its length limit
+    /// (`max_output_tokens`, `finish_reason: length`): the text may stop
+    /// mid-sentence and a tool call's arguments mid-object. The runtime
+    /// records it, so a cut answer is not taken for a finished one.
+    pub length_limited: bool,
 }
 
 impl ModelOutput {
@@ -119,6 +124,12 @@ impl ModelOutput {
     /// This response with `usage` set.
     pub fn with_usage(mut self, usage: TokenUsage) -> Self {
         self.usage = Some(usage);
+        self
+    }
+
+    /// This response marked as cut at the output length limit.
+    pub fn cut_at_length_limit(mut self) -> Self {
+        self.length_limited = true;
         self
     }
 

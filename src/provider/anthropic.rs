@@ -23,6 +23,13 @@
 //! unchanged and ahead of the step's text and tool calls, on the next
 //! request: the API requires them there while a tool-use cycle runs.
 //!
+//! **Prompt caching.** An agent's conversation only grows, and every step
+//! sends all of it; without caching each step pays for the whole history
+//! again. The request marks the stable prefix with `cache_control`
+//! (ephemeral): the last tool, the system prompt, and the last block of the
+//! history, so the next step reads all of it from the cache. Cache reads
+//! and writes are counted in `token_usage` (`cached_input_tokens`).
+//!
 //! A response that reaches `max_tokens` in the middle of a `tool_use` block
 //! fails the step instead of running the call: its input is unfinished, a
 //! tool must never run with arguments the model did not complete, and
@@ -35,7 +42,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::http::{EventStream, HttpClient, Secret, message_of, with_retries};
+use super::http::{EventStream, HttpClient, Secret, message_of, with_retries, within_step_deadline};
 use super::sse::SseEvent;
 use super::{Emitter, ProviderError, ProviderSettings, ReadError};
 use crate::Result;
@@ -52,6 +59,11 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 /// It names the wire protocol, not the configured name, so that a model
 /// renamed in `keel.toml` still gets its thinking blocks back.
 pub const REASONING_PROVIDER: &str = "anthropic";
+
+/// The mark of a prompt-cache breakpoint (the default five-minute cache).
+fn cache_control() -> Value {
+    json!({"type": "ephemeral"})
+}
 
 /// Event types this adapter knows; events of other types are skipped
 /// without reading their data.
@@ -102,17 +114,25 @@ impl Anthropic {
 
     /// The JSON body for `request`.
     fn body(&self, request: &ModelRequest<'_>) -> Value {
+        let mut messages = messages(request.history);
+        mark_cache_breakpoint(&mut messages);
         let mut body = json!({
             "model": self.settings.model,
             "max_tokens": self.settings.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-            "messages": messages(request.history),
+            "messages": messages,
             "stream": true,
         });
+        // The prompt is cached in the order tools, system, messages; each
+        // part that does not change between steps ends with a breakpoint.
         if let Some(system) = request.instructions.filter(|text| !text.trim().is_empty()) {
-            body["system"] = json!(system);
+            body["system"] = json!([{"type": "text", "text": system, "cache_control": cache_control()}]);
         }
         if !request.tools.is_empty() {
-            body["tools"] = tools(request.tools);
+            let mut tools = tools(request.tools);
+            if let Some(last) = tools.as_array_mut().and_then(|tools| tools.last_mut()) {
+                last["cache_control"] = cache_control();
+            }
+            body["tools"] = tools;
         }
         if let Some(temperature) = self.settings.temperature {
             body["temperature"] = json!(temperature);
@@ -122,6 +142,9 @@ impl Anthropic {
 
     /// Reads the event stream up to `message_stop`.
     async fn read(&self, mut stream: EventStream, emitter: &mut Emitter) -> Result<ModelOutput, ReadError> {
+        if let Some(message) = stream.take_complete() {
+            stream.replay(events_of_complete(&message));
+        }
         let mut response = Response::default();
         loop {
             let Some(event) = stream.next().await? else {
@@ -203,10 +226,10 @@ impl Model for Anthropic {
         Box::pin(async move {
             self.settings.check_context(request.instructions, request.history)?;
             let (url, headers, body) = (self.url(), self.headers(), self.body(&request));
-            with_retries(&self.settings.http.retry, |_| {
+            let attempts = with_retries(&self.settings.http.retry, |_| {
                 super::attempt(&self.http, self, &url, &headers, &body, Arc::clone(&events))
-            })
-            .await
+            });
+            within_step_deadline(&self.settings.name, &self.settings.http, attempts).await
         })
     }
 
@@ -291,6 +314,71 @@ fn messages(history: &[TranscriptItem]) -> Vec<Value> {
             }
         })
         .collect()
+}
+
+/// The events a stream would have carried for a complete, non-streamed
+/// answer (a `message` object, or an error): each content block arrives
+/// whole in its start, which the reader accepts as it does a block that
+/// gets no deltas.
+fn events_of_complete(message: &Value) -> Vec<SseEvent> {
+    let event = |kind: &str, data: Value| SseEvent {
+        event: Some(kind.to_owned()),
+        data: data.to_string(),
+    };
+    if message.get("type").and_then(Value::as_str) == Some("error") {
+        return vec![event("error", message.clone())];
+    }
+    let mut shell = message.clone();
+    shell["content"] = json!([]);
+    let mut events = vec![event(
+        "message_start",
+        json!({"type": "message_start", "message": shell}),
+    )];
+    let blocks = message.get("content").and_then(Value::as_array).into_iter().flatten();
+    for (index, block) in blocks.enumerate() {
+        events.push(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    events.push(event(
+        "message_delta",
+        json!({
+            "type": "message_delta",
+            "delta": {"stop_reason": message.get("stop_reason"), "stop_sequence": null},
+            "usage": message.get("usage").cloned().unwrap_or_else(|| json!({})),
+        }),
+    ));
+    events.push(event("message_stop", json!({"type": "message_stop"})));
+    events
+}
+
+/// Marks the end of the history as a prompt-cache breakpoint: the history
+/// only grows, so everything up to its last block is the stable prefix of
+/// the next step's request, which then reads it from the cache instead of
+/// paying for it again. Thinking blocks cannot carry the mark; the block
+/// before them does then.
+fn mark_cache_breakpoint(messages: &mut [Value]) {
+    let Some(blocks) = messages
+        .last_mut()
+        .and_then(|message| message.get_mut("content"))
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    let cacheable = |block: &Value| {
+        !matches!(
+            block.get("type").and_then(Value::as_str),
+            Some("thinking" | "redacted_thinking")
+        )
+    };
+    if let Some(block) = blocks.iter_mut().rev().find(|block| cacheable(block)) {
+        block["cache_control"] = cache_control();
+    }
 }
 
 /// A text block, unless the text is blank (the API refuses those).
@@ -645,9 +733,12 @@ impl Response {
                 "the response reached max_tokens; its text is cut short"
             );
         }
-        let output = ModelOutput::text(self.text)
+        let mut output = ModelOutput::text(self.text)
             .with_tool_calls(calls)
             .with_reasoning(reasoning);
+        if cut_short {
+            output = output.cut_at_length_limit();
+        }
         Ok(match self.tokens {
             Some(tokens) => output.with_usage(tokens.into()),
             None => output,

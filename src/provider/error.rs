@@ -67,6 +67,32 @@ pub enum ProviderError {
         /// The limit.
         limit: usize,
     },
+    /// A successful answer to a streamed request was neither an event
+    /// stream nor a complete JSON answer (an HTML page from a proxy, say).
+    #[error("{provider}: the answer is not an event stream (content type {content_type})")]
+    NotEventStream {
+        /// Which provider.
+        provider: String,
+        /// The answer's `Content-Type`.
+        content_type: String,
+    },
+    /// The model step, every attempt and wait included, ran past its
+    /// deadline (`step_timeout_secs`); a stream of keep-alives alone ends here.
+    #[error("{provider}: the model step ran past its deadline of {} s", .after.as_secs_f64())]
+    Deadline {
+        /// Which provider.
+        provider: String,
+        /// The deadline.
+        after: Duration,
+    },
+    /// The last failure of a request that was tried several times.
+    #[error("{last} (gave up after {attempts} attempts)")]
+    GaveUp {
+        /// How many requests were made.
+        attempts: u32,
+        /// The last one's failure.
+        last: Box<ProviderError>,
+    },
     /// The request was refused before it was sent (for example a history
     /// that cannot fit the model's context window).
     #[error("{provider}: {message}")]
@@ -88,13 +114,26 @@ impl ProviderError {
             }
             ProviderError::Stream { retryable, .. } => *retryable,
             ProviderError::Connection { .. } | ProviderError::Stalled { .. } | ProviderError::Truncated { .. } => true,
-            ProviderError::Malformed { .. } | ProviderError::TooLarge { .. } | ProviderError::Request { .. } => false,
+            ProviderError::Malformed { .. }
+            | ProviderError::TooLarge { .. }
+            | ProviderError::Request { .. }
+            | ProviderError::NotEventStream { .. }
+            | ProviderError::Deadline { .. }
+            | ProviderError::GaveUp { .. } => false,
+        }
+    }
+
+    /// The failure itself, without the count of attempts around it.
+    pub fn cause(&self) -> &ProviderError {
+        match self {
+            ProviderError::GaveUp { last, .. } => last.cause(),
+            other => other,
         }
     }
 
     /// The wait the provider asked for, if any.
     pub fn retry_after(&self) -> Option<Duration> {
-        match self {
+        match self.cause() {
             ProviderError::Status { retry_after, .. } => *retry_after,
             _ => None,
         }

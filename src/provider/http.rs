@@ -22,8 +22,14 @@ use crate::Error;
 pub struct HttpSettings {
     /// Time to establish a connection.
     pub connect_timeout: Duration,
-    /// Time from sending the request to receiving the response headers.
+    /// Time from sending the request to receiving the response headers
+    /// (`response_timeout_secs`).
     pub response_timeout: Duration,
+    /// The longest a model step may take, every attempt, back-off and the
+    /// whole stream included (`step_timeout_secs`): bounds a server that
+    /// accepts and never answers across retries, and a stream that sends
+    /// only keep-alives, which the idle timeout never ends.
+    pub step_timeout: Duration,
     /// Longest silence allowed between two pieces of a streamed body.
     pub idle_timeout: Duration,
     /// Largest single SSE event (a line or its joined data).
@@ -39,6 +45,8 @@ impl Default for HttpSettings {
         Self {
             connect_timeout: Duration::from_secs(10),
             response_timeout: Duration::from_secs(120),
+            // Long enough for a long answer of a slow local model.
+            step_timeout: Duration::from_secs(30 * 60),
             // Reasoning models can think for minutes without sending text;
             // providers send keep-alives, so long silence means trouble.
             idle_timeout: Duration::from_secs(300),
@@ -110,7 +118,24 @@ impl From<Error> for AttemptError {
     }
 }
 
-/// Runs `attempt` until it succeeds, fails for good, or retries run out.
+/// Runs `work` (a model step's attempts) within `settings.step_timeout`;
+/// past it the step fails with [`ProviderError::Deadline`].
+pub async fn within_step_deadline<T>(
+    provider: &str,
+    settings: &HttpSettings,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(settings.step_timeout, work).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Provider(ProviderError::Deadline {
+            provider: provider.to_owned(),
+            after: settings.step_timeout,
+        })),
+    }
+}
+
+/// Runs `attempt` until it succeeds, fails for good, or retries run out. A
+/// failure after retries is [`ProviderError::GaveUp`], which counts them.
 pub async fn with_retries<T, F, Fut>(policy: &RetryPolicy, mut attempt: F) -> Result<T, Error>
 where
     F: FnMut(u32) -> Fut,
@@ -118,6 +143,17 @@ where
 {
     let mut retry = 0;
     loop {
+        // The final error says how many requests were made.
+        let gave_up = |error: ProviderError, retry: u32| {
+            Error::Provider(if retry == 0 {
+                error
+            } else {
+                ProviderError::GaveUp {
+                    attempts: retry + 1,
+                    last: Box::new(error),
+                }
+            })
+        };
         match attempt(retry).await {
             Ok(value) => return Ok(value),
             Err(AttemptError::Provider { error, streamed: false })
@@ -125,13 +161,13 @@ where
             {
                 let wait = policy.delay(retry, error.retry_after());
                 if error.retry_after().is_some_and(|asked| asked > policy.max_retry_after) {
-                    return Err(Error::Provider(error));
+                    return Err(gave_up(error, retry));
                 }
                 tracing::warn!(%error, retry = retry + 1, wait_ms = wait.as_millis() as u64, "retrying the model request");
                 tokio::time::sleep(wait).await;
                 retry += 1;
             }
-            Err(AttemptError::Provider { error, .. }) => return Err(Error::Provider(error)),
+            Err(AttemptError::Provider { error, .. }) => return Err(gave_up(error, retry)),
             Err(AttemptError::Fatal(error)) => return Err(error),
         }
     }
@@ -209,14 +245,54 @@ impl HttpClient {
                 retry_after,
             });
         }
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let media_type = content_type.split(';').next().unwrap_or_default().trim().to_owned();
+        let mut complete = None;
+        let mut response = Some(response);
+        if let Some(answer) = response.take_if(|_| is_json(&media_type)) {
+            // A complete, non-streamed answer (LiteLLM's `/v1/messages`
+            // sends one): read whole, bounded, for the adapter to replay.
+            let limit = self.settings.max_response_bytes;
+            let body = self
+                .read_bounded(answer, limit.saturating_add(1))
+                .await
+                .unwrap_or_default();
+            if body.len() > limit {
+                return Err(ProviderError::TooLarge {
+                    provider: self.provider.clone(),
+                    limit,
+                });
+            }
+            let json = serde_json::from_slice(&body).map_err(|error| ProviderError::Malformed {
+                provider: self.provider.clone(),
+                message: format!("the JSON answer is not valid JSON: {error}"),
+            })?;
+            complete = Some(json);
+        } else if !is_streamable(&media_type) {
+            // An HTML page from a proxy or a login portal: no retry changes it.
+            return Err(ProviderError::NotEventStream {
+                provider: self.provider.clone(),
+                content_type,
+            });
+        }
+        let body: Pin<Box<dyn Stream<Item = reqwest::Result<bytes::Bytes>> + Send>> = match response {
+            Some(response) => Box::pin(response.bytes_stream()),
+            None => Box::pin(futures::stream::empty()),
+        };
         Ok(EventStream {
             provider: self.provider.clone(),
-            body: Box::pin(response.bytes_stream()),
+            body,
             parser: SseParser::new(self.settings.max_event_bytes),
             ready: VecDeque::new(),
             idle_timeout: self.settings.idle_timeout,
             received: 0,
             max_bytes: self.settings.max_response_bytes,
+            complete,
         })
     }
 
@@ -253,6 +329,21 @@ impl HttpClient {
             message: redact_owned(message),
         }
     }
+}
+
+/// Whether a media type is JSON (a complete answer instead of a stream).
+fn is_json(media_type: &str) -> bool {
+    media_type == "application/json" || media_type.ends_with("+json")
+}
+
+/// Whether a successful answer of this media type is read as an event
+/// stream: `text/event-stream`, and, for servers that label it loosely, no
+/// type, `text/plain` or `application/octet-stream`.
+fn is_streamable(media_type: &str) -> bool {
+    matches!(
+        media_type,
+        "" | "text/event-stream" | "text/plain" | "application/octet-stream"
+    )
 }
 
 /// A header value that must not appear in logs or debug output.
@@ -294,9 +385,24 @@ pub struct EventStream {
     idle_timeout: Duration,
     received: usize,
     max_bytes: usize,
+    /// A complete JSON answer sent in place of a stream, until taken.
+    complete: Option<serde_json::Value>,
 }
 
 impl EventStream {
+    /// The complete JSON answer the server sent in place of an event
+    /// stream, if it did. An adapter turns it into the events its stream
+    /// would have had and gives them back with [`EventStream::replay`].
+    pub fn take_complete(&mut self) -> Option<serde_json::Value> {
+        self.complete.take()
+    }
+
+    /// Queues `events` to be read before anything else (the body of a
+    /// complete answer is empty, so they are all there is).
+    pub fn replay(&mut self, events: Vec<SseEvent>) {
+        self.ready.extend(events);
+    }
+
     /// The next event, or `None` when the body ended cleanly. A body that
     /// ends in the middle of an event is [`ProviderError::Truncated`]; one
     /// that goes silent for the idle timeout is [`ProviderError::Stalled`].
@@ -304,6 +410,13 @@ impl EventStream {
         loop {
             if let Some(event) = self.ready.pop_front() {
                 return Ok(Some(event));
+            }
+            if self.complete.is_some() {
+                // Nobody turned the JSON answer into events.
+                return Err(ProviderError::NotEventStream {
+                    provider: self.provider.clone(),
+                    content_type: "application/json".to_owned(),
+                });
             }
             let chunk = match tokio::time::timeout(self.idle_timeout, self.body.next()).await {
                 Err(_) => {

@@ -102,6 +102,36 @@ impl ProviderSettings {
     }
 }
 
+/// A tool result's text for protocols without an error flag (Chat
+/// Completions, Responses): a failed call says so in words, so the model
+/// cannot take an error message for the tool's output.
+pub(crate) fn tool_result_text(output: &str, is_error: bool) -> String {
+    if !is_error || output.trim_start().to_ascii_lowercase().starts_with("error") {
+        return output.to_owned();
+    }
+    format!("Error: {output}")
+}
+
+/// A tool call's arguments as history sent back to a provider: the text as
+/// the model wrote it when it is a JSON object, else `{}`. Arguments cut off
+/// by the output limit (`{"path": "no`) failed the call with an error
+/// result the model reads next; sent back verbatim they make some servers
+/// (llama.cpp's) refuse every later request of the session.
+pub(crate) fn well_formed_arguments(arguments: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(arguments) {
+        Ok(serde_json::Value::Object(_)) => arguments.to_owned(),
+        _ => "{}".to_owned(),
+    }
+}
+
+/// Whether `base_url` is OpenAI's own API, which has its own dialect where
+/// compatible servers differ (field names, item ids).
+pub(crate) fn is_openai_itself(base_url: &str) -> bool {
+    reqwest::Url::parse(base_url)
+        .ok()
+        .is_some_and(|url| url.host_str() == Some("api.openai.com"))
+}
+
 /// Why reading a response stream stopped early.
 #[derive(Debug)]
 pub(crate) enum ReadError {
@@ -203,5 +233,25 @@ impl Emitter {
     /// Whether anything reached the sink.
     pub(crate) fn emitted(&self) -> bool {
         self.emitted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_json_objects_go_back_as_arguments() {
+        assert_eq!(well_formed_arguments(r#"{"a": 1}"#), r#"{"a": 1}"#);
+        for cut in ["{", r#"{"path": "no"#, "", "[1]", "3", "null"] {
+            assert_eq!(well_formed_arguments(cut), "{}", "{cut:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_result_says_so_once() {
+        assert_eq!(tool_result_text("no such file", true), "Error: no such file");
+        assert_eq!(tool_result_text("error: no such file", true), "error: no such file");
+        assert_eq!(tool_result_text("fine", false), "fine");
     }
 }

@@ -28,14 +28,12 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::http::{EventStream, HttpClient, Secret, message_of, with_retries};
+use super::http::{EventStream, HttpClient, Secret, message_of, with_retries, within_step_deadline};
+use super::sse::SseEvent;
 use super::{Emitter, ProviderError, ProviderSettings, ReadError};
 use crate::Result;
 use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
 use crate::protocol::{TokenUsage, TranscriptItem, new_id};
-
-/// The host of OpenAI's own API, which wants `max_completion_tokens`.
-const OPENAI_HOST: &str = "api.openai.com";
 
 /// A model behind the OpenAI Chat Completions API.
 #[derive(Debug)]
@@ -92,6 +90,9 @@ impl OpenAiChat {
 
     /// Reads the event stream up to `[DONE]`.
     async fn read(&self, mut stream: EventStream, emitter: &mut Emitter) -> Result<ModelOutput, ReadError> {
+        if let Some(completion) = stream.take_complete() {
+            stream.replay(events_of_complete(completion));
+        }
         let mut response = Response::default();
         loop {
             let event = match stream.next().await {
@@ -173,16 +174,38 @@ impl Model for OpenAiChat {
         Box::pin(async move {
             self.settings.check_context(request.instructions, request.history)?;
             let (url, headers, body) = (self.url(), self.headers(), self.body(&request));
-            with_retries(&self.settings.http.retry, |_| {
+            let attempts = with_retries(&self.settings.http.retry, |_| {
                 super::attempt(&self.http, self, &url, &headers, &body, std::sync::Arc::clone(&events))
-            })
-            .await
+            });
+            within_step_deadline(&self.settings.name, &self.settings.http, attempts).await
         })
     }
 
     fn name(&self) -> String {
         format!("{}:{}", self.settings.name, self.settings.model)
     }
+}
+
+/// The events a stream would have carried for a complete, non-streamed
+/// `chat.completion` (or an error object): one chunk whose choices carry
+/// their `message` as the `delta`, tool calls numbered, then `[DONE]`.
+fn events_of_complete(mut completion: Value) -> Vec<SseEvent> {
+    let choices = completion.get_mut("choices").and_then(Value::as_array_mut);
+    for choice in choices.into_iter().flatten() {
+        let Some(choice) = choice.as_object_mut() else { continue };
+        let Some(mut message) = choice.remove("message") else {
+            continue;
+        };
+        let calls = message.get_mut("tool_calls").and_then(Value::as_array_mut);
+        for (index, call) in calls.into_iter().flatten().enumerate() {
+            if call.get("index").is_none() && call.is_object() {
+                call["index"] = json!(index);
+            }
+        }
+        choice.insert("delta".to_owned(), message);
+    }
+    let event = |data: String| SseEvent { event: None, data };
+    vec![event(completion.to_string()), event("[DONE]".to_owned())]
 }
 
 /// `max_completion_tokens` for OpenAI itself, `max_tokens` elsewhere.
@@ -192,10 +215,7 @@ impl Model for OpenAiChat {
 /// compatible servers read `max_tokens` (Ollama reads nothing else), so they
 /// get the field they know.
 fn max_tokens_field(base_url: &str) -> &'static str {
-    let official = reqwest::Url::parse(base_url)
-        .ok()
-        .is_some_and(|url| url.host_str() == Some(OPENAI_HOST));
-    if official {
+    if super::is_openai_itself(base_url) {
         "max_completion_tokens"
     } else {
         "max_tokens"
@@ -233,12 +253,18 @@ fn messages(instructions: Option<&str>, history: &[TranscriptItem]) -> Vec<Value
                 assistant.get_or_insert_with(Assistant::default).tool_calls.push(json!({
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": name, "arguments": arguments},
+                    "function": {"name": name, "arguments": super::well_formed_arguments(arguments)},
                 }));
             }
-            TranscriptItem::ToolResult { call_id, output, .. } => {
+            TranscriptItem::ToolResult {
+                call_id,
+                output,
+                is_error,
+            } => {
                 flush(&mut assistant, &mut messages);
-                messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
+                // A tool message has no error field; the text carries it.
+                let content = super::tool_result_text(output, *is_error);
+                messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": content}));
             }
             // Reasoning state belongs to the provider that produced it; Chat
             // Completions has no place to send it back.
@@ -409,6 +435,8 @@ struct Response {
     by_index: HashMap<u64, usize>,
     usage: Option<TokenUsage>,
     finished: bool,
+    /// The finish reason was `length`: the output limit cut the response.
+    length_limited: bool,
 }
 
 /// A tool call whose pieces are still arriving.
@@ -432,8 +460,9 @@ impl Response {
             if let Some(delta) = choice.delta {
                 self.apply_delta(delta, emitter)?;
             }
-            if choice.finish_reason.is_some() {
+            if let Some(reason) = choice.finish_reason {
                 self.finished = true;
+                self.length_limited = reason == "length";
             }
         }
         Ok(())
@@ -515,7 +544,10 @@ impl Response {
                 },
             })
             .collect();
-        let output = ModelOutput::text(self.text).with_tool_calls(calls);
+        let mut output = ModelOutput::text(self.text).with_tool_calls(calls);
+        if self.length_limited {
+            output = output.cut_at_length_limit();
+        }
         match self.usage {
             Some(usage) => output.with_usage(usage),
             None => output,

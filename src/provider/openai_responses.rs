@@ -6,6 +6,12 @@
 //! produced, sent back exactly as the API gave them (reasoning of other
 //! providers is skipped). Tools are flat `function` tools.
 //!
+//! Earlier assistant output goes back in the shape the API produced it:
+//! messages with `status` and `annotations`, function calls with `status`,
+//! and, for every server but OpenAI's own (which refuses ids of items it did
+//! not store), an `id`, as strict implementations (vLLM, Azure) require. A
+//! failed tool result, which has no error field here, starts with `Error:`.
+//!
 //! **Statelessness.** Keel owns the conversation, so every request carries
 //! the whole history and sets `store: false`: nothing is kept on OpenAI's
 //! side and `previous_response_id` is never used. A reasoning model's
@@ -36,7 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Map, Value, json};
 
-use super::http::{AttemptError, EventStream, HttpClient, Secret, with_retries};
+use super::http::{AttemptError, EventStream, HttpClient, Secret, with_retries, within_step_deadline};
 use super::sse::SseEvent;
 use super::{Emitter, ProviderError, ProviderSettings, ReadError};
 use crate::Result;
@@ -91,7 +97,8 @@ impl OpenAiResponses {
     fn body(&self, request: &ModelRequest<'_>) -> Value {
         let mut body = Map::new();
         body.insert("model".into(), json!(self.settings.model));
-        body.insert("input".into(), Value::Array(input_items(request.history)));
+        let item_ids = !super::is_openai_itself(&self.settings.base_url);
+        body.insert("input".into(), Value::Array(input_items(request.history, item_ids)));
         if let Some(instructions) = request.instructions {
             body.insert("instructions".into(), json!(instructions));
         }
@@ -145,6 +152,9 @@ impl OpenAiResponses {
             .open(url, headers, request)
             .await
             .map_err(|error| AttemptError::Provider { error, streamed: false })?;
+        if let Some(response) = stream.take_complete() {
+            stream.replay(events_of_complete(&response));
+        }
         let mut emitter = Emitter::new(sink);
         let mut response = ResponseReader::new(&self.settings.name);
         loop {
@@ -172,16 +182,43 @@ impl Model for OpenAiResponses {
             self.settings.check_context(request.instructions, request.history)?;
             let url = format!("{}/responses", self.settings.base_url);
             let headers = self.headers();
-            with_retries(&self.settings.http.retry, |_| {
+            let attempts = with_retries(&self.settings.http.retry, |_| {
                 self.attempt(&url, &headers, &request, events.clone())
-            })
-            .await
+            });
+            within_step_deadline(&self.settings.name, &self.settings.http, attempts).await
         })
     }
 
     fn name(&self) -> String {
         format!("{}:{}", self.settings.name, self.settings.model)
     }
+}
+
+/// The events a stream would have carried for a complete, non-streamed
+/// `response` object (or an error): each output item done, then the
+/// terminal event its `status` names.
+fn events_of_complete(response: &Value) -> Vec<SseEvent> {
+    let event = |data: Value| SseEvent {
+        event: None,
+        data: data.to_string(),
+    };
+    if response.get("output").is_none()
+        && let Some(error) = response.get("error").filter(|error| error.is_object())
+    {
+        return vec![event(json!({"type": "error", "error": error}))];
+    }
+    let items = response.get("output").and_then(Value::as_array).into_iter().flatten();
+    let mut events: Vec<SseEvent> = items
+        .enumerate()
+        .map(|(index, item)| event(json!({"type": "response.output_item.done", "output_index": index, "item": item})))
+        .collect();
+    let terminal = match response.get("status").and_then(Value::as_str) {
+        Some("incomplete") => "response.incomplete",
+        Some("failed") => "response.failed",
+        _ => "response.completed",
+    };
+    events.push(event(json!({"type": terminal, "response": response})));
+    events
 }
 
 /// Whether `error` is the API refusing `include: ["reasoning.encrypted_content"]`
@@ -192,10 +229,19 @@ fn refuses_encrypted_reasoning(error: &ProviderError) -> bool {
 }
 
 /// The history as Responses `input` items.
-fn input_items(history: &[TranscriptItem]) -> Vec<Value> {
+///
+/// Assistant output goes back in the shape the API gave it: messages with
+/// `status` and `output_text` parts with `annotations`, function calls with
+/// `status`. With `item_ids` (every server but OpenAI's own) they also get
+/// an `id`, which strict implementations (vLLM, Azure) require; OpenAI
+/// itself refuses ids of items it did not store, and `store` is false.
+/// Keel keeps no provider item ids, so they are derived from what is kept:
+/// the message's place in the history, the call's id.
+fn input_items(history: &[TranscriptItem], item_ids: bool) -> Vec<Value> {
     history
         .iter()
-        .filter_map(|item| match item {
+        .enumerate()
+        .filter_map(|(position, item)| match item {
             TranscriptItem::UserMessage { text } => Some(json!({
                 "type": "message",
                 "role": "user",
@@ -203,25 +249,44 @@ fn input_items(history: &[TranscriptItem]) -> Vec<Value> {
             })),
             // An empty answer says nothing; the API gains nothing from it.
             TranscriptItem::AssistantMessage { text, .. } if text.is_empty() => None,
-            TranscriptItem::AssistantMessage { text, .. } => Some(json!({
-                "type": "message",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": text}],
-            })),
+            TranscriptItem::AssistantMessage { text, .. } => {
+                let mut item = json!({
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                });
+                if item_ids {
+                    item["id"] = json!(format!("msg_keel_{position}"));
+                }
+                Some(item)
+            }
             TranscriptItem::ToolCall {
                 call_id,
                 name,
                 arguments,
+            } => {
+                let mut item = json!({
+                    "type": "function_call",
+                    "call_id": call_id,
+                    "name": name,
+                    "arguments": super::well_formed_arguments(arguments),
+                    "status": "completed",
+                });
+                if item_ids {
+                    item["id"] = json!(format!("fc_{}", call_id.trim_start_matches("call_")));
+                }
+                Some(item)
+            }
+            TranscriptItem::ToolResult {
+                call_id,
+                output,
+                is_error,
             } => Some(json!({
-                "type": "function_call",
-                "call_id": call_id,
-                "name": name,
-                "arguments": arguments,
-            })),
-            TranscriptItem::ToolResult { call_id, output, .. } => Some(json!({
                 "type": "function_call_output",
                 "call_id": call_id,
-                "output": output,
+                // The item has no error field; the text carries it.
+                "output": super::tool_result_text(output, *is_error),
             })),
             TranscriptItem::Reasoning { provider, data } if provider == REASONING_PROVIDER => Some(data.clone()),
             TranscriptItem::Reasoning { .. } => None,
@@ -583,9 +648,46 @@ mod tests {
             },
         ];
         assert_eq!(
-            input_items(&history),
+            input_items(&history, true),
             [json!({"type": "reasoning", "id": "rs_1", "summary": []})]
         );
+    }
+
+    #[test]
+    fn openai_itself_gets_no_item_ids_and_failed_results_say_so() {
+        let history = vec![
+            TranscriptItem::AssistantMessage {
+                text: "Checking.".into(),
+                interrupted: false,
+            },
+            TranscriptItem::ToolCall {
+                call_id: "call_a".into(),
+                name: "clock".into(),
+                arguments: "{}".into(),
+            },
+            TranscriptItem::ToolResult {
+                call_id: "call_a".into(),
+                output: "error: no clock".into(),
+                is_error: true,
+            },
+        ];
+        assert_eq!(
+            input_items(&history, false),
+            [
+                json!({"type": "message", "role": "assistant", "status": "completed",
+                       "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]}),
+                json!({"type": "function_call", "call_id": "call_a", "name": "clock", "arguments": "{}", "status": "completed"}),
+                // Already says it failed: not said twice.
+                json!({"type": "function_call_output", "call_id": "call_a", "output": "error: no clock"}),
+            ]
+        );
+        // A call cut mid-arguments goes back as a well-formed call.
+        let cut = [TranscriptItem::ToolCall {
+            call_id: "call_b".into(),
+            name: "clock".into(),
+            arguments: "{\"tz\": \"Eur".into(),
+        }];
+        assert_eq!(input_items(&cut, false)[0]["arguments"], "{}");
     }
 
     #[test]

@@ -61,6 +61,15 @@ impl Reply {
         }
     }
 
+    /// A response with `status`, `content_type` and `body`.
+    pub(crate) fn typed(status: u16, content_type: &str, body: &str) -> Self {
+        Self {
+            status,
+            headers: vec![("content-type".into(), content_type.into())],
+            parts: vec![Part::Bytes(body.as_bytes().to_vec())],
+        }
+    }
+
     /// This response with an extra header.
     pub(crate) fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.to_owned(), value.to_owned()));

@@ -180,7 +180,10 @@ async fn a_request_without_settings_gets_the_default_max_tokens_and_no_optional_
         json!({
             "model": "claude-sonnet-4-5",
             "max_tokens": 4096,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello"}]}],
+            // The end of the history is the prompt cache's breakpoint.
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Say hello", "cache_control": {"type": "ephemeral"}},
+            ]}],
             "stream": true,
         })
     );
@@ -318,7 +321,9 @@ async fn the_request_body_merges_the_history_into_alternating_roles() {
             "max_tokens": 1024,
             "temperature": 0.25,
             "stream": true,
-            "system": "You are terse.",
+            // Tools, system and the history each end with a prompt-cache
+            // breakpoint: the next step's request starts with all of it.
+            "system": [{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
             "tools": [
                 {
                     "name": "get_weather",
@@ -329,6 +334,7 @@ async fn the_request_body_merges_the_history_into_alternating_roles() {
                     "name": "get_time",
                     "description": "The time in a time zone.",
                     "input_schema": {"type": "object", "properties": {"timezone": {"type": "string"}}},
+                    "cache_control": {"type": "ephemeral"},
                 },
             ],
             "messages": [
@@ -349,7 +355,7 @@ async fn the_request_body_merges_the_history_into_alternating_roles() {
                         "content": "invalid arguments for 'get_time': not valid JSON",
                         "is_error": true,
                     },
-                    {"type": "text", "text": "And tomorrow?"},
+                    {"type": "text", "text": "And tomorrow?", "cache_control": {"type": "ephemeral"}},
                 ]},
             ],
         })
@@ -378,7 +384,7 @@ async fn requests_carry_the_key_and_version_and_no_event_shows_the_key() {
     assert_eq!(request.header("content-type"), Some("application/json"));
     assert_eq!(request.header("anthropic-beta"), Some("context-1m-2025-08-07"));
     assert_eq!(request.header("authorization"), None);
-    assert_eq!(request.json()["system"], "Answer briefly.");
+    assert_eq!(request.json()["system"][0]["text"], "Answer briefly.");
     assert_key_absent(&store).await;
     shutdown(agent).await;
 }
@@ -452,9 +458,16 @@ async fn a_turn_runs_the_clock_tool_sends_its_result_back_and_sums_the_usage() {
     let requests = server.requests();
     assert_eq!(requests.len(), 2);
     let second = requests[1].json();
-    assert_eq!(second["system"], "Answer briefly.");
+    // The stable prefix is marked for the prompt cache: system, the (last)
+    // tool, and the end of the history, here the tool result.
+    let ephemeral = json!({"type": "ephemeral"});
+    assert_eq!(
+        second["system"],
+        json!([{"type": "text", "text": "Answer briefly.", "cache_control": ephemeral}])
+    );
     assert_eq!(second["tools"][0]["name"], "clock");
     assert_eq!(second["tools"][0]["input_schema"]["type"], "object");
+    assert_eq!(second["tools"][0]["cache_control"], ephemeral);
     assert_eq!(
         second["messages"],
         json!([
@@ -463,12 +476,19 @@ async fn a_turn_runs_the_clock_tool_sends_its_result_back_and_sums_the_usage() {
                 {"type": "tool_use", "id": "toolu_01A09q90qw90lq917835lq9", "name": "clock", "input": {}},
             ]},
             {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_01A09q90qw90lq917835lq9", "content": output, "is_error": false},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_01A09q90qw90lq917835lq9",
+                    "content": output,
+                    "is_error": false,
+                    "cache_control": ephemeral,
+                },
             ]},
         ])
     );
 
-    // Usage: the prompt is the uncached, cache-written and cache-read tokens together.
+    // Usage: the prompt is the uncached, cache-written and cache-read tokens
+    // together; what the second step read from the cache is recorded.
     let step_one = usage(150, 0, 20);
     let step_two = usage(160, 150, 12);
     let total = usage(310, 150, 32);
@@ -712,11 +732,15 @@ async fn a_stalled_stream_fails_after_the_idle_timeout() {
     settings.http.idle_timeout = Duration::from_millis(500);
     let called = ask(&model(settings), "hi").await;
     assert_eq!(called.text(), ["Partial answer"]);
+    // The second request stalled after output; the error counts both.
     assert_eq!(
         called.provider_error(),
-        &ProviderError::Stalled {
-            provider: "anthropic".to_owned(),
-            after: Duration::from_millis(500),
+        &ProviderError::GaveUp {
+            attempts: 2,
+            last: Box::new(ProviderError::Stalled {
+                provider: "anthropic".to_owned(),
+                after: Duration::from_millis(500),
+            }),
         }
     );
     assert_eq!(server.requests().len(), 2);

@@ -327,7 +327,8 @@ async fn the_request_carries_the_history_as_chat_messages() {
                      "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}},
                 ]},
                 {"role": "tool", "tool_call_id": "call_berlin", "content": "12°C, rain"},
-                {"role": "tool", "tool_call_id": "call_rome", "content": "weather service unavailable"},
+                // A tool message has no error flag: the text says the call failed.
+                {"role": "tool", "tool_call_id": "call_rome", "content": "Error: weather service unavailable"},
                 {"role": "assistant", "content": "Berlin: 12°C and rain. Rome: unkn"},
                 {"role": "user", "content": "And tomorrow?"},
             ],
@@ -873,8 +874,11 @@ async fn a_stalled_stream_hits_the_idle_timeout() {
     settings.http.retry.max_retries = 1;
     let (error, events) = failure(&model(settings)).await;
     assert_eq!(text_deltas(&events), ["Let me see"]);
-    assert!(matches!(error, ProviderError::Stalled { .. }), "{error:?}");
-    assert_eq!(error.to_string(), "openai: the stream stalled: no data for 0.5 s");
+    assert!(matches!(error.cause(), ProviderError::Stalled { .. }), "{error:?}");
+    assert_eq!(
+        error.to_string(),
+        "openai: the stream stalled: no data for 0.5 s (gave up after 2 attempts)"
+    );
     assert_eq!(server.requests().len(), 2, "one retry, before anything was streamed");
     guard("both stalled responses abandoned", server.wait_abandoned(2)).await;
 }
@@ -1030,6 +1034,88 @@ async fn a_full_turn_runs_the_tool_the_model_calls_and_sends_its_result_back() {
             },
             assistant_item("It is now.", false),
         ]
+    );
+    shutdown(agent).await;
+}
+
+#[tokio::test]
+async fn a_tool_call_cut_by_the_length_limit_comes_back_as_an_error_and_the_history_stays_valid_json() {
+    // What llama-server sends when `max_tokens` cuts a call mid-arguments.
+    let step_one = [
+        delta_event(json!({"role": "assistant", "content": null})),
+        delta_event(json!({"tool_calls": [
+            {"index": 0, "id": "call_cut_1", "type": "function", "function": {"name": "clock", "arguments": ""}}
+        ]})),
+        delta_event(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"tz\": \"Eur"}}]})),
+        finish_event("length"),
+        DONE.to_owned(),
+    ];
+    let server = ScriptedServer::start(vec![stream(&step_one), text_reply(&["Sorry, ", "cut off."])]).await;
+    let db = TestDb::new();
+    let store = db.open();
+    let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
+    let events = run_turn(&mut agent, "What time is it in Paris?").await;
+    assert_eq!(events.last().map(|event| event.msg.kind()), Some("turn_complete"));
+
+    // The cut step is recorded as such, in the turn.
+    let warnings: Vec<&str> = events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::Warning(warning) => Some(warning.message.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(warnings.len(), 1, "{:?}", kinds(&events));
+    assert!(
+        warnings[0].contains("model step 1") && warnings[0].contains("output length limit"),
+        "{}",
+        warnings[0]
+    );
+    // Nothing ran; the model is told why.
+    let completed = events
+        .iter()
+        .find_map(|event| match &event.msg {
+            EventMsg::ToolCallCompleted(completed) => Some(completed),
+            _ => None,
+        })
+        .expect("the cut call is answered");
+    assert!(completed.is_error, "{completed:?}");
+    assert!(completed.output.contains("not valid JSON"), "{}", completed.output);
+
+    // The next request's history is well-formed: the call's arguments are a
+    // JSON object (llama-server answers 500 to anything else, for good).
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    let messages = requests[1].json()["messages"].clone();
+    let assistant = messages
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|message| message["role"] == "assistant")
+        .expect("the assistant's call")
+        .clone();
+    let arguments = assistant["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .expect("arguments are a string");
+    assert_eq!(arguments, "{}");
+    let tool = messages
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|message| message["role"] == "tool")
+        .expect("the error result");
+    assert_eq!(tool["tool_call_id"], "call_cut_1");
+    assert!(
+        tool["content"].as_str().is_some_and(|text| text.starts_with("Error: ")),
+        "{tool}"
+    );
+    // The transcript keeps what the model wrote.
+    let state = stored_state(&store).await;
+    assert!(
+        state.transcript.iter().any(|item| matches!(item,
+            TranscriptItem::ToolCall { arguments, .. } if arguments == "{\"tz\": \"Eur")),
+        "{:?}",
+        state.transcript
     );
     shutdown(agent).await;
 }

@@ -375,7 +375,7 @@ async fn a_multi_step_turn_runs_the_clock_and_sends_its_output_back() {
         input_of(&requests[1]),
         [
             json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What time is it?"}]}),
-            json!({"type": "function_call", "call_id": call_id, "name": "clock", "arguments": "{}"}),
+            json!({"type": "function_call", "id": "fc_Ck1Lm2Nn3Oo4Pp5Qq6Rr7Ss8", "status": "completed", "call_id": call_id, "name": "clock", "arguments": "{}"}),
             json!({"type": "function_call_output", "call_id": call_id, "output": output}),
         ]
     );
@@ -548,12 +548,17 @@ async fn the_request_carries_the_whole_history_instructions_tools_and_limits() {
             "input": [
                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What time is it in Paris and Tokyo?"}]},
                 reasoning,
-                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me check both."}]},
-                {"type": "function_call", "call_id": "call_a", "name": "clock", "arguments": "{\"tz\":\"Europe/Paris\"}"},
-                {"type": "function_call", "call_id": "call_b", "name": "lookup", "arguments": "{\"city\":\"Tokyo\"}"},
+                // Replayed output has the shape the API gave it (id, status,
+                // annotations), as strict servers (vLLM, Azure) require.
+                {"type": "message", "role": "assistant", "id": "msg_keel_2", "status": "completed",
+                 "content": [{"type": "output_text", "text": "Let me check both.", "annotations": []}]},
+                {"type": "function_call", "id": "fc_a", "status": "completed", "call_id": "call_a", "name": "clock", "arguments": "{\"tz\":\"Europe/Paris\"}"},
+                {"type": "function_call", "id": "fc_b", "status": "completed", "call_id": "call_b", "name": "lookup", "arguments": "{\"city\":\"Tokyo\"}"},
                 {"type": "function_call_output", "call_id": "call_a", "output": "12:00"},
-                {"type": "function_call_output", "call_id": "call_b", "output": "unknown city"},
-                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Paris: 12:00. Tokyo: I could not tell."}]},
+                // The item has no error flag: the text says the call failed.
+                {"type": "function_call_output", "call_id": "call_b", "output": "Error: unknown city"},
+                {"type": "message", "role": "assistant", "id": "msg_keel_8", "status": "completed",
+                 "content": [{"type": "output_text", "text": "Paris: 12:00. Tokyo: I could not tell.", "annotations": []}]},
                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks! And London?"}]},
             ],
             "instructions": INSTRUCTIONS,
@@ -809,9 +814,12 @@ async fn a_stalled_stream_hits_the_idle_timeout_and_is_retried_only_before_outpu
     let (result, events) = respond(&model(settings), &hello()).await;
     assert_eq!(
         provider_error(result),
-        ProviderError::Stalled {
-            provider: "openai".into(),
-            after: Duration::from_millis(300),
+        ProviderError::GaveUp {
+            attempts: 2,
+            last: Box::new(ProviderError::Stalled {
+                provider: "openai".into(),
+                after: Duration::from_millis(300),
+            }),
         }
     );
     assert_eq!(text_deltas(&events), ["Hé"], "nothing is streamed twice");

@@ -297,6 +297,17 @@ fn call_items(calls: &[ToolCall]) -> Vec<TranscriptItem> {
 }
 
 /// The output of a transcript's `ToolResult`.
+/// A result's text as protocols without an error flag (Chat Completions,
+/// Responses) send it: a failed call says so in words.
+fn flagged_output_of(result: &TranscriptItem) -> String {
+    match result {
+        TranscriptItem::ToolResult {
+            output, is_error: true, ..
+        } => format!("Error: {output}"),
+        other => output_of(other).to_owned(),
+    }
+}
+
 fn output_of(result: &TranscriptItem) -> &str {
     match result {
         TranscriptItem::ToolResult { output, .. } => output,
@@ -430,7 +441,7 @@ fn chat_messages_after(calls: &[ToolCall], results: &[TranscriptItem]) -> Value 
         json!({"role": "assistant", "content": "", "tool_calls": tool_calls}),
     ];
     for (call, result) in calls.iter().zip(results) {
-        messages.push(json!({"role": "tool", "tool_call_id": call.call_id, "content": output_of(result)}));
+        messages.push(json!({"role": "tool", "tool_call_id": call.call_id, "content": flagged_output_of(result)}));
     }
     Value::Array(messages)
 }
@@ -535,7 +546,7 @@ async fn openai_chat_a_denied_write_is_answered_denied_the_reads_still_run_and_t
     // The model is told about the denial, in its place among the results.
     check_requests(&turn, "/v1/chat/completions", chat_tool_names);
     let messages = chat_messages_after(&calls, &results);
-    assert_eq!(messages[4]["content"], DENIED);
+    assert_eq!(messages[4]["content"], format!("Error: {DENIED}"));
     assert_eq!(turn.requests[1].json()["messages"], messages);
 
     let mut transcript = vec![user_item(PROMPT)];
@@ -723,12 +734,19 @@ async fn openai_responses_three_calls_in_one_step_read_wait_for_the_approved_wri
     // `function_call_output` items tied by `call_id`, in call order.
     let mut input = vec![question];
     for call in &calls {
-        input.push(
-            json!({"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}),
-        );
+        input.push(json!({
+            "type": "function_call",
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments,
+            "id": format!("fc_{}", call.call_id.trim_start_matches("call_")),
+            "status": "completed",
+        }));
     }
     for (call, result) in calls.iter().zip(&results) {
-        input.push(json!({"type": "function_call_output", "call_id": call.call_id, "output": output_of(result)}));
+        input.push(
+            json!({"type": "function_call_output", "call_id": call.call_id, "output": flagged_output_of(result)}),
+        );
     }
     assert_eq!(turn.requests[1].json()["input"], Value::Array(input));
     for request in &turn.requests {
@@ -887,7 +905,11 @@ async fn anthropic_three_calls_in_one_step_read_wait_for_the_approved_write_and_
             .collect()
     });
     let question = json!({"role": "user", "content": [{"type": "text", "text": PROMPT}]});
-    assert_eq!(turn.requests[0].json()["messages"], json!([question]));
+    // The end of the history is the prompt cache's breakpoint.
+    let ephemeral = json!({"type": "ephemeral"});
+    let mut marked_question = question.clone();
+    marked_question["content"][0]["cache_control"] = ephemeral.clone();
+    assert_eq!(turn.requests[0].json()["messages"], json!([marked_question]));
     // One assistant message: the text, then a `tool_use` block per call
     // (its input as JSON); one user message: a `tool_result` per call, in
     // call order, the failed one marked `is_error`.
@@ -904,6 +926,10 @@ async fn anthropic_three_calls_in_one_step_read_wait_for_the_approved_write_and_
             json!({"type": "tool_result", "tool_use_id": call.call_id, "content": output_of(result), "is_error": is_error})
         })
         .collect();
+    let mut tool_results = tool_results;
+    if let Some(last) = tool_results.last_mut() {
+        last["cache_control"] = ephemeral;
+    }
     assert_eq!(
         turn.requests[1].json()["messages"],
         json!([
@@ -913,7 +939,7 @@ async fn anthropic_three_calls_in_one_step_read_wait_for_the_approved_write_and_
         ])
     );
     for request in &turn.requests {
-        assert_eq!(request.json()["system"], INSTRUCTIONS);
+        assert_eq!(request.json()["system"][0]["text"], INSTRUCTIONS);
     }
 
     let mut transcript = vec![user_item(PROMPT), assistant_item(&prelude, false)];
