@@ -428,4 +428,38 @@ pub trait CheckpointStore: Send + Sync {
         session_id: &'a str,
         idempotency_key: &'a str,
     ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>>;
+
+    /// Up to `limit` ids, in id order after `after`, of the sessions with
+    /// work stored: submissions queued, or a turn in flight. A host loads
+    /// them when it starts, so that nothing acknowledged waits for a request.
+    ///
+    /// The default walks every session and finds only turns in flight (a
+    /// summary does not show the queue); stores with a queue override it.
+    fn sessions_with_work<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            let mut ids = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let page = self.list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, None).await?;
+                ids.extend(
+                    page.sessions
+                        .into_iter()
+                        .filter(|summary| summary.running_turn_id.is_some())
+                        .map(|summary| summary.session_id)
+                        .filter(|id| after.is_none_or(|after| id.as_str() > after)),
+                );
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            ids.sort();
+            ids.truncate(limit);
+            Ok(ids)
+        })
+    }
 }
