@@ -76,6 +76,7 @@ impl Session {
                 step: 1,
                 awaiting_approval: Vec::new(),
                 decisions: BTreeMap::new(),
+                started_calls: Some(Vec::new()),
             },
         };
         self.status.begin_turn(turn.id());
@@ -156,6 +157,7 @@ impl Session {
             }
             turn.execution.step += 1;
             turn.execution.decisions.clear();
+            turn.execution.started_calls = Some(Vec::new());
         }
     }
 

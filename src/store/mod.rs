@@ -97,6 +97,12 @@ pub struct TurnExecution {
     /// Decisions already made for this step's calls, by call id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub decisions: BTreeMap<String, ApprovalDecision>,
+    /// This step's calls whose `tool_call_started` is committed (written
+    /// in the same batch), so a restart can tell a call that may have run
+    /// from one that never started. `None` in checkpoints of versions that
+    /// did not keep it: then any unanswered call may have run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_calls: Option<Vec<String>>,
 }
 
 /// Everything needed to resume a session.

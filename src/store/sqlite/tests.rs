@@ -97,6 +97,7 @@ fn execution(turn_id: &str) -> TurnExecution {
         step: 2,
         awaiting_approval: vec!["call-7".into()],
         decisions: [("call-6".to_owned(), crate::protocol::ApprovalDecision::Deny)].into(),
+        started_calls: Some(vec!["call-5".into()]),
     }
 }
 

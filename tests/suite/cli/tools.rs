@@ -283,6 +283,65 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
     assert_eq!(count(&events, "turn_complete"), 1);
 }
 
+/// A step of two calls run in order, cut during the first: the first may
+/// have run, but the second never started, and its result says so.
+#[test]
+fn a_runtime_killed_during_the_first_of_two_calls_answers_the_second_not_run() {
+    let cli = Cli::new();
+    let call = serde_json::json!({"tool_calls": [
+        {"id": "first", "name": "shell", "arguments": {"command": "echo ran >> count.txt && exec sleep 60"}},
+        {"id": "second", "name": "shell", "arguments": {"command": "echo ran >> second.txt"}}
+    ]});
+    let script = cli.script("s.jsonl", &[&call.to_string(), r#"{"text": "recovered"}"#]);
+    let model = format!("script:{}", script.display());
+    let counter = cli.dir.path().join("count.txt");
+
+    let running = Running::start(
+        &cli,
+        &["run", "--json", "--approve", "auto", "--model", &model, "two calls"],
+        |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !counter.exists() {
+        assert!(Instant::now() < deadline, "the command never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seen = running.crash();
+    kill_processes_in(cli.dir.path());
+    let session = session_of(&seen);
+
+    let resumed = cli.run(&[
+        "run",
+        "--session",
+        &session,
+        "--approve",
+        "auto",
+        "--model",
+        &model,
+        "again",
+    ]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert!(
+        !cli.dir.path().join("second.txt").exists(),
+        "the second call never runs"
+    );
+    let events = cli.events(&session);
+    assert_gap_free(&events);
+    assert_eq!(count(&events, "tool_call_started"), 1, "only the first call started");
+    let results = tool_results(&events);
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!((results[0].0.as_str(), results[1].0.as_str()), ("first", "second"));
+    assert!(results[0].2 && results[1].2, "{results:?}");
+    assert!(
+        results[0].1.contains("may or may not have completed"),
+        "the started call may have run: {results:?}"
+    );
+    assert!(
+        results[1].1.starts_with("not run:") && !results[1].1.contains("may or may not"),
+        "the call that never started was not run: {results:?}"
+    );
+}
+
 #[test]
 fn a_runtime_killed_during_a_shell_call_leaves_none_of_its_processes_running() {
     for (index, policy) in ["read-only", "workspace-write", "full-access"].into_iter().enumerate() {
