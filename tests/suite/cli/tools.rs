@@ -283,6 +283,42 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
     assert_eq!(count(&events, "turn_complete"), 1);
 }
 
+/// One step asking for more approvals than the control lane holds (16):
+/// `--approve auto` answers every one of them and the files are written.
+#[test]
+fn approve_auto_answers_a_step_of_more_approvals_than_the_control_lane_holds() {
+    let cli = Cli::new();
+    let calls: Vec<serde_json::Value> = (0..40)
+        .map(|index| {
+            serde_json::json!({"id": format!("write-{index}"), "name": "write_file",
+                "arguments": {"path": format!("file-{index}.txt"), "content": "x"}})
+        })
+        .collect();
+    let step = serde_json::json!({ "tool_calls": calls });
+    let script = cli.script("s.jsonl", &[&step.to_string(), r#"{"text": "all written"}"#]);
+    let model = format!("script:{}", script.display());
+    let output = cli.run(&[
+        "run",
+        "--json",
+        "--approve",
+        "auto",
+        "--model",
+        &model,
+        "write 40 files",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let events = parse_events(&output.stdout);
+    assert_eq!(count(&events, "approval_requested"), 40);
+    assert_eq!(decisions(&events), vec![ApprovalDecision::Approve; 40]);
+    assert_eq!(count(&events, "turn_complete"), 1);
+    for index in 0..40 {
+        assert!(
+            cli.dir.path().join(format!("file-{index}.txt")).exists(),
+            "file {index}"
+        );
+    }
+}
+
 /// A step of two calls run in order, cut during the first: the first may
 /// have run, but the second never started, and its result says so.
 #[test]
