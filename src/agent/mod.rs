@@ -34,7 +34,7 @@ pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, s
 use self::session::Session;
 pub use self::status::SessionStatus;
 use self::status::StatusCell;
-pub use self::stream::StreamingOptions;
+pub use self::stream::{MAX_STEP_OUTPUT_BYTES, StreamingOptions};
 pub use self::submission::{Inbox, SubmissionSender, Submitted, WeakSubmissionSender, submission_channel};
 #[cfg(test)]
 use self::test_support::*;

@@ -14,6 +14,7 @@ mod provider_support;
 mod provider_tool_turns;
 mod sandbox;
 mod server;
+mod step_limits;
 mod support;
 mod turns_with_tools;
 mod web_ui;
