@@ -305,3 +305,24 @@ impl Drop for CloseOnDrop {
         self.0.lock().closed = true;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::json_len;
+
+    #[test]
+    fn json_len_is_the_length_serde_json_writes() {
+        for text in [
+            "",
+            "plain",
+            "quote \" and backslash \\",
+            "\n\r\t\u{8}\u{c}",
+            "\u{0}\u{1f}\u{7f}",
+            "ünïcødé ✓ 🚀",
+            "</script>",
+        ] {
+            let written = serde_json::to_string(text).expect("serialize");
+            assert_eq!(json_len(text), written.len(), "{text:?}");
+        }
+    }
+}
