@@ -34,7 +34,7 @@ pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, s
 use self::session::Session;
 pub use self::status::SessionStatus;
 use self::status::StatusCell;
-pub use self::stream::StreamingOptions;
+pub use self::stream::{MAX_STEP_OUTPUT_BYTES, StreamingOptions};
 pub use self::submission::{Inbox, SubmissionSender, Submitted, WeakSubmissionSender, submission_channel};
 #[cfg(test)]
 use self::test_support::*;
@@ -282,12 +282,22 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
     if let Some(execution) = execution {
         tracing::warn!(%session_id, turn_id = %execution.turn_id, "closing a turn left in flight by a stopped runtime");
         let submission_id = execution.submission_ids.first().cloned();
-        // A tool call that started but has no recorded result gets one, so
-        // the history sent to the provider stays well formed.
+        // A tool call that has no recorded result gets one, so the history
+        // sent to the provider stays well formed. One whose start was
+        // committed may have run; one that never started did not, and the
+        // model is told which (an older checkpoint does not say: may have).
         let unanswered = turn::unanswered_calls(&transcript);
         let mut results = Vec::with_capacity(unanswered.len());
         for ToolCall { call_id, .. } in unanswered {
-            let output = "interrupted: the runtime stopped during this call; the tool may or may not have completed";
+            let never_started = execution
+                .started_calls
+                .as_ref()
+                .is_some_and(|started| !started.contains(&call_id));
+            let output = if never_started {
+                "not run: the runtime stopped before this call started"
+            } else {
+                "interrupted: the runtime stopped during this call; the tool may or may not have completed"
+            };
             startup.push(Event {
                 submission_id: submission_id.clone(),
                 msg: EventMsg::ToolCallCompleted(ToolCallCompletedEvent {

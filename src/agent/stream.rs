@@ -15,10 +15,25 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::recorder::{EventRecorder, WeakEventRecorder, try_send_event};
+use super::recorder::{EventRecorder, RECORDER_EVENT_BYTE_BUDGET, WeakEventRecorder, try_send_event};
 use crate::model::{ModelEvent, ModelEventSink};
 use crate::protocol::{AssistantContentDeltaEvent, Event, EventMsg, ReasoningDeltaEvent};
 use crate::{Error, Result};
+
+/// The most output one completed model step may produce, counted as JSON
+/// (its text, reasoning and tool calls with their arguments, plus its last
+/// delta not yet recorded). The recorder's byte budget less room for the
+/// events' envelopes, so that the batch recording a step (last delta,
+/// message, usage, turn end) or a call's start always fits in it; a step
+/// over it fails with an `error` event and `turn_aborted` (`model_failed`)
+/// and none of its output joins the history.
+pub const MAX_STEP_OUTPUT_BYTES: usize = RECORDER_EVENT_BYTE_BUDGET - 256 * 1024;
+
+/// The most streamed text a step keeps in memory (for the history of a turn
+/// cut short). Text past it is still streamed and recorded as deltas, but a
+/// step that long can neither complete nor join the history, so it is not
+/// kept: what a step holds stays bounded whatever the provider sends.
+const MAX_STREAMED_TEXT_BYTES: usize = RECORDER_EVENT_BYTE_BUDGET;
 
 /// How streamed text is grouped into recorded deltas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,13 +77,17 @@ struct State {
     closed: bool,
     /// Set when the recorder refused a delta; the step must end.
     saturated: Option<String>,
+
     /// Text received but not yet recorded, all of one kind.
     pending: String,
     pending_kind: DeltaKind,
     /// When the oldest pending byte arrived.
     pending_since: Option<Instant>,
-    /// All content (not reasoning) text streamed in this step.
+    /// All content (not reasoning) text streamed in this step, while it is
+    /// within [`MAX_STREAMED_TEXT_BYTES`].
     streamed: String,
+    /// Set once the step's text passed that bound: `streamed` was let go.
+    streamed_dropped: bool,
 }
 
 /// The shared state behind one step's sink.
@@ -129,11 +148,11 @@ impl StepStream {
             self.flush_locked(&mut state)?;
             state.pending_kind = kind;
         }
-        if kind == DeltaKind::Content {
+        if kind == DeltaKind::Content && !state.streamed_dropped {
             state.streamed.push_str(&text);
         }
         state.pending.push_str(&text);
-        if state.pending.len() >= self.options.coalesce_bytes || self.options.coalesce_window.is_zero() {
+        let pushed = if state.pending.len() >= self.options.coalesce_bytes || self.options.coalesce_window.is_zero() {
             self.flush_locked(&mut state)
         } else {
             if state.pending_since.is_none() {
@@ -141,7 +160,14 @@ impl StepStream {
                 self.wake.notify_one();
             }
             Ok(())
+        };
+        if pushed.is_ok() && state.streamed.len() > MAX_STREAMED_TEXT_BYTES {
+            // Too long to ever be recorded as the step's message or kept in
+            // the history: it goes on as deltas, no longer kept in memory.
+            state.streamed = String::new();
+            state.streamed_dropped = true;
         }
+        pushed
     }
 
     /// Records the pending text now. Holding the lock keeps deltas in order.
@@ -170,8 +196,8 @@ impl StepStream {
             Err(error) => {
                 // The refused text is not in the log, so it must not enter
                 // the history either (pending content is a suffix of streamed).
-                if state.pending_kind == DeltaKind::Content {
-                    let recorded = state.streamed.len() - delta_len;
+                if state.pending_kind == DeltaKind::Content && !state.streamed_dropped {
+                    let recorded = state.streamed.len().saturating_sub(delta_len);
                     state.streamed.truncate(recorded);
                 }
                 state.closed = true;
@@ -213,6 +239,7 @@ impl StepStream {
         state.pending_since = None;
         let pending = std::mem::take(&mut state.pending);
         ClosedStream {
+            pending_bytes: if pending.is_empty() { 0 } else { json_len(&pending) },
             pending: (!pending.is_empty()).then(|| self.delta_event(state.pending_kind, pending)),
             streamed: std::mem::take(&mut state.streamed),
         }
@@ -235,7 +262,9 @@ impl StepStream {
 pub(crate) struct ClosedStream {
     /// The delta event of streamed text not yet recorded, if any.
     pub(crate) pending: Option<Event>,
-    /// All text streamed in the step.
+    /// The size of that delta's text as JSON.
+    pub(crate) pending_bytes: usize,
+    /// All text streamed in the step; empty when it was too long to keep.
     pub(crate) streamed: String,
 }
 
@@ -246,6 +275,27 @@ impl ClosedStream {
     }
 }
 
+/// The message of a step that produced `bytes` of output, past the bound.
+pub(crate) fn step_too_large(bytes: usize) -> String {
+    format!(
+        "the model produced {bytes} bytes of output in one step, more than the {MAX_STEP_OUTPUT_BYTES} bytes \
+         a step may hold; its tool calls were not run and its output is not in the history"
+    )
+}
+
+/// The length of `text` written as a JSON string, quotes and escapes
+/// included (as `serde_json` writes it), without writing it.
+pub(crate) fn json_len(text: &str) -> usize {
+    2 + text
+        .bytes()
+        .map(|byte| match byte {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
 /// Closes the stream when the step's future is dropped (cancelled), so a
 /// model that kept the sink cannot write into a turn that is over.
 pub(crate) struct CloseOnDrop(pub(crate) Arc<StepStream>);
@@ -253,5 +303,26 @@ pub(crate) struct CloseOnDrop(pub(crate) Arc<StepStream>);
 impl Drop for CloseOnDrop {
     fn drop(&mut self) {
         self.0.lock().closed = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_len;
+
+    #[test]
+    fn json_len_is_the_length_serde_json_writes() {
+        for text in [
+            "",
+            "plain",
+            "quote \" and backslash \\",
+            "\n\r\t\u{8}\u{c}",
+            "\u{0}\u{1f}\u{7f}",
+            "ünïcødé ✓ 🚀",
+            "</script>",
+        ] {
+            let written = serde_json::to_string(text).expect("serialize");
+            assert_eq!(json_len(text), written.len(), "{text:?}");
+        }
     }
 }

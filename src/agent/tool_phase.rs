@@ -166,7 +166,7 @@ impl Session {
 
     /// Runs the calls judged `Run` (refused ones get their refusal as the
     /// result), watching for interrupts, and records every result in order.
-    async fn run_calls(&mut self, turn: &Turn, calls: &[ToolCall], verdicts: &[Verdict]) -> Result<ToolsEnd> {
+    async fn run_calls(&mut self, turn: &mut Turn, calls: &[ToolCall], verdicts: &[Verdict]) -> Result<ToolsEnd> {
         let context = ToolContext {
             session_id: self.session_id.clone(),
             workspace: self.workspace.clone(),
@@ -269,8 +269,13 @@ impl Session {
     }
 
     /// Records that `call` starts, durably, before it runs: a restart then
-    /// knows it may have run.
-    async fn record_started(&mut self, turn: &Turn, call: &ToolCall) -> Result<()> {
+    /// knows it may have run (and that the calls not listed as started in
+    /// the same write never did).
+    async fn record_started(&mut self, turn: &mut Turn, call: &ToolCall) -> Result<()> {
+        turn.execution
+            .started_calls
+            .get_or_insert_with(Vec::new)
+            .push(call.call_id.clone());
         let started = turn.event(EventMsg::ToolCallStarted(ToolCallStartedEvent {
             turn_id: turn.id().to_owned(),
             call_id: call.call_id.clone(),

@@ -16,7 +16,7 @@ use futures::FutureExt;
 use tokio::time::Instant;
 
 use super::session::Session;
-use super::stream::{CloseOnDrop, ClosedStream, StepStream};
+use super::stream::{CloseOnDrop, ClosedStream, MAX_STEP_OUTPUT_BYTES, StepStream, json_len, step_too_large};
 use super::tool_phase::ToolsEnd;
 use crate::Result;
 use crate::model::{ModelOutput, ModelRequest, ToolCall};
@@ -54,11 +54,16 @@ enum StepEnd {
     Failed(String),
     Interrupted(Submission),
     Saturated(String),
+    /// Completed with more output than a step may hold.
+    TooLarge(String),
 }
 
 /// Why a turn ends early.
 enum Abort {
     Failed(String),
+    /// The step's output was too large to record: a model failure whose
+    /// streamed text stays out of the history.
+    TooLarge(String),
     Interrupted(Submission),
     Saturated(String),
 }
@@ -76,6 +81,7 @@ impl Session {
                 step: 1,
                 awaiting_approval: Vec::new(),
                 decisions: BTreeMap::new(),
+                started_calls: Some(Vec::new()),
             },
         };
         self.status.begin_turn(turn.id());
@@ -135,6 +141,7 @@ impl Session {
                 StepEnd::Failed(message) => return self.abort_turn(&turn, Abort::Failed(message), closed).await,
                 StepEnd::Interrupted(by) => return self.abort_turn(&turn, Abort::Interrupted(by), closed).await,
                 StepEnd::Saturated(message) => return self.abort_turn(&turn, Abort::Saturated(message), closed).await,
+                StepEnd::TooLarge(message) => return self.abort_turn(&turn, Abort::TooLarge(message), closed).await,
             };
             let calls = output.tool_calls.clone();
             // A message steered in during the step keeps the turn going for
@@ -156,6 +163,7 @@ impl Session {
             }
             turn.execution.step += 1;
             turn.execution.decisions.clear();
+            turn.execution.started_calls = Some(Vec::new());
         }
     }
 
@@ -278,7 +286,17 @@ impl Session {
         // Cancel the model's work before closing the sink, so nothing it
         // does on the way out is mistaken for part of the turn.
         drop(response);
-        Ok((end, stream.close()))
+        let closed = stream.close();
+        // Only now is the size of the whole output known (a call's arguments
+        // are not streamed): one too large to record fails the step.
+        let end = match end {
+            StepEnd::Completed(output) => match output_bytes(&output).saturating_add(closed.pending_bytes) {
+                bytes if bytes > MAX_STEP_OUTPUT_BYTES => StepEnd::TooLarge(step_too_large(bytes)),
+                _ => StepEnd::Completed(output),
+            },
+            other => other,
+        };
+        Ok((end, closed))
     }
 
     /// Records what a completed model step produced. The last step (no tool
@@ -358,11 +376,14 @@ impl Session {
 
     /// Records why the turn ended early, with the checkpoint that closes it.
     /// Text already streamed stays in the log and joins the history, marked
-    /// interrupted.
+    /// interrupted, unless it was too long to keep (see `MAX_STEP_OUTPUT_BYTES`).
     async fn abort_turn(&mut self, turn: &Turn, abort: Abort, closed: ClosedStream) -> Result<()> {
         let turn_id = turn.id().to_owned();
         let mut events: Vec<Event> = closed.pending.into_iter().collect();
-        let history: Vec<TranscriptItem> = (!closed.streamed.is_empty())
+        // Text of a step too large to record would make every later request
+        // as large: it stays in the log (as deltas) but not in the history.
+        let keep_text = !closed.streamed.is_empty() && !matches!(abort, Abort::TooLarge(_));
+        let history: Vec<TranscriptItem> = keep_text
             .then_some(TranscriptItem::AssistantMessage {
                 text: closed.streamed,
                 interrupted: true,
@@ -377,7 +398,7 @@ impl Session {
             })
         };
         match abort {
-            Abort::Failed(message) => {
+            Abort::Failed(message) | Abort::TooLarge(message) => {
                 // A provider's or tool's failure may echo a key.
                 let message = redact_owned(message);
                 events.push(turn.event(error_msg(&turn_id, &message)));
@@ -423,6 +444,37 @@ pub(super) fn unanswered_calls(transcript: &[TranscriptItem]) -> Vec<ToolCall> {
             _ => None,
         })
         .collect()
+}
+
+/// The size of a step's output as JSON: its text, its reasoning items and
+/// its tool calls (ids, names, arguments).
+fn output_bytes(output: &ModelOutput) -> usize {
+    let calls: usize = output
+        .tool_calls
+        .iter()
+        .map(|call| json_len(&call.call_id) + json_len(&call.name) + json_len(&call.arguments))
+        .sum();
+    let mut reasoning = ByteCount(0);
+    for item in &output.reasoning {
+        // Counting cannot fail; a value that cannot be serialized counts as 0
+        // here and fails where it is recorded.
+        let _ = serde_json::to_writer(&mut reasoning, item);
+    }
+    json_len(&output.text).saturating_add(calls).saturating_add(reasoning.0)
+}
+
+/// An `io::Write` that only counts the bytes written to it.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 = self.0.saturating_add(buf.len());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Records that a control op aimed at another turn will not be acted on.

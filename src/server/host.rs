@@ -5,7 +5,8 @@
 //! turn running (a turn waiting for approval is at rest: its wait is durable)
 //! and nothing queued. At most `max_live` sessions are loaded; loading one
 //! more unloads the longest-idle unloadable session, or fails with
-//! `503 too_many_sessions` when none is.
+//! `503 too_many_sessions` when none is. At start, the sessions the store
+//! holds work for (a turn in flight, messages queued) are loaded.
 //!
 //! Each session id has a slot whose async lock serializes loading, using
 //! and unloading it: two requests never load the same session twice, and a
@@ -34,6 +35,9 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long an interrupted turn may take to close at shutdown.
 const INTERRUPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Sessions with stored work listed per store read at start.
+const RECOVERY_PAGE: usize = 500;
 
 /// How often a settling session's status is looked at.
 const SETTLE_POLL: Duration = Duration::from_millis(20);
@@ -319,35 +323,49 @@ impl Host {
             .sum()
     }
 
-    /// Loads the sessions left with a turn in flight by a runtime that
-    /// stopped, so their turns are closed and their queued submissions run
-    /// without waiting for a request. Turns waiting for approval wait on.
+    /// Loads the sessions left with work by a runtime that stopped: a turn
+    /// in flight (closed as `runtime_stopped`) or acknowledged messages
+    /// still queued (a crash after a `202`, or during an earlier recovery),
+    /// so they run without waiting for a request. Turns waiting for approval
+    /// wait on, unloaded, with whatever is queued behind them.
     pub(crate) async fn recover(&self) {
-        let mut cursor: Option<String> = None;
+        let mut after: Option<String> = None;
         let mut loaded = 0;
         loop {
-            let page = match self.store.list_sessions_page(cursor.as_deref(), 500, None).await {
+            let page = match self.store.sessions_with_work(after.as_deref(), RECOVERY_PAGE).await {
                 Ok(page) => page,
                 Err(error) => {
                     tracing::warn!(%error, "cannot list sessions to recover");
                     return;
                 }
             };
-            for summary in page.sessions {
-                if summary.running_turn_id.is_none() || !summary.awaiting_approval.is_empty() {
-                    continue;
+            let last = page.len() < RECOVERY_PAGE;
+            after = page.last().cloned();
+            for session_id in page {
+                match self.store.session_summary(&session_id).await {
+                    Ok(Some(summary)) if summary.awaiting_approval.is_empty() => {}
+                    Ok(_) => continue,
+                    Err(error) => {
+                        tracing::warn!(%session_id, %error, "cannot read a session to recover");
+                        continue;
+                    }
                 }
                 if loaded >= self.limits.max_live || self.is_closing() {
+                    if loaded >= self.limits.max_live {
+                        tracing::warn!(%session_id, "more sessions have stored work than may be live; the rest wait for a request");
+                    }
                     return;
                 }
-                match self.acquire(&summary.session_id).await {
-                    Ok(_lease) => loaded += 1,
-                    Err(error) => tracing::warn!(session_id = %summary.session_id, %error, "cannot recover session"),
+                match self.acquire(&session_id).await {
+                    Ok(_lease) => {
+                        tracing::info!(%session_id, "loaded a session with stored work");
+                        loaded += 1;
+                    }
+                    Err(error) => tracing::warn!(%session_id, %error, "cannot recover session"),
                 }
             }
-            match page.next_cursor {
-                Some(next) => cursor = Some(next),
-                None => return,
+            if last {
+                return;
             }
         }
     }

@@ -245,6 +245,14 @@ impl CheckpointStore for MeteredStore {
     ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>> {
         self.inner.keyed_submission(session_id, idempotency_key)
     }
+
+    fn sessions_with_work<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.sessions_with_work(after, limit)
+    }
 }
 
 /// A model that times its requests into `keel_model_request_seconds` and

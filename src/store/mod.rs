@@ -97,6 +97,12 @@ pub struct TurnExecution {
     /// Decisions already made for this step's calls, by call id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub decisions: BTreeMap<String, ApprovalDecision>,
+    /// This step's calls whose `tool_call_started` is committed (written
+    /// in the same batch), so a restart can tell a call that may have run
+    /// from one that never started. `None` in checkpoints of versions that
+    /// did not keep it: then any unanswered call may have run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_calls: Option<Vec<String>>,
 }
 
 /// Everything needed to resume a session.
@@ -428,4 +434,38 @@ pub trait CheckpointStore: Send + Sync {
         session_id: &'a str,
         idempotency_key: &'a str,
     ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>>;
+
+    /// Up to `limit` ids, in id order after `after`, of the sessions with
+    /// work stored: submissions queued, or a turn in flight. A host loads
+    /// them when it starts, so that nothing acknowledged waits for a request.
+    ///
+    /// The default walks every session and finds only turns in flight (a
+    /// summary does not show the queue); stores with a queue override it.
+    fn sessions_with_work<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            let mut ids = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let page = self.list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, None).await?;
+                ids.extend(
+                    page.sessions
+                        .into_iter()
+                        .filter(|summary| summary.running_turn_id.is_some())
+                        .map(|summary| summary.session_id)
+                        .filter(|id| after.is_none_or(|after| id.as_str() > after)),
+                );
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            ids.sort();
+            ids.truncate(limit);
+            Ok(ids)
+        })
+    }
 }

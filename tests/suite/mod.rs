@@ -15,6 +15,7 @@ mod provider_tool_turns;
 mod sandbox;
 mod server;
 mod skip;
+mod step_limits;
 mod support;
 mod turns_with_tools;
 mod web_ui;

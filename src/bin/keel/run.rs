@@ -1,10 +1,12 @@
 //! `keel run`: one turn per message, streamed to the terminal.
 
+use std::collections::VecDeque;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use keel::agent::SubmissionSender;
 use keel::agent::create_agent;
 use keel::protocol::{EventMsg, Op};
 use keel::store::CheckpointStore;
@@ -109,6 +111,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut interrupts = Interrupts::listen()?;
     let mut all_completed = true;
     let mut interrupted = false;
+    // Control ops (approval decisions, an interrupt) waiting for room in
+    // the control lane.
+    let mut control = VecDeque::new();
     for message in args.messages {
         let submitted = agent.sender().submit_wait(Op::UserInput { text: message }).await?;
         let mut turn_id: Option<String> = None;
@@ -123,8 +128,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                         return Ok(ExitCode::from(130));
                     }
                     // Interrupt the running turn; its abort event ends the loop.
+                    // It goes ahead of decisions still waiting for room.
                     interrupted = true;
-                    agent.sender().submit(Op::Interrupt { turn_id: turn_id.clone() })?;
+                    control.push_front(Op::Interrupt { turn_id: turn_id.clone() });
+                    send_control(agent.sender(), &mut control)?;
                     continue;
                 }
             };
@@ -137,10 +144,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 EventMsg::TurnStarted(started) if ours => turn_id = Some(started.turn_id.clone()),
                 EventMsg::ApprovalRequested(request) => {
                     let decision = decide(args.approve, request).await;
-                    agent.sender().submit(Op::Approval {
+                    control.push_back(Op::Approval {
                         call_id: request.call_id.clone(),
                         decision,
-                    })?;
+                    });
                 }
                 EventMsg::SubmissionRejected(rejected) if ours => bail!("message rejected: {}", rejected.reason),
                 msg if msg.ends_turn() && msg.turn_id() == turn_id.as_deref() && turn_id.is_some() => {
@@ -149,6 +156,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 }
                 _ => {}
             }
+            send_control(agent.sender(), &mut control)?;
         }
         if !all_completed {
             break;
@@ -165,4 +173,23 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         (false, true) => ExitCode::from(130),
         (false, false) => ExitCode::FAILURE,
     })
+}
+
+/// Sends the control ops the control lane has room for, in order. One step
+/// may ask for more approvals than the lane holds
+/// ([`keel::agent::submission::CONTROL_CAPACITY`]); the session takes the
+/// decisions one at a time and records each (`approval_decided`), and the
+/// event that brings is when the rest are tried again, so none is refused.
+fn send_control(sender: &SubmissionSender, control: &mut VecDeque<Op>) -> anyhow::Result<()> {
+    while let Some(op) = control.pop_front() {
+        match sender.submit(op) {
+            Ok(_) => {}
+            Err(keel::Error::Busy(op)) => {
+                control.push_front(*op);
+                break;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(())
 }

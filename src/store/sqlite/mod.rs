@@ -295,6 +295,15 @@ impl CheckpointStore for SqliteCheckpoint {
         let (session_id, key) = (session_id.to_owned(), idempotency_key.to_owned());
         Box::pin(self.read(move |conn| reader::keyed_submission(conn, &session_id, &key)))
     }
+
+    fn sessions_with_work<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let after = after.map(str::to_owned);
+        Box::pin(self.read(move |conn| reader::sessions_with_work(conn, after.as_deref(), limit)))
+    }
 }
 
 /// Maps a SQLite error to the store's error, naming the file when that helps.

@@ -211,6 +211,29 @@ pub(super) fn keyed_submission(
     .map_err(super::sqlite_error)
 }
 
+/// Up to `limit` ids after `after` (in id order) of the sessions with
+/// submissions queued or a turn in flight.
+pub(super) fn sessions_with_work(
+    conn: &Connection,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    conn.prepare_cached(
+        "SELECT id FROM sessions
+         WHERE (?1 IS NULL OR id > ?1)
+           AND (execution IS NOT NULL
+                OR EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = sessions.key))
+         ORDER BY id LIMIT ?2",
+    )
+    .and_then(|mut select| {
+        select
+            .query_map(params![after, limit], |row| row.get(0))?
+            .collect::<Result<Vec<String>, _>>()
+    })
+    .map_err(super::sqlite_error)
+}
+
 pub(super) fn event_page(
     conn: &Connection,
     session_id: &str,

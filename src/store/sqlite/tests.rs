@@ -97,6 +97,7 @@ fn execution(turn_id: &str) -> TurnExecution {
         step: 2,
         awaiting_approval: vec!["call-7".into()],
         decisions: [("call-6".to_owned(), crate::protocol::ApprovalDecision::Deny)].into(),
+        started_calls: Some(vec!["call-5".into()]),
     }
 }
 
@@ -2945,6 +2946,61 @@ async fn a_version_2_database_gets_each_sessions_bot_from_its_checkpoint() {
             .expect("repair");
         let page = store.list_sessions_page(None, 10, Some("bot-b")).await.expect("bot-b");
         assert_eq!(page_ids(page), ["second"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sessions_with_work_lists_queued_messages_and_turns_in_flight_in_pages() {
+    use crate::protocol::{BusyPolicy, Op, SubmissionQueuedEvent};
+    use crate::store::QueueChange;
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        for id in ["a-idle", "b-queued", "c-running", "d-settled"] {
+            create(&store, id).await;
+        }
+        let queued = |id: &str| Event {
+            submission_id: Some(id.into()),
+            msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+                op: Op::UserInput { text: "hi".into() },
+                on_busy: BusyPolicy::Queue,
+                idempotency_key: None,
+            }),
+        };
+        append(&store, "b-queued", &[queued("q1")]).await;
+        append(&store, "d-settled", &[queued("q2")]).await;
+        let mut settling = encode(&events("d-settled", 1, 1));
+        settling[0].queue = Some(QueueChange::Settled("q2".into()));
+        store
+            .append(
+                "d-settled",
+                AppendBatch {
+                    lease: None,
+                    events: settling,
+                    checkpoint: None,
+                },
+            )
+            .await
+            .expect("settle");
+        store
+            .save(&checkpoint("c-running", "bot", 1), &[], Some(&execution("t")))
+            .await
+            .expect("a turn in flight");
+
+        let all = store.sessions_with_work(None, 10).await.expect("list");
+        assert_eq!(all, ["b-queued", "c-running"]);
+        let first = store.sessions_with_work(None, 1).await.expect("list");
+        assert_eq!(first, ["b-queued"]);
+        let rest = store.sessions_with_work(Some("b-queued"), 1).await.expect("list");
+        assert_eq!(rest, ["c-running"]);
+        assert!(
+            store
+                .sessions_with_work(Some("c-running"), 1)
+                .await
+                .expect("list")
+                .is_empty()
+        );
     })
     .await;
 }

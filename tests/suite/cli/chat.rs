@@ -238,6 +238,54 @@ fn piped_chat_stops_at_a_failed_turn_and_denies_approvals() {
     assert_eq!(aborts(&events), [AbortReason::ModelFailed]);
 }
 
+/// One step asking for more approvals than the control lane holds (16):
+/// every decision reaches the session and the turn completes.
+#[test]
+fn piped_chat_answers_a_step_of_more_approvals_than_the_control_lane_holds() {
+    let cli = Cli::new();
+    let calls: Vec<serde_json::Value> = (0..40)
+        .map(|index| {
+            serde_json::json!({"id": format!("write-{index}"), "name": "write_file",
+                "arguments": {"path": format!("file-{index}.txt"), "content": "x"}})
+        })
+        .collect();
+    let step = serde_json::json!({ "tool_calls": calls }).to_string();
+    let model = cli.model(&[&step, r#"{"text": "all written"}"#]);
+    let mut child = cli
+        .chat(&["--model", &model, "--approve", "auto"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn keel chat");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"write 40 files\n")
+        .expect("write stdin");
+    // A decision lost to a full lane leaves the turn waiting for ever.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("keel chat hung: an approval decision was lost");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().expect("keel chat output");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "all written\n");
+    let events = cli.events(&session_line(&output));
+    assert_eq!(decisions(&events), vec![ApprovalDecision::Approve; 40]);
+    for index in 0..40 {
+        assert!(
+            cli.dir.path().join(format!("file-{index}.txt")).exists(),
+            "file {index}"
+        );
+    }
+}
+
 #[test]
 fn resuming_a_session_prints_its_history_and_continues_its_log() {
     let cli = Cli::new();

@@ -286,6 +286,101 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
     assert_eq!(count(&events, "turn_complete"), 1);
 }
 
+/// One step asking for more approvals than the control lane holds (16):
+/// `--approve auto` answers every one of them and the files are written.
+#[test]
+fn approve_auto_answers_a_step_of_more_approvals_than_the_control_lane_holds() {
+    let cli = Cli::new();
+    let calls: Vec<serde_json::Value> = (0..40)
+        .map(|index| {
+            serde_json::json!({"id": format!("write-{index}"), "name": "write_file",
+                "arguments": {"path": format!("file-{index}.txt"), "content": "x"}})
+        })
+        .collect();
+    let step = serde_json::json!({ "tool_calls": calls });
+    let script = cli.script("s.jsonl", &[&step.to_string(), r#"{"text": "all written"}"#]);
+    let model = format!("script:{}", script.display());
+    let output = cli.run(&[
+        "run",
+        "--json",
+        "--approve",
+        "auto",
+        "--model",
+        &model,
+        "write 40 files",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let events = parse_events(&output.stdout);
+    assert_eq!(count(&events, "approval_requested"), 40);
+    assert_eq!(decisions(&events), vec![ApprovalDecision::Approve; 40]);
+    assert_eq!(count(&events, "turn_complete"), 1);
+    for index in 0..40 {
+        assert!(
+            cli.dir.path().join(format!("file-{index}.txt")).exists(),
+            "file {index}"
+        );
+    }
+}
+
+/// A step of two calls run in order, cut during the first: the first may
+/// have run, but the second never started, and its result says so.
+#[test]
+fn a_runtime_killed_during_the_first_of_two_calls_answers_the_second_not_run() {
+    let cli = Cli::new();
+    let call = serde_json::json!({"tool_calls": [
+        {"id": "first", "name": "shell", "arguments": {"command": "echo ran >> count.txt && exec sleep 60"}},
+        {"id": "second", "name": "shell", "arguments": {"command": "echo ran >> second.txt"}}
+    ]});
+    let script = cli.script("s.jsonl", &[&call.to_string(), r#"{"text": "recovered"}"#]);
+    let model = format!("script:{}", script.display());
+    let counter = cli.dir.path().join("count.txt");
+
+    let running = Running::start(
+        &cli,
+        &["run", "--json", "--approve", "auto", "--model", &model, "two calls"],
+        |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !counter.exists() {
+        assert!(Instant::now() < deadline, "the command never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seen = running.crash();
+    kill_processes_in(cli.dir.path());
+    let session = session_of(&seen);
+
+    let resumed = cli.run(&[
+        "run",
+        "--session",
+        &session,
+        "--approve",
+        "auto",
+        "--model",
+        &model,
+        "again",
+    ]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert!(
+        !cli.dir.path().join("second.txt").exists(),
+        "the second call never runs"
+    );
+    let events = cli.events(&session);
+    assert_gap_free(&events);
+    assert_eq!(count(&events, "tool_call_started"), 1, "only the first call started");
+    let results = tool_results(&events);
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!((results[0].0.as_str(), results[1].0.as_str()), ("first", "second"));
+    assert!(results[0].2 && results[1].2, "{results:?}");
+    assert!(
+        results[0].1.contains("may or may not have completed"),
+        "the started call may have run: {results:?}"
+    );
+    assert!(
+        results[1].1.starts_with("not run:") && !results[1].1.contains("may or may not"),
+        "the call that never started was not run: {results:?}"
+    );
+}
+
 #[test]
 fn a_runtime_killed_during_a_shell_call_leaves_none_of_its_processes_running() {
     for (index, policy) in ["read-only", "workspace-write", "full-access"].into_iter().enumerate() {

@@ -232,6 +232,71 @@ async fn an_accepted_submission_survives_kill_9_and_runs_after_the_restart() {
     assert!(status.success());
 }
 
+/// A message acknowledged to an idle session and stored, but never taken up
+/// (the server was killed right after its `202`), runs when the server
+/// starts again, without any request loading its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_stored_for_an_idle_session_runs_at_the_next_start_without_a_request() {
+    use keel::protocol::{Event, Op, SubmissionQueuedEvent};
+    use keel::store::{AppendBatch, CheckpointStore, EncodedEvent, SqliteCheckpoint};
+
+    let scratch = Scratch::new();
+    let model = scratch.script("s.jsonl", &[r#"{"text": "the stranded one ran"}"#]);
+    let first = ServeProcess::start(&scratch, &[]);
+    first.api.create(json!({"id": "idle", "model": model})).await;
+    let (status, _) = tokio::task::spawn_blocking(move || first.terminate())
+        .await
+        .expect("stop");
+    assert!(status.success());
+
+    // What `submit_durable` commits before answering `202`; the kill -9
+    // that follows leaves it in the store's queue, with no turn in flight.
+    let submission_id = "stranded-submission".to_owned();
+    let queued = Event {
+        submission_id: Some(submission_id.clone()),
+        msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+            op: Op::UserInput {
+                text: "acknowledged before the crash".to_owned(),
+            },
+            on_busy: keel::protocol::BusyPolicy::Queue,
+            idempotency_key: None,
+        }),
+    };
+    {
+        let store = SqliteCheckpoint::new(scratch.db()).expect("open the database");
+        let batch = AppendBatch {
+            events: vec![EncodedEvent::encode(&queued).expect("encode")],
+            checkpoint: None,
+            lease: None,
+        };
+        store.append("idle", batch).await.expect("store the message");
+        let state = store.load("idle").await.expect("load").expect("the session");
+        assert_eq!(state.queued.len(), 1);
+        assert!(state.execution.is_none());
+    }
+
+    let second = ServeProcess::start(&scratch, &[]);
+    // A stream does not load the session: only the server's start can.
+    let mut stream = second.api.stream("idle", Resume::Start).await;
+    let events = stream
+        .until(|event| {
+            event.msg.kind() == "turn_complete" && event.submission_id.as_deref() == Some(submission_id.as_str())
+        })
+        .await;
+    let texts: Vec<&str> = events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::AssistantMessage(message) => Some(message.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, ["the stranded one ran"]);
+    let (status, _) = tokio::task::spawn_blocking(move || second.terminate())
+        .await
+        .expect("stop");
+    assert!(status.success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_op_stops_the_session_and_the_next_message_loads_it_again() {
     let server = TestServer::start(|_, _| {}).await;

@@ -139,8 +139,14 @@ impl LocalSession {
     }
 
     /// Sends an interrupt or an approval on the control lane.
-    pub(super) fn control(&mut self, op: Op) -> anyhow::Result<()> {
+    pub(super) async fn control(&mut self, op: Op) -> anyhow::Result<()> {
         match self.agent.sender().submit(op) {
+            // A step may ask for more approvals than the lane holds: every
+            // decision must arrive, and the session takes them one at a time.
+            Err(keel::Error::Busy(op)) if matches!(*op, Op::Approval { .. }) => {
+                self.agent.sender().submit_wait(*op).await?;
+                Ok(())
+            }
             // A full control lane: interrupts are already on their way.
             Ok(_) | Err(keel::Error::Busy(_)) => Ok(()),
             Err(error) => Err(error.into()),

@@ -193,7 +193,7 @@ impl Session {
     /// Submits a control op (an interrupt or an approval).
     async fn control(&mut self, op: Op) -> anyhow::Result<()> {
         match self {
-            Session::Local(session) => session.control(op),
+            Session::Local(session) => session.control(op).await,
             Session::Remote(session) => session.control(op).await,
         }
     }
