@@ -8,10 +8,12 @@
 //! Then the calls run: all at once when every one of them is parallel safe,
 //! otherwise in order. Each call is durable (`tool_call_started`) before it
 //! runs; its result is recorded with the history it joins, in the order of
-//! the calls, whatever order they finish in.
+//! the calls, whatever order they finish in. While they run, the progress
+//! they report is recorded as `tool_call_progress` events.
 
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
+use tokio::sync::mpsc;
 
 use super::session::Session;
 use super::turn::{Turn, interrupts, reject_stray_control};
@@ -19,10 +21,14 @@ use crate::Result;
 use crate::model::ToolCall;
 use crate::protocol::{
     ApprovalDecidedEvent, ApprovalDecision, ApprovalRequestedEvent, Event, EventMsg, Op, Submission,
-    ToolCallCompletedEvent, ToolCallStartedEvent, TranscriptItem,
+    ToolCallCompletedEvent, ToolCallProgressEvent, ToolCallStartedEvent, ToolsChangedEvent, TranscriptItem,
 };
 use crate::provider::redact::redact_owned;
-use crate::tools::{ApprovalPolicy, ToolContext, ToolOutcome};
+use crate::tools::{ApprovalPolicy, ProgressSink, ToolContext, ToolOutcome, ToolProgress};
+
+/// Progress reports waiting to be recorded; past this, reports are dropped
+/// (each is a snapshot, the next one says more).
+const PROGRESS_QUEUE: usize = 16;
 
 /// What the user is told when they denied a call (or interrupted the wait).
 const DENIED_BY_USER: &str = "denied by user: the user did not allow this tool call";
@@ -44,6 +50,28 @@ enum Verdict {
 }
 
 impl Session {
+    /// Takes in the changes of the session's tools (an MCP server's
+    /// `tools/list_changed`) before a model step, and records them.
+    pub(super) async fn refresh_tools(&mut self, turn: &Turn) -> Result<()> {
+        let before = self.tools.names();
+        if !self.tools.refresh().await {
+            return Ok(());
+        }
+        let tools = self.tools.names();
+        if tools == before {
+            return Ok(());
+        }
+        let added = tools.iter().filter(|name| !before.contains(name)).cloned().collect();
+        let removed = before.iter().filter(|name| !tools.contains(name)).cloned().collect();
+        let changed = turn.event(EventMsg::ToolsChanged(ToolsChangedEvent {
+            turn_id: turn.id().to_owned(),
+            tools,
+            added,
+            removed,
+        }));
+        self.recorder.append(vec![changed], None).await
+    }
+
     /// Decides, runs and records the tool calls of the turn's current step.
     pub(super) async fn tool_phase(&mut self, turn: &mut Turn, calls: &[ToolCall]) -> Result<ToolsEnd> {
         let mut verdicts: Vec<Verdict> = calls.iter().map(|call| self.verdict(turn, call)).collect();
@@ -184,20 +212,24 @@ impl Session {
         let mut running = FuturesOrdered::new();
         let mut interrupted: Option<Submission> = None;
         let mut control_open = true;
+        let (progress_sender, mut progress) = mpsc::channel(PROGRESS_QUEUE);
         for (call, verdict) in calls.iter().zip(verdicts) {
             self.record_started(turn, call).await?;
             match verdict {
                 Verdict::Refuse(reason) => {
                     running.push_back(futures::future::ready(ToolOutcome::error(reason.clone())).boxed())
                 }
-                _ => running.push_back(tools.run(call, &context).boxed()),
+                _ => {
+                    let sink = ProgressSink::new(call.call_id.clone(), progress_sender.clone());
+                    running.push_back(sink.scope(tools.run(call, &context)).boxed())
+                }
             }
             if together {
                 continue;
             }
             // In order: this call finishes (or is interrupted) before the next starts.
             let outcome = self
-                .next_outcome(turn, &mut running, &mut interrupted, &mut control_open)
+                .next_outcome(turn, &mut running, &mut progress, &mut interrupted, &mut control_open)
                 .await?;
             self.record_result(turn, call, outcome).await?;
             if interrupted.is_some() {
@@ -207,7 +239,7 @@ impl Session {
         if together {
             for call in calls {
                 let outcome = self
-                    .next_outcome(turn, &mut running, &mut interrupted, &mut control_open)
+                    .next_outcome(turn, &mut running, &mut progress, &mut interrupted, &mut control_open)
                     .await?;
                 self.record_result(turn, call, outcome).await?;
             }
@@ -241,6 +273,7 @@ impl Session {
         &mut self,
         turn: &Turn,
         running: &mut FuturesOrdered<futures::future::BoxFuture<'_, ToolOutcome>>,
+        progress: &mut mpsc::Receiver<ToolProgress>,
         interrupted: &mut Option<Submission>,
         control_open: &mut bool,
     ) -> Result<ToolOutcome> {
@@ -261,6 +294,18 @@ impl Session {
                     Some(submission) => reject_stray_control(&self.recorder, submission).await?,
                     None => *control_open = false,
                 },
+                // Before the outcomes: a call's reports, all sent before
+                // its answer, are recorded before its result.
+                Some(report) = progress.recv() => {
+                    let event = turn.event(EventMsg::ToolCallProgress(ToolCallProgressEvent {
+                        turn_id: turn.id().to_owned(),
+                        call_id: report.call_id,
+                        progress: report.progress,
+                        total: report.total,
+                        message: report.message.map(redact_owned),
+                    }));
+                    self.recorder.append(vec![event], None).await?;
+                }
                 outcome = running.next() => {
                     return Ok(outcome.unwrap_or_else(|| ToolOutcome::error("not run: the turn was interrupted")));
                 }

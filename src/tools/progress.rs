@@ -1,0 +1,86 @@
+//! Progress of a running tool call, reported while it runs.
+//!
+//! A tool that learns how far it got (an MCP server's
+//! `notifications/progress`) reports it to the [`ProgressSink`] of the call
+//! it serves, found with [`ProgressSink::current`]. The agent scopes each
+//! call's future with its own sink and records what arrives as
+//! `tool_call_progress` events. The sink is task-local rather than a field
+//! of [`ToolContext`](super::ToolContext) so tools stay ignorant of turns
+//! and events: a tool run outside a turn simply has no sink.
+
+use std::future::Future;
+
+use tokio::sync::mpsc;
+
+/// The longest progress message kept, in bytes; a server controls it, and
+/// it goes into the session's log.
+pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 1024;
+
+/// How far a running call got.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolProgress {
+    /// The call.
+    pub call_id: String,
+    /// The progress so far (it grows with each report).
+    pub progress: f64,
+    /// The total the progress goes up to, when known.
+    pub total: Option<f64>,
+    /// What the tool is doing, in its words.
+    pub message: Option<String>,
+}
+
+tokio::task_local! {
+    static SINK: ProgressSink;
+}
+
+/// Where one call's progress goes. Reports never wait: when the receiver
+/// lags, a report is dropped (the next one says more anyway).
+#[derive(Debug, Clone)]
+pub struct ProgressSink {
+    call_id: String,
+    sender: mpsc::Sender<ToolProgress>,
+}
+
+impl ProgressSink {
+    /// A sink for the call `call_id`, sending to `sender`.
+    pub fn new(call_id: impl Into<String>, sender: mpsc::Sender<ToolProgress>) -> Self {
+        Self {
+            call_id: call_id.into(),
+            sender,
+        }
+    }
+
+    /// Runs `future` (a call) with this sink as its current one.
+    pub fn scope<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
+        SINK.scope(self, future)
+    }
+
+    /// The sink of the call being run, if it has one.
+    pub fn current() -> Option<ProgressSink> {
+        SINK.try_with(Clone::clone).ok()
+    }
+
+    /// Reports progress; dropped if the receiver is gone or full.
+    pub fn report(&self, progress: f64, total: Option<f64>, message: Option<String>) {
+        let message = message.map(|mut text| {
+            if text.len() > MAX_PROGRESS_MESSAGE_BYTES {
+                let mut end = MAX_PROGRESS_MESSAGE_BYTES;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text.truncate(end);
+                text.push('…');
+            }
+            text
+        });
+        let report = ToolProgress {
+            call_id: self.call_id.clone(),
+            progress,
+            total,
+            message,
+        };
+        if let Err(error) = self.sender.try_send(report) {
+            tracing::debug!(call_id = %self.call_id, %error, "a progress report was dropped");
+        }
+    }
+}
