@@ -822,6 +822,26 @@ async fn the_tool_list_is_recorded_at_start_and_a_changed_list_reaches_the_next_
     );
 }
 
+#[tokio::test]
+async fn an_abandoned_call_is_cancelled_on_the_server() {
+    let marker = marker();
+    let server = start("fake", &fake("dynamic", &marker)).await;
+    let tools = tool_set(&server);
+    // An interrupted turn drops its calls' futures; so does this.
+    let abandoned = tokio::time::timeout(Duration::from_millis(300), run(&tools, "fake__hang", "{}")).await;
+    assert!(abandoned.is_err(), "{abandoned:?}");
+    let seen = std::env::temp_dir().join(format!("cancelled-{marker}"));
+    guard("the server sees the cancellation", async {
+        while !seen.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let _ = std::fs::remove_file(&seen);
+    assert_eq!(run(&tools, "fake__chatty", "{}").await, ok("said things"));
+    assert_eq!(server.starts(), 1);
+}
+
 /// A `tracing` writer into a shared buffer.
 #[derive(Clone, Default)]
 struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
@@ -971,6 +991,7 @@ const pages = [
 if (mode === "dynamic") {
   pages[2].push({ name: "grow", inputSchema: { type: "object", properties: {} } });
   pages[2].push({ name: "chatty", inputSchema: { type: "object", properties: {} } });
+  pages[2].push({ name: "hang", inputSchema: { type: "object", properties: {} } });
 }
 function call(id, name, args) {
   switch (name) {
@@ -981,6 +1002,8 @@ function call(id, name, args) {
       return reply(id, { content: [{ type: "text", text: "grew" }] });
     case "grown":
       return reply(id, { content: [{ type: "text", text: "grown here" }] });
+    case "hang":
+      return;
     case "chatty":
       send({ jsonrpc: "2.0", method: "notifications/message", params: { level: "warning", logger: "disk", data: "the disk is almost full" } });
       send({ jsonrpc: "2.0", method: "notifications/message", params: { level: "info", data: { cache: "warm" } } });
@@ -1012,6 +1035,10 @@ function call(id, name, args) {
   send({ jsonrpc: "2.0", id, error: { code: -32602, message: "no tool " + name } });
 }
 function handle(message) {
+  if (message.method === "notifications/cancelled") {
+    // Seen by the test, in the server's directory.
+    require("fs").writeFileSync("cancelled-" + process.argv[2], String(message.params.requestId));
+  }
   if (message.id === undefined) return;
   const { id, method, params } = message;
   if (mode === "silent") {
