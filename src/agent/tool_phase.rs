@@ -13,7 +13,6 @@
 
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
-use tokio::sync::mpsc;
 
 use super::session::Session;
 use super::turn::{Turn, interrupts, reject_stray_control};
@@ -24,11 +23,26 @@ use crate::protocol::{
     ToolCallCompletedEvent, ToolCallProgressEvent, ToolCallStartedEvent, ToolsChangedEvent, TranscriptItem,
 };
 use crate::provider::redact::redact_owned;
-use crate::tools::{ApprovalPolicy, ProgressSink, ToolContext, ToolOutcome, ToolProgress};
+use crate::tools::{ApprovalPolicy, ProgressBoard, ProgressSink, ToolContext, ToolOutcome, ToolProgress};
 
-/// Progress reports waiting to be recorded; past this, reports are dropped
-/// (each is a snapshot, the next one says more).
-const PROGRESS_QUEUE: usize = 16;
+/// The least time between two recordings of progress: a server reporting
+/// every millisecond must not fill the log. What arrives meanwhile is
+/// coalesced to each call's latest report.
+const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The progress reports of a step's calls, and when they may next be recorded.
+struct ProgressFeed {
+    board: std::sync::Arc<ProgressBoard>,
+    next_at: tokio::time::Instant,
+}
+
+impl ProgressFeed {
+    /// Resolves when reports may be recorded and there are some.
+    async fn ready(&self) {
+        tokio::time::sleep_until(self.next_at).await;
+        self.board.changed().await;
+    }
+}
 
 /// What the user is told when they denied a call (or interrupted the wait).
 const DENIED_BY_USER: &str = "denied by user: the user did not allow this tool call";
@@ -212,7 +226,10 @@ impl Session {
         let mut running = FuturesOrdered::new();
         let mut interrupted: Option<Submission> = None;
         let mut control_open = true;
-        let (progress_sender, mut progress) = mpsc::channel(PROGRESS_QUEUE);
+        let mut progress = ProgressFeed {
+            board: ProgressBoard::new(),
+            next_at: tokio::time::Instant::now(),
+        };
         for (call, verdict) in calls.iter().zip(verdicts) {
             self.record_started(turn, call).await?;
             match verdict {
@@ -220,7 +237,7 @@ impl Session {
                     running.push_back(futures::future::ready(ToolOutcome::error(reason.clone())).boxed())
                 }
                 _ => {
-                    let sink = ProgressSink::new(call.call_id.clone(), progress_sender.clone());
+                    let sink = ProgressSink::new(call.call_id.clone(), std::sync::Arc::clone(&progress.board));
                     running.push_back(sink.scope(tools.run(call, &context)).boxed())
                 }
             }
@@ -273,7 +290,7 @@ impl Session {
         &mut self,
         turn: &Turn,
         running: &mut FuturesOrdered<futures::future::BoxFuture<'_, ToolOutcome>>,
-        progress: &mut mpsc::Receiver<ToolProgress>,
+        progress: &mut ProgressFeed,
         interrupted: &mut Option<Submission>,
         control_open: &mut bool,
     ) -> Result<ToolOutcome> {
@@ -294,23 +311,37 @@ impl Session {
                     Some(submission) => reject_stray_control(&self.recorder, submission).await?,
                     None => *control_open = false,
                 },
-                // Before the outcomes: a call's reports, all sent before
-                // its answer, are recorded before its result.
-                Some(report) = progress.recv() => {
-                    let event = turn.event(EventMsg::ToolCallProgress(ToolCallProgressEvent {
-                        turn_id: turn.id().to_owned(),
-                        call_id: report.call_id,
-                        progress: report.progress,
-                        total: report.total,
-                        message: report.message.map(redact_owned),
-                    }));
-                    self.recorder.append(vec![event], None).await?;
+                () = progress.ready() => {
+                    self.record_progress(turn, progress.board.take()).await?;
+                    progress.next_at = tokio::time::Instant::now() + PROGRESS_INTERVAL;
                 }
                 outcome = running.next() => {
+                    // A call's last report goes before its result.
+                    self.record_progress(turn, progress.board.take()).await?;
                     return Ok(outcome.unwrap_or_else(|| ToolOutcome::error("not run: the turn was interrupted")));
                 }
             }
         }
+    }
+
+    /// Records progress reports as `tool_call_progress` events.
+    async fn record_progress(&mut self, turn: &Turn, reports: Vec<ToolProgress>) -> Result<()> {
+        if reports.is_empty() {
+            return Ok(());
+        }
+        let events = reports
+            .into_iter()
+            .map(|report| {
+                turn.event(EventMsg::ToolCallProgress(ToolCallProgressEvent {
+                    turn_id: turn.id().to_owned(),
+                    call_id: report.call_id,
+                    progress: report.progress,
+                    total: report.total,
+                    message: report.message.map(redact_owned),
+                }))
+            })
+            .collect();
+        self.recorder.append(events, None).await
     }
 
     /// Records that `call` starts, durably, before it runs: a restart then

@@ -291,8 +291,8 @@ pub struct ToolCallCompletedEvent {
     pub is_error: bool,
 }
 
-/// Payload of [`EventMsg::ToolCallProgress`]. Progress is a snapshot:
-/// reports a slow reader cannot keep up with are dropped.
+/// Payload of [`EventMsg::ToolCallProgress`]. Reports are coalesced: a
+/// call's latest at most every 100 ms, and its last before its result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCallProgressEvent {
     /// The turn.

@@ -23,7 +23,7 @@ use futures::FutureExt;
 
 pub use self::approval::{ApprovalPolicy, ApprovalRules};
 pub use self::clock::Clock;
-pub use self::progress::{MAX_PROGRESS_MESSAGE_BYTES, ProgressSink, ToolProgress};
+pub use self::progress::{MAX_PROGRESS_MESSAGE_BYTES, ProgressBoard, ProgressSink, ToolProgress};
 pub use self::session::{SessionTools, session_tools};
 use crate::model::{BoxFuture, ToolCall, ToolSpec};
 

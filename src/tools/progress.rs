@@ -4,13 +4,17 @@
 //! `notifications/progress`) reports it to the [`ProgressSink`] of the call
 //! it serves, found with [`ProgressSink::current`]. The agent scopes each
 //! call's future with its own sink and records what arrives as
-//! `tool_call_progress` events. The sink is task-local rather than a field
+//! `tool_call_progress` events: the latest report of each call, at most
+//! one batch per interval, and the last one before the call's result. The
+//! sink is task-local rather than a field
 //! of [`ToolContext`](super::ToolContext) so tools stay ignorant of turns
 //! and events: a tool run outside a turn simply has no sink.
 
+use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 /// The longest progress message kept, in bytes; a server controls it, and
 /// it goes into the session's log.
@@ -33,20 +37,48 @@ tokio::task_local! {
     static SINK: ProgressSink;
 }
 
-/// Where one call's progress goes. Reports never wait: when the receiver
-/// lags, a report is dropped (the next one says more anyway).
+/// The latest progress of each running call of a step: a report replaces
+/// the one before it, so a reader that lags reads the newest, never a
+/// backlog.
+#[derive(Debug, Default)]
+pub struct ProgressBoard {
+    latest: Mutex<BTreeMap<String, ToolProgress>>,
+    changed: Notify,
+}
+
+impl ProgressBoard {
+    /// An empty board.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Waits until a report arrived since the last [`Self::take`] (or the
+    /// last wait).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// The reports not taken yet, one per call (the latest), by call id.
+    pub fn take(&self) -> Vec<ToolProgress> {
+        std::mem::take(&mut *self.latest.lock().unwrap_or_else(PoisonError::into_inner))
+            .into_values()
+            .collect()
+    }
+}
+
+/// Where one call's progress goes. Reports never wait.
 #[derive(Debug, Clone)]
 pub struct ProgressSink {
     call_id: String,
-    sender: mpsc::Sender<ToolProgress>,
+    board: Arc<ProgressBoard>,
 }
 
 impl ProgressSink {
-    /// A sink for the call `call_id`, sending to `sender`.
-    pub fn new(call_id: impl Into<String>, sender: mpsc::Sender<ToolProgress>) -> Self {
+    /// A sink for the call `call_id`, posting to `board`.
+    pub fn new(call_id: impl Into<String>, board: Arc<ProgressBoard>) -> Self {
         Self {
             call_id: call_id.into(),
-            sender,
+            board,
         }
     }
 
@@ -60,7 +92,7 @@ impl ProgressSink {
         SINK.try_with(Clone::clone).ok()
     }
 
-    /// Reports progress; dropped if the receiver is gone or full.
+    /// Reports progress, replacing the call's report not taken yet.
     pub fn report(&self, progress: f64, total: Option<f64>, message: Option<String>) {
         let message = message.map(|mut text| {
             if text.len() > MAX_PROGRESS_MESSAGE_BYTES {
@@ -79,8 +111,11 @@ impl ProgressSink {
             total,
             message,
         };
-        if let Err(error) = self.sender.try_send(report) {
-            tracing::debug!(call_id = %self.call_id, %error, "a progress report was dropped");
-        }
+        self.board
+            .latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(self.call_id.clone(), report);
+        self.board.changed.notify_one();
     }
 }

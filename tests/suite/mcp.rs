@@ -842,6 +842,38 @@ async fn an_abandoned_call_is_cancelled_on_the_server() {
     assert_eq!(server.starts(), 1);
 }
 
+#[tokio::test]
+async fn a_flood_of_progress_is_coalesced_and_its_last_report_comes_before_the_result() {
+    let db = TestDb::new();
+    let tools = session_set(&db, "fake", fake("dynamic", &marker())).await;
+    let flood = ToolCall {
+        call_id: "flood-1".into(),
+        name: "fake__flood".into(),
+        arguments: "{}".into(),
+    };
+    let (events, _) = agent_turn(&db, tools, vec![flood]).await;
+    assert_eq!(
+        tool_results(&events),
+        [("flood-1".to_owned(), "flooded".to_owned(), false)]
+    );
+    let progress = payloads(&events, "tool_call_progress");
+    // 2000 reports in a few milliseconds: a handful of events.
+    assert!(
+        !progress.is_empty() && progress.len() <= 20,
+        "{} events",
+        progress.len()
+    );
+    let last = progress.last().expect("progress");
+    assert_eq!(last["progress"], 2000.0, "{last}");
+    assert_eq!(last["message"], "step 2000", "{last}");
+    let kinds = kinds(&events);
+    let at = kinds
+        .iter()
+        .rposition(|kind| *kind == "tool_call_progress")
+        .expect("progress");
+    assert_eq!(kinds[at + 1], "tool_call_completed", "{kinds:?}");
+}
+
 /// A `tracing` writer into a shared buffer.
 #[derive(Clone, Default)]
 struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
@@ -992,9 +1024,15 @@ if (mode === "dynamic") {
   pages[2].push({ name: "grow", inputSchema: { type: "object", properties: {} } });
   pages[2].push({ name: "chatty", inputSchema: { type: "object", properties: {} } });
   pages[2].push({ name: "hang", inputSchema: { type: "object", properties: {} } });
+  pages[2].push({ name: "flood", inputSchema: { type: "object", properties: {} } });
 }
-function call(id, name, args) {
+function call(id, name, args, token) {
   switch (name) {
+    case "flood":
+      for (let step = 1; step <= 2000; step++) {
+        send({ jsonrpc: "2.0", method: "notifications/progress", params: { progressToken: token, progress: step, total: 2000, message: "step " + step } });
+      }
+      return reply(id, { content: [{ type: "text", text: "flooded" }] });
     case "grow":
       // A new tool, announced before the answer, as servers do.
       pages[2].push({ name: "grown", description: "Grew at run time.", inputSchema: { type: "object", properties: {} } });
@@ -1056,7 +1094,7 @@ function handle(message) {
       return reply(id, page + 1 < pages.length ? { tools: pages[page], nextCursor: String(page + 1) } : { tools: pages[page] });
     }
     case "tools/call":
-      return call(id, params.name, params.arguments || {});
+      return call(id, params.name, params.arguments || {}, params._meta && params._meta.progressToken);
   }
   send({ jsonrpc: "2.0", id, error: { code: -32601, message: "no method " + method } });
 }
