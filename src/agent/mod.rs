@@ -268,6 +268,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
                 .map(|turn| turn.awaiting_approval.clone())
                 .unwrap_or_default(),
             sandbox: sandbox.clone(),
+            tools: tools.names(),
         }),
     }];
     startup.extend(startup_warnings.iter().map(|message| Event {

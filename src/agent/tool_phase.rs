@@ -8,7 +8,8 @@
 //! Then the calls run: all at once when every one of them is parallel safe,
 //! otherwise in order. Each call is durable (`tool_call_started`) before it
 //! runs; its result is recorded with the history it joins, in the order of
-//! the calls, whatever order they finish in.
+//! the calls, whatever order they finish in. While they run, the progress
+//! they report is recorded as `tool_call_progress` events.
 
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
@@ -19,10 +20,29 @@ use crate::Result;
 use crate::model::ToolCall;
 use crate::protocol::{
     ApprovalDecidedEvent, ApprovalDecision, ApprovalRequestedEvent, Event, EventMsg, Op, Submission,
-    ToolCallCompletedEvent, ToolCallStartedEvent, TranscriptItem,
+    ToolCallCompletedEvent, ToolCallProgressEvent, ToolCallStartedEvent, ToolsChangedEvent, TranscriptItem,
 };
 use crate::provider::redact::redact_owned;
-use crate::tools::{ApprovalPolicy, ToolContext, ToolOutcome};
+use crate::tools::{ApprovalPolicy, ProgressBoard, ProgressSink, ToolContext, ToolOutcome, ToolProgress};
+
+/// The least time between two recordings of progress: a server reporting
+/// every millisecond must not fill the log. What arrives meanwhile is
+/// coalesced to each call's latest report.
+const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The progress reports of a step's calls, and when they may next be recorded.
+struct ProgressFeed {
+    board: std::sync::Arc<ProgressBoard>,
+    next_at: tokio::time::Instant,
+}
+
+impl ProgressFeed {
+    /// Resolves when reports may be recorded and there are some.
+    async fn ready(&self) {
+        tokio::time::sleep_until(self.next_at).await;
+        self.board.changed().await;
+    }
+}
 
 /// What the user is told when they denied a call (or interrupted the wait).
 const DENIED_BY_USER: &str = "denied by user: the user did not allow this tool call";
@@ -44,6 +64,28 @@ enum Verdict {
 }
 
 impl Session {
+    /// Takes in the changes of the session's tools (an MCP server's
+    /// `tools/list_changed`) before a model step, and records them.
+    pub(super) async fn refresh_tools(&mut self, turn: &Turn) -> Result<()> {
+        let before = self.tools.names();
+        if !self.tools.refresh().await {
+            return Ok(());
+        }
+        let tools = self.tools.names();
+        if tools == before {
+            return Ok(());
+        }
+        let added = tools.iter().filter(|name| !before.contains(name)).cloned().collect();
+        let removed = before.iter().filter(|name| !tools.contains(name)).cloned().collect();
+        let changed = turn.event(EventMsg::ToolsChanged(ToolsChangedEvent {
+            turn_id: turn.id().to_owned(),
+            tools,
+            added,
+            removed,
+        }));
+        self.recorder.append(vec![changed], None).await
+    }
+
     /// Decides, runs and records the tool calls of the turn's current step.
     pub(super) async fn tool_phase(&mut self, turn: &mut Turn, calls: &[ToolCall]) -> Result<ToolsEnd> {
         let mut verdicts: Vec<Verdict> = calls.iter().map(|call| self.verdict(turn, call)).collect();
@@ -184,20 +226,27 @@ impl Session {
         let mut running = FuturesOrdered::new();
         let mut interrupted: Option<Submission> = None;
         let mut control_open = true;
+        let mut progress = ProgressFeed {
+            board: ProgressBoard::new(),
+            next_at: tokio::time::Instant::now(),
+        };
         for (call, verdict) in calls.iter().zip(verdicts) {
             self.record_started(turn, call).await?;
             match verdict {
                 Verdict::Refuse(reason) => {
                     running.push_back(futures::future::ready(ToolOutcome::error(reason.clone())).boxed())
                 }
-                _ => running.push_back(tools.run(call, &context).boxed()),
+                _ => {
+                    let sink = ProgressSink::new(call.call_id.clone(), std::sync::Arc::clone(&progress.board));
+                    running.push_back(sink.scope(tools.run(call, &context)).boxed())
+                }
             }
             if together {
                 continue;
             }
             // In order: this call finishes (or is interrupted) before the next starts.
             let outcome = self
-                .next_outcome(turn, &mut running, &mut interrupted, &mut control_open)
+                .next_outcome(turn, &mut running, &mut progress, &mut interrupted, &mut control_open)
                 .await?;
             self.record_result(turn, call, outcome).await?;
             if interrupted.is_some() {
@@ -207,7 +256,7 @@ impl Session {
         if together {
             for call in calls {
                 let outcome = self
-                    .next_outcome(turn, &mut running, &mut interrupted, &mut control_open)
+                    .next_outcome(turn, &mut running, &mut progress, &mut interrupted, &mut control_open)
                     .await?;
                 self.record_result(turn, call, outcome).await?;
             }
@@ -241,6 +290,7 @@ impl Session {
         &mut self,
         turn: &Turn,
         running: &mut FuturesOrdered<futures::future::BoxFuture<'_, ToolOutcome>>,
+        progress: &mut ProgressFeed,
         interrupted: &mut Option<Submission>,
         control_open: &mut bool,
     ) -> Result<ToolOutcome> {
@@ -261,11 +311,37 @@ impl Session {
                     Some(submission) => reject_stray_control(&self.recorder, submission).await?,
                     None => *control_open = false,
                 },
+                () = progress.ready() => {
+                    self.record_progress(turn, progress.board.take()).await?;
+                    progress.next_at = tokio::time::Instant::now() + PROGRESS_INTERVAL;
+                }
                 outcome = running.next() => {
+                    // A call's last report goes before its result.
+                    self.record_progress(turn, progress.board.take()).await?;
                     return Ok(outcome.unwrap_or_else(|| ToolOutcome::error("not run: the turn was interrupted")));
                 }
             }
         }
+    }
+
+    /// Records progress reports as `tool_call_progress` events.
+    async fn record_progress(&mut self, turn: &Turn, reports: Vec<ToolProgress>) -> Result<()> {
+        if reports.is_empty() {
+            return Ok(());
+        }
+        let events = reports
+            .into_iter()
+            .map(|report| {
+                turn.event(EventMsg::ToolCallProgress(ToolCallProgressEvent {
+                    turn_id: turn.id().to_owned(),
+                    call_id: report.call_id,
+                    progress: report.progress,
+                    total: report.total,
+                    message: report.message.map(redact_owned),
+                }))
+            })
+            .collect();
+        self.recorder.append(events, None).await
     }
 
     /// Records that `call` starts, durably, before it runs: a restart then

@@ -223,6 +223,7 @@ impl Session {
     /// Calls the model once, streaming into a fresh sink, while watching for
     /// interrupts, flush deadlines and recorder congestion.
     async fn model_step(&mut self, turn: &Turn, step: u32) -> Result<(StepEnd, ClosedStream)> {
+        self.refresh_tools(turn).await?;
         let call_index = self.checkpoint.model_calls;
         self.checkpoint.model_calls += 1;
         let started = turn.event(EventMsg::ModelStepStarted(ModelStepStartedEvent {

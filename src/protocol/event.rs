@@ -69,6 +69,11 @@ pub enum EventMsg {
     ToolCallStarted(ToolCallStartedEvent),
     /// A tool call finished (or failed); its result goes back to the model.
     ToolCallCompleted(ToolCallCompletedEvent),
+    /// A running tool call reported how far it got (an MCP server's progress).
+    ToolCallProgress(ToolCallProgressEvent),
+    /// The tools offered to the model changed (an MCP server's
+    /// `tools/list_changed`); the next model step gets the new list.
+    ToolsChanged(ToolsChangedEvent),
     /// Tokens a model step used, and the session's totals.
     TokenUsage(TokenUsageEvent),
     /// The turn ended normally.
@@ -103,6 +108,8 @@ impl EventMsg {
             EventMsg::ApprovalDecided(_) => "approval_decided",
             EventMsg::ToolCallStarted(_) => "tool_call_started",
             EventMsg::ToolCallCompleted(_) => "tool_call_completed",
+            EventMsg::ToolCallProgress(_) => "tool_call_progress",
+            EventMsg::ToolsChanged(_) => "tools_changed",
             EventMsg::TokenUsage(_) => "token_usage",
             EventMsg::TurnComplete(_) => "turn_complete",
             EventMsg::TurnAborted(_) => "turn_aborted",
@@ -127,6 +134,8 @@ impl EventMsg {
             EventMsg::ApprovalDecided(e) => Some(&e.turn_id),
             EventMsg::ToolCallStarted(e) => Some(&e.turn_id),
             EventMsg::ToolCallCompleted(e) => Some(&e.turn_id),
+            EventMsg::ToolCallProgress(e) => Some(&e.turn_id),
+            EventMsg::ToolsChanged(e) => Some(&e.turn_id),
             EventMsg::TokenUsage(e) => Some(&e.turn_id),
             EventMsg::TurnComplete(e) => Some(&e.turn_id),
             EventMsg::TurnAborted(e) => Some(&e.turn_id),
@@ -164,6 +173,11 @@ pub struct SessionStartedEvent {
     /// shell tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxInfo>,
+    /// The names of the tools offered to the model, sorted (absent when
+    /// there are none, and in logs written before it was recorded); a
+    /// `tools_changed` event says when they change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<String>,
 }
 
 /// The sandbox a session's shell commands run under, as recorded in
@@ -275,6 +289,37 @@ pub struct ToolCallCompletedEvent {
     pub output: String,
     /// Whether the call failed.
     pub is_error: bool,
+}
+
+/// Payload of [`EventMsg::ToolCallProgress`]. Reports are coalesced: a
+/// call's latest at most every 100 ms, and its last before its result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallProgressEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// The running call.
+    pub call_id: String,
+    /// The progress so far; it grows with each report.
+    pub progress: f64,
+    /// The total it goes up to, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+    /// What the tool is doing, in its words (at most 1 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Payload of [`EventMsg::ToolsChanged`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolsChangedEvent {
+    /// The turn whose next model step sees the change.
+    pub turn_id: String,
+    /// The names of the tools now offered, sorted.
+    pub tools: Vec<String>,
+    /// The names that came.
+    pub added: Vec<String>,
+    /// The names that went.
+    pub removed: Vec<String>,
 }
 
 /// Payload of [`EventMsg::TokenUsage`].

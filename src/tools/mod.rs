@@ -10,6 +10,7 @@
 mod approval;
 mod clock;
 pub mod mcp;
+mod progress;
 mod session;
 pub mod workspace;
 
@@ -22,6 +23,7 @@ use futures::FutureExt;
 
 pub use self::approval::{ApprovalPolicy, ApprovalRules};
 pub use self::clock::Clock;
+pub use self::progress::{MAX_PROGRESS_MESSAGE_BYTES, ProgressBoard, ProgressSink, ToolProgress};
 pub use self::session::{SessionTools, session_tools};
 use crate::model::{BoxFuture, ToolCall, ToolSpec};
 
@@ -104,10 +106,30 @@ struct Registered {
     validator: Option<Arc<jsonschema::Validator>>,
 }
 
+/// Tools that may change while a session runs: an MCP server's, which says
+/// so with `tools/list_changed`. A [`ToolSet`] watching a source takes its
+/// changes in at [`ToolSet::refresh`].
+pub trait ToolSource: Send + Sync {
+    /// The source's tools now.
+    fn tools(&self) -> Vec<Arc<dyn Tool>>;
+
+    /// Reads the list again if the source said it changed; whether the
+    /// tools differ from what [`Self::tools`] gave before.
+    fn refresh(&self) -> BoxFuture<'_, bool>;
+}
+
+/// A watched source and the names its tools have in the set.
+#[derive(Clone)]
+struct Watched {
+    source: Arc<dyn ToolSource>,
+    names: Vec<String>,
+}
+
 /// The tools offered to a session's model, by name.
 #[derive(Clone, Default)]
 pub struct ToolSet {
     tools: BTreeMap<String, Registered>,
+    sources: Vec<Watched>,
 }
 
 impl std::fmt::Debug for ToolSet {
@@ -140,6 +162,51 @@ impl ToolSet {
             }
         };
         self.tools.insert(spec.name, Registered { tool, validator });
+    }
+
+    /// Adds the tools of `source` (a name already taken keeps its tool) and
+    /// watches it: [`Self::refresh`] takes its changes in.
+    pub fn add_source(&mut self, source: Arc<dyn ToolSource>) {
+        let names = self.add_new(source.tools());
+        self.sources.push(Watched { source, names });
+    }
+
+    /// Takes in the changes of the watched sources (see [`ToolSource`]);
+    /// whether the tools offered changed.
+    pub async fn refresh(&mut self) -> bool {
+        let mut changed = false;
+        for index in 0..self.sources.len() {
+            let source = Arc::clone(&self.sources[index].source);
+            if !source.refresh().await {
+                continue;
+            }
+            for name in std::mem::take(&mut self.sources[index].names) {
+                self.tools.remove(&name);
+            }
+            self.sources[index].names = self.add_new(source.tools());
+            changed = true;
+        }
+        changed
+    }
+
+    /// Adds the tools whose names are free; their names.
+    fn add_new(&mut self, tools: Vec<Arc<dyn Tool>>) -> Vec<String> {
+        let mut names = Vec::with_capacity(tools.len());
+        for tool in tools {
+            let name = tool.spec().name;
+            if self.tools.contains_key(&name) {
+                tracing::warn!(tool = %name, "another tool has this name; this one is left out");
+                continue;
+            }
+            self.add(tool);
+            names.push(name);
+        }
+        names
+    }
+
+    /// The names of the tools, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
     }
 
     /// The tool called `name`.

@@ -69,8 +69,9 @@ pub async fn session_tools(
     for error in servers.failures() {
         warnings.push(format!("the MCP server '{}' was left out: {error}", error.server()));
     }
-    for tool in servers.tools() {
-        set.add(tool);
+    // Watched, so a server's changed tool list reaches the model.
+    for server in servers.servers() {
+        set.add_source(server.tool_source());
     }
     SessionTools {
         tools: set,

@@ -105,6 +105,7 @@ async fn plain_turn_records_every_step_in_order_and_stores_what_it_delivers() {
             history_items: 0,
             pending_approvals: vec![],
             sandbox: None,
+            tools: vec![],
         })
     );
 
@@ -630,6 +631,7 @@ async fn reopening_a_session_closes_the_turn_left_in_flight_and_restores_history
             history_items: 1,
             pending_approvals: vec![],
             sandbox: None,
+            tools: vec![],
         })
     );
     assert_eq!(second_run[0].sequence, first_run.last().expect("events").sequence + 1);
@@ -1037,6 +1039,7 @@ fn every_event_kind_is_its_wire_type() {
             history_items: 0,
             pending_approvals: vec![],
             sandbox: None,
+            tools: vec![],
         }),
         EventMsg::TurnStarted(TurnStartedEvent { turn_id: turn_id() }),
         EventMsg::UserMessage(UserMessageEvent {
@@ -1070,6 +1073,19 @@ fn every_event_kind_is_its_wire_type() {
         }),
         EventMsg::SubmissionRejected(SubmissionRejectedEvent { reason: "r".to_owned() }),
         EventMsg::ShutdownComplete(ShutdownCompleteEvent {}),
+        EventMsg::ToolCallProgress(ToolCallProgressEvent {
+            turn_id: turn_id(),
+            call_id: "c".to_owned(),
+            progress: 2.0,
+            total: Some(4.0),
+            message: None,
+        }),
+        EventMsg::ToolsChanged(ToolsChangedEvent {
+            turn_id: turn_id(),
+            tools: vec!["a".to_owned()],
+            added: vec!["a".to_owned()],
+            removed: vec![],
+        }),
     ];
     let mut seen = std::collections::BTreeSet::new();
     for msg in &all {
@@ -1078,7 +1094,7 @@ fn every_event_kind_is_its_wire_type() {
         assert_eq!(&serde_json::from_value::<EventMsg>(value).expect("parse"), msg);
         assert!(seen.insert(msg.kind()), "duplicate kind {}", msg.kind());
     }
-    assert_eq!(seen.len(), 12);
+    assert_eq!(seen.len(), 14);
 
     for (reason, wire) in [
         (AbortReason::Interrupted, "interrupted"),

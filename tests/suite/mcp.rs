@@ -780,6 +780,264 @@ async fn an_agent_turn_calls_an_mcp_tool_and_records_its_result() {
     shutdown(agent).await;
 }
 
+/// The agent with `tools`, a scripted model running `calls` (one step
+/// each, then a last answer) and the everything server's timeout; returns
+/// the events of one turn and what the model was given at each step.
+async fn agent_turn(db: &TestDb, tools: ToolSet, calls: Vec<ToolCall>) -> (Vec<RecordedEvent>, Vec<Vec<String>>) {
+    let store = db.open();
+    let calls = Arc::new(calls);
+    let model = TestModel::new(move |call| {
+        let calls = Arc::clone(&calls);
+        Box::pin(async move {
+            if let Some(next) = usize::try_from(call.call_index).ok().and_then(|index| calls.get(index)) {
+                return Ok(ModelOutput::default().with_tool_calls(vec![next.clone()]));
+            }
+            (call.sink)(ModelEvent::TextDelta("done".into()))?;
+            Ok(ModelOutput::text("done"))
+        })
+    });
+    let store_dyn: Arc<dyn CheckpointStore> = store.clone();
+    let model_dyn: Arc<dyn Model> = model.clone();
+    let mut config = AgentConfig::new("mcp-notices", store_dyn, model_dyn);
+    config.workspace = db.workspace().to_path_buf();
+    config.streaming = StreamingOptions::per_delta();
+    config.tools = tools;
+    config.approvals = keel::tools::ApprovalRules::auto();
+    let mut agent = start_with(config).await;
+    agent.sender().submit(user("go")).expect("submit");
+    let mut events = vec![next(&mut agent).await];
+    events.extend(read_turn(&mut agent).await);
+    shutdown(agent).await;
+    let seen = model.seen().into_iter().map(|request| request.tools).collect();
+    (events, seen)
+}
+
+/// The payloads of the events of `kind`, as JSON.
+fn payloads(events: &[RecordedEvent], kind: &str) -> Vec<serde_json::Value> {
+    events
+        .iter()
+        .filter(|event| event.msg.kind() == kind)
+        .map(|event| serde_json::to_value(&event.msg).expect("serialize"))
+        .collect()
+}
+
+/// A session's tools as `keel run` and `keel serve` assemble them, with
+/// `server` as the MCP server `name` and no built-in tools.
+async fn session_set(db: &TestDb, name: &str, server: McpServerConfig) -> ToolSet {
+    let config: KeelConfig = toml::from_str("[tools]\nbuiltin = false\n").expect("config");
+    let mut mcp = McpConfig::default();
+    mcp.servers.insert(name.into(), server);
+    let built = guard(
+        "session_tools",
+        keel::tools::session_tools(&config.tools, &mcp, db.workspace(), None),
+    )
+    .await;
+    assert!(built.warnings.is_empty(), "{:?}", built.warnings);
+    built.tools
+}
+
+#[tokio::test]
+async fn progress_is_recorded_as_events_and_keeps_a_long_call_alive_past_its_timeout() {
+    let db = TestDb::new();
+    let mut server = everything(&marker());
+    // The thing under test: the call takes 3 s, the timeout is 1 s, and the
+    // server reports progress every half second.
+    server.timeout = Duration::from_secs(1);
+    let tools = session_set(&db, "everything", server).await;
+    let call = ToolCall {
+        call_id: "long-1".into(),
+        name: "everything__trigger-long-running-operation".into(),
+        arguments: r#"{"duration": 3, "steps": 6}"#.into(),
+    };
+    let (events, _) = agent_turn(&db, tools, vec![call]).await;
+    assert_eq!(
+        tool_results(&events),
+        [(
+            "long-1".to_owned(),
+            "Long running operation completed. Duration: 3 seconds, Steps: 6.".to_owned(),
+            false
+        )],
+        "{:?}",
+        kinds(&events)
+    );
+    let progress = payloads(&events, "tool_call_progress");
+    let steps: Vec<f64> = progress
+        .iter()
+        .map(|event| {
+            assert_eq!(event["call_id"], "long-1", "{event}");
+            assert_eq!(event["total"], 6.0, "{event}");
+            event["progress"].as_f64().expect("progress")
+        })
+        .collect();
+    assert_eq!(steps, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    // Each report lies between the call's start and its result.
+    let kinds = kinds(&events);
+    let first = kinds
+        .iter()
+        .position(|kind| *kind == "tool_call_progress")
+        .expect("progress");
+    let last = kinds
+        .iter()
+        .rposition(|kind| *kind == "tool_call_progress")
+        .expect("progress");
+    assert_eq!(kinds[first - 1], "tool_call_started", "{kinds:?}");
+    assert_eq!(kinds[last + 1], "tool_call_completed", "{kinds:?}");
+}
+
+#[tokio::test]
+async fn the_tool_list_is_recorded_at_start_and_a_changed_list_reaches_the_next_model_step() {
+    let db = TestDb::new();
+    let tools = session_set(&db, "fake", fake("dynamic", &marker())).await;
+    let grow = ToolCall {
+        call_id: "grow-1".into(),
+        name: "fake__grow".into(),
+        arguments: "{}".into(),
+    };
+    let grown = ToolCall {
+        call_id: "grown-1".into(),
+        name: "fake__grown".into(),
+        arguments: "{}".into(),
+    };
+    let (events, seen) = agent_turn(&db, tools, vec![grow, grown]).await;
+
+    let started = serde_json::to_value(&events[0].msg).expect("serialize");
+    assert_eq!(started["type"], "session_started");
+    let at_start = started["tools"].as_array().expect("the tools at start").clone();
+    assert!(at_start.contains(&"fake__grow".into()), "{at_start:?}");
+    assert!(!at_start.contains(&"fake__grown".into()), "{at_start:?}");
+    assert!(!seen[0].contains(&"fake__grown".to_owned()), "{:?}", seen[0]);
+
+    let changed = payloads(&events, "tools_changed");
+    assert_eq!(changed.len(), 1, "{:?}", kinds(&events));
+    assert_eq!(changed[0]["added"], serde_json::json!(["fake__grown"]));
+    assert_eq!(changed[0]["removed"], serde_json::json!([]));
+    let mut now = at_start.clone();
+    now.push("fake__grown".into());
+    now.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+    assert_eq!(changed[0]["tools"], serde_json::Value::Array(now));
+    // Recorded before the step that sees it, which can call the new tool.
+    let kinds = kinds(&events);
+    let at = kinds
+        .iter()
+        .position(|kind| *kind == "tools_changed")
+        .expect("tools_changed");
+    assert_eq!(kinds[at + 1], "model_step_started", "{kinds:?}");
+    assert!(seen[1].contains(&"fake__grown".to_owned()), "{:?}", seen[1]);
+    assert_eq!(
+        tool_results(&events),
+        [
+            ("grow-1".to_owned(), "grew".to_owned(), false),
+            ("grown-1".to_owned(), "grown here".to_owned(), false),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn an_abandoned_call_is_cancelled_on_the_server() {
+    let marker = marker();
+    let server = start("fake", &fake("dynamic", &marker)).await;
+    let tools = tool_set(&server);
+    // An interrupted turn drops its calls' futures; so does this.
+    let abandoned = tokio::time::timeout(Duration::from_millis(300), run(&tools, "fake__hang", "{}")).await;
+    assert!(abandoned.is_err(), "{abandoned:?}");
+    let seen = std::env::temp_dir().join(format!("cancelled-{marker}"));
+    guard("the server sees the cancellation", async {
+        while !seen.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let _ = std::fs::remove_file(&seen);
+    assert_eq!(run(&tools, "fake__chatty", "{}").await, ok("said things"));
+    assert_eq!(server.starts(), 1);
+}
+
+#[tokio::test]
+async fn a_flood_of_progress_is_coalesced_and_its_last_report_comes_before_the_result() {
+    let db = TestDb::new();
+    let tools = session_set(&db, "fake", fake("dynamic", &marker())).await;
+    let flood = ToolCall {
+        call_id: "flood-1".into(),
+        name: "fake__flood".into(),
+        arguments: "{}".into(),
+    };
+    let (events, _) = agent_turn(&db, tools, vec![flood]).await;
+    assert_eq!(
+        tool_results(&events),
+        [("flood-1".to_owned(), "flooded".to_owned(), false)]
+    );
+    let progress = payloads(&events, "tool_call_progress");
+    // 2000 reports in a few milliseconds: a handful of events.
+    assert!(
+        !progress.is_empty() && progress.len() <= 20,
+        "{} events",
+        progress.len()
+    );
+    let last = progress.last().expect("progress");
+    assert_eq!(last["progress"], 2000.0, "{last}");
+    assert_eq!(last["message"], "step 2000", "{last}");
+    let kinds = kinds(&events);
+    let at = kinds
+        .iter()
+        .rposition(|kind| *kind == "tool_call_progress")
+        .expect("progress");
+    assert_eq!(kinds[at + 1], "tool_call_completed", "{kinds:?}");
+}
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("buffer").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn server_log_messages_are_logged_through_tracing_with_the_server_name() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    // This test's runtime has one thread: the client's tasks log here.
+    let _default = tracing::subscriber::set_default(subscriber);
+    let server = start("fake", &fake("dynamic", &marker())).await;
+    let tools = tool_set(&server);
+    assert_eq!(run(&tools, "fake__chatty", "{}").await, ok("said things"));
+    let logged = guard("the log lines", async {
+        loop {
+            let text = String::from_utf8_lossy(&captured.0.lock().expect("buffer")).into_owned();
+            if text.contains("cache") {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let warning = logged
+        .lines()
+        .find(|line| line.contains("MCP server log") && line.contains("the disk is almost full"))
+        .unwrap_or_else(|| panic!("no warning in {logged}"));
+    assert!(
+        warning.contains("WARN") && warning.contains("server=fake") && warning.contains("disk"),
+        "{warning}"
+    );
+    let info = logged
+        .lines()
+        .find(|line| line.contains("MCP server log") && line.contains(r#"{"cache":"warm"}"#))
+        .unwrap_or_else(|| panic!("no info line in {logged}"));
+    assert!(info.contains("INFO") && info.contains("server=fake"), "{info}");
+}
+
 /// The everything server over streamable HTTP on a free loopback port.
 struct HttpEverything {
     port: u16,
@@ -878,8 +1136,32 @@ const pages = [
     inputSchema: name === "mixed" ? { type: "string" } : { type: "object", properties: {} },
   })),
 ];
-function call(id, name, args) {
+if (mode === "dynamic") {
+  pages[2].push({ name: "grow", inputSchema: { type: "object", properties: {} } });
+  pages[2].push({ name: "chatty", inputSchema: { type: "object", properties: {} } });
+  pages[2].push({ name: "hang", inputSchema: { type: "object", properties: {} } });
+  pages[2].push({ name: "flood", inputSchema: { type: "object", properties: {} } });
+}
+function call(id, name, args, token) {
   switch (name) {
+    case "flood":
+      for (let step = 1; step <= 2000; step++) {
+        send({ jsonrpc: "2.0", method: "notifications/progress", params: { progressToken: token, progress: step, total: 2000, message: "step " + step } });
+      }
+      return reply(id, { content: [{ type: "text", text: "flooded" }] });
+    case "grow":
+      // A new tool, announced before the answer, as servers do.
+      pages[2].push({ name: "grown", description: "Grew at run time.", inputSchema: { type: "object", properties: {} } });
+      send({ jsonrpc: "2.0", method: "notifications/tools/list_changed" });
+      return reply(id, { content: [{ type: "text", text: "grew" }] });
+    case "grown":
+      return reply(id, { content: [{ type: "text", text: "grown here" }] });
+    case "hang":
+      return;
+    case "chatty":
+      send({ jsonrpc: "2.0", method: "notifications/message", params: { level: "warning", logger: "disk", data: "the disk is almost full" } });
+      send({ jsonrpc: "2.0", method: "notifications/message", params: { level: "info", data: { cache: "warm" } } });
+      return reply(id, { content: [{ type: "text", text: "said things" }] });
     case "ping":
       process.stdout.write("garbage before the answer\n");
       return reply(id, { content: [{ type: "text", text: "pong " + JSON.stringify(args) }] });
@@ -907,6 +1189,10 @@ function call(id, name, args) {
   send({ jsonrpc: "2.0", id, error: { code: -32602, message: "no tool " + name } });
 }
 function handle(message) {
+  if (message.method === "notifications/cancelled") {
+    // Seen by the test, in the server's directory.
+    require("fs").writeFileSync("cancelled-" + process.argv[2], String(message.params.requestId));
+  }
   if (message.id === undefined) return;
   const { id, method, params } = message;
   if (mode === "silent") {
@@ -924,7 +1210,7 @@ function handle(message) {
       return reply(id, page + 1 < pages.length ? { tools: pages[page], nextCursor: String(page + 1) } : { tools: pages[page] });
     }
     case "tools/call":
-      return call(id, params.name, params.arguments || {});
+      return call(id, params.name, params.arguments || {}, params._meta && params._meta.progressToken);
   }
   send({ jsonrpc: "2.0", id, error: { code: -32601, message: "no method " + method } });
 }

@@ -45,6 +45,12 @@ function shorten(text, length = 80) {
   return line.length > length ? `${line.slice(0, length - 1)}…` : line;
 }
 
+/** How far a running call got, from its `tool_call_progress` event. */
+function progressLabel(msg) {
+  const done = msg.total ? `${msg.progress}/${msg.total}` : `${msg.progress}`;
+  return msg.message ? `running ${done}: ${shorten(msg.message, 40)}` : `running ${done}`;
+}
+
 /** A one-line summary of an event for the timeline. */
 export function summary(event) {
   const msg = event.msg ?? {};
@@ -67,6 +73,10 @@ export function summary(event) {
       return `${msg.decision} ${msg.call_id}`;
     case "tool_call_completed":
       return `${msg.is_error ? "error: " : ""}${shorten(msg.output, 60)}`;
+    case "tool_call_progress":
+      return progressLabel(msg);
+    case "tools_changed":
+      return [...(msg.added ?? []).map((name) => `+${name}`), ...(msg.removed ?? []).map((name) => `-${name}`)].join(" ");
     case "token_usage":
       return `${msg.usage?.input_tokens ?? 0} in, ${msg.usage?.output_tokens ?? 0} out`;
     case "turn_aborted":
@@ -237,6 +247,16 @@ export class ChatView {
         this.setCardState(card, msg.is_error ? "error" : "done", denied ? "denied" : msg.is_error ? "failed" : "done");
         break;
       }
+      case "tool_call_progress": {
+        const card = this.cards.get(msg.call_id);
+        if (card && card.root.dataset.state === "running") {
+          this.setCardState(card, "running", progressLabel(msg));
+        }
+        break;
+      }
+      case "tools_changed":
+        this.note("tools_changed", `The tools changed: ${summary(event)}.`);
+        break;
       case "token_usage":
         this.onUsage(msg.session_total);
         break;

@@ -143,6 +143,7 @@ fn event(session_id: &str, n: usize) -> Event {
                 detail: format!("landlock {n}"),
                 network_blocked: n.is_multiple_of(2),
             }),
+            tools: vec![],
         }),
         _ => EventMsg::TurnAborted(TurnAbortedEvent {
             turn_id,

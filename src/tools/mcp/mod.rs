@@ -24,10 +24,20 @@
 //! tool result, or no reply within the server's `timeout` is a failed call
 //! whose message names the server and the tool.
 //!
+//! **Notifications.** Each call carries a progress token: the server's
+//! `notifications/progress` for it go to the call's [`ProgressSink`] (the
+//! agent records them as `tool_call_progress` events) and restart the
+//! call's `timeout`, so a long call that keeps reporting is not cut. Log
+//! messages (`notifications/message`) are logged through `tracing` at the
+//! matching level, with the server's name. `notifications/tools/list_changed`
+//! marks the list stale: the server, watched as a [`ToolSource`], lists its
+//! tools again when the session next refreshes its set (before a model
+//! step), and so does a restarted server.
+//!
 //! **Crashes.** When the server's process dies (or its HTTP transport
 //! fails), the call under way fails with "the MCP server 'x' stopped: …". A
 //! server found stopped before a call is restarted first (new process,
-//! handshake; the tool list stays the one of the first start), so that call
+//! handshake; its tools are listed again at the next refresh), so that call
 //! runs normally.
 //!
 //! **Architecture invariant:** a server has at most one live process: the
@@ -41,23 +51,26 @@ mod process;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
+// Logging is deprecated by SEP-2577, but servers in use still send it.
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock, Implementation,
-    ProtocolVersion, ResourceContents,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam, ClientCapabilities,
+    ClientConfig, ClientRequest, ContentBlock, Implementation, ProgressNotificationParam, ProgressToken,
+    ProtocolVersion, RequestId, ResourceContents, ServerResult,
 };
-use rmcp::service::ClientInitializeError;
-use rmcp::service::RunningService;
+#[allow(deprecated)]
+use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
+use rmcp::service::{ClientInitializeError, NotificationContext, Peer, PeerRequestOptions, RunningService};
 use rmcp::transport::streamable_http_client::{StreamableHttpClientTransportConfig, StreamableHttpError};
 use rmcp::transport::{DynamicTransportError, StreamableHttpClientTransport};
-use rmcp::{RoleClient, ServiceError};
+use rmcp::{ClientHandler, RoleClient, ServiceError};
 use tokio::time::Instant;
 
 use self::process::ServerProcess;
-use super::{Tool, ToolContext, ToolError};
+use super::{ProgressSink, Tool, ToolContext, ToolError, ToolSource};
 pub use crate::config::{McpConfig, McpServerConfig, McpTransport};
 use crate::model::{BoxFuture, ToolSpec};
 
@@ -68,6 +81,9 @@ const EXIT_NOTICE: Duration = Duration::from_secs(5);
 
 /// The stderr lines quoted in the error of a call cut short by a crash.
 const CRASH_STDERR_LINES: usize = 3;
+
+/// The longest server log message logged, in bytes; the rest is cut.
+const MAX_LOG_MESSAGE_BYTES: usize = 4096;
 
 /// Why an MCP server could not be started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -184,6 +200,7 @@ pub async fn start_servers(config: &McpConfig, workspace: &Path) -> McpServers {
 }
 
 /// A remote tool as the model sees it.
+#[derive(Debug)]
 struct RemoteTool {
     /// The server's name for it.
     remote: String,
@@ -197,7 +214,10 @@ pub struct McpServer {
     name: String,
     config: McpServerConfig,
     workspace: PathBuf,
-    tools: Vec<Arc<RemoteTool>>,
+    /// The tools last listed.
+    tools: RwLock<Vec<Arc<RemoteTool>>>,
+    /// What the server tells the client, shared by its connections.
+    notices: Arc<Notices>,
     /// The connection in use; replaced, under this lock, when it stopped.
     live: tokio::sync::Mutex<Option<Arc<Connection>>>,
     /// The id of the process last started (0 for none, or HTTP).
@@ -212,7 +232,11 @@ impl std::fmt::Debug for McpServer {
             .field("transport", &self.config.transport)
             .field(
                 "tools",
-                &self.tools.iter().map(|tool| &tool.spec.name).collect::<Vec<_>>(),
+                &self
+                    .listed()
+                    .iter()
+                    .map(|tool| tool.spec.name.clone())
+                    .collect::<Vec<_>>(),
             )
             .finish()
     }
@@ -233,62 +257,24 @@ impl McpServer {
             message: message.replace(['\r', '\n'], " "),
         };
         let deadline = Instant::now() + config.startup_timeout;
-        let connection = Connection::open(name, config, workspace, deadline)
+        let notices = Arc::new(Notices::new(name));
+        let connection = Connection::open(name, config, workspace, deadline, &notices)
             .await
             .map_err(failed)?;
-        let listed = match tokio::time::timeout_at(deadline, connection.service.peer().list_all_tools()).await {
-            Ok(Ok(listed)) => listed,
-            Ok(Err(error)) => {
+        let tools = match list_tools(name, &connection, deadline, config.startup_timeout).await {
+            Ok(tools) => tools,
+            Err(message) => {
                 connection.close().await;
-                return Err(failed(format!("listing its tools failed: {error}")));
-            }
-            Err(_) => {
-                connection.close().await;
-                return Err(failed(format!(
-                    "it did not list its tools within {}",
-                    humantime::format_duration(config.startup_timeout)
-                )));
+                return Err(failed(message));
             }
         };
-        let mut tools: Vec<Arc<RemoteTool>> = Vec::with_capacity(listed.len());
-        for tool in listed {
-            let spec_name = naming::tool_name(name, &tool.name);
-            if tools.iter().any(|known| known.spec.name == spec_name) {
-                tracing::warn!(server = name, tool = %tool.name, "the MCP server lists this tool twice; the first is kept");
-                continue;
-            }
-            let (parameters, problem) = naming::parameters(&tool.input_schema);
-            if let Some(problem) = problem {
-                tracing::warn!(server = name, tool = %tool.name, "{problem}");
-            }
-            let description = tool
-                .description
-                .as_deref()
-                .filter(|text| !text.trim().is_empty())
-                .map(str::to_owned)
-                .or_else(|| tool.title.clone())
-                .unwrap_or_else(|| format!("The tool '{}' of the MCP server '{name}'.", tool.name));
-            let read_only = tool
-                .annotations
-                .as_ref()
-                .and_then(|annotations| annotations.read_only_hint)
-                .unwrap_or(false);
-            tools.push(Arc::new(RemoteTool {
-                remote: tool.name.into_owned(),
-                spec: ToolSpec {
-                    name: spec_name,
-                    description,
-                    parameters,
-                },
-                read_only,
-            }));
-        }
         tracing::info!(server = name, tools = tools.len(), "MCP server started");
         let server = Self {
             name: name.to_owned(),
             config: config.clone(),
             workspace: workspace.to_path_buf(),
-            tools,
+            tools: RwLock::new(tools),
+            notices,
             live: tokio::sync::Mutex::new(None),
             pid: AtomicU32::new(0),
             starts: AtomicU64::new(0),
@@ -304,9 +290,10 @@ impl McpServer {
         &self.name
     }
 
-    /// Its tools, as Keel tools. Each keeps the server alive.
+    /// Its tools (the ones last listed), as Keel tools. Each keeps the
+    /// server alive.
     pub fn tools(self: &Arc<Self>) -> Vec<Arc<dyn Tool>> {
-        self.tools
+        self.listed()
             .iter()
             .map(|tool| -> Arc<dyn Tool> {
                 Arc::new(McpTool {
@@ -315,6 +302,53 @@ impl McpServer {
                 })
             })
             .collect()
+    }
+
+    /// Its tools as a [`ToolSource`]: a [`ToolSet`](super::ToolSet) watching
+    /// it takes in the new list after `tools/list_changed` or a restart.
+    pub fn tool_source(self: &Arc<Self>) -> Arc<dyn ToolSource> {
+        Arc::new(Source(Arc::clone(self)))
+    }
+
+    fn listed(&self) -> Vec<Arc<RemoteTool>> {
+        self.tools.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Lists the tools again if the server said they changed (or it was
+    /// restarted); whether they differ from the ones known. A failed
+    /// listing keeps the known tools until the server next says they
+    /// changed or is restarted (not at every step: each try may take the
+    /// server's whole timeout).
+    async fn refresh_tools(&self) -> bool {
+        if !self.notices.tools_stale.swap(false, Ordering::SeqCst) {
+            return false;
+        }
+        let connection = match self.connection().await {
+            Ok(connection) => connection,
+            Err(why) => {
+                tracing::warn!(server = %self.name, %why, "the MCP server could not be restarted to list its tools");
+                return false;
+            }
+        };
+        let deadline = Instant::now() + self.config.timeout;
+        let fresh = match list_tools(&self.name, &connection, deadline, self.config.timeout).await {
+            Ok(fresh) => fresh,
+            Err(why) => {
+                tracing::warn!(server = %self.name, %why, "the MCP server's changed tool list could not be read");
+                return false;
+            }
+        };
+        let mut tools = self.tools.write().unwrap_or_else(PoisonError::into_inner);
+        let same = tools.len() == fresh.len()
+            && tools
+                .iter()
+                .zip(&fresh)
+                .all(|(old, new)| old.remote == new.remote && old.spec == new.spec && old.read_only == new.read_only);
+        if !same {
+            tracing::info!(server = %self.name, tools = fresh.len(), "the MCP server's tools changed");
+            *tools = fresh;
+        }
+        !same
     }
 
     /// The id of the process last started for this server (it may have
@@ -356,8 +390,11 @@ impl McpServer {
             old.close().await;
         }
         let deadline = Instant::now() + self.config.startup_timeout;
-        let fresh = Arc::new(Connection::open(&self.name, &self.config, &self.workspace, deadline).await?);
+        let fresh =
+            Arc::new(Connection::open(&self.name, &self.config, &self.workspace, deadline, &self.notices).await?);
         self.record_start(&fresh);
+        // The new process may offer other tools.
+        self.notices.tools_stale.store(true, Ordering::SeqCst);
         *live = Some(Arc::clone(&fresh));
         Ok(fresh)
     }
@@ -383,17 +420,41 @@ impl McpServer {
         let connection = self.connection().await.map_err(|message| {
             ToolError::Failed(format!("the MCP server '{server}' could not be restarted: {message}"))
         })?;
-        let request = CallToolRequestParams::new(remote.clone()).with_arguments(arguments);
-        let answer = tokio::time::timeout(self.config.timeout, connection.service.peer().call_tool(request)).await;
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new(remote.clone()).with_arguments(arguments),
+        ));
+        // The timeout restarts at each progress notification for the call.
+        let options = PeerRequestOptions::with_timeout(self.config.timeout).reset_timeout_on_progress();
+        let peer = connection.service.peer();
+        let answer = match peer.send_request_with_option(request, options).await {
+            Ok(handle) => {
+                let _route = ProgressRoute::new(&self.notices, handle.progress_token.clone());
+                let mut cancel = CancelOnDrop {
+                    peer: Some(peer.clone()),
+                    id: handle.id.clone(),
+                };
+                let answer = handle.await_response().await;
+                cancel.peer = None;
+                // The client handles notifications in tasks of their own,
+                // spawned as they arrive: the ones read before the answer
+                // (its last progress) get their turn before the route goes.
+                tokio::task::yield_now().await;
+                answer
+            }
+            Err(error) => Err(error),
+        };
         let error = match answer {
-            Ok(Ok(result)) => return render(result, server, remote),
-            Ok(Err(error)) => error,
-            Err(_) => {
+            Ok(ServerResult::CallToolResult(result)) => return render(result, server, remote),
+            // A result without `content` decodes as an empty one.
+            Ok(ServerResult::EmptyResult(_)) => return render(CallToolResult::default(), server, remote),
+            Ok(_) => ServiceError::UnexpectedResponse,
+            Err(ServiceError::Timeout { .. }) => {
                 return Err(ToolError::Failed(format!(
                     "the MCP server '{server}' did not answer the call to '{remote}' within {}",
                     humantime::format_duration(self.config.timeout)
                 )));
             }
+            Err(error) => error,
         };
         Err(ToolError::Failed(match error {
             ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
@@ -412,6 +473,209 @@ impl McpServer {
             }
             other => format!("the call to '{remote}' on the MCP server '{server}' failed: {other}"),
         }))
+    }
+}
+
+/// A server's tools as a [`ToolSource`].
+struct Source(Arc<McpServer>);
+
+impl ToolSource for Source {
+    fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        self.0.tools()
+    }
+
+    fn refresh(&self) -> BoxFuture<'_, bool> {
+        Box::pin(self.0.refresh_tools())
+    }
+}
+
+/// Lists the tools of the server `name` on `connection`, before `deadline`
+/// (`within` is the time that gave, for the error), as the model sees them.
+async fn list_tools(
+    name: &str,
+    connection: &Connection,
+    deadline: Instant,
+    within: Duration,
+) -> Result<Vec<Arc<RemoteTool>>, String> {
+    let listed = match tokio::time::timeout_at(deadline, connection.service.peer().list_all_tools()).await {
+        Ok(Ok(listed)) => listed,
+        Ok(Err(error)) => return Err(format!("listing its tools failed: {error}")),
+        Err(_) => {
+            return Err(format!(
+                "it did not list its tools within {}",
+                humantime::format_duration(within)
+            ));
+        }
+    };
+    let mut tools: Vec<Arc<RemoteTool>> = Vec::with_capacity(listed.len());
+    for tool in listed {
+        let spec_name = naming::tool_name(name, &tool.name);
+        if tools.iter().any(|known| known.spec.name == spec_name) {
+            tracing::warn!(server = name, tool = %tool.name, "the MCP server lists this tool twice; the first is kept");
+            continue;
+        }
+        let (parameters, problem) = naming::parameters(&tool.input_schema);
+        if let Some(problem) = problem {
+            tracing::warn!(server = name, tool = %tool.name, "{problem}");
+        }
+        let description = tool
+            .description
+            .as_deref()
+            .filter(|text| !text.trim().is_empty())
+            .map(str::to_owned)
+            .or_else(|| tool.title.clone())
+            .unwrap_or_else(|| format!("The tool '{}' of the MCP server '{name}'.", tool.name));
+        let read_only = tool
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.read_only_hint)
+            .unwrap_or(false);
+        tools.push(Arc::new(RemoteTool {
+            remote: tool.name.into_owned(),
+            spec: ToolSpec {
+                name: spec_name,
+                description,
+                parameters,
+            },
+            read_only,
+        }));
+    }
+    Ok(tools)
+}
+
+/// What a server tells its client outside answers: progress of calls,
+/// log messages, a changed tool list. Shared by the server's connections.
+struct Notices {
+    server: String,
+    /// Where each running call's progress goes, by its token.
+    progress: Mutex<HashMap<ProgressToken, ProgressSink>>,
+    /// Set by `tools/list_changed` (or a restart); cleared by a listing.
+    tools_stale: AtomicBool,
+}
+
+impl Notices {
+    fn new(server: &str) -> Self {
+        Self {
+            server: server.to_owned(),
+            progress: Mutex::new(HashMap::new()),
+            tools_stale: AtomicBool::new(false),
+        }
+    }
+}
+
+/// The route of one call's progress, removed when the call ends.
+struct ProgressRoute<'a> {
+    notices: &'a Notices,
+    token: ProgressToken,
+}
+
+impl<'a> ProgressRoute<'a> {
+    fn new(notices: &'a Notices, token: ProgressToken) -> Self {
+        if let Some(sink) = ProgressSink::current() {
+            notices
+                .progress
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(token.clone(), sink);
+        }
+        Self { notices, token }
+    }
+}
+
+impl Drop for ProgressRoute<'_> {
+    fn drop(&mut self) {
+        self.notices
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.token);
+    }
+}
+
+/// Tells the server a call was abandoned (the turn was interrupted and the
+/// call's future dropped), unless disarmed by clearing `peer`.
+struct CancelOnDrop {
+    peer: Option<Peer<RoleClient>>,
+    id: RequestId,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(peer) = self.peer.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let params = CancelledNotificationParam::new(Some(self.id.clone()), Some("the call was abandoned".to_owned()));
+        runtime.spawn(async move {
+            // The server may be gone already; nothing to do then.
+            let _ = peer.notify_cancelled(params).await;
+        });
+    }
+}
+
+/// Keel as an MCP client: its introduction, and what it does with the
+/// server's notifications.
+#[derive(Clone)]
+struct Client {
+    notices: Arc<Notices>,
+}
+
+impl ClientHandler for Client {
+    fn get_info(&self) -> ClientConfig {
+        client_config()
+    }
+
+    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+        let sink = self
+            .notices
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&params.progress_token)
+            .cloned();
+        match sink {
+            Some(sink) => sink.report(params.progress, params.total, params.message),
+            None => {
+                tracing::debug!(server = %self.notices.server, progress = params.progress, "progress for no running call")
+            }
+        }
+    }
+
+    // Deprecated by SEP-2577, yet what servers in use send.
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let server = &self.notices.server;
+        let logger = params.logger.as_deref().unwrap_or("");
+        let mut message = match &params.data {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        // The server decides the size; a log line stays a line.
+        if message.len() > MAX_LOG_MESSAGE_BYTES {
+            let mut end = MAX_LOG_MESSAGE_BYTES;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
+        }
+        match params.level {
+            LoggingLevel::Debug => tracing::debug!(%server, logger, "MCP server log: {message}"),
+            LoggingLevel::Info | LoggingLevel::Notice => tracing::info!(%server, logger, "MCP server log: {message}"),
+            LoggingLevel::Warning => tracing::warn!(%server, logger, "MCP server log: {message}"),
+            _ => tracing::error!(%server, logger, level = ?params.level, "MCP server log: {message}"),
+        }
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        tracing::debug!(server = %self.notices.server, "the MCP server's tool list changed");
+        self.notices.tools_stale.store(true, Ordering::SeqCst);
     }
 }
 
@@ -441,13 +705,22 @@ impl Tool for McpTool {
 
 /// One started server: the MCP session, and the process behind it for stdio.
 struct Connection {
-    service: RunningService<RoleClient, ClientConfig>,
+    service: RunningService<RoleClient, Client>,
     process: Option<ServerProcess>,
 }
 
 impl Connection {
     /// Starts the server and does the handshake, before `deadline`.
-    async fn open(server: &str, config: &McpServerConfig, workspace: &Path, deadline: Instant) -> Result<Self, String> {
+    async fn open(
+        server: &str,
+        config: &McpServerConfig,
+        workspace: &Path,
+        deadline: Instant,
+        notices: &Arc<Notices>,
+    ) -> Result<Self, String> {
+        let client = Client {
+            notices: Arc::clone(notices),
+        };
         let within = humantime::format_duration(config.startup_timeout);
         match &config.transport {
             McpTransport::Stdio {
@@ -461,7 +734,7 @@ impl Connection {
                     .map_or_else(|| workspace.to_path_buf(), |dir| workspace.join(dir));
                 let (process, stdout, stdin) = ServerProcess::spawn(server, command, args, env, &cwd)
                     .map_err(|error| format!("cannot run '{command}' (in {}): {error}", cwd.display()))?;
-                let handshake = tokio::time::timeout_at(deadline, rmcp::serve_client(client_config(), (stdout, stdin)));
+                let handshake = tokio::time::timeout_at(deadline, rmcp::serve_client(client.clone(), (stdout, stdin)));
                 let mut message = match handshake.await {
                     Ok(Ok(service)) => {
                         return Ok(Self {
@@ -498,7 +771,7 @@ impl Connection {
                 let transport = StreamableHttpClientTransport::from_config(
                     StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom),
                 );
-                match tokio::time::timeout_at(deadline, rmcp::serve_client(client_config(), transport)).await {
+                match tokio::time::timeout_at(deadline, rmcp::serve_client(client.clone(), transport)).await {
                     Ok(Ok(service)) => Ok(Self { service, process: None }),
                     Ok(Err(error)) => Err(format!(
                         "the MCP handshake with {url} failed: {}",

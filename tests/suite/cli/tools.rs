@@ -198,6 +198,53 @@ fn mcp_servers_from_keel_toml_serve_the_session_and_end_with_it() {
     assert_eq!(processes_with(&tag), Vec::<u32>::new());
 }
 
+#[test]
+fn an_mcp_calls_progress_reaches_keel_run_as_events_and_outlives_the_calls_timeout() {
+    let cli = Cli::new();
+    let tag = marker();
+    let index = node_modules().join("@modelcontextprotocol/server-everything/dist/index.js");
+    // The call takes 3 s and reports every half second; the timeout is 1 s.
+    std::fs::write(
+        cli.dir.path().join("keel.toml"),
+        format!(
+            "[mcp.servers.everything]\ncommand = \"node\"\nargs = [{:?}, \"stdio\", {tag:?}]\ntimeout_secs = 1\n",
+            index.display().to_string()
+        ),
+    )
+    .expect("config");
+    let model = one_call(
+        &cli,
+        "everything__trigger-long-running-operation",
+        serde_json::json!({"duration": 3, "steps": 6}),
+    );
+    let output = cli.run(&["run", "--json", "--approve", "auto", "--model", &model, "go"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let events = parse_events(&output.stdout);
+    assert_eq!(
+        tool_results(&events),
+        [(
+            "call-1".to_owned(),
+            "Long running operation completed. Duration: 3 seconds, Steps: 6.".to_owned(),
+            false
+        )]
+    );
+    let progress: Vec<f64> = events
+        .iter()
+        .filter(|event| event.msg.kind() == "tool_call_progress")
+        .map(|event| {
+            let value = serde_json::to_value(&event.msg).expect("serialize");
+            assert_eq!(value["call_id"], "call-1", "{value}");
+            assert_eq!(value["total"], 6.0, "{value}");
+            value["progress"].as_f64().expect("progress")
+        })
+        .collect();
+    // Reports are snapshots: in order, and (on a busy machine) the last may
+    // be overtaken by the answer.
+    assert!(progress.len() >= 5, "{progress:?}");
+    assert!(progress.windows(2).all(|pair| pair[0] < pair[1]), "{progress:?}");
+    assert!(progress.iter().all(|step| (1.0..=6.0).contains(step)), "{progress:?}");
+}
+
 /// Kills every process working in `dir`: a safety net, as the launcher ends
 /// a killed runtime's shell commands itself (see the test below).
 fn kill_processes_in(dir: &std::path::Path) {
