@@ -348,7 +348,10 @@ impl Session {
             arguments: call.arguments,
         }));
         let execution = if last_step {
-            events.push(turn.event(EventMsg::TurnComplete(TurnCompleteEvent { turn_id })));
+            events.push(turn.event(EventMsg::TurnComplete(TurnCompleteEvent {
+                turn_id,
+                length_limited: output.length_limited,
+            })));
             self.checkpoint.turns_completed += 1;
             None
         } else {
@@ -368,7 +371,10 @@ impl Session {
         );
         let events = vec![
             turn.event(error_msg(&turn_id, &message)),
-            turn.event(EventMsg::TurnComplete(TurnCompleteEvent { turn_id })),
+            turn.event(EventMsg::TurnComplete(TurnCompleteEvent {
+                turn_id,
+                length_limited: false,
+            })),
         ];
         self.checkpoint.turns_completed += 1;
         let write = self.checkpoint_write(Vec::new(), None);

@@ -349,6 +349,11 @@ pub struct AssistantMessageEvent {
 pub struct TurnCompleteEvent {
     /// The turn.
     pub turn_id: String,
+    /// Whether the turn's last answer was cut off at the model's output
+    /// length limit (`max_output_tokens`): complete as a turn, not as an
+    /// answer. Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub length_limited: bool,
 }
 
 /// Why a turn ended early.

@@ -128,7 +128,8 @@ async fn plain_turn_records_every_step_in_order_and_stores_what_it_delivers() {
     assert_eq!(
         delivered[8].msg,
         EventMsg::TurnComplete(TurnCompleteEvent {
-            turn_id: turn_id.clone()
+            turn_id: turn_id.clone(),
+            length_limited: false,
         })
     );
 
@@ -1058,7 +1059,10 @@ fn every_event_kind_is_its_wire_type() {
             turn_id: turn_id(),
             text: "t".to_owned(),
         }),
-        EventMsg::TurnComplete(TurnCompleteEvent { turn_id: turn_id() }),
+        EventMsg::TurnComplete(TurnCompleteEvent {
+            turn_id: turn_id(),
+            length_limited: false,
+        }),
         EventMsg::TurnAborted(TurnAbortedEvent {
             turn_id: turn_id(),
             reason: AbortReason::RecorderSaturated,

@@ -1056,6 +1056,12 @@ async fn a_tool_call_cut_by_the_length_limit_comes_back_as_an_error_and_the_hist
     let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
     let events = run_turn(&mut agent, "What time is it in Paris?").await;
     assert_eq!(events.last().map(|event| event.msg.kind()), Some("turn_complete"));
+    // The answer that closed the turn was not cut.
+    assert!(
+        matches!(&events.last().expect("events").msg, EventMsg::TurnComplete(done) if !done.length_limited),
+        "{:?}",
+        events.last()
+    );
 
     // The cut step is recorded as such, in the turn.
     let warnings: Vec<&str> = events
@@ -1117,5 +1123,27 @@ async fn a_tool_call_cut_by_the_length_limit_comes_back_as_an_error_and_the_hist
         "{:?}",
         state.transcript
     );
+    shutdown(agent).await;
+}
+
+#[tokio::test]
+async fn an_answer_cut_by_the_length_limit_closes_its_turn_saying_so() {
+    let cut = [
+        delta_event(json!({"role": "assistant", "content": "Once upon "})),
+        delta_event(json!({"content": "a time"})),
+        finish_event("length"),
+        DONE.to_owned(),
+    ];
+    let server = ScriptedServer::start(vec![stream(&cut)]).await;
+    let db = TestDb::new();
+    let store = db.open();
+    let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
+    let events = run_turn(&mut agent, "Tell me a long story.").await;
+    match &events.last().expect("events").msg {
+        EventMsg::TurnComplete(done) => assert!(done.length_limited, "{done:?}"),
+        other => panic!("the turn ended with {other:?}"),
+    }
+    let stored = serde_json::to_value(&events.last().expect("events").msg).expect("json");
+    assert_eq!(stored["length_limited"], json!(true), "{stored}");
     shutdown(agent).await;
 }
