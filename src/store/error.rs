@@ -54,6 +54,14 @@ pub enum StoreError {
     /// The store was closed.
     #[error("store is closed")]
     Closed,
+    /// Another process (a running `keel serve`) holds the database.
+    #[error("the database {database} is already served by {holder}")]
+    Held {
+        /// The database file.
+        database: String,
+        /// Who holds it (pid and address, as it recorded them).
+        holder: String,
+    },
     /// Any other failure of the storage backend (I/O, locking).
     #[error("{0}")]
     Backend(Arc<dyn std::error::Error + Send + Sync>),

@@ -63,7 +63,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .map_err(|error| anyhow::anyhow!("invalid message: {error}"))?;
     }
     let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
-    let session_id = session_id(store.as_ref(), args.session.as_deref()).await?;
+    let session_id = session_id(store.as_ref(), &args.db.path()?, args.session.as_deref()).await?;
     let mut config = agent_config(session_id.clone(), store, model, &keel_config, &args.tools, workspace).await;
     config.session_context.bot_id = args.bot.clone();
     config.instructions = args.system.clone();

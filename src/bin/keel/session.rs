@@ -1,7 +1,7 @@
 //! Opening a session on the local database, shared by `keel run` and
 //! `keel chat`: the session id, the workspace and the tools.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -9,7 +9,7 @@ use clap::Args;
 use keel::agent::AgentConfig;
 use keel::config::KeelConfig;
 use keel::protocol::new_id;
-use keel::store::CheckpointStore;
+use keel::store::{CheckpointStore, ServeLock};
 use keel::tools::workspace::SandboxPolicy;
 
 /// Which tools a session offers and where it works.
@@ -43,12 +43,25 @@ impl ToolArgs {
 }
 
 /// The session to open: `session` if the store has it (an error naming it
-/// otherwise), or a new id.
-pub(crate) async fn session_id(store: &dyn CheckpointStore, session: Option<&str>) -> anyhow::Result<String> {
+/// otherwise), or a new id. A stored session of a database that a running
+/// `keel serve` holds is refused: opening it here would take it from the
+/// server, whose next request for it would fail.
+pub(crate) async fn session_id(
+    store: &dyn CheckpointStore,
+    database: &Path,
+    session: Option<&str>,
+) -> anyhow::Result<String> {
     match session {
         Some(id) => {
             if store.session_summary(id).await?.is_none() {
                 bail!("unknown session '{id}' (omit --session to start a new one)");
+            }
+            if let Some(holder) = ServeLock::holder(database)? {
+                bail!(
+                    "session '{id}' is served by {holder} on the database {}: talk to it through the server \
+                     (`keel chat --server URL --session {id}`), or stop the server first",
+                    database.display()
+                );
             }
             Ok(id.to_owned())
         }

@@ -12,6 +12,7 @@
 
 mod checkpointer;
 mod codec;
+mod lock;
 mod reader;
 mod schema;
 mod writer;
@@ -26,6 +27,7 @@ use std::thread::JoinHandle;
 use rusqlite::ErrorCode;
 use tokio::sync::oneshot;
 
+pub use self::lock::ServeLock;
 use self::reader::ReaderPool;
 use self::writer::{Job, WriterCounters, Written};
 use super::{

@@ -28,7 +28,7 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
     let workspace = args.tools.workspace()?;
     // Resuming needs the database that has the session: none is created.
     let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(args.session.is_none()).await?);
-    let id = session_id(store.as_ref(), args.session.as_deref()).await?;
+    let id = session_id(store.as_ref(), &args.db.path()?, args.session.as_deref()).await?;
     let mut history = Vec::new();
     if args.session.is_some() {
         loop {

@@ -1,0 +1,121 @@
+//! One writer per database: a second `keel serve` on a served database, and
+//! a CLI command on a session the server holds. All over real processes,
+//! files and loopback HTTP.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use super::support::{Scratch, ServeProcess};
+
+/// Runs `command` to its end, failing the test if it is still running
+/// after `limit`; returns its status and stderr.
+fn run_to_end(mut command: Command, limit: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn keel");
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for keel") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the command was still running after {limit:?}: {command:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    (status, stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_keel_serve_on_the_same_database_refuses_to_start_and_names_the_first() {
+    let scratch = Scratch::new();
+    let first = ServeProcess::start(&scratch, &[]);
+    let command = ServeProcess::command(&scratch, &[]);
+    let (status, stderr) = tokio::task::spawn_blocking(move || run_to_end(command, Duration::from_secs(20)))
+        .await
+        .expect("second server");
+    assert!(!status.success(), "{stderr}");
+    let pid = first.pid();
+    assert!(
+        stderr.contains(&format!("already served by keel serve (pid {pid}, {})", first.api.base)),
+        "{stderr}"
+    );
+    assert!(stderr.contains("refusing to start"), "{stderr}");
+    // The first one goes on serving.
+    assert_eq!(first.api.get("/readyz").await.status, StatusCode::OK);
+
+    // Once it stopped, the database can be served again.
+    let (status, _) = tokio::task::spawn_blocking(move || first.terminate())
+        .await
+        .expect("stop");
+    assert!(status.success());
+    let again = ServeProcess::start(&scratch, &[]);
+    assert_eq!(again.api.get("/readyz").await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keel_run_on_a_session_a_server_holds_says_so_and_leaves_the_session_to_the_server() {
+    let scratch = Scratch::new();
+    let model = scratch.script("s.jsonl", &[r#"{"text": "one"}"#, r#"{"text": "two"}"#]);
+    let server = ServeProcess::start(&scratch, &[]);
+    server.api.create(json!({"id": "demo", "model": model})).await;
+    server.api.say("demo", "first").await;
+    server.api.wait_idle("demo").await;
+
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(["run", "--no-tools", "--session", "demo", "--model", &model, "--db"])
+        .arg(scratch.db())
+        .arg("from the terminal")
+        .env_remove("KEEL_CONFIG")
+        .env("KEEL_LOG", "warn")
+        .current_dir(scratch.dir.path());
+    let (status, stderr) = tokio::task::spawn_blocking(move || run_to_end(command, Duration::from_secs(30)))
+        .await
+        .expect("keel run");
+    assert!(!status.success(), "keel run took the session: {stderr}");
+    let pid = server.pid();
+    assert!(
+        stderr.contains(&format!(
+            "session 'demo' is served by keel serve (pid {pid}, {})",
+            server.api.base
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("keel chat --server"), "{stderr}");
+
+    // The server still has the session: its next message runs.
+    server.api.say("demo", "second").await;
+    server.api.wait_idle("demo").await;
+    let stored = scratch.stored("demo").await;
+    let completed = stored
+        .iter()
+        .filter(|event| event.msg.kind() == "turn_complete")
+        .count();
+    assert_eq!(
+        completed,
+        2,
+        "{:?}",
+        stored.iter().map(|e| e.msg.kind()).collect::<Vec<_>>()
+    );
+    assert!(
+        stored
+            .iter()
+            .all(|event| event.msg.kind() != "session_started" || event.sequence == 1)
+    );
+}
