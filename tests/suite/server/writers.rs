@@ -1,6 +1,7 @@
-//! One writer per database: a second `keel serve` on a served database, and
-//! a CLI command on a session the server holds. All over real processes,
-//! files and loopback HTTP.
+//! One writer per database: a second `keel serve` on a served database, a
+//! CLI command on a session the server holds, a database deleted while
+//! the server uses it, and a `-shm` file it cannot write. All over real
+//! processes, files and loopback HTTP.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -117,5 +118,73 @@ async fn keel_run_on_a_session_a_server_holds_says_so_and_leaves_the_session_to_
         stored
             .iter()
             .all(|event| event.msg.kind() != "session_started" || event.sequence == 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_deleted_while_serving_fails_closed_and_is_not_ready() {
+    let scratch = Scratch::new();
+    let model = scratch.script("s.jsonl", &[r#"{"text": "one"}"#, r#"{"text": "two"}"#]);
+    let server = ServeProcess::start(&scratch, &[]);
+    server.api.create(json!({"id": "doomed", "model": model})).await;
+    server.api.say("doomed", "first").await;
+    server.api.wait_idle("doomed").await;
+    assert_eq!(server.api.get("/readyz").await.status, StatusCode::OK);
+
+    std::fs::remove_file(scratch.db()).expect("delete the database");
+    let ready = server.api.get("/readyz").await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    // Nothing more is acknowledged: it would be gone after a restart.
+    let reply = server
+        .api
+        .submit("doomed", json!({"op": {"type": "user_input", "text": "lost?"}}))
+        .await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", reply.body);
+    let created = server
+        .api
+        .post("/v1/sessions", &json!({"id": "new", "model": model}))
+        .await;
+    assert_eq!(created.status, StatusCode::SERVICE_UNAVAILABLE, "{}", created.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_shm_file_is_refused_at_start_with_a_message_naming_it() {
+    let scratch = Scratch::new();
+    // Root writes through any mode: the server runs as nobody then.
+    let unprivileged = nix::unistd::geteuid().is_root().then_some(65534);
+    let start = |scratch: &Scratch| {
+        let mut command = ServeProcess::command(scratch, &[]);
+        if let Some(uid) = unprivileged {
+            std::os::unix::process::CommandExt::uid(&mut command, uid);
+            std::os::unix::process::CommandExt::gid(&mut command, uid);
+        }
+        command
+    };
+    if let Some(uid) = unprivileged {
+        let status = Command::new("chown")
+            .args(["-R", &format!("{uid}:{uid}")])
+            .arg(scratch.dir.path())
+            .status()
+            .expect("chown");
+        assert!(status.success());
+    }
+    // A crashed server leaves its `-shm` behind.
+    let first = ServeProcess::spawn(start(&scratch));
+    first.api.get("/readyz").await;
+    first.crash();
+    let shm = scratch.dir.path().join("keel.sqlite3-shm");
+    assert!(shm.exists(), "the crash left no -shm file");
+    let mut permissions = std::fs::metadata(&shm).expect("-shm").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o444);
+    std::fs::set_permissions(&shm, permissions).expect("chmod the -shm file");
+
+    let command = start(&scratch);
+    let (status, stderr) = tokio::task::spawn_blocking(move || run_to_end(command, Duration::from_secs(20)))
+        .await
+        .expect("second start");
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("shared-memory file {} is not writable", shm.display())),
+        "{stderr}"
     );
 }
