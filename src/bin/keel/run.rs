@@ -10,7 +10,7 @@ use keel::protocol::{EventMsg, Op};
 use keel::store::CheckpointStore;
 
 use crate::console::{ApproveMode, Printer, decide};
-use crate::interrupts::Interrupts;
+use crate::interrupts::{Interrupts, Terminations};
 use crate::session::{ToolArgs, agent_config, session_id};
 use crate::{DbArgs, ModelArgs};
 
@@ -62,6 +62,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .validate()
             .map_err(|error| anyhow::anyhow!("invalid message: {error}"))?;
     }
+    // From here on SIGTERM and SIGHUP end the command the way Ctrl-C does,
+    // with the session closed and the MCP servers stopped; one that comes
+    // while the session opens is acted on at the first turn.
+    let mut terminations = Terminations::listen()?;
     let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
     let session_id = session_id(store.as_ref(), &args.db.path()?, args.session.as_deref()).await?;
     let mut config = agent_config(session_id.clone(), store, model, &keel_config, &args.tools, workspace).await;
@@ -87,6 +91,16 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         loop {
             let event = tokio::select! {
                 event = agent.next_event() => event,
+                code = terminations.next() => {
+                    if interrupted {
+                        eprintln!("stopped");
+                        return Ok(ExitCode::from(code));
+                    }
+                    // Like Ctrl-C; no further message runs after it.
+                    interrupted = true;
+                    agent.sender().submit(Op::Interrupt { turn_id: turn_id.clone() })?;
+                    continue;
+                }
                 () = interrupts.next() => {
                     if interrupted {
                         // A second Ctrl-C: leave now. The turn is closed
@@ -122,7 +136,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 _ => {}
             }
         }
-        if !all_completed {
+        if !all_completed || terminations.received().is_some() {
             break;
         }
     }
@@ -132,6 +146,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         printer.print(&event)?;
     }
     agent.shutdown().await?;
+    if let Some(code) = terminations.received() {
+        return Ok(ExitCode::from(code));
+    }
     Ok(match (all_completed, interrupted) {
         (true, _) => ExitCode::SUCCESS,
         (false, true) => ExitCode::from(130),

@@ -589,4 +589,5 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
 }
 
 mod chat;
+mod shutdown;
 mod tools;
