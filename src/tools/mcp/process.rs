@@ -9,6 +9,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
@@ -23,6 +24,9 @@ const INHERITED_ENV: [&str; 10] = [
 /// How long a stopping server gets to exit after its stdin closed, and
 /// then after `SIGTERM`, before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// How often a stopping server is looked at to see whether it exited.
+const LEADER_POLL: Duration = Duration::from_millis(20);
 
 /// How long to wait, after the process ended, for the rest of its stderr
 /// (a grandchild may hold the pipe open).
@@ -276,17 +280,43 @@ async fn reap(
 }
 
 /// Stops the process: it had its stdin closed (the MCP way), then gets
-/// `SIGTERM`, then `SIGKILL`; returns its exit status once reaped.
+/// `SIGTERM`, then `SIGKILL`; returns its exit status once reaped. Once the
+/// leader has exited, what it left running in its group (the server `npx`
+/// started, a helper of the server's) gets `SIGTERM` too, before the leader
+/// is reaped: until then its group id cannot have been reused.
 async fn stop(guard: &mut GroupGuard) -> std::io::Result<ExitStatus> {
-    if let Ok(status) = tokio::time::timeout(STOP_GRACE, guard.child.wait()).await {
-        return status;
-    }
-    guard.signal(Signal::SIGTERM);
-    if let Ok(status) = tokio::time::timeout(STOP_GRACE, guard.child.wait()).await {
-        return status;
+    for signal in [None, Some(Signal::SIGTERM)] {
+        if let Some(signal) = signal {
+            guard.signal(signal);
+        }
+        if leader_exits_within(guard, STOP_GRACE).await {
+            guard.signal(Signal::SIGTERM);
+            return guard.child.wait().await;
+        }
     }
     guard.signal(Signal::SIGKILL);
     guard.child.wait().await
+}
+
+/// Whether the group's leader exits within `limit`, seen without reaping
+/// it (`WNOWAIT`), so it stays a zombie holding the group id.
+async fn leader_exits_within(guard: &GroupGuard, limit: Duration) -> bool {
+    let Ok(pid) = i32::try_from(guard.pgid) else {
+        return true;
+    };
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+        match waitid(Id::Pid(Pid::from_raw(pid)), flags) {
+            Ok(WaitStatus::StillAlive) => {}
+            // Exited, or already reaped (then there is nothing to wait for).
+            Ok(_) | Err(_) => return true,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(LEADER_POLL).await;
+    }
 }
 
 /// `exit status: 1`, `signal: 9 (SIGKILL)`.

@@ -16,10 +16,13 @@ use crate::suite::mcp::{marker, processes_with};
 /// An MCP server (newline-delimited JSON-RPC on stdio) that notes in the
 /// file given as its first argument how it was ended: `stdin closed` (after
 /// a short delay, as a server finishing its work would) or `sigterm`. Its
-/// tool `ping` answers at once, `wait` never.
+/// tool `ping` answers at once, `wait` never. It starts a helper (tagged
+/// with its second argument) that outlives it unless stopped.
 const NOTING_SERVER: &str = r#"
 const fs = require("fs");
 const log = process.argv[2];
+// A helper in the server's process group, left behind when it exits.
+require("child_process").spawn("sh", ["-c", "sleep 60; true", process.argv[3]], { stdio: "ignore" });
 const send = (message) => process.stdout.write(JSON.stringify(message) + "\n");
 const reply = (id, result) => send({ jsonrpc: "2.0", id, result });
 process.on("SIGTERM", () => { fs.appendFileSync(log, "sigterm\n"); process.exit(0); });
@@ -163,7 +166,7 @@ async fn a_clean_keel_serve_shutdown_stops_the_sessions_mcp_servers_the_graceful
         .await;
     server.api.say("with-mcp", "hi").await;
     server.api.wait_idle("with-mcp").await;
-    assert_eq!(processes_with(&tag).len(), 1, "the session started its MCP server");
+    assert!(!processes_with(&tag).is_empty(), "the session started its MCP server");
     let (status, _) = tokio::task::spawn_blocking(move || server.terminate())
         .await
         .expect("stop");
