@@ -120,3 +120,31 @@ fn io_error(path: &Path, error: &std::io::Error) -> StoreError {
         format!("{}: {error}", path.display()),
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_database_names_its_holder_until_the_lock_is_dropped() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let database = dir.path().join("keel.sqlite3");
+        assert_eq!(ServeLock::holder(&database).expect("holder"), None);
+        let mut lock = ServeLock::acquire(&database, "first").expect("lock");
+        lock.describe("keel serve (pid 1, http://127.0.0.1:1)")
+            .expect("describe");
+        assert_eq!(
+            ServeLock::holder(&database).expect("holder").as_deref(),
+            Some("keel serve (pid 1, http://127.0.0.1:1)")
+        );
+        // Another spelling of the same path finds the same lock.
+        let relative = dir.path().join(".").join("keel.sqlite3");
+        match ServeLock::acquire(&relative, "second") {
+            Err(StoreError::Held { holder, .. }) => assert_eq!(holder, "keel serve (pid 1, http://127.0.0.1:1)"),
+            other => panic!("expected Held, got {other:?}"),
+        }
+        drop(lock);
+        assert_eq!(ServeLock::holder(&database).expect("holder"), None);
+        ServeLock::acquire(&database, "second").expect("free again");
+    }
+}
