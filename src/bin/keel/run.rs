@@ -67,7 +67,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // while the session opens is acted on at the first turn.
     let mut terminations = Terminations::listen()?;
     let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
-    let session_id = session_id(store.as_ref(), &args.db.path()?, args.session.as_deref()).await?;
+    // The hold keeps a `keel serve` from starting on the database (and
+    // taking this session) until the command ends.
+    let (session_id, _hold) = session_id(store.as_ref(), &args.db.path()?, args.session.as_deref()).await?;
     let mut config = agent_config(session_id.clone(), store, model, &keel_config, &args.tools, workspace).await;
     config.session_context.bot_id = args.bot.clone();
     config.instructions = args.system.clone();

@@ -141,7 +141,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let pid = std::process::id();
     let mut lock = keel::store::ServeLock::acquire(&database, &format!("keel serve (pid {pid})"))
-        .map_err(|error| anyhow::anyhow!("{error}; refusing to start (stop that server, or pass another --db)"))?;
+        .map_err(|error| anyhow::anyhow!("{error}; refusing to start (stop it, or pass another --db)"))?;
     keel::tools::workspace::sandbox::protect(lock.path());
     // Connections, not the open-file limit, should be what runs out first.
     keel::server::raise_open_file_limit();

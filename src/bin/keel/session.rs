@@ -9,7 +9,7 @@ use clap::Args;
 use keel::agent::AgentConfig;
 use keel::config::KeelConfig;
 use keel::protocol::new_id;
-use keel::store::{CheckpointStore, ServeLock};
+use keel::store::{CheckpointStore, ServeLock, SharedHold, StoreError};
 use keel::tools::workspace::SandboxPolicy;
 
 /// Which tools a session offers and where it works.
@@ -43,29 +43,37 @@ impl ToolArgs {
 }
 
 /// The session to open: `session` if the store has it (an error naming it
-/// otherwise), or a new id. A stored session of a database that a running
-/// `keel serve` holds is refused: opening it here would take it from the
-/// server, whose next request for it would fail.
+/// otherwise), or a new id; with the command's shared hold on the database
+/// (see [`ServeLock::share`]), to keep while the session is open. A stored
+/// session of a database that a running `keel serve` holds is refused:
+/// opening it here would take it from the server, whose next request for
+/// it would fail. A new one is opened without a hold (the server cannot
+/// know of it).
 pub(crate) async fn session_id(
     store: &dyn CheckpointStore,
     database: &Path,
     session: Option<&str>,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<(String, Option<SharedHold>)> {
+    let hold = match ServeLock::share(database) {
+        Ok(hold) => Ok(hold),
+        Err(StoreError::Held { holder, .. }) => Err(holder),
+        Err(error) => return Err(error.into()),
+    };
     match session {
         Some(id) => {
             if store.session_summary(id).await?.is_none() {
                 bail!("unknown session '{id}' (omit --session to start a new one)");
             }
-            if let Some(holder) = ServeLock::holder(database)? {
-                bail!(
+            match hold {
+                Ok(hold) => Ok((id.to_owned(), Some(hold))),
+                Err(holder) => bail!(
                     "session '{id}' is served by {holder} on the database {}: talk to it through the server \
                      (`keel chat --server URL --session {id}`), or stop the server first",
                     database.display()
-                );
+                ),
             }
-            Ok(id.to_owned())
         }
-        None => Ok(new_id()),
+        None => Ok((new_id(), hold.ok())),
     }
 }
 

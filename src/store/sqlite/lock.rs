@@ -7,6 +7,11 @@
 //! for as long as it runs; the lock is the kernel's (`flock`), so it goes
 //! away with the process however it ends. The file says who holds it (pid,
 //! address), for the message of whoever finds it held.
+//!
+//! `keel run` and `keel chat` take a *shared* hold on the same file
+//! ([`ServeLock::share`]) while they have a session open on the database: a
+//! server starting meanwhile would load their turn in flight and take the
+//! session from under them, so it refuses to start instead.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, Write};
@@ -42,9 +47,15 @@ impl ServeLock {
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(Errno::WOULDBLOCK) => {
+                // Shared holds only (terminal commands) let a shared probe
+                // in; another server's exclusive one does not.
+                let holder = match flock(&file, FlockOperation::NonBlockingLockShared) {
+                    Ok(()) => SHARED_HOLDERS.to_owned(),
+                    Err(_) => read_holder(&path),
+                };
                 return Err(StoreError::Held {
                     database: database.display().to_string(),
-                    holder: read_holder(&path),
+                    holder,
                 });
             }
             Err(error) => return Err(io_error(&path, &error.into())),
@@ -69,6 +80,29 @@ impl ServeLock {
         &self.path
     }
 
+    /// Takes a shared hold on the database at `database`, for a command that
+    /// opens a session on it directly: kept while the session is open, it
+    /// keeps a server from starting. Fails with [`StoreError::Held`], naming
+    /// the server, when one holds the database.
+    pub fn share(database: &Path) -> Result<SharedHold, StoreError> {
+        let path = lock_path(database)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|error| io_error(&path, &error))?;
+        match flock(&file, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => Ok(SharedHold { _file: file }),
+            Err(Errno::WOULDBLOCK) => Err(StoreError::Held {
+                database: database.display().to_string(),
+                holder: read_holder(&path),
+            }),
+            Err(error) => Err(io_error(&path, &error.into())),
+        }
+    }
+
     /// Who holds the lock of the database at `database`, if a process does
     /// (its description); `None` when no server holds it.
     pub fn holder(database: &Path) -> Result<Option<String>, StoreError> {
@@ -86,6 +120,16 @@ impl ServeLock {
             Err(error) => Err(io_error(&path, &error.into())),
         }
     }
+}
+
+/// Who holds a database when only shared holds are on it.
+const SHARED_HOLDERS: &str = "keel run or keel chat (a session opened on it directly)";
+
+/// A terminal command's shared hold on a database (see [`ServeLock::share`]);
+/// released when dropped.
+#[derive(Debug)]
+pub struct SharedHold {
+    _file: File,
 }
 
 /// `<database>-serve.lock`, in the database's directory made absolute, so
@@ -143,8 +187,18 @@ mod tests {
             Err(StoreError::Held { holder, .. }) => assert_eq!(holder, "keel serve (pid 1, http://127.0.0.1:1)"),
             other => panic!("expected Held, got {other:?}"),
         }
+        assert!(matches!(ServeLock::share(&database), Err(StoreError::Held { .. })));
         drop(lock);
         assert_eq!(ServeLock::holder(&database).expect("holder"), None);
+
+        // Terminal commands share; a server is then refused, naming them.
+        let first = ServeLock::share(&database).expect("share");
+        let second = ServeLock::share(&database).expect("share again");
+        match ServeLock::acquire(&database, "server") {
+            Err(StoreError::Held { holder, .. }) => assert_eq!(holder, SHARED_HOLDERS),
+            other => panic!("expected Held, got {other:?}"),
+        }
+        drop((first, second));
         ServeLock::acquire(&database, "second").expect("free again");
     }
 }

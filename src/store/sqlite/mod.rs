@@ -29,7 +29,7 @@ use rusqlite::ErrorCode;
 use tokio::sync::oneshot;
 
 use self::identity::FileIdentity;
-pub use self::lock::ServeLock;
+pub use self::lock::{ServeLock, SharedHold};
 use self::reader::ReaderPool;
 use self::writer::{Job, WriterCounters, Written};
 use super::{

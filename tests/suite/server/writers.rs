@@ -188,3 +188,46 @@ async fn a_read_only_shm_file_is_refused_at_start_with_a_message_naming_it() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keel_serve_refuses_to_start_while_keel_run_has_a_session_open_on_the_database() {
+    let scratch = Scratch::new();
+    let slow = super::support::slow_chunks(200, 100);
+    let model = scratch.script("slow.jsonl", &[&slow]);
+    let mut run = Command::new(env!("CARGO_BIN_EXE_keel"));
+    run.args(["run", "--json", "--no-tools", "--model", &model, "--db"])
+        .arg(scratch.db())
+        .arg("a long answer")
+        .env_remove("KEEL_CONFIG")
+        .env("KEEL_LOG", "warn")
+        .current_dir(scratch.dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut run = run.spawn().expect("spawn keel run");
+    // Its turn is in flight once it started.
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(run.stdout.take().expect("stdout")));
+    // The reader is kept: a closed stdout would end keel run.
+    let (started, _lines) = tokio::task::spawn_blocking(move || {
+        let started = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|line| line.contains("\"turn_started\""));
+        (started, lines)
+    })
+    .await
+    .expect("read keel run");
+    assert!(started, "keel run streamed nothing");
+
+    let command = ServeProcess::command(&scratch, &[]);
+    let (status, stderr) = tokio::task::spawn_blocking(move || run_to_end(command, Duration::from_secs(20)))
+        .await
+        .expect("keel serve");
+    assert!(!status.success(), "keel serve started beside keel run: {stderr}");
+    assert!(
+        stderr.contains("is already served by keel run or keel chat"),
+        "{stderr}"
+    );
+    assert_eq!(run.try_wait().expect("keel run"), None, "keel run was disturbed");
+    run.kill().expect("kill keel run");
+    run.wait().expect("reap keel run");
+}

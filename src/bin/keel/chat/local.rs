@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use keel::agent::{Agent, BusyPolicy, SessionHandle, SubmitOptions, create_agent};
 use keel::protocol::{EventMsg, Op, RecordedEvent};
-use keel::store::CheckpointStore;
+use keel::store::{CheckpointStore, SharedHold};
 
 use super::{BOT_ID, ChatArgs, Opened, Session};
 use crate::session::{agent_config, session_id};
@@ -15,6 +15,9 @@ use crate::session::{agent_config, session_id};
 pub(crate) struct LocalSession {
     agent: Agent,
     handle: SessionHandle,
+    /// Keeps a `keel serve` from starting on the database (and taking this
+    /// session) while the chat runs.
+    _hold: Option<SharedHold>,
 }
 
 /// Events read per page of a resumed session's history.
@@ -28,7 +31,7 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
     let workspace = args.tools.workspace()?;
     // Resuming needs the database that has the session: none is created.
     let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(args.session.is_none()).await?);
-    let id = session_id(store.as_ref(), &args.db.path()?, args.session.as_deref()).await?;
+    let (id, hold) = session_id(store.as_ref(), &args.db.path()?, args.session.as_deref()).await?;
     let mut history = Vec::new();
     if args.session.is_some() {
         loop {
@@ -77,7 +80,11 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
         .collect();
     let handle = agent.handle();
     Ok(Opened {
-        session: Session::Local(LocalSession { agent, handle }),
+        session: Session::Local(LocalSession {
+            agent,
+            handle,
+            _hold: hold,
+        }),
         history,
         startup,
         pending,
@@ -138,9 +145,11 @@ impl LocalSession {
 
     /// Stops the session after what is queued.
     pub(super) async fn close(self) -> anyhow::Result<()> {
-        let Self { agent, handle } = self;
+        let Self { agent, handle, _hold } = self;
         drop(handle);
         agent.shutdown().await?;
+        // Released only once the session is shut down.
+        drop(_hold);
         Ok(())
     }
 }
