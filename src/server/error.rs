@@ -167,6 +167,7 @@ impl From<StoreError> for ApiError {
             StoreError::UnknownSession(id) => Self::unknown_session(&id),
             StoreError::Invalid(message) => Self::InvalidRequest(message),
             StoreError::Closed => Self::Unavailable("the store is closed".to_owned()),
+            replaced @ StoreError::Replaced(_) => Self::Unavailable(replaced.to_string()),
             other => Self::Internal(format!("store failed: {other}")),
         }
     }

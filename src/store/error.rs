@@ -54,6 +54,18 @@ pub enum StoreError {
     /// The store was closed.
     #[error("store is closed")]
     Closed,
+    /// Another process (a running `keel serve`) holds the database.
+    #[error("the database {database} is already served by {holder}")]
+    Held {
+        /// The database file.
+        database: String,
+        /// Who holds it (pid and address, as it recorded them).
+        holder: String,
+    },
+    /// The database file was deleted or replaced while open: writes would
+    /// go to a file no one will read again, so the store refuses them all.
+    #[error("the database file {0} was deleted or replaced while in use; restart keel")]
+    Replaced(String),
     /// Any other failure of the storage backend (I/O, locking).
     #[error("{0}")]
     Backend(Arc<dyn std::error::Error + Send + Sync>),

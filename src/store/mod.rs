@@ -17,7 +17,7 @@ pub mod sqlite;
 use serde::{Deserialize, Serialize};
 
 pub use error::StoreError;
-pub use sqlite::{SqliteCheckpoint, SqliteOptions, Synchronous, WriterStats};
+pub use sqlite::{ServeLock, SharedHold, SqliteCheckpoint, SqliteOptions, Synchronous, WriterStats};
 
 use crate::model::BoxFuture;
 use std::collections::{BTreeMap, BTreeSet};

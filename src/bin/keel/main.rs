@@ -167,16 +167,23 @@ fn main() -> ExitCode {
         }
     };
     let outcome = runtime.block_on(async {
-        match command {
+        let outcome = match command {
             Command::Run(args) => run::run(args).await,
             Command::Chat(args) => chat::chat(args).await,
             Command::Serve(args) => serve::serve_command(args).await,
             Command::Events(args) => log::events(args).await,
             Command::Sessions(args) => log::sessions(args).await,
             Command::Bench(command) => bench::bench(command).await,
-            Command::SandboxExec(_) => anyhow::bail!("sandbox-exec runs before the async runtime starts"),
-        }
+            Command::SandboxExec(_) => Err(anyhow::anyhow!("sandbox-exec runs before the async runtime starts")),
+        };
+        // The MCP servers' graceful stop runs on this runtime: once it is
+        // dropped, what is left of them is killed outright.
+        keel::tools::mcp::stop_all_servers(MCP_STOP_LIMIT).await;
+        outcome
     });
+    // A line editor still blocked on the terminal (a chat ended by a signal
+    // at its prompt) must not keep the process from exiting.
+    runtime.shutdown_timeout(RUNTIME_STOP_LIMIT);
     match outcome {
         Ok(code) => code,
         Err(error) => {
@@ -185,6 +192,13 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// How long the MCP servers get, together, to stop when a command ends
+/// (each: two seconds after its stdin closed, two after `SIGTERM`).
+const MCP_STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long blocking work left at the end of a command may hold the exit.
+const RUNTIME_STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Writes a line to stdout; a closed pipe (`keel events | head`) is not an error.
 fn print_line(line: &str) -> anyhow::Result<()> {

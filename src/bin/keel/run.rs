@@ -12,8 +12,8 @@ use keel::protocol::{EventMsg, Op};
 use keel::store::CheckpointStore;
 
 use crate::console::{ApproveMode, Printer, decide};
-use crate::interrupts::Interrupts;
-use crate::session::{StoredSettings, ToolArgs, agent_config, new_session_id};
+use crate::interrupts::{Interrupts, Terminations};
+use crate::session::{StoredSettings, ToolArgs, agent_config, hold_database, new_session_id};
 use crate::{DbArgs, ModelArgs};
 
 /// Arguments of `keel run`.
@@ -68,6 +68,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .validate()
             .map_err(|error| anyhow::anyhow!("invalid message: {error}"))?;
     }
+    // From here on SIGTERM and SIGHUP end the command the way Ctrl-C does,
+    // with the session closed and the MCP servers stopped; one that comes
+    // while the session opens is acted on at the first turn.
+    let mut terminations = Terminations::listen()?;
     // A new session's model is built before the database is touched, so bad
     // input leaves nothing behind; a session being continued is read first,
     // for the model it keeps.
@@ -85,6 +89,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             (store, id, StoredSettings::default(), model, spec)
         }
     };
+    // The hold keeps a `keel serve` from starting on the database (and
+    // taking this session) until the command ends.
+    let _hold = hold_database(&args.db.path()?, args.session.as_deref())?;
     let instructions = args.system.clone().or(stored.instructions);
     let mut config = agent_config(session_id.clone(), store, model, &keel_config, &args.tools, workspace).await;
     config.session_context.bot_id = args.bot.clone();
@@ -120,6 +127,17 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         loop {
             let event = tokio::select! {
                 event = agent.next_event() => event,
+                code = terminations.next() => {
+                    if interrupted {
+                        eprintln!("stopped");
+                        return Ok(ExitCode::from(code));
+                    }
+                    // Like Ctrl-C; no further message runs after it.
+                    interrupted = true;
+                    control.push_front(Op::Interrupt { turn_id: turn_id.clone() });
+                    send_control(agent.sender(), &mut control)?;
+                    continue;
+                }
                 () = interrupts.next() => {
                     if interrupted {
                         // A second Ctrl-C: leave now. The turn is closed
@@ -158,7 +176,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
             send_control(agent.sender(), &mut control)?;
         }
-        if !all_completed {
+        if !all_completed || terminations.received().is_some() {
             break;
         }
     }
@@ -168,6 +186,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         printer.print(&event)?;
     }
     agent.shutdown().await?;
+    if let Some(code) = terminations.received() {
+        return Ok(ExitCode::from(code));
+    }
     Ok(match (all_completed, interrupted) {
         (true, _) => ExitCode::SUCCESS,
         (false, true) => ExitCode::from(130),

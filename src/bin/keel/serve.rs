@@ -132,12 +132,24 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let workspace_root = workspace_root
         .canonicalize()
         .with_context(|| format!("cannot use {} as the workspace root", workspace_root.display()))?;
+    // One server per database: a second one would keep taking sessions
+    // from the first, failing its clients' requests. Taken before the port,
+    // so that the message says who holds the database.
+    let database = args.db.path()?;
+    if let Some(parent) = database.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let pid = std::process::id();
+    let mut lock = keel::store::ServeLock::acquire(&database, &format!("keel serve (pid {pid})"))
+        .map_err(|error| anyhow::anyhow!("{error}; refusing to start (stop it, or pass another --db)"))?;
+    keel::tools::workspace::sandbox::protect(lock.path());
     // Connections, not the open-file limit, should be what runs out first.
     keel::server::raise_open_file_limit();
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let address = listener.local_addr()?;
+    lock.describe(&format!("keel serve (pid {pid}, http://{address})"))?;
     if token.is_none() && !address.ip().is_loopback() {
         anyhow::bail!(
             "refusing to listen on {address} without a token: pass --token-file FILE (or listen on 127.0.0.1)"
@@ -164,6 +176,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     eprintln!("keel serve listening on http://{address}");
     serve(listener, config, shutdown_signal()).await?;
+    drop(lock);
     eprintln!("keel serve stopped");
     Ok(ExitCode::SUCCESS)
 }

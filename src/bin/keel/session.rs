@@ -1,7 +1,7 @@
 //! Opening a session on the local database, shared by `keel run` and
 //! `keel chat`: the session id, the workspace and the tools.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -9,7 +9,7 @@ use clap::Args;
 use keel::agent::AgentConfig;
 use keel::config::KeelConfig;
 use keel::protocol::new_id;
-use keel::store::CheckpointStore;
+use keel::store::{CheckpointStore, ServeLock, SharedHold, StoreError};
 use keel::tools::workspace::SandboxPolicy;
 
 /// Which tools a session offers and where it works.
@@ -87,6 +87,26 @@ pub(crate) async fn new_session_id(store: &dyn CheckpointStore, chosen: Option<&
             Ok(id.to_owned())
         }
         None => Ok(new_id()),
+    }
+}
+
+/// The command's shared hold on `database` (see [`ServeLock::share`]), to
+/// keep while a session is open, so that no `keel serve` starts on the
+/// database and takes the session meanwhile. A stored session (`resumed`)
+/// of a database that a running `keel serve` holds is refused: opening it
+/// here would take it from the server, whose next request for it would
+/// fail. A new session is opened without a hold then (the server cannot
+/// know of it).
+pub(crate) fn hold_database(database: &Path, resumed: Option<&str>) -> anyhow::Result<Option<SharedHold>> {
+    match (ServeLock::share(database), resumed) {
+        (Ok(hold), _) => Ok(Some(hold)),
+        (Err(StoreError::Held { holder, .. }), Some(id)) => bail!(
+            "session '{id}' is served by {holder} on the database {}: talk to it through the server \
+             (`keel chat --server URL --session {id}`), or stop the server first",
+            database.display()
+        ),
+        (Err(StoreError::Held { .. }), None) => Ok(None),
+        (Err(error), _) => Err(error.into()),
     }
 }
 

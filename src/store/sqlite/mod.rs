@@ -12,6 +12,8 @@
 
 mod checkpointer;
 mod codec;
+mod identity;
+mod lock;
 mod reader;
 mod schema;
 mod writer;
@@ -26,6 +28,8 @@ use std::thread::JoinHandle;
 use rusqlite::ErrorCode;
 use tokio::sync::oneshot;
 
+use self::identity::FileIdentity;
+pub use self::lock::{ServeLock, SharedHold};
 use self::reader::ReaderPool;
 use self::writer::{Job, WriterCounters, Written};
 use super::{
@@ -95,6 +99,9 @@ pub struct SqliteCheckpoint {
     /// The writer thread, then the checkpointer thread (which ends after it).
     threads: Mutex<Vec<JoinHandle<()>>>,
     readers: Arc<ReaderPool>,
+    /// The file opened; every read and commit checks the path still leads
+    /// to it.
+    identity: Arc<FileIdentity>,
 }
 
 impl SqliteCheckpoint {
@@ -108,11 +115,18 @@ impl SqliteCheckpoint {
     pub fn with_options(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         let mut conn = schema::open_writer(&path, &options)?;
+        let identity = Arc::new(FileIdentity::of(&path)?);
         let counters = Arc::new(WriterCounters::default());
         let checkpointer = checkpointer::start(&mut conn, &path, Arc::clone(&counters))?;
-        let (jobs, writer) = writer::spawn(conn, options.max_jobs_per_commit, Arc::clone(&counters))
-            .map_err(|error| StoreError::Backend(Arc::new(error)))?;
+        let (jobs, writer) = writer::spawn(
+            conn,
+            options.max_jobs_per_commit,
+            Arc::clone(&counters),
+            Arc::clone(&identity),
+        )
+        .map_err(|error| StoreError::Backend(Arc::new(error)))?;
         Ok(Self {
+            identity,
             counters,
             readers: Arc::new(ReaderPool::new(path.clone())),
             path,
@@ -182,9 +196,13 @@ impl SqliteCheckpoint {
             return Err(StoreError::Closed);
         }
         let readers = Arc::clone(&self.readers);
-        tokio::task::spawn_blocking(move || readers.with(read))
-            .await
-            .map_err(|error| StoreError::Backend(Arc::new(error)))?
+        let identity = Arc::clone(&self.identity);
+        tokio::task::spawn_blocking(move || {
+            identity.check()?;
+            readers.with(read)
+        })
+        .await
+        .map_err(|error| StoreError::Backend(Arc::new(error)))?
     }
 }
 

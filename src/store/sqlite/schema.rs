@@ -83,6 +83,7 @@ CREATE INDEX sessions_by_bot ON sessions (bot_id, key);
 /// Opens the writer connection: WAL, the configured durability, an optional
 /// size cap, and the schema brought up to date.
 pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
+    super::identity::check_shm_writable(path)?;
     let mut conn = Connection::open(path).map_err(|e| super::store_error(e, path))?;
     configure(&conn).map_err(|e| super::store_error(e, path))?;
     // Refuse a newer schema before changing anything: switching to WAL

@@ -16,6 +16,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
 use super::codec;
+use super::identity::FileIdentity;
 use crate::protocol::now_ms;
 use crate::store::{
     AppendReceipt, CheckpointWrite, EncodedEvent, OpenBatch, QueueChange, QueuedSubmission, StoreError,
@@ -120,15 +121,22 @@ pub(super) fn spawn(
     conn: Connection,
     max_jobs_per_commit: usize,
     counters: Arc<WriterCounters>,
+    identity: Arc<FileIdentity>,
 ) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<()>)> {
     let (jobs, queue) = mpsc::channel();
     let handle = std::thread::Builder::new()
         .name("keel-sqlite-writer".into())
-        .spawn(move || run(conn, queue, max_jobs_per_commit.max(1), &counters))?;
+        .spawn(move || run(conn, queue, max_jobs_per_commit.max(1), &counters, &identity))?;
     Ok((jobs, handle))
 }
 
-fn run(mut conn: Connection, queue: mpsc::Receiver<Job>, max_jobs: usize, counters: &WriterCounters) {
+fn run(
+    mut conn: Connection,
+    queue: mpsc::Receiver<Job>,
+    max_jobs: usize,
+    counters: &WriterCounters,
+    identity: &FileIdentity,
+) {
     let mut group = Vec::with_capacity(max_jobs);
     while let Ok(first) = queue.recv() {
         group.push(first);
@@ -138,17 +146,27 @@ fn run(mut conn: Connection, queue: mpsc::Receiver<Job>, max_jobs: usize, counte
                 Err(_) => break,
             }
         }
-        commit_group(&mut conn, &mut group, counters);
+        // A database deleted or replaced under its path takes no more
+        // writes: they would be acknowledged and then lost.
+        if let Err(error) = identity.check() {
+            for job in group.drain(..) {
+                job.answer(Err(error.clone()));
+            }
+            continue;
+        }
+        commit_group(&mut conn, &mut group, counters, identity);
     }
     tracing::debug!("sqlite writer stopped");
 }
 
 /// Commits a group of jobs in one transaction and answers each of them.
-fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCounters) {
+fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCounters, identity: &FileIdentity) {
     let now = now_ms();
     let started = std::time::Instant::now();
     let writes: Vec<Write<'_>> = group.iter().map(Job::seal).collect();
-    let outcome = run_group(conn, &writes, now);
+    // Checked again after the commit: a file deleted while it ran got the
+    // commit, but no one will read it, so it is not acknowledged.
+    let outcome = run_group(conn, &writes, now).and_then(|done| identity.check().map(|()| done));
     let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
     if let Ok((outcomes, commits)) = &outcome {
         // Count only what was written.

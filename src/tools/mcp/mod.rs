@@ -44,7 +44,9 @@
 //! old one is stopped and waited for before a new one is started, and the
 //! process goes away with the last [`Arc`] of its [`McpServer`] (held by its
 //! tools): stdin closed, then `SIGTERM`, then `SIGKILL` to its process
-//! group, then reaped, so nothing is left behind, zombies included.
+//! group, then reaped, so nothing is left behind, zombies included. A
+//! command ends with [`stop_all_servers`], so that this graceful stop runs
+//! before the async runtime ends (which would kill the groups outright).
 
 mod naming;
 mod process;
@@ -73,6 +75,16 @@ use self::process::ServerProcess;
 use super::{ProgressSink, Tool, ToolContext, ToolError, ToolSource};
 pub use crate::config::{McpConfig, McpServerConfig, McpTransport};
 use crate::model::{BoxFuture, ToolSpec};
+
+/// Stops every MCP server process this process still runs, the graceful
+/// way (stdin closed, then `SIGTERM`, then `SIGKILL` to its process
+/// group), and waits until each one is reaped, at most `limit`; returns how
+/// many were left. Call it at the end of a command, after its sessions shut
+/// down: when the async runtime ends, the tasks that would stop the servers
+/// gracefully end with it, and the servers are killed outright.
+pub async fn stop_all_servers(limit: Duration) -> usize {
+    process::stop_all(limit).await
+}
 
 /// How long to wait, after the connection to a process was lost, for the
 /// process to end, so the error can say how it ended. It is dead already

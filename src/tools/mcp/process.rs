@@ -5,10 +5,11 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
@@ -24,6 +25,9 @@ const INHERITED_ENV: [&str; 10] = [
 /// then after `SIGTERM`, before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
+/// How often a stopping server is looked at to see whether it exited.
+const LEADER_POLL: Duration = Duration::from_millis(20);
+
 /// How long to wait, after the process ended, for the rest of its stderr
 /// (a grandchild may hold the pipe open).
 const STDERR_DRAIN: Duration = Duration::from_secs(1);
@@ -33,6 +37,57 @@ const STDERR_TAIL_LINES: usize = 8;
 const STDERR_LINE_CHARS: usize = 300;
 /// Longer stderr lines are split (for the log) at this many bytes.
 const STDERR_LINE_BYTES: usize = 8 * 1024;
+
+/// Every server process of this process not yet reaped: how many, and a
+/// signal that asks them all to stop. A process ends when its runtime
+/// does; without waiting here first, its reaper task would be dropped
+/// with the runtime and kill the group at once, with no graceful stop.
+struct Registry {
+    /// Reaper tasks still running.
+    live: watch::Sender<usize>,
+    /// Bumped to ask every server started before to stop.
+    stop_all: watch::Sender<u64>,
+}
+
+static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
+    live: watch::Sender::new(0),
+    stop_all: watch::Sender::new(0),
+});
+
+/// Counts a reaper task as live until it is dropped (it ended, or the
+/// runtime dropped it).
+struct LiveGuard;
+
+impl LiveGuard {
+    fn new() -> Self {
+        REGISTRY.live.send_modify(|live| *live += 1);
+        Self
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        REGISTRY.live.send_modify(|live| *live = live.saturating_sub(1));
+    }
+}
+
+/// Stops every MCP server process this process started and still runs (the
+/// graceful way: stdin closed, `SIGTERM`, then `SIGKILL` to its group) and
+/// waits until each one has been reaped, at most `limit`. Returns how many
+/// were still unreaped when the limit passed (0 normally). For the end of a
+/// command: processes the runtime would otherwise kill outright as it drops
+/// their reaper tasks.
+pub(crate) async fn stop_all(limit: Duration) -> usize {
+    REGISTRY.stop_all.send_modify(|generation| *generation += 1);
+    let mut live = REGISTRY.live.subscribe();
+    let reaped = tokio::time::timeout(limit, live.wait_for(|live| *live == 0)).await;
+    if reaped.is_err() {
+        let left = *REGISTRY.live.borrow();
+        tracing::warn!(left, "MCP server processes were still running at exit");
+        return left;
+    }
+    0
+}
 
 /// A running (or ended) server process. Dropping it stops the process.
 pub(super) struct ServerProcess {
@@ -104,7 +159,13 @@ impl ServerProcess {
         let (stop, stop_requested) = watch::channel(false);
         let (state_sender, state) = watch::channel(State::Running);
         let guard = GroupGuard { child, pgid: pid };
-        tokio::spawn(reap(server.to_owned(), guard, stop_requested, state_sender, reader));
+        let live = LiveGuard::new();
+        let stop_all = REGISTRY.stop_all.subscribe();
+        let server = server.to_owned();
+        tokio::spawn(async move {
+            let _live = live;
+            reap(server, guard, stop_requested, stop_all, state_sender, reader).await;
+        });
         Ok((
             Self {
                 pid,
@@ -192,6 +253,7 @@ async fn reap(
     server: String,
     mut guard: GroupGuard,
     mut stop_requested: watch::Receiver<bool>,
+    mut stop_all: watch::Receiver<u64>,
     state: watch::Sender<State>,
     reader: tokio::task::JoinHandle<()>,
 ) {
@@ -199,6 +261,8 @@ async fn reap(
         status = guard.child.wait() => status,
         // A stop request, or the handle was dropped.
         () = async { drop(stop_requested.wait_for(|stop| *stop).await) } => stop(&mut guard).await,
+        // The command is ending (`stop_all`).
+        Ok(()) = stop_all.changed() => stop(&mut guard).await,
     };
     let description = match status {
         Ok(status) => describe(status),
@@ -216,17 +280,43 @@ async fn reap(
 }
 
 /// Stops the process: it had its stdin closed (the MCP way), then gets
-/// `SIGTERM`, then `SIGKILL`; returns its exit status once reaped.
+/// `SIGTERM`, then `SIGKILL`; returns its exit status once reaped. Once the
+/// leader has exited, what it left running in its group (the server `npx`
+/// started, a helper of the server's) gets `SIGTERM` too, before the leader
+/// is reaped: until then its group id cannot have been reused.
 async fn stop(guard: &mut GroupGuard) -> std::io::Result<ExitStatus> {
-    if let Ok(status) = tokio::time::timeout(STOP_GRACE, guard.child.wait()).await {
-        return status;
-    }
-    guard.signal(Signal::SIGTERM);
-    if let Ok(status) = tokio::time::timeout(STOP_GRACE, guard.child.wait()).await {
-        return status;
+    for signal in [None, Some(Signal::SIGTERM)] {
+        if let Some(signal) = signal {
+            guard.signal(signal);
+        }
+        if leader_exits_within(guard, STOP_GRACE).await {
+            guard.signal(Signal::SIGTERM);
+            return guard.child.wait().await;
+        }
     }
     guard.signal(Signal::SIGKILL);
     guard.child.wait().await
+}
+
+/// Whether the group's leader exits within `limit`, seen without reaping
+/// it (`WNOWAIT`), so it stays a zombie holding the group id.
+async fn leader_exits_within(guard: &GroupGuard, limit: Duration) -> bool {
+    let Ok(pid) = i32::try_from(guard.pgid) else {
+        return true;
+    };
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+        match waitid(Id::Pid(Pid::from_raw(pid)), flags) {
+            Ok(WaitStatus::StillAlive) => {}
+            // Exited, or already reaped (then there is nothing to wait for).
+            Ok(_) | Err(_) => return true,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(LEADER_POLL).await;
+    }
 }
 
 /// `exit status: 1`, `signal: 9 (SIGKILL)`.

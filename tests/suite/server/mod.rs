@@ -13,4 +13,5 @@ mod sandbox_escape;
 mod sessions;
 mod streams;
 pub(super) mod support;
+mod writers;
 mod ws;

@@ -6,15 +6,18 @@ use std::sync::Arc;
 use anyhow::Context;
 use keel::agent::{Agent, BusyPolicy, SessionHandle, SubmitOptions, create_agent};
 use keel::protocol::{EventMsg, Op, RecordedEvent};
-use keel::store::CheckpointStore;
+use keel::store::{CheckpointStore, SharedHold};
 
 use super::{BOT_ID, ChatArgs, Opened, Session};
-use crate::session::{StoredSettings, agent_config, new_session_id};
+use crate::session::{StoredSettings, agent_config, hold_database, new_session_id};
 
 /// A session opened in this process.
 pub(crate) struct LocalSession {
     agent: Agent,
     handle: SessionHandle,
+    /// Keeps a `keel serve` from starting on the database (and taking this
+    /// session) while the chat runs.
+    _hold: Option<SharedHold>,
 }
 
 /// Events read per page of a resumed session's history.
@@ -43,6 +46,7 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
             (store, id, StoredSettings::default(), model, spec)
         }
     };
+    let hold = hold_database(&args.db.path()?, args.session.as_deref())?;
     let mut history = Vec::new();
     if args.session.is_some() {
         loop {
@@ -101,7 +105,11 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
         .collect();
     let handle = agent.handle();
     Ok(Opened {
-        session: Session::Local(LocalSession { agent, handle }),
+        session: Session::Local(LocalSession {
+            agent,
+            handle,
+            _hold: hold,
+        }),
         history,
         startup,
         pending,
@@ -168,9 +176,11 @@ impl LocalSession {
 
     /// Stops the session after what is queued.
     pub(super) async fn close(self) -> anyhow::Result<()> {
-        let Self { agent, handle } = self;
+        let Self { agent, handle, _hold } = self;
         drop(handle);
         agent.shutdown().await?;
+        // Released only once the session is shut down.
+        drop(_hold);
         Ok(())
     }
 }

@@ -29,7 +29,7 @@ use keel::protocol::{AbortReason, ApprovalDecision, ApprovalRequestedEvent, Even
 use self::input::{Input, Read};
 use self::render::Renderer;
 use crate::console::{ApproveMode, decide_without_asking};
-use crate::interrupts::Interrupts;
+use crate::interrupts::{Interrupts, Terminations};
 use crate::session::ToolArgs;
 use crate::{DbArgs, ModelArgs, print_line};
 
@@ -89,6 +89,10 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     // Listening from the start: Ctrl-C while the session opens (a slow
     // server, say) leaves.
     let mut interrupts = Interrupts::listen()?;
+    // SIGTERM and SIGHUP (a closed terminal, a systemd stop) end the chat
+    // the way Ctrl-C does, with the session closed and its MCP servers
+    // stopped, instead of killing the process on the spot.
+    let mut terminations = Terminations::listen()?;
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let opening = async {
         match &args.server {
@@ -99,6 +103,7 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     let opened = tokio::select! {
         opened = opening => opened?,
         () = interrupts.next() => return Ok(ExitCode::from(INTERRUPTED)),
+        code = terminations.next() => return Ok(ExitCode::from(code)),
     };
     let Opened {
         session,
@@ -126,6 +131,7 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
         session,
         input,
         interrupts,
+        terminations,
         render,
         approve: args.approve,
         interactive,
@@ -134,7 +140,7 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     let Chat { session, .. } = chat;
     match finish {
         // The turn is closed (runtime_stopped) when the session is next opened.
-        Finish::Leave => Ok(ExitCode::from(INTERRUPTED)),
+        Finish::Leave(code) => Ok(ExitCode::from(code)),
         Finish::Code(code) => {
             session.close().await?;
             Ok(ExitCode::from(code))
@@ -149,8 +155,8 @@ const INTERRUPTED: u8 = 130;
 enum Finish {
     /// Close the session, then exit with this code.
     Code(u8),
-    /// Leave at once (a second Ctrl-C during a turn).
-    Leave,
+    /// Leave at once with this code (a second Ctrl-C during a turn).
+    Leave(u8),
 }
 
 /// A session opened for chatting.
@@ -304,6 +310,7 @@ struct Chat {
     session: Session,
     input: Input,
     interrupts: Interrupts,
+    terminations: Terminations,
     render: Renderer,
     approve: ApproveMode,
     /// The line editor, prompts and colours (stdin and stdout are terminals);
@@ -334,16 +341,23 @@ impl Chat {
                 }
             }
             if self.follow(Until::Turn(turn_id)).await? == Outcome::Leave {
-                return Ok(Finish::Leave);
+                return Ok(Finish::Leave(self.leave_code()));
             }
         }
         if self.session.busy().await? && self.follow(Until::Idle).await? == Outcome::Leave {
-            return Ok(Finish::Leave);
+            return Ok(Finish::Leave(self.leave_code()));
+        }
+        if let Some(code) = self.terminations.received() {
+            return Ok(Finish::Code(code));
         }
 
         let mut all_completed = true;
         loop {
-            let line = match self.input.read(&mut self.interrupts).await? {
+            let read = tokio::select! {
+                read = self.input.read(&mut self.interrupts) => read?,
+                code = self.terminations.next() => return Ok(Finish::Code(code)),
+            };
+            let line = match read {
                 Read::Line(line) => line,
                 Read::Eof => break,
                 Read::Interrupted if self.interactive => break,
@@ -377,9 +391,17 @@ impl Chat {
             self.interrupts.forget();
             let submission_id = self.session.submit(text).await?;
             self.render.waiting();
-            match self.follow(Until::TurnOf(submission_id)).await? {
+            let outcome = self.follow(Until::TurnOf(submission_id)).await?;
+            if let Some(code) = self.terminations.received() {
+                return Ok(if outcome == Outcome::Leave {
+                    Finish::Leave(code)
+                } else {
+                    Finish::Code(code)
+                });
+            }
+            match outcome {
                 Outcome::Completed => {}
-                Outcome::Leave => return Ok(Finish::Leave),
+                Outcome::Leave => return Ok(Finish::Leave(INTERRUPTED)),
                 // At the terminal the user saw what happened and goes on.
                 _ if self.interactive => {}
                 Outcome::Interrupted => return Ok(Finish::Code(INTERRUPTED)),
@@ -394,6 +416,12 @@ impl Chat {
             print_line("")?;
         }
         Ok(Finish::Code(if all_completed { 0 } else { 1 }))
+    }
+
+    /// The exit code of leaving at once: after SIGTERM or SIGHUP, theirs;
+    /// else Ctrl-C's.
+    fn leave_code(&self) -> u8 {
+        self.terminations.received().unwrap_or(INTERRUPTED)
     }
 
     /// A problem with what was typed: a line on stderr at the terminal; in
@@ -421,6 +449,17 @@ impl Chat {
         loop {
             let event = tokio::select! {
                 event = self.session.next_event() => event?,
+                _ = self.terminations.next() => {
+                    // Like Ctrl-C; the chat ends once the turn has.
+                    if interrupted {
+                        self.render.end_turn()?;
+                        eprintln!("stopped");
+                        return Ok(Outcome::Leave);
+                    }
+                    interrupted = true;
+                    self.interrupt(ours.clone().or_else(|| running.clone())).await?;
+                    continue;
+                }
                 () = self.interrupts.next() => {
                     if interrupted {
                         self.render.end_turn()?;
@@ -510,7 +549,11 @@ impl Chat {
             return Ok(Some(decision));
         }
         let question = crate::console::approval_question(request);
-        self.input.ask(&question, &mut self.interrupts).await
+        tokio::select! {
+            answer = self.input.ask(&question, &mut self.interrupts) => answer,
+            // As Ctrl-C at the question: the turn is interrupted.
+            _ = self.terminations.next() => Ok(None),
+        }
     }
 }
 

@@ -1,0 +1,89 @@
+//! The identity of the database file, checked around every commit and read.
+//!
+//! An open SQLite connection keeps writing to the file it opened even after
+//! that file was deleted or replaced under its path: commits would still be
+//! acknowledged, then be gone at the next start. The store remembers the
+//! file's device and inode when it opens it and, once the path no longer
+//! leads to that file, fails closed: every later write and read is refused
+//! with [`StoreError::Replaced`], so nothing more is acknowledged and
+//! readiness checks say not ready.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::store::StoreError;
+
+/// The file a store opened, and whether its path still leads to it.
+#[derive(Debug)]
+pub(super) struct FileIdentity {
+    path: PathBuf,
+    device: u64,
+    inode: u64,
+    /// Set, for good, once the path was found to lead elsewhere.
+    lost: AtomicBool,
+}
+
+impl FileIdentity {
+    /// Remembers the file now at `path` (which must exist).
+    pub(super) fn of(path: &Path) -> Result<Self, StoreError> {
+        let metadata = std::fs::metadata(path).map_err(|error| {
+            StoreError::Backend(std::sync::Arc::new(std::io::Error::new(
+                error.kind(),
+                format!("cannot read {}: {error}", path.display()),
+            )))
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            lost: AtomicBool::new(false),
+        })
+    }
+
+    /// `Ok` while the path still leads to the file that was opened. A
+    /// `stat`: cheap beside the fsync of a commit.
+    pub(super) fn check(&self) -> Result<(), StoreError> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(self.error());
+        }
+        let same = std::fs::metadata(&self.path)
+            .is_ok_and(|metadata| metadata.dev() == self.device && metadata.ino() == self.inode);
+        if same {
+            return Ok(());
+        }
+        if !self.lost.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                path = %self.path.display(),
+                "the database file was deleted or replaced while open; refusing every write and read from now on"
+            );
+        }
+        Err(self.error())
+    }
+
+    fn error(&self) -> StoreError {
+        StoreError::Replaced(self.path.display().to_string())
+    }
+}
+
+/// Refuses a database whose shared-memory file (`-shm`, the WAL index every
+/// connection maps) exists but cannot be written by this process: SQLite
+/// would fail later with a puzzling "readonly database", or, mapped read
+/// only, die of `SIGBUS` with no word. Checked before the first connection.
+pub(super) fn check_shm_writable(database: &Path) -> Result<(), StoreError> {
+    let mut name = database.as_os_str().to_os_string();
+    name.push("-shm");
+    let shm = PathBuf::from(name);
+    match std::fs::OpenOptions::new().read(true).write(true).open(&shm) {
+        Ok(_) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(StoreError::Backend(std::sync::Arc::new(std::io::Error::new(
+            error.kind(),
+            format!(
+                "the database's shared-memory file {} is not writable by this process ({error}): \
+                 give it the database's owner and mode, or delete it while no process has the database open",
+                shm.display()
+            ),
+        )))),
+    }
+}
