@@ -1,7 +1,9 @@
 //! Benchmark workloads, shared by `keel bench` and `cargo bench`.
 //!
 //! - [`turns`]: the runtime-neutral "durable streaming agent turns" workload
-//!   (`shared/bench/langgraph`), run through the real agent runtime;
+//!   (the one LangGraph is measured with: S sessions × T turns of K
+//!   streamed chunks of B bytes, every chunk persisted), run through the
+//!   real agent runtime;
 //! - [`recorder`]: durable events per second through the event recorder, with
 //!   and without group commit;
 //! - [`serve`]: the same turns driven over `keel serve`'s HTTP API and event

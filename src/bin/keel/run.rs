@@ -2,18 +2,16 @@
 
 use std::collections::VecDeque;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use keel::agent::SubmissionSender;
 use keel::agent::create_agent;
 use keel::protocol::{EventMsg, Op};
-use keel::store::CheckpointStore;
 
 use crate::console::{ApproveMode, Printer, decide};
 use crate::interrupts::{Interrupts, Terminations};
-use crate::session::{StoredSettings, ToolArgs, agent_config, hold_database, new_session_id};
+use crate::session::{Opening, StoredSettings, ToolArgs, agent_config};
 use crate::{DbArgs, ModelArgs};
 
 /// Arguments of `keel run`.
@@ -72,26 +70,24 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // with the session closed and the MCP servers stopped; one that comes
     // while the session opens is acted on at the first turn.
     let mut terminations = Terminations::listen()?;
-    // A new session's model is built before the database is touched, so bad
-    // input leaves nothing behind; a session being continued is read first,
-    // for the model it keeps.
-    let (store, session_id, stored, model, spec) = match &args.session {
-        Some(id) => {
-            let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
-            let stored = StoredSettings::of(store.as_ref(), id).await?;
-            let (model, spec) = args.model.build(&keel_config, stored.model.as_deref())?;
-            (store, id.clone(), stored, model, spec)
-        }
-        None => {
-            let (model, spec) = args.model.build(&keel_config, None)?;
-            let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
-            let id = new_session_id(store.as_ref(), args.new_session.as_deref()).await?;
-            (store, id, StoredSettings::default(), model, spec)
-        }
-    };
-    // The hold keeps a `keel serve` from starting on the database (and
+    // Its hold keeps a `keel serve` from starting on the database (and
     // taking this session) until the command ends.
-    let _hold = hold_database(&args.db.path()?, args.session.as_deref())?;
+    let Opening {
+        store,
+        id: session_id,
+        stored,
+        model,
+        spec,
+        hold: _hold,
+    } = Opening::prepare(
+        &args.db,
+        &args.model,
+        &keel_config,
+        args.session.as_deref(),
+        args.new_session.as_deref(),
+        true,
+    )
+    .await?;
     let instructions = args.system.clone().or(stored.instructions);
     let mut config = agent_config(session_id.clone(), store, model, &keel_config, &args.tools, workspace).await;
     config.session_context.bot_id = args.bot.clone();

@@ -12,6 +12,8 @@ use keel::protocol::new_id;
 use keel::store::{CheckpointStore, ServeLock, SharedHold, StoreError};
 use keel::tools::workspace::SandboxPolicy;
 
+use crate::{DbArgs, ModelArgs};
+
 /// Which tools a session offers and where it works.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct ToolArgs {
@@ -78,7 +80,7 @@ impl StoredSettings {
 
 /// The id for a new session: `chosen` if the store does not have it yet (an
 /// error naming it otherwise), or a fresh one.
-pub(crate) async fn new_session_id(store: &dyn CheckpointStore, chosen: Option<&str>) -> anyhow::Result<String> {
+async fn new_session_id(store: &dyn CheckpointStore, chosen: Option<&str>) -> anyhow::Result<String> {
     match chosen {
         Some(id) => {
             if store.session_summary(id).await?.is_some() {
@@ -90,6 +92,59 @@ pub(crate) async fn new_session_id(store: &dyn CheckpointStore, chosen: Option<&
     }
 }
 
+/// A session `run` or `chat` is about to open: its store, id, what it
+/// keeps from its creation, its model, and the command's hold on the
+/// database.
+pub(crate) struct Opening {
+    pub(crate) store: Arc<dyn CheckpointStore>,
+    pub(crate) id: String,
+    pub(crate) stored: StoredSettings,
+    pub(crate) model: Arc<dyn keel::Model>,
+    pub(crate) spec: String,
+    pub(crate) hold: Option<SharedHold>,
+}
+
+impl Opening {
+    /// Prepares `session` (a stored one, whose model and prompt it keeps)
+    /// or a new session (under `new_session` if given). A new session's
+    /// model is built before the database is touched, so bad input leaves
+    /// nothing behind; a session being continued is read first, for the
+    /// model it keeps (`create_on_resume`: whether a missing database is
+    /// created then, to report the unknown session in it).
+    pub(crate) async fn prepare(
+        db: &DbArgs,
+        model: &ModelArgs,
+        keel_config: &KeelConfig,
+        session: Option<&str>,
+        new_session: Option<&str>,
+        create_on_resume: bool,
+    ) -> anyhow::Result<Self> {
+        let (store, id, stored, model, spec) = match session {
+            Some(id) => {
+                let store: Arc<dyn CheckpointStore> = Arc::new(db.open(create_on_resume).await?);
+                let stored = StoredSettings::of(store.as_ref(), id).await?;
+                let (model, spec) = model.build(keel_config, stored.model.as_deref())?;
+                (store, id.to_owned(), stored, model, spec)
+            }
+            None => {
+                let (model, spec) = model.build(keel_config, None)?;
+                let store: Arc<dyn CheckpointStore> = Arc::new(db.open(true).await?);
+                let id = new_session_id(store.as_ref(), new_session).await?;
+                (store, id, StoredSettings::default(), model, spec)
+            }
+        };
+        let hold = hold_database(&db.path()?, session)?;
+        Ok(Self {
+            store,
+            id,
+            stored,
+            model,
+            spec,
+            hold,
+        })
+    }
+}
+
 /// The command's shared hold on `database` (see [`ServeLock::share`]), to
 /// keep while a session is open, so that no `keel serve` starts on the
 /// database and takes the session meanwhile. A stored session (`resumed`)
@@ -97,7 +152,7 @@ pub(crate) async fn new_session_id(store: &dyn CheckpointStore, chosen: Option<&
 /// here would take it from the server, whose next request for it would
 /// fail. A new session is opened without a hold then (the server cannot
 /// know of it).
-pub(crate) fn hold_database(database: &Path, resumed: Option<&str>) -> anyhow::Result<Option<SharedHold>> {
+fn hold_database(database: &Path, resumed: Option<&str>) -> anyhow::Result<Option<SharedHold>> {
     match (ServeLock::share(database), resumed) {
         (Ok(hold), _) => Ok(Some(hold)),
         (Err(StoreError::Held { holder, .. }), Some(id)) => bail!(

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use keel::agent::{Agent, BusyPolicy, SessionHandle, SubmitOptions, create_agent};
 use keel::protocol::{EventMsg, Op, RecordedEvent};
-use keel::store::{CheckpointStore, SharedHold};
+use keel::store::SharedHold;
 
 use super::{BOT_ID, ChatArgs, Opened, Session};
-use crate::session::{StoredSettings, agent_config, hold_database, new_session_id};
+use crate::session::{Opening, StoredSettings, agent_config};
 
 /// A session opened in this process.
 pub(crate) struct LocalSession {
@@ -29,24 +29,23 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
     // session work starts.
     let keel_config = args.model.config()?;
     let workspace = args.tools.workspace()?;
-    // A new session's model is built before the database is touched;
-    // resuming needs the database that has the session (none is created),
-    // read first for the model the session keeps.
-    let (store, id, stored, model, spec) = match &args.session {
-        Some(id) => {
-            let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(false).await?);
-            let stored = StoredSettings::of(store.as_ref(), id).await?;
-            let (model, spec) = args.model.build(&keel_config, stored.model.as_deref())?;
-            (store, id.clone(), stored, model, spec)
-        }
-        None => {
-            let (model, spec) = args.model.build(&keel_config, None)?;
-            let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
-            let id = new_session_id(store.as_ref(), args.new_session.as_deref()).await?;
-            (store, id, StoredSettings::default(), model, spec)
-        }
-    };
-    let hold = hold_database(&args.db.path()?, args.session.as_deref())?;
+    // Resuming needs the database that has the session: none is created.
+    let Opening {
+        store,
+        id,
+        stored,
+        model,
+        spec,
+        hold,
+    } = Opening::prepare(
+        &args.db,
+        &args.model,
+        &keel_config,
+        args.session.as_deref(),
+        args.new_session.as_deref(),
+        false,
+    )
+    .await?;
     let mut history = Vec::new();
     if args.session.is_some() {
         loop {
