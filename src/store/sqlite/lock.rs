@@ -36,14 +36,7 @@ impl ServeLock {
     /// (who holds it, for others' messages). Fails with
     /// [`StoreError::Held`] when another process holds it.
     pub fn acquire(database: &Path, holder: &str) -> Result<Self, StoreError> {
-        let path = lock_path(database)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|error| io_error(&path, &error))?;
+        let (file, path) = open_lock_file(database)?;
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(Errno::WOULDBLOCK) => {
@@ -85,14 +78,7 @@ impl ServeLock {
     /// keeps a server from starting. Fails with [`StoreError::Held`], naming
     /// the server, when one holds the database.
     pub fn share(database: &Path) -> Result<SharedHold, StoreError> {
-        let path = lock_path(database)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|error| io_error(&path, &error))?;
+        let (file, path) = open_lock_file(database)?;
         match flock(&file, FlockOperation::NonBlockingLockShared) {
             Ok(()) => Ok(SharedHold { _file: file }),
             Err(Errno::WOULDBLOCK) => Err(StoreError::Held {
@@ -163,6 +149,20 @@ fn io_error(path: &Path, error: &std::io::Error) -> StoreError {
         error.kind(),
         format!("{}: {error}", path.display()),
     )))
+}
+
+/// Opens (creating it if needed, keeping what it holds) the lock file of
+/// the database at `database`.
+fn open_lock_file(database: &Path) -> Result<(File, PathBuf), StoreError> {
+    let path = lock_path(database)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|error| io_error(&path, &error))?;
+    Ok((file, path))
 }
 
 #[cfg(test)]
