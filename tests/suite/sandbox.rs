@@ -16,6 +16,7 @@ use keel::tools::{Tool, ToolContext, ToolError};
 
 use super::mcp::processes_with;
 use super::support::guard;
+use super::workspace_tools::outside_the_temporary_directory;
 
 fn shell(policy: SandboxPolicy, network: bool) -> ShellTool {
     ShellTool::new(ShellConfig {
@@ -43,9 +44,9 @@ async fn run(tool: &ShellTool, workspace: &Path, command: &str) -> String {
 }
 
 /// A directory outside the temporary directory (which workspace-write
-/// lets commands write): under the build's scratch directory.
+/// lets commands write), wherever the checkout is.
 fn outside_scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("scratch dir")
+    tempfile::tempdir_in(outside_the_temporary_directory()).expect("scratch dir")
 }
 
 /// A perl one-liner (perl is part of every Debian system) that connects

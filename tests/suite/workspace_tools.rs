@@ -325,7 +325,7 @@ fn refused_write(output: &str) -> bool {
 /// A writable directory that is not under the temporary directory (which
 /// the workspace-write policy lets commands write): the build's scratch
 /// directory unless the checkout itself lives under `/tmp`, else `$HOME`.
-fn outside_the_temporary_directory() -> std::path::PathBuf {
+pub(super) fn outside_the_temporary_directory() -> std::path::PathBuf {
     let temporary = std::env::temp_dir().canonicalize().unwrap();
     let candidates = [
         Some(std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))),
