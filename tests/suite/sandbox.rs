@@ -216,6 +216,14 @@ fn hunt_for_secrets(uid: Option<u32>) {
     );
     let call = serde_json::json!({"tool_calls": [{"name": "shell", "arguments": {"command": command}}]});
     std::fs::write(dir.path().join("s.jsonl"), format!("{call}\n{{\"text\": \"done\"}}\n")).expect("script");
+    // An unprivileged user may not reach the build's own binary (the
+    // checkout may be under a private home): it runs a copy.
+    let mut binary = PathBuf::from(env!("CARGO_BIN_EXE_keel"));
+    if uid.is_some() {
+        let copy = dir.path().join("keel");
+        std::fs::copy(&binary, &copy).expect("copy the keel binary");
+        binary = copy;
+    }
     if let Some(uid) = uid {
         let status = Command::new("chown")
             .args(["-R", &format!("{uid}:{uid}")])
@@ -224,7 +232,7 @@ fn hunt_for_secrets(uid: Option<u32>) {
             .expect("chown");
         assert!(status.success());
     }
-    let mut keel = Command::new(env!("CARGO_BIN_EXE_keel"));
+    let mut keel = Command::new(&binary);
     keel.args([
         "run",
         "--json",
