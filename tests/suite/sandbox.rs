@@ -15,7 +15,7 @@ use keel::tools::workspace::{ShellConfig, ShellTool};
 use keel::tools::{Tool, ToolContext, ToolError};
 
 use super::mcp::processes_with;
-use super::support::guard;
+use super::support::{guard, keel_binary_for};
 use super::workspace_tools::outside_the_temporary_directory;
 
 fn shell(policy: SandboxPolicy, network: bool) -> ShellTool {
@@ -216,14 +216,7 @@ fn hunt_for_secrets(uid: Option<u32>) {
     );
     let call = serde_json::json!({"tool_calls": [{"name": "shell", "arguments": {"command": command}}]});
     std::fs::write(dir.path().join("s.jsonl"), format!("{call}\n{{\"text\": \"done\"}}\n")).expect("script");
-    // An unprivileged user may not reach the build's own binary (the
-    // checkout may be under a private home): it runs a copy.
-    let mut binary = PathBuf::from(env!("CARGO_BIN_EXE_keel"));
-    if uid.is_some() {
-        let copy = dir.path().join("keel");
-        std::fs::copy(&binary, &copy).expect("copy the keel binary");
-        binary = copy;
-    }
+    let binary = keel_binary_for(uid, dir.path());
     if let Some(uid) = uid {
         let status = Command::new("chown")
             .args(["-R", &format!("{uid}:{uid}")])

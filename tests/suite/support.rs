@@ -343,3 +343,16 @@ pub(crate) async fn wait_for_flag(what: &str, flag: &AtomicBool) {
     })
     .await;
 }
+
+/// The `keel` binary, as user `uid` can run it: the build's own, or for
+/// another user a copy in `dir` (which that user must own), since the
+/// checkout may lie under a directory only its owner can enter.
+pub(crate) fn keel_binary_for(uid: Option<u32>, dir: &std::path::Path) -> std::path::PathBuf {
+    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_keel"));
+    if uid.is_none() {
+        return binary;
+    }
+    let copy = dir.join("keel-binary");
+    std::fs::copy(&binary, &copy).expect("copy the keel binary");
+    copy
+}

@@ -397,7 +397,12 @@ impl ServeProcess {
     }
 
     pub(crate) fn command(scratch: &Scratch, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        Self::command_of(std::path::Path::new(env!("CARGO_BIN_EXE_keel")), scratch, args)
+    }
+
+    /// [`ServeProcess::command`] running `binary`.
+    pub(crate) fn command_of(binary: &std::path::Path, scratch: &Scratch, args: &[&str]) -> Command {
+        let mut command = Command::new(binary);
         command
             .arg("serve")
             .arg("--db")

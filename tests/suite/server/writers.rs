@@ -152,8 +152,9 @@ async fn a_read_only_shm_file_is_refused_at_start_with_a_message_naming_it() {
     let scratch = Scratch::new();
     // Root writes through any mode: the server runs as nobody then.
     let unprivileged = nix::unistd::geteuid().is_root().then_some(65534);
+    let binary = crate::suite::support::keel_binary_for(unprivileged, scratch.dir.path());
     let start = |scratch: &Scratch| {
-        let mut command = ServeProcess::command(scratch, &[]);
+        let mut command = ServeProcess::command_of(&binary, scratch, &[]);
         if let Some(uid) = unprivileged {
             std::os::unix::process::CommandExt::uid(&mut command, uid);
             std::os::unix::process::CommandExt::gid(&mut command, uid);
