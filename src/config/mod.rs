@@ -103,7 +103,7 @@ mod session;
 mod tools;
 
 pub use self::mcp::*;
-pub use self::server::{READING_TOOLS, ServerPolicy, sandbox_rank};
+pub use self::server::{READING_TOOLS, ServerPolicy};
 pub use self::tools::ToolsConfig;
 
 const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";

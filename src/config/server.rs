@@ -70,15 +70,6 @@ impl ServerPolicy {
     }
 }
 
-/// How much a sandbox policy allows, to compare two of them.
-pub fn sandbox_rank(policy: SandboxPolicy) -> u8 {
-    match policy {
-        SandboxPolicy::ReadOnly => 0,
-        SandboxPolicy::WorkspaceWrite => 1,
-        SandboxPolicy::FullAccess => 2,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,7 +101,6 @@ mod tests {
         assert!(policy.may_auto_approve("shell") && policy.may_auto_approve_all());
         assert!(policy.allow_network);
         assert_eq!(policy.script_dir, Some(PathBuf::from("scripts")));
-        assert!(sandbox_rank(SandboxPolicy::FullAccess) > sandbox_rank(SandboxPolicy::WorkspaceWrite));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::ApiError;
 use super::settings::{ToolsOverrides, merge_approvals};
-use crate::config::{KeelConfig, ServerPolicy, ToolsConfig, sandbox_rank};
+use crate::config::{KeelConfig, ServerPolicy, ToolsConfig};
 use crate::tools::{ApprovalPolicy, ApprovalRules};
 
 /// The built-in tools and whether each only reads.
@@ -55,8 +55,8 @@ pub(crate) fn check_overrides(
         }
         if let Some(sandbox) = overrides.sandbox {
             // What the operator set in `[tools]` is theirs, whatever the ceiling.
-            let allowed = sandbox_rank(policy.max_sandbox).max(sandbox_rank(base.sandbox));
-            if sandbox_rank(sandbox) > allowed {
+            let allowed = policy.max_sandbox.rank().max(base.sandbox.rank());
+            if sandbox.rank() > allowed {
                 return Err(forbidden(
                     "sandbox_over_ceiling",
                     format!(
