@@ -21,6 +21,17 @@ const FILES: &[(&str, &str, &str)] = &[
     ("/assets/api.js", JS, include_str!("ui/api.js")),
     ("/assets/feed.js", JS, include_str!("ui/feed.js")),
     ("/assets/chat.js", JS, include_str!("ui/chat.js")),
+    ("/assets/markdown.js", JS, include_str!("ui/markdown.js")),
+    (
+        "/assets/vendor/marked.esm.js",
+        JS,
+        include_str!("ui/vendor/marked.esm.js"),
+    ),
+    (
+        "/assets/vendor/purify.es.mjs",
+        JS,
+        include_str!("ui/vendor/purify.es.mjs"),
+    ),
     ("/assets/app.css", CSS, include_str!("ui/app.css")),
     ("/assets/icon.svg", SVG, include_str!("ui/icon.svg")),
 ];
@@ -44,4 +55,29 @@ pub(crate) fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
             }),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use sha2::{Digest, Sha256};
+
+    /// The vendored libraries are the published files (see
+    /// `ui/vendor/VENDOR.md`), byte for byte.
+    #[test]
+    fn vendored_files_match_their_published_checksums() {
+        for (body, expected) in [
+            (
+                include_str!("ui/vendor/marked.esm.js"),
+                "5371fea86fd0656b4fc7bea7c94c663109d82789b69433eeee78d42895aa44de",
+            ),
+            (
+                include_str!("ui/vendor/purify.es.mjs"),
+                "5e8c53cd086a012531fc754ee6a7ad7a02e8a06fc4dadd805b912e128c3f6c58",
+            ),
+        ] {
+            let digest = Sha256::digest(body.as_bytes());
+            let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+            assert_eq!(hex, expected);
+        }
+    }
 }

@@ -522,3 +522,19 @@ async fn web_ui_resumes_its_stream_after_a_server_restart() {
         .collect();
     assert_eq!(answers, [&json!(first.concat()), &json!(second.concat())]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_ui_renders_markdown_safely_and_fits_a_phone() {
+    let Some(tools) = tools("web_ui_renders_markdown_safely_and_fits_a_phone") else {
+        return;
+    };
+    let _browser = BROWSER.lock().await;
+    let scratch = Scratch::new();
+    let answer = "Here is **bold** and `inline`.\n\n```rust\nfn main() {}\n```\n\n\
+                  <img src=x onerror=\"window.__pwned = 1\"> <script>window.__pwned = 2</script>\n\n\
+                  See [the docs](https://example.com/docs).";
+    let model = scratch.script("markdown.jsonl", &[&json!({ "text": answer }).to_string()]);
+    let server = serve(&scratch, &model, &[]);
+    let outcome = scenario(&tools, "markdown", &server.api.base, json!({})).await;
+    assert!(outcome.result.is_object(), "{}", outcome.output);
+}

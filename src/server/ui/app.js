@@ -30,6 +30,7 @@ const ui = {
   streamStatus: $("stream-status"),
   turnStatus: $("turn-status"),
   interrupt: $("interrupt"),
+  eventsToggle: $("events-toggle"),
   messages: $("messages"),
   composer: $("composer"),
   composerText: $("composer-text"),
@@ -401,6 +402,13 @@ function closeSession() {
   ui.emptyChat.hidden = false;
   markCurrentInList();
 }
+
+// At phone width the events pane is folded away under the conversation
+// (see app.css); this button unfolds it.
+ui.eventsToggle.addEventListener("click", () => {
+  const open = ui.chatView.classList.toggle("events-open");
+  ui.eventsToggle.setAttribute("aria-expanded", String(open));
+});
 
 ui.interrupt.addEventListener("click", async () => {
   if (!current || !chat.running) {

@@ -4,7 +4,10 @@
 //
 // `apply(event)` must see each event once, in sequence order (the feed
 // makes sure of that). Text is always set with textContent, never parsed
-// as HTML.
+// as HTML, but for the model's finished answers, rendered as sanitized
+// markdown by markdown.js (the streaming text stays plain until then).
+
+import { renderMarkdown } from "./markdown.js";
 
 /** An element with attributes and children (strings become text). */
 export function h(tag, attributes = {}, ...children) {
@@ -200,8 +203,8 @@ export class ChatView {
         const turn = this.turn(msg.turn_id);
         if (turn.bubble || msg.text) {
           const bubble = this.bubble(msg.turn_id);
-          // The whole message replaces what was streamed.
-          bubble.text.textContent = msg.text;
+          // The whole message replaces what was streamed, as markdown.
+          renderMarkdown(bubble.text, msg.text);
           this.settle(bubble, "final");
         }
         turn.bubble = null;
