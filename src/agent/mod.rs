@@ -314,6 +314,13 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
                 is_error: true,
             });
         }
+        // Text streamed before the stop was seen by the user: the model
+        // sees it too, marked cut, as after an interrupt.
+        let cut = turn::streamed_before_stop(store.as_ref(), &session_id, &execution.turn_id).await?;
+        results.extend(cut.map(|text| TranscriptItem::AssistantMessage {
+            text,
+            interrupted: true,
+        }));
         transcript.extend(results.iter().cloned());
         startup.push(Event {
             submission_id,

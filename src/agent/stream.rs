@@ -33,7 +33,7 @@ pub const MAX_STEP_OUTPUT_BYTES: usize = RECORDER_EVENT_BYTE_BUDGET - 256 * 1024
 /// cut short). Text past it is still streamed and recorded as deltas, but a
 /// step that long can neither complete nor join the history, so it is not
 /// kept: what a step holds stays bounded whatever the provider sends.
-const MAX_STREAMED_TEXT_BYTES: usize = RECORDER_EVENT_BYTE_BUDGET;
+pub(super) const MAX_STREAMED_TEXT_BYTES: usize = RECORDER_EVENT_BYTE_BUDGET;
 
 /// How streamed text is grouped into recorded deltas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

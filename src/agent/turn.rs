@@ -16,7 +16,9 @@ use futures::FutureExt;
 use tokio::time::Instant;
 
 use super::session::Session;
-use super::stream::{CloseOnDrop, ClosedStream, MAX_STEP_OUTPUT_BYTES, StepStream, json_len, step_too_large};
+use super::stream::{
+    CloseOnDrop, ClosedStream, MAX_STEP_OUTPUT_BYTES, MAX_STREAMED_TEXT_BYTES, StepStream, json_len, step_too_large,
+};
 use super::tool_phase::ToolsEnd;
 use crate::Result;
 use crate::model::{ModelOutput, ModelRequest, ToolCall};
@@ -26,7 +28,7 @@ use crate::protocol::{
     UserMessageEvent, WarningEvent, new_id, now_ms,
 };
 use crate::provider::redact::{redact, redact_owned};
-use crate::store::TurnExecution;
+use crate::store::{CheckpointStore, EventPageRequest, MAX_EVENT_PAGE, TurnExecution};
 
 /// The identity and durable state of a running turn.
 pub(super) struct Turn {
@@ -451,6 +453,54 @@ pub(super) fn unanswered_calls(transcript: &[TranscriptItem]) -> Vec<ToolCall> {
             _ => None,
         })
         .collect()
+}
+
+/// The text the last model step of turn `turn_id` streamed before the
+/// runtime stopped, rebuilt from its recorded deltas, so that what the user
+/// saw joins the history (marked interrupted) like after an interrupt.
+/// `None` when that step completed (its text is in the history already),
+/// streamed nothing, or streamed more than a step keeps in memory.
+pub(super) async fn streamed_before_stop(
+    store: &dyn CheckpointStore,
+    session_id: &str,
+    turn_id: &str,
+) -> Result<Option<String>> {
+    // Newest first: the deltas after the turn's last `model_step_started`.
+    let mut parts: Vec<String> = Vec::new();
+    let mut bytes = 0usize;
+    let mut before_sequence = None;
+    loop {
+        let request = EventPageRequest {
+            before_sequence,
+            limit: MAX_EVENT_PAGE,
+        };
+        let page = store.event_page(session_id, request).await?;
+        for event in page.events.iter().rev() {
+            if event.msg.turn_id() != Some(turn_id) {
+                continue;
+            }
+            match &event.msg {
+                EventMsg::AssistantContentDelta(delta) => {
+                    bytes = bytes.saturating_add(delta.delta.len());
+                    if bytes > MAX_STREAMED_TEXT_BYTES {
+                        return Ok(None);
+                    }
+                    parts.push(delta.delta.clone());
+                }
+                EventMsg::ModelStepStarted(_) => {
+                    parts.reverse();
+                    let text = parts.concat();
+                    return Ok((!text.is_empty()).then_some(text));
+                }
+                EventMsg::AssistantMessage(_) | EventMsg::TurnStarted(_) => return Ok(None),
+                _ => {}
+            }
+        }
+        match page.events.first() {
+            Some(first) if page.has_more => before_sequence = Some(first.sequence),
+            _ => return Ok(None),
+        }
+    }
 }
 
 /// The size of a step's output as JSON: its text, its reasoning items and

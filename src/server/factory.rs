@@ -104,7 +104,8 @@ impl SessionFactory {
         })?;
         let model = self.load_model(&spec).await.map_err(refused)?;
         let provider = self.keel.provider_of(&spec).unwrap_or_else(|| "unknown".to_owned());
-        let model = Arc::new(MeteredModel::new(model, provider, Arc::clone(&self.metrics)));
+        let bot = context.bot_id.clone();
+        let model = Arc::new(MeteredModel::new(model, provider, bot, Arc::clone(&self.metrics)));
         let workspace = workspace_dir(&self.workspace_root, session_id);
         tokio::fs::create_dir_all(&workspace).await.map_err(|error| {
             ApiError::Internal(format!("cannot create the workspace {}: {error}", workspace.display()))

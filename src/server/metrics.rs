@@ -12,7 +12,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest};
-use crate::protocol::TranscriptItem;
+use crate::protocol::{TokenUsage, TranscriptItem};
 use crate::store::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, EventPage, EventPageRequest, KeyedSubmission, OpenBatch,
     SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution,
@@ -23,6 +23,16 @@ use crate::{RecordedEvent, Result};
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct ProviderLabel {
     provider: String,
+}
+
+/// Labels of `keel_model_tokens_total`: who used the tokens, and which
+/// count of the provider's report (`input` includes `cached_input`,
+/// `output` includes `reasoning`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct TokenLabels {
+    provider: String,
+    bot: String,
+    kind: &'static str,
 }
 
 /// Labels of `keel_http_requests_total`.
@@ -52,6 +62,7 @@ pub(crate) struct Metrics {
     pub(crate) store_commit: Histogram,
     pub(crate) model_request: Family<ProviderLabel, Histogram, ModelBuckets>,
     pub(crate) model_errors: Family<ProviderLabel, Counter>,
+    pub(crate) model_tokens: Family<TokenLabels, Counter>,
     pub(crate) http_requests: Family<HttpLabels, Counter>,
     pub(crate) sse_subscribers: Gauge,
     pub(crate) catch_ups: Counter,
@@ -97,6 +108,12 @@ impl Metrics {
             "Model requests that failed, by provider",
             model_errors.clone(),
         );
+        let model_tokens = Family::default();
+        registry.register(
+            "keel_model_tokens",
+            "Tokens the providers reported, by provider, bot and kind (input, cached_input, output, reasoning)",
+            model_tokens.clone(),
+        );
         let http_requests = Family::default();
         registry.register(
             "keel_http_requests",
@@ -123,6 +140,7 @@ impl Metrics {
             store_commit,
             model_request,
             model_errors,
+            model_tokens,
             http_requests,
             sse_subscribers,
             catch_ups,
@@ -255,21 +273,41 @@ impl CheckpointStore for MeteredStore {
     }
 }
 
-/// A model that times its requests into `keel_model_request_seconds` and
-/// counts failures into `keel_model_errors_total`, labelled by provider. A
-/// request cancelled (an interrupted turn) counts as neither.
+/// A model that times its requests into `keel_model_request_seconds`,
+/// counts failures into `keel_model_errors_total`, labelled by provider,
+/// and adds the tokens each answer reports to `keel_model_tokens_total`
+/// (also labelled by the session's bot). A request cancelled (an
+/// interrupted turn) counts as none of them.
 pub(crate) struct MeteredModel {
     inner: Arc<dyn Model>,
     label: ProviderLabel,
+    bot: String,
     metrics: Arc<Metrics>,
 }
 
 impl MeteredModel {
-    pub(crate) fn new(inner: Arc<dyn Model>, provider: String, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn Model>, provider: String, bot: String, metrics: Arc<Metrics>) -> Self {
         Self {
             inner,
             label: ProviderLabel { provider },
+            bot,
             metrics,
+        }
+    }
+
+    fn count_tokens(&self, usage: &TokenUsage) {
+        for (kind, tokens) in [
+            ("input", usage.input_tokens),
+            ("cached_input", usage.cached_input_tokens),
+            ("output", usage.output_tokens),
+            ("reasoning", usage.reasoning_tokens),
+        ] {
+            let labels = TokenLabels {
+                provider: self.label.provider.clone(),
+                bot: self.bot.clone(),
+                kind,
+            };
+            self.metrics.model_tokens.get_or_create(&labels).inc_by(tokens);
         }
     }
 }
@@ -283,8 +321,15 @@ impl Model for MeteredModel {
                 .model_request
                 .get_or_create(&self.label)
                 .observe(start.elapsed().as_secs_f64());
-            if result.is_err() {
-                self.metrics.model_errors.get_or_create(&self.label).inc();
+            match &result {
+                Ok(output) => {
+                    if let Some(usage) = &output.usage {
+                        self.count_tokens(usage);
+                    }
+                }
+                Err(_) => {
+                    self.metrics.model_errors.get_or_create(&self.label).inc();
+                }
             }
             result
         })

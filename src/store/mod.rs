@@ -13,11 +13,13 @@
 
 mod error;
 pub mod sqlite;
+mod usage;
 
 use serde::{Deserialize, Serialize};
 
 pub use error::StoreError;
 pub use sqlite::{ServeLock, SharedHold, SqliteCheckpoint, SqliteOptions, Synchronous, WriterStats};
+pub use usage::{SessionUsage, session_usage};
 
 use crate::model::BoxFuture;
 use std::collections::{BTreeMap, BTreeSet};

@@ -667,6 +667,69 @@ async fn reopening_a_session_closes_the_turn_left_in_flight_and_restores_history
     assert_eq!(stored_events(&store, SESSION).await, all);
 }
 
+/// Text streamed before a crash was seen by the user: on resume it joins
+/// the history as a cut assistant message, so the next request carries it.
+/// A step that completed before the crash (text and a call) is not repeated.
+#[tokio::test]
+async fn a_crash_mid_stream_keeps_the_streamed_text_in_the_history_on_resume() {
+    let db = TestDb::new();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let crashed = TestModel::new({
+        let dropped = Arc::clone(&dropped);
+        move |call| {
+            let flag = DropFlag(Arc::clone(&dropped));
+            Box::pin(async move {
+                let _flag = flag;
+                (call.sink)(ModelEvent::TextDelta("partial ".to_owned()))?;
+                (call.sink)(ModelEvent::TextDelta("answer".to_owned()))?;
+                std::future::pending().await
+            })
+        }
+    });
+    let store = db.open();
+    let mut agent = start_agent(&db, &store, SESSION, crashed, StreamingOptions::per_delta()).await;
+    agent.sender().submit(user("first")).expect("submit");
+    let mut first_run = read_until(&mut agent, |event| event.msg.kind() == "assistant_content_delta").await;
+    while deltas(&first_run).concat() != "partial answer" {
+        first_run.push(next(&mut agent).await);
+    }
+    drop(agent);
+    wait_for_flag("the dropped agent's model future is dropped", &dropped).await;
+    drop(store);
+
+    let store = db.open();
+    let model = TestModel::chunks(&["resumed"]);
+    let mut agent = start_agent(&db, &store, SESSION, model.clone(), StreamingOptions::per_delta()).await;
+    let reopened = vec![next(&mut agent).await, next(&mut agent).await];
+    assert_eq!(kinds(&reopened), ["session_started", "turn_aborted"]);
+    agent.sender().submit(user("second")).expect("submit");
+    read_turn(&mut agent).await;
+    let seen = model.seen();
+    assert_eq!(
+        seen[0].history,
+        [
+            user_item("first"),
+            assistant_item("partial answer", true),
+            user_item("second"),
+        ],
+        "the next request carries what the user saw, marked cut"
+    );
+    shutdown(agent).await;
+    // The history is durable: a third runtime sees it too, once.
+    drop(store);
+    let store = db.open();
+    let state = store.load(SESSION).await.expect("load").expect("session");
+    assert_eq!(
+        state.transcript,
+        [
+            user_item("first"),
+            assistant_item("partial answer", true),
+            user_item("second"),
+            assistant_item("resumed", false),
+        ]
+    );
+}
+
 // 7. Model failures.
 
 #[tokio::test]

@@ -355,6 +355,45 @@ async fn a_tool_call_cut_short_by_a_stopped_runtime_gets_an_interrupted_result_o
     shutdown(agent).await;
 }
 
+/// A step that completed (its text recorded, its call started) before the
+/// runtime stopped is not taken for text cut mid-stream: on resume its text
+/// stays in the history once, not again as an interrupted message.
+#[tokio::test]
+async fn a_crash_during_a_tool_call_does_not_repeat_the_steps_text_as_cut() {
+    let db = TestDb::new();
+    let store = db.open();
+    let (gate, entered, _runs) = gate();
+    let model = scripted(vec![
+        ModelOutput::text("Let me check.").with_tool_calls(vec![call("g1", "gate", "{}")]),
+    ]);
+    let mut config = config(&db, &store, model.clone());
+    config.tools.add(gate);
+    let agent = start_with(config.clone()).await;
+    agent.sender().submit(user("open")).expect("submit");
+    guard("the tool runs", entered.notified()).await;
+    drop(agent);
+
+    let reopened_store = db.open();
+    let mut reopened = config.clone();
+    reopened.store = reopened_store.clone();
+    let mut agent = start_with(reopened).await;
+    let events = read_turn(&mut agent).await;
+    assert_eq!(abort_of(&events).0, AbortReason::RuntimeStopped);
+    shutdown(agent).await;
+    let state = reopened_store.load(SESSION).await.expect("load").expect("session");
+    let messages: Vec<&TranscriptItem> = state
+        .transcript
+        .iter()
+        .filter(|item| matches!(item, TranscriptItem::AssistantMessage { .. }))
+        .collect();
+    assert_eq!(
+        messages,
+        [&assistant_item("Let me check.", false)],
+        "{:?}",
+        state.transcript
+    );
+}
+
 #[tokio::test]
 async fn reasoning_items_join_the_history_before_the_answer() {
     let db = TestDb::new();

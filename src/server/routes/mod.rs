@@ -4,6 +4,7 @@ pub(crate) mod events;
 pub(crate) mod ops;
 pub(crate) mod sessions;
 pub(crate) mod submissions;
+pub(crate) mod usage;
 
 use std::sync::Arc;
 
@@ -29,6 +30,7 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
         .route("/sessions/{id}/events", get(events::page))
         .route("/sessions/{id}/events/stream", get(sse::stream))
         .route("/sessions/{id}/ws", get(ws::upgrade))
+        .route("/usage", get(usage::show))
         .route_layer(require_token.clone());
     let metrics = Router::new()
         .route("/metrics", get(ops::metrics))

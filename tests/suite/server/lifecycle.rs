@@ -355,3 +355,71 @@ async fn a_turn_waiting_for_approval_unloads_and_the_decision_completes_it_after
     );
     server.stop().await;
 }
+
+/// Text streamed before `kill -9` was seen by the user: once the restarted
+/// server closes the cut turn, that text is in the stored history as an
+/// interrupted assistant message, between the question and what follows,
+/// so the next request to the provider carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_streamed_before_kill_9_joins_the_history_marked_interrupted() {
+    use keel::protocol::TranscriptItem;
+    use keel::store::{CheckpointStore, SqliteCheckpoint};
+
+    let scratch = Scratch::new();
+    let model = scratch.script("s.jsonl", &[&slow_chunks(200, 50), r#"{"text": "next"}"#]);
+    let first = ServeProcess::start(&scratch, &[]);
+    first.api.create(json!({"id": "cut", "model": model})).await;
+    let mut stream = first.api.stream("cut", Resume::Start).await;
+    first.api.say("cut", "a long one").await;
+    let mut seen = String::new();
+    while !seen.contains("c2 ") {
+        let event = stream.next().await.expect("an event");
+        if let EventMsg::AssistantContentDelta(delta) = &event.msg {
+            seen.push_str(&delta.delta);
+        }
+    }
+    tokio::task::spawn_blocking(move || first.crash()).await.expect("crash");
+
+    let second = ServeProcess::start(&scratch, &[]);
+    let mut stream = second.api.stream("cut", Resume::Start).await;
+    let events = stream.until(|event| event.msg.kind() == "turn_aborted").await;
+    let streamed: String = events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::AssistantContentDelta(delta) => Some(delta.delta.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        streamed.starts_with(&seen),
+        "{streamed:?} holds what the user saw, {seen:?}"
+    );
+    second.api.say("cut", "go on").await;
+    stream.until(|event| event.msg.kind() == "turn_complete").await;
+    let (status, _) = tokio::task::spawn_blocking(move || second.terminate())
+        .await
+        .expect("stop");
+    assert!(status.success());
+
+    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    let state = store.load("cut").await.expect("load").expect("stored");
+    assert_eq!(
+        state.transcript,
+        [
+            TranscriptItem::UserMessage {
+                text: "a long one".to_owned()
+            },
+            TranscriptItem::AssistantMessage {
+                text: streamed,
+                interrupted: true
+            },
+            TranscriptItem::UserMessage {
+                text: "go on".to_owned()
+            },
+            TranscriptItem::AssistantMessage {
+                text: "next".to_owned(),
+                interrupted: false
+            },
+        ]
+    );
+}

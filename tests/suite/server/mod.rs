@@ -13,5 +13,6 @@ mod sandbox_escape;
 mod sessions;
 mod streams;
 pub(super) mod support;
+mod usage;
 mod writers;
 mod ws;
