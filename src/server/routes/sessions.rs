@@ -8,13 +8,13 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
-use crate::agent::{BusyPolicy, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus};
-use crate::protocol::{Event, EventMsg, SessionForkedEvent, TokenUsage, new_id};
+use crate::agent::{BusyPolicy, ForkError, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus, fork_session};
+use crate::protocol::{TokenUsage, new_id};
 use crate::server::Server;
 use crate::server::error::ApiError;
 use crate::server::extract::{ApiJson, ApiQuery};
 use crate::server::settings::{SessionSettings, ToolsOverrides};
-use crate::store::{AppendBatch, Checkpoint, EncodedEvent, EventPageRequest, SessionSummary, StoreError};
+use crate::store::SessionSummary;
 use crate::tools::ApprovalRules;
 
 /// The bot a session belongs to when the request names none.
@@ -230,9 +230,6 @@ pub(crate) struct ForkSession {
     id: Option<String>,
 }
 
-/// Events read per page while looking for the turn around a fork point.
-const FORK_SCAN_PAGE: usize = 500;
-
 /// `POST /v1/sessions/{id}/fork`: a new session whose history is the
 /// parent's as it was at `at_sequence` (between turns). Only the history is
 /// copied; the fork's log starts with a `session_forked` event naming its
@@ -242,94 +239,25 @@ pub(crate) async fn fork(
     Path(parent): Path<String>,
     ApiJson(request): ApiJson<ForkSession>,
 ) -> Result<(StatusCode, Json<SessionView>), ApiError> {
-    let store = &server.host.store;
-    let parent_summary = store
-        .session_summary(&parent)
-        .await?
-        .ok_or_else(|| ApiError::unknown_session(&parent))?;
     let id = request.id.unwrap_or_else(new_id);
     check_id(&id)?;
-    if server.host.status(&id).is_some() || store.session_summary(&id).await?.is_some() {
+    // A live session may not be stored yet (it is created first).
+    if server.host.status(&id).is_some() {
         return Err(ApiError::Conflict(format!("session '{id}' already exists")));
     }
-    let at = request.at_sequence;
-    if at > parent_summary.last_sequence {
-        return Err(ApiError::InvalidRequest(format!(
-            "session '{parent}' has {} events, not {at}",
-            parent_summary.last_sequence
-        )));
-    }
-    check_between_turns(&server, &parent, at).await?;
-    let history = store
-        .history_until(&parent, at)
+    let store = &server.host.store;
+    fork_session(store.as_ref(), &parent, request.at_sequence, &id)
         .await
         .map_err(|error| match error {
-            StoreError::Invalid(message) => ApiError::InvalidRequest(message),
-            other => other.into(),
-        })?
-        .ok_or_else(|| ApiError::unknown_session(&parent))?;
-    // The fork keeps who the session belongs to and how it runs; counters,
-    // usage and standing approvals start afresh.
-    let mut checkpoint = Checkpoint::empty(&id);
-    checkpoint.session_context = parent_summary.context;
-    store.save(&checkpoint, &history, None).await?;
-    let forked = Event {
-        submission_id: None,
-        msg: EventMsg::SessionForked(SessionForkedEvent {
-            parent_session_id: parent.clone(),
-            at_sequence: at,
-            history_items: history.len() as u64,
-        }),
-    };
-    store
-        .append(
-            &id,
-            AppendBatch {
-                events: vec![EncodedEvent::encode(&forked)?],
-                ..AppendBatch::default()
-            },
-        )
-        .await?;
-    tracing::info!(session_id = %id, parent = %parent, at_sequence = at, "session forked");
+            ForkError::UnknownParent(parent) => ApiError::unknown_session(&parent),
+            ForkError::Exists(_) => ApiError::Conflict(error.to_string()),
+            ForkError::BadPoint(message) => ApiError::InvalidRequest(message),
+            ForkError::Store(error) => error.into(),
+        })?;
     let summary = store
         .session_summary(&id)
         .await?
         .ok_or_else(|| ApiError::Internal(format!("session '{id}' was forked but cannot be read")))?;
     let live = server.host.status(&id);
     Ok((StatusCode::CREATED, Json(SessionView::new(&server, summary, live))))
-}
-
-/// Refuses a fork point inside a turn: the history there would hold a step
-/// the model never finished (a tool call without its result).
-async fn check_between_turns(server: &Server, session_id: &str, at: u64) -> Result<(), ApiError> {
-    let mut before = at.saturating_add(1);
-    while before > 1 {
-        let page = server
-            .host
-            .store
-            .event_page(
-                session_id,
-                EventPageRequest {
-                    before_sequence: Some(before),
-                    limit: FORK_SCAN_PAGE,
-                },
-            )
-            .await?;
-        for event in page.events.iter().rev() {
-            if event.msg.ends_turn() {
-                return Ok(());
-            }
-            if let EventMsg::TurnStarted(started) = &event.msg {
-                return Err(ApiError::InvalidRequest(format!(
-                    "event {at} is inside turn '{}' (started at {}); fork where no turn is running",
-                    started.turn_id, event.sequence
-                )));
-            }
-        }
-        match page.events.first() {
-            Some(first) if page.has_more => before = first.sequence,
-            _ => break,
-        }
-    }
-    Ok(())
 }
