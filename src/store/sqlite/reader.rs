@@ -136,12 +136,13 @@ pub(super) fn history_until(
         )));
     }
     // Rows that only extended the history (no events) have an empty range
-    // (`last_sequence < first_sequence`) and count from where they were
-    // written, like the batch before them.
+    // (`first_sequence` one past `last_sequence`, the log's length when
+    // they were written): they belong to the history from that length on.
+    // Candidates start at most one past `at_sequence`.
     let mut select = conn
         .prepare_cached(
             "SELECT first_sequence, last_sequence, history FROM log
-             WHERE session_key = ?1 AND history IS NOT NULL AND first_sequence <= ?2
+             WHERE session_key = ?1 AND history IS NOT NULL AND first_sequence <= ?2 + 1
              ORDER BY first_sequence, id",
         )
         .map_err(super::sqlite_error)?;
@@ -153,6 +154,10 @@ pub(super) fn history_until(
     let mut transcript = Vec::new();
     for row in rows {
         let (first_sequence, last, items) = row.map_err(super::sqlite_error)?;
+        if last > at_sequence && first_sequence > at_sequence {
+            // A batch written after the point.
+            continue;
+        }
         if last > at_sequence {
             return Err(StoreError::Invalid(format!(
                 "event {at_sequence} of session '{session_id}' was written with events {first_sequence} to {last}, \
