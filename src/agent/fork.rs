@@ -7,6 +7,11 @@ use crate::store::{AppendBatch, Checkpoint, CheckpointStore, EncodedEvent, Event
 /// Events read per page while looking for the turn around a fork point.
 const SCAN_PAGE: usize = 500;
 
+/// Forks in this process, one at a time: the check that the new id is free
+/// and the writes that take it must not interleave (the store's `save`
+/// creates or rewrites, so two forks to one id would both succeed).
+static FORKS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Why a fork was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ForkError {
@@ -34,7 +39,8 @@ pub enum ForkError {
 /// `session_forked`. The point must be between turns, since the history
 /// inside a turn may hold a step the model never finished (a tool call
 /// without its result). The caller makes sure nothing else creates `id`
-/// meanwhile (a server checks its live sessions; the CLI holds the database).
+/// meanwhile by other means than a fork of this process (a server checks
+/// its live sessions; the CLI holds the database).
 pub async fn fork_session(
     store: &dyn CheckpointStore,
     parent: &str,
@@ -45,6 +51,7 @@ pub async fn fork_session(
         .session_summary(parent)
         .await?
         .ok_or_else(|| ForkError::UnknownParent(parent.to_owned()))?;
+    let _one_at_a_time = FORKS.lock().await;
     if store.session_summary(id).await?.is_some() {
         return Err(ForkError::Exists(id.to_owned()));
     }

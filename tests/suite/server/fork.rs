@@ -112,3 +112,37 @@ async fn a_fork_starts_from_the_parents_history_at_a_sequence_and_goes_its_own_w
         "the parent is untouched"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_forks_to_one_id_make_one_session() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "A."}"#]);
+    server.api.create(json!({"id": "parent", "model": model})).await;
+    let mut stream = server.api.stream("parent", Resume::Start).await;
+    server.api.say("parent", "one").await;
+    let end = stream.until(ends_turn).await.last().expect("a turn").sequence;
+    server.api.wait_idle("parent").await;
+
+    let body = json!({"at_sequence": end, "id": "child"});
+    let replies = futures::future::join_all((0..8).map(|_| server.api.post("/v1/sessions/parent/fork", &body))).await;
+    let created = replies
+        .iter()
+        .filter(|reply| reply.status == StatusCode::CREATED)
+        .count();
+    assert_eq!(
+        created,
+        1,
+        "{:?}",
+        replies.iter().map(|reply| reply.status).collect::<Vec<_>>()
+    );
+    assert!(
+        replies
+            .iter()
+            .all(|reply| reply.status == StatusCode::CREATED || reply.status == StatusCode::CONFLICT)
+    );
+    let scratch = server.stop().await;
+    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    let child = store.load("child").await.expect("read").expect("stored");
+    assert_eq!(child.transcript, [user("one"), assistant("A.")]);
+    assert_eq!(child.last_sequence, 1, "one session_forked event");
+}
