@@ -9,10 +9,11 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::{BusyPolicy, ForkError, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus, fork_session};
-use crate::protocol::{TokenUsage, new_id};
+use crate::protocol::{Op, TokenUsage, new_id};
 use crate::server::Server;
 use crate::server::error::ApiError;
 use crate::server::extract::{ApiJson, ApiQuery};
+use crate::server::routes::submissions::{check_op, submit_op};
 use crate::server::settings::{SessionSettings, ToolsOverrides};
 use crate::store::SessionSummary;
 use crate::tools::ApprovalRules;
@@ -228,6 +229,9 @@ pub(crate) struct ForkSession {
     at_sequence: u64,
     /// The new session's id; a fresh one when absent.
     id: Option<String>,
+    /// A user message submitted to the fork once it exists: with a point
+    /// just before a past message's turn, this edits that message.
+    message: Option<String>,
 }
 
 /// `POST /v1/sessions/{id}/fork`: a new session whose history is the
@@ -245,6 +249,11 @@ pub(crate) async fn fork(
     if server.host.status(&id).is_some() {
         return Err(ApiError::Conflict(format!("session '{id}' already exists")));
     }
+    // A message the fork would refuse must not leave a fork behind.
+    let message = request.message.map(|text| Op::UserInput { text });
+    if let Some(op) = &message {
+        check_op(op)?;
+    }
     let store = &server.host.store;
     fork_session(store.as_ref(), &parent, request.at_sequence, &id)
         .await
@@ -254,6 +263,9 @@ pub(crate) async fn fork(
             ForkError::BadPoint(message) => ApiError::InvalidRequest(message),
             ForkError::Store(error) => error.into(),
         })?;
+    if let Some(op) = message {
+        submit_op(&server, &id, op, None, None).await?;
+    }
     let summary = store
         .session_summary(&id)
         .await?

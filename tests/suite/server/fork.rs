@@ -146,3 +146,48 @@ async fn concurrent_forks_to_one_id_make_one_session() {
     assert_eq!(child.transcript, [user("one"), assistant("A.")]);
     assert_eq!(child.last_sequence, 1, "one session_forked event");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_with_a_message_edits_a_past_message() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server
+        .scratch
+        .script("s.jsonl", &[r#"{"text": "A."}"#, r#"{"text": "B."}"#]);
+    server.api.create(json!({"id": "parent", "model": model})).await;
+    let mut stream = server.api.stream("parent", Resume::Start).await;
+    server.api.say("parent", "one").await;
+    // Edit "two": fork where the turn before it ended, with the new text.
+    let before = stream.until(ends_turn).await.last().expect("a turn").sequence;
+    server.api.say("parent", "two").await;
+    stream.until(ends_turn).await;
+    server.api.wait_idle("parent").await;
+    let too_big = "x".repeat(keel::protocol::MAX_MESSAGE_BYTES + 1);
+    let refused = server
+        .api
+        .post(
+            "/v1/sessions/parent/fork",
+            &json!({"at_sequence": before, "id": "bad", "message": too_big}),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", refused.body);
+    assert_eq!(server.api.get("/v1/sessions/bad").await.status, StatusCode::NOT_FOUND);
+
+    let edited = server
+        .api
+        .post(
+            "/v1/sessions/parent/fork",
+            &json!({"at_sequence": before, "id": "edited", "message": "two, edited"}),
+        )
+        .await;
+    assert_eq!(edited.status, StatusCode::CREATED, "{}", edited.body);
+    let mut child = server.api.stream("edited", Resume::Start).await;
+    child.until(ends_turn).await;
+    server.api.wait_idle("edited").await;
+    let scratch = server.stop().await;
+    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    let edited = store.load("edited").await.expect("read").expect("stored");
+    assert_eq!(
+        edited.transcript,
+        [user("one"), assistant("A."), user("two, edited"), assistant("A.")]
+    );
+}
