@@ -9,6 +9,7 @@
 //! - the session task (`session`, `turn`, `stream`): runs turns, streams the
 //!   model's output through a coalescing sink.
 
+mod fork;
 mod handle;
 pub mod recorder;
 mod session;
@@ -29,6 +30,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+pub use self::fork::{ForkError, fork_session};
 pub use self::handle::{Accepted, SessionHandle, SubmitOptions};
 pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};
 use self::session::Session;

@@ -49,6 +49,9 @@ impl Deref for RecordedEvent {
 pub enum EventMsg {
     /// A runtime opened the session (new or resumed).
     SessionStarted(SessionStartedEvent),
+    /// The session was forked from another: its history starts as the
+    /// parent's was at `at_sequence`. The first event of a fork.
+    SessionForked(SessionForkedEvent),
     /// A turn began.
     TurnStarted(TurnStartedEvent),
     /// A user message joined a turn.
@@ -98,6 +101,7 @@ impl EventMsg {
     pub fn kind(&self) -> &'static str {
         match self {
             EventMsg::SessionStarted(_) => "session_started",
+            EventMsg::SessionForked(_) => "session_forked",
             EventMsg::TurnStarted(_) => "turn_started",
             EventMsg::UserMessage(_) => "user_message",
             EventMsg::ModelStepStarted(_) => "model_step_started",
@@ -141,6 +145,7 @@ impl EventMsg {
             EventMsg::TurnAborted(e) => Some(&e.turn_id),
             EventMsg::Error(e) => e.turn_id.as_deref(),
             EventMsg::SessionStarted(_)
+            | EventMsg::SessionForked(_)
             | EventMsg::Warning(_)
             | EventMsg::SubmissionRejected(_)
             | EventMsg::SubmissionQueued(_)
@@ -178,6 +183,17 @@ pub struct SessionStartedEvent {
     /// `tools_changed` event says when they change.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<String>,
+}
+
+/// Payload of [`EventMsg::SessionForked`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionForkedEvent {
+    /// The session this one was forked from.
+    pub parent_session_id: String,
+    /// The parent's event the fork starts after.
+    pub at_sequence: u64,
+    /// History items taken from the parent.
+    pub history_items: u64,
 }
 
 /// The sandbox a session's shell commands run under, as recorded in

@@ -271,6 +271,14 @@ impl CheckpointStore for MeteredStore {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         self.inner.sessions_with_work(after, limit)
     }
+
+    fn history_until<'a>(
+        &'a self,
+        session_id: &'a str,
+        at_sequence: u64,
+    ) -> BoxFuture<'a, Result<Option<Vec<TranscriptItem>>, StoreError>> {
+        self.inner.history_until(session_id, at_sequence)
+    }
 }
 
 /// A model that times its requests into `keel_model_request_seconds`,

@@ -437,6 +437,21 @@ pub trait CheckpointStore: Send + Sync {
         idempotency_key: &'a str,
     ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>>;
 
+    /// The history a session had once its log reached `at_sequence`: the
+    /// items of every batch that ends at or before it, oldest first; `None`
+    /// for an unknown session. A fork starts from it, so a fork copies the
+    /// parent's history, never its log. Fails with [`StoreError::Invalid`]
+    /// when `at_sequence` is past the log or inside a batch that added
+    /// history (the batch's items cannot be split by event).
+    fn history_until<'a>(
+        &'a self,
+        session_id: &'a str,
+        at_sequence: u64,
+    ) -> BoxFuture<'a, Result<Option<Vec<TranscriptItem>>, StoreError>> {
+        let _ = (session_id, at_sequence);
+        Box::pin(async { Err(StoreError::Invalid("this store cannot read a past history".to_owned())) })
+    }
+
     /// Up to `limit` ids, in id order after `after`, of the sessions with
     /// work stored: submissions queued, or a turn in flight. A host loads
     /// them when it starts, so that nothing acknowledged waits for a request.

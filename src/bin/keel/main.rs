@@ -8,6 +8,7 @@
 mod bench;
 mod chat;
 mod console;
+mod fork;
 mod interrupts;
 mod log;
 mod run;
@@ -42,6 +43,8 @@ enum Command {
     Events(log::EventsArgs),
     /// List sessions, most recently active first.
     Sessions(log::SessionsArgs),
+    /// Start a new session from another's history at a sequence.
+    Fork(fork::ForkArgs),
     /// Run a benchmark workload.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -173,6 +176,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::serve_command(args).await,
             Command::Events(args) => log::events(args).await,
             Command::Sessions(args) => log::sessions(args).await,
+            Command::Fork(args) => fork::fork(args).await,
             Command::Bench(command) => bench::bench(command).await,
             Command::SandboxExec(_) => Err(anyhow::anyhow!("sandbox-exec runs before the async runtime starts")),
         };

@@ -26,6 +26,7 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
     let v1 = Router::new()
         .route("/sessions", post(sessions::create).get(sessions::list))
         .route("/sessions/{id}", get(sessions::show))
+        .route("/sessions/{id}/fork", post(sessions::fork))
         .route("/sessions/{id}/submissions", post(submissions::submit))
         .route("/sessions/{id}/events", get(events::page))
         .route("/sessions/{id}/events/stream", get(sse::stream))

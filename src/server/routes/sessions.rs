@@ -1,4 +1,5 @@
-//! `POST /v1/sessions`, `GET /v1/sessions`, `GET /v1/sessions/{id}`.
+//! `POST /v1/sessions`, `GET /v1/sessions`, `GET /v1/sessions/{id}`,
+//! `POST /v1/sessions/{id}/fork`.
 
 use std::sync::Arc;
 
@@ -7,11 +8,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
-use crate::agent::{BusyPolicy, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus};
-use crate::protocol::{TokenUsage, new_id};
+use crate::agent::{BusyPolicy, ForkError, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus, fork_session};
+use crate::protocol::{Op, TokenUsage, new_id};
 use crate::server::Server;
 use crate::server::error::ApiError;
 use crate::server::extract::{ApiJson, ApiQuery};
+use crate::server::routes::submissions::{check_op, submit_op};
 use crate::server::settings::{SessionSettings, ToolsOverrides};
 use crate::store::SessionSummary;
 use crate::tools::ApprovalRules;
@@ -217,4 +219,57 @@ pub(crate) async fn show(
         .ok_or_else(|| ApiError::unknown_session(&id))?;
     let live = server.host.status(&id);
     Ok(Json(SessionView::new(&server, summary, live)))
+}
+
+/// The body of `POST /v1/sessions/{id}/fork`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForkSession {
+    /// The parent's event the fork starts after.
+    at_sequence: u64,
+    /// The new session's id; a fresh one when absent.
+    id: Option<String>,
+    /// A user message submitted to the fork once it exists: with a point
+    /// just before a past message's turn, this edits that message.
+    message: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/fork`: a new session whose history is the
+/// parent's as it was at `at_sequence` (between turns). Only the history is
+/// copied; the fork's log starts with a `session_forked` event naming its
+/// parent.
+pub(crate) async fn fork(
+    State(server): State<Arc<Server>>,
+    Path(parent): Path<String>,
+    ApiJson(request): ApiJson<ForkSession>,
+) -> Result<(StatusCode, Json<SessionView>), ApiError> {
+    let id = request.id.unwrap_or_else(new_id);
+    check_id(&id)?;
+    // A live session may not be stored yet (it is created first).
+    if server.host.status(&id).is_some() {
+        return Err(ApiError::Conflict(format!("session '{id}' already exists")));
+    }
+    // A message the fork would refuse must not leave a fork behind.
+    let message = request.message.map(|text| Op::UserInput { text });
+    if let Some(op) = &message {
+        check_op(op)?;
+    }
+    let store = &server.host.store;
+    fork_session(store.as_ref(), &parent, request.at_sequence, &id)
+        .await
+        .map_err(|error| match error {
+            ForkError::UnknownParent(parent) => ApiError::unknown_session(&parent),
+            ForkError::Exists(_) => ApiError::Conflict(error.to_string()),
+            ForkError::BadPoint(message) => ApiError::InvalidRequest(message),
+            ForkError::Store(error) => error.into(),
+        })?;
+    if let Some(op) = message {
+        submit_op(&server, &id, op, None, None).await?;
+    }
+    let summary = store
+        .session_summary(&id)
+        .await?
+        .ok_or_else(|| ApiError::Internal(format!("session '{id}' was forked but cannot be read")))?;
+    let live = server.host.status(&id);
+    Ok((StatusCode::CREATED, Json(SessionView::new(&server, summary, live))))
 }

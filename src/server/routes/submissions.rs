@@ -71,7 +71,13 @@ pub(crate) async fn submit_op(
     if let Some(key) = &idempotency_key {
         validate_idempotency_key(key).map_err(ApiError::InvalidRequest)?;
     }
-    if let Op::UserInput { text } | Op::Steer { text } = &op
+    check_op(&op)?;
+    server.host.submit(session_id, op, on_busy, idempotency_key).await
+}
+
+/// Checks an op's size and fields, before anything is stored for it.
+pub(crate) fn check_op(op: &Op) -> Result<(), ApiError> {
+    if let Op::UserInput { text } | Op::Steer { text } = op
         && text.len() > MAX_MESSAGE_BYTES
     {
         return Err(ApiError::TooLarge(format!(
@@ -79,6 +85,5 @@ pub(crate) async fn submit_op(
             text.len()
         )));
     }
-    op.validate().map_err(ApiError::InvalidRequest)?;
-    server.host.submit(session_id, op, on_busy, idempotency_key).await
+    op.validate().map_err(ApiError::InvalidRequest)
 }

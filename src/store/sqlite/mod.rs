@@ -314,6 +314,15 @@ impl CheckpointStore for SqliteCheckpoint {
         Box::pin(self.read(move |conn| reader::keyed_submission(conn, &session_id, &key)))
     }
 
+    fn history_until<'a>(
+        &'a self,
+        session_id: &'a str,
+        at_sequence: u64,
+    ) -> BoxFuture<'a, Result<Option<Vec<TranscriptItem>>, StoreError>> {
+        let session_id = session_id.to_owned();
+        Box::pin(self.read(move |conn| reader::history_until(conn, &session_id, at_sequence)))
+    }
+
     fn sessions_with_work<'a>(
         &'a self,
         after: Option<&'a str>,

@@ -112,6 +112,67 @@ pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<Session
     }))
 }
 
+/// The history of the batches that end at or before `at_sequence`.
+pub(super) fn history_until(
+    conn: &Connection,
+    session_id: &str,
+    at_sequence: u64,
+) -> Result<Option<Vec<TranscriptItem>>, StoreError> {
+    let _snapshot = conn.unchecked_transaction().map_err(super::sqlite_error)?;
+    let row: Option<(i64, u64)> = conn
+        .prepare_cached("SELECT key, last_sequence FROM sessions WHERE id = ?1")
+        .and_then(|mut select| {
+            select
+                .query_row(params![session_id], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()
+        })
+        .map_err(super::sqlite_error)?;
+    let Some((key, last_sequence)) = row else {
+        return Ok(None);
+    };
+    if at_sequence > last_sequence {
+        return Err(StoreError::Invalid(format!(
+            "session '{session_id}' has {last_sequence} events, not {at_sequence}"
+        )));
+    }
+    // Rows that only extended the history (no events) have an empty range
+    // (`first_sequence` one past `last_sequence`, the log's length when
+    // they were written): they belong to the history from that length on.
+    // Candidates start at most one past `at_sequence`.
+    let mut select = conn
+        .prepare_cached(
+            "SELECT first_sequence, last_sequence, history FROM log
+             WHERE session_key = ?1 AND history IS NOT NULL AND first_sequence <= ?2 + 1
+             ORDER BY first_sequence, id",
+        )
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![key, at_sequence], |row| {
+            Ok((row.get::<_, u64>(0)?, row.get::<_, u64>(1)?, stored_json(row, 2)?))
+        })
+        .map_err(super::sqlite_error)?;
+    let mut transcript = Vec::new();
+    for row in rows {
+        let (first_sequence, last, items) = row.map_err(super::sqlite_error)?;
+        if last > at_sequence && first_sequence > at_sequence {
+            // A batch written after the point.
+            continue;
+        }
+        if last > at_sequence {
+            return Err(StoreError::Invalid(format!(
+                "event {at_sequence} of session '{session_id}' was written with events {first_sequence} to {last}, \
+                 whose history cannot be split; fork at {} or {last}",
+                first_sequence.saturating_sub(1)
+            )));
+        }
+        let items: Vec<TranscriptItem> = decode(&items, || {
+            format!("history recorded at event {first_sequence} of session '{session_id}'")
+        })?;
+        transcript.extend(items);
+    }
+    Ok(Some(transcript))
+}
+
 /// The session's stored submission queue, oldest first.
 fn queued_submissions(conn: &Connection, key: i64, session_id: &str) -> Result<Vec<QueuedSubmission>, StoreError> {
     let mut select = conn

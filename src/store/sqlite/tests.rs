@@ -3005,3 +3005,51 @@ async fn sessions_with_work_lists_queued_messages_and_turns_in_flight_in_pages()
     })
     .await;
 }
+
+/// Appends `events` with `history` in one batch.
+async fn append_with_history(store: &SqliteCheckpoint, session_id: &str, events: &[Event], history: &[TranscriptItem]) {
+    let mut batch = batch(events);
+    batch.checkpoint = Some(CheckpointWrite {
+        checkpoint: checkpoint(session_id, "bot", 0),
+        transcript_delta: history.to_vec(),
+        execution: None,
+    });
+    store.append(session_id, batch).await.expect("append");
+}
+
+#[tokio::test]
+async fn history_until_takes_the_batches_up_to_a_sequence_and_never_splits_one() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        // A session created with history (as a fork is): that history counts
+        // from the start.
+        store
+            .save(&checkpoint("s", "bot", 0), &[user("seed")], None)
+            .await
+            .expect("create");
+        append_with_history(&store, "s", &events("s", 1, 2), &[user("one"), assistant("A", false)]).await; // 1-2
+        append(&store, "s", &events("s", 3, 1)).await; // 3, no history
+        append_with_history(&store, "s", &events("s", 4, 3), &[user("two")]).await; // 4-6
+
+        let until = |at| store.history_until("s", at);
+        assert_eq!(until(0).await.expect("read"), Some(vec![user("seed")]));
+        let first = Some(vec![user("seed"), user("one"), assistant("A", false)]);
+        assert_eq!(until(2).await.expect("read"), first);
+        assert_eq!(until(3).await.expect("read"), first);
+        assert_eq!(
+            until(6).await.expect("read"),
+            Some(vec![user("seed"), user("one"), assistant("A", false), user("two")])
+        );
+        for inside in [1, 4, 5] {
+            let refused = until(inside).await;
+            assert!(matches!(refused, Err(StoreError::Invalid(_))), "{inside}: {refused:?}");
+        }
+        assert!(matches!(until(7).await, Err(StoreError::Invalid(_))), "past the log");
+        assert_eq!(store.history_until("nobody", 0).await.expect("read"), None);
+        // The whole history still loads as before.
+        let loaded = store.load("s").await.expect("load").expect("stored");
+        assert_eq!(loaded.transcript.len(), 4);
+    })
+    .await;
+}

@@ -5,6 +5,7 @@
 mod auth;
 mod ceiling;
 mod errors;
+mod fork;
 mod front_door;
 mod lifecycle;
 mod ops;

@@ -1,0 +1,128 @@
+//! Forking a session: a new session whose history is another's as it was at
+//! a sequence of its log.
+
+use crate::protocol::{Event, EventMsg, SessionForkedEvent};
+use crate::store::{AppendBatch, Checkpoint, CheckpointStore, EncodedEvent, EventPageRequest, StoreError};
+
+/// Events read per page while looking for the turn around a fork point.
+const SCAN_PAGE: usize = 500;
+
+/// Forks in this process, one at a time: the check that the new id is free
+/// and the writes that take it must not interleave (the store's `save`
+/// creates or rewrites, so two forks to one id would both succeed).
+static FORKS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Why a fork was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkError {
+    /// The parent does not exist.
+    #[error("unknown session '{0}'")]
+    UnknownParent(String),
+    /// The new session's id is taken.
+    #[error("session '{0}' already exists")]
+    Exists(String),
+    /// The fork point is not one the parent's history can be cut at (past
+    /// the log, inside a turn, inside a write batch).
+    #[error("{0}")]
+    BadPoint(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Forks `parent` at `at_sequence` into a new session `id` and returns the
+/// fork's first event.
+///
+/// The fork keeps the parent's bot, context and settings; its counters,
+/// usage and standing approvals start afresh. Only the parent's history up
+/// to the fork point is copied, never its log: the fork's log starts with
+/// `session_forked`. The point must be between turns, since the history
+/// inside a turn may hold a step the model never finished (a tool call
+/// without its result). The caller makes sure nothing else creates `id`
+/// meanwhile by other means than a fork of this process (a server checks
+/// its live sessions; the CLI holds the database).
+pub async fn fork_session(
+    store: &dyn CheckpointStore,
+    parent: &str,
+    at_sequence: u64,
+    id: &str,
+) -> Result<SessionForkedEvent, ForkError> {
+    let summary = store
+        .session_summary(parent)
+        .await?
+        .ok_or_else(|| ForkError::UnknownParent(parent.to_owned()))?;
+    let _one_at_a_time = FORKS.lock().await;
+    if store.session_summary(id).await?.is_some() {
+        return Err(ForkError::Exists(id.to_owned()));
+    }
+    if at_sequence > summary.last_sequence {
+        return Err(ForkError::BadPoint(format!(
+            "session '{parent}' has {} events, not {at_sequence}",
+            summary.last_sequence
+        )));
+    }
+    check_between_turns(store, parent, at_sequence).await?;
+    let history = store
+        .history_until(parent, at_sequence)
+        .await
+        .map_err(|error| match error {
+            StoreError::Invalid(message) => ForkError::BadPoint(message),
+            other => ForkError::Store(other),
+        })?
+        .ok_or_else(|| ForkError::UnknownParent(parent.to_owned()))?;
+    let mut checkpoint = Checkpoint::empty(id);
+    checkpoint.session_context = summary.context;
+    store.save(&checkpoint, &history, None).await?;
+    let forked = SessionForkedEvent {
+        parent_session_id: parent.to_owned(),
+        at_sequence,
+        history_items: history.len() as u64,
+    };
+    let event = Event {
+        submission_id: None,
+        msg: EventMsg::SessionForked(forked.clone()),
+    };
+    store
+        .append(
+            id,
+            AppendBatch {
+                events: vec![EncodedEvent::encode(&event)?],
+                ..AppendBatch::default()
+            },
+        )
+        .await?;
+    tracing::info!(session_id = %id, parent = %parent, at_sequence, "session forked");
+    Ok(forked)
+}
+
+/// Refuses a fork point inside a turn.
+async fn check_between_turns(store: &dyn CheckpointStore, session_id: &str, at: u64) -> Result<(), ForkError> {
+    let mut before = at.saturating_add(1);
+    while before > 1 {
+        let page = store
+            .event_page(
+                session_id,
+                EventPageRequest {
+                    before_sequence: Some(before),
+                    limit: SCAN_PAGE,
+                },
+            )
+            .await?;
+        for event in page.events.iter().rev() {
+            if event.msg.ends_turn() {
+                return Ok(());
+            }
+            if let EventMsg::TurnStarted(started) = &event.msg {
+                return Err(ForkError::BadPoint(format!(
+                    "event {at} is inside turn '{}' (started at {}); fork where no turn is running",
+                    started.turn_id, event.sequence
+                )));
+            }
+        }
+        match page.events.first() {
+            Some(first) if page.has_more => before = first.sequence,
+            _ => break,
+        }
+    }
+    Ok(())
+}

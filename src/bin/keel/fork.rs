@@ -1,0 +1,52 @@
+//! `keel fork`: a new session starting from another's history at a sequence.
+
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::Args;
+use keel::store::{ServeLock, StoreError};
+
+use crate::{DbArgs, print_line};
+
+/// Arguments of `keel fork`.
+#[derive(Args, Debug)]
+pub(crate) struct ForkArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The session to fork.
+    #[arg(value_name = "SESSION")]
+    session: String,
+    /// The sequence of the parent's event the fork starts after (between
+    /// turns; `keel events` shows them).
+    #[arg(long, value_name = "SEQ")]
+    at: u64,
+    /// The new session's id (a fresh UUID by default).
+    #[arg(long, value_name = "ID")]
+    id: Option<String>,
+}
+
+/// Forks the session and prints the new session's id.
+pub(crate) async fn fork(args: ForkArgs) -> anyhow::Result<ExitCode> {
+    let path = args.db.path()?;
+    // The hold keeps a `keel serve` from starting (and creating the same id)
+    // while the fork is written; a served database is forked by its server.
+    let _hold = match ServeLock::share(&path) {
+        Ok(hold) => hold,
+        Err(StoreError::Held { holder, .. }) => bail!(
+            "the database {} is served by {holder}: fork through it (POST /v1/sessions/{}/fork)",
+            path.display(),
+            args.session
+        ),
+        Err(error) => return Err(error.into()),
+    };
+    let store = args.db.open(false).await?;
+    let id = args.id.unwrap_or_else(keel::protocol::new_id);
+    let forked = keel::agent::fork_session(&store, &args.session, args.at, &id).await;
+    store.close().await;
+    let forked = forked?;
+    print_line(&format!(
+        "forked {} at {} into {id} ({} history items)",
+        forked.parent_session_id, forked.at_sequence, forked.history_items
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,193 @@
+//! Forking a session at a sequence: `POST /v1/sessions/{id}/fork`.
+
+use keel::protocol::{EventMsg, TranscriptItem};
+use keel::store::{CheckpointStore, SqliteCheckpoint};
+use reqwest::StatusCode;
+use serde_json::json;
+
+use super::support::{Resume, TestServer, ends_turn};
+
+fn user(text: &str) -> TranscriptItem {
+    TranscriptItem::UserMessage { text: text.to_owned() }
+}
+
+fn assistant(text: &str) -> TranscriptItem {
+    TranscriptItem::AssistantMessage {
+        text: text.to_owned(),
+        interrupted: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_starts_from_the_parents_history_at_a_sequence_and_goes_its_own_way() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server
+        .scratch
+        .script("s.jsonl", &[r#"{"text": "A."}"#, r#"{"text": "B."}"#]);
+    server
+        .api
+        .create(json!({"id": "parent", "model": model, "bot_id": "b1", "context": {"user": "u"}}))
+        .await;
+    let mut stream = server.api.stream("parent", Resume::Start).await;
+    server.api.say("parent", "one").await;
+    let first = stream.until(ends_turn).await;
+    let first_end = first.last().expect("the first turn").sequence;
+    let first_start = first
+        .iter()
+        .find(|event| matches!(event.msg, EventMsg::TurnStarted(_)))
+        .expect("turn_started")
+        .sequence;
+    server.api.say("parent", "two").await;
+    stream.until(ends_turn).await;
+    server.api.wait_idle("parent").await;
+
+    // Inside a turn, past the log, an unknown parent, a taken id: refused.
+    let inside = server
+        .api
+        .post("/v1/sessions/parent/fork", &json!({"at_sequence": first_start + 1}))
+        .await;
+    assert_eq!(inside.status, StatusCode::BAD_REQUEST, "{}", inside.body);
+    let past = server
+        .api
+        .post("/v1/sessions/parent/fork", &json!({"at_sequence": 100_000}))
+        .await;
+    assert_eq!(past.status, StatusCode::BAD_REQUEST, "{}", past.body);
+    let unknown = server
+        .api
+        .post("/v1/sessions/nobody/fork", &json!({"at_sequence": 1}))
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
+    let taken = server
+        .api
+        .post(
+            "/v1/sessions/parent/fork",
+            &json!({"at_sequence": first_end, "id": "parent"}),
+        )
+        .await;
+    assert_eq!(taken.status, StatusCode::CONFLICT, "{}", taken.body);
+
+    let forked = server
+        .api
+        .post(
+            "/v1/sessions/parent/fork",
+            &json!({"at_sequence": first_end, "id": "child"}),
+        )
+        .await;
+    assert_eq!(forked.status, StatusCode::CREATED, "{}", forked.body);
+    assert_eq!(forked.body["id"], "child");
+    assert_eq!(forked.body["bot_id"], "b1");
+    assert_eq!(forked.body["context"], json!({"user": "u"}));
+    assert_eq!(forked.body["model"], model.as_str());
+
+    // The fork runs a turn of its own on top of the parent's first turn.
+    let mut child = server.api.stream("child", Resume::Start).await;
+    server.api.say("child", "other").await;
+    let events = child.until(ends_turn).await;
+    match &events.first().expect("the fork's first event").msg {
+        EventMsg::SessionForked(forked) => {
+            assert_eq!(forked.parent_session_id, "parent");
+            assert_eq!(forked.at_sequence, first_end);
+            assert_eq!(forked.history_items, 2);
+        }
+        other => panic!("a fork starts with session_forked, not {other:?}"),
+    }
+    assert_eq!(events.first().map(|event| event.sequence), Some(1));
+    assert!(
+        events.windows(2).all(|pair| pair[1].sequence == pair[0].sequence + 1),
+        "gap-free sequences"
+    );
+    server.api.wait_idle("child").await;
+
+    let scratch = server.stop().await;
+    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    let child = store.load("child").await.expect("read").expect("stored");
+    assert_eq!(
+        child.transcript,
+        [user("one"), assistant("A."), user("other"), assistant("A.")]
+    );
+    let parent = store.load("parent").await.expect("read").expect("stored");
+    assert_eq!(
+        parent.transcript,
+        [user("one"), assistant("A."), user("two"), assistant("B.")],
+        "the parent is untouched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_forks_to_one_id_make_one_session() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "A."}"#]);
+    server.api.create(json!({"id": "parent", "model": model})).await;
+    let mut stream = server.api.stream("parent", Resume::Start).await;
+    server.api.say("parent", "one").await;
+    let end = stream.until(ends_turn).await.last().expect("a turn").sequence;
+    server.api.wait_idle("parent").await;
+
+    let body = json!({"at_sequence": end, "id": "child"});
+    let replies = futures::future::join_all((0..8).map(|_| server.api.post("/v1/sessions/parent/fork", &body))).await;
+    let created = replies
+        .iter()
+        .filter(|reply| reply.status == StatusCode::CREATED)
+        .count();
+    assert_eq!(
+        created,
+        1,
+        "{:?}",
+        replies.iter().map(|reply| reply.status).collect::<Vec<_>>()
+    );
+    assert!(
+        replies
+            .iter()
+            .all(|reply| reply.status == StatusCode::CREATED || reply.status == StatusCode::CONFLICT)
+    );
+    let scratch = server.stop().await;
+    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    let child = store.load("child").await.expect("read").expect("stored");
+    assert_eq!(child.transcript, [user("one"), assistant("A.")]);
+    assert_eq!(child.last_sequence, 1, "one session_forked event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_with_a_message_edits_a_past_message() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server
+        .scratch
+        .script("s.jsonl", &[r#"{"text": "A."}"#, r#"{"text": "B."}"#]);
+    server.api.create(json!({"id": "parent", "model": model})).await;
+    let mut stream = server.api.stream("parent", Resume::Start).await;
+    server.api.say("parent", "one").await;
+    // Edit "two": fork where the turn before it ended, with the new text.
+    let before = stream.until(ends_turn).await.last().expect("a turn").sequence;
+    server.api.say("parent", "two").await;
+    stream.until(ends_turn).await;
+    server.api.wait_idle("parent").await;
+    let too_big = "x".repeat(keel::protocol::MAX_MESSAGE_BYTES + 1);
+    let refused = server
+        .api
+        .post(
+            "/v1/sessions/parent/fork",
+            &json!({"at_sequence": before, "id": "bad", "message": too_big}),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", refused.body);
+    assert_eq!(server.api.get("/v1/sessions/bad").await.status, StatusCode::NOT_FOUND);
+
+    let edited = server
+        .api
+        .post(
+            "/v1/sessions/parent/fork",
+            &json!({"at_sequence": before, "id": "edited", "message": "two, edited"}),
+        )
+        .await;
+    assert_eq!(edited.status, StatusCode::CREATED, "{}", edited.body);
+    let mut child = server.api.stream("edited", Resume::Start).await;
+    child.until(ends_turn).await;
+    server.api.wait_idle("edited").await;
+    let scratch = server.stop().await;
+    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    let edited = store.load("edited").await.expect("read").expect("stored");
+    assert_eq!(
+        edited.transcript,
+        [user("one"), assistant("A."), user("two, edited"), assistant("A.")]
+    );
+}
