@@ -13,9 +13,9 @@ use super::status::StatusCell;
 use super::stream::StreamingOptions;
 use super::submission::Inbox;
 use crate::Result;
-use crate::model::Model;
+use crate::model::{ContextLimits, Model};
 use crate::protocol::{
-    Event, EventMsg, Op, ShutdownCompleteEvent, Submission, SubmissionRejectedEvent, TranscriptItem,
+    CompactionReason, Event, EventMsg, Op, ShutdownCompleteEvent, Submission, SubmissionRejectedEvent, TranscriptItem,
 };
 use crate::store::{Checkpoint, CheckpointWrite, TurnExecution};
 use crate::tools::{ApprovalRules, ToolSet};
@@ -50,6 +50,11 @@ pub(super) struct Session {
     pub(super) steering: Vec<Submission>,
     /// What the session is doing, for its handles.
     pub(super) status: Arc<StatusCell>,
+    /// The model's context window and compaction threshold, if known.
+    pub(super) context_limits: Option<ContextLimits>,
+    /// Provider-reported prompt tokens over the raw estimate, from the last
+    /// request that reported usage (1 until then).
+    pub(super) calibration: f64,
 }
 
 impl Session {
@@ -88,6 +93,14 @@ impl Session {
                     self.status.end_turn();
                 }
                 Op::Shutdown => return self.stop(Some(submission)).await,
+                Op::Compact => {
+                    let compacted = self
+                        .compact(None, Some(submission.id.clone()), CompactionReason::Requested)
+                        .await?;
+                    if let Err(why) = compacted {
+                        self.reject(&submission, &why).await?;
+                    }
+                }
                 Op::Interrupt { .. } => self.reject(&submission, "no turn is running").await?,
                 Op::Approval { call_id, .. } => {
                     let reason = format!("no tool call {call_id} is waiting for approval");
