@@ -17,10 +17,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::session::Session;
-use super::turn::Turn;
+use super::turn::{Turn, interrupts, reject_stray_control};
 use crate::Result;
 use crate::model::{ModelEventSink, ModelRequest, RequestPurpose, ToolSpec};
-use crate::protocol::{CompactionReason, ContextCompactedEvent, Event, EventMsg, TranscriptItem};
+use crate::protocol::{CompactionReason, ContextCompactedEvent, Event, EventMsg, Op, Submission, TranscriptItem};
 use crate::store::Compaction;
 
 /// The prompt that asks the model for a summary. It is the last message of
@@ -40,6 +40,16 @@ pub const SUMMARY_PREFIX: &str = "[Summary of the earlier conversation, which wa
 
 /// Bytes per token in the estimate before any calibration.
 const BYTES_PER_TOKEN: f64 = 4.0;
+
+/// How a compaction ended.
+pub(super) enum CompactEnd {
+    /// Recorded.
+    Done,
+    /// Not made, and nothing recorded: why.
+    NotDone(String),
+    /// An interrupt came while the model summarized; nothing recorded.
+    Interrupted(Submission),
+}
 
 impl Session {
     /// The history a model request carries: the summary of the compacted
@@ -91,15 +101,15 @@ impl Session {
     }
 
     /// Compacts the history: asks the model to summarize everything before
-    /// the latest user message and records the result. Returns why it did
-    /// not when there is nothing to compact or the summary failed; then
-    /// nothing was recorded.
+    /// the latest user message and records the result. An interrupt (of
+    /// `turn`, or any interrupt between turns) stops the summary; steered
+    /// messages wait for the turn's next step.
     pub(super) async fn compact(
         &mut self,
         turn: Option<&Turn>,
         submission_id: Option<String>,
         reason: CompactionReason,
-    ) -> Result<std::result::Result<(), String>> {
+    ) -> Result<CompactEnd> {
         let replaced_from = self
             .checkpoint
             .compaction
@@ -115,7 +125,7 @@ impl Session {
             .rposition(|item| matches!(item, TranscriptItem::UserMessage { .. }))
             .filter(|cut| *cut > replaced_from)
         else {
-            return Ok(Err("there is no older history to compact".to_owned()));
+            return Ok(CompactEnd::NotDone("there is no older history to compact".to_owned()));
         };
         let tools = self.tools.specs();
         let before_history = self.model_history();
@@ -141,10 +151,31 @@ impl Session {
         // The summary is not part of the conversation: nothing of it streams.
         let discard: ModelEventSink = Arc::new(|_| Ok(()));
         let started = Instant::now();
-        let summary = match self.model.respond(request, discard).await {
+        let mut response = self.model.respond(request, discard);
+        let (inbox, recorder, steering) = (&mut self.inbox, &self.recorder, &mut self.steering);
+        let mut control_open = true;
+        let result = loop {
+            tokio::select! {
+                biased;
+                control = inbox.recv_control(), if control_open => match control {
+                    Some(submission) if turn.map_or(matches!(submission.op, Op::Interrupt { turn_id: None }), |turn| interrupts(&submission.op, turn.id())) => {
+                        return Ok(CompactEnd::Interrupted(submission));
+                    }
+                    Some(submission) if turn.is_some() && matches!(submission.op, Op::Steer { .. }) => steering.push(submission),
+                    Some(submission) => reject_stray_control(recorder, submission).await?,
+                    None => control_open = false,
+                },
+                result = &mut response => break result,
+            }
+        };
+        let summary = match result {
             Ok(output) if !output.text.trim().is_empty() => output.text.trim().to_owned(),
-            Ok(_) => return Ok(Err("the model's summary was empty".to_owned())),
-            Err(error) => return Ok(Err(format!("the model could not summarize the history: {error}"))),
+            Ok(_) => return Ok(CompactEnd::NotDone("the model's summary was empty".to_owned())),
+            Err(error) => {
+                return Ok(CompactEnd::NotDone(format!(
+                    "the model could not summarize the history: {error}"
+                )));
+            }
         };
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.checkpoint.compaction = Some(Compaction {
@@ -165,7 +196,7 @@ impl Session {
         let event = Event {
             submission_id: turn.map(|turn| turn.submission_id.clone()).or(submission_id),
             msg: EventMsg::ContextCompacted(ContextCompactedEvent {
-                turn_id,
+                turn_id: turn.map(|turn| turn.id().to_owned()),
                 reason,
                 summary,
                 replaced_from: 0,
@@ -177,7 +208,7 @@ impl Session {
         };
         let write = self.checkpoint_write(Vec::new(), turn.map(|turn| &turn.execution));
         self.recorder.append(vec![event], Some(write)).await?;
-        Ok(Ok(()))
+        Ok(CompactEnd::Done)
     }
 }
 

@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::compaction::CompactEnd;
 use super::recorder::EventRecorder;
 use super::status::StatusCell;
 use super::stream::StreamingOptions;
@@ -94,11 +95,13 @@ impl Session {
                 }
                 Op::Shutdown => return self.stop(Some(submission)).await,
                 Op::Compact => {
-                    let compacted = self
+                    match self
                         .compact(None, Some(submission.id.clone()), CompactionReason::Requested)
-                        .await?;
-                    if let Err(why) = compacted {
-                        self.reject(&submission, &why).await?;
+                        .await?
+                    {
+                        CompactEnd::Done => {}
+                        CompactEnd::NotDone(why) => self.reject(&submission, &why).await?,
+                        CompactEnd::Interrupted(_) => self.reject(&submission, "interrupted by the user").await?,
                     }
                 }
                 Op::Interrupt { .. } => self.reject(&submission, "no turn is running").await?,

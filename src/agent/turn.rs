@@ -15,6 +15,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 use tokio::time::Instant;
 
+use super::compaction::CompactEnd;
 use super::session::Session;
 use super::stream::{CloseOnDrop, ClosedStream, MAX_STEP_OUTPUT_BYTES, StepStream, json_len, step_too_large};
 use super::tool_phase::ToolsEnd;
@@ -140,10 +141,18 @@ impl Session {
         loop {
             self.take_steering(&mut turn).await?;
             let step = turn.execution.step;
-            if self.over_threshold()
-                && let Err(why) = self.compact(Some(&turn), None, CompactionReason::Threshold).await?
-            {
-                tracing::warn!(session_id = %self.session_id, %why, "the history passed the context threshold but was not compacted");
+            if self.over_threshold() {
+                match self.compact(Some(&turn), None, CompactionReason::Threshold).await? {
+                    CompactEnd::Done => {}
+                    CompactEnd::NotDone(why) => {
+                        tracing::warn!(session_id = %self.session_id, %why, "the history passed the context threshold but was not compacted");
+                    }
+                    CompactEnd::Interrupted(by) => {
+                        return self
+                            .abort_turn(&turn, Abort::Interrupted(by), ClosedStream::empty())
+                            .await;
+                    }
+                }
             }
             let (end, closed) = self.model_step(&turn, step).await?;
             let output = match end {
@@ -154,10 +163,13 @@ impl Session {
                         .compact(Some(&turn), None, CompactionReason::ContextLengthExceeded)
                         .await?
                     {
-                        Ok(()) => continue,
-                        Err(why) => {
+                        CompactEnd::Done => continue,
+                        CompactEnd::NotDone(why) => {
                             let message = format!("{message} (and the history could not be compacted: {why})");
                             return self.abort_turn(&turn, Abort::Failed(message), closed).await;
+                        }
+                        CompactEnd::Interrupted(by) => {
+                            return self.abort_turn(&turn, Abort::Interrupted(by), closed).await;
                         }
                     }
                 }

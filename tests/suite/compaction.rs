@@ -164,6 +164,8 @@ async fn a_compaction_cut_by_a_crash_leaves_no_trace_and_is_redone() {
     let mut agent = agent_with(&db, &store, Arc::clone(&model), 100).await;
     turn(&mut agent, &long(1, 400)).await;
     agent.sender().submit(user(&long(2, 400))).expect("submit");
+    // Delivered means stored: the turn is in the log when the crash comes.
+    read_until(&mut agent, |event| event.msg.kind() == "user_message").await;
     guard("the summary request", model.summarizing.notified()).await;
     // The process dies while the model summarizes.
     drop(agent);
@@ -269,4 +271,31 @@ async fn measure_tokens_sent_per_turn_on_a_long_conversation() {
     assert!(*made > 0);
     assert!(bounded.iter().all(|tokens| *tokens <= 4_000), "{bounded:?}");
     assert!(unbounded.last() > bounded.last());
+}
+
+#[tokio::test]
+async fn an_interrupt_while_the_model_summarizes_ends_the_turn_without_compacting() {
+    let db = TestDb::new();
+    let store = db.open();
+    let script = "{\"text\": \"first\"}\n{\"text\": \"sum\", \"summary\": true}\n{\"text\": \"second\"}\n";
+    let model = Recording::new(script, &db, true);
+    let mut agent = agent_with(&db, &store, Arc::clone(&model), 100).await;
+    turn(&mut agent, &long(1, 400)).await;
+    agent.sender().submit(user(&long(2, 400))).expect("submit");
+    guard("the summary request", model.summarizing.notified()).await;
+    let interrupt = agent
+        .sender()
+        .submit(Op::Interrupt { turn_id: None })
+        .expect("submit the interrupt");
+    let events = read_turn(&mut agent).await;
+    let last = events.last().expect("the turn's end");
+    let EventMsg::TurnAborted(aborted) = &last.msg else {
+        panic!("{events:?}");
+    };
+    assert_eq!(aborted.reason, keel::protocol::AbortReason::Interrupted);
+    assert_eq!(last.submission_id, Some(interrupt.id));
+    assert!(compactions(&events).is_empty());
+    let state = store.load(SESSION).await.expect("load").expect("session");
+    assert_eq!(state.checkpoint.compaction, None);
+    shutdown(agent).await;
 }
