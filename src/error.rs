@@ -51,6 +51,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the model refused the request as too long for its context
+    /// (a provider's documented error, or a model's message saying so).
+    pub fn is_context_length_exceeded(&self) -> bool {
+        match self {
+            Self::Provider(error) => error.is_context_length_exceeded(),
+            Self::Model(message) => crate::provider::mentions_context_length(message),
+            _ => false,
+        }
+    }
+
     /// A [`Error::Stopped`] with the given reason.
     pub(crate) fn stopped(reason: impl Into<String>) -> Self {
         Self::Stopped(reason.into())

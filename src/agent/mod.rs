@@ -9,6 +9,7 @@
 //! - the session task (`session`, `turn`, `stream`): runs turns, streams the
 //!   model's output through a coalescing sink.
 
+mod compaction;
 mod fork;
 mod handle;
 pub mod recorder;
@@ -30,6 +31,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+pub use self::compaction::{SUMMARY_PREFIX, SUMMARY_PROMPT};
 pub use self::fork::{ForkError, fork_session};
 pub use self::handle::{Accepted, SessionHandle, SubmitOptions};
 pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};
@@ -40,7 +42,10 @@ pub use self::stream::{MAX_STEP_OUTPUT_BYTES, StreamingOptions};
 pub use self::submission::{Inbox, SubmissionSender, Submitted, WeakSubmissionSender, submission_channel};
 #[cfg(test)]
 use self::test_support::*;
-pub use crate::model::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
+pub use crate::model::{
+    BoxFuture, ContextLimits, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, RequestPurpose, ToolCall,
+    ToolSpec,
+};
 pub use crate::protocol::*;
 pub use crate::store::{
     Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, SessionContext, SessionState,
@@ -90,6 +95,9 @@ pub struct AgentConfig {
     /// Recorded as `warning` events right after `session_started` (an MCP
     /// server that did not start, a sandbox the kernel cannot enforce).
     pub startup_warnings: Vec<String>,
+    /// The context window and compaction threshold; `None` takes the
+    /// model's own ([`Model::context_limits`]).
+    pub context_limits: Option<ContextLimits>,
 }
 
 impl AgentConfig {
@@ -109,6 +117,7 @@ impl AgentConfig {
             max_steps: DEFAULT_MAX_STEPS,
             sandbox: None,
             startup_warnings: Vec::new(),
+            context_limits: None,
         }
     }
 }
@@ -204,7 +213,9 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         max_steps,
         sandbox,
         startup_warnings,
+        context_limits,
     } = config;
+    let context_limits = context_limits.or_else(|| model.context_limits());
     if session_id.is_empty() || session_id.len() > MAX_SESSION_ID_BYTES || session_id.chars().any(char::is_control) {
         return Err(Error::InvalidInput(format!(
             "session id must be 1 to {MAX_SESSION_ID_BYTES} bytes without control characters"
@@ -381,6 +392,8 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         deferred: None,
         steering: Vec::new(),
         status,
+        context_limits,
+        calibration: 1.0,
     };
     let task = tokio::spawn(session.run());
     Ok(Agent {

@@ -8,14 +8,15 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::compaction::CompactEnd;
 use super::recorder::EventRecorder;
 use super::status::StatusCell;
 use super::stream::StreamingOptions;
 use super::submission::Inbox;
 use crate::Result;
-use crate::model::Model;
+use crate::model::{ContextLimits, Model};
 use crate::protocol::{
-    Event, EventMsg, Op, ShutdownCompleteEvent, Submission, SubmissionRejectedEvent, TranscriptItem,
+    CompactionReason, Event, EventMsg, Op, ShutdownCompleteEvent, Submission, SubmissionRejectedEvent, TranscriptItem,
 };
 use crate::store::{Checkpoint, CheckpointWrite, TurnExecution};
 use crate::tools::{ApprovalRules, ToolSet};
@@ -50,6 +51,11 @@ pub(super) struct Session {
     pub(super) steering: Vec<Submission>,
     /// What the session is doing, for its handles.
     pub(super) status: Arc<StatusCell>,
+    /// The model's context window and compaction threshold, if known.
+    pub(super) context_limits: Option<ContextLimits>,
+    /// Provider-reported prompt tokens over the raw estimate, from the last
+    /// request that reported usage (1 until then).
+    pub(super) calibration: f64,
 }
 
 impl Session {
@@ -88,6 +94,16 @@ impl Session {
                     self.status.end_turn();
                 }
                 Op::Shutdown => return self.stop(Some(submission)).await,
+                Op::Compact => {
+                    match self
+                        .compact(None, Some(submission.id.clone()), CompactionReason::Requested)
+                        .await?
+                    {
+                        CompactEnd::Done => {}
+                        CompactEnd::NotDone(why) => self.reject(&submission, &why).await?,
+                        CompactEnd::Interrupted(_) => self.reject(&submission, "interrupted by the user").await?,
+                    }
+                }
                 Op::Interrupt { .. } => self.reject(&submission, "no turn is running").await?,
                 Op::Approval { call_id, .. } => {
                     let reason = format!("no tool call {call_id} is waiting for approval");

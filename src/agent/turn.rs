@@ -15,6 +15,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 use tokio::time::Instant;
 
+use super::compaction::CompactEnd;
 use super::session::Session;
 use super::stream::{
     CloseOnDrop, ClosedStream, MAX_STEP_OUTPUT_BYTES, MAX_STREAMED_TEXT_BYTES, StepStream, json_len, step_too_large,
@@ -23,9 +24,9 @@ use super::tool_phase::ToolsEnd;
 use crate::Result;
 use crate::model::{ModelOutput, ModelRequest, ToolCall};
 use crate::protocol::{
-    AbortReason, AssistantMessageEvent, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, Op, Submission,
-    SubmissionRejectedEvent, TokenUsageEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent, TurnStartedEvent,
-    UserMessageEvent, WarningEvent, new_id, now_ms,
+    AbortReason, AssistantMessageEvent, CompactionReason, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, Op,
+    Submission, SubmissionRejectedEvent, TokenUsageEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent,
+    TurnStartedEvent, UserMessageEvent, WarningEvent, new_id, now_ms,
 };
 use crate::provider::redact::{redact, redact_owned};
 use crate::store::{CheckpointStore, EventPageRequest, MAX_EVENT_PAGE, TurnExecution};
@@ -58,6 +59,8 @@ enum StepEnd {
     Saturated(String),
     /// Completed with more output than a step may hold.
     TooLarge(String),
+    /// The provider refused the request as too long for the model's context.
+    ContextExceeded(String),
 }
 
 /// Why a turn ends early.
@@ -134,12 +137,47 @@ impl Session {
     /// Runs model steps, and the tool calls they ask for, from the turn's
     /// current step until the turn ends.
     async fn drive_turn(&mut self, mut turn: Turn) -> Result<()> {
+        // A step the provider refused as too long is compacted and tried
+        // again once; a second refusal ends the turn.
+        let mut retried_step = None;
         loop {
             self.take_steering(&mut turn).await?;
             let step = turn.execution.step;
+            if self.over_threshold() {
+                match self.compact(Some(&turn), None, CompactionReason::Threshold).await? {
+                    CompactEnd::Done => {}
+                    CompactEnd::NotDone(why) => {
+                        tracing::warn!(session_id = %self.session_id, %why, "the history passed the context threshold but was not compacted");
+                    }
+                    CompactEnd::Interrupted(by) => {
+                        return self
+                            .abort_turn(&turn, Abort::Interrupted(by), ClosedStream::empty())
+                            .await;
+                    }
+                }
+            }
             let (end, closed) = self.model_step(&turn, step).await?;
             let output = match end {
                 StepEnd::Completed(output) => output,
+                StepEnd::ContextExceeded(message) if retried_step != Some(step) => {
+                    retried_step = Some(step);
+                    match self
+                        .compact(Some(&turn), None, CompactionReason::ContextLengthExceeded)
+                        .await?
+                    {
+                        CompactEnd::Done => continue,
+                        CompactEnd::NotDone(why) => {
+                            let message = format!("{message} (and the history could not be compacted: {why})");
+                            return self.abort_turn(&turn, Abort::Failed(message), closed).await;
+                        }
+                        CompactEnd::Interrupted(by) => {
+                            return self.abort_turn(&turn, Abort::Interrupted(by), closed).await;
+                        }
+                    }
+                }
+                StepEnd::ContextExceeded(message) => {
+                    return self.abort_turn(&turn, Abort::Failed(message), closed).await;
+                }
                 StepEnd::Failed(message) => return self.abort_turn(&turn, Abort::Failed(message), closed).await,
                 StepEnd::Interrupted(by) => return self.abort_turn(&turn, Abort::Interrupted(by), closed).await,
                 StepEnd::Saturated(message) => return self.abort_turn(&turn, Abort::Saturated(message), closed).await,
@@ -243,7 +281,9 @@ impl Session {
         );
         let _close_on_drop = CloseOnDrop(Arc::clone(&stream));
         let tools = self.tools.specs();
-        let mut request = ModelRequest::new(&self.session_id, turn.id(), &self.transcript, call_index);
+        let history = self.model_history();
+        let raw_estimate = self.raw_estimate(&history, &tools);
+        let mut request = ModelRequest::new(&self.session_id, turn.id(), &history, call_index);
         request.instructions = self.instructions.as_deref();
         request.tools = &tools;
         // A model can panic while building its future as well as inside it.
@@ -280,6 +320,7 @@ impl Session {
                     break match result {
                         _ if stream.saturation().is_some() => StepEnd::Saturated(stream.saturation().unwrap_or_default()),
                         Ok(Ok(output)) => StepEnd::Completed(output),
+                        Ok(Err(error)) if error.is_context_length_exceeded() => StepEnd::ContextExceeded(error.to_string()),
                         Ok(Err(error)) => StepEnd::Failed(error.to_string()),
                         Err(panic) => StepEnd::Failed(format!("the model panicked: {}", panic_message(&*panic))),
                     };
@@ -292,6 +333,9 @@ impl Session {
         let closed = stream.close();
         // Only now is the size of the whole output known (a call's arguments
         // are not streamed): one too large to record fails the step.
+        if let StepEnd::Completed(ModelOutput { usage: Some(usage), .. }) = &end {
+            self.calibrate(raw_estimate, usage.input_tokens);
+        }
         let end = match end {
             StepEnd::Completed(output) => match output_bytes(&output).saturating_add(closed.pending_bytes) {
                 bytes if bytes > MAX_STEP_OUTPUT_BYTES => StepEnd::TooLarge(step_too_large(bytes)),

@@ -5,7 +5,7 @@
 //! `ollama:MODEL` (Chat Completions on `http://localhost:11434/v1`, no key),
 //! or the name of a model defined in `keel.toml`. Any spec may end in
 //! options, `?KEY=VALUE&…` (`max_output_tokens`, `temperature`,
-//! `context_window`, `idle_timeout_secs`, `max_retries`), as in
+//! `context_window`, `compact_threshold`, `idle_timeout_secs`, `max_retries`), as in
 //! `openai:gpt-4.1-mini?max_output_tokens=1024`; they override the entry's.
 //!
 //! ```toml
@@ -17,7 +17,8 @@
 //! base_url = "https://api.openai.com/v1"
 //! api_key_env = "OPENAI_API_KEY"
 //! headers = { "OpenAI-Organization" = "org-123" }
-//! context_window = 128000
+//! context_window = 128000             # tokens (default: known for gpt-4.1, gpt-4o, gpt-5, o3, o4, claude, …)
+//! compact_threshold = 0.8           # compact the history past this share of the window (default 0.8)
 //! max_output_tokens = 4096
 //! temperature = 0.2
 //! idle_timeout_secs = 300           # longest silence in a stream (default 300)
@@ -151,6 +152,9 @@ pub struct ModelEntry {
     pub headers: BTreeMap<String, String>,
     /// The model's context window, in tokens.
     pub context_window: Option<u32>,
+    /// The share of the context window (above 0, at most 1) past which the
+    /// history is compacted before a request.
+    pub compact_threshold: Option<f64>,
     /// The most tokens to generate per request.
     pub max_output_tokens: Option<u32>,
     /// Sampling temperature.
@@ -246,6 +250,7 @@ impl KeelConfig {
                     api_key_env: None,
                     headers: BTreeMap::new(),
                     context_window: None,
+                    compact_threshold: None,
                     max_output_tokens: None,
                     temperature: None,
                     idle_timeout_secs: None,
@@ -288,7 +293,8 @@ fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
 }
 
 /// The options a spec may carry after `?`, as `KEY=VALUE` joined with `&`.
-const SPEC_OPTIONS: &str = "max_output_tokens, temperature, context_window, idle_timeout_secs, max_retries";
+const SPEC_OPTIONS: &str =
+    "max_output_tokens, temperature, context_window, compact_threshold, idle_timeout_secs, max_retries";
 
 /// Sets the options of a spec (`max_output_tokens=1024&temperature=0.2`) on
 /// `entry`, over what a keel.toml entry says.
@@ -311,6 +317,7 @@ fn apply_options(entry: &mut ModelEntry, options: &str) -> Result<()> {
             "max_output_tokens" => entry.max_output_tokens = Some(number(key, value)?),
             "temperature" => entry.temperature = Some(number(key, value)?),
             "context_window" => entry.context_window = Some(number(key, value)?),
+            "compact_threshold" => entry.compact_threshold = Some(number(key, value)?),
             "idle_timeout_secs" => entry.idle_timeout_secs = Some(number(key, value)?),
             "max_retries" => entry.max_retries = Some(number(key, value)?),
             other => {
@@ -362,6 +369,14 @@ fn build(name: &str, entry: &ModelEntry, env: &dyn Fn(&str) -> Option<String>) -
     settings.max_output_tokens = entry.max_output_tokens;
     settings.temperature = entry.temperature;
     settings.context_window = entry.context_window;
+    if let Some(threshold) = entry.compact_threshold {
+        if !(threshold > 0.0 && threshold <= 1.0) {
+            return Err(Error::Config(format!(
+                "model '{name}': compact_threshold is a share of the context window, above 0 and at most 1 (got {threshold})"
+            )));
+        }
+        settings.compact_threshold = threshold;
+    }
     if let Some(seconds) = entry.idle_timeout_secs {
         settings.http.idle_timeout = Duration::from_secs(seconds);
     }
@@ -426,6 +441,32 @@ mod tests {
             config.model_with_env("ollama:llama3.2", &env(&[])).is_ok(),
             "ollama needs no key"
         );
+    }
+
+    #[test]
+    fn context_limits_come_from_the_entry_the_spec_or_the_known_model() {
+        let config: KeelConfig = toml::from_str(
+            r#"
+            [models.small]
+            provider = "openai"
+            model = "qwen"
+            base_url = "http://127.0.0.1:8000/v1"
+            context_window = 8000
+            compact_threshold = 0.5
+            "#,
+        )
+        .expect("parse");
+        let limits = |spec: &str| {
+            let model = config
+                .model_with_env(spec, &env(&[("OPENAI_API_KEY", "k"), ("ANTHROPIC_API_KEY", "k")]))
+                .unwrap_or_else(|error| panic!("{spec}: {error}"));
+            model.context_limits().map(|limits| (limits.window, limits.threshold))
+        };
+        assert_eq!(limits("small"), Some((8000, 0.5)));
+        assert_eq!(limits("small?compact_threshold=0.9"), Some((8000, 0.9)));
+        assert_eq!(limits("anthropic:claude-sonnet-4-5"), Some((200_000, 0.8)));
+        assert_eq!(limits("openai:some-unknown-model"), None);
+        assert!(error(config.model_with_env("small?compact_threshold=1.5", &env(&[]))).contains("compact_threshold"));
     }
 
     #[test]

@@ -49,6 +49,56 @@ pub struct ModelRequest<'a> {
     pub instructions: Option<&'a str>,
     /// The tools the model may call.
     pub tools: &'a [ToolSpec],
+    /// Why the model is asked: a step of a turn, or a summary of the
+    /// history for compaction (a scripted model answers each from its own
+    /// lines).
+    pub purpose: RequestPurpose,
+}
+
+/// What a [`ModelRequest`] is for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequestPurpose {
+    /// A model step of a turn.
+    #[default]
+    Turn,
+    /// A summary of the older history, for context compaction; the last
+    /// history item is the summarization prompt. `call_index` then counts
+    /// the session's earlier summaries.
+    Summary,
+}
+
+/// How much history a model takes, for context compaction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ContextLimits {
+    /// The context window, in tokens.
+    pub window: u64,
+    /// The share of the window (0 to 1) past which the history is compacted
+    /// before a request.
+    pub threshold: f64,
+}
+
+/// The compaction threshold when none is configured: 80% of the window.
+pub const DEFAULT_COMPACT_THRESHOLD: f64 = 0.8;
+
+/// The context window of a well-known model, by its provider name (for
+/// example `gpt-4.1-mini`, `claude-sonnet-4-5`), when none is configured.
+pub fn known_context_window(model: &str) -> Option<u64> {
+    let model = model.to_ascii_lowercase();
+    let known: [(&str, u64); 8] = [
+        ("gpt-4.1", 1_047_576),
+        ("gpt-5", 400_000),
+        ("gpt-4o", 128_000),
+        ("o3", 200_000),
+        ("o4", 200_000),
+        ("claude", 200_000),
+        ("gpt-oss", 131_072),
+        ("llama3", 128_000),
+    ];
+    known
+        .iter()
+        .find(|(prefix, _)| model.starts_with(prefix))
+        .map(|(_, window)| *window)
 }
 
 impl<'a> ModelRequest<'a> {
@@ -61,6 +111,7 @@ impl<'a> ModelRequest<'a> {
             call_index,
             instructions: None,
             tools: &[],
+            purpose: RequestPurpose::Turn,
         }
     }
 }
@@ -149,5 +200,12 @@ pub trait Model: Send + Sync {
     /// A short name for logs and session listings (for example `script:a.jsonl`).
     fn name(&self) -> String {
         "model".to_owned()
+    }
+
+    /// The model's context window and compaction threshold, if known; with
+    /// `None` the history is compacted only on request or when the provider
+    /// says it is too long.
+    fn context_limits(&self) -> Option<ContextLimits> {
+        None
     }
 }

@@ -15,6 +15,10 @@
 //!
 //! Any response may also carry `"usage": {"input_tokens": N, "output_tokens": N}`.
 //!
+//! A line with `"summary": true` answers a summary request (context
+//! compaction) instead: those lines are used in order by the session's
+//! summaries, and the other lines by its ordinary model calls.
+//!
 //! Loading is careful because a spec may come from an API client: only a
 //! regular file is read (it is opened non-blocking, so a FIFO cannot stall
 //! the caller, and `/dev/zero` is refused before reading), at most
@@ -27,7 +31,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, ToolCall};
+use super::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, RequestPurpose, ToolCall};
 use crate::protocol::TokenUsage;
 use crate::{Error, Result};
 
@@ -44,6 +48,8 @@ struct ScriptLine {
     error: Option<String>,
     tool_calls: Option<Vec<ScriptCall>>,
     usage: Option<TokenUsage>,
+    #[serde(default)]
+    summary: bool,
 }
 
 /// A tool call in a script.
@@ -73,6 +79,8 @@ enum Response {
 pub struct ScriptedModel {
     path: PathBuf,
     responses: Vec<Response>,
+    /// The answers to summary requests, in order.
+    summaries: Vec<Response>,
 }
 
 impl ScriptedModel {
@@ -82,7 +90,7 @@ impl ScriptedModel {
         let path = path.as_ref();
         let text =
             read_script(path).map_err(|why| Error::Config(format!("cannot read script {}: {why}", path.display())))?;
-        let responses = parse(&text)
+        let (summaries, responses) = parse_all(&text)
             .map_err(|(line, error)| Error::Config(format!("script {} line {line}: {error}", path.display())))?;
         if responses.is_empty() {
             return Err(Error::Config(format!("script {} has no responses", path.display())));
@@ -90,6 +98,7 @@ impl ScriptedModel {
         Ok(Self {
             path: path.to_path_buf(),
             responses,
+            summaries,
         })
     }
 }
@@ -135,15 +144,25 @@ fn describe(error: &serde_json::Error) -> String {
         serde_json::error::Category::Eof => "the JSON ends early",
         serde_json::error::Category::Data => {
             "not a response: an unknown field or a value of the wrong type (the fields are text, chunks, \
-             delay_ms, error, tool_calls, usage)"
+             delay_ms, error, tool_calls, usage, summary)"
         }
         serde_json::error::Category::Io => "unreadable",
     };
     format!("column {}: {what}", error.column())
 }
 
+/// The ordinary responses of a script.
+#[cfg(test)]
 fn parse(text: &str) -> std::result::Result<Vec<Response>, (usize, String)> {
+    parse_all(text).map(|(_, responses)| responses)
+}
+
+/// The summary answers and the ordinary responses of a script.
+type Parsed = (Vec<Response>, Vec<Response>);
+
+fn parse_all(text: &str) -> std::result::Result<Parsed, (usize, String)> {
     let mut responses = Vec::new();
+    let mut summaries = Vec::new();
     for (index, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -186,20 +205,28 @@ fn parse(text: &str) -> std::result::Result<Vec<Response>, (usize, String)> {
                 ));
             }
         };
-        responses.push(response);
+        if parsed.summary {
+            summaries.push(response);
+        } else {
+            responses.push(response);
+        }
     }
-    Ok(responses)
+    Ok((summaries, responses))
 }
 
 impl Model for ScriptedModel {
     fn respond<'a>(&'a self, request: ModelRequest<'a>, events: ModelEventSink) -> BoxFuture<'a, Result<ModelOutput>> {
         Box::pin(async move {
             let index = usize::try_from(request.call_index).unwrap_or(usize::MAX);
-            let Some(response) = self.responses.get(index) else {
+            let (responses, kind) = match request.purpose {
+                RequestPurpose::Summary => (&self.summaries, "summary"),
+                _ => (&self.responses, "model call"),
+            };
+            let Some(response) = responses.get(index) else {
                 return Err(Error::Model(format!(
-                    "script {} is exhausted: it has {} responses and this is model call {}",
+                    "script {} is exhausted: it has {} {kind} responses and this is {kind} {}",
                     self.path.display(),
-                    self.responses.len(),
+                    responses.len(),
                     request.call_index + 1
                 )));
             };
@@ -301,6 +328,14 @@ mod tests {
             Err(1)
         );
         assert_eq!(parse("{\"txt\": \"a\"}").map_err(|(line, _)| line), Err(1));
+    }
+
+    #[test]
+    fn summary_lines_answer_summary_requests_apart() {
+        let (summaries, responses) =
+            parse_all("{\"text\": \"a\"}\n{\"text\": \"sum\", \"summary\": true}\n{\"text\": \"b\"}").expect("parse");
+        assert_eq!(summaries.len(), 1);
+        assert_eq!(responses.len(), 2);
     }
 
     #[test]

@@ -94,6 +94,9 @@ pub enum EventMsg {
     SubmissionQueued(SubmissionQueuedEvent),
     /// The runtime stopped after a shutdown op; the last event of that runtime.
     ShutdownComplete(ShutdownCompleteEvent),
+    /// The older part of the history was replaced, for the model, by a
+    /// summary; the events it summarizes stay in the log.
+    ContextCompacted(ContextCompactedEvent),
 }
 
 impl EventMsg {
@@ -122,6 +125,7 @@ impl EventMsg {
             EventMsg::SubmissionRejected(_) => "submission_rejected",
             EventMsg::SubmissionQueued(_) => "submission_queued",
             EventMsg::ShutdownComplete(_) => "shutdown_complete",
+            EventMsg::ContextCompacted(_) => "context_compacted",
         }
     }
 
@@ -144,6 +148,7 @@ impl EventMsg {
             EventMsg::TurnComplete(e) => Some(&e.turn_id),
             EventMsg::TurnAborted(e) => Some(&e.turn_id),
             EventMsg::Error(e) => e.turn_id.as_deref(),
+            EventMsg::ContextCompacted(e) => e.turn_id.as_deref(),
             EventMsg::SessionStarted(_)
             | EventMsg::SessionForked(_)
             | EventMsg::Warning(_)
@@ -336,6 +341,44 @@ pub struct ToolsChangedEvent {
     pub added: Vec<String>,
     /// The names that went.
     pub removed: Vec<String>,
+}
+
+/// Payload of [`EventMsg::ContextCompacted`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextCompactedEvent {
+    /// The turn it happened in; `None` when asked for between turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// What set it off.
+    pub reason: CompactionReason,
+    /// The summary the model sees in place of the replaced items.
+    pub summary: String,
+    /// The history items it replaces, `[from, to)` by position in the
+    /// session's full history (it covers any earlier summary too, so `from`
+    /// is 0).
+    pub replaced_from: u64,
+    /// The end (exclusive) of the replaced items; the model sees the items
+    /// from here on after the summary.
+    pub replaced_to: u64,
+    /// The estimated tokens of a request before compacting.
+    pub tokens_before: u64,
+    /// The estimated tokens of a request after compacting.
+    pub tokens_after: u64,
+    /// How long asking for the summary took, in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// Why the history was compacted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CompactionReason {
+    /// The next request would pass the context threshold.
+    Threshold,
+    /// A client asked (the `compact` op).
+    Requested,
+    /// The provider refused a request as too long for its context.
+    ContextLengthExceeded,
 }
 
 /// Payload of [`EventMsg::TokenUsage`].

@@ -11,7 +11,8 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// JSON: `{"type": "user_input", "text": "…"}`, `{"type": "interrupt",
 /// "turn_id": "…"}` (`turn_id` optional), `{"type": "shutdown"}`,
 /// `{"type": "approval", "call_id": "…", "decision": "approve" |
-/// "approve_for_session" | "deny"}`, `{"type": "steer", "text": "…"}`.
+/// "approve_for_session" | "deny"}`, `{"type": "steer", "text": "…"}`,
+/// `{"type": "compact"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 // Parsed through `OpWire`, which refuses unknown fields: a misspelt field
 // would otherwise be dropped without a word (the API documents them as `400`).
@@ -49,6 +50,10 @@ pub enum Op {
         /// The message text.
         text: String,
     },
+    /// Compact the history now: the model summarizes its older part, which
+    /// later requests carry as the summary (see `context_compacted`). Waits
+    /// in the queue behind running work.
+    Compact,
 }
 
 /// [`Op`] as parsed: the same tags and fields, with unknown fields refused.
@@ -72,6 +77,7 @@ enum OpWire {
     Steer {
         text: String,
     },
+    Compact {},
 }
 
 impl From<OpWire> for Op {
@@ -82,6 +88,7 @@ impl From<OpWire> for Op {
             OpWire::Shutdown {} => Op::Shutdown,
             OpWire::Approval { call_id, decision } => Op::Approval { call_id, decision },
             OpWire::Steer { text } => Op::Steer { text },
+            OpWire::Compact {} => Op::Compact,
         }
     }
 }
@@ -197,6 +204,7 @@ mod tests {
             r#"{"type": "user_input", "text": "hi", "txet": "typo"}"#,
             r#"{"type": "interrupt", "turn": "t1"}"#,
             r#"{"type": "shutdown", "now": true}"#,
+            r#"{"type": "compact", "keep": 3}"#,
             r#"{"type": "approval", "call_id": "c", "decision": "deny", "why": "no"}"#,
             "",
         ] {
@@ -206,6 +214,7 @@ mod tests {
         assert_eq!(op, Op::Interrupt { turn_id: None });
         for op in [
             Op::Shutdown,
+            Op::Compact,
             Op::Interrupt {
                 turn_id: Some("t".into()),
             },

@@ -236,6 +236,10 @@ impl Model for Anthropic {
     fn name(&self) -> String {
         format!("{}:{}", self.settings.name, self.settings.model)
     }
+
+    fn context_limits(&self) -> Option<crate::model::ContextLimits> {
+        self.settings.context_limits()
+    }
 }
 
 /// Which side of the conversation a block belongs to.

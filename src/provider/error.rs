@@ -123,6 +123,21 @@ impl ProviderError {
         }
     }
 
+    /// Whether the provider refused the request as too long for the
+    /// model's context (or Keel's own estimate did, before sending it). The
+    /// runtime then compacts the history once and tries again.
+    pub fn is_context_length_exceeded(&self) -> bool {
+        match self.cause() {
+            ProviderError::Status { status, message, .. } => {
+                matches!(status, 400 | 413 | 422) && mentions_context_length(message)
+            }
+            ProviderError::Stream { message, .. } | ProviderError::Request { message, .. } => {
+                mentions_context_length(message)
+            }
+            _ => false,
+        }
+    }
+
     /// The failure itself, without the count of attempts around it.
     pub fn cause(&self) -> &ProviderError {
         match self {
@@ -137,5 +152,61 @@ impl ProviderError {
             ProviderError::Status { retry_after, .. } => *retry_after,
             _ => None,
         }
+    }
+}
+
+/// Whether a provider's error message says the request is too long for the
+/// model's context. The documented forms: OpenAI's code
+/// `context_length_exceeded` ("This model's maximum context length is …",
+/// Responses: "Your input exceeds the context window of this model"),
+/// Anthropic's `invalid_request_error` "prompt is too long: N tokens > M
+/// maximum", llama.cpp's `exceed_context_size_error`, and Keel's own refusal
+/// in [`super::ProviderSettings::check_context`].
+pub fn mentions_context_length(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "maximum context length",
+        "exceeds the context window",
+        "prompt is too long",
+        "exceed_context_size",
+        "exceeds the available context size",
+        "does not fit the model's context window",
+    ]
+    .iter()
+    .any(|needle| message.contains(needle))
+}
+
+#[cfg(test)]
+mod context_tests {
+    use super::*;
+
+    #[test]
+    fn context_length_errors_are_recognized_in_each_providers_words() {
+        let status = |status, message: &str| ProviderError::Status {
+            provider: "p".into(),
+            status,
+            message: message.into(),
+            retry_after: None,
+        };
+        for message in [
+            "invalid_request_error: This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens.",
+            "invalid_request_error: Your input exceeds the context window of this model. Please adjust your input and try again.",
+            "invalid_request_error: prompt is too long: 210000 tokens > 200000 maximum",
+            "exceed_context_size_error: the request exceeds the available context size",
+        ] {
+            assert!(status(400, message).is_context_length_exceeded(), "{message}");
+        }
+        assert!(!status(400, "invalid_request_error: bad tool schema").is_context_length_exceeded());
+        assert!(!status(500, "maximum context length").is_context_length_exceeded());
+        let gave_up = ProviderError::GaveUp {
+            attempts: 2,
+            last: Box::new(ProviderError::Stream {
+                provider: "p".into(),
+                message: "context_length_exceeded: too long".into(),
+                retryable: false,
+            }),
+        };
+        assert!(gave_up.is_context_length_exceeded());
     }
 }

@@ -25,7 +25,7 @@ pub mod openai_responses;
 pub mod redact;
 pub mod sse;
 
-pub use self::error::ProviderError;
+pub use self::error::{ProviderError, mentions_context_length};
 use self::http::{HttpSettings, Secret};
 use crate::model::ModelEvent;
 use crate::model::ModelEventSink;
@@ -53,6 +53,9 @@ pub struct ProviderSettings {
     /// The model's context window in tokens; a request whose history would
     /// not fit (estimated) is refused before it is sent.
     pub context_window: Option<u32>,
+    /// The share of the context window past which the history is compacted
+    /// before a request (see [`crate::model::ContextLimits`]).
+    pub compact_threshold: f64,
     /// Timeouts, bounds and retries.
     pub http: HttpSettings,
 }
@@ -69,8 +72,22 @@ impl ProviderSettings {
             max_output_tokens: None,
             temperature: None,
             context_window: None,
+            compact_threshold: crate::model::DEFAULT_COMPACT_THRESHOLD,
             http: HttpSettings::default(),
         }
+    }
+
+    /// The limits the runtime compacts the history by: the configured
+    /// window, else the known window of the model.
+    pub fn context_limits(&self) -> Option<crate::model::ContextLimits> {
+        let window = self
+            .context_window
+            .map(u64::from)
+            .or_else(|| crate::model::known_context_window(&self.model))?;
+        Some(crate::model::ContextLimits {
+            window,
+            threshold: self.compact_threshold,
+        })
     }
 
     /// Refuses a request whose history clearly cannot fit the context window

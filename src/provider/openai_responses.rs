@@ -192,6 +192,10 @@ impl Model for OpenAiResponses {
     fn name(&self) -> String {
         format!("{}:{}", self.settings.name, self.settings.model)
     }
+
+    fn context_limits(&self) -> Option<crate::model::ContextLimits> {
+        self.settings.context_limits()
+    }
 }
 
 /// The events a stream would have carried for a complete, non-streamed

@@ -63,6 +63,23 @@ pub struct Checkpoint {
     /// Tools the user approved for the rest of the session.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub approved_tools: BTreeSet<String>,
+    /// The latest compaction: the model sees its summary in place of the
+    /// history items before `replaced_to`. Saved with the `context_compacted`
+    /// event in one commit, so a crash never leaves it half-applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Compaction>,
+}
+
+/// The history as compacted: a summary standing for its first items.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compaction {
+    /// The summary of the replaced items.
+    pub summary: String,
+    /// How many history items, from the start, the summary replaces.
+    pub replaced_to: u64,
+    /// How many compactions the session has made, this one included.
+    #[serde(default)]
+    pub count: u64,
 }
 
 impl Checkpoint {
@@ -75,6 +92,7 @@ impl Checkpoint {
             turns_completed: 0,
             usage: TokenUsage::default(),
             approved_tools: BTreeSet::new(),
+            compaction: None,
         }
     }
 }

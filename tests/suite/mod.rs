@@ -3,6 +3,7 @@
 mod agent;
 mod approvals;
 mod cli;
+mod compaction;
 mod durable_submissions;
 mod http_server;
 mod mcp;

@@ -769,3 +769,50 @@ async fn an_interrupt_during_streaming_cancels_the_request() {
     assert_eq!(server.requests().len(), 1);
     shutdown(agent).await;
 }
+
+/// Anthropic's documented answer to a prompt longer than the model's context.
+const PROMPT_TOO_LONG: &str = r#"{"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 208123 tokens > 200000 maximum"}}"#;
+
+#[tokio::test]
+async fn prompt_too_long_compacts_the_history_once_and_retries_the_step() {
+    let server = ScriptedServer::start(vec![
+        Reply::sse_in_pieces(ANSWER, 64),
+        Reply::json(400, PROMPT_TOO_LONG),
+        Reply::sse_in_pieces(ANSWER, 64),
+        Reply::sse_in_pieces(ANSWER, 64),
+    ])
+    .await;
+    let db = TestDb::new();
+    let store = db.open();
+    let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
+    first_turn(&mut agent, "What time is it?").await;
+    let events = first_turn(&mut agent, "And now?").await;
+    let kinds = kinds(&events);
+    assert!(
+        kinds.contains(&"context_compacted") && kinds.ends_with(&["turn_complete"]),
+        "{kinds:?}"
+    );
+    assert_eq!(server.requests().len(), 4);
+    let summary_request = sent_messages(&server, 2);
+    let summary_request = summary_request.as_array().expect("messages");
+    assert_eq!(summary_request.len(), 3, "{summary_request:?}");
+    assert!(
+        summary_request[2].to_string().contains("about to be shortened"),
+        "{summary_request:?}"
+    );
+    let retried = sent_messages(&server, 3);
+    let retried = retried.as_array().expect("messages");
+    let first = retried[0].to_string();
+    assert!(first.contains("Summary of the earlier conversation"), "{retried:?}");
+    assert!(
+        retried.last().expect("a message").to_string().contains("And now?"),
+        "{retried:?}"
+    );
+    assert!(
+        !retried
+            .iter()
+            .any(|message| message.to_string().contains("What time is it?")),
+        "{retried:?}"
+    );
+    shutdown(agent).await;
+}

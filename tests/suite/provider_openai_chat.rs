@@ -1147,3 +1147,105 @@ async fn an_answer_cut_by_the_length_limit_closes_its_turn_saying_so() {
     assert_eq!(stored["length_limited"], json!(true), "{stored}");
     shutdown(agent).await;
 }
+
+// Context compaction over the wire.
+
+/// OpenAI's documented answer to a request too long for the model.
+const CONTEXT_LENGTH_BODY: &str = r#"{"error": {"message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130512 tokens. Please reduce the length of the messages.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}"#;
+
+#[tokio::test]
+async fn a_context_length_error_compacts_the_history_once_and_retries_the_step() {
+    let server = ScriptedServer::start(vec![
+        text_reply(&["The first answer."]),
+        Reply::json(400, CONTEXT_LENGTH_BODY),
+        text_reply(&["The user asked a first question; it was answered."]),
+        text_reply(&["The second answer."]),
+    ])
+    .await;
+    let db = TestDb::new();
+    let store = db.open();
+    let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
+    run_turn(&mut agent, "first question").await;
+    let events = run_turn(&mut agent, "second question").await;
+    assert_eq!(
+        kinds(&events),
+        [
+            "turn_started",
+            "user_message",
+            "model_step_started",
+            "context_compacted",
+            "model_step_started",
+            "assistant_content_delta",
+            "assistant_message",
+            "turn_complete"
+        ]
+    );
+    let EventMsg::ContextCompacted(compacted) = &events[3].msg else {
+        panic!("{:?}", events[3]);
+    };
+    assert_eq!(
+        compacted.reason,
+        keel::protocol::CompactionReason::ContextLengthExceeded
+    );
+    assert_eq!(compacted.summary, "The user asked a first question; it was answered.");
+    assert_eq!((compacted.replaced_from, compacted.replaced_to), (0, 2));
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 4);
+    let contents = |request: &Request| -> Vec<String> {
+        request.json()["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|message| message["content"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    // The summary request: the old history, then the prompt; no tools.
+    let summary_request = contents(&requests[2]);
+    assert_eq!(summary_request[..2], ["first question", "The first answer."]);
+    assert_eq!(
+        summary_request.last().map(String::as_str),
+        Some(keel::agent::SUMMARY_PROMPT)
+    );
+    assert!(requests[2].json().get("tools").is_none(), "{}", requests[2].json());
+    // The retried step: instructions, the summary, the latest message.
+    let retried = contents(&requests[3]);
+    assert_eq!(retried.len(), 3, "{retried:?}");
+    assert_eq!(retried[0], "You are terse.");
+    assert!(retried[1].starts_with(keel::agent::SUMMARY_PREFIX) && retried[1].contains("it was answered"));
+    assert_eq!(retried[2], "second question");
+    // The log still holds every original event.
+    let state = stored_state(&store).await;
+    assert_eq!(state.transcript.len(), 4);
+    assert_eq!(
+        state.checkpoint.compaction.map(|compaction| compaction.replaced_to),
+        Some(2)
+    );
+    shutdown(agent).await;
+}
+
+#[tokio::test]
+async fn a_second_context_length_error_ends_the_turn() {
+    let server = ScriptedServer::start(vec![
+        text_reply(&["The first answer."]),
+        Reply::json(400, CONTEXT_LENGTH_BODY),
+        text_reply(&["A summary."]),
+        Reply::json(400, CONTEXT_LENGTH_BODY),
+    ])
+    .await;
+    let db = TestDb::new();
+    let store = db.open();
+    let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
+    run_turn(&mut agent, "first question").await;
+    let events = run_turn(&mut agent, "second question").await;
+    assert_eq!(
+        kinds(&events)
+            .iter()
+            .filter(|kind| **kind == "context_compacted")
+            .count(),
+        1
+    );
+    assert!(error_message(&events).contains("maximum context length"), "{events:?}");
+    assert_eq!(server.requests().len(), 4, "one retry only");
+    shutdown(agent).await;
+}

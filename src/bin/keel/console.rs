@@ -169,6 +169,13 @@ impl Printer {
                 self.note(Tone::Quiet, &format!("[{label}: {}]", shorten(&done.output, 200)))?;
             }
             EventMsg::Warning(warning) => self.note(Tone::Alarm, &format!("warning: {}", warning.message))?,
+            EventMsg::ContextCompacted(compacted) => self.note(
+                Tone::Quiet,
+                &format!(
+                    "[history compacted: about {} tokens, now about {}]",
+                    compacted.tokens_before, compacted.tokens_after
+                ),
+            )?,
             _ => {}
         }
         Ok(())

@@ -75,6 +75,7 @@ fn checkpoint(session_id: &str, bot_id: &str, model_calls: u64) -> Checkpoint {
             ..TokenUsage::default()
         },
         approved_tools: ["write_file".to_owned()].into(),
+        compaction: None,
     }
 }
 

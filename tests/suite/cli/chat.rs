@@ -751,3 +751,50 @@ fn against_a_server_a_new_session_takes_a_chosen_id_and_a_system_prompt() {
     );
     assert_one_line_error(&again, "conflict");
 }
+
+fn compactions(events: &[RecordedEvent]) -> Vec<(String, u64)> {
+    events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::ContextCompacted(compacted) => Some((compacted.summary.clone(), compacted.replaced_to)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn slash_compact_compacts_the_history_locally_and_against_a_server() {
+    let (cli, scratch, server) = served();
+    let model = cli.model(&[
+        r#"{"text": "One."}"#,
+        r#"{"text": "Two."}"#,
+        r#"{"text": "they said hi and there", "summary": true}"#,
+        r#"{"text": "Three."}"#,
+    ]);
+    let input = "/compact\nhi\nthere\n/compact\nagain\n";
+    let local = cli.chat_piped(&["--model", &model, "--no-tools"], input);
+    assert_eq!(local.status.code(), Some(0), "{}", stderr(&local));
+    assert_eq!(stdout(&local), "One.\nTwo.\nThree.\n");
+    let err = stderr(&local);
+    assert!(
+        err.contains("not compacted: there is no older history to compact"),
+        "{err}"
+    );
+    assert!(err.contains("[history compacted"), "{err}");
+    let events = cli.events(&session_line(&local));
+    assert_gap_free(&events);
+    assert_eq!(compactions(&events), [("they said hi and there".to_owned(), 2)]);
+    assert_eq!(
+        user_messages(&events),
+        ["hi", "there", "again"],
+        "the log keeps every message"
+    );
+
+    let base = server.api.base.clone();
+    let remote = cli.chat_piped(&["--server", &base, "--model", &model, "--no-tools"], input);
+    assert_eq!(remote.status.code(), Some(0), "{}", stderr(&remote));
+    assert_eq!(stdout(&remote), "One.\nTwo.\nThree.\n");
+    assert!(stderr(&remote).contains("[history compacted"), "{}", stderr(&remote));
+    let events = served_events(&cli, &scratch, &session_line(&remote));
+    assert_eq!(compactions(&events), [("they said hi and there".to_owned(), 2)]);
+}

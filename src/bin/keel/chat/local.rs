@@ -145,6 +145,12 @@ impl LocalSession {
         Ok(accepted.submission_id)
     }
 
+    /// Queues an op that is neither a message nor a control (`compact`);
+    /// returns its submission id.
+    pub(super) async fn submit_op(&mut self, op: Op) -> anyhow::Result<String> {
+        Ok(self.agent.sender().submit_wait(op).await?.id)
+    }
+
     /// Sends an interrupt or an approval on the control lane.
     pub(super) async fn control(&mut self, op: Op) -> anyhow::Result<()> {
         match self.agent.sender().submit(op) {

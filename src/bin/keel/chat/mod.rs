@@ -196,6 +196,15 @@ impl Session {
         }
     }
 
+    /// Queues an op that is neither a message nor a control; returns its
+    /// submission id.
+    async fn submit_op(&mut self, op: Op) -> anyhow::Result<String> {
+        match self {
+            Session::Local(session) => session.submit_op(op).await,
+            Session::Remote(session) => session.submit_op(op).await,
+        }
+    }
+
     /// Submits a control op (an interrupt or an approval).
     async fn control(&mut self, op: Op) -> anyhow::Result<()> {
         match self {
@@ -241,6 +250,9 @@ enum Until {
     Turn(String),
     /// No turn running and nothing queued.
     Idle,
+    /// The compaction this `compact` submission asked for (recorded, or
+    /// refused).
+    Compaction(String),
 }
 
 /// How following a turn ended.
@@ -269,6 +281,8 @@ enum Line {
     Help,
     /// `/session`: print the session id.
     Session,
+    /// `/compact`: compact the history now.
+    Compact,
     /// A `/word` that is no command.
     Unknown(String),
 }
@@ -290,6 +304,7 @@ impl Line {
             "/exit" | "/quit" => Line::Exit,
             "/help" | "/?" => Line::Help,
             "/session" => Line::Session,
+            "/compact" => Line::Compact,
             other => Line::Unknown(other.to_owned()),
         }
     }
@@ -299,6 +314,7 @@ impl Line {
 const HELP: &str = "\
 Each line is a message; the answer streams as it arrives.
   /session     print this session's id (resume it with keel chat --session ID)
+  /compact     replace the older history, for the model, with its summary
   /help        this help
   /exit        leave (also Ctrl-D, or Ctrl-C at an empty prompt)
   //text       send a message that starts with '/'
@@ -376,6 +392,14 @@ impl Chat {
                 }
                 Line::Session => {
                     print_line(self.session.id())?;
+                    continue;
+                }
+                Line::Compact => {
+                    let submission_id = self.session.submit_op(Op::Compact).await?;
+                    self.render.waiting();
+                    if self.follow(Until::Compaction(submission_id)).await? == Outcome::Leave {
+                        return Ok(Finish::Leave(self.leave_code()));
+                    }
                     continue;
                 }
                 Line::Unknown(command) => {
@@ -502,11 +526,25 @@ impl Chat {
                     }
                 },
                 EventMsg::SubmissionRejected(rejected) => {
-                    if let Until::TurnOf(submission) = &until
+                    if let Until::TurnOf(submission) | Until::Compaction(submission) = &until
                         && event.submission_id.as_deref() == Some(submission.as_str())
                     {
-                        self.render.problem(&format!("message refused: {}", rejected.reason))?;
+                        self.render.end_turn()?;
+                        let what = if matches!(until, Until::Compaction(_)) {
+                            "not compacted"
+                        } else {
+                            "message refused"
+                        };
+                        self.render.problem(&format!("{what}: {}", rejected.reason))?;
                         return Ok(Outcome::Failed);
+                    }
+                }
+                EventMsg::ContextCompacted(_) => {
+                    if let Until::Compaction(submission) = &until
+                        && event.submission_id.as_deref() == Some(submission.as_str())
+                    {
+                        self.render.end_turn()?;
+                        return Ok(Outcome::Completed);
                     }
                 }
                 msg if msg.ends_turn() => {

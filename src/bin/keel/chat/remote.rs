@@ -473,6 +473,17 @@ impl RemoteSession {
     }
 
     /// Submits an interrupt or an approval.
+    /// Queues an op that is neither a message nor a control (`compact`);
+    /// returns its submission id.
+    pub(super) async fn submit_op(&mut self, op: Op) -> anyhow::Result<String> {
+        let request = self
+            .api
+            .request(Method::POST, &["sessions", &self.id, "submissions"])
+            .json(&json!({ "op": op }));
+        let accepted: AcceptedView = parse(self.api.send(request).await?).await?;
+        Ok(accepted.submission_id)
+    }
+
     pub(super) async fn control(&mut self, op: Op) -> anyhow::Result<()> {
         let request = self
             .api
