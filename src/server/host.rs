@@ -261,6 +261,45 @@ impl Host {
         result
     }
 
+    /// Deletes the session `session_id` from the store, shutting its live
+    /// session down first; with `workspace`, its workspace directory goes
+    /// too. Returns whether the session existed.
+    ///
+    /// The slot's lock is held from the shutdown to the deletion, so a
+    /// request arriving meanwhile waits, then finds no session (`404`)
+    /// instead of loading it again between the two.
+    pub(crate) async fn delete(&self, session_id: &str, workspace: bool) -> Result<bool, ApiError> {
+        self.check_open()?;
+        let slot = self.slot(session_id);
+        let result = async {
+            let mut live = slot.live.lock().await;
+            self.check_open()?;
+            if let Some(session) = live.take() {
+                self.released();
+                // Its work is about to be deleted: nothing to wait for.
+                self.close(session, CloseMode::Abort).await;
+            }
+            let existed = self.store.delete_session(session_id).await?;
+            if existed && workspace {
+                let dir = super::factory::workspace_dir(&self.factory.workspace_root, session_id);
+                match tokio::fs::remove_dir_all(&dir).await {
+                    Ok(()) => {}
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(error) => {
+                        return Err(ApiError::Internal(format!(
+                            "session '{session_id}' was deleted but its workspace {} was not: {error}",
+                            dir.display()
+                        )));
+                    }
+                }
+            }
+            Ok(existed)
+        }
+        .await;
+        self.forget_slot(session_id, slot);
+        result
+    }
+
     /// Submits `op` to the session, loading it if needed. A session found
     /// stopped (by a `shutdown` op) is loaded again once.
     pub(crate) async fn submit(

@@ -253,6 +253,10 @@ impl CheckpointStore for MeteredStore {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         self.inner.sessions_with_work(after, limit)
     }
+
+    fn delete_session<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.delete_session(session_id)
+    }
 }
 
 /// A model that times its requests into `keel_model_request_seconds` and

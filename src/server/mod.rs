@@ -47,6 +47,7 @@ pub use self::conn::{
 };
 pub use self::error::ApiError;
 use self::factory::SessionFactory;
+pub use self::factory::workspace_dir;
 use self::host::{Host, HostLimits};
 use self::metrics::{MeteredStore, Metrics};
 use crate::agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};

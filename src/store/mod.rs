@@ -435,6 +435,21 @@ pub trait CheckpointStore: Send + Sync {
         idempotency_key: &'a str,
     ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>>;
 
+    /// Deletes a session for good: its checkpoint, history, events, queued
+    /// submissions and idempotency keys, in one transaction (all of it goes,
+    /// or none). Returns whether the session existed. The caller stops any
+    /// runtime writing to it first; that runtime's later writes then fail
+    /// with [`StoreError::UnknownSession`].
+    ///
+    /// The default refuses: a store must opt in to deleting data.
+    fn delete_session<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            Err(StoreError::Invalid(format!(
+                "this store cannot delete sessions (asked to delete '{session_id}')"
+            )))
+        })
+    }
+
     /// Up to `limit` ids, in id order after `after`, of the sessions with
     /// work stored: submissions queued, or a turn in flight. A host loads
     /// them when it starts, so that nothing acknowledged waits for a request.

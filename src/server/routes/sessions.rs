@@ -1,4 +1,5 @@
-//! `POST /v1/sessions`, `GET /v1/sessions`, `GET /v1/sessions/{id}`.
+//! `POST /v1/sessions`, `GET /v1/sessions`, `GET /v1/sessions/{id}`,
+//! `DELETE /v1/sessions/{id}`.
 
 use std::sync::Arc;
 
@@ -217,4 +218,28 @@ pub(crate) async fn show(
         .ok_or_else(|| ApiError::unknown_session(&id))?;
     let live = server.host.status(&id);
     Ok(Json(SessionView::new(&server, summary, live)))
+}
+
+/// The query of `DELETE /v1/sessions/{id}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DeleteQuery {
+    /// Also remove the session's workspace directory.
+    #[serde(default)]
+    workspace: bool,
+}
+
+/// `DELETE /v1/sessions/{id}`: `204` once the session is gone, `404` if
+/// there was none.
+pub(crate) async fn delete(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<DeleteQuery>,
+) -> Result<StatusCode, ApiError> {
+    if server.host.delete(&id, query.workspace).await? {
+        tracing::info!(session_id = %id, workspace = query.workspace, "session deleted");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::unknown_session(&id))
+    }
 }

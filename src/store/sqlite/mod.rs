@@ -322,6 +322,17 @@ impl CheckpointStore for SqliteCheckpoint {
         let after = after.map(str::to_owned);
         Box::pin(self.read(move |conn| reader::sessions_with_work(conn, after.as_deref(), limit)))
     }
+
+    fn delete_session<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let session_id = session_id.to_owned();
+        Box::pin(async move {
+            match self.write(move |reply| Job::Delete { session_id, reply }).await {
+                Ok(_) => Ok(true),
+                Err(StoreError::UnknownSession(_)) => Ok(false),
+                Err(error) => Err(error),
+            }
+        })
+    }
 }
 
 /// Maps a SQLite error to the store's error, naming the file when that helps.

@@ -35,6 +35,8 @@ pub(super) enum Job {
     Save { write: Box<CheckpointWrite>, reply: Reply },
     /// Take the session over: a new lease, fencing off older holders.
     Acquire { session_id: String, reply: Reply },
+    /// Delete the session and everything stored for it.
+    Delete { session_id: String, reply: Reply },
 }
 
 /// Where a job's outcome goes.
@@ -58,6 +60,8 @@ enum Mode {
     Save,
     /// Bump the lease.
     Acquire,
+    /// Delete the session's rows.
+    Delete,
 }
 
 /// A job's content, fixed for the transaction.
@@ -94,12 +98,21 @@ impl Job {
                 checkpoint: None,
                 mode: Mode::Acquire,
             },
+            Job::Delete { session_id, .. } => Write {
+                session_id,
+                events: Vec::new(),
+                checkpoint: None,
+                mode: Mode::Delete,
+            },
         }
     }
 
     fn answer(self, outcome: Result<Written, StoreError>) {
         let reply = match self {
-            Job::Append { reply, .. } | Job::Save { reply, .. } | Job::Acquire { reply, .. } => reply,
+            Job::Append { reply, .. }
+            | Job::Save { reply, .. }
+            | Job::Acquire { reply, .. }
+            | Job::Delete { reply, .. } => reply,
         };
         // The caller may have given up waiting (cancelled); the write stands.
         let _ = reply.send(outcome);
@@ -282,6 +295,9 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
     if *mode == Mode::Acquire {
         return acquire(conn, session_id, now);
     }
+    if *mode == Mode::Delete {
+        return delete(conn, session_id, now);
+    }
     let write = checkpoint
         .as_deref()
         .map(|write| encode_write(session_id, write))
@@ -297,7 +313,7 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
     }
     let lease = match mode {
         Mode::Append { lease } => *lease,
-        Mode::Save | Mode::Acquire => None,
+        Mode::Save | Mode::Acquire | Mode::Delete => None,
     };
     // One statement takes the sequences, rewrites the checkpoint and extends
     // the history; matching no row means the session does not exist, and then
@@ -424,6 +440,35 @@ fn acquire(conn: &Connection, session_id: &str, now: u64) -> Result<Written, Job
             recorded_at_ms: now,
         },
         lease,
+    })
+}
+
+/// Deletes a session's rows: the log, the queue, the idempotency keys and
+/// the session itself, all in the group's transaction.
+fn delete(conn: &Connection, session_id: &str, now: u64) -> Result<Written, JobError> {
+    let key: Option<i64> = conn
+        .prepare_cached("SELECT key FROM sessions WHERE id = ?1")
+        .and_then(|mut select| select.query_row(params![session_id], |row| row.get(0)).optional())
+        .map_err(dirty)?;
+    let Some(key) = key else {
+        return Err(JobError::Clean(StoreError::UnknownSession(session_id.to_owned())));
+    };
+    for statement in [
+        "DELETE FROM log WHERE session_key = ?1",
+        "DELETE FROM queued_submissions WHERE session_key = ?1",
+        "DELETE FROM submission_keys WHERE session_key = ?1",
+        "DELETE FROM sessions WHERE key = ?1",
+    ] {
+        conn.prepare_cached(statement)
+            .and_then(|mut delete| delete.execute(params![key]))
+            .map_err(dirty)?;
+    }
+    Ok(Written {
+        receipt: AppendReceipt {
+            first_sequence: 0,
+            recorded_at_ms: now,
+        },
+        lease: 0,
     })
 }
 

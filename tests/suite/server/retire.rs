@@ -1,0 +1,124 @@
+//! The end of a session's life: deleting it (and its workspace), over the
+//! API and the CLI, while it runs.
+
+use keel::store::{CheckpointStore, SqliteCheckpoint};
+use reqwest::StatusCode;
+use serde_json::json;
+
+use super::support::{Resume, TestServer, slow_chunks};
+
+/// Rows left in the tables that hold a session's data, for the session
+/// with this id (`0` for every table once it is gone).
+fn rows_of(db: &std::path::Path, session_id: &str) -> [i64; 4] {
+    let conn = rusqlite::Connection::open(db).expect("open the database");
+    let key: Option<i64> = conn
+        .query_row("SELECT key FROM sessions WHERE id = ?1", [session_id], |row| row.get(0))
+        .ok();
+    let Some(key) = key else { return [0; 4] };
+    let count = |table: &str| -> i64 {
+        conn.query_row(
+            &format!("SELECT count(*) FROM {table} WHERE session_key = ?1"),
+            [key],
+            |row| row.get(0),
+        )
+        .expect("count")
+    };
+    [1, count("log"), count("queued_submissions"), count("submission_keys")]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_running_session_removes_its_log_queue_keys_and_workspace() {
+    let server = TestServer::start(|_, _| {}).await;
+    let slow = server
+        .scratch
+        .script("slow.jsonl", &[&slow_chunks(200, 20), r#"{"text": "Second."}"#]);
+    let other = server.scratch.script("other.jsonl", &[r#"{"text": "Kept."}"#]);
+    server.api.create(json!({"id": "doomed", "model": slow})).await;
+    server.api.create(json!({"id": "kept", "model": other})).await;
+    server.api.say("kept", "Hello").await;
+    server.api.wait_idle("kept").await;
+
+    // A turn runs, and a keyed submission waits behind it.
+    let mut stream = server.api.stream("doomed", Resume::Start).await;
+    server.api.say("doomed", "Start a long answer").await;
+    stream
+        .until(|event| matches!(event.msg, keel::protocol::EventMsg::AssistantContentDelta(_)))
+        .await;
+    let queued = server
+        .api
+        .send(
+            server
+                .api
+                .client
+                .post(server.api.url("/v1/sessions/doomed/submissions"))
+                .header("idempotency-key", "k-1")
+                .json(&json!({"op": {"type": "user_input", "text": "Then this"}, "on_busy": "queue"})),
+        )
+        .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{}", queued.body);
+    let before = rows_of(&server.scratch.db(), "doomed");
+    assert!(
+        before[0] == 1 && before[1] > 0 && before[2] == 1 && before[3] == 1,
+        "{before:?}"
+    );
+    let workspace = server.scratch.workspaces().join("doomed");
+    assert!(workspace.is_dir());
+
+    let deleted = server
+        .api
+        .send(
+            server
+                .api
+                .client
+                .delete(server.api.url("/v1/sessions/doomed?workspace=true")),
+        )
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.body);
+
+    assert_eq!(
+        rows_of(&server.scratch.db(), "doomed"),
+        [0; 4],
+        "every row of the session is gone"
+    );
+    assert!(!workspace.exists(), "the workspace was removed");
+    // It is not loaded again by a later request: it is simply unknown.
+    assert_eq!(
+        server.api.get("/v1/sessions/doomed").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let submit = server
+        .api
+        .submit("doomed", json!({"op": {"type": "user_input", "text": "Hi"}}))
+        .await;
+    assert_eq!(submit.status, StatusCode::NOT_FOUND, "{}", submit.body);
+    let again = server
+        .api
+        .send(server.api.client.delete(server.api.url("/v1/sessions/doomed")))
+        .await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND, "{}", again.body);
+    assert_eq!(again.code(), "not_found");
+
+    // Without `workspace=true` the directory stays; other sessions are untouched.
+    let kept_rows = rows_of(&server.scratch.db(), "kept");
+    assert!(kept_rows[0] == 1 && kept_rows[1] > 0, "{kept_rows:?}");
+    assert_eq!(server.api.session("kept").await["turns_completed"], 1);
+    let scratch = server.stop().await;
+    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    assert!(store.session_summary("doomed").await.expect("read").is_none());
+    assert!(store.load("kept").await.expect("read").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_without_the_workspace_flag_keeps_the_directory() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
+    server.api.create(json!({"id": "plain", "model": model})).await;
+    let deleted = server
+        .api
+        .send(server.api.client.delete(server.api.url("/v1/sessions/plain")))
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.body);
+    assert!(server.scratch.workspaces().join("plain").is_dir());
+    assert_eq!(server.api.get("/v1/sessions/plain").await.status, StatusCode::NOT_FOUND);
+    server.stop().await;
+}
