@@ -257,6 +257,10 @@ impl CheckpointStore for MeteredStore {
     fn delete_session<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
         self.inner.delete_session(session_id)
     }
+
+    fn rename_session<'a>(&'a self, session_id: &'a str, title: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.rename_session(session_id, title)
+    }
 }
 
 /// A model that times its requests into `keel_model_request_seconds` and

@@ -139,8 +139,13 @@ pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
                 .running_turn_id
                 .map(|turn| format!("  (turn {turn} in flight)"))
                 .unwrap_or_default();
+            let title = session
+                .title
+                .as_deref()
+                .map(|title| format!("  {}", quote(title)))
+                .unwrap_or_default();
             format!(
-                "{}  bot={}  events={}  updated={}{running}",
+                "{}  bot={}  events={}  updated={}{running}{title}",
                 session.session_id,
                 session.bot_id,
                 session.last_sequence,

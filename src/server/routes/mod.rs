@@ -24,7 +24,10 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
     let require_token = middleware::from_fn_with_state(Arc::clone(&server), auth::require_token);
     let v1 = Router::new()
         .route("/sessions", post(sessions::create).get(sessions::list))
-        .route("/sessions/{id}", get(sessions::show).delete(sessions::delete))
+        .route(
+            "/sessions/{id}",
+            get(sessions::show).patch(sessions::update).delete(sessions::delete),
+        )
         .route("/sessions/{id}/submissions", post(submissions::submit))
         .route("/sessions/{id}/events", get(events::page))
         .route("/sessions/{id}/events/stream", get(sse::stream))

@@ -323,6 +323,24 @@ impl CheckpointStore for SqliteCheckpoint {
         Box::pin(self.read(move |conn| reader::sessions_with_work(conn, after.as_deref(), limit)))
     }
 
+    fn rename_session<'a>(&'a self, session_id: &'a str, title: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (session_id, title) = (session_id.to_owned(), title.to_owned());
+        Box::pin(async move {
+            match self
+                .write(move |reply| Job::Rename {
+                    session_id,
+                    title,
+                    reply,
+                })
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(StoreError::UnknownSession(_)) => Ok(false),
+                Err(error) => Err(error),
+            }
+        })
+    }
+
     fn delete_session<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
         let session_id = session_id.to_owned();
         Box::pin(async move {

@@ -122,3 +122,72 @@ async fn deleting_without_the_workspace_flag_keeps_the_directory() {
     assert_eq!(server.api.get("/v1/sessions/plain").await.status, StatusCode::NOT_FOUND);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_titled_by_its_first_message_and_can_be_renamed() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script(
+        "s.jsonl",
+        &[r#"{"text": "One."}"#, r#"{"text": "Two."}"#, r#"{"text": "Three."}"#],
+    );
+    server.api.create(json!({"id": "titled", "model": model})).await;
+    assert_eq!(server.api.session("titled").await["title"], serde_json::Value::Null);
+    server
+        .api
+        .say("titled", "\n  Plan a trip to Lisbon  \nfor two people")
+        .await;
+    server.api.wait_idle("titled").await;
+    server.api.say("titled", "A second message").await;
+    server.api.wait_idle("titled").await;
+    assert_eq!(server.api.session("titled").await["title"], "Plan a trip to Lisbon");
+    let listed = server.api.get("/v1/sessions").await;
+    assert_eq!(
+        listed.body["sessions"][0]["title"], "Plan a trip to Lisbon",
+        "{}",
+        listed.body
+    );
+
+    let renamed = server
+        .api
+        .send(
+            server
+                .api
+                .client
+                .patch(server.api.url("/v1/sessions/titled"))
+                .json(&json!({"title": "Lisbon"})),
+        )
+        .await;
+    assert_eq!(renamed.status, StatusCode::OK, "{}", renamed.body);
+    assert_eq!(renamed.body["title"], "Lisbon");
+    let blank = server
+        .api
+        .send(
+            server
+                .api
+                .client
+                .patch(server.api.url("/v1/sessions/titled"))
+                .json(&json!({"title": "  "})),
+        )
+        .await;
+    assert_eq!(blank.status, StatusCode::BAD_REQUEST, "{}", blank.body);
+    let unknown = server
+        .api
+        .send(
+            server
+                .api
+                .client
+                .patch(server.api.url("/v1/sessions/nope"))
+                .json(&json!({"title": "x"})),
+        )
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
+
+    // The rename is stored: a later message does not retitle it, and it
+    // survives a restart.
+    server.api.say("titled", "Third").await;
+    server.api.wait_idle("titled").await;
+    let scratch = server.stop().await;
+    let server = TestServer::start_in(scratch, |_, _| {}).await;
+    assert_eq!(server.api.session("titled").await["title"], "Lisbon");
+    server.stop().await;
+}
