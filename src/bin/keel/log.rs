@@ -1,4 +1,4 @@
-//! `keel events` and `keel sessions`: reading what is stored.
+//! `keel events`, `keel sessions` and `keel backup`: reading what is stored.
 
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
@@ -198,4 +198,35 @@ fn quote(text: &str) -> String {
         shown.push('…');
     }
     serde_json::Value::String(shown).to_string()
+}
+
+/// Arguments of `keel backup`.
+#[derive(Args, Debug)]
+pub(crate) struct BackupArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The new file to write the copy to; it must not exist.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+}
+
+/// `keel backup FILE`: a consistent snapshot of the database, taken with
+/// `VACUUM INTO` while a server may be writing.
+pub(crate) async fn backup(args: BackupArgs) -> anyhow::Result<ExitCode> {
+    let source = args.db.path()?;
+    if !source.exists() {
+        anyhow::bail!("no database at {}", source.display());
+    }
+    let started = std::time::Instant::now();
+    keel::store::sqlite::backup(source.clone(), args.file.clone())
+        .await
+        .with_context(|| format!("cannot back {} up", source.display()))?;
+    let bytes = std::fs::metadata(&args.file).map(|meta| meta.len()).unwrap_or(0);
+    print_line(&format!(
+        "backed up {} to {} ({bytes} bytes in {:.2?})",
+        source.display(),
+        args.file.display(),
+        started.elapsed()
+    ))?;
+    Ok(ExitCode::SUCCESS)
 }

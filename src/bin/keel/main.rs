@@ -42,6 +42,8 @@ enum Command {
     Events(log::EventsArgs),
     /// List sessions, most recently active first.
     Sessions(log::SessionsArgs),
+    /// Copy the database, consistently, while a server may be using it.
+    Backup(log::BackupArgs),
     /// Run a benchmark workload.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -173,6 +175,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::serve_command(args).await,
             Command::Events(args) => log::events(args).await,
             Command::Sessions(args) => log::sessions(args).await,
+            Command::Backup(args) => log::backup(args).await,
             Command::Bench(command) => bench::bench(command).await,
             Command::SandboxExec(_) => Err(anyhow::anyhow!("sandbox-exec runs before the async runtime starts")),
         };

@@ -10,6 +10,7 @@
 //! sit behind an `Arc`): two instances on the same file still work, through
 //! SQLite's locking, but no longer share their commits.
 
+mod backup;
 mod checkpointer;
 mod codec;
 mod identity;
@@ -28,6 +29,7 @@ use std::thread::JoinHandle;
 use rusqlite::ErrorCode;
 use tokio::sync::oneshot;
 
+pub use self::backup::{backup, backup_blocking};
 use self::identity::FileIdentity;
 pub use self::lock::{ServeLock, SharedHold};
 use self::reader::ReaderPool;

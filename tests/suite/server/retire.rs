@@ -191,3 +191,70 @@ async fn a_session_is_titled_by_its_first_message_and_can_be_renamed() {
     assert_eq!(server.api.session("titled").await["title"], "Lisbon");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keel_backup_copies_the_database_consistently_while_the_server_writes() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = TestServer::start(|_, _| {}).await;
+    let slow = server.scratch.script("slow.jsonl", &[&slow_chunks(100, 10)]);
+    let done = server.scratch.script("done.jsonl", &[r#"{"text": "Done."}"#]);
+    server.api.create(json!({"id": "finished", "model": done})).await;
+    server.api.say("finished", "Hello").await;
+    server.api.wait_idle("finished").await;
+    server.api.create(json!({"id": "busy", "model": slow})).await;
+    let mut stream = server.api.stream("busy", Resume::Start).await;
+    server.api.say("busy", "Write a lot").await;
+    stream
+        .until(|event| matches!(event.msg, keel::protocol::EventMsg::AssistantContentDelta(_)))
+        .await;
+
+    // The turn is still streaming (and committing) while the copy is taken.
+    let copy = server.scratch.dir.path().join("copy.sqlite3");
+    let db = server.scratch.db();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "backup",
+            "--db",
+            db.to_str().expect("utf-8"),
+            copy.to_str().expect("utf-8"),
+        ])
+        .output()
+        .await
+        .expect("run keel backup");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        server.api.session("busy").await["state"],
+        "running",
+        "the copy was taken mid-turn"
+    );
+    let mode = std::fs::metadata(&copy).expect("the copy").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the copy is private");
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "backup",
+            "--db",
+            db.to_str().expect("utf-8"),
+            copy.to_str().expect("utf-8"),
+        ])
+        .output()
+        .expect("run keel backup");
+    assert!(!again.status.success(), "an existing file is not overwritten");
+
+    let store = SqliteCheckpoint::new(&copy).expect("the copy is a Keel database");
+    let finished = store.load("finished").await.expect("read").expect("in the copy");
+    assert_eq!(finished.checkpoint.turns_completed, 1);
+    for session in ["finished", "busy"] {
+        let events = store.events_after(session, 0, 10_000).await.expect("events");
+        let sequences: Vec<u64> = events.iter().map(|event| event.sequence).collect();
+        let expected: Vec<u64> = (1..=sequences.len() as u64).collect();
+        assert_eq!(sequences, expected, "gap-free log of {session} in the copy");
+        let summary = store.session_summary(session).await.expect("read").expect("summary");
+        assert_eq!(
+            summary.last_sequence,
+            sequences.len() as u64,
+            "checkpoint matches the log"
+        );
+    }
+    store.close().await;
+    server.stop().await;
+}
