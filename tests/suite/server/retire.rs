@@ -258,3 +258,41 @@ async fn keel_backup_copies_the_database_consistently_while_the_server_writes() 
     store.close().await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_deletes_sessions_idle_past_the_retention_in_the_background() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
+    for id in ["stale", "fresh"] {
+        server.api.create(json!({"id": id, "model": model})).await;
+    }
+    let scratch = server.stop().await;
+    // "stale" was last written 3 days ago.
+    {
+        let conn = rusqlite::Connection::open(scratch.db()).expect("open");
+        let three_days_ago = keel::protocol::now_ms() - 3 * 24 * 3600 * 1000;
+        conn.execute(
+            "UPDATE sessions SET updated_at_ms = ?1 WHERE id = 'stale'",
+            [three_days_ago as i64],
+        )
+        .expect("backdate");
+    }
+    let server = TestServer::start_in(scratch, |config, _| {
+        config.keel.server.retention_days = Some(2);
+        config.retention_sweep = std::time::Duration::from_millis(50);
+    })
+    .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.api.get("/v1/sessions/stale").await.status != StatusCode::NOT_FOUND {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stale session was not deleted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(rows_of(&server.scratch.db(), "stale"), [0; 4]);
+    // A few more sweeps leave the session written today alone.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(server.api.session("fresh").await["id"], "fresh");
+    server.stop().await;
+}
