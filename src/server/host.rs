@@ -269,11 +269,35 @@ impl Host {
     /// request arriving meanwhile waits, then finds no session (`404`)
     /// instead of loading it again between the two.
     pub(crate) async fn delete(&self, session_id: &str, workspace: bool) -> Result<bool, ApiError> {
+        self.delete_where(session_id, workspace, None).await
+    }
+
+    /// [`Self::delete`]; with `idle_before`, only a session that is not
+    /// loaded, has no turn in flight and was last written before that time
+    /// (checked under the slot's lock, so a request that used it meanwhile
+    /// keeps it).
+    async fn delete_where(
+        &self,
+        session_id: &str,
+        workspace: bool,
+        idle_before: Option<u64>,
+    ) -> Result<bool, ApiError> {
         self.check_open()?;
         let slot = self.slot(session_id);
         let result = async {
             let mut live = slot.live.lock().await;
             self.check_open()?;
+            if let Some(cutoff) = idle_before {
+                let idle = live.is_none()
+                    && self
+                        .store
+                        .session_summary(session_id)
+                        .await?
+                        .is_some_and(|summary| summary.updated_at_ms < cutoff && summary.running_turn_id.is_none());
+                if !idle {
+                    return Ok(false);
+                }
+            }
             if let Some(session) = live.take() {
                 self.released();
                 // Its work is about to be deleted: nothing to wait for.
@@ -486,10 +510,7 @@ impl Host {
             if self.is_closing() {
                 break;
             }
-            if self.status(&session_id).is_some() {
-                continue;
-            }
-            if self.delete(&session_id, false).await? {
+            if self.delete_where(&session_id, false, Some(cutoff)).await? {
                 tracing::info!(%session_id, "session deleted: idle past the retention");
                 deleted += 1;
             }
