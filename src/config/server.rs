@@ -35,6 +35,10 @@ pub struct ServerPolicy {
     /// without it they may name none (but the server's own default model).
     #[serde(default)]
     pub script_dir: Option<PathBuf>,
+    /// Delete sessions idle (no write) for this many days; the server
+    /// sweeps in the background. `None`, the default, keeps them forever.
+    #[serde(default)]
+    pub retention_days: Option<u32>,
 }
 
 fn default_max_sandbox() -> SandboxPolicy {
@@ -52,6 +56,7 @@ impl Default for ServerPolicy {
             auto_approve: default_auto_approve(),
             allow_network: false,
             script_dir: None,
+            retention_days: None,
         }
     }
 }
@@ -101,6 +106,10 @@ mod tests {
         assert!(policy.may_auto_approve("shell") && policy.may_auto_approve_all());
         assert!(policy.allow_network);
         assert_eq!(policy.script_dir, Some(PathBuf::from("scripts")));
+        assert_eq!(
+            server("[server]\nretention_days = 30\n").expect("valid").retention_days,
+            Some(30)
+        );
     }
 
     #[test]

@@ -134,8 +134,9 @@ impl SessionFactory {
 /// The workspace of a session: `root/<id>` when the id is a plain name
 /// (letters, digits, `-`, `_`, `.`, not starting with `.`), otherwise
 /// `root/~<UUID v5 of the id>`, so no id can name a path outside `root`
-/// and two ids never share a directory.
-pub(crate) fn workspace_dir(root: &Path, session_id: &str) -> PathBuf {
+/// and two ids never share a directory. Public so that `keel sessions rm`
+/// finds the directory the server used.
+pub fn workspace_dir(root: &Path, session_id: &str) -> PathBuf {
     let plain = !session_id.is_empty()
         && !session_id.starts_with('.')
         && session_id

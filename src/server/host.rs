@@ -261,6 +261,69 @@ impl Host {
         result
     }
 
+    /// Deletes the session `session_id` from the store, shutting its live
+    /// session down first; with `workspace`, its workspace directory goes
+    /// too. Returns whether the session existed.
+    ///
+    /// The slot's lock is held from the shutdown to the deletion, so a
+    /// request arriving meanwhile waits, then finds no session (`404`)
+    /// instead of loading it again between the two.
+    pub(crate) async fn delete(&self, session_id: &str, workspace: bool) -> Result<bool, ApiError> {
+        self.delete_where(session_id, workspace, None).await
+    }
+
+    /// [`Self::delete`]; with `idle_before`, only a session that is not
+    /// loaded, has no turn in flight and was last written before that time
+    /// (checked under the slot's lock, so a request that used it meanwhile
+    /// keeps it).
+    async fn delete_where(
+        &self,
+        session_id: &str,
+        workspace: bool,
+        idle_before: Option<u64>,
+    ) -> Result<bool, ApiError> {
+        self.check_open()?;
+        let slot = self.slot(session_id);
+        let result = async {
+            let mut live = slot.live.lock().await;
+            self.check_open()?;
+            if let Some(cutoff) = idle_before {
+                let idle = live.is_none()
+                    && self
+                        .store
+                        .session_summary(session_id)
+                        .await?
+                        .is_some_and(|summary| summary.updated_at_ms < cutoff && summary.running_turn_id.is_none());
+                if !idle {
+                    return Ok(false);
+                }
+            }
+            if let Some(session) = live.take() {
+                self.released();
+                // Its work is about to be deleted: nothing to wait for.
+                self.close(session, CloseMode::Abort).await;
+            }
+            let existed = self.store.delete_session(session_id).await?;
+            if existed && workspace {
+                let dir = super::factory::workspace_dir(&self.factory.workspace_root, session_id);
+                match tokio::fs::remove_dir_all(&dir).await {
+                    Ok(()) => {}
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(error) => {
+                        return Err(ApiError::Internal(format!(
+                            "session '{session_id}' was deleted but its workspace {} was not: {error}",
+                            dir.display()
+                        )));
+                    }
+                }
+            }
+            Ok(existed)
+        }
+        .await;
+        self.forget_slot(session_id, slot);
+        result
+    }
+
     /// Submits `op` to the session, loading it if needed. A session found
     /// stopped (by a `shutdown` op) is loaded again once.
     pub(crate) async fn submit(
@@ -400,6 +463,59 @@ impl Host {
                 self.forget_slot(&session_id, slot);
             }
         }
+    }
+
+    /// Deletes, every `every` until the server shuts down, the sessions not
+    /// written for `max_idle` (`[server] retention_days`). A session that is
+    /// loaded or has a turn in flight is left for a later sweep.
+    pub(crate) async fn retain(&self, max_idle: Duration, every: Duration) {
+        let mut closing = self.closing.subscribe();
+        loop {
+            match self.sweep(max_idle).await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(deleted, "deleted sessions past their retention"),
+                Err(error) => tracing::warn!(%error, "cannot apply the session retention"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                _ = closing.wait_for(|closing| *closing) => return,
+            }
+        }
+    }
+
+    /// One retention sweep; returns how many sessions it deleted.
+    async fn sweep(&self, max_idle: Duration) -> Result<usize, ApiError> {
+        let max_idle_ms = u64::try_from(max_idle.as_millis()).unwrap_or(u64::MAX);
+        let cutoff = crate::protocol::now_ms().saturating_sub(max_idle_ms);
+        let mut expired = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .list_sessions_page(cursor.as_deref(), crate::store::MAX_EVENT_PAGE, None)
+                .await?;
+            expired.extend(
+                page.sessions
+                    .into_iter()
+                    .filter(|summary| summary.updated_at_ms < cutoff && summary.running_turn_id.is_none())
+                    .map(|summary| summary.session_id),
+            );
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        let mut deleted = 0;
+        for session_id in expired {
+            if self.is_closing() {
+                break;
+            }
+            if self.delete_where(&session_id, false, Some(cutoff)).await? {
+                tracing::info!(%session_id, "session deleted: idle past the retention");
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 
     /// Stops accepting work: requests get `503 unavailable`, streams end.

@@ -279,6 +279,14 @@ impl CheckpointStore for MeteredStore {
     ) -> BoxFuture<'a, Result<Option<Vec<TranscriptItem>>, StoreError>> {
         self.inner.history_until(session_id, at_sequence)
     }
+
+    fn delete_session<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.delete_session(session_id)
+    }
+
+    fn rename_session<'a>(&'a self, session_id: &'a str, title: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.rename_session(session_id, title)
+    }
 }
 
 /// A model that times its requests into `keel_model_request_seconds`,

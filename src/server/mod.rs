@@ -47,6 +47,7 @@ pub use self::conn::{
 };
 pub use self::error::ApiError;
 use self::factory::SessionFactory;
+pub use self::factory::workspace_dir;
 use self::host::{Host, HostLimits};
 use self::metrics::{MeteredStore, Metrics};
 use crate::agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};
@@ -110,6 +111,8 @@ pub struct ServerConfig {
     /// The largest request head (request line and headers); larger is
     /// `431` and the connection is closed.
     pub max_header_bytes: usize,
+    /// How often sessions past `[server] retention_days` are looked for.
+    pub retention_sweep: Duration,
 }
 
 impl ServerConfig {
@@ -137,6 +140,7 @@ impl ServerConfig {
             submission_capacity: DEFAULT_SUBMISSION_CAPACITY,
             allowed_hosts: Vec::new(),
             header_timeout: DEFAULT_HEADER_TIMEOUT,
+            retention_sweep: Duration::from_secs(3600),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
         }
@@ -222,6 +226,11 @@ pub async fn serve(
         .map(ceiling::ScriptDir::new)
         .transpose()
         .map_err(ServeError::Config)?;
+    let retention = config
+        .keel
+        .server
+        .retention_days
+        .map(|days| Duration::from_secs(u64::from(days) * 24 * 3600));
     let factory = SessionFactory {
         keel: Arc::new(config.keel),
         script_dir,
@@ -260,6 +269,11 @@ pub async fn serve(
         let host = Arc::clone(&host);
         async move { host.reap().await }
     });
+    let retainer = retention.map(|max_idle| {
+        let host = Arc::clone(&host);
+        let every = config.retention_sweep;
+        tokio::spawn(async move { host.retain(max_idle, every).await })
+    });
     let recovery = tokio::spawn({
         let host = Arc::clone(&host);
         async move { host.recover().await }
@@ -277,6 +291,9 @@ pub async fn serve(
     host.begin_shutdown();
     recovery.abort();
     let _ = reaper.await;
+    if let Some(retainer) = retainer {
+        let _ = retainer.await;
+    }
     host.close_all().await;
     Ok(())
 }

@@ -195,6 +195,10 @@ pub struct SessionSummary {
     pub turns_completed: u64,
     /// Tool calls waiting for the user's decision.
     pub awaiting_approval: Vec<String>,
+    /// The session's title: its first user message, shortened, until it
+    /// is renamed; `None` before any message.
+    #[serde(default)]
+    pub title: Option<String>,
 }
 
 /// A page of [`CheckpointStore::list_sessions_page`].
@@ -242,6 +246,8 @@ pub struct EncodedEvent {
     pub json: String,
     /// What the event does to the stored submission queue.
     pub queue: Option<QueueChange>,
+    /// The title a `user_message` event gives a session that has none yet.
+    pub title: Option<String>,
 }
 
 impl EncodedEvent {
@@ -261,8 +267,29 @@ impl EncodedEvent {
             }),
             _ => None,
         };
-        Ok(Self { json, queue })
+        let title = match &event.msg {
+            EventMsg::UserMessage(message) => title_of(&message.text),
+            _ => None,
+        };
+        Ok(Self { json, queue, title })
     }
+}
+
+/// The most characters of a session title.
+pub const MAX_TITLE_CHARS: usize = 200;
+
+/// How many characters of the first message make a session's title.
+const DERIVED_TITLE_CHARS: usize = 80;
+
+/// The title a message gives a session: its first non-blank line, trimmed
+/// and shortened (with `…`); `None` for a blank message.
+pub fn title_of(text: &str) -> Option<String> {
+    let line = text.lines().map(str::trim).find(|line| !line.is_empty())?;
+    let mut title: String = line.chars().take(DERIVED_TITLE_CHARS).collect();
+    if title.len() < line.len() {
+        title.push('…');
+    }
+    Some(title)
 }
 
 /// A checkpoint rewrite plus the history it adds.
@@ -468,6 +495,33 @@ pub trait CheckpointStore: Send + Sync {
     ) -> BoxFuture<'a, Result<Option<Vec<TranscriptItem>>, StoreError>> {
         let _ = (session_id, at_sequence);
         Box::pin(async { Err(StoreError::Invalid("this store cannot read a past history".to_owned())) })
+    }
+
+    /// Deletes a session for good: its checkpoint, history, events, queued
+    /// submissions and idempotency keys, in one transaction (all of it goes,
+    /// or none). Returns whether the session existed. The caller stops any
+    /// runtime writing to it first; that runtime's later writes then fail
+    /// with [`StoreError::UnknownSession`].
+    ///
+    /// The default refuses: a store must opt in to deleting data.
+    fn delete_session<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            Err(StoreError::Invalid(format!(
+                "this store cannot delete sessions (asked to delete '{session_id}')"
+            )))
+        })
+    }
+
+    /// Sets a session's title (replacing the one its first message gave
+    /// it). Returns whether the session exists.
+    ///
+    /// The default refuses: the store has no place for a title.
+    fn rename_session<'a>(&'a self, session_id: &'a str, title: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            Err(StoreError::Invalid(format!(
+                "this store cannot rename sessions (asked to title '{session_id}' {title:?})"
+            )))
+        })
     }
 
     /// Up to `limit` ids, in id order after `after`, of the sessions with

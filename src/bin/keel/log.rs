@@ -1,9 +1,12 @@
-//! `keel events` and `keel sessions`: reading what is stored.
+//! `keel events`, `keel sessions` and `keel backup`: reading what is stored.
 
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
-use clap::Args;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
 use keel::protocol::{EventMsg, RecordedEvent};
 use keel::store::{CheckpointStore, EventPageRequest};
 
@@ -30,7 +33,10 @@ pub(crate) struct EventsArgs {
 
 /// Arguments of `keel sessions`.
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct SessionsArgs {
+    #[command(subcommand)]
+    command: Option<SessionsCommand>,
     #[command(flatten)]
     db: DbArgs,
     /// How many sessions at most.
@@ -69,7 +75,61 @@ pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `keel sessions` does besides listing.
+#[derive(Subcommand, Debug)]
+pub(crate) enum SessionsCommand {
+    /// Delete a session: its events, history, queued submissions and
+    /// idempotency keys, in one transaction. With a server running, prefer
+    /// `DELETE /v1/sessions/{id}`, which shuts the live session down first.
+    Rm(RmArgs),
+}
+
+/// Arguments of `keel sessions rm`.
+#[derive(Args, Debug)]
+pub(crate) struct RmArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The session to delete.
+    #[arg(value_name = "ID")]
+    session: String,
+    /// Also remove the session's workspace directory (under
+    /// `--workspace-root`).
+    #[arg(long)]
+    workspace: bool,
+    /// Where `keel serve` put the session's workspace [default: the current
+    /// directory, as for `keel serve`].
+    #[arg(long, value_name = "DIR", requires = "workspace")]
+    workspace_root: Option<PathBuf>,
+}
+
+async fn remove(args: RmArgs) -> anyhow::Result<ExitCode> {
+    let store = args.db.open(false).await?;
+    let existed = store.delete_session(&args.session).await?;
+    store.close().await;
+    if !existed {
+        eprintln!("no session '{}'", args.session);
+        return Ok(ExitCode::FAILURE);
+    }
+    if args.workspace {
+        let root = match args.workspace_root {
+            Some(root) => root,
+            None => std::env::current_dir().context("cannot read the current directory")?,
+        };
+        let dir = keel::server::workspace_dir(&root, &args.session);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error).with_context(|| format!("cannot remove {}", dir.display())),
+        }
+    }
+    print_line(&format!("deleted {}", args.session))?;
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
+    if let Some(SessionsCommand::Rm(rm)) = args.command {
+        return remove(rm).await;
+    }
     let store = args.db.open(false).await?;
     for session in store.list_sessions(args.limit).await? {
         let line = if args.json {
@@ -79,8 +139,13 @@ pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
                 .running_turn_id
                 .map(|turn| format!("  (turn {turn} in flight)"))
                 .unwrap_or_default();
+            let title = session
+                .title
+                .as_deref()
+                .map(|title| format!("  {}", quote(title)))
+                .unwrap_or_default();
             format!(
-                "{}  bot={}  events={}  updated={}{running}",
+                "{}  bot={}  events={}  updated={}{running}{title}",
                 session.session_id,
                 session.bot_id,
                 session.last_sequence,
@@ -133,4 +198,35 @@ fn quote(text: &str) -> String {
         shown.push('…');
     }
     serde_json::Value::String(shown).to_string()
+}
+
+/// Arguments of `keel backup`.
+#[derive(Args, Debug)]
+pub(crate) struct BackupArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The new file to write the copy to; it must not exist.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+}
+
+/// `keel backup FILE`: a consistent snapshot of the database, taken with
+/// `VACUUM INTO` while a server may be writing.
+pub(crate) async fn backup(args: BackupArgs) -> anyhow::Result<ExitCode> {
+    let source = args.db.path()?;
+    if !source.exists() {
+        anyhow::bail!("no database at {}", source.display());
+    }
+    let started = std::time::Instant::now();
+    keel::store::sqlite::backup(source.clone(), args.file.clone())
+        .await
+        .with_context(|| format!("cannot back {} up", source.display()))?;
+    let bytes = std::fs::metadata(&args.file).map(|meta| meta.len()).unwrap_or(0);
+    print_line(&format!(
+        "backed up {} to {} ({bytes} bytes in {:.2?})",
+        source.display(),
+        args.file.display(),
+        started.elapsed()
+    ))?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -45,6 +45,8 @@ enum Command {
     Sessions(log::SessionsArgs),
     /// Start a new session from another's history at a sequence.
     Fork(fork::ForkArgs),
+    /// Copy the database, consistently, while a server may be using it.
+    Backup(log::BackupArgs),
     /// Run a benchmark workload.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -177,6 +179,7 @@ fn main() -> ExitCode {
             Command::Events(args) => log::events(args).await,
             Command::Sessions(args) => log::sessions(args).await,
             Command::Fork(args) => fork::fork(args).await,
+            Command::Backup(args) => log::backup(args).await,
             Command::Bench(command) => bench::bench(command).await,
             Command::SandboxExec(_) => Err(anyhow::anyhow!("sandbox-exec runs before the async runtime starts")),
         };

@@ -25,7 +25,10 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
     let require_token = middleware::from_fn_with_state(Arc::clone(&server), auth::require_token);
     let v1 = Router::new()
         .route("/sessions", post(sessions::create).get(sessions::list))
-        .route("/sessions/{id}", get(sessions::show))
+        .route(
+            "/sessions/{id}",
+            get(sessions::show).patch(sessions::update).delete(sessions::delete),
+        )
         .route("/sessions/{id}/fork", post(sessions::fork))
         .route("/sessions/{id}/submissions", post(submissions::submit))
         .route("/sessions/{id}/events", get(events::page))

@@ -1,5 +1,6 @@
 //! `POST /v1/sessions`, `GET /v1/sessions`, `GET /v1/sessions/{id}`,
 //! `POST /v1/sessions/{id}/fork`.
+//! `PATCH /v1/sessions/{id}`, `DELETE /v1/sessions/{id}`.
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use crate::server::error::ApiError;
 use crate::server::extract::{ApiJson, ApiQuery};
 use crate::server::routes::submissions::{check_op, submit_op};
 use crate::server::settings::{SessionSettings, ToolsOverrides};
-use crate::store::SessionSummary;
+use crate::store::{MAX_TITLE_CHARS, SessionSummary};
 use crate::tools::ApprovalRules;
 
 /// The bot a session belongs to when the request names none.
@@ -43,6 +44,7 @@ pub(crate) struct CreateSession {
 #[derive(Debug, Serialize)]
 pub(crate) struct SessionView {
     id: String,
+    title: Option<String>,
     bot_id: String,
     context: serde_json::Map<String, serde_json::Value>,
     model: Option<String>,
@@ -87,6 +89,7 @@ impl SessionView {
             "idle"
         };
         Self {
+            title: summary.title,
             id: summary.session_id,
             bot_id: summary.bot_id,
             context: summary.context.metadata,
@@ -272,4 +275,53 @@ pub(crate) async fn fork(
         .ok_or_else(|| ApiError::Internal(format!("session '{id}' was forked but cannot be read")))?;
     let live = server.host.status(&id);
     Ok((StatusCode::CREATED, Json(SessionView::new(&server, summary, live))))
+}
+
+/// The query of `DELETE /v1/sessions/{id}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DeleteQuery {
+    /// Also remove the session's workspace directory.
+    #[serde(default)]
+    workspace: bool,
+}
+
+/// `DELETE /v1/sessions/{id}`: `204` once the session is gone, `404` if
+/// there was none.
+pub(crate) async fn delete(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<DeleteQuery>,
+) -> Result<StatusCode, ApiError> {
+    if server.host.delete(&id, query.workspace).await? {
+        tracing::info!(session_id = %id, workspace = query.workspace, "session deleted");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::unknown_session(&id))
+    }
+}
+
+/// The body of `PATCH /v1/sessions/{id}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UpdateSession {
+    title: String,
+}
+
+/// `PATCH /v1/sessions/{id}`: renames the session; answers the session.
+pub(crate) async fn update(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<UpdateSession>,
+) -> Result<Json<SessionView>, ApiError> {
+    let title = request.title.trim();
+    if title.is_empty() || title.chars().count() > MAX_TITLE_CHARS || title.chars().any(char::is_control) {
+        return Err(ApiError::InvalidRequest(format!(
+            "`title` must be 1 to {MAX_TITLE_CHARS} characters without control characters"
+        )));
+    }
+    if !server.host.store.rename_session(&id, title).await? {
+        return Err(ApiError::unknown_session(&id));
+    }
+    show(State(server), Path(id)).await
 }

@@ -10,6 +10,7 @@
 //! sit behind an `Arc`): two instances on the same file still work, through
 //! SQLite's locking, but no longer share their commits.
 
+mod backup;
 mod checkpointer;
 mod codec;
 mod identity;
@@ -28,6 +29,7 @@ use std::thread::JoinHandle;
 use rusqlite::ErrorCode;
 use tokio::sync::oneshot;
 
+pub use self::backup::{backup, backup_blocking};
 use self::identity::FileIdentity;
 pub use self::lock::{ServeLock, SharedHold};
 use self::reader::ReaderPool;
@@ -330,6 +332,35 @@ impl CheckpointStore for SqliteCheckpoint {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         let after = after.map(str::to_owned);
         Box::pin(self.read(move |conn| reader::sessions_with_work(conn, after.as_deref(), limit)))
+    }
+
+    fn rename_session<'a>(&'a self, session_id: &'a str, title: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (session_id, title) = (session_id.to_owned(), title.to_owned());
+        Box::pin(async move {
+            match self
+                .write(move |reply| Job::Rename {
+                    session_id,
+                    title,
+                    reply,
+                })
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(StoreError::UnknownSession(_)) => Ok(false),
+                Err(error) => Err(error),
+            }
+        })
+    }
+
+    fn delete_session<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let session_id = session_id.to_owned();
+        Box::pin(async move {
+            match self.write(move |reply| Job::Delete { session_id, reply }).await {
+                Ok(_) => Ok(true),
+                Err(StoreError::UnknownSession(_)) => Ok(false),
+                Err(error) => Err(error),
+            }
+        })
     }
 }
 

@@ -406,7 +406,7 @@ pub(super) fn session_summary(conn: &Connection, session_id: &str) -> Result<Opt
 }
 
 /// The columns [`summary_row`] reads.
-const SUMMARY_COLUMNS: &str = "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence";
+const SUMMARY_COLUMNS: &str = "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence, title";
 
 /// A `sessions` row as read for a summary.
 struct SummaryRow {
@@ -417,6 +417,7 @@ struct SummaryRow {
     created_at_ms: u64,
     updated_at_ms: u64,
     last_sequence: u64,
+    title: Option<String>,
 }
 
 fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
@@ -428,6 +429,7 @@ fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
         created_at_ms: row.get(4)?,
         updated_at_ms: row.get(5)?,
         last_sequence: row.get(6)?,
+        title: row.get(7)?,
     })
 }
 
@@ -452,6 +454,7 @@ impl SummaryRow {
             usage: checkpoint.usage,
             turns_completed: checkpoint.turns_completed,
             awaiting_approval,
+            title: self.title,
         })
     }
 }

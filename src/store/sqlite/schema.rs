@@ -9,7 +9,7 @@ use super::{SqliteOptions, Synchronous};
 use crate::store::StoreError;
 
 /// The schema this build writes; stored in `PRAGMA user_version`.
-pub(super) const SCHEMA_VERSION: i64 = 3;
+pub(super) const SCHEMA_VERSION: i64 = 4;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -78,6 +78,12 @@ CREATE TABLE submission_keys (
 const SCHEMA_V3: &str = "
 ALTER TABLE sessions ADD COLUMN bot_id TEXT NOT NULL DEFAULT '';
 CREATE INDEX sessions_by_bot ON sessions (bot_id, key);
+";
+
+/// Version 4: each session's title, set from its first user message when
+/// that is stored, or by a rename. Sessions stored before have none.
+const SCHEMA_V4: &str = "
+ALTER TABLE sessions ADD COLUMN title TEXT;
 ";
 
 /// Opens the writer connection: WAL, the configured durability, an optional
@@ -184,6 +190,9 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
         if version >= 1 {
             backfill_bot_ids(&tx)?;
         }
+    }
+    if version < 4 {
+        tx.execute_batch(SCHEMA_V4)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;

@@ -2545,6 +2545,7 @@ async fn list_sessions_puts_the_newest_update_first_with_bot_and_running_turn() 
                 usage: checkpoint("c", "bot-c", 1).usage,
                 turns_completed: 0,
                 awaiting_approval: vec!["call-7".into()],
+                title: None,
             }
         );
         assert_eq!(
@@ -2560,6 +2561,8 @@ async fn list_sessions_puts_the_newest_update_first_with_bot_and_running_turn() 
                 usage: TokenUsage::default(),
                 turns_completed: 0,
                 awaiting_approval: vec![],
+                // Its first user message titled it.
+                title: Some("question 1 of a: ünïcødé ✓ \"quoted\" \\".into()),
             }
         );
         assert_eq!(
@@ -2575,6 +2578,7 @@ async fn list_sessions_puts_the_newest_update_first_with_bot_and_running_turn() 
                 usage: TokenUsage::default(),
                 turns_completed: 0,
                 awaiting_approval: vec!["call-7".into()],
+                title: None,
             }
         );
         assert!(a.created_at_ms < b.created_at_ms && b.created_at_ms < c.created_at_ms);
@@ -2852,7 +2856,8 @@ async fn a_version_1_database_is_migrated_and_keeps_its_sessions() {
             // Back to what a version 1 build wrote.
             let conn = Connection::open(&path).expect("raw");
             conn.execute_batch(
-                "DROP INDEX sessions_by_bot; ALTER TABLE sessions DROP COLUMN bot_id;
+                "ALTER TABLE sessions DROP COLUMN title;
+                 DROP INDEX sessions_by_bot; ALTER TABLE sessions DROP COLUMN bot_id;
                  DROP TABLE queued_submissions; DROP TABLE submission_keys; PRAGMA user_version = 1;",
             )
             .expect("downgrade");
@@ -2924,7 +2929,8 @@ async fn a_version_2_database_gets_each_sessions_bot_from_its_checkpoint() {
             // damaged: the migration must not fail on it.
             let conn = Connection::open(&path).expect("raw");
             conn.execute_batch(
-                "DROP INDEX sessions_by_bot; ALTER TABLE sessions DROP COLUMN bot_id;
+                "ALTER TABLE sessions DROP COLUMN title;
+                 DROP INDEX sessions_by_bot; ALTER TABLE sessions DROP COLUMN bot_id;
                  UPDATE sessions SET checkpoint = 'not json' WHERE id = 'second';
                  PRAGMA user_version = 2;",
             )

@@ -35,6 +35,14 @@ pub(super) enum Job {
     Save { write: Box<CheckpointWrite>, reply: Reply },
     /// Take the session over: a new lease, fencing off older holders.
     Acquire { session_id: String, reply: Reply },
+    /// Delete the session and everything stored for it.
+    Delete { session_id: String, reply: Reply },
+    /// Set the session's title.
+    Rename {
+        session_id: String,
+        title: String,
+        reply: Reply,
+    },
 }
 
 /// Where a job's outcome goes.
@@ -58,6 +66,10 @@ enum Mode {
     Save,
     /// Bump the lease.
     Acquire,
+    /// Delete the session's rows.
+    Delete,
+    /// Set the title.
+    Rename,
 }
 
 /// A job's content, fixed for the transaction.
@@ -66,6 +78,8 @@ struct Write<'a> {
     events: Vec<EncodedEvent>,
     checkpoint: Option<Cow<'a, CheckpointWrite>>,
     mode: Mode,
+    /// The new title of a rename.
+    title: Option<&'a str>,
 }
 
 impl Job {
@@ -78,6 +92,7 @@ impl Job {
                 events: Vec::new(),
                 checkpoint: Some(Cow::Borrowed(write)),
                 mode: Mode::Save,
+                title: None,
             },
             Job::Append { session_id, batch, .. } => {
                 let batch = batch.seal();
@@ -86,6 +101,7 @@ impl Job {
                     events: batch.events,
                     checkpoint: batch.checkpoint.map(Cow::Owned),
                     mode: Mode::Append { lease: batch.lease },
+                    title: None,
                 }
             }
             Job::Acquire { session_id, .. } => Write {
@@ -93,13 +109,32 @@ impl Job {
                 events: Vec::new(),
                 checkpoint: None,
                 mode: Mode::Acquire,
+                title: None,
+            },
+            Job::Delete { session_id, .. } => Write {
+                session_id,
+                events: Vec::new(),
+                checkpoint: None,
+                mode: Mode::Delete,
+                title: None,
+            },
+            Job::Rename { session_id, title, .. } => Write {
+                session_id,
+                events: Vec::new(),
+                checkpoint: None,
+                mode: Mode::Rename,
+                title: Some(title),
             },
         }
     }
 
     fn answer(self, outcome: Result<Written, StoreError>) {
         let reply = match self {
-            Job::Append { reply, .. } | Job::Save { reply, .. } | Job::Acquire { reply, .. } => reply,
+            Job::Append { reply, .. }
+            | Job::Save { reply, .. }
+            | Job::Acquire { reply, .. }
+            | Job::Delete { reply, .. }
+            | Job::Rename { reply, .. } => reply,
         };
         // The caller may have given up waiting (cancelled); the write stands.
         let _ = reply.send(outcome);
@@ -278,9 +313,16 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
         events,
         checkpoint,
         mode,
+        title,
     } = job;
     if *mode == Mode::Acquire {
         return acquire(conn, session_id, now);
+    }
+    if *mode == Mode::Delete {
+        return delete(conn, session_id, now);
+    }
+    if *mode == Mode::Rename {
+        return rename(conn, session_id, title.unwrap_or_default(), now);
     }
     let write = checkpoint
         .as_deref()
@@ -297,7 +339,7 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
     }
     let lease = match mode {
         Mode::Append { lease } => *lease,
-        Mode::Save | Mode::Acquire => None,
+        Mode::Save | Mode::Acquire | Mode::Delete | Mode::Rename => None,
     };
     // One statement takes the sequences, rewrites the checkpoint and extends
     // the history; matching no row means the session does not exist, and then
@@ -357,6 +399,12 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
         if let Some(change) = &event.queue {
             apply_queue_change(conn, key, first_sequence + offset as u64, change)?;
         }
+    }
+    // The first user message titles a session that has no title yet.
+    if let Some(title) = events.iter().find_map(|event| event.title.as_deref()) {
+        conn.prepare_cached("UPDATE sessions SET title = ?2 WHERE key = ?1 AND title IS NULL")
+            .and_then(|mut update| update.execute(params![key, title]))
+            .map_err(dirty)?;
     }
     Ok(Written {
         receipt: AppendReceipt {
@@ -424,6 +472,53 @@ fn acquire(conn: &Connection, session_id: &str, now: u64) -> Result<Written, Job
             recorded_at_ms: now,
         },
         lease,
+    })
+}
+
+/// Sets a session's title.
+fn rename(conn: &Connection, session_id: &str, title: &str, now: u64) -> Result<Written, JobError> {
+    let changed = conn
+        .prepare_cached("UPDATE sessions SET title = ?2 WHERE id = ?1")
+        .and_then(|mut update| update.execute(params![session_id, title]))
+        .map_err(dirty)?;
+    if changed == 0 {
+        return Err(JobError::Clean(StoreError::UnknownSession(session_id.to_owned())));
+    }
+    Ok(Written {
+        receipt: AppendReceipt {
+            first_sequence: 0,
+            recorded_at_ms: now,
+        },
+        lease: 0,
+    })
+}
+
+/// Deletes a session's rows: the log, the queue, the idempotency keys and
+/// the session itself, all in the group's transaction.
+fn delete(conn: &Connection, session_id: &str, now: u64) -> Result<Written, JobError> {
+    let key: Option<i64> = conn
+        .prepare_cached("SELECT key FROM sessions WHERE id = ?1")
+        .and_then(|mut select| select.query_row(params![session_id], |row| row.get(0)).optional())
+        .map_err(dirty)?;
+    let Some(key) = key else {
+        return Err(JobError::Clean(StoreError::UnknownSession(session_id.to_owned())));
+    };
+    for statement in [
+        "DELETE FROM log WHERE session_key = ?1",
+        "DELETE FROM queued_submissions WHERE session_key = ?1",
+        "DELETE FROM submission_keys WHERE session_key = ?1",
+        "DELETE FROM sessions WHERE key = ?1",
+    ] {
+        conn.prepare_cached(statement)
+            .and_then(|mut delete| delete.execute(params![key]))
+            .map_err(dirty)?;
+    }
+    Ok(Written {
+        receipt: AppendReceipt {
+            first_sequence: 0,
+            recorded_at_ms: now,
+        },
+        lease: 0,
     })
 }
 

@@ -590,6 +590,7 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
 
 mod chat;
 mod fork;
+mod lifecycle;
 mod shutdown;
 mod tools;
 

@@ -143,7 +143,11 @@ async fn bad_requests_are_400_and_unknown_things_404() {
         StatusCode::NOT_FOUND,
         "not_found",
     );
-    let wrong_method = api.send(api.client.delete(api.url("/v1/sessions/s"))).await;
+    // Deleting a session that does not exist is 404 (DELETE is a method
+    // of this route since sessions can be deleted); PUT is not one.
+    let delete_unknown = api.send(api.client.delete(api.url("/v1/sessions/nobody"))).await;
+    assert_error(&delete_unknown, StatusCode::NOT_FOUND, "not_found");
+    let wrong_method = api.send(api.client.put(api.url("/v1/sessions/s"))).await;
     assert_error(&wrong_method, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
     server.stop().await;
 }

@@ -10,6 +10,7 @@ mod front_door;
 mod lifecycle;
 mod ops;
 mod policies;
+mod retire;
 mod sandbox_escape;
 mod sessions;
 mod streams;

@@ -1,0 +1,41 @@
+//! `keel sessions rm` and `keel backup`: a session's data leaves the
+//! database for good; a copy of the database can be taken.
+
+use super::{Cli, stderr, stdout};
+
+#[test]
+fn sessions_rm_deletes_the_session_and_optionally_its_workspace() {
+    let cli = Cli::new();
+    let script = cli.script("s.jsonl", &[r#"{"text": "One."}"#, r#"{"text": "Two."}"#]);
+    let model = format!("script:{}", script.display());
+    for session in ["gone", "kept"] {
+        let output = cli.run(&["run", "--new-session", session, "--model", &model, "hi"]);
+        assert!(output.status.success(), "{}", stderr(&output));
+    }
+    let root = cli.dir.path().join("workspaces");
+    std::fs::create_dir_all(root.join("gone")).expect("workspace");
+
+    let output = cli.run(&[
+        "sessions",
+        "rm",
+        "gone",
+        "--workspace",
+        "--workspace-root",
+        root.to_str().expect("utf-8"),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(!root.join("gone").exists(), "the workspace was removed");
+
+    let listed = cli.run(&["sessions", "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let listed = stdout(&listed);
+    assert!(!listed.contains("\"gone\""), "{listed}");
+    assert!(listed.contains("\"kept\""), "{listed}");
+    let events = cli.run(&["events", "--session", "gone", "--json"]);
+    assert!(stdout(&events).trim().is_empty(), "no events left: {}", stdout(&events));
+    assert!(!cli.events("kept").is_empty());
+
+    let again = cli.run(&["sessions", "rm", "gone"]);
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("no session 'gone'"), "{}", stderr(&again));
+}
