@@ -407,11 +407,19 @@ async fn a_slow_request_head_is_cut_off_after_the_header_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_kept_alive_connection_is_closed_but_streams_are_not() {
     let server = TestServer::start(|config, _| config.header_timeout = Duration::from_secs(1)).await;
-    let address = address(&server.api.base);
+    // The server closes idle kept-alive connections after a second: a
+    // client that pooled one could send on it just as it closes (the race
+    // every HTTP client has with idle timeouts), so this one keeps none.
+    let mut api = server.api.clone();
+    api.client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    let address = address(&api.base);
     let model = server
         .scratch
         .script("s.jsonl", &[r#"{"text": "one"}"#, r#"{"text": "two"}"#]);
-    server.api.create(json!({"id": "s", "model": model})).await;
+    api.create(json!({"id": "s", "model": model})).await;
 
     // One request on a kept-alive connection, then silence.
     let mut kept = TcpStream::connect(&address).await.expect("connect");
@@ -429,13 +437,13 @@ async fn an_idle_kept_alive_connection_is_closed_but_streams_are_not() {
 
     // An event stream and a WebSocket outlive the timeout: they are inside
     // a request, or upgraded.
-    let mut stream = server.api.stream("s", Resume::Start).await;
-    let ws_url = format!("{}/v1/sessions/s/ws", server.api.base.replacen("http", "ws", 1));
+    let mut stream = api.stream("s", Resume::Start).await;
+    let ws_url = format!("{}/v1/sessions/s/ws", api.base.replacen("http", "ws", 1));
     let (mut socket, _) = guard("WebSocket", tokio_tungstenite::connect_async(ws_url))
         .await
         .expect("WebSocket");
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    server.api.say("s", "hello").await;
+    api.say("s", "hello").await;
     let events = stream.turns(1).await;
     assert_eq!(events.last().map(|event| event.msg.kind()), Some("turn_complete"));
     tokio::time::sleep(Duration::from_millis(2500)).await;
