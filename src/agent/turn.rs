@@ -9,6 +9,7 @@
 //! interrupted in the middle of the calls.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
@@ -29,7 +30,7 @@ use crate::protocol::{
     TurnStartedEvent, UserMessageEvent, WarningEvent, new_id, now_ms,
 };
 use crate::provider::redact::{redact, redact_owned};
-use crate::store::{CheckpointStore, EventPageRequest, MAX_EVENT_PAGE, TurnExecution};
+use crate::store::{CheckpointStore, TurnExecution, walk_back};
 
 /// The identity and durable state of a running turn.
 pub(super) struct Turn {
@@ -512,39 +513,32 @@ pub(super) async fn streamed_before_stop(
     // Newest first: the deltas after the turn's last `model_step_started`.
     let mut parts: Vec<String> = Vec::new();
     let mut bytes = 0usize;
-    let mut before_sequence = None;
-    loop {
-        let request = EventPageRequest {
-            before_sequence,
-            limit: MAX_EVENT_PAGE,
-        };
-        let page = store.event_page(session_id, request).await?;
-        for event in page.events.iter().rev() {
-            if event.msg.turn_id() != Some(turn_id) {
-                continue;
-            }
-            match &event.msg {
-                EventMsg::AssistantContentDelta(delta) => {
-                    bytes = bytes.saturating_add(delta.delta.len());
-                    if bytes > MAX_STREAMED_TEXT_BYTES {
-                        return Ok(None);
-                    }
-                    parts.push(delta.delta.clone());
-                }
-                EventMsg::ModelStepStarted(_) => {
-                    parts.reverse();
-                    let text = parts.concat();
-                    return Ok((!text.is_empty()).then_some(text));
-                }
-                EventMsg::AssistantMessage(_) | EventMsg::TurnStarted(_) => return Ok(None),
-                _ => {}
-            }
+    let mut text = None;
+    walk_back(store, session_id, |event| {
+        if event.msg.turn_id() != Some(turn_id) {
+            return ControlFlow::Continue(());
         }
-        match page.events.first() {
-            Some(first) if page.has_more => before_sequence = Some(first.sequence),
-            _ => return Ok(None),
+        match &event.msg {
+            EventMsg::AssistantContentDelta(delta) => {
+                bytes = bytes.saturating_add(delta.delta.len());
+                if bytes > MAX_STREAMED_TEXT_BYTES {
+                    return ControlFlow::Break(());
+                }
+                parts.push(delta.delta.clone());
+                ControlFlow::Continue(())
+            }
+            EventMsg::ModelStepStarted(_) => {
+                parts.reverse();
+                let joined = parts.concat();
+                text = (!joined.is_empty()).then_some(joined);
+                ControlFlow::Break(())
+            }
+            EventMsg::AssistantMessage(_) | EventMsg::TurnStarted(_) => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
         }
-    }
+    })
+    .await?;
+    Ok(text)
 }
 
 /// The size of a step's output as JSON: its text, its reasoning items and

@@ -14,12 +14,14 @@
 mod error;
 pub mod sqlite;
 mod usage;
+mod walk;
 
 use serde::{Deserialize, Serialize};
 
 pub use error::StoreError;
 pub use sqlite::{ServeLock, SharedHold, SqliteCheckpoint, SqliteOptions, Synchronous, WriterStats};
 pub use usage::{SessionUsage, session_usage};
+pub use walk::walk_back;
 
 use crate::model::BoxFuture;
 use std::collections::{BTreeMap, BTreeSet};

@@ -5,7 +5,9 @@
 //! recorded since then, read newest first from the sessions written since
 //! then only, so that a recent window costs what was recorded in it.
 
-use super::{CheckpointStore, EventPageRequest, MAX_EVENT_PAGE, StoreError};
+use std::ops::ControlFlow;
+
+use super::{CheckpointStore, MAX_EVENT_PAGE, StoreError, walk_back};
 use crate::protocol::{EventMsg, TokenUsage};
 
 /// One session's token usage.
@@ -60,24 +62,15 @@ pub async fn session_usage(
 /// after `since_ms`, read backwards from the newest.
 async fn usage_since(store: &dyn CheckpointStore, session_id: &str, since_ms: u64) -> Result<TokenUsage, StoreError> {
     let mut total = TokenUsage::default();
-    let mut before_sequence = None;
-    loop {
-        let request = EventPageRequest {
-            before_sequence,
-            limit: MAX_EVENT_PAGE,
-        };
-        let page = store.event_page(session_id, request).await?;
-        for event in page.events.iter().rev() {
-            if event.recorded_at_ms < since_ms {
-                return Ok(total);
-            }
-            if let EventMsg::TokenUsage(step) = &event.msg {
-                total.add(&step.usage);
-            }
+    walk_back(store, session_id, |event| {
+        if event.recorded_at_ms < since_ms {
+            return ControlFlow::Break(());
         }
-        match page.events.first() {
-            Some(first) if page.has_more => before_sequence = Some(first.sequence),
-            _ => return Ok(total),
+        if let EventMsg::TokenUsage(step) = &event.msg {
+            total.add(&step.usage);
         }
-    }
+        ControlFlow::Continue(())
+    })
+    .await?;
+    Ok(total)
 }
