@@ -259,23 +259,25 @@ fn kill_processes_in(dir: &std::path::Path) {
     }
 }
 
-#[test]
-fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_resume() {
-    let cli = Cli::new();
-    let call = serde_json::json!({"tool_calls": [
-        {"id": "side-effect", "name": "shell", "arguments": {"command": "echo ran >> count.txt && exec sleep 60"}}
-    ]});
+/// Runs `keel run` on `message` with a script whose first answer is `call`
+/// (a step whose first shell call appends to `count.txt`, then sleeps) and
+/// "recovered" after it; kills the runtime as soon as that call did its side
+/// effect (its start is printed only once durable), kills what it left, and
+/// continues the session with "again". Answers what the first run
+/// delivered and the second run.
+fn crash_during_first_call_then_resume(
+    cli: &Cli,
+    call: &serde_json::Value,
+    message: &str,
+) -> (Vec<RecordedEvent>, std::process::Output) {
     let script = cli.script("s.jsonl", &[&call.to_string(), r#"{"text": "recovered"}"#]);
     let model = format!("script:{}", script.display());
     let counter = cli.dir.path().join("count.txt");
-
-    // The start of the call is printed only once it is durable.
     let running = Running::start(
-        &cli,
-        &["run", "--json", "--approve", "auto", "--model", &model, "count once"],
+        cli,
+        &["run", "--json", "--approve", "auto", "--model", &model, message],
         |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
     );
-    // Let the command do its side effect, then kill the runtime mid-call.
     let deadline = Instant::now() + Duration::from_secs(30);
     while !counter.exists() {
         assert!(Instant::now() < deadline, "the command never ran");
@@ -284,7 +286,6 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
     let seen = running.crash();
     kill_processes_in(cli.dir.path());
     let session = session_of(&seen);
-
     let resumed = cli.run(&[
         "run",
         "--session",
@@ -295,6 +296,18 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
         &model,
         "again",
     ]);
+    (seen, resumed)
+}
+
+#[test]
+fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_resume() {
+    let cli = Cli::new();
+    let call = serde_json::json!({"tool_calls": [
+        {"id": "side-effect", "name": "shell", "arguments": {"command": "echo ran >> count.txt && exec sleep 60"}}
+    ]});
+    let counter = cli.dir.path().join("count.txt");
+    let (seen, resumed) = crash_during_first_call_then_resume(&cli, &call, "count once");
+    let session = session_of(&seen);
     assert!(resumed.status.success(), "{}", stderr(&resumed));
     assert_eq!(stdout(&resumed), "recovered\n");
 
@@ -378,34 +391,8 @@ fn a_runtime_killed_during_the_first_of_two_calls_answers_the_second_not_run() {
         {"id": "first", "name": "shell", "arguments": {"command": "echo ran >> count.txt && exec sleep 60"}},
         {"id": "second", "name": "shell", "arguments": {"command": "echo ran >> second.txt"}}
     ]});
-    let script = cli.script("s.jsonl", &[&call.to_string(), r#"{"text": "recovered"}"#]);
-    let model = format!("script:{}", script.display());
-    let counter = cli.dir.path().join("count.txt");
-
-    let running = Running::start(
-        &cli,
-        &["run", "--json", "--approve", "auto", "--model", &model, "two calls"],
-        |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !counter.exists() {
-        assert!(Instant::now() < deadline, "the command never ran");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let seen = running.crash();
-    kill_processes_in(cli.dir.path());
+    let (seen, resumed) = crash_during_first_call_then_resume(&cli, &call, "two calls");
     let session = session_of(&seen);
-
-    let resumed = cli.run(&[
-        "run",
-        "--session",
-        &session,
-        "--approve",
-        "auto",
-        "--model",
-        &model,
-        "again",
-    ]);
     assert!(resumed.status.success(), "{}", stderr(&resumed));
     assert!(
         !cli.dir.path().join("second.txt").exists(),
