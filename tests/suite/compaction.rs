@@ -63,13 +63,19 @@ impl Model for Recording {
     }
 }
 
-async fn agent_with(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<Recording>, window: u64) -> Agent {
+/// The session's configuration: `model` with a `window`-token context at
+/// the default threshold, every delta its own event.
+fn config_with(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<Recording>, window: u64) -> AgentConfig {
     let store: Arc<dyn CheckpointStore> = store.clone();
     let mut config = AgentConfig::new(SESSION, store, model);
     config.workspace = db.workspace().to_path_buf();
     config.streaming = StreamingOptions::per_delta();
     config.context_limits = Some(ContextLimits { window, threshold: 0.8 });
-    let mut agent = start_with(config).await;
+    config
+}
+
+async fn agent_with(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<Recording>, window: u64) -> Agent {
+    let mut agent = start_with(config_with(db, store, model, window)).await;
     assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
     agent
 }
@@ -177,14 +183,7 @@ async fn a_compaction_cut_by_a_crash_leaves_no_trace_and_is_redone() {
         .expect("session");
     assert_eq!(state.checkpoint.compaction, None, "nothing of the compaction was saved");
     let model = Recording::new(script, &db, false);
-    let store_dyn: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(SESSION, store_dyn, Arc::clone(&model) as Arc<dyn Model>);
-    config.workspace = db.workspace().to_path_buf();
-    config.context_limits = Some(ContextLimits {
-        window: 100,
-        threshold: 0.8,
-    });
-    let mut agent = start_with(config).await;
+    let mut agent = start_with(config_with(&db, &store, Arc::clone(&model), 100)).await;
     let opened = read_until(&mut agent, |event| event.msg.kind() == "turn_aborted").await;
     assert!(compactions(&opened).is_empty());
     // The next turn compacts afresh, from the same script position.

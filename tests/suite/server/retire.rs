@@ -149,37 +149,13 @@ async fn a_session_is_titled_by_its_first_message_and_can_be_renamed() {
 
     let renamed = server
         .api
-        .send(
-            server
-                .api
-                .client
-                .patch(server.api.url("/v1/sessions/titled"))
-                .json(&json!({"title": "Lisbon"})),
-        )
+        .patch("/v1/sessions/titled", &json!({"title": "Lisbon"}))
         .await;
     assert_eq!(renamed.status, StatusCode::OK, "{}", renamed.body);
     assert_eq!(renamed.body["title"], "Lisbon");
-    let blank = server
-        .api
-        .send(
-            server
-                .api
-                .client
-                .patch(server.api.url("/v1/sessions/titled"))
-                .json(&json!({"title": "  "})),
-        )
-        .await;
+    let blank = server.api.patch("/v1/sessions/titled", &json!({"title": "  "})).await;
     assert_eq!(blank.status, StatusCode::BAD_REQUEST, "{}", blank.body);
-    let unknown = server
-        .api
-        .send(
-            server
-                .api
-                .client
-                .patch(server.api.url("/v1/sessions/nope"))
-                .json(&json!({"title": "x"})),
-        )
-        .await;
+    let unknown = server.api.patch("/v1/sessions/nope", &json!({"title": "x"})).await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
 
     // The rename is stored: a later message does not retitle it, and it

@@ -118,6 +118,10 @@ impl Api {
         self.send(self.client.post(self.url(path)).json(body)).await
     }
 
+    pub(crate) async fn patch(&self, path: &str, body: &Value) -> Reply {
+        self.send(self.client.patch(self.url(path)).json(body)).await
+    }
+
     /// Creates a session; it must answer `201`.
     pub(crate) async fn create(&self, body: Value) -> Value {
         let reply = self.post("/v1/sessions", &body).await;
