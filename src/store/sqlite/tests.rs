@@ -237,6 +237,19 @@ async fn append(store: &SqliteCheckpoint, session_id: &str, events: &[Event]) ->
     recorded(receipt, events)
 }
 
+/// Appends one event after `after` marked as settling queued submission
+/// `id` (its queue row goes in the same commit).
+async fn settle(store: &SqliteCheckpoint, session_id: &str, after: usize, id: &str) {
+    let mut settling = encode(&events(session_id, after, 1));
+    settling[0].queue = Some(crate::store::QueueChange::Settled(id.into()));
+    let batch = AppendBatch {
+        lease: None,
+        events: settling,
+        checkpoint: None,
+    };
+    store.append(session_id, batch).await.expect("settle");
+}
+
 /// A session's whole log, read backwards page by page.
 async fn whole_log(store: &SqliteCheckpoint, session_id: &str) -> Vec<RecordedEvent> {
     let mut pages = Vec::new();
@@ -2780,7 +2793,7 @@ async fn sessions_page_newest_created_first_with_a_cursor() {
 #[tokio::test]
 async fn a_queued_submission_stays_stored_until_an_event_settles_it() {
     use crate::protocol::{BusyPolicy, Op, SubmissionQueuedEvent};
-    use crate::store::{KeyedSubmission, QueueChange};
+    use crate::store::KeyedSubmission;
     guarded(async {
         let (_dir, path) = database();
         let store = open(&path).await;
@@ -2821,19 +2834,7 @@ async fn a_queued_submission_stays_stored_until_an_event_settles_it() {
         assert_eq!(store.keyed_submission("other", "key-1").await.expect("key"), None);
 
         // The event that settles q1 takes it off the queue in its commit.
-        let mut settling = encode(&events("s", 2, 1));
-        settling[0].queue = Some(QueueChange::Settled("q1".into()));
-        store
-            .append(
-                "s",
-                AppendBatch {
-                    lease: None,
-                    events: settling,
-                    checkpoint: None,
-                },
-            )
-            .await
-            .expect("settle");
+        settle(&store, "s", 2, "q1").await;
         let state = store.load("s").await.expect("load").expect("s");
         assert_eq!(state.queued.iter().map(|q| q.id.as_str()).collect::<Vec<_>>(), ["q2"]);
         // The key outlives the queue entry: a retry is still recognised.
@@ -2961,7 +2962,6 @@ async fn a_version_2_database_gets_each_sessions_bot_from_its_checkpoint() {
 #[tokio::test]
 async fn sessions_with_work_lists_queued_messages_and_turns_in_flight_in_pages() {
     use crate::protocol::{BusyPolicy, Op, SubmissionQueuedEvent};
-    use crate::store::QueueChange;
     guarded(async {
         let (_dir, path) = database();
         let store = open(&path).await;
@@ -2978,19 +2978,7 @@ async fn sessions_with_work_lists_queued_messages_and_turns_in_flight_in_pages()
         };
         append(&store, "b-queued", &[queued("q1")]).await;
         append(&store, "d-settled", &[queued("q2")]).await;
-        let mut settling = encode(&events("d-settled", 1, 1));
-        settling[0].queue = Some(QueueChange::Settled("q2".into()));
-        store
-            .append(
-                "d-settled",
-                AppendBatch {
-                    lease: None,
-                    events: settling,
-                    checkpoint: None,
-                },
-            )
-            .await
-            .expect("settle");
+        settle(&store, "d-settled", 1, "q2").await;
         store
             .save(&checkpoint("c-running", "bot", 1), &[], Some(&execution("t")))
             .await
