@@ -1,8 +1,10 @@
 //! Forking a session: a new session whose history is another's as it was at
 //! a sequence of its log.
 
+use std::ops::ControlFlow;
+
 use crate::protocol::{Event, EventMsg, SessionForkedEvent};
-use crate::store::{AppendBatch, Checkpoint, CheckpointStore, EncodedEvent, EventPageRequest, StoreError};
+use crate::store::{AppendBatch, Checkpoint, CheckpointStore, EncodedEvent, EventPageRequest, StoreError, walk_back};
 
 /// Events read per page while looking for the turn around a fork point.
 const SCAN_PAGE: usize = 500;
@@ -93,6 +95,44 @@ pub async fn fork_session(
         .await?;
     tracing::info!(session_id = %id, parent = %parent, at_sequence, "session forked");
     Ok(forked)
+}
+
+/// The fork point just before turn `turn_id` of `session_id`: the sequence
+/// of the event that ended the turn before it, or 0 when none did. A fork
+/// there with a new message edits the turn's first message.
+pub async fn point_before_turn(store: &dyn CheckpointStore, session_id: &str, turn_id: &str) -> Result<u64, ForkError> {
+    if store.session_summary(session_id).await?.is_none() {
+        return Err(ForkError::UnknownParent(session_id.to_owned()));
+    }
+    // The turn whose start is looked for; once found, the end of the turn
+    // before it. A turn that regenerated another starts from the history
+    // before that one (the rollback commits with the turn's start, so no
+    // point lies between them): the search goes on from the undone turn.
+    let mut target = Some(turn_id.to_owned());
+    let mut found = false;
+    let mut point = 0;
+    walk_back(store, session_id, |event| {
+        match (&target, &event.msg) {
+            (Some(wanted), EventMsg::TurnStarted(start)) if start.turn_id == *wanted => {
+                found = true;
+                target = None;
+            }
+            (None, EventMsg::TurnRolledBack(rolled)) => target = Some(rolled.rolled_back_turn_id.clone()),
+            (None, msg) if msg.ends_turn() => {
+                point = event.sequence;
+                return ControlFlow::Break(());
+            }
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    })
+    .await?;
+    if !found {
+        return Err(ForkError::BadPoint(format!(
+            "session '{session_id}' has no turn '{turn_id}'"
+        )));
+    }
+    Ok(point)
 }
 
 /// Refuses a fork point inside a turn.

@@ -109,13 +109,14 @@ impl SessionHandle {
 
     /// Submits `op` so that, once this returns `Ok`, a crash cannot lose it.
     ///
-    /// A user message is stored (a `submission_queued` event, plus a row in
-    /// the store's queue that the session's first event for it removes)
-    /// before it is queued; after a restart a stored message that had not
-    /// started is queued again. If the session is busy, `options.on_busy`
-    /// decides: wait, interrupt the running turn, be refused
-    /// ([`Error::SessionBusy`], recorded as `submission_rejected`), or steer
-    /// into the running turn. Control ops (interrupt, approval) act at once
+    /// A user message, `compact` or `regenerate` is stored (a
+    /// `submission_queued` event, plus a row in the store's queue that the
+    /// session's first event for it removes) before it is queued; after a
+    /// restart a stored one that had not started is queued again. If the
+    /// session is busy, `options.on_busy` decides: wait, interrupt the
+    /// running turn, be refused ([`Error::SessionBusy`], recorded as
+    /// `submission_rejected`), or steer a message into the running turn
+    /// (other work waits). Control ops (interrupt, approval) act at once
     /// and are not stored ahead; shutdown is queued as it is.
     ///
     /// Errors: [`Error::InvalidInput`] for an op or key that breaks the
@@ -128,14 +129,14 @@ impl SessionHandle {
         if let Some(key) = &options.idempotency_key {
             validate_idempotency_key(key).map_err(Error::InvalidInput)?;
         }
-        let Some(text) = op.message_text().map(str::to_owned) else {
+        if !op.is_stored_ahead() {
             let submitted = self.sender.submit(op)?;
             return Ok(Accepted {
                 submission_id: submitted.id,
                 sequence: self.recorder.last_sequence(),
                 duplicate: false,
             });
-        };
+        }
         let _keyed = match &options.idempotency_key {
             Some(key) => {
                 let guard = self.keyed.lock().await;
@@ -166,10 +167,12 @@ impl SessionHandle {
             recorder.commit(vec![rejected], None).await?;
             return Err(Error::SessionBusy(reason.to_owned()));
         }
-        // What runs: a steered message goes to the running turn.
-        let queued_op = match policy {
-            BusyPolicy::Steer => Op::Steer { text },
-            _ => Op::UserInput { text },
+        // What runs: a steered message goes to the running turn; other
+        // work waits for it.
+        let queued_op = match (policy, op.message_text()) {
+            (BusyPolicy::Steer, Some(text)) => Op::Steer { text: text.to_owned() },
+            (_, Some(text)) => Op::UserInput { text: text.to_owned() },
+            (_, None) => op.clone(),
         };
         // Take the place first: a full queue refuses before anything is stored.
         let reservation = self.sender.reserve(&queued_op)?;

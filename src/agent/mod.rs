@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 pub use self::compaction::{SUMMARY_PREFIX, SUMMARY_PROMPT};
-pub use self::fork::{ForkError, fork_session};
+pub use self::fork::{ForkError, fork_session, point_before_turn};
 pub use self::handle::{Accepted, SessionHandle, SubmitOptions};
 pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};
 use self::session::Session;
@@ -349,6 +349,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
             checkpoint: checkpoint.clone(),
             transcript_delta: results,
             execution: None,
+            history_cut: None,
         });
     }
     recorder.append(startup, closing_write).await?;

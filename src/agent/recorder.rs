@@ -444,6 +444,10 @@ struct Batch {
     settles: Vec<Settle>,
     /// Whether any command in it writes something (not only flushes).
     writes: bool,
+    /// Whether it takes no more commands: it holds the end of a turn, so
+    /// the log has a batch boundary there (a fork can start at any turn's
+    /// end, and a batch's history items cannot be split).
+    closed: bool,
     max: usize,
 }
 
@@ -456,6 +460,7 @@ impl Batch {
             })),
             settles: Vec::new(),
             writes: false,
+            closed: false,
             max,
         }
     }
@@ -463,7 +468,7 @@ impl Batch {
     /// Adds `command` if the batch has room and the store has not sealed it
     /// yet; hands it back otherwise.
     fn add(&mut self, command: Command) -> Option<Command> {
-        if self.settles.len() >= self.max {
+        if self.closed || self.settles.len() >= self.max {
             return Some(command);
         }
         match command {
@@ -477,9 +482,22 @@ impl Batch {
                 bytes,
                 ack,
             } => {
+                let ends_turn = events.iter().any(|pending| pending.event.msg.ends_turn());
                 let mut parts = Some((events, checkpoint, ack));
-                let added = self.open.add(|batch| {
-                    if let Some((events, checkpoint, ack)) = parts.take() {
+                let mut added = false;
+                self.open.add(|batch| {
+                    // A history cut counts from the start of the history,
+                    // which a batch that added items without cutting
+                    // cannot express: such a write starts the next batch.
+                    let fits = match (
+                        &batch.checkpoint,
+                        parts.as_ref().and_then(|(_, write, _)| write.as_deref()),
+                    ) {
+                        (Some(earlier), Some(later)) => earlier.can_merge(later),
+                        _ => true,
+                    };
+                    if fits && let Some((events, checkpoint, ack)) = parts.take() {
+                        added = true;
                         let mut plain = Vec::with_capacity(events.len());
                         let encoded = events.into_iter().map(|PendingEvent { event, encoded }| {
                             plain.push(event);
@@ -494,6 +512,7 @@ impl Batch {
                     }
                 });
                 self.writes |= added;
+                self.closed |= added && ends_turn;
                 parts.map(|(events, checkpoint, ack)| Command::Append {
                     events,
                     checkpoint,
@@ -804,5 +823,92 @@ mod tests {
             2,
             "one batch in flight, one for everything behind it"
         );
+    }
+
+    fn turn_complete() -> Event {
+        Event {
+            submission_id: None,
+            msg: EventMsg::TurnComplete(crate::protocol::TurnCompleteEvent {
+                turn_id: "t".into(),
+                length_limited: false,
+            }),
+        }
+    }
+
+    fn write(cut: Option<u64>, items: usize) -> CheckpointWrite {
+        CheckpointWrite {
+            checkpoint: Checkpoint::empty("s"),
+            transcript_delta: (0..items)
+                .map(|index| crate::protocol::TranscriptItem::UserMessage {
+                    text: index.to_string(),
+                })
+                .collect(),
+            execution: None,
+            history_cut: cut,
+        }
+    }
+
+    /// The end of a turn closes its batch, so every turn's end is a batch
+    /// boundary (a fork point); and a write that cuts the history never
+    /// joins a batch that added history without cutting.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_turns_end_and_a_history_cut_are_batch_boundaries() {
+        let directory = tempfile::tempdir().expect("directory");
+        let sqlite = Arc::new(SqliteCheckpoint::new(directory.path().join("db.sqlite3")).expect("store"));
+        sqlite.save(&Checkpoint::empty("s"), &[], None).await.expect("session");
+        let store = Arc::new(GatedStore {
+            inner: Arc::clone(&sqlite),
+            gate: tokio::sync::Semaphore::new(0),
+            batches: AtomicUsize::new(0),
+        });
+        let (recorder, mut delivered) = EventRecorder::spawn(store.clone(), "s".into());
+        try_send_event(&recorder, warning(0)).expect("queue");
+        while store.batches.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Behind the sealed first batch: a turn's end, then more.
+        recorder
+            .append(vec![warning(1)], Some(write(None, 2)))
+            .await
+            .expect("queue");
+        recorder.append(vec![turn_complete()], None).await.expect("queue");
+        recorder
+            .append(vec![warning(2)], Some(write(None, 1)))
+            .await
+            .expect("queue");
+        recorder
+            .append(vec![warning(3)], Some(write(Some(1), 1)))
+            .await
+            .expect("queue");
+        recorder
+            .append(vec![warning(4)], Some(write(None, 1)))
+            .await
+            .expect("queue");
+        tokio::task::yield_now().await;
+        store.gate.add_permits(1_000);
+        let drain = tokio::spawn(async move {
+            for sequence in 1..=6 {
+                assert_eq!(delivered.recv().await.expect("delivered").sequence, sequence);
+            }
+        });
+        recorder.flush().await.expect("flush");
+        drain.await.expect("every event delivered");
+        assert_eq!(
+            store.batches.load(Ordering::SeqCst),
+            4,
+            "[0] [1, end] [2] [3 (cut), 4]: a batch closes after a turn's end, and a cut starts one"
+        );
+        let state = sqlite.load("s").await.expect("load").expect("session");
+        assert_eq!(
+            state.transcript.len(),
+            3,
+            "2 + 1 items, cut to 1, plus 1 and 1: {:?}",
+            state.transcript
+        );
+        let fork_point = sqlite
+            .history_until("s", 3)
+            .await
+            .expect("the turn's end is a fork point");
+        assert_eq!(fork_point.map(|items| items.len()), Some(2));
     }
 }

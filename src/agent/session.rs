@@ -93,6 +93,10 @@ impl Session {
                     self.run_turn(submission).await?;
                     self.status.end_turn();
                 }
+                Op::Regenerate => {
+                    self.regenerate(submission).await?;
+                    self.status.end_turn();
+                }
                 Op::Shutdown => return self.stop(Some(submission)).await,
                 Op::Compact => {
                     match self
@@ -134,6 +138,7 @@ impl Session {
             checkpoint: self.checkpoint.clone(),
             transcript_delta,
             execution: execution.cloned(),
+            history_cut: None,
         }
     }
 

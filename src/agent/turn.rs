@@ -27,10 +27,10 @@ use crate::model::{ModelOutput, ModelRequest, ToolCall};
 use crate::protocol::{
     AbortReason, AssistantMessageEvent, CompactionReason, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, Op,
     Submission, SubmissionRejectedEvent, TokenUsageEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent,
-    TurnStartedEvent, UserMessageEvent, WarningEvent, new_id, now_ms,
+    TurnRolledBackEvent, TurnStartedEvent, UserMessageEvent, WarningEvent, new_id, now_ms,
 };
 use crate::provider::redact::{redact, redact_owned};
-use crate::store::{CheckpointStore, TurnExecution, walk_back};
+use crate::store::{CheckpointStore, LastTurn, TurnExecution, walk_back};
 
 /// The identity and durable state of a running turn.
 pub(super) struct Turn {
@@ -78,6 +78,73 @@ impl Session {
     /// Runs a turn for `first` and every user message queued up to the cutoff.
     pub(super) async fn run_turn(&mut self, first: Submission) -> Result<()> {
         let inputs = self.take_inputs(first).await;
+        self.start_turn(inputs, Vec::new(), None).await
+    }
+
+    /// Rolls the last turn back and runs its user messages again, for a
+    /// `regenerate` op. The rollback and the new turn's start commit
+    /// together, so a crash cannot leave the messages rolled back and not
+    /// re-run.
+    pub(super) async fn regenerate(&mut self, submission: Submission) -> Result<()> {
+        let Some(last) = self.checkpoint.last_turn.clone() else {
+            return self.reject(&submission, "there is no turn to regenerate").await;
+        };
+        let from = usize::try_from(last.history_from).unwrap_or(usize::MAX);
+        let Some(rolled_back) = self.transcript.get(from..) else {
+            let reason = format!(
+                "turn '{}' started at history item {from}, past the history's {} items",
+                last.turn_id,
+                self.transcript.len()
+            );
+            return self.reject(&submission, &reason).await;
+        };
+        let messages: Vec<String> = rolled_back
+            .iter()
+            .filter_map(|item| match item {
+                TranscriptItem::UserMessage { text } => Some(text.clone()),
+                _ => None,
+            })
+            .collect();
+        if messages.is_empty() {
+            return self
+                .reject(&submission, "the last turn has no user message to answer again")
+                .await;
+        }
+        let items_removed = rolled_back.len() as u64;
+        self.transcript.truncate(from);
+        // A summary that covers part of the undone turn goes with it.
+        let compaction_undone = self
+            .checkpoint
+            .compaction
+            .as_ref()
+            .is_some_and(|compaction| compaction.replaced_to > last.history_from);
+        if compaction_undone {
+            self.checkpoint.compaction = None;
+        }
+        self.checkpoint.last_turn = None;
+        tracing::info!(session_id = %self.session_id, turn_id = %last.turn_id, items_removed, "rolled back the last turn");
+        let rollback = Event {
+            submission_id: Some(submission.id.clone()),
+            msg: EventMsg::TurnRolledBack(TurnRolledBackEvent {
+                rolled_back_turn_id: last.turn_id,
+                history_from: last.history_from,
+                items_removed,
+                compaction_undone,
+            }),
+        };
+        let inputs = messages.into_iter().map(|text| (submission.id.clone(), text)).collect();
+        self.start_turn(inputs, vec![rollback], Some(last.history_from)).await
+    }
+
+    /// Starts a turn for `inputs` (`(submission id, text)` pairs), recording
+    /// `prelude` and cutting the history to `history_cut` items in the same
+    /// commit, and drives it to its end.
+    async fn start_turn(
+        &mut self,
+        inputs: Vec<(String, String)>,
+        prelude: Vec<Event>,
+        history_cut: Option<u64>,
+    ) -> Result<()> {
         let turn = Turn {
             submission_id: inputs[0].0.clone(),
             execution: TurnExecution {
@@ -91,9 +158,14 @@ impl Session {
             },
         };
         self.status.begin_turn(turn.id());
-        let mut events = vec![turn.event(EventMsg::TurnStarted(TurnStartedEvent {
+        self.checkpoint.last_turn = Some(LastTurn {
             turn_id: turn.id().to_owned(),
-        }))];
+            history_from: self.transcript.len() as u64,
+        });
+        let mut events = prelude;
+        events.push(turn.event(EventMsg::TurnStarted(TurnStartedEvent {
+            turn_id: turn.id().to_owned(),
+        })));
         let mut history = Vec::with_capacity(inputs.len());
         for (submission_id, text) in inputs {
             events.push(Event {
@@ -106,7 +178,8 @@ impl Session {
             history.push(TranscriptItem::UserMessage { text });
         }
         self.transcript.extend(history.iter().cloned());
-        let write = self.checkpoint_write(history, Some(&turn.execution));
+        let mut write = self.checkpoint_write(history, Some(&turn.execution));
+        write.history_cut = history_cut;
         self.recorder.append(events, Some(write)).await?;
 
         self.drive_turn(turn).await

@@ -97,6 +97,10 @@ pub enum EventMsg {
     /// The older part of the history was replaced, for the model, by a
     /// summary; the events it summarizes stay in the log.
     ContextCompacted(ContextCompactedEvent),
+    /// The last turn was rolled back (a `regenerate` op): its history items
+    /// left the history the model sees; its events stay in the log. The
+    /// new turn that runs its user messages again follows in the same commit.
+    TurnRolledBack(TurnRolledBackEvent),
 }
 
 impl EventMsg {
@@ -126,6 +130,7 @@ impl EventMsg {
             EventMsg::SubmissionQueued(_) => "submission_queued",
             EventMsg::ShutdownComplete(_) => "shutdown_complete",
             EventMsg::ContextCompacted(_) => "context_compacted",
+            EventMsg::TurnRolledBack(_) => "turn_rolled_back",
         }
     }
 
@@ -154,7 +159,9 @@ impl EventMsg {
             | EventMsg::Warning(_)
             | EventMsg::SubmissionRejected(_)
             | EventMsg::SubmissionQueued(_)
-            | EventMsg::ShutdownComplete(_) => None,
+            | EventMsg::ShutdownComplete(_)
+            // Between turns: it names the turn it undid, which has ended.
+            | EventMsg::TurnRolledBack(_) => None,
         }
     }
 
@@ -366,6 +373,22 @@ pub struct ContextCompactedEvent {
     pub tokens_after: u64,
     /// How long asking for the summary took, in milliseconds.
     pub duration_ms: u64,
+}
+
+/// Payload of [`EventMsg::TurnRolledBack`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnRolledBackEvent {
+    /// The turn that was undone (it had ended before).
+    pub rolled_back_turn_id: String,
+    /// The history's length before that turn: it is cut back to this many
+    /// items.
+    pub history_from: u64,
+    /// How many history items left it.
+    pub items_removed: u64,
+    /// Whether the latest compaction summarized part of the undone turn and
+    /// was dropped with it (the next request compacts again if it must).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compaction_undone: bool,
 }
 
 /// Why the history was compacted.

@@ -12,7 +12,7 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// "turn_id": "…"}` (`turn_id` optional), `{"type": "shutdown"}`,
 /// `{"type": "approval", "call_id": "…", "decision": "approve" |
 /// "approve_for_session" | "deny"}`, `{"type": "steer", "text": "…"}`,
-/// `{"type": "compact"}`.
+/// `{"type": "compact"}`, `{"type": "regenerate"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 // Parsed through `OpWire`, which refuses unknown fields: a misspelt field
 // would otherwise be dropped without a word (the API documents them as `400`).
@@ -54,6 +54,11 @@ pub enum Op {
     /// later requests carry as the summary (see `context_compacted`). Waits
     /// in the queue behind running work.
     Compact,
+    /// Roll the last turn back and run its user messages again: the turn's
+    /// history items leave the history (a `turn_rolled_back` event; its
+    /// events stay in the log) and a new turn answers anew. Waits in the
+    /// queue behind running work.
+    Regenerate,
 }
 
 /// [`Op`] as parsed: the same tags and fields, with unknown fields refused.
@@ -78,6 +83,7 @@ enum OpWire {
         text: String,
     },
     Compact {},
+    Regenerate {},
 }
 
 impl From<OpWire> for Op {
@@ -89,6 +95,7 @@ impl From<OpWire> for Op {
             OpWire::Approval { call_id, decision } => Op::Approval { call_id, decision },
             OpWire::Steer { text } => Op::Steer { text },
             OpWire::Compact {} => Op::Compact,
+            OpWire::Regenerate {} => Op::Regenerate,
         }
     }
 }
@@ -168,6 +175,16 @@ impl Op {
         matches!(self, Op::Interrupt { .. } | Op::Approval { .. } | Op::Steer { .. })
     }
 
+    /// Whether the op is work that waits in the queue and is stored before
+    /// it is acknowledged (a message, `compact`, `regenerate`), so that a
+    /// crash cannot lose it.
+    pub fn is_stored_ahead(&self) -> bool {
+        matches!(
+            self,
+            Op::UserInput { .. } | Op::Steer { .. } | Op::Compact | Op::Regenerate
+        )
+    }
+
     /// The text of a user message ([`Op::UserInput`] or [`Op::Steer`]).
     pub fn message_text(&self) -> Option<&str> {
         match self {
@@ -205,6 +222,7 @@ mod tests {
             r#"{"type": "interrupt", "turn": "t1"}"#,
             r#"{"type": "shutdown", "now": true}"#,
             r#"{"type": "compact", "keep": 3}"#,
+            r#"{"type": "regenerate", "turn_id": "t"}"#,
             r#"{"type": "approval", "call_id": "c", "decision": "deny", "why": "no"}"#,
             "",
         ] {
@@ -215,6 +233,7 @@ mod tests {
         for op in [
             Op::Shutdown,
             Op::Compact,
+            Op::Regenerate,
             Op::Interrupt {
                 turn_id: Some("t".into()),
             },

@@ -70,6 +70,19 @@ pub struct Checkpoint {
     /// event in one commit, so a crash never leaves it half-applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<Compaction>,
+    /// The latest turn, which a `regenerate` op rolls back; `None` before
+    /// the first turn and after a rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_turn: Option<LastTurn>,
+}
+
+/// Where the latest turn's history starts, saved when the turn starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastTurn {
+    /// The turn.
+    pub turn_id: String,
+    /// The history's length when it started: its items are the ones after.
+    pub history_from: u64,
 }
 
 /// The history as compacted: a summary standing for its first items.
@@ -95,6 +108,7 @@ impl Checkpoint {
             usage: TokenUsage::default(),
             approved_tools: BTreeSet::new(),
             compaction: None,
+            last_turn: None,
         }
     }
 }
@@ -303,12 +317,41 @@ pub struct CheckpointWrite {
     pub transcript_delta: Vec<TranscriptItem>,
     /// The turn in flight after this write (`None` when none is).
     pub execution: Option<TurnExecution>,
+    /// Cut the history back to its first this-many items before appending
+    /// `transcript_delta` (a rolled-back turn). The store refuses a cut
+    /// longer than the history.
+    pub history_cut: Option<u64>,
 }
 
 impl CheckpointWrite {
-    /// Folds a later write into this one: the later checkpoint and execution
-    /// win, the history deltas are concatenated.
+    /// Whether `later` can be folded into this write. A cut counts items
+    /// from the start of the history, which this write only knows when it
+    /// cuts too: a cutting write cannot follow one that does not.
+    pub fn can_merge(&self, later: &CheckpointWrite) -> bool {
+        later.history_cut.is_none() || self.history_cut.is_some()
+    }
+
+    /// Folds a later write into this one (see [`Self::can_merge`]): the
+    /// later checkpoint and execution win, the history deltas are
+    /// concatenated, and a later cut applies to this write's result.
     pub fn merge(&mut self, later: CheckpointWrite) {
+        debug_assert!(
+            self.can_merge(&later),
+            "a cutting write merged into one that does not cut"
+        );
+        if let (Some(cut), Some(later_cut)) = (self.history_cut, later.history_cut) {
+            // This write leaves `cut + delta` items; the later cut keeps a
+            // prefix of them.
+            match later_cut.checked_sub(cut) {
+                Some(kept) => self
+                    .transcript_delta
+                    .truncate(usize::try_from(kept).unwrap_or(usize::MAX)),
+                None => {
+                    self.history_cut = Some(later_cut);
+                    self.transcript_delta.clear();
+                }
+            }
+        }
         self.checkpoint = later.checkpoint;
         self.execution = later.execution;
         self.transcript_delta.extend(later.transcript_delta);
@@ -558,5 +601,55 @@ pub trait CheckpointStore: Send + Sync {
             ids.truncate(limit);
             Ok(ids)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(cut: Option<u64>, texts: &[&str]) -> CheckpointWrite {
+        CheckpointWrite {
+            checkpoint: Checkpoint::empty("s"),
+            transcript_delta: texts
+                .iter()
+                .map(|text| TranscriptItem::UserMessage {
+                    text: (*text).to_owned(),
+                })
+                .collect(),
+            execution: None,
+            history_cut: cut,
+        }
+    }
+
+    /// Folding writes gives the history that applying them one by one gives.
+    #[test]
+    fn merged_writes_cut_and_append_as_applied_one_by_one() {
+        let apply = |history: &mut Vec<TranscriptItem>, write: &CheckpointWrite| {
+            if let Some(cut) = write.history_cut {
+                history.truncate(cut as usize);
+            }
+            history.extend(write.transcript_delta.iter().cloned());
+        };
+        let base: Vec<TranscriptItem> = write(None, &["a", "b", "c"]).transcript_delta;
+        let cases = [
+            (write(Some(1), &["x", "y"]), write(Some(2), &["z"])),
+            (write(Some(1), &["x", "y"]), write(Some(0), &["z"])),
+            (write(Some(2), &["x"]), write(Some(3), &[])),
+            (write(Some(3), &[]), write(None, &["z"])),
+            (write(None, &["x"]), write(None, &["y"])),
+        ];
+        for (first, second) in cases {
+            assert!(first.can_merge(&second));
+            let mut expected = base.clone();
+            apply(&mut expected, &first);
+            apply(&mut expected, &second);
+            let mut merged = first.clone();
+            merged.merge(second.clone());
+            let mut got = base.clone();
+            apply(&mut got, &merged);
+            assert_eq!(got, expected, "{first:?} then {second:?}");
+        }
+        assert!(!write(None, &["x"]).can_merge(&write(Some(1), &[])));
     }
 }

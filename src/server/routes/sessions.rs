@@ -9,7 +9,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
-use crate::agent::{BusyPolicy, ForkError, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus, fork_session};
+use crate::agent::{
+    BusyPolicy, ForkError, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus, fork_session, point_before_turn,
+};
 use crate::protocol::{Op, TokenUsage, new_id};
 use crate::server::Server;
 use crate::server::error::ApiError;
@@ -229,7 +231,10 @@ pub(crate) async fn show(
 #[serde(deny_unknown_fields)]
 pub(crate) struct ForkSession {
     /// The parent's event the fork starts after.
-    at_sequence: u64,
+    at_sequence: Option<u64>,
+    /// Or the parent's turn the fork starts just before (after the event
+    /// that ended the turn before it).
+    before_turn: Option<String>,
     /// The new session's id; a fresh one when absent.
     id: Option<String>,
     /// A user message submitted to the fork once it exists: with a point
@@ -258,14 +263,26 @@ pub(crate) async fn fork(
         check_op(op)?;
     }
     let store = &server.host.store;
-    fork_session(store.as_ref(), &parent, request.at_sequence, &id)
+    let fork_error = |error| match error {
+        ForkError::UnknownParent(parent) => ApiError::unknown_session(&parent),
+        ForkError::Exists(_) => ApiError::Conflict(error.to_string()),
+        ForkError::BadPoint(message) => ApiError::InvalidRequest(message),
+        ForkError::Store(error) => error.into(),
+    };
+    let at_sequence = match (request.at_sequence, request.before_turn) {
+        (Some(at_sequence), None) => at_sequence,
+        (None, Some(turn_id)) => point_before_turn(store.as_ref(), &parent, &turn_id)
+            .await
+            .map_err(fork_error)?,
+        _ => {
+            return Err(ApiError::InvalidRequest(
+                "give one of `at_sequence` and `before_turn`".to_owned(),
+            ));
+        }
+    };
+    fork_session(store.as_ref(), &parent, at_sequence, &id)
         .await
-        .map_err(|error| match error {
-            ForkError::UnknownParent(parent) => ApiError::unknown_session(&parent),
-            ForkError::Exists(_) => ApiError::Conflict(error.to_string()),
-            ForkError::BadPoint(message) => ApiError::InvalidRequest(message),
-            ForkError::Store(error) => error.into(),
-        })?;
+        .map_err(fork_error)?;
     if let Some(op) = message {
         submit_op(&server, &id, op, None, None).await?;
     }

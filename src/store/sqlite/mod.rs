@@ -219,6 +219,7 @@ impl CheckpointStore for SqliteCheckpoint {
             checkpoint: checkpoint.clone(),
             transcript_delta: transcript_delta.to_vec(),
             execution: execution.cloned(),
+            history_cut: None,
         };
         Box::pin(async move {
             self.write(|reply| Job::Save {

@@ -81,20 +81,20 @@ pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<Session
     let execution: Option<TurnExecution> = execution.map(|json| decode(&json, what)).transpose()?;
     let mut select = conn
         .prepare_cached(
-            "SELECT first_sequence, history FROM log
-             WHERE session_key = ?1 AND history IS NOT NULL ORDER BY first_sequence, id",
+            "SELECT first_sequence, history_cut, history FROM log
+             WHERE session_key = ?1 AND (history IS NOT NULL OR history_cut IS NOT NULL)
+             ORDER BY first_sequence, id",
         )
         .map_err(super::sqlite_error)?;
     let rows = select
-        .query_map(params![key], |row| Ok((row.get::<_, u64>(0)?, stored_json(row, 1)?)))
+        .query_map(params![key], |row| {
+            Ok((row.get::<_, u64>(0)?, row.get(1)?, stored_optional_json(row, 2)?))
+        })
         .map_err(super::sqlite_error)?;
     let mut transcript = Vec::new();
     for row in rows {
-        let (first_sequence, items) = row.map_err(super::sqlite_error)?;
-        let items: Vec<TranscriptItem> = decode(&items, || {
-            format!("history recorded at event {first_sequence} of session '{session_id}'")
-        })?;
-        transcript.extend(items);
+        let (first_sequence, cut, items) = row.map_err(super::sqlite_error)?;
+        apply_history_row(&mut transcript, session_id, first_sequence, cut, items)?;
     }
     if transcript.len() as u64 != transcript_len {
         return Err(StoreError::Corrupt {
@@ -141,19 +141,25 @@ pub(super) fn history_until(
     // Candidates start at most one past `at_sequence`.
     let mut select = conn
         .prepare_cached(
-            "SELECT first_sequence, last_sequence, history FROM log
-             WHERE session_key = ?1 AND history IS NOT NULL AND first_sequence <= ?2 + 1
+            "SELECT first_sequence, last_sequence, history_cut, history FROM log
+             WHERE session_key = ?1 AND (history IS NOT NULL OR history_cut IS NOT NULL)
+                 AND first_sequence <= ?2 + 1
              ORDER BY first_sequence, id",
         )
         .map_err(super::sqlite_error)?;
     let rows = select
         .query_map(params![key, at_sequence], |row| {
-            Ok((row.get::<_, u64>(0)?, row.get::<_, u64>(1)?, stored_json(row, 2)?))
+            Ok((
+                row.get::<_, u64>(0)?,
+                row.get::<_, u64>(1)?,
+                row.get(2)?,
+                stored_optional_json(row, 3)?,
+            ))
         })
         .map_err(super::sqlite_error)?;
     let mut transcript = Vec::new();
     for row in rows {
-        let (first_sequence, last, items) = row.map_err(super::sqlite_error)?;
+        let (first_sequence, last, cut, items) = row.map_err(super::sqlite_error)?;
         if last > at_sequence && first_sequence > at_sequence {
             // A batch written after the point.
             continue;
@@ -165,12 +171,35 @@ pub(super) fn history_until(
                 first_sequence.saturating_sub(1)
             )));
         }
-        let items: Vec<TranscriptItem> = decode(&items, || {
-            format!("history recorded at event {first_sequence} of session '{session_id}'")
-        })?;
-        transcript.extend(items);
+        apply_history_row(&mut transcript, session_id, first_sequence, cut, items)?;
     }
     Ok(Some(transcript))
+}
+
+/// Applies one log row to a history being rebuilt: its cut, then its items.
+fn apply_history_row(
+    transcript: &mut Vec<TranscriptItem>,
+    session_id: &str,
+    first_sequence: u64,
+    cut: Option<u64>,
+    items: Option<StoredJson>,
+) -> Result<(), StoreError> {
+    let what = || format!("history recorded at event {first_sequence} of session '{session_id}'");
+    if let Some(cut) = cut {
+        let cut = usize::try_from(cut).unwrap_or(usize::MAX);
+        if cut > transcript.len() {
+            return Err(StoreError::Corrupt {
+                what: what(),
+                detail: format!("a cut to {cut} items of a history of {}", transcript.len()),
+            });
+        }
+        transcript.truncate(cut);
+    }
+    if let Some(items) = items {
+        let items: Vec<TranscriptItem> = decode(&items, what)?;
+        transcript.extend(items);
+    }
+    Ok(())
 }
 
 /// The session's stored submission queue, oldest first.

@@ -9,7 +9,7 @@ use super::{SqliteOptions, Synchronous};
 use crate::store::StoreError;
 
 /// The schema this build writes; stored in `PRAGMA user_version`.
-pub(super) const SCHEMA_VERSION: i64 = 4;
+pub(super) const SCHEMA_VERSION: i64 = 5;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -84,6 +84,14 @@ CREATE INDEX sessions_by_bot ON sessions (bot_id, key);
 /// that is stored, or by a rename. Sessions stored before have none.
 const SCHEMA_V4: &str = "
 ALTER TABLE sessions ADD COLUMN title TEXT;
+";
+
+/// Version 5: a log row may cut the history back before adding its items
+/// (a rolled-back turn): `history_cut` is the history's length to keep.
+/// The history is rebuilt by applying the rows in order, so the items a
+/// rollback removed stay stored where they were written.
+const SCHEMA_V5: &str = "
+ALTER TABLE log ADD COLUMN history_cut INTEGER;
 ";
 
 /// Opens the writer connection: WAL, the configured durability, an optional
@@ -193,6 +201,9 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
     }
     if version < 4 {
         tx.execute_batch(SCHEMA_V4)?;
+    }
+    if version < 5 {
+        tx.execute_batch(SCHEMA_V5)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;

@@ -76,6 +76,7 @@ fn checkpoint(session_id: &str, bot_id: &str, model_calls: u64) -> Checkpoint {
         },
         approved_tools: ["write_file".to_owned()].into(),
         compaction: None,
+        last_turn: None,
     }
 }
 
@@ -524,6 +525,7 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
                         checkpoint: checkpoint("ghost-with-checkpoint", "bot", 1),
                         transcript_delta: vec![user("hello?")],
                         execution: Some(execution("ghost-turn")),
+                        history_cut: None,
                     }),
                 },
             ),
@@ -875,6 +877,7 @@ async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_o
                         checkpoint: checkpoint("s", "bot", 1),
                         transcript_delta: vec![assistant("hello", false), user("again")],
                         execution: Some(turn.clone()),
+                        history_cut: None,
                     }),
                 },
             )
@@ -929,6 +932,7 @@ async fn append_with_checkpoint_commits_events_checkpoint_and_history_together_o
                         checkpoint: checkpoint("s", "bot", 2),
                         transcript_delta: vec![assistant("lost", false)],
                         execution: None,
+                        history_cut: None,
                     }),
                 },
             )
@@ -1002,6 +1006,7 @@ async fn append_refuses_a_checkpoint_of_another_session_and_writes_nothing() {
                             checkpoint: checkpoint(foreign, "bot", 99),
                             transcript_delta: vec![user("misdirected")],
                             execution: Some(execution("turn")),
+                            history_cut: None,
                         }),
                     },
                 )
@@ -1048,6 +1053,7 @@ async fn load_returns_checkpoint_history_and_last_sequence_of_one_commit_while_w
                                 checkpoint: checkpoint("s", "bot", n),
                                 transcript_delta: vec![user(&n.to_string())],
                                 execution: None,
+                                history_cut: None,
                             }),
                         },
                     )
@@ -1287,6 +1293,7 @@ async fn batches_with_history_but_no_events_are_stored_loaded_and_invisible_to_e
                 checkpoint: checkpoint("s", "bot", model_calls),
                 transcript_delta: delta,
                 execution: turn,
+                history_cut: None,
             }),
         };
 
@@ -1335,6 +1342,7 @@ async fn batches_with_history_but_no_events_are_stored_loaded_and_invisible_to_e
                         checkpoint: checkpoint("quiet", "bot", 1),
                         transcript_delta: vec![assistant("q2", false)],
                         execution: None,
+                        history_cut: None,
                     }),
                 },
             )
@@ -1657,6 +1665,7 @@ async fn stored_values_of_any_damaged_shape_read_as_corrupt_not_as_backend_error
                         checkpoint: checkpoint("s", "bot", 2),
                         transcript_delta: delta.clone(),
                         execution: Some(execution("turn")),
+                        history_cut: None,
                     }),
                 },
             )
@@ -1834,6 +1843,7 @@ async fn large_batches_are_stored_compressed_and_read_back_equal() {
                         checkpoint: checkpoint("s", "bot", 1),
                         transcript_delta: delta.clone(),
                         execution: Some(execution("turn")),
+                        history_cut: None,
                     }),
                 },
             )
@@ -1943,6 +1953,7 @@ async fn compressed_values_with_a_damaged_length_prefix_read_as_corrupt_and_are_
                         checkpoint: checkpoint("s", "bot", 1),
                         transcript_delta: delta.clone(),
                         execution: None,
+                        history_cut: None,
                     }),
                 },
             )
@@ -2072,6 +2083,7 @@ async fn full_database_refuses_whole_batches_keeps_earlier_events_and_recovers_w
                         checkpoint: checkpoint("full", "bot", 9),
                         transcript_delta: vec![assistant("lost", false)],
                         execution: Some(execution("lost-turn")),
+                        history_cut: None,
                     }),
                 },
             )
@@ -2528,6 +2540,7 @@ async fn list_sessions_puts_the_newest_update_first_with_bot_and_running_turn() 
                         checkpoint: checkpoint("c", "bot-c", 1),
                         transcript_delta: vec![],
                         execution: Some(execution("turn-c")),
+                        history_cut: None,
                     }),
                 },
             )
@@ -3003,13 +3016,28 @@ async fn sessions_with_work_lists_queued_messages_and_turns_in_flight_in_pages()
 
 /// Appends `events` with `history` in one batch.
 async fn append_with_history(store: &SqliteCheckpoint, session_id: &str, events: &[Event], history: &[TranscriptItem]) {
+    append_with_cut(store, session_id, events, None, history)
+        .await
+        .expect("append");
+}
+
+/// Appends `events` in one batch that cuts the history to `cut` items, then
+/// adds `history`.
+async fn append_with_cut(
+    store: &SqliteCheckpoint,
+    session_id: &str,
+    events: &[Event],
+    cut: Option<u64>,
+    history: &[TranscriptItem],
+) -> Result<AppendReceipt, StoreError> {
     let mut batch = batch(events);
     batch.checkpoint = Some(CheckpointWrite {
         checkpoint: checkpoint(session_id, "bot", 0),
         transcript_delta: history.to_vec(),
         execution: None,
+        history_cut: cut,
     });
-    store.append(session_id, batch).await.expect("append");
+    store.append(session_id, batch).await
 }
 
 #[tokio::test]
@@ -3045,6 +3073,53 @@ async fn history_until_takes_the_batches_up_to_a_sequence_and_never_splits_one()
         // The whole history still loads as before.
         let loaded = store.load("s").await.expect("load").expect("stored");
         assert_eq!(loaded.transcript.len(), 4);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_history_cut_drops_the_newest_items_for_loads_and_forks_and_keeps_the_log() {
+    guarded(async {
+        let (_dir, path) = database();
+        let store = open(&path).await;
+        store.save(&checkpoint("s", "bot", 0), &[], None).await.expect("create");
+        append_with_history(&store, "s", &events("s", 1, 2), &[user("one"), assistant("A", false)]).await; // 1-2
+        append_with_history(&store, "s", &events("s", 3, 2), &[user("two"), assistant("B", false)]).await; // 3-4
+        // Roll the second turn back and run it again, in one batch.
+        append_with_cut(
+            &store,
+            "s",
+            &events("s", 5, 2),
+            Some(2),
+            &[user("two"), assistant("C", false)],
+        )
+        .await
+        .expect("cut"); // 5-6
+        let expected = vec![user("one"), assistant("A", false), user("two"), assistant("C", false)];
+        let loaded = store.load("s").await.expect("load").expect("stored");
+        assert_eq!(loaded.transcript, expected);
+        assert_eq!(loaded.last_sequence, 6);
+        let until = |at| store.history_until("s", at);
+        assert_eq!(until(4).await.expect("read").map(|items| items.len()), Some(4));
+        assert_eq!(until(4).await.expect("read").expect("stored")[3], assistant("B", false));
+        assert_eq!(until(6).await.expect("read"), Some(expected.clone()));
+        // A cut past the history is refused and writes nothing.
+        let refused = append_with_cut(&store, "s", &events("s", 7, 1), Some(5), &[]).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Invalid(message)) if message.contains("it has 4")),
+            "{refused:?}"
+        );
+        let after = store.load("s").await.expect("load").expect("stored");
+        assert_eq!((after.transcript, after.last_sequence), (expected.clone(), 6));
+        // A cut with nothing added, then a reopen: the stored length agrees.
+        append_with_cut(&store, "s", &events("s", 7, 1), Some(1), &[])
+            .await
+            .expect("cut");
+        drop(store);
+        let store = open(&path).await;
+        let reopened = store.load("s").await.expect("load").expect("stored");
+        assert_eq!(reopened.transcript, vec![user("one")]);
+        assert_eq!(store.history_until("s", 6).await.expect("read"), Some(expected));
     })
     .await;
 }

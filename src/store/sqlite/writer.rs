@@ -305,6 +305,8 @@ struct EncodedWrite {
     bot_id: String,
     execution: Option<String>,
     transcript: Vec<String>,
+    /// The history's length to cut back to before `transcript` is added.
+    history_cut: Option<u64>,
 }
 
 fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobError> {
@@ -346,6 +348,10 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
     // nothing was written.
     let count = events.len() as u64;
     let added = write.as_ref().map_or(0, |write| write.transcript.len() as u64);
+    let history_cut = write.as_ref().and_then(|write| write.history_cut);
+    if let Some(cut) = history_cut {
+        check_cut(conn, session_id, cut)?;
+    }
     let (checkpoint, execution, bot_id) = match &write {
         Some(write) => (
             Some(write.checkpoint.as_str()),
@@ -361,7 +367,7 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
                  updated_at_ms = ?2,
                  checkpoint = coalesce(?3, checkpoint),
                  execution = CASE WHEN ?3 IS NULL THEN execution ELSE ?4 END,
-                 transcript_len = transcript_len + ?5,
+                 transcript_len = coalesce(?9, transcript_len) + ?5,
                  bot_id = coalesce(?8, bot_id)
              WHERE id = ?6 AND (?7 IS NULL OR lease = ?7)
              RETURNING key, last_sequence, lease",
@@ -369,7 +375,17 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
         .and_then(|mut update| {
             update
                 .query_row(
-                    params![count, now, checkpoint, execution, added, session_id, lease, bot_id],
+                    params![
+                        count,
+                        now,
+                        checkpoint,
+                        execution,
+                        added,
+                        session_id,
+                        lease,
+                        bot_id,
+                        history_cut
+                    ],
                     |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
                 )
                 .optional()
@@ -383,15 +399,23 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
         .as_ref()
         .filter(|write| !write.transcript.is_empty())
         .map(|write| json_array(&write.transcript));
-    if count > 0 || history.is_some() {
+    if count > 0 || history.is_some() || history_cut.is_some() {
         conn.prepare_cached(
-            "INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history, events)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history, events, history_cut)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
         .and_then(|mut insert| {
             let events = codec::encode(json_array(events.iter().map(|event| &event.json)));
             let history = history.map(codec::encode);
-            insert.execute(params![key, first_sequence, last_sequence, now, history, events])
+            insert.execute(params![
+                key,
+                first_sequence,
+                last_sequence,
+                now,
+                history,
+                events,
+                history_cut
+            ])
         })
         .map_err(dirty)?;
     }
@@ -538,6 +562,21 @@ fn refusal(conn: &Connection, session_id: &str) -> Result<StoreError, JobError> 
     })
 }
 
+/// Refuses, before anything is written, a cut longer than the history.
+fn check_cut(conn: &Connection, session_id: &str, cut: u64) -> Result<(), JobError> {
+    let length: Option<u64> = conn
+        .prepare_cached("SELECT transcript_len FROM sessions WHERE id = ?1")
+        .and_then(|mut select| select.query_row(params![session_id], |row| row.get(0)).optional())
+        .map_err(dirty)?;
+    match length {
+        Some(length) if cut > length => Err(JobError::Clean(StoreError::Invalid(format!(
+            "cannot cut the history of session '{session_id}' to {cut} items: it has {length}"
+        )))),
+        // An unknown session is refused by the write itself.
+        _ => Ok(()),
+    }
+}
+
 /// JSON values joined into one JSON array, in order.
 fn json_array<'a>(values: impl IntoIterator<Item = &'a String>) -> String {
     let mut array = String::from("[");
@@ -564,6 +603,7 @@ fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrit
         bot_id: write.checkpoint.session_context.bot_id.clone(),
         execution: write.execution.as_ref().map(encode).transpose()?,
         transcript: write.transcript_delta.iter().map(encode).collect::<Result<_, _>>()?,
+        history_cut: write.history_cut,
     })
 }
 

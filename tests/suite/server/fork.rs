@@ -5,7 +5,7 @@ use keel::store::{CheckpointStore, SqliteCheckpoint};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Resume, TestServer, ends_turn};
+use super::support::{Resume, TestServer, ends_turn, first_turn};
 
 fn user(text: &str) -> TranscriptItem {
     TranscriptItem::UserMessage { text: text.to_owned() }
@@ -189,5 +189,72 @@ async fn a_fork_with_a_message_edits_a_past_message() {
     assert_eq!(
         edited.transcript,
         [user("one"), assistant("A."), user("two, edited"), assistant("A.")]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_before_a_turn_edits_its_message_and_regenerate_answers_again_over_http() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script(
+        "s.jsonl",
+        &[r#"{"text": "A."}"#, r#"{"text": "B."}"#, r#"{"text": "C."}"#],
+    );
+    server.api.create(json!({"id": "parent", "model": model})).await;
+    let mut stream = server.api.stream("parent", Resume::Start).await;
+    server.api.say("parent", "one").await;
+    stream.until(ends_turn).await;
+    server.api.say("parent", "two").await;
+    let second = stream.until(ends_turn).await;
+    let second_turn = first_turn(&second);
+
+    // Regenerate: the second turn is rolled back and "two" answered again.
+    let regenerate = server.api.submit("parent", json!({"op": {"type": "regenerate"}})).await;
+    assert_eq!(regenerate.status, StatusCode::ACCEPTED, "{}", regenerate.body);
+    let again = stream.until(ends_turn).await;
+    let rolled = again
+        .iter()
+        .find_map(|event| match &event.msg {
+            EventMsg::TurnRolledBack(rolled) => Some(rolled.clone()),
+            _ => None,
+        })
+        .expect("turn_rolled_back");
+    assert_eq!(
+        (rolled.rolled_back_turn_id.as_str(), rolled.history_from),
+        (second_turn.as_str(), 2)
+    );
+    let regenerated_turn = first_turn(&again);
+    server.api.wait_idle("parent").await;
+
+    // Edit "two" (the regenerated turn's message) by naming its turn.
+    for bad in [
+        json!({"before_turn": "no-such-turn"}),
+        json!({"before_turn": regenerated_turn, "at_sequence": 1}),
+        json!({}),
+    ] {
+        let refused = server.api.post("/v1/sessions/parent/fork", &bad).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}: {}", refused.body);
+    }
+    let edited = server
+        .api
+        .post(
+            "/v1/sessions/parent/fork",
+            &json!({"before_turn": regenerated_turn, "id": "edited", "message": "two, edited"}),
+        )
+        .await;
+    assert_eq!(edited.status, StatusCode::CREATED, "{}", edited.body);
+    let mut child = server.api.stream("edited", Resume::Start).await;
+    child.until(ends_turn).await;
+    server.api.wait_idle("edited").await;
+    let scratch = server.stop().await;
+    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    let parent = store.load("parent").await.expect("read").expect("stored");
+    assert_eq!(
+        parent.transcript,
+        [user("one"), assistant("A."), user("two"), assistant("C.")]
+    );
+    let edited = store.load("edited").await.expect("read").expect("stored");
+    assert_eq!(
+        edited.transcript[..3],
+        [user("one"), assistant("A."), user("two, edited")]
     );
 }

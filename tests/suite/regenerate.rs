@@ -1,0 +1,347 @@
+//! Regenerating the last answer: the `regenerate` op rolls the last turn
+//! back by an event (its items leave the history, its events stay in the
+//! log) and runs its user messages again, durably and atomically; and the
+//! turn ends that forks start from are batch boundaries.
+
+use std::sync::Arc;
+
+use keel::agent::{AgentConfig, ModelEvent, ModelOutput, SubmitOptions, ToolCall};
+use keel::protocol::*;
+use keel::store::SqliteCheckpoint;
+use keel::{Agent, CheckpointStore};
+use tokio::sync::Notify;
+
+use super::support::*;
+
+const SESSION: &str = "regenerate";
+
+/// A model that answers `answer N` (N its call index), except that call
+/// `hang_at` streams a little and then never answers.
+fn numbered(hang_at: Option<u64>, entered: Arc<Notify>) -> Arc<TestModel> {
+    TestModel::new(move |call| {
+        let entered = Arc::clone(&entered);
+        Box::pin(async move {
+            if Some(call.call_index) == hang_at {
+                (call.sink)(ModelEvent::TextDelta("thinking".into()))?;
+                entered.notify_one();
+                std::future::pending::<()>().await;
+            }
+            Ok(ModelOutput::text(format!("answer {}", call.call_index)))
+        })
+    })
+}
+
+fn config(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<TestModel>) -> AgentConfig {
+    let store: Arc<dyn CheckpointStore> = store.clone();
+    let mut config = AgentConfig::new(SESSION, store, model);
+    config.workspace = db.workspace().to_path_buf();
+    config
+}
+
+async fn opened(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<TestModel>) -> Agent {
+    let mut agent = start_with(config(db, store, model)).await;
+    assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
+    agent
+}
+
+async fn turn(agent: &mut Agent, text: &str) -> Vec<RecordedEvent> {
+    agent.sender().submit(user(text)).expect("submit");
+    read_turn(agent).await
+}
+
+fn turn_id(events: &[RecordedEvent]) -> String {
+    events
+        .iter()
+        .find_map(|event| match &event.msg {
+            EventMsg::TurnStarted(started) => Some(started.turn_id.clone()),
+            _ => None,
+        })
+        .expect("a turn_started")
+}
+
+fn rollbacks(events: &[RecordedEvent]) -> Vec<TurnRolledBackEvent> {
+    events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::TurnRolledBack(rolled) => Some(rolled.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn answers(events: &[RecordedEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::AssistantMessage(message) => Some(message.text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn history(store: &Arc<SqliteCheckpoint>) -> Vec<TranscriptItem> {
+    guard("load", store.load(SESSION))
+        .await
+        .expect("load")
+        .expect("the session")
+        .transcript
+}
+
+#[tokio::test]
+async fn regenerate_rolls_the_last_turn_back_and_answers_its_message_again() {
+    let db = TestDb::new();
+    let store = db.open();
+    let model = numbered(None, Arc::new(Notify::new()));
+    let mut agent = opened(&db, &store, Arc::clone(&model)).await;
+    turn(&mut agent, "hello").await;
+    let second = turn(&mut agent, "tell me more").await;
+    assert_eq!(answers(&second), ["answer 1"]);
+
+    let submitted = agent.sender().submit(Op::Regenerate).expect("submit regenerate");
+    let again = read_turn(&mut agent).await;
+    assert_eq!(
+        kinds(&again)[..3],
+        ["turn_rolled_back", "turn_started", "user_message"],
+        "the rollback and the new turn's start commit together"
+    );
+    assert_eq!(again[0].sequence + 1, again[1].sequence);
+    assert_eq!(again[0].recorded_at_ms, again[1].recorded_at_ms);
+    assert_eq!(
+        rollbacks(&again),
+        [TurnRolledBackEvent {
+            rolled_back_turn_id: turn_id(&second),
+            history_from: 2,
+            items_removed: 2,
+            compaction_undone: false,
+        }]
+    );
+    assert!(
+        again
+            .iter()
+            .all(|event| event.submission_id.as_deref() == Some(&*submitted.id))
+    );
+    assert_eq!(answers(&again), ["answer 2"]);
+    // The model saw the history without the answer it gave before.
+    let seen = model.seen();
+    assert_eq!(
+        seen[2].history,
+        [
+            user_item("hello"),
+            assistant_item("answer 0", false),
+            user_item("tell me more")
+        ]
+    );
+    let expected = [
+        user_item("hello"),
+        assistant_item("answer 0", false),
+        user_item("tell me more"),
+        assistant_item("answer 2", false),
+    ];
+    assert_eq!(history(&store).await, expected);
+    shutdown(agent).await;
+
+    // A restart rebuilds the same history; the log keeps the undone answer.
+    let mut agent = opened(&db, &store, numbered(None, Arc::new(Notify::new()))).await;
+    assert_eq!(history(&store).await, expected);
+    let log = guard("events", store.events_after(SESSION, 0, 1000))
+        .await
+        .expect("events");
+    assert_eq!(answers(&log), ["answer 0", "answer 1", "answer 2"]);
+    // Regenerating the regenerated turn rolls that one back.
+    agent.sender().submit(Op::Regenerate).expect("submit regenerate");
+    let third = read_turn(&mut agent).await;
+    assert_eq!(rollbacks(&third)[0].rolled_back_turn_id, turn_id(&again));
+    assert_eq!(history(&store).await.len(), 4);
+    shutdown(agent).await;
+}
+
+#[tokio::test]
+async fn regenerate_with_no_turn_to_roll_back_is_rejected_and_changes_nothing() {
+    let db = TestDb::new();
+    let store = db.open();
+    let mut agent = opened(&db, &store, numbered(None, Arc::new(Notify::new()))).await;
+    let submitted = agent.sender().submit(Op::Regenerate).expect("submit");
+    let event = next(&mut agent).await;
+    assert_eq!(event.submission_id.as_deref(), Some(&*submitted.id));
+    let EventMsg::SubmissionRejected(rejected) = &event.msg else {
+        panic!("{event:?}")
+    };
+    assert_eq!(rejected.reason, "there is no turn to regenerate");
+    assert_eq!(history(&store).await, []);
+    shutdown(agent).await;
+}
+
+#[tokio::test]
+async fn every_message_of_the_rolled_back_turn_runs_again_and_its_tool_calls_leave_the_history() {
+    let db = TestDb::new();
+    let store = db.open();
+    // The first turn calls a tool the session does not have (its result is
+    // an error item), then answers.
+    let model = TestModel::new(|call| {
+        Box::pin(async move {
+            Ok(match call.call_index {
+                0 => ModelOutput::text("").with_tool_calls(vec![ToolCall {
+                    call_id: "c1".into(),
+                    name: "no_such_tool".into(),
+                    arguments: "{}".into(),
+                }]),
+                n => ModelOutput::text(format!("answer {n}")),
+            })
+        })
+    });
+    let mut agent = opened(&db, &store, Arc::clone(&model)).await;
+    // Two messages queued before the turn starts join it.
+    agent.sender().submit(user("one")).expect("submit");
+    agent.sender().submit(user("two")).expect("submit");
+    let first = read_turn(&mut agent).await;
+    let items = history(&store).await;
+    assert!(items.len() >= 5, "{items:?}");
+    if user_messages_of(&first) != ["one", "two"] {
+        // The second message started a turn of its own: roll that back.
+        read_turn(&mut agent).await;
+    }
+    let before = history(&store).await;
+    agent.sender().submit(Op::Regenerate).expect("submit");
+    let again = read_turn(&mut agent).await;
+    let rolled = &rollbacks(&again)[0];
+    let from = rolled.history_from as usize;
+    assert_eq!(rolled.items_removed as usize, before.len() - from);
+    let rerun: Vec<TranscriptItem> = before[from..]
+        .iter()
+        .filter(|item| matches!(item, TranscriptItem::UserMessage { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(
+        user_messages_of(&again)
+            .into_iter()
+            .map(|text| user_item(&text))
+            .collect::<Vec<_>>(),
+        rerun
+    );
+    let after = history(&store).await;
+    assert_eq!(after[..from], before[..from]);
+    assert!(
+        !after[from..]
+            .iter()
+            .any(|item| matches!(item, TranscriptItem::ToolCall { .. })),
+        "{after:?}"
+    );
+    shutdown(agent).await;
+}
+
+fn user_messages_of(events: &[RecordedEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::UserMessage(message) => Some(message.text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_accepted_regenerate_survives_a_crash_and_a_crash_in_its_turn_keeps_the_message() {
+    let db = TestDb::new();
+    let store = db.open();
+    let entered = Arc::new(Notify::new());
+    // Call 1 (the second turn) hangs: the regenerate waits behind it.
+    let mut agent = opened(&db, &store, numbered(Some(1), Arc::clone(&entered))).await;
+    turn(&mut agent, "hello").await;
+    agent.sender().submit(user("slow one")).expect("submit");
+    guard("the model starts", entered.notified()).await;
+    let handle = agent.handle();
+    let accepted = guard(
+        "submit_durable",
+        handle.submit_durable(Op::Regenerate, SubmitOptions::default()),
+    )
+    .await
+    .expect("accepted");
+    // The process dies with the regenerate stored and not yet run.
+    drop(agent);
+
+    let store = db.open();
+    let state = guard("load", store.load(SESSION))
+        .await
+        .expect("load")
+        .expect("session");
+    assert_eq!(state.queued.len(), 1);
+    assert_eq!(state.queued[0].op, Op::Regenerate);
+    // After the restart the cut turn is closed, then rolled back and run
+    // again; this time the model hangs in the regenerated turn.
+    let entered = Arc::new(Notify::new());
+    let mut agent = start_with(config(&db, &store, numbered(Some(2), Arc::clone(&entered)))).await;
+    let events = read_until(&mut agent, |event| {
+        event.msg.kind() == "user_message" && event.submission_id.as_deref() == Some(&*accepted.submission_id)
+    })
+    .await;
+    let rolled = rollbacks(&events);
+    assert_eq!(rolled.len(), 1, "{events:?}");
+    assert_eq!(rolled[0].history_from, 2);
+    guard("the model starts", entered.notified()).await;
+    drop(agent);
+
+    // A crash inside the regenerated turn: its message is in the history,
+    // with the cut text, never lost between the rollback and the new turn.
+    let store = db.open();
+    let items = history(&store).await;
+    assert_eq!(
+        items[..3],
+        [
+            user_item("hello"),
+            assistant_item("answer 0", false),
+            user_item("slow one")
+        ]
+    );
+    assert!(
+        !items[3..]
+            .iter()
+            .any(|item| matches!(item, TranscriptItem::UserMessage { .. })),
+        "the rolled-back turn's message is in the history once: {items:?}"
+    );
+}
+
+#[tokio::test]
+async fn every_turn_end_is_a_point_a_fork_can_start_from() {
+    let db = TestDb::new();
+    let store = db.open();
+    let entered = Arc::new(Notify::new());
+    let mut agent = opened(&db, &store, numbered(None, entered)).await;
+    // Messages queued back to back, with a slow consumer: the recorder has
+    // every reason to put one turn's end and the next one's start in one
+    // batch.
+    for index in 0..30 {
+        agent
+            .sender()
+            .submit(user(&format!("message {index}")))
+            .expect("submit");
+        if index % 3 == 0 {
+            agent.sender().submit(Op::Compact).expect("submit");
+        }
+    }
+    let mut ends = Vec::new();
+    while ends.len() < 10 {
+        let event = next(&mut agent).await;
+        if event.msg.ends_turn() {
+            ends.push(event.sequence);
+        }
+    }
+    shutdown(agent).await;
+    let log = guard("events", store.events_after(SESSION, 0, 10_000))
+        .await
+        .expect("events");
+    let ends: Vec<u64> = log
+        .iter()
+        .filter(|event| event.msg.ends_turn())
+        .map(|event| event.sequence)
+        .collect();
+    assert!(ends.len() >= 10, "{ends:?}");
+    let mut previous = 0;
+    for end in ends {
+        let items = guard("history_until", store.history_until(SESSION, end))
+            .await
+            .unwrap_or_else(|error| panic!("a fork at the end of a turn (event {end}): {error}"))
+            .expect("the session");
+        assert!(items.len() > previous, "each turn adds to the history");
+        previous = items.len();
+    }
+}
