@@ -687,6 +687,8 @@ mod tests {
         inner: Arc<SqliteCheckpoint>,
         gate: tokio::sync::Semaphore,
         batches: AtomicUsize,
+        /// How long each write takes on top of the real one.
+        delay: std::time::Duration,
     }
 
     impl CheckpointStore for GatedStore {
@@ -723,6 +725,7 @@ mod tests {
                 self.batches.fetch_add(1, Ordering::SeqCst);
                 let sealed = batch.seal();
                 let _permit = self.gate.acquire().await.map_err(|_| StoreError::Closed)?;
+                tokio::time::sleep(self.delay).await;
                 self.inner.append(session_id, sealed).await
             })
         }
@@ -797,6 +800,7 @@ mod tests {
             inner: sqlite,
             gate: tokio::sync::Semaphore::new(0),
             batches: AtomicUsize::new(0),
+            delay: std::time::Duration::ZERO,
         });
         let (recorder, mut delivered) = EventRecorder::spawn(store.clone(), "s".into());
 
@@ -860,6 +864,7 @@ mod tests {
             inner: Arc::clone(&sqlite),
             gate: tokio::sync::Semaphore::new(0),
             batches: AtomicUsize::new(0),
+            delay: std::time::Duration::ZERO,
         });
         let (recorder, mut delivered) = EventRecorder::spawn(store.clone(), "s".into());
         try_send_event(&recorder, warning(0)).expect("queue");
@@ -910,5 +915,55 @@ mod tests {
             .await
             .expect("the turn's end is a fork point");
         assert_eq!(fork_point.map(|items| items.len()), Some(2));
+    }
+
+    /// A model that answers "hi" at once.
+    struct Answers;
+
+    impl crate::model::Model for Answers {
+        fn respond<'a>(
+            &'a self,
+            _request: crate::model::ModelRequest<'a>,
+            _events: crate::model::ModelEventSink,
+        ) -> crate::model::BoxFuture<'a, Result<crate::model::ModelOutput>> {
+            Box::pin(async { Ok(crate::model::ModelOutput::text("hi")) })
+        }
+    }
+
+    /// A session shows as idle only once what it recorded is stored: a host
+    /// that sees it idle reads everything it did from the store.
+    #[tokio::test]
+    async fn a_session_is_idle_only_once_its_turn_is_stored() {
+        let directory = tempfile::tempdir().expect("directory");
+        let sqlite = Arc::new(SqliteCheckpoint::new(directory.path().join("db.sqlite3")).expect("store"));
+        let store = Arc::new(GatedStore {
+            inner: Arc::clone(&sqlite),
+            gate: tokio::sync::Semaphore::new(1_000),
+            batches: AtomicUsize::new(0),
+            delay: std::time::Duration::from_millis(100),
+        });
+        let mut config = crate::agent::AgentConfig::new("s", store, Arc::new(Answers));
+        config.workspace = directory.path().to_path_buf();
+        let mut agent = crate::agent::create_agent(config).await.expect("agent");
+        let handle = agent.handle();
+        agent
+            .sender()
+            .submit(crate::protocol::Op::UserInput { text: "hello".into() })
+            .expect("submit");
+        // Busy from the moment it is submitted until the turn is stored.
+        while !handle.status().busy {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        while handle.status().busy {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let stored = sqlite.events_after("s", 0, 100).await.expect("events");
+        assert!(
+            stored.iter().any(|event| event.msg.ends_turn()),
+            "idle before the turn's end was stored: {:?}",
+            stored.iter().map(|event| event.msg.kind()).collect::<Vec<_>>()
+        );
+        while let Ok(Some(_)) = tokio::time::timeout(std::time::Duration::from_millis(10), agent.next_event()).await {}
+        agent.shutdown().await.expect("shutdown");
     }
 }

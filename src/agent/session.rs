@@ -68,53 +68,75 @@ impl Session {
             self.status.end_turn();
         }
         loop {
-            self.status.set_working(false);
-            let submission = match self.deferred.take() {
-                Some(submission) => submission,
-                // Steered messages the last turn did not take start a turn.
-                None if !self.steering.is_empty() => self.steering.remove(0),
-                None => {
-                    let next = tokio::select! {
-                        next = self.inbox.recv_any() => next,
-                        // A recorder that stopped (the store failed, or the
-                        // session was taken over) ends the session now,
-                        // rather than at its next submission.
-                        () = self.recorder.stopped() => return Err(self.recorder.stop_error()),
-                    };
-                    match next {
-                        Some(submission) => submission,
-                        None => return self.stop(None).await,
-                    }
-                }
+            let Some(submission) = self.next_submission().await? else {
+                return self.stop(None).await;
             };
             self.status.set_working(true);
-            match &submission.op {
-                Op::UserInput { .. } | Op::Steer { .. } => {
-                    self.run_turn(submission).await?;
-                    self.status.end_turn();
-                }
-                Op::Regenerate => {
-                    self.regenerate(submission).await?;
-                    self.status.end_turn();
-                }
-                Op::Shutdown => return self.stop(Some(submission)).await,
-                Op::Compact => {
-                    match self
-                        .compact(None, Some(submission.id.clone()), CompactionReason::Requested)
-                        .await?
-                    {
-                        CompactEnd::Done => {}
-                        CompactEnd::NotDone(why) => self.reject(&submission, &why).await?,
-                        CompactEnd::Interrupted(_) => self.reject(&submission, "interrupted by the user").await?,
-                    }
-                }
-                Op::Interrupt { .. } => self.reject(&submission, "no turn is running").await?,
-                Op::Approval { call_id, .. } => {
-                    let reason = format!("no tool call {call_id} is waiting for approval");
-                    self.reject(&submission, &reason).await?;
+            if matches!(submission.op, Op::Shutdown) {
+                return self.stop(Some(submission)).await;
+            }
+            self.handle(submission).await?;
+        }
+    }
+
+    /// The next submission to act on: a deferred one, a steered message the
+    /// last turn did not take, or the next from the inbox; `None` once
+    /// every sender is gone. Before waiting for one, everything recorded is
+    /// made durable and the session shows as idle: a host that sees it idle
+    /// finds all it did in the store.
+    async fn next_submission(&mut self) -> Result<Option<Submission>> {
+        if let Some(submission) = self.deferred.take() {
+            return Ok(Some(submission));
+        }
+        if !self.steering.is_empty() {
+            return Ok(Some(self.steering.remove(0)));
+        }
+        if let Some(submission) = self.inbox.try_recv_any() {
+            return Ok(Some(submission));
+        }
+        self.recorder.flush().await?;
+        self.status.set_working(false);
+        tokio::select! {
+            next = self.inbox.recv_any() => Ok(next),
+            // A recorder that stopped (the store failed, or the session was
+            // taken over) ends the session now, rather than at its next
+            // submission.
+            () = self.recorder.stopped() => Err(self.recorder.stop_error()),
+        }
+    }
+
+    /// Acts on one submission (anything but a shutdown).
+    async fn handle(&mut self, submission: Submission) -> Result<()> {
+        match &submission.op {
+            Op::UserInput { .. } | Op::Steer { .. } => {
+                self.run_turn(submission).await?;
+                self.status.end_turn();
+            }
+            Op::Regenerate => {
+                self.regenerate(submission).await?;
+                self.status.end_turn();
+            }
+            Op::Compact => {
+                match self
+                    .compact(None, Some(submission.id.clone()), CompactionReason::Requested)
+                    .await?
+                {
+                    CompactEnd::Done => {}
+                    CompactEnd::NotDone(why) => self.reject(&submission, &why).await?,
+                    CompactEnd::Interrupted(_) => self.reject(&submission, "interrupted by the user").await?,
                 }
             }
+            Op::Interrupt { .. } => self.reject(&submission, "no turn is running").await?,
+            Op::Approval { call_id, .. } => {
+                let reason = format!("no tool call {call_id} is waiting for approval");
+                self.reject(&submission, &reason).await?;
+            }
+            Op::Shutdown => {
+                self.reject(&submission, "a shutdown is handled by the session loop")
+                    .await?
+            }
         }
+        Ok(())
     }
 
     /// Records that `submission` will not be acted on.

@@ -234,6 +234,12 @@ impl Inbox {
         }
     }
 
+    /// The next submission from either lane if one is waiting, control
+    /// first (as [`Self::recv_any`] would take it).
+    pub fn try_recv_any(&mut self) -> Option<Submission> {
+        self.try_recv_control().or_else(|| self.try_recv())
+    }
+
     /// The next control submission (an interrupt), or `None` once every
     /// sender is gone.
     pub async fn recv_control(&mut self) -> Option<Submission> {

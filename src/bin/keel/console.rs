@@ -169,6 +169,20 @@ impl Printer {
                 self.note(Tone::Quiet, &format!("[{label}: {}]", shorten(&done.output, 200)))?;
             }
             EventMsg::Warning(warning) => self.note(Tone::Alarm, &format!("warning: {}", warning.message))?,
+            EventMsg::TurnRolledBack(rolled) => self.note(
+                Tone::Quiet,
+                &format!(
+                    "[the last answer was rolled back ({} history items); answering again]",
+                    rolled.items_removed
+                ),
+            )?,
+            EventMsg::SessionForked(forked) => self.note(
+                Tone::Quiet,
+                &format!(
+                    "[forked from session {} at event {} ({} history items)]",
+                    forked.parent_session_id, forked.at_sequence, forked.history_items
+                ),
+            )?,
             EventMsg::ContextCompacted(compacted) => self.note(
                 Tone::Quiet,
                 &format!(

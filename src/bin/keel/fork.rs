@@ -18,8 +18,12 @@ pub(crate) struct ForkArgs {
     session: String,
     /// The sequence of the parent's event the fork starts after (between
     /// turns; `keel events` shows them).
-    #[arg(long, value_name = "SEQ")]
-    at: u64,
+    #[arg(long, value_name = "SEQ", required_unless_present = "before_turn")]
+    at: Option<u64>,
+    /// Or the parent's turn the fork starts just before (to send that
+    /// turn's message again, edited).
+    #[arg(long, value_name = "TURN_ID", conflicts_with = "at")]
+    before_turn: Option<String>,
     /// The new session's id (a fresh UUID by default).
     #[arg(long, value_name = "ID")]
     id: Option<String>,
@@ -41,7 +45,15 @@ pub(crate) async fn fork(args: ForkArgs) -> anyhow::Result<ExitCode> {
     };
     let store = args.db.open(false).await?;
     let id = args.id.unwrap_or_else(keel::protocol::new_id);
-    let forked = keel::agent::fork_session(&store, &args.session, args.at, &id).await;
+    let forked = async {
+        let at = match (args.at, &args.before_turn) {
+            (Some(at), _) => at,
+            (None, Some(turn_id)) => keel::agent::point_before_turn(&store, &args.session, turn_id).await?,
+            (None, None) => 0,
+        };
+        keel::agent::fork_session(&store, &args.session, at, &id).await
+    }
+    .await;
     store.close().await;
     let forked = forked?;
     print_line(&format!(

@@ -798,3 +798,78 @@ fn slash_compact_compacts_the_history_locally_and_against_a_server() {
     let events = served_events(&cli, &scratch, &session_line(&remote));
     assert_eq!(compactions(&events), [("they said hi and there".to_owned(), 2)]);
 }
+
+/// The fork an `/edit` went on in, from its note on stderr.
+fn edited_fork(output: &Output) -> String {
+    let err = stderr(output);
+    err.lines()
+        .find_map(|line| line.strip_prefix("editing in a fork: session "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no fork note in {err:?}"))
+        .to_owned()
+}
+
+fn rolled_back_turns(events: &[RecordedEvent]) -> usize {
+    events
+        .iter()
+        .filter(|event| matches!(event.msg, EventMsg::TurnRolledBack(_)))
+        .count()
+}
+
+#[test]
+fn slash_retry_answers_again_and_slash_edit_goes_on_in_a_fork_locally_and_against_a_server() {
+    let (cli, scratch, server) = served();
+    // A fork's scripted model starts the script again (its own model calls
+    // count from 0).
+    let model = cli.model(&[r#"{"text": "One."}"#, r#"{"text": "Two."}"#, r#"{"text": "Three."}"#]);
+    let input = "hi\n/retry\n/edit hello instead\nmore\n";
+    let local = cli.chat_piped(&["--model", &model, "--no-tools"], input);
+    assert_eq!(local.status.code(), Some(0), "{}", stderr(&local));
+    assert_eq!(stdout(&local), "One.\nTwo.\nOne.\nTwo.\n");
+    assert!(
+        stderr(&local).contains("[the last answer was rolled back"),
+        "{}",
+        stderr(&local)
+    );
+    let parent = session_line(&local);
+    let events = cli.events(&parent);
+    assert_gap_free(&events);
+    assert_eq!(rolled_back_turns(&events), 1);
+    assert_eq!(user_messages(&events), ["hi", "hi"], "the log keeps the undone turn");
+    let fork = edited_fork(&local);
+    let forked = cli.events(&fork);
+    assert_eq!(forked[0].msg.kind(), "session_forked");
+    assert_eq!(user_messages(&forked), ["hello instead", "more"]);
+    let store = keel::store::SqliteCheckpoint::new(cli.db()).expect("open");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let history = |id: &str| {
+        runtime
+            .block_on(keel::CheckpointStore::load(&store, id))
+            .expect("load")
+            .expect("stored")
+            .transcript
+            .len()
+    };
+    assert_eq!(history(&parent), 2, "hi and its second answer");
+    assert_eq!(history(&fork), 4, "the edited message, more, and their answers");
+
+    // Nothing to regenerate: refused with the reason, and the chat goes on
+    // (as after a refused /compact).
+    let refused = cli.chat_piped(&["--model", &model, "--no-tools"], "/retry\nhi\n");
+    assert_eq!(refused.status.code(), Some(0), "{}", stderr(&refused));
+    assert_eq!(stdout(&refused), "One.\n");
+    assert!(
+        stderr(&refused).contains("not regenerated: there is no turn to regenerate"),
+        "{}",
+        stderr(&refused)
+    );
+
+    let base = server.api.base.clone();
+    let remote = cli.chat_piped(&["--server", &base, "--model", &model, "--no-tools"], input);
+    assert_eq!(remote.status.code(), Some(0), "{}", stderr(&remote));
+    assert_eq!(stdout(&remote), "One.\nTwo.\nOne.\nTwo.\n");
+    let events = served_events(&cli, &scratch, &session_line(&remote));
+    assert_eq!(rolled_back_turns(&events), 1);
+    let forked = served_events(&cli, &scratch, &edited_fork(&remote));
+    assert_eq!(user_messages(&forked), ["hello instead", "more"]);
+}

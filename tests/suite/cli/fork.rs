@@ -25,6 +25,28 @@ fn fork_starts_a_session_from_the_history_at_a_sequence() {
     let inside = cli.run(&["fork", &session, "--at", &(end_of_first - 1).to_string()]);
     assert_one_line_error(&inside, "inside turn");
 
+    // Before the second turn is where the first one ended.
+    let log = cli.events(&session);
+    let second_turn = log
+        .iter()
+        .rev()
+        .find_map(|event| match &event.msg {
+            EventMsg::TurnStarted(started) => Some(started.turn_id.clone()),
+            _ => None,
+        })
+        .expect("the second turn");
+    let before = cli.run(&["fork", &session, "--before-turn", &second_turn, "--id", "before"]);
+    assert!(before.status.success(), "{}", stderr(&before));
+    assert!(
+        stdout(&before).contains(&format!("at {end_of_first} into before (2 history items)")),
+        "{}",
+        stdout(&before)
+    );
+    let unknown = cli.run(&["fork", &session, "--before-turn", "no-such-turn"]);
+    assert_one_line_error(&unknown, "has no turn 'no-such-turn'");
+    let neither = cli.run(&["fork", &session]);
+    assert!(!neither.status.success());
+
     let forked = cli.run(&["fork", &session, "--at", &end_of_first.to_string(), "--id", "child"]);
     assert!(forked.status.success(), "{}", stderr(&forked));
     assert!(

@@ -4,9 +4,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use anyhow::Context;
-use keel::agent::{Agent, BusyPolicy, SessionHandle, SubmitOptions, create_agent};
-use keel::protocol::{EventMsg, Op, RecordedEvent};
-use keel::store::SharedHold;
+use keel::agent::{Agent, BusyPolicy, SessionHandle, SubmitOptions, create_agent, fork_session, point_before_turn};
+use keel::protocol::{EventMsg, Op, RecordedEvent, new_id};
+use keel::store::{CheckpointStore, SharedHold};
 
 use super::{BOT_ID, ChatArgs, Opened, Session};
 use crate::session::{Opening, StoredSettings, agent_config};
@@ -15,6 +15,7 @@ use crate::session::{Opening, StoredSettings, agent_config};
 pub(crate) struct LocalSession {
     agent: Agent,
     handle: SessionHandle,
+    store: Arc<dyn CheckpointStore>,
     /// Keeps a `keel serve` from starting on the database (and taking this
     /// session) while the chat runs.
     _hold: Option<SharedHold>,
@@ -58,6 +59,7 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
         }
     }
     let mut config = agent_config(id, Arc::clone(&store), model, &keel_config, &args.tools, workspace).await;
+    let fork_store = Arc::clone(&store);
     config.session_context.bot_id = BOT_ID.to_owned();
     let instructions = args.system.clone().or(stored.instructions);
     // Kept with a new session (a resumed one keeps what it was created with).
@@ -107,6 +109,7 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
         session: Session::Local(LocalSession {
             agent,
             handle,
+            store: fork_store,
             _hold: hold,
         }),
         history,
@@ -145,10 +148,20 @@ impl LocalSession {
         Ok(accepted.submission_id)
     }
 
-    /// Queues an op that is neither a message nor a control (`compact`);
-    /// returns its submission id.
+    /// Queues an op that is neither a message nor a control (`compact`,
+    /// `regenerate`), durably; returns its submission id.
     pub(super) async fn submit_op(&mut self, op: Op) -> anyhow::Result<String> {
-        Ok(self.agent.sender().submit_wait(op).await?.id)
+        let accepted = self.handle.submit_durable(op, SubmitOptions::default()).await?;
+        Ok(accepted.submission_id)
+    }
+
+    /// Forks the session just before turn `turn_id`; the fork's id.
+    pub(super) async fn fork_before(&mut self, turn_id: &str) -> anyhow::Result<String> {
+        let parent = self.agent.session_id().to_owned();
+        let point = point_before_turn(self.store.as_ref(), &parent, turn_id).await?;
+        let id = new_id();
+        fork_session(self.store.as_ref(), &parent, point, &id).await?;
+        Ok(id)
     }
 
     /// Sends an interrupt or an approval on the control lane.
@@ -181,7 +194,9 @@ impl LocalSession {
 
     /// Stops the session after what is queued.
     pub(super) async fn close(self) -> anyhow::Result<()> {
-        let Self { agent, handle, _hold } = self;
+        let Self {
+            agent, handle, _hold, ..
+        } = self;
         drop(handle);
         agent.shutdown().await?;
         // Released only once the session is shut down.

@@ -37,7 +37,7 @@ use crate::{DbArgs, ModelArgs, print_line};
 const BOT_ID: &str = "keel-chat";
 
 /// Arguments of `keel chat`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub(crate) struct ChatArgs {
     #[command(flatten)]
     db: DbArgs,
@@ -94,12 +94,7 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     // stopped, instead of killing the process on the spot.
     let mut terminations = Terminations::listen()?;
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let opening = async {
-        match &args.server {
-            Some(server) => remote::open(&args, server).await,
-            None => local::open(&args).await,
-        }
-    };
+    let opening = open(&args);
     let opened = tokio::select! {
         opened = opening => opened?,
         () = interrupts.next() => return Ok(ExitCode::from(INTERRUPTED)),
@@ -127,13 +122,16 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     } else {
         Input::lines()
     };
+    let last_turn = last_turn_started(history.iter().chain(&startup));
     let mut chat = Chat {
         session,
+        approve: args.approve,
+        args,
+        last_turn,
         input,
         interrupts,
         terminations,
         render,
-        approve: args.approve,
         interactive,
     };
     let finish = chat.run(pending).await?;
@@ -146,6 +144,25 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(code))
         }
     }
+}
+
+/// Opens the session `args` name (or a new one), locally or on a server.
+async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
+    match &args.server {
+        Some(server) => remote::open(args, server).await,
+        None => local::open(args).await,
+    }
+}
+
+/// The id of the last turn started among `events`.
+fn last_turn_started<'a>(events: impl IntoIterator<Item = &'a RecordedEvent>) -> Option<String> {
+    events
+        .into_iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::TurnStarted(started) => Some(started.turn_id.clone()),
+            _ => None,
+        })
+        .last()
 }
 
 /// The exit code after Ctrl-C (128 + SIGINT).
@@ -205,6 +222,14 @@ impl Session {
         }
     }
 
+    /// Forks the session just before turn `turn_id`; the fork's id.
+    async fn fork_before(&mut self, turn_id: &str) -> anyhow::Result<String> {
+        match self {
+            Session::Local(session) => session.fork_before(turn_id).await,
+            Session::Remote(session) => session.fork_before(turn_id).await,
+        }
+    }
+
     /// Submits a control op (an interrupt or an approval).
     async fn control(&mut self, op: Op) -> anyhow::Result<()> {
         match self {
@@ -253,6 +278,8 @@ enum Until {
     /// The compaction this `compact` submission asked for (recorded, or
     /// refused).
     Compaction(String),
+    /// The turn this `regenerate` submission runs (or its refusal).
+    Regeneration(String),
 }
 
 /// How following a turn ended.
@@ -283,6 +310,10 @@ enum Line {
     Session,
     /// `/compact`: compact the history now.
     Compact,
+    /// `/retry`: roll the last answer back and answer again.
+    Retry,
+    /// `/edit TEXT`: replace the last message with TEXT, in a fork.
+    Edit(String),
     /// A `/word` that is no command.
     Unknown(String),
 }
@@ -305,6 +336,14 @@ impl Line {
             "/help" | "/?" => Line::Help,
             "/session" => Line::Session,
             "/compact" => Line::Compact,
+            "/retry" => Line::Retry,
+            "/edit" => Line::Edit(
+                trimmed
+                    .strip_prefix("/edit")
+                    .map(str::trim)
+                    .unwrap_or_default()
+                    .to_owned(),
+            ),
             other => Line::Unknown(other.to_owned()),
         }
     }
@@ -315,6 +354,9 @@ const HELP: &str = "\
 Each line is a message; the answer streams as it arrives.
   /session     print this session's id (resume it with keel chat --session ID)
   /compact     replace the older history, for the model, with its summary
+  /retry       roll the last answer back and answer the last message again
+  /edit TEXT   send TEXT in place of the last message, in a fork of this
+               session (the session as it was stays as it is)
   /help        this help
   /exit        leave (also Ctrl-D, or Ctrl-C at an empty prompt)
   //text       send a message that starts with '/'
@@ -324,6 +366,10 @@ Up and Down recall earlier lines.";
 /// A chat under way.
 struct Chat {
     session: Session,
+    /// What the chat was started with; an edit opens its fork with them.
+    args: ChatArgs,
+    /// The last turn started, which `/edit` replaces.
+    last_turn: Option<String>,
     input: Input,
     interrupts: Interrupts,
     terminations: Terminations,
@@ -402,6 +448,24 @@ impl Chat {
                     }
                     continue;
                 }
+                Line::Retry => {
+                    let submission_id = self.session.submit_op(Op::Regenerate).await?;
+                    self.render.waiting();
+                    if self.follow(Until::Regeneration(submission_id)).await? == Outcome::Leave {
+                        return Ok(Finish::Leave(self.leave_code()));
+                    }
+                    continue;
+                }
+                Line::Edit(text) => {
+                    if text.is_empty() {
+                        self.problem("/edit needs the new text: /edit TEXT")?;
+                        continue;
+                    }
+                    match self.edit_into_fork().await? {
+                        true => text,
+                        false => continue,
+                    }
+                }
                 Line::Unknown(command) => {
                     self.problem(&format!("unknown command {command}; /help lists the commands"))?;
                     continue;
@@ -440,6 +504,36 @@ impl Chat {
             print_line("")?;
         }
         Ok(Finish::Code(if all_completed { 0 } else { 1 }))
+    }
+
+    /// Forks the session just before its last turn and goes on in the fork,
+    /// where the edited message is then sent; `false` (with the problem
+    /// shown) when there is nothing to edit.
+    async fn edit_into_fork(&mut self) -> anyhow::Result<bool> {
+        let Some(turn_id) = self.last_turn.clone() else {
+            self.problem("there is no message to edit yet")?;
+            return Ok(false);
+        };
+        if self.session.busy().await? {
+            self.problem("a turn is running: wait for it (or interrupt it) before editing")?;
+            return Ok(false);
+        }
+        let parent = self.session.id().to_owned();
+        let fork_id = self.session.fork_before(&turn_id).await?;
+        let mut args = self.args.clone();
+        args.session = Some(fork_id.clone());
+        args.new_session = None;
+        // The fork is opened before the parent is let go: if it cannot be,
+        // the chat goes on where it was.
+        let opened = open(&args).await?;
+        let parent_session = std::mem::replace(&mut self.session, opened.session);
+        parent_session.close().await?;
+        self.args = args;
+        self.last_turn = last_turn_started(opened.history.iter().chain(&opened.startup));
+        self.render.note(&format!(
+            "editing in a fork: session {fork_id} (session {parent} stays as it was)"
+        ))?;
+        Ok(true)
     }
 
     /// The exit code of leaving at once: after SIGTERM or SIGHUP, theirs;
@@ -503,9 +597,12 @@ impl Chat {
             };
             self.render.event(&event)?;
             match &event.msg {
-                EventMsg::TurnStarted(started) => running = Some(started.turn_id.clone()),
+                EventMsg::TurnStarted(started) => {
+                    running = Some(started.turn_id.clone());
+                    self.last_turn = Some(started.turn_id.clone());
+                }
                 EventMsg::UserMessage(message) => {
-                    if let Until::TurnOf(submission) = &until
+                    if let Until::TurnOf(submission) | Until::Regeneration(submission) = &until
                         && event.submission_id.as_deref() == Some(submission.as_str())
                     {
                         ours = Some(message.turn_id.clone());
@@ -526,14 +623,15 @@ impl Chat {
                     }
                 },
                 EventMsg::SubmissionRejected(rejected) => {
-                    if let Until::TurnOf(submission) | Until::Compaction(submission) = &until
+                    if let Until::TurnOf(submission) | Until::Compaction(submission) | Until::Regeneration(submission) =
+                        &until
                         && event.submission_id.as_deref() == Some(submission.as_str())
                     {
                         self.render.end_turn()?;
-                        let what = if matches!(until, Until::Compaction(_)) {
-                            "not compacted"
-                        } else {
-                            "message refused"
+                        let what = match until {
+                            Until::Compaction(_) => "not compacted",
+                            Until::Regeneration(_) => "not regenerated",
+                            _ => "message refused",
                         };
                         self.render.problem(&format!("{what}: {}", rejected.reason))?;
                         return Ok(Outcome::Failed);
@@ -608,6 +706,12 @@ mod tests {
         assert_eq!(Line::parse("/session"), Line::Session);
         assert_eq!(Line::parse("/help me"), Line::Help);
         assert_eq!(Line::parse("/nope"), Line::Unknown("/nope".to_owned()));
+        assert_eq!(Line::parse("/retry"), Line::Retry);
+        assert_eq!(
+            Line::parse(" /edit  say it again "),
+            Line::Edit("say it again".to_owned())
+        );
+        assert_eq!(Line::parse("/edit"), Line::Edit(String::new()));
         assert_eq!(Line::parse("//etc/hosts?"), Line::Message("/etc/hosts?".to_owned()));
     }
 }

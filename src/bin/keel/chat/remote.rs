@@ -472,9 +472,8 @@ impl RemoteSession {
         }
     }
 
-    /// Submits an interrupt or an approval.
-    /// Queues an op that is neither a message nor a control (`compact`);
-    /// returns its submission id.
+    /// Queues an op that is neither a message nor a control (`compact`,
+    /// `regenerate`); returns its submission id.
     pub(super) async fn submit_op(&mut self, op: Op) -> anyhow::Result<String> {
         let request = self
             .api
@@ -484,6 +483,17 @@ impl RemoteSession {
         Ok(accepted.submission_id)
     }
 
+    /// Forks the session just before turn `turn_id`; the fork's id.
+    pub(super) async fn fork_before(&mut self, turn_id: &str) -> anyhow::Result<String> {
+        let request = self
+            .api
+            .request(Method::POST, &["sessions", &self.id, "fork"])
+            .json(&json!({ "before_turn": turn_id }));
+        let view: SessionView = parse(self.api.send(request).await?).await?;
+        Ok(view.id)
+    }
+
+    /// Submits an interrupt or an approval.
     pub(super) async fn control(&mut self, op: Op) -> anyhow::Result<()> {
         let request = self
             .api

@@ -2,6 +2,7 @@
 //! the printer `keel run` uses), a spinner until the first token, and the
 //! conversation so far of a resumed session.
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -90,6 +91,12 @@ impl Renderer {
         self.printer.note(Tone::Alarm, message)
     }
 
+    /// A quiet line on stderr about what the chat did.
+    pub(super) fn note(&mut self, message: &str) -> anyhow::Result<()> {
+        self.end_turn()?;
+        self.printer.note(Tone::Quiet, message)
+    }
+
     /// `text` styled as a hint on stderr (`None` when there is no terminal
     /// to give hints on).
     pub(super) fn hint(&self, text: &str) -> Option<String> {
@@ -102,13 +109,25 @@ impl Renderer {
         })
     }
 
-    /// Prints the conversation in `events`: each user message after `> `,
-    /// each answer as its text (an answer cut short by its turn's end, with
-    /// `[interrupted]`).
+    /// Prints the conversation in `events` as it stands: each user message
+    /// after `> `, each answer as its text (an answer cut short by its
+    /// turn's end, with `[interrupted]`); turns rolled back by a regenerate
+    /// are left out (the turn that replaced them follows).
     pub(super) fn history(&mut self, events: &[RecordedEvent]) -> anyhow::Result<()> {
+        let rolled_back: HashSet<&str> = events
+            .iter()
+            .filter_map(|event| match &event.msg {
+                EventMsg::TurnRolledBack(rolled) => Some(rolled.rolled_back_turn_id.as_str()),
+                _ => None,
+            })
+            .collect();
         let mut streamed = String::new();
         for event in events {
+            if event.msg.turn_id().is_some_and(|turn| rolled_back.contains(turn)) {
+                continue;
+            }
             match &event.msg {
+                EventMsg::SessionForked(_) => self.printer.print(event)?,
                 EventMsg::UserMessage(message) => {
                     let line = format!("> {}", message.text);
                     if self.colour {
