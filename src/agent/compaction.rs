@@ -168,8 +168,8 @@ impl Session {
                 result = &mut response => break result,
             }
         };
-        let summary = match result {
-            Ok(output) if !output.text.trim().is_empty() => output.text.trim().to_owned(),
+        let (summary, usage) = match result {
+            Ok(output) if !output.text.trim().is_empty() => (output.text.trim().to_owned(), output.usage),
             Ok(_) => return Ok(CompactEnd::NotDone("the model's summary was empty".to_owned())),
             Err(error) => {
                 return Ok(CompactEnd::NotDone(format!(
@@ -178,6 +178,9 @@ impl Session {
             }
         };
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if let Some(usage) = &usage {
+            self.checkpoint.usage.add(usage);
+        }
         self.checkpoint.compaction = Some(Compaction {
             summary: summary.clone(),
             replaced_to: cut as u64,
@@ -204,6 +207,7 @@ impl Session {
                 tokens_before,
                 tokens_after,
                 duration_ms,
+                usage,
             }),
         };
         let write = self.checkpoint_write(Vec::new(), turn.map(|turn| &turn.execution));

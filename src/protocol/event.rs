@@ -373,6 +373,10 @@ pub struct ContextCompactedEvent {
     pub tokens_after: u64,
     /// How long asking for the summary took, in milliseconds.
     pub duration_ms: u64,
+    /// The tokens the summary request used, when the provider reported
+    /// them; they count in the session's usage like a model step's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<super::TokenUsage>,
 }
 
 /// Payload of [`EventMsg::TurnRolledBack`].

@@ -66,8 +66,14 @@ async fn usage_since(store: &dyn CheckpointStore, session_id: &str, since_ms: u6
         if event.recorded_at_ms < since_ms {
             return ControlFlow::Break(());
         }
-        if let EventMsg::TokenUsage(step) = &event.msg {
-            total.add(&step.usage);
+        match &event.msg {
+            EventMsg::TokenUsage(step) => total.add(&step.usage),
+            EventMsg::ContextCompacted(compacted) => {
+                if let Some(usage) = &compacted.usage {
+                    total.add(usage);
+                }
+            }
+            _ => {}
         }
         ControlFlow::Continue(())
     })

@@ -198,7 +198,9 @@ async fn a_compaction_cut_by_a_crash_leaves_no_trace_and_is_redone() {
 async fn the_compact_op_compacts_between_turns_or_says_why_not() {
     let db = TestDb::new();
     let store = db.open();
-    let script = "{\"text\": \"one\"}\n{\"text\": \"two\"}\n{\"text\": \"asked for\", \"summary\": true}\n";
+    let script = "{\"text\": \"one\", \"usage\": {\"input_tokens\": 10, \"output_tokens\": 2}}\n\
+                  {\"text\": \"two\"}\n\
+                  {\"text\": \"asked for\", \"summary\": true, \"usage\": {\"input_tokens\": 50, \"output_tokens\": 7}}\n";
     let model = Recording::new(script, &db, false);
     let mut agent = agent_with(&db, &store, Arc::clone(&model), 1_000_000).await;
     let nothing = agent.sender().submit(Op::Compact).expect("submit compact");
@@ -218,7 +220,18 @@ async fn the_compact_op_compacts_between_turns_or_says_why_not() {
     assert_eq!(compacted.reason, CompactionReason::Requested);
     assert_eq!(compacted.turn_id, None);
     assert_eq!((compacted.summary.as_str(), compacted.replaced_to), ("asked for", 2));
+    // The summary request's tokens count in the session's usage.
+    let summary_usage = compacted.usage.expect("the summary's usage");
+    assert_eq!((summary_usage.input_tokens, summary_usage.output_tokens), (50, 7));
     shutdown(agent).await;
+    let state = store.load(SESSION).await.expect("load").expect("session");
+    assert_eq!(
+        (
+            state.checkpoint.usage.input_tokens,
+            state.checkpoint.usage.output_tokens
+        ),
+        (60, 9)
+    );
 }
 
 /// Not a check of speed: prints the prompt tokens (estimated, four bytes a
