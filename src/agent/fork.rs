@@ -4,15 +4,10 @@
 use std::ops::ControlFlow;
 
 use crate::protocol::{Event, EventMsg, SessionForkedEvent};
-use crate::store::{AppendBatch, Checkpoint, CheckpointStore, EncodedEvent, EventPageRequest, StoreError, walk_back};
+use crate::store::{Checkpoint, CheckpointStore, EncodedEvent, EventPageRequest, StoreError, walk_back};
 
 /// Events read per page while looking for the turn around a fork point.
 const SCAN_PAGE: usize = 500;
-
-/// Forks in this process, one at a time: the check that the new id is free
-/// and the writes that take it must not interleave (the store's `save`
-/// creates or rewrites, so two forks to one id would both succeed).
-static FORKS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Why a fork was refused.
 #[derive(Debug, thiserror::Error)]
@@ -40,9 +35,10 @@ pub enum ForkError {
 /// to the fork point is copied, never its log: the fork's log starts with
 /// `session_forked`. The point must be between turns, since the history
 /// inside a turn may hold a step the model never finished (a tool call
-/// without its result). The caller makes sure nothing else creates `id`
-/// meanwhile by other means than a fork of this process (a server checks
-/// its live sessions; the CLI holds the database).
+/// without its result). The fork is created in one transaction with its
+/// first event, and only if `id` is free, so of two forks to one id (in
+/// any processes) one succeeds and the other gets [`ForkError::Exists`].
+/// A server also checks its live sessions, which may not be stored yet.
 pub async fn fork_session(
     store: &dyn CheckpointStore,
     parent: &str,
@@ -53,10 +49,6 @@ pub async fn fork_session(
         .session_summary(parent)
         .await?
         .ok_or_else(|| ForkError::UnknownParent(parent.to_owned()))?;
-    let _one_at_a_time = FORKS.lock().await;
-    if store.session_summary(id).await?.is_some() {
-        return Err(ForkError::Exists(id.to_owned()));
-    }
     if at_sequence > summary.last_sequence {
         return Err(ForkError::BadPoint(format!(
             "session '{parent}' has {} events, not {at_sequence}",
@@ -74,7 +66,6 @@ pub async fn fork_session(
         .ok_or_else(|| ForkError::UnknownParent(parent.to_owned()))?;
     let mut checkpoint = Checkpoint::empty(id);
     checkpoint.session_context = summary.context;
-    store.save(&checkpoint, &history, None).await?;
     let forked = SessionForkedEvent {
         parent_session_id: parent.to_owned(),
         at_sequence,
@@ -85,14 +76,12 @@ pub async fn fork_session(
         msg: EventMsg::SessionForked(forked.clone()),
     };
     store
-        .append(
-            id,
-            AppendBatch {
-                events: vec![EncodedEvent::encode(&event)?],
-                ..AppendBatch::default()
-            },
-        )
-        .await?;
+        .create(&checkpoint, &history, vec![EncodedEvent::encode(&event)?])
+        .await
+        .map_err(|error| match error {
+            StoreError::Exists(id) => ForkError::Exists(id),
+            other => ForkError::Store(other),
+        })?;
     tracing::info!(session_id = %id, parent = %parent, at_sequence, "session forked");
     Ok(forked)
 }

@@ -165,6 +165,7 @@ impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
             StoreError::UnknownSession(id) => Self::unknown_session(&id),
+            exists @ StoreError::Exists(_) => Self::Conflict(exists.to_string()),
             StoreError::Invalid(message) => Self::InvalidRequest(message),
             StoreError::Closed => Self::Unavailable("the store is closed".to_owned()),
             replaced @ StoreError::Replaced(_) => Self::Unavailable(replaced.to_string()),

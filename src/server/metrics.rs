@@ -14,8 +14,8 @@ use prometheus_client::registry::Registry;
 use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest};
 use crate::protocol::{TokenUsage, TranscriptItem};
 use crate::store::{
-    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, EventPage, EventPageRequest, KeyedSubmission, OpenBatch,
-    SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution,
+    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, EncodedEvent, EventPage, EventPageRequest,
+    KeyedSubmission, OpenBatch, SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution,
 };
 use crate::{RecordedEvent, Result};
 
@@ -196,6 +196,15 @@ impl CheckpointStore for MeteredStore {
         execution: Option<&'a TurnExecution>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.inner.save(checkpoint, transcript_delta, execution)
+    }
+
+    fn create<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        history: &'a [TranscriptItem],
+        events: Vec<EncodedEvent>,
+    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
+        Box::pin(self.timed(self.inner.create(checkpoint, history, events)))
     }
 
     fn load<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionState>, StoreError>> {

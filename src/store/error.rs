@@ -12,6 +12,9 @@ pub enum StoreError {
     /// No session with this id has a checkpoint. Create it with `save` first.
     #[error("unknown session '{0}'")]
     UnknownSession(String),
+    /// A session with this id exists already; nothing was written.
+    #[error("session '{0}' already exists")]
+    Exists(String),
     /// Another runtime took the session over (a newer lease); this writer
     /// must stop. Nothing was written.
     #[error("session '{session_id}' was taken over by another runtime (lease {lease})")]

@@ -458,6 +458,36 @@ pub trait CheckpointStore: Send + Sync {
         execution: Option<&'a TurnExecution>,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
+    /// Creates a session that must not exist yet: its checkpoint, its
+    /// history and its first `events`, in one transaction. Fails with
+    /// [`StoreError::Exists`] (writing nothing) when the id is taken, so of
+    /// two creators of one id, in any processes, exactly one succeeds.
+    ///
+    /// The default checks, then saves and appends: not atomic, and racy
+    /// between processes; stores override it.
+    fn create<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        history: &'a [TranscriptItem],
+        events: Vec<EncodedEvent>,
+    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
+        Box::pin(async move {
+            let session_id = checkpoint.session_id.as_str();
+            if self.session_summary(session_id).await?.is_some() {
+                return Err(StoreError::Exists(session_id.to_owned()));
+            }
+            self.save(checkpoint, history, None).await?;
+            self.append(
+                session_id,
+                AppendBatch {
+                    events,
+                    ..AppendBatch::default()
+                },
+            )
+            .await
+        })
+    }
+
     /// Loads a session, or `None` if it does not exist.
     fn load<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionState>, StoreError>>;
 

@@ -35,8 +35,9 @@ pub use self::lock::{ServeLock, SharedHold};
 use self::reader::ReaderPool;
 use self::writer::{Job, WriterCounters, Written};
 use super::{
-    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest,
-    KeyedSubmission, OpenBatch, SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution,
+    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage,
+    EventPageRequest, KeyedSubmission, OpenBatch, SessionListPage, SessionState, SessionSummary, StoreError,
+    TurnExecution,
 };
 use crate::model::BoxFuture;
 use crate::protocol::{RecordedEvent, TranscriptItem};
@@ -228,6 +229,29 @@ impl CheckpointStore for SqliteCheckpoint {
             })
             .await
             .map(drop)
+        })
+    }
+
+    fn create<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        history: &'a [TranscriptItem],
+        events: Vec<EncodedEvent>,
+    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
+        let write = CheckpointWrite {
+            checkpoint: checkpoint.clone(),
+            transcript_delta: history.to_vec(),
+            execution: None,
+            history_cut: None,
+        };
+        Box::pin(async move {
+            self.write(|reply| Job::Create {
+                write: Box::new(write),
+                events,
+                reply,
+            })
+            .await
+            .map(|written| written.receipt)
         })
     }
 

@@ -3123,3 +3123,42 @@ async fn a_history_cut_drops_the_newest_items_for_loads_and_forks_and_keeps_the_
     })
     .await;
 }
+
+#[tokio::test]
+async fn create_makes_a_session_with_its_first_events_once_even_across_stores() {
+    guarded(async {
+        let (_dir, path) = database();
+        // Two stores on one file stand for two processes.
+        let (first, second) = (open(&path).await, open(&path).await);
+        let history = [user("seed")];
+        let attempts = (0..8).map(|index| {
+            let store = if index % 2 == 0 { &first } else { &second };
+            let events = encode(&events("new", 0, 2));
+            let checkpoint = checkpoint("new", "bot", 0);
+            let history = &history;
+            async move { store.create(&checkpoint, history, events).await }
+        });
+        let outcomes = join_all(attempts).await;
+        let created = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
+        assert_eq!(created, 1, "{outcomes:?}");
+        assert!(
+            outcomes.iter().all(|outcome| match outcome {
+                Ok(_) => true,
+                Err(StoreError::Exists(id)) => id == "new",
+                Err(_) => false,
+            }),
+            "{outcomes:?}"
+        );
+        let state = first.load("new").await.expect("load").expect("created");
+        assert_eq!((state.last_sequence, state.transcript), (2, vec![user("seed")]));
+        // Refused over an existing session: nothing written.
+        create(&first, "old").await;
+        let refused = first
+            .create(&checkpoint("old", "other", 0), &history, encode(&events("old", 0, 1)))
+            .await;
+        assert!(matches!(refused, Err(StoreError::Exists(_))), "{refused:?}");
+        let old = first.load("old").await.expect("load").expect("old");
+        assert_eq!((old.last_sequence, old.transcript.len()), (0, 0));
+    })
+    .await;
+}

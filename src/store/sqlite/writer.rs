@@ -33,6 +33,12 @@ pub(super) enum Job {
     },
     /// Create or rewrite a session's checkpoint.
     Save { write: Box<CheckpointWrite>, reply: Reply },
+    /// Create a session that must not exist yet, with its first events.
+    Create {
+        write: Box<CheckpointWrite>,
+        events: Vec<EncodedEvent>,
+        reply: Reply,
+    },
     /// Take the session over: a new lease, fencing off older holders.
     Acquire { session_id: String, reply: Reply },
     /// Delete the session and everything stored for it.
@@ -64,6 +70,8 @@ enum Mode {
     Append { lease: Option<u64> },
     /// Create the session if needed, then write.
     Save,
+    /// Create the session, refusing an existing one, then write.
+    Create,
     /// Bump the lease.
     Acquire,
     /// Delete the session's rows.
@@ -92,6 +100,13 @@ impl Job {
                 events: Vec::new(),
                 checkpoint: Some(Cow::Borrowed(write)),
                 mode: Mode::Save,
+                title: None,
+            },
+            Job::Create { write, events, .. } => Write {
+                session_id: &write.checkpoint.session_id,
+                events: events.clone(),
+                checkpoint: Some(Cow::Borrowed(write)),
+                mode: Mode::Create,
                 title: None,
             },
             Job::Append { session_id, batch, .. } => {
@@ -132,6 +147,7 @@ impl Job {
         let reply = match self {
             Job::Append { reply, .. }
             | Job::Save { reply, .. }
+            | Job::Create { reply, .. }
             | Job::Acquire { reply, .. }
             | Job::Delete { reply, .. }
             | Job::Rename { reply, .. } => reply,
@@ -331,17 +347,21 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
         .map(|write| encode_write(session_id, write))
         .transpose()
         .map_err(JobError::Clean)?;
-    if *mode == Mode::Save {
-        conn.prepare_cached(
-            "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint) VALUES (?1, ?2, ?2, '{}')
-             ON CONFLICT (id) DO NOTHING",
-        )
-        .and_then(|mut insert| insert.execute(params![session_id, now]))
-        .map_err(dirty)?;
+    if matches!(mode, Mode::Save | Mode::Create) {
+        let created = conn
+            .prepare_cached(
+                "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint) VALUES (?1, ?2, ?2, '{}')
+                 ON CONFLICT (id) DO NOTHING",
+            )
+            .and_then(|mut insert| insert.execute(params![session_id, now]))
+            .map_err(dirty)?;
+        if *mode == Mode::Create && created == 0 {
+            return Err(JobError::Clean(StoreError::Exists((*session_id).to_owned())));
+        }
     }
     let lease = match mode {
         Mode::Append { lease } => *lease,
-        Mode::Save | Mode::Acquire | Mode::Delete | Mode::Rename => None,
+        Mode::Save | Mode::Create | Mode::Acquire | Mode::Delete | Mode::Rename => None,
     };
     // One statement takes the sequences, rewrites the checkpoint and extends
     // the history; matching no row means the session does not exist, and then
