@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use keel::protocol::{EventMsg, RecordedEvent};
-use keel::store::{CheckpointStore, EventPageRequest};
+use keel::store::{CheckpointStore, EventPageRequest, ServeLock, StoreError};
 
 use crate::{DbArgs, print_line};
 
@@ -103,6 +103,18 @@ pub(crate) struct RmArgs {
 }
 
 async fn remove(args: RmArgs) -> anyhow::Result<ExitCode> {
+    let path = args.db.path()?;
+    // A served database's sessions may be live: its server deletes them,
+    // shutting a live one down first.
+    let _hold = match ServeLock::share(&path) {
+        Ok(hold) => hold,
+        Err(StoreError::Held { holder, .. }) => anyhow::bail!(
+            "the database {} is served by {holder}: delete through it (DELETE /v1/sessions/{})",
+            path.display(),
+            args.session
+        ),
+        Err(error) => return Err(error.into()),
+    };
     let store = args.db.open(false).await?;
     let existed = store.delete_session(&args.session).await?;
     store.close().await;

@@ -2,6 +2,7 @@
 //! database for good; a copy of the database can be taken.
 
 use super::{Cli, stderr, stdout};
+use crate::suite::server::support::{Scratch, ServeProcess};
 
 #[test]
 fn sessions_rm_deletes_the_session_and_optionally_its_workspace() {
@@ -38,4 +39,27 @@ fn sessions_rm_deletes_the_session_and_optionally_its_workspace() {
     let again = cli.run(&["sessions", "rm", "gone"]);
     assert!(!again.status.success());
     assert!(stderr(&again).contains("no session 'gone'"), "{}", stderr(&again));
+}
+
+#[test]
+fn sessions_rm_and_fork_refuse_a_served_database_and_name_the_route() {
+    let cli = Cli::new();
+    let scratch = Scratch::new();
+    let server = ServeProcess::start(&scratch, &[]);
+    let db = scratch.db().display().to_string();
+    let removed = cli.run(&["sessions", "rm", "any", "--db", &db]);
+    assert!(!removed.status.success());
+    assert!(
+        stderr(&removed).contains("DELETE /v1/sessions/any"),
+        "{}",
+        stderr(&removed)
+    );
+    let forked = cli.run(&["fork", "any", "--at", "0", "--db", &db]);
+    assert!(!forked.status.success());
+    assert!(
+        stderr(&forked).contains("POST /v1/sessions/any/fork"),
+        "{}",
+        stderr(&forked)
+    );
+    drop(server);
 }
