@@ -44,7 +44,7 @@ pub enum Error {
     /// A model provider failed; the text names the provider, the HTTP status
     /// and the provider's message. Passing failures were already retried.
     #[error(transparent)]
-    Provider(#[from] crate::provider::ProviderError),
+    Provider(#[from] crate::model::ProviderError),
     /// The configuration is unusable (unknown model spec, unreadable script).
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -56,7 +56,7 @@ impl Error {
     pub fn is_context_length_exceeded(&self) -> bool {
         match self {
             Self::Provider(error) => error.is_context_length_exceeded(),
-            Self::Model(message) => crate::provider::mentions_context_length(message),
+            Self::Model(message) => crate::model::mentions_context_length(message),
             _ => false,
         }
     }

@@ -98,14 +98,15 @@ use crate::provider::{ProviderSettings, anthropic, openai_chat, openai_responses
 use crate::tools::ApprovalRules;
 use crate::{Error, Result};
 
-mod mcp;
 mod server;
 mod session;
-mod tools;
 
-pub use self::mcp::*;
 pub use self::server::{READING_TOOLS, ServerPolicy};
-pub use self::tools::ToolsConfig;
+pub use crate::tools::ToolsConfig;
+pub use crate::tools::mcp::{
+    DEFAULT_MCP_CALL_TIMEOUT, DEFAULT_MCP_STARTUP_TIMEOUT, MAX_MCP_SERVER_NAME, McpConfig, McpServerConfig,
+    McpTransport, check_mcp_server_name,
+};
 
 const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
@@ -560,5 +561,20 @@ mod tests {
     fn unknown_fields_in_the_file_are_errors() {
         let bad = toml::from_str::<KeelConfig>("[models.x]\nprovider = \"openai\"\nmodel = \"m\"\nkey = \"sk\"\n");
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn a_bad_mcp_entry_fails_loading_the_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("keel.toml");
+        std::fs::write(&path, "[mcp.servers.x]\ncommand = \"a\"\nurl = \"http://h/mcp\"\n").expect("write");
+        let message = KeelConfig::load(&path).expect_err("invalid").to_string();
+        assert_eq!(
+            message,
+            format!(
+                "invalid configuration: {}:1:2: [mcp.servers.x]: give either `command` or `url`, not both (in `[mcp.servers.x]`)",
+                path.display()
+            )
+        );
     }
 }

@@ -6,11 +6,13 @@
 //! coalesces and records what it receives, and applies back-pressure by not
 //! polling the model's future while the recorder is congested.
 
+mod provider_error;
 mod script;
 
 use std::sync::Arc;
 
 pub use futures::future::BoxFuture;
+pub use provider_error::{ProviderError, mentions_context_length};
 pub use script::{MAX_SCRIPT_BYTES, ScriptedModel};
 
 use crate::Result;

@@ -18,17 +18,16 @@
 //! protocol types, nothing of the store or the recorder.
 
 pub mod anthropic;
-mod error;
 pub mod http;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod redact;
 pub mod sse;
 
-pub use self::error::{ProviderError, mentions_context_length};
 use self::http::{HttpSettings, Secret};
 use crate::model::ModelEvent;
 use crate::model::ModelEventSink;
+pub use crate::model::{ProviderError, mentions_context_length};
 use crate::protocol::TranscriptItem;
 
 /// What one provider endpoint needs: where, which model, how to authenticate.

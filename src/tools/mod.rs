@@ -9,6 +9,7 @@
 
 mod approval;
 mod clock;
+mod config;
 pub mod mcp;
 mod progress;
 mod session;
@@ -23,6 +24,7 @@ use futures::FutureExt;
 
 pub use self::approval::{ApprovalPolicy, ApprovalRules};
 pub use self::clock::Clock;
+pub use self::config::ToolsConfig;
 pub use self::progress::{MAX_PROGRESS_MESSAGE_BYTES, ProgressBoard, ProgressSink, ToolProgress};
 pub use self::session::{SessionTools, session_tools};
 use crate::model::{BoxFuture, ToolCall, ToolSpec};

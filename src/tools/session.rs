@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use super::ToolSet;
+use super::ToolsConfig;
+use super::mcp::McpConfig;
 use super::mcp::start_servers;
 use super::workspace::{self, SandboxStatus, ShellConfig, ShellTool, WorkspaceToolsConfig};
-use crate::config::{McpConfig, ToolsConfig};
 
 /// What [`session_tools`] assembled.
 #[derive(Debug)]
@@ -133,10 +134,13 @@ mod tests {
     #[tokio::test]
     async fn an_mcp_server_that_does_not_start_is_a_warning() {
         let dir = tempfile::tempdir().expect("dir");
-        let config: crate::config::KeelConfig =
-            toml::from_str("[tools]\nbuiltin = false\n[mcp.servers.gone]\ncommand = \"/nonexistent/keel-mcp\"\n")
-                .expect("config");
-        let built = session_tools(&config.tools, &config.mcp, dir.path(), None).await;
+        let tools = ToolsConfig {
+            builtin: false,
+            ..ToolsConfig::default()
+        };
+        let mcp: McpConfig =
+            toml::from_str("[servers.gone]\ncommand = \"/nonexistent/keel-mcp\"\n").expect("the [mcp] table");
+        let built = session_tools(&tools, &mcp, dir.path(), None).await;
         assert!(built.tools.is_empty());
         assert_eq!(built.warnings.len(), 1);
         assert!(

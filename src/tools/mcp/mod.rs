@@ -48,6 +48,7 @@
 //! command ends with [`stop_all_servers`], so that this graceful stop runs
 //! before the async runtime ends (which would kill the groups outright).
 
+mod config;
 mod naming;
 mod process;
 
@@ -71,9 +72,9 @@ use rmcp::transport::{DynamicTransportError, StreamableHttpClientTransport};
 use rmcp::{ClientHandler, RoleClient, ServiceError};
 use tokio::time::Instant;
 
+pub use self::config::*;
 use self::process::ServerProcess;
 use super::{ProgressSink, Tool, ToolContext, ToolError, ToolSource};
-pub use crate::config::{McpConfig, McpServerConfig, McpTransport};
 use crate::model::{BoxFuture, ToolSpec};
 
 /// Stops every MCP server process this process still runs, the graceful

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::tools::workspace::{SandboxPolicy, ShellConfig};
+use super::workspace::{SandboxPolicy, ShellConfig};
 
 /// `[tools]` in `keel.toml`. Every field has a default, so an absent
 /// section offers every built-in tool with the shell in a workspace-write
@@ -102,11 +102,17 @@ impl TryFrom<RawToolsConfig> for ToolsConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::KeelConfig;
+
+    /// The `[tools]` table of a keel.toml.
+    #[derive(Deserialize)]
+    struct File {
+        #[serde(default)]
+        tools: ToolsConfig,
+    }
 
     fn tools(text: &str) -> Result<ToolsConfig, String> {
-        toml::from_str::<KeelConfig>(text)
-            .map(|config| config.tools)
+        toml::from_str::<File>(text)
+            .map(|file| file.tools)
             .map_err(|error| error.message().to_owned())
     }
 
