@@ -207,6 +207,14 @@ fn run(
         }
         commit_group(&mut conn, &mut group, counters, identity);
     }
+    // Fold the WAL into the database now, while this connection can: the
+    // checkpoint SQLite runs when the last connection closes is skipped if
+    // another connection (the checkpointer's) is still open then.
+    if identity.check().is_ok()
+        && let Err(error) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+    {
+        tracing::warn!(%error, "the WAL could not be checkpointed at close");
+    }
     tracing::debug!("sqlite writer stopped");
 }
 
