@@ -94,7 +94,11 @@ export async function timelineSequences(page) {
  * of each assistant message, with its state.
  */
 export async function snapshot(page) {
-  return page.evaluate(() => ({
+  return page.evaluate(() => {
+    // The streamed text is rendered at most once a frame: render it now, so
+    // the timeline and the text are read at one instant.
+    document.querySelector("[data-testid=messages]").dispatchEvent(new Event("keel-render"));
+    return {
     timeline: Array.from(document.querySelectorAll("[data-testid=timeline-event]"), (item) => ({
       sequence: Number(item.dataset.sequence),
       kind: item.dataset.kind,
@@ -104,7 +108,18 @@ export async function snapshot(page) {
       state: item.dataset.state,
       text: item.querySelector("[data-testid=assistant-text]").textContent,
     })),
-  }));
+    };
+  });
+}
+
+/** The id of the session the chat view shows, or null. */
+export async function openSessionId(page) {
+  return page.getByTestId("chat-view").getAttribute("data-session-id");
+}
+
+/** Waits until the chat view shows session `id`. */
+export async function waitForSession(page, id) {
+  await until(`the chat view of ${id}`, async () => !(await page.getByTestId("chat-view").isHidden()) && (await openSessionId(page)) === id);
 }
 
 /** The whole log of a session, fetched from inside the page. */
@@ -142,7 +157,7 @@ export async function createSession(page, { model, bot, instructions } = {}) {
   await page.getByTestId("new-session-submit").click();
   await until("the URL to name the new session", () => page.url() !== before && /#\/sessions\//.test(page.url()));
   const id = sessionIdOf(page);
-  await until("the chat view of the new session", async () => (await page.getByTestId("chat-title").textContent()) === id);
+  await waitForSession(page, id);
   await page.locator('[data-testid=stream-status][data-state="live"]').waitFor();
   return id;
 }
