@@ -184,10 +184,12 @@ export async function pageApi(page, path) {
 
 /**
  * Runs `body({ browser, context, page, base, params, log })` in a fresh
- * browser, prints `RESULT {json}` with what it returns, and exits 0; on any
- * failure prints the error (and what the page logged) and exits 1.
+ * browser (its context made with the `context` options of playwright's
+ * `browser.newContext`, over a 1200×800 viewport), prints `RESULT {json}`
+ * with what it returns, and exits 0; on any failure prints the error (and
+ * what the page logged) and exits 1.
  */
-export async function scenario(name, body, { timeoutMs = 90000 } = {}) {
+export async function scenario(name, body, { timeoutMs = 90000, context: contextOptions = {} } = {}) {
   const base = process.argv[2];
   const params = process.argv[3] ? JSON.parse(process.argv[3]) : {};
   const started = Date.now();
@@ -217,7 +219,7 @@ export async function scenario(name, body, { timeoutMs = 90000 } = {}) {
       });
       return opened;
     };
-    const context = await browser.newContext({ viewport: { width: 1200, height: 800 } });
+    const context = await browser.newContext({ viewport: { width: 1200, height: 800 }, ...contextOptions });
     page = await newPage(context);
     const result = await body({ browser, context, page, base, params, log, newPage });
     assert.deepEqual(
@@ -247,4 +249,52 @@ export async function scenario(name, body, { timeoutMs = 90000 } = {}) {
     await browser?.close().catch(() => {});
     process.exit(1);
   }
+}
+
+/** Asserts that nothing on the page overflows sideways. */
+export async function assertFits(page, where) {
+  const { scrollWidth, innerWidth } = await page.evaluate(() => ({
+    scrollWidth: document.documentElement.scrollWidth,
+    innerWidth: window.innerWidth,
+  }));
+  assert.ok(scrollWidth <= innerWidth, `${where}: nothing overflows sideways (${scrollWidth} > ${innerWidth})`);
+}
+
+/** Asserts that `locator` is visible and wholly inside the viewport. */
+export async function assertOnScreen(page, locator, what) {
+  await locator.waitFor({ state: "visible" });
+  const box = await locator.boundingBox();
+  const viewport = page.viewportSize();
+  assert.ok(
+    box && box.x >= 0 && box.y >= 0 && box.x + box.width <= viewport.width + 0.5,
+    `${what} is on screen: ${JSON.stringify(box)} in ${JSON.stringify(viewport)}`,
+  );
+}
+
+/**
+ * The conversation as shown: the visible user messages and answers (an
+ * answer replaced by a regenerated one is hidden), and the hidden ones.
+ */
+export async function conversation(page) {
+  return page.evaluate(() => {
+    const text = (item, testId) => item.querySelector(`[data-testid=${testId}]`)?.textContent ?? "";
+    const shown = (item) => !item.hidden && item.dataset.replaced !== "true";
+    const users = Array.from(document.querySelectorAll("[data-testid=user-message]"));
+    const answers = Array.from(document.querySelectorAll("[data-testid=assistant-message]"));
+    return {
+      users: users.filter(shown).map((item) => text(item, "message-text")),
+      answers: answers.filter(shown).map((item) => ({ state: item.dataset.state, text: text(item, "assistant-text") })),
+      replacedUsers: users.filter((item) => !shown(item)).map((item) => text(item, "message-text")),
+      replacedAnswers: answers.filter((item) => !shown(item)).map((item) => text(item, "assistant-text")),
+    };
+  });
+}
+
+/** Waits until the last shown answer is final with `text`. */
+export async function waitForAnswer(page, text) {
+  await until(`the answer ${JSON.stringify(text)}`, async () => {
+    const { answers } = await conversation(page);
+    const last = answers.at(-1);
+    return last?.state === "final" && last.text === text;
+  });
 }
