@@ -816,7 +816,10 @@ async fn web_ui_runs_the_whole_flow_on_a_phone() {
     };
     let _browser = BROWSER.lock().await;
     let scratch = Scratch::new();
-    let answers = ["First try.", "Second try."];
+    let code = format!("let wide = \"{}\";", "x".repeat(120));
+    let answers = [format!("First try:\n\n```\n{code}\n```"), "Second try.".to_owned()];
+    // As the page shows the first answer: its code block has a Copy button.
+    let first_shown = format!("First try:Copy{code}\n");
     let lines: Vec<String> = answers.iter().map(|text| json!({ "text": text }).to_string()).collect();
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     let model = scratch.script("phone.jsonl", &lines);
@@ -826,7 +829,7 @@ async fn web_ui_runs_the_whole_flow_on_a_phone() {
         &tools,
         "phone",
         &server.api.base,
-        json!({"question": "Hello from a phone", "answers": answers, "title": title}),
+        json!({"question": "Hello from a phone", "answers": answers, "first_shown": first_shown, "title": title}),
     )
     .await;
 

@@ -6,6 +6,7 @@
 
 import {
   assert,
+  assertFits,
   conversation,
   createSession,
   scenario,
@@ -28,6 +29,7 @@ scenario("edit_message", async ({ page, base, params, log }) => {
   await second.getByRole("button", { name: "Edit this message" }).click();
   const editor = second.getByTestId("edit-input");
   assert.equal(await editor.inputValue(), params.second_question, "the editor holds the message's text");
+  await assertFits(page, "the message editor");
   // Cancel leaves the message as it was.
   await second.getByTestId("edit-cancel").click();
   await editor.waitFor({ state: "detached" });

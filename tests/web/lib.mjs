@@ -251,13 +251,23 @@ export async function scenario(name, body, { timeoutMs = 90000, context: context
   }
 }
 
-/** Asserts that nothing on the page overflows sideways. */
+/**
+ * Asserts that nothing on the page overflows sideways: neither the page
+ * nor anything shown in the conversation (which scrolls on its own).
+ */
 export async function assertFits(page, where) {
-  const { scrollWidth, innerWidth } = await page.evaluate(() => ({
-    scrollWidth: document.documentElement.scrollWidth,
-    innerWidth: window.innerWidth,
-  }));
+  const { scrollWidth, innerWidth, sticking } = await page.evaluate(() => {
+    const list = document.querySelector("[data-testid=messages]");
+    const bounds = list.getBoundingClientRect();
+    const sticking = Array.from(list.children)
+      .filter((item) => item.getClientRects().length > 0)
+      .map((item) => ({ item, box: item.getBoundingClientRect() }))
+      .filter(({ box }) => box.left < bounds.left - 0.5 || box.right > bounds.right + 0.5 || box.right > window.innerWidth)
+      .map(({ item, box }) => `${item.dataset.testid} ${Math.round(box.left)}..${Math.round(box.right)}`);
+    return { scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth, sticking };
+  });
   assert.ok(scrollWidth <= innerWidth, `${where}: nothing overflows sideways (${scrollWidth} > ${innerWidth})`);
+  assert.deepEqual(sticking, [], `${where}: every message fits the conversation`);
 }
 
 /** Asserts that `locator` is visible and wholly inside the viewport. */

@@ -40,15 +40,25 @@ async function flow({ page, base, params, log }) {
   await assertOnScreen(page, box, "the message box");
   await box.fill(params.question);
   await page.getByTestId("send").tap();
-  await waitForAnswer(page, params.answers[0]);
+  // The first answer has a code block wider than the screen: it scrolls
+  // inside its bubble, which fits.
+  await waitForAnswer(page, params.first_shown);
+  await assertFits(page, "a wide code block");
   const user = page.getByTestId("user-message").first();
   await assertOnScreen(page, user.getByRole("button", { name: "Edit this message" }), "Edit");
   await assertOnScreen(page, user.getByRole("button", { name: "Fork the conversation after this exchange" }), "Fork");
+  // The editor of a past message fits too.
+  await user.getByRole("button", { name: "Edit this message" }).tap();
+  await assertOnScreen(page, user.getByTestId("edit-submit"), "the editor's Send button");
+  await assertFits(page, "the message editor");
+  await user.getByTestId("edit-cancel").tap();
+  await user.getByTestId("message-editor").waitFor({ state: "detached" });
   const regenerate = page.getByRole("button", { name: "Regenerate this answer" });
   await assertOnScreen(page, regenerate, "Regenerate");
   await regenerate.tap();
   await waitForAnswer(page, params.answers[1]);
   const shown = await conversation(page);
+  assert.deepEqual(shown.replacedAnswers, [params.first_shown], "the first answer is hidden");
   assert.deepEqual(shown.users, [params.question]);
   assert.deepEqual(shown.answers.map((answer) => answer.text), [params.answers[1]]);
   await assertFits(page, "after regenerating");
@@ -83,6 +93,11 @@ async function flow({ page, base, params, log }) {
   await assertFits(page, "the drawer over a session");
   await parentItem.getByTestId("session-link").tap();
   await waitForSession(page, parentId);
+  await sidebar.waitFor({ state: "hidden" });
+  // And the drawer's own Close button closes it.
+  await toggle.tap();
+  await sidebar.waitFor({ state: "visible" });
+  await page.getByTestId("sessions-close").tap();
   await sidebar.waitFor({ state: "hidden" });
 
   // Rename, with a long title that has nowhere to break.

@@ -17,6 +17,7 @@ const ui = {
   sessionsToggle: $("sessions-toggle"),
   sidebar: $("sidebar"),
   sidebarBackdrop: $("sidebar-backdrop"),
+  sessionsClose: $("sessions-close"),
   askToken: $("ask-token"),
   newForm: $("new-session"),
   newModel: $("new-model"),
@@ -603,6 +604,10 @@ ui.sessionsToggle.addEventListener("click", () => {
   setDrawer(!document.body.classList.contains("sessions-open"));
 });
 ui.sidebarBackdrop.addEventListener("click", () => setDrawer(false));
+ui.sessionsClose.addEventListener("click", () => {
+  setDrawer(false);
+  ui.sessionsToggle.focus();
+});
 document.addEventListener("keydown", (event) => {
   if (event.key === "Escape" && document.body.classList.contains("sessions-open")) {
     setDrawer(false);
