@@ -601,7 +601,10 @@ async fn web_ui_renders_markdown_while_it_streams() {
     .await;
     let log = log_of(&server.api, &session_of(&outcome)).await;
     assert_eq!(answer_texts(&log), [chunks.concat()]);
-    assert!(of_kind(&log, "assistant_content_delta").len() >= chunks.len(), "{log:#?}");
+    assert!(
+        of_kind(&log, "assistant_content_delta").len() >= chunks.len(),
+        "{log:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -614,7 +617,10 @@ async fn web_ui_regenerates_the_last_answer_and_shows_it_after_a_reload() {
     let (first, second) = ("The first answer.", "A **better** answer.");
     let model = scratch.script(
         "regenerate.jsonl",
-        &[&json!({"text": first}).to_string(), &chunks_line(&["A ", "**better** ", "answer."], 100)],
+        &[
+            &json!({"text": first}).to_string(),
+            &chunks_line(&["A ", "**better** ", "answer."], 100),
+        ],
     );
     let server = serve(&scratch, &model, &[]);
     let question = "Tell me something";
@@ -669,7 +675,11 @@ async fn web_ui_edits_a_past_message_into_a_fork() {
     let parent = session_of(&outcome);
     let fork = fork_of(&outcome);
     let parent_log = log_of(&server.api, &parent).await;
-    assert_eq!(user_texts(&parent_log), ["The capital of France?", "And of Germany?"], "the parent is unchanged");
+    assert_eq!(
+        user_texts(&parent_log),
+        ["The capital of France?", "And of Germany?"],
+        "the parent is unchanged"
+    );
     let fork_log = log_of(&server.api, &fork).await;
     let forked = &fork_log[0]["msg"];
     assert_eq!(forked["type"], "session_forked", "{fork_log:#?}");
@@ -723,7 +733,11 @@ async fn web_ui_forks_from_a_message_and_links_back() {
     let forked = &fork_log[0]["msg"];
     assert_eq!(forked["type"], "session_forked", "{fork_log:#?}");
     assert_eq!(forked["parent_session_id"], json!(parent));
-    assert_eq!(forked["at_sequence"], json!(first_end), "forked at the end of the first exchange");
+    assert_eq!(
+        forked["at_sequence"],
+        json!(first_end),
+        "forked at the end of the first exchange"
+    );
     assert_eq!(forked["history_items"], 2);
     assert_eq!(user_texts(&fork_log), ["Another second?"]);
 }
@@ -842,5 +856,10 @@ async fn web_ui_runs_the_whole_flow_on_a_phone() {
     assert_eq!(answer_texts(&log), answers);
     assert_eq!(of_kind(&log, "submission_rejected").len(), 1, "{log:#?}");
     let gone = server.api.get(&format!("/v1/sessions/{fork}")).await;
-    assert_eq!(gone.status, StatusCode::NOT_FOUND, "the fork was deleted: {}", gone.body);
+    assert_eq!(
+        gone.status,
+        StatusCode::NOT_FOUND,
+        "the fork was deleted: {}",
+        gone.body
+    );
 }
