@@ -273,12 +273,17 @@ export async function assertFits(page, where) {
 /** Asserts that `locator` is visible and wholly inside the viewport. */
 export async function assertOnScreen(page, locator, what) {
   await locator.waitFor({ state: "visible" });
-  const box = await locator.boundingBox();
   const viewport = page.viewportSize();
-  assert.ok(
-    box && box.x >= 0 && box.y >= 0 && box.x + box.width <= viewport.width + 0.5,
-    `${what} is on screen: ${JSON.stringify(box)} in ${JSON.stringify(viewport)}`,
-  );
+  const inside = (box) => box && box.x >= 0 && box.y >= 0 && box.x + box.width <= viewport.width + 0.5;
+  // The list re-renders its entries as the server's answers arrive: the
+  // element measured may be replaced in between, so measure until stable.
+  let box = null;
+  try {
+    await until(`${what} to be measured`, async () => inside((box = await locator.boundingBox())), { timeout: 3000 });
+  } catch {
+    // Reported below with the last measure.
+  }
+  assert.ok(inside(box), `${what} is on screen: ${JSON.stringify(box)} in ${JSON.stringify(viewport)}`);
 }
 
 /**
