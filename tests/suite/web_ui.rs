@@ -805,7 +805,7 @@ async fn web_ui_compacts_and_shows_refusals_and_failures_once() {
         json!({
             "answers": ["one", "two"],
             "summary": summary,
-            "rejection": "no older history to compact",
+            "rejection": "there is no older history to compact",
             "model_error": model_error,
         }),
     )

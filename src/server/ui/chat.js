@@ -120,6 +120,15 @@ const COMPACTION_REASONS = {
   context_length_exceeded: "the model's context was exceeded",
 };
 
+/** How a refusal is introduced, by the type of the op refused. */
+const REJECTED = {
+  compact: "Not compacted",
+  regenerate: "Not regenerated",
+  user_input: "A message was refused",
+  steer: "A message was refused",
+  other: "A submission was rejected",
+};
+
 /** A small button of a message's action bar. */
 function actionButton(label, ariaLabel, testId, onclick) {
   return h("button", { type: "button", class: "action", "aria-label": ariaLabel, "data-testid": testId, text: label, onclick });
@@ -166,6 +175,8 @@ export class ChatView {
     this.turns = new Map();
     this.cards = new Map();
     this.queued = new Map();
+    // The op type of each stored submission, to say what a refusal refused.
+    this.ops = new Map();
     this.running = null;
     this.lastTurn = null;
     this.waiting = new Set();
@@ -218,6 +229,9 @@ export class ChatView {
         this.forkMarker(msg);
         break;
       case "submission_queued":
+        if (event.submission_id && msg.op?.type) {
+          this.ops.set(event.submission_id, msg.op.type);
+        }
         if (msg.op?.type === "user_input" && this.running) {
           this.showQueued(event.submission_id, msg.op.text, msg.on_busy);
         }
@@ -373,7 +387,9 @@ export class ChatView {
       }
       case "submission_rejected":
         this.dropQueued(event.submission_id);
-        this.note("submission_rejected", `A submission was rejected: ${msg.reason}`);
+        this.note("submission_rejected", `${REJECTED[this.ops.get(event.submission_id)] ?? REJECTED.other}: ${msg.reason}`, {
+          "data-op": this.ops.get(event.submission_id) ?? "",
+        });
         break;
       case "context_compacted":
         this.compactionMarker(msg, event.sequence);
