@@ -795,6 +795,7 @@ async fn web_ui_compacts_and_shows_refusals_and_failures_once() {
             r#"{"text": "two"}"#,
             &json!({"text": summary, "summary": true}).to_string(),
             &json!({ "error": model_error }).to_string(),
+            r#"{"text": "Back up."}"#,
         ],
     );
     let server = serve(&scratch, &model, &[]);
@@ -807,6 +808,7 @@ async fn web_ui_compacts_and_shows_refusals_and_failures_once() {
             "summary": summary,
             "rejection": "there is no older history to compact",
             "model_error": model_error,
+            "retried_answer": "Back up.",
         }),
     )
     .await;
@@ -820,7 +822,12 @@ async fn web_ui_compacts_and_shows_refusals_and_failures_once() {
     assert_eq!(compacted[0]["msg"]["reason"], "requested");
     assert_eq!(compacted[0]["msg"]["summary"], summary);
     assert_eq!(of_kind(&log, "error").len(), 1);
-    assert_eq!(of_kind(&log, "turn_aborted").len(), 1);
+    let aborted = of_kind(&log, "turn_aborted");
+    assert_eq!(aborted.len(), 1);
+    let rolled = of_kind(&log, "turn_rolled_back");
+    assert_eq!(rolled.len(), 1, "the failed turn was retried: {log:#?}");
+    assert_eq!(rolled[0]["msg"]["rolled_back_turn_id"], aborted[0]["msg"]["turn_id"]);
+    assert_eq!(answer_texts(&log), ["one", "two", "Back up."]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,11 +2,13 @@
 // to compact: the refusal's reason shows once. After two exchanges Compact
 // leaves a marker where it happened (why, tokens before and after, the
 // summary folded). A model failure shows one note, not an error and an
-// abort saying the same. A reload shows the same, once each.
+// abort saying the same, and its message gets a Retry button (there is no
+// answer to regenerate); retried, the failed turn is hidden like any
+// regenerated one. A reload shows the same, once each.
 
 import { assert, createSession, scenario, send, until, waitForAnswer } from "./lib.mjs";
 
-async function checkOnce(page, params, when) {
+async function checkOnce(page, params, when, { retried }) {
   const rejected = page.locator('[data-testid=note][data-kind="submission_rejected"]');
   await until(`${when}: the refusal`, async () => (await rejected.count()) >= 1);
   assert.equal(await rejected.count(), 1, `${when}: the refusal shows once`);
@@ -21,9 +23,21 @@ async function checkOnce(page, params, when) {
   await marker.locator("summary").click();
   await summary.waitFor({ state: "visible" });
   assert.equal(await summary.textContent(), params.summary);
+  await marker.locator("summary").click();
+  await summary.waitFor({ state: "hidden" });
   const failures = page.locator("[data-testid=note]", { hasText: params.model_error });
   await until(`${when}: the model's failure`, async () => (await failures.count()) >= 1);
-  assert.equal(await failures.count(), 1, `${when}: the model's failure shows once`);
+  assert.equal(await failures.count(), 1, `${when}: the model's failure is in the page once`);
+  assert.equal(await failures.isVisible(), !retried, `${when}: the failure shows until it is retried`);
+  const retry = page.getByRole("button", { name: "Regenerate the answer to this message" });
+  if (retried) {
+    await waitForAnswer(page, params.retried_answer);
+    assert.equal(await retry.count(), 0, `${when}: no Retry once retried`);
+    assert.equal(await page.getByRole("button", { name: "Regenerate this answer" }).count(), 1);
+  } else {
+    assert.equal(await retry.count(), 1, `${when}: the failed message has Retry`);
+    assert.equal(await page.getByRole("button", { name: "Regenerate this answer" }).count(), 0);
+  }
   // The page's own notice is not used for what the log says.
   assert.equal(await page.getByTestId("notice").textContent(), "");
 }
@@ -44,10 +58,14 @@ scenario("compact", async ({ page, base, params, log }) => {
   await send(page, "and now?");
   await page.locator('[data-testid=note][data-kind="error"]').waitFor();
   await page.getByTestId("interrupt").waitFor({ state: "hidden" });
-  await checkOnce(page, params, "live");
+  await checkOnce(page, params, "live", { retried: false });
   log("compacted live");
 
+  await page.getByRole("button", { name: "Regenerate the answer to this message" }).click();
+  await waitForAnswer(page, params.retried_answer);
+  await checkOnce(page, params, "retried", { retried: true });
+
   await page.reload();
-  await checkOnce(page, params, "after a reload");
+  await checkOnce(page, params, "after a reload", { retried: true });
   return { session_id: sessionId };
 });

@@ -473,7 +473,15 @@ export class ChatView {
     if (!turn) {
       fork.hidden = true;
     }
-    turn?.users.push({ root, fork });
+    // Shown only on the message of a last turn that left no answer.
+    const holder = { root, fork, error, regenerate: null };
+    holder.regenerate = actionButton("Retry", "Regenerate the answer to this message", "regenerate", () =>
+      this.regenerate(holder),
+    );
+    holder.regenerate.hidden = true;
+    holder.regenerate.title = "Undo this turn and answer the message again";
+    actions.append(holder.regenerate);
+    turn?.users.push(holder);
     this.add(msg.turn_id, root);
   }
 
@@ -531,13 +539,18 @@ export class ChatView {
   }
 
   /** Shows the Regenerate button on the last answer, when no turn runs. */
+  /**
+   * Shows the Regenerate button on the last answer, when no turn runs; a
+   * last turn with no answer (it failed) gets a Retry button on its message.
+   */
   updateRegenerate() {
     const last = this.lastTurn && this.turns.get(this.lastTurn);
-    const target = !this.running && last && !last.replaced ? last.answers.at(-1) : null;
+    const live = !this.running && last && !last.replaced ? last : null;
+    const target = live ? (live.answers.at(-1) ?? live.users.at(-1)) : null;
     for (const turn of this.turns.values()) {
-      for (const bubble of turn.answers) {
-        bubble.regenerate.hidden = bubble !== target;
-        bubble.regenerate.disabled = false;
+      for (const holder of [...turn.answers, ...turn.users]) {
+        holder.regenerate.hidden = holder !== target;
+        holder.regenerate.disabled = false;
       }
     }
   }
