@@ -85,8 +85,10 @@ async function flow({ page, base, params, log }) {
   await assertFits(page, "the fork");
 
   // The drawer lists both; the parent opens from it and the drawer closes.
+  assert.equal(await toggle.getAttribute("aria-expanded"), "false");
   await toggle.tap();
   await sidebar.waitFor({ state: "visible" });
+  assert.equal(await toggle.getAttribute("aria-expanded"), "true");
   const parentItem = page.locator(`[data-testid=session-item][data-session-id="${parentId}"]`);
   await page.locator(`[data-testid=session-item][data-session-id="${forkId}"]`).waitFor();
   await assertOnScreen(page, parentItem.getByTestId("session-link"), "the parent's list entry");

@@ -597,7 +597,6 @@ const phone = window.matchMedia("(max-width: 720px)");
 function setDrawer(open) {
   document.body.classList.toggle("sessions-open", open);
   ui.sessionsToggle.setAttribute("aria-expanded", String(open));
-  ui.sessionsToggle.setAttribute("aria-label", open ? "Hide the sessions" : "Show the sessions");
 }
 
 ui.sessionsToggle.addEventListener("click", () => {
