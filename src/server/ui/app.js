@@ -600,7 +600,11 @@ function setDrawer(open) {
 }
 
 ui.sessionsToggle.addEventListener("click", () => {
-  setDrawer(!document.body.classList.contains("sessions-open"));
+  const open = !document.body.classList.contains("sessions-open");
+  setDrawer(open);
+  if (open) {
+    ui.sessionsClose.focus();
+  }
 });
 ui.sidebarBackdrop.addEventListener("click", () => setDrawer(false));
 ui.sessionsClose.addEventListener("click", () => {
