@@ -538,3 +538,335 @@ async fn web_ui_renders_markdown_safely_and_fits_a_phone() {
     let outcome = scenario(&tools, "markdown", &server.api.base, json!({})).await;
     assert!(outcome.result.is_object(), "{}", outcome.output);
 }
+
+/// The text of the `user_message`s of `log`.
+fn user_texts(log: &[Value]) -> Vec<&str> {
+    of_kind(log, "user_message")
+        .iter()
+        .map(|event| event["msg"]["text"].as_str().expect("text"))
+        .collect()
+}
+
+/// The text of the `assistant_message`s of `log`.
+fn answer_texts(log: &[Value]) -> Vec<&str> {
+    of_kind(log, "assistant_message")
+        .iter()
+        .map(|event| event["msg"]["text"].as_str().expect("text"))
+        .collect()
+}
+
+/// The sequences of the events of `log` that ended a turn.
+fn turn_ends(log: &[Value]) -> Vec<u64> {
+    log.iter()
+        .filter(|event| event["msg"]["type"] == "turn_complete" || event["msg"]["type"] == "turn_aborted")
+        .map(|event| event["sequence"].as_u64().expect("sequence"))
+        .collect()
+}
+
+/// A fork's id from a scenario's RESULT.
+fn fork_of(outcome: &Outcome) -> String {
+    outcome.result["fork_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no fork_id in the RESULT:\n{}", outcome.output))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_ui_renders_markdown_while_it_streams() {
+    let Some(tools) = tools("web_ui_renders_markdown_while_it_streams") else {
+        return;
+    };
+    let _browser = BROWSER.lock().await;
+    let scratch = Scratch::new();
+    let chunks = [
+        "Some ",
+        "**bold** ",
+        "text.\n\n",
+        "```js\n",
+        "let x = 1;\n",
+        "```\n\n",
+        "<b>raw</b> <img src=x onerror=\"window.__pwned = 1\"> ",
+        "and ",
+        "the ",
+        "end.",
+    ];
+    let model = scratch.script("streaming-markdown.jsonl", &[&chunks_line(&chunks, 250)]);
+    let server = serve(&scratch, &model, &[]);
+    let outcome = scenario(
+        &tools,
+        "streaming_markdown",
+        &server.api.base,
+        json!({"code": "let x = 1;\n"}),
+    )
+    .await;
+    let log = log_of(&server.api, &session_of(&outcome)).await;
+    assert_eq!(answer_texts(&log), [chunks.concat()]);
+    assert!(
+        of_kind(&log, "assistant_content_delta").len() >= chunks.len(),
+        "{log:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_ui_regenerates_the_last_answer_and_shows_it_after_a_reload() {
+    let Some(tools) = tools("web_ui_regenerates_the_last_answer_and_shows_it_after_a_reload") else {
+        return;
+    };
+    let _browser = BROWSER.lock().await;
+    let scratch = Scratch::new();
+    let (first, second) = ("The first answer.", "A **better** answer.");
+    let model = scratch.script(
+        "regenerate.jsonl",
+        &[
+            &json!({"text": first}).to_string(),
+            &chunks_line(&["A ", "**better** ", "answer."], 100),
+        ],
+    );
+    let server = serve(&scratch, &model, &[]);
+    let question = "Tell me something";
+    let outcome = scenario(
+        &tools,
+        "regenerate",
+        &server.api.base,
+        json!({"question": question, "first": first, "second": "A better answer."}),
+    )
+    .await;
+
+    let id = session_of(&outcome);
+    let log = log_of(&server.api, &id).await;
+    let rolled = of_kind(&log, "turn_rolled_back");
+    assert_eq!(rolled.len(), 1, "{log:#?}");
+    let first_turn = of_kind(&log, "turn_started")[0]["msg"]["turn_id"].clone();
+    assert_eq!(rolled[0]["msg"]["rolled_back_turn_id"], first_turn);
+    assert_eq!(user_texts(&log), [question, question], "the message was answered again");
+    assert_eq!(answer_texts(&log), [first, second]);
+    assert_eq!(server.api.session(&id).await["turns_completed"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_ui_edits_a_past_message_into_a_fork() {
+    let Some(tools) = tools("web_ui_edits_a_past_message_into_a_fork") else {
+        return;
+    };
+    let _browser = BROWSER.lock().await;
+    let scratch = Scratch::new();
+    // The scripted model counts each session's calls: the fork's first call
+    // takes the first line.
+    let answers = ["Paris.", "Berlin."];
+    let lines: Vec<String> = answers.iter().map(|text| json!({ "text": text }).to_string()).collect();
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let model = scratch.script("edit.jsonl", &lines);
+    let server = serve(&scratch, &model, &[]);
+    let edited = "And the capital of Italy?";
+    let outcome = scenario(
+        &tools,
+        "edit_message",
+        &server.api.base,
+        json!({
+            "first_question": "The capital of France?",
+            "second_question": "And of Germany?",
+            "edited": edited,
+            "answers": answers,
+            "fork_answer": answers[0],
+        }),
+    )
+    .await;
+
+    let parent = session_of(&outcome);
+    let fork = fork_of(&outcome);
+    let parent_log = log_of(&server.api, &parent).await;
+    assert_eq!(
+        user_texts(&parent_log),
+        ["The capital of France?", "And of Germany?"],
+        "the parent is unchanged"
+    );
+    let fork_log = log_of(&server.api, &fork).await;
+    let forked = &fork_log[0]["msg"];
+    assert_eq!(forked["type"], "session_forked", "{fork_log:#?}");
+    assert_eq!(forked["parent_session_id"], json!(parent));
+    assert_eq!(
+        forked["at_sequence"],
+        json!(turn_ends(&parent_log)[0]),
+        "the fork starts where the edited message's turn began"
+    );
+    assert_eq!(forked["history_items"], 2, "the first exchange, without the edited one");
+    assert_eq!(user_texts(&fork_log), [edited]);
+    assert_eq!(answer_texts(&fork_log), [answers[0]]);
+    let session = server.api.session(&fork).await;
+    assert_eq!(session["title"], edited, "the edited message titles the fork");
+    assert_eq!(session["turns_completed"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_ui_forks_from_a_message_and_links_back() {
+    let Some(tools) = tools("web_ui_forks_from_a_message_and_links_back") else {
+        return;
+    };
+    let _browser = BROWSER.lock().await;
+    let scratch = Scratch::new();
+    let answers = ["One.", "Two."];
+    let lines: Vec<String> = answers.iter().map(|text| json!({ "text": text }).to_string()).collect();
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let model = scratch.script("fork.jsonl", &lines);
+    let server = serve(&scratch, &model, &[]);
+    let questions = ["First?", "Second?"];
+    let outcome = scenario(
+        &tools,
+        "fork_message",
+        &server.api.base,
+        json!({
+            "questions": questions,
+            "answers": answers,
+            "fork_question": "Another second?",
+            "fork_answer": answers[0],
+        }),
+    )
+    .await;
+
+    let parent = session_of(&outcome);
+    let fork = fork_of(&outcome);
+    let parent_log = log_of(&server.api, &parent).await;
+    assert_eq!(user_texts(&parent_log), questions);
+    let first_end = turn_ends(&parent_log)[0];
+    assert_eq!(outcome.result["at_sequence"], json!(first_end));
+    let fork_log = log_of(&server.api, &fork).await;
+    let forked = &fork_log[0]["msg"];
+    assert_eq!(forked["type"], "session_forked", "{fork_log:#?}");
+    assert_eq!(forked["parent_session_id"], json!(parent));
+    assert_eq!(
+        forked["at_sequence"],
+        json!(first_end),
+        "forked at the end of the first exchange"
+    );
+    assert_eq!(forked["history_items"], 2);
+    assert_eq!(user_texts(&fork_log), ["Another second?"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_ui_titles_renames_and_deletes_a_session() {
+    let Some(tools) = tools("web_ui_titles_renames_and_deletes_a_session") else {
+        return;
+    };
+    let _browser = BROWSER.lock().await;
+    let scratch = Scratch::new();
+    let model = scratch.script("rename.jsonl", &[r#"{"text": "Gladly."}"#]);
+    let server = serve(&scratch, &model, &[]);
+    server.api.create(json!({"id": "keep-me"})).await;
+    let outcome = scenario(
+        &tools,
+        "rename_delete",
+        &server.api.base,
+        json!({
+            "first_message": "  Plan the trip\nwith the details",
+            "auto_title": "Plan the trip",
+            "answer": "Gladly.",
+            "new_title": "Holiday plans",
+            "other": "keep-me",
+        }),
+    )
+    .await;
+
+    let id = session_of(&outcome);
+    let gone = server.api.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.body);
+    let listed = server.api.get("/v1/sessions").await;
+    let ids: Vec<&str> = listed.body["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|session| session["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["keep-me"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_ui_compacts_and_shows_refusals_and_failures_once() {
+    let Some(tools) = tools("web_ui_compacts_and_shows_refusals_and_failures_once") else {
+        return;
+    };
+    let _browser = BROWSER.lock().await;
+    let scratch = Scratch::new();
+    let summary = "The user said hello twice.";
+    let model_error = "the scripted model is down";
+    let model = scratch.script(
+        "compact.jsonl",
+        &[
+            r#"{"text": "one"}"#,
+            r#"{"text": "two"}"#,
+            &json!({"text": summary, "summary": true}).to_string(),
+            &json!({ "error": model_error }).to_string(),
+            r#"{"text": "Back up."}"#,
+        ],
+    );
+    let server = serve(&scratch, &model, &[]);
+    let outcome = scenario(
+        &tools,
+        "compact",
+        &server.api.base,
+        json!({
+            "answers": ["one", "two"],
+            "summary": summary,
+            "rejection": "there is no older history to compact",
+            "model_error": model_error,
+            "retried_answer": "Back up.",
+        }),
+    )
+    .await;
+
+    let id = session_of(&outcome);
+    let log = log_of(&server.api, &id).await;
+    let rejected = of_kind(&log, "submission_rejected");
+    assert_eq!(rejected.len(), 1, "{log:#?}");
+    let compacted = of_kind(&log, "context_compacted");
+    assert_eq!(compacted.len(), 1, "{log:#?}");
+    assert_eq!(compacted[0]["msg"]["reason"], "requested");
+    assert_eq!(compacted[0]["msg"]["summary"], summary);
+    assert_eq!(of_kind(&log, "error").len(), 1);
+    let aborted = of_kind(&log, "turn_aborted");
+    assert_eq!(aborted.len(), 1);
+    let rolled = of_kind(&log, "turn_rolled_back");
+    assert_eq!(rolled.len(), 1, "the failed turn was retried: {log:#?}");
+    assert_eq!(rolled[0]["msg"]["rolled_back_turn_id"], aborted[0]["msg"]["turn_id"]);
+    assert_eq!(answer_texts(&log), ["one", "two", "Back up."]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_ui_runs_the_whole_flow_on_a_phone() {
+    let Some(tools) = tools("web_ui_runs_the_whole_flow_on_a_phone") else {
+        return;
+    };
+    let _browser = BROWSER.lock().await;
+    let scratch = Scratch::new();
+    let code = format!("let wide = \"{}\";", "x".repeat(120));
+    let answers = [format!("First try:\n\n```\n{code}\n```"), "Second try.".to_owned()];
+    // As the page shows the first answer: its code block has a Copy button.
+    let first_shown = format!("First try:Copy{code}\n");
+    let lines: Vec<String> = answers.iter().map(|text| json!({ "text": text }).to_string()).collect();
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let model = scratch.script("phone.jsonl", &lines);
+    let server = serve(&scratch, &model, &[]);
+    let title = "A-title-with-nowhere-to-break-it-that-is-far-wider-than-any-phone-screen-is";
+    let outcome = scenario(
+        &tools,
+        "phone",
+        &server.api.base,
+        json!({"question": "Hello from a phone", "answers": answers, "first_shown": first_shown, "title": title}),
+    )
+    .await;
+
+    let parent = session_of(&outcome);
+    let fork = fork_of(&outcome);
+    let session = server.api.session(&parent).await;
+    assert_eq!(session["title"], title);
+    let log = log_of(&server.api, &parent).await;
+    assert_eq!(of_kind(&log, "turn_rolled_back").len(), 1, "{log:#?}");
+    assert_eq!(answer_texts(&log), answers);
+    assert_eq!(of_kind(&log, "submission_rejected").len(), 1, "{log:#?}");
+    let gone = server.api.get(&format!("/v1/sessions/{fork}")).await;
+    assert_eq!(
+        gone.status,
+        StatusCode::NOT_FOUND,
+        "the fork was deleted: {}",
+        gone.body
+    );
+}

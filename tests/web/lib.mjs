@@ -94,7 +94,11 @@ export async function timelineSequences(page) {
  * of each assistant message, with its state.
  */
 export async function snapshot(page) {
-  return page.evaluate(() => ({
+  return page.evaluate(() => {
+    // The streamed text is rendered at most once a frame: render it now, so
+    // the timeline and the text are read at one instant.
+    document.querySelector("[data-testid=messages]").dispatchEvent(new Event("keel-render"));
+    return {
     timeline: Array.from(document.querySelectorAll("[data-testid=timeline-event]"), (item) => ({
       sequence: Number(item.dataset.sequence),
       kind: item.dataset.kind,
@@ -104,7 +108,18 @@ export async function snapshot(page) {
       state: item.dataset.state,
       text: item.querySelector("[data-testid=assistant-text]").textContent,
     })),
-  }));
+    };
+  });
+}
+
+/** The id of the session the chat view shows, or null. */
+export async function openSessionId(page) {
+  return page.getByTestId("chat-view").getAttribute("data-session-id");
+}
+
+/** Waits until the chat view shows session `id`. */
+export async function waitForSession(page, id) {
+  await until(`the chat view of ${id}`, async () => !(await page.getByTestId("chat-view").isHidden()) && (await openSessionId(page)) === id);
 }
 
 /** The whole log of a session, fetched from inside the page. */
@@ -142,7 +157,7 @@ export async function createSession(page, { model, bot, instructions } = {}) {
   await page.getByTestId("new-session-submit").click();
   await until("the URL to name the new session", () => page.url() !== before && /#\/sessions\//.test(page.url()));
   const id = sessionIdOf(page);
-  await until("the chat view of the new session", async () => (await page.getByTestId("chat-title").textContent()) === id);
+  await waitForSession(page, id);
   await page.locator('[data-testid=stream-status][data-state="live"]').waitFor();
   return id;
 }
@@ -169,10 +184,12 @@ export async function pageApi(page, path) {
 
 /**
  * Runs `body({ browser, context, page, base, params, log })` in a fresh
- * browser, prints `RESULT {json}` with what it returns, and exits 0; on any
- * failure prints the error (and what the page logged) and exits 1.
+ * browser (its context made with the `context` options of playwright's
+ * `browser.newContext`, over a 1200×800 viewport), prints `RESULT {json}`
+ * with what it returns, and exits 0; on any failure prints the error (and
+ * what the page logged) and exits 1.
  */
-export async function scenario(name, body, { timeoutMs = 90000 } = {}) {
+export async function scenario(name, body, { timeoutMs = 90000, context: contextOptions = {} } = {}) {
   const base = process.argv[2];
   const params = process.argv[3] ? JSON.parse(process.argv[3]) : {};
   const started = Date.now();
@@ -202,7 +219,7 @@ export async function scenario(name, body, { timeoutMs = 90000 } = {}) {
       });
       return opened;
     };
-    const context = await browser.newContext({ viewport: { width: 1200, height: 800 } });
+    const context = await browser.newContext({ viewport: { width: 1200, height: 800 }, ...contextOptions });
     page = await newPage(context);
     const result = await body({ browser, context, page, base, params, log, newPage });
     assert.deepEqual(
@@ -232,4 +249,67 @@ export async function scenario(name, body, { timeoutMs = 90000 } = {}) {
     await browser?.close().catch(() => {});
     process.exit(1);
   }
+}
+
+/**
+ * Asserts that nothing on the page overflows sideways: neither the page
+ * nor anything shown in the conversation (which scrolls on its own).
+ */
+export async function assertFits(page, where) {
+  const { scrollWidth, innerWidth, sticking } = await page.evaluate(() => {
+    const list = document.querySelector("[data-testid=messages]");
+    const bounds = list.getBoundingClientRect();
+    const sticking = Array.from(list.children)
+      .filter((item) => item.getClientRects().length > 0)
+      .map((item) => ({ item, box: item.getBoundingClientRect() }))
+      .filter(({ box }) => box.left < bounds.left - 0.5 || box.right > bounds.right + 0.5 || box.right > window.innerWidth)
+      .map(({ item, box }) => `${item.dataset.testid} ${Math.round(box.left)}..${Math.round(box.right)}`);
+    return { scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth, sticking };
+  });
+  assert.ok(scrollWidth <= innerWidth, `${where}: nothing overflows sideways (${scrollWidth} > ${innerWidth})`);
+  assert.deepEqual(sticking, [], `${where}: every message fits the conversation`);
+}
+
+/** Asserts that `locator` is visible and wholly inside the viewport. */
+export async function assertOnScreen(page, locator, what) {
+  await locator.waitFor({ state: "visible" });
+  const viewport = page.viewportSize();
+  const inside = (box) => box && box.x >= 0 && box.y >= 0 && box.x + box.width <= viewport.width + 0.5;
+  // The list re-renders its entries as the server's answers arrive: the
+  // element measured may be replaced in between, so measure until stable.
+  let box = null;
+  try {
+    await until(`${what} to be measured`, async () => inside((box = await locator.boundingBox())), { timeout: 3000 });
+  } catch {
+    // Reported below with the last measure.
+  }
+  assert.ok(inside(box), `${what} is on screen: ${JSON.stringify(box)} in ${JSON.stringify(viewport)}`);
+}
+
+/**
+ * The conversation as shown: the visible user messages and answers (an
+ * answer replaced by a regenerated one is hidden), and the hidden ones.
+ */
+export async function conversation(page) {
+  return page.evaluate(() => {
+    const text = (item, testId) => item.querySelector(`[data-testid=${testId}]`)?.textContent ?? "";
+    const shown = (item) => !item.hidden && item.dataset.replaced !== "true";
+    const users = Array.from(document.querySelectorAll("[data-testid=user-message]"));
+    const answers = Array.from(document.querySelectorAll("[data-testid=assistant-message]"));
+    return {
+      users: users.filter(shown).map((item) => text(item, "message-text")),
+      answers: answers.filter(shown).map((item) => ({ state: item.dataset.state, text: text(item, "assistant-text") })),
+      replacedUsers: users.filter((item) => !shown(item)).map((item) => text(item, "message-text")),
+      replacedAnswers: answers.filter((item) => !shown(item)).map((item) => text(item, "assistant-text")),
+    };
+  });
+}
+
+/** Waits until the last shown answer is final with `text`. */
+export async function waitForAnswer(page, text) {
+  await until(`the answer ${JSON.stringify(text)}`, async () => {
+    const { answers } = await conversation(page);
+    const last = answers.at(-1);
+    return last?.state === "final" && last.text === text;
+  });
 }

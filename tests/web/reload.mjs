@@ -17,6 +17,7 @@ import {
   snapshot,
   timelineSequences,
   until,
+  waitForSession,
 } from "./lib.mjs";
 
 /** Checks one snapshot against the server's log; answers its last sequence. */
@@ -58,7 +59,7 @@ scenario("reload", async ({ page, base, params, log }) => {
 
   await page.reload();
   // The same session, rebuilt from sequence 1, still streaming.
-  await until("the session to reopen", async () => (await page.getByTestId("chat-title").textContent()) === sessionId);
+  await waitForSession(page, sessionId);
   await page.locator('[data-testid=assistant-message][data-state="streaming"]').waitFor();
   // Sample the page while the answer streams on: each sample must agree
   // with the log as the server stored it.

@@ -1,7 +1,7 @@
 // The session list: newest first, a page at a time (`?limit=2` in the
 // page's URL sets the page size), and a listed session opens on click.
 
-import { assert, scenario, sessionIdOf, until } from "./lib.mjs";
+import { assert, scenario, sessionIdOf, until, waitForSession } from "./lib.mjs";
 
 scenario("session_list", async ({ page, base, params }) => {
   const listed = () => page.getByTestId("session-item").evaluateAll((items) => items.map((item) => item.dataset.sessionId));
@@ -20,7 +20,7 @@ scenario("session_list", async ({ page, base, params }) => {
 
   const item = page.locator(`[data-testid=session-item][data-session-id="${params.open}"]`);
   await item.getByTestId("session-link").click();
-  await until("the chosen session to open", async () => (await page.getByTestId("chat-title").textContent()) === params.open);
+  await waitForSession(page, params.open);
   assert.equal(sessionIdOf(page), params.open);
   assert.equal(await item.getByTestId("session-link").getAttribute("aria-current"), "page");
   // Its log so far: session_started, listed in the timeline.

@@ -1,5 +1,7 @@
-// The web UI of keel serve: the session list, the new-session form and the
-// chat view of the session named in the URL (#/sessions/{id}).
+// The web UI of keel serve: the session list (a drawer at phone width), the
+// new-session form and the chat view of the session named in the URL
+// (#/sessions/{id}), with its title, rename, delete and compact actions and
+// the per-message actions (edit, fork, regenerate) of chat.js.
 //
 // Plain ES modules, no build step; served from the binary by
 // src/server/ui.rs. The API is docs/http-api.md.
@@ -12,6 +14,10 @@ const $ = (id) => document.getElementById(id);
 
 const ui = {
   notice: $("notice"),
+  sessionsToggle: $("sessions-toggle"),
+  sidebar: $("sidebar"),
+  sidebarBackdrop: $("sidebar-backdrop"),
+  sessionsClose: $("sessions-close"),
   askToken: $("ask-token"),
   newForm: $("new-session"),
   newModel: $("new-model"),
@@ -26,6 +32,17 @@ const ui = {
   emptyChat: $("empty-chat"),
   chatView: $("chat-view"),
   chatTitle: $("chat-title"),
+  chatId: $("chat-id"),
+  renameForm: $("rename-form"),
+  renameInput: $("rename-input"),
+  renameCancel: $("rename-cancel"),
+  renameError: $("rename-error"),
+  rename: $("rename"),
+  compact: $("compact"),
+  deleteSession: $("delete"),
+  deleteConfirm: $("delete-confirm"),
+  deleteYes: $("delete-yes"),
+  deleteNo: $("delete-no"),
   chatMeta: $("chat-meta"),
   streamStatus: $("stream-status"),
   turnStatus: $("turn-status"),
@@ -138,7 +155,9 @@ function sessionItem(session) {
   const link = h(
     "a",
     { href: `#/sessions/${encodeURIComponent(session.id)}`, "data-testid": "session-link" },
-    h("span", { class: "session-id", text: session.id }),
+    session.title
+      ? h("span", { class: "session-title", "data-testid": "session-title", text: session.title })
+      : h("span", { class: "session-id", "data-testid": "session-title", text: session.id }),
   );
   const state = h("span", {
     class: "badge",
@@ -151,6 +170,7 @@ function sessionItem(session) {
     "li",
     { "data-testid": "session-item", "data-session-id": session.id },
     link,
+    session.title ? h("div", { class: "session-meta session-id", text: session.id }) : null,
     h("div", { class: "session-meta" }, state, ` ${session.bot_id} · ${turns} · ${formatTime(session.created_at_ms)}`),
   );
   if (current?.id === session.id) {
@@ -217,12 +237,12 @@ let entryRefresh = null;
 function refreshListedSoon(sessionId) {
   clearTimeout(entryRefresh);
   entryRefresh = setTimeout(async () => {
-    if (!listedItem(sessionId)) {
-      return;
-    }
     try {
       const session = await api(sessionPath(sessionId));
       listedItem(sessionId)?.replaceWith(sessionItem(session));
+      if (current?.id === sessionId) {
+        showTitle(session);
+      }
     } catch {
       // The entry keeps what it showed; the list's Refresh button is there.
     }
@@ -277,7 +297,7 @@ ui.newForm.addEventListener("submit", async (event) => {
 
 // --- The chat view ---------------------------------------------------------
 
-/** The open session: { id, feed }. */
+/** The open session: { id, feed, title }. */
 let current = null;
 
 const TURN_STATUS = {
@@ -316,7 +336,50 @@ const chat = new ChatView({
       renderMeta();
     }
   },
+  // The first message titles the session (the server sets it).
+  onUserMessage: () => {
+    if (current && !current.title) {
+      refreshListedSoon(current.id);
+    }
+  },
+  actions: {
+    edit: (turnId, text) => forkAndOpen({ before_turn: turnId, message: text }),
+    fork: (atSequence) => forkAndOpen({ at_sequence: atSequence }),
+    regenerate: () => submitOp({ type: "regenerate" }),
+  },
 });
+
+/** Submits an op to the open session; throws what the server refused. */
+async function submitOp(op) {
+  if (!current) {
+    throw new Error("no session is open");
+  }
+  return api(`${sessionPath(current.id)}/submissions`, { method: "POST", body: { op } });
+}
+
+/** Forks the open session and opens the fork. */
+async function forkAndOpen(body) {
+  if (!current) {
+    throw new Error("no session is open");
+  }
+  const fork = await api(`${sessionPath(current.id)}/fork`, { method: "POST", body });
+  location.hash = `#/sessions/${encodeURIComponent(fork.id)}`;
+  loadSessions();
+  return fork;
+}
+
+/** Shows the session's title (or its id when it has none) in the header. */
+function showTitle(session) {
+  if (!current || current.id !== session.id) {
+    return;
+  }
+  current.title = session.title ?? null;
+  if (ui.renameForm.hidden) {
+    ui.chatTitle.textContent = session.title ?? session.id;
+  }
+  ui.chatTitle.dataset.untitled = String(!session.title);
+  ui.chatId.textContent = session.title ? session.id : "";
+}
 
 const STREAM_STATUS = {
   connecting: "Connecting…",
@@ -337,7 +400,12 @@ function openSession(id) {
   closeSession();
   ui.emptyChat.hidden = true;
   ui.chatView.hidden = false;
+  ui.chatView.dataset.sessionId = id;
   ui.chatTitle.textContent = id;
+  ui.chatTitle.dataset.untitled = "true";
+  ui.chatId.textContent = "";
+  closeRename();
+  ui.deleteConfirm.hidden = true;
   ui.chatMeta.dataset.info = "";
   ui.chatMeta.dataset.usage = "";
   renderMeta();
@@ -346,7 +414,7 @@ function openSession(id) {
   ui.timelineCount.textContent = "0";
   ui.interrupt.hidden = true;
   ui.turnStatus.textContent = "";
-  const session = { id, feed: null };
+  const session = { id, feed: null, title: null };
   current = session;
   markCurrentInList();
   session.feed = new EventFeed(id, {
@@ -370,6 +438,7 @@ function openSession(id) {
       if (current !== session) {
         return;
       }
+      showTitle(info);
       ui.chatMeta.dataset.info = [info.model && `model ${info.model}`, `bot ${info.bot_id}`]
         .filter(Boolean)
         .join(" · ");
@@ -426,6 +495,128 @@ ui.interrupt.addEventListener("click", async () => {
   }
 });
 
+// --- Rename, delete, compact ------------------------------------------------
+
+function closeRename() {
+  ui.renameForm.hidden = true;
+  ui.chatTitle.hidden = false;
+  ui.rename.disabled = false;
+  showError(ui.renameError, "");
+}
+
+ui.rename.addEventListener("click", () => {
+  if (!current) {
+    return;
+  }
+  ui.renameInput.value = current.title ?? "";
+  ui.renameForm.hidden = false;
+  ui.chatTitle.hidden = true;
+  ui.rename.disabled = true;
+  ui.renameInput.focus();
+  ui.renameInput.select();
+});
+
+ui.renameCancel.addEventListener("click", closeRename);
+
+ui.renameInput.addEventListener("keydown", (event) => {
+  if (event.key === "Escape") {
+    closeRename();
+  }
+});
+
+ui.renameForm.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const session = current;
+  const title = ui.renameInput.value.trim();
+  if (!session || !title) {
+    return;
+  }
+  showError(ui.renameError, "");
+  try {
+    const renamed = await api(sessionPath(session.id), { method: "PATCH", body: { title } });
+    if (current !== session) {
+      return;
+    }
+    closeRename();
+    showTitle(renamed);
+    listedItem(renamed.id)?.replaceWith(sessionItem(renamed));
+  } catch (error) {
+    showError(ui.renameError, `Cannot rename: ${error.message}`);
+  }
+});
+
+ui.deleteSession.addEventListener("click", () => {
+  ui.deleteConfirm.hidden = false;
+  ui.deleteNo.focus();
+});
+
+ui.deleteNo.addEventListener("click", () => {
+  ui.deleteConfirm.hidden = true;
+  ui.deleteSession.focus();
+});
+
+ui.deleteYes.addEventListener("click", async () => {
+  const session = current;
+  if (!session) {
+    return;
+  }
+  ui.deleteYes.disabled = true;
+  try {
+    await api(sessionPath(session.id), { method: "DELETE" });
+    listedItem(session.id)?.remove();
+    if (current === session) {
+      location.hash = "#/";
+    }
+    notify(`Deleted the session ${session.title ? `“${session.title}”` : session.id}.`);
+    loadSessions();
+  } catch (error) {
+    reportFailure("Cannot delete the session", error);
+  } finally {
+    ui.deleteYes.disabled = false;
+    ui.deleteConfirm.hidden = true;
+  }
+});
+
+// A refusal (nothing to compact yet) comes as a `submission_rejected`
+// event, shown once in the conversation.
+ui.compact.addEventListener("click", async () => {
+  ui.compact.disabled = true;
+  try {
+    await submitOp({ type: "compact" });
+  } catch (error) {
+    reportFailure("Cannot compact", error);
+  } finally {
+    ui.compact.disabled = false;
+  }
+});
+
+// --- The sessions drawer (phone width) --------------------------------------
+
+const phone = window.matchMedia("(max-width: 720px)");
+
+function setDrawer(open) {
+  document.body.classList.toggle("sessions-open", open);
+  ui.sessionsToggle.setAttribute("aria-expanded", String(open));
+}
+
+ui.sessionsToggle.addEventListener("click", () => {
+  const open = !document.body.classList.contains("sessions-open");
+  setDrawer(open);
+  if (open) {
+    ui.sessionsClose.focus();
+  }
+});
+ui.sidebarBackdrop.addEventListener("click", () => setDrawer(false));
+ui.sessionsClose.addEventListener("click", () => {
+  setDrawer(false);
+  ui.sessionsToggle.focus();
+});
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && document.body.classList.contains("sessions-open")) {
+    setDrawer(false);
+  }
+});
+
 // --- The message box -------------------------------------------------------
 
 // The idempotency key of the message being sent: kept while its text is
@@ -474,6 +665,9 @@ ui.composer.addEventListener("submit", async (event) => {
 
 function route() {
   const match = /^#\/sessions\/(.+)$/.exec(location.hash);
+  // At phone width the drawer makes way for the chosen session, and opens
+  // when there is none to show.
+  setDrawer(!match && phone.matches);
   if (match) {
     let id;
     try {

@@ -14,6 +14,7 @@ import { api, ApiError, sessionPath, streamUrl } from "./api.js";
 /** The event kinds the server names in its SSE `event:` field. */
 export const EVENT_KINDS = [
   "session_started",
+  "session_forked",
   "turn_started",
   "user_message",
   "model_step_started",
@@ -24,6 +25,8 @@ export const EVENT_KINDS = [
   "approval_decided",
   "tool_call_started",
   "tool_call_completed",
+  "tool_call_progress",
+  "tools_changed",
   "token_usage",
   "turn_complete",
   "turn_aborted",
@@ -32,6 +35,8 @@ export const EVENT_KINDS = [
   "submission_rejected",
   "submission_queued",
   "shutdown_complete",
+  "context_compacted",
+  "turn_rolled_back",
 ];
 
 const PAGE = 1000;

@@ -1,0 +1,48 @@
+// Fork from a message: its Fork button makes a new session with the
+// conversation up to the end of that message's exchange and switches to it;
+// the fork says where it came from and links back; a message sent there
+// goes on from the fork point.
+
+import {
+  assert,
+  conversation,
+  createSession,
+  scenario,
+  send,
+  sessionIdOf,
+  until,
+  waitForAnswer,
+  waitForSession,
+} from "./lib.mjs";
+
+scenario("fork_message", async ({ page, base, params, log }) => {
+  await page.goto(base);
+  const parentId = await createSession(page);
+  await send(page, params.questions[0]);
+  await waitForAnswer(page, params.answers[0]);
+  await send(page, params.questions[1]);
+  await waitForAnswer(page, params.answers[1]);
+
+  const fork = page.getByTestId("user-message").first().getByRole("button", { name: "Fork the conversation after this exchange" });
+  await fork.click();
+  await until("the page to switch to the fork", () => sessionIdOf(page) !== parentId);
+  const forkId = sessionIdOf(page);
+  await waitForSession(page, forkId);
+  const marker = page.getByTestId("fork-marker");
+  await marker.waitFor();
+  assert.equal(await marker.getAttribute("data-parent"), parentId);
+  const at = Number(await marker.getAttribute("data-at"));
+  log(`forked into ${forkId} at ${at}`);
+  assert.match(await marker.textContent(), new RegExp(`Forked from ${parentId} at event ${at}`));
+  assert.deepEqual((await conversation(page)).users, [], "the fork's own log has no messages yet");
+
+  await send(page, params.fork_question);
+  await waitForAnswer(page, params.fork_answer);
+  assert.deepEqual((await conversation(page)).users, [params.fork_question]);
+
+  await marker.getByRole("link", { name: `Open the parent session ${parentId}` }).click();
+  await waitForSession(page, parentId);
+  await waitForAnswer(page, params.answers[1]);
+  assert.deepEqual((await conversation(page)).users, params.questions, "the parent is unchanged");
+  return { session_id: parentId, fork_id: forkId, at_sequence: at };
+});
