@@ -71,8 +71,11 @@ impl SessionHandle {
 
     /// What the session is doing now.
     pub fn status(&self) -> SessionStatus {
-        self.status
-            .snapshot(self.sender.queued(), self.recorder.last_sequence())
+        self.status.snapshot(
+            self.sender.queued(),
+            self.sender.last_queued(),
+            self.recorder.last_sequence(),
+        )
     }
 
     fn recorder(&self) -> Result<EventRecorder> {

@@ -95,7 +95,7 @@ impl Session {
             return Ok(Some(submission));
         }
         self.recorder.flush().await?;
-        self.status.set_working(false);
+        self.status.set_idle(self.inbox.last_sequence);
         tokio::select! {
             next = self.inbox.recv_any() => Ok(next),
             // A recorder that stopped (the store failed, or the session was

@@ -33,6 +33,11 @@ struct Activity {
     /// The task took a submission and is acting on it; a turn may be about
     /// to start.
     working: bool,
+    /// The sequence of the newest queued submission the task had taken
+    /// when it last went idle. One accepted after it (a higher sequence) is
+    /// still to act on, even once the task has received it and before it
+    /// shows as working.
+    acted: u64,
 }
 
 impl StatusCell {
@@ -42,6 +47,15 @@ impl StatusCell {
 
     pub(super) fn set_working(&self, working: bool) {
         self.with(|activity| activity.working = working);
+    }
+
+    /// The task waits for work, having taken every queued submission up to
+    /// sequence `acted`.
+    pub(super) fn set_idle(&self, acted: u64) {
+        self.with(|activity| {
+            activity.working = false;
+            activity.acted = activity.acted.max(acted);
+        });
     }
 
     pub(super) fn begin_turn(&self, turn_id: &str) {
@@ -62,16 +76,39 @@ impl StatusCell {
         self.with(|activity| activity.awaiting_approval = calls.to_vec());
     }
 
-    /// The snapshot, with the queue length and sequence filled in by the
-    /// caller. A session that took a submission but has not started its turn
-    /// yet is busy.
-    pub(super) fn snapshot(&self, queued: usize, last_sequence: u64) -> SessionStatus {
+    /// The snapshot, with the queue length, the sequence of the newest
+    /// queued submission accepted (`last_queued`) and the log's last
+    /// sequence filled in by the caller. A session that took a submission
+    /// but has not started acting on it yet is busy.
+    pub(super) fn snapshot(&self, queued: usize, last_queued: u64, last_sequence: u64) -> SessionStatus {
         self.with(|activity| SessionStatus {
             running_turn_id: activity.running_turn_id.clone(),
             queued,
             awaiting_approval: activity.awaiting_approval.clone(),
             last_sequence,
-            busy: activity.working || activity.running_turn_id.is_some() || queued > 0,
+            busy: activity.working || activity.running_turn_id.is_some() || queued > 0 || last_queued > activity.acted,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Between taking a submission off the queue and showing as working,
+    /// the session is busy: the submission was accepted after it last went
+    /// idle.
+    #[test]
+    fn a_submission_taken_but_not_yet_acted_on_keeps_the_session_busy() {
+        let cell = StatusCell::default();
+        cell.set_idle(0);
+        assert!(!cell.snapshot(0, 0, 0).busy);
+        // Accepted as sequence 1, then received: the queue is empty again.
+        assert!(cell.snapshot(0, 1, 0).busy, "taken but not acted on");
+        cell.set_working(true);
+        assert!(cell.snapshot(0, 1, 0).busy);
+        cell.set_idle(1);
+        assert!(!cell.snapshot(0, 1, 3).busy);
+        assert!(cell.snapshot(1, 1, 3).busy, "a place reserved in the queue");
     }
 }

@@ -111,6 +111,16 @@ impl SubmissionSender {
         self.queue.max_capacity() - self.queue.capacity()
     }
 
+    /// The sequence of the newest submission accepted into the queue lane
+    /// (0 before the first).
+    pub fn last_queued(&self) -> u64 {
+        self.sequencing
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .last_queued
+            .unwrap_or(0)
+    }
+
     /// A sender that does not keep the queue open.
     pub fn downgrade(&self) -> WeakSubmissionSender {
         WeakSubmissionSender {

@@ -461,6 +461,11 @@ impl Chat {
                         self.problem("/edit needs the new text: /edit TEXT")?;
                         continue;
                     }
+                    // The fork starts where the session rests: what the
+                    // last turn left is settled first.
+                    if self.session.busy().await? && self.follow(Until::Idle).await? == Outcome::Leave {
+                        return Ok(Finish::Leave(self.leave_code()));
+                    }
                     match self.edit_into_fork().await? {
                         true => text,
                         false => continue,
@@ -514,10 +519,6 @@ impl Chat {
             self.problem("there is no message to edit yet")?;
             return Ok(false);
         };
-        if self.session.busy().await? {
-            self.problem("a turn is running: wait for it (or interrupt it) before editing")?;
-            return Ok(false);
-        }
         let parent = self.session.id().to_owned();
         let fork_id = self.session.fork_before(&turn_id).await?;
         let mut args = self.args.clone();
