@@ -11,6 +11,8 @@
 //! **Architecture invariant:** a batch of events and the checkpoint write that
 //! goes with it are committed atomically, or not at all.
 
+#[cfg(test)]
+pub(crate) mod conformance;
 mod error;
 pub mod sqlite;
 mod usage;
