@@ -691,6 +691,35 @@ mod tests {
         delay: std::time::Duration,
     }
 
+    impl GatedStore {
+        fn new(inner: Arc<SqliteCheckpoint>, permits: usize, delay: std::time::Duration) -> Arc<Self> {
+            Arc::new(Self {
+                inner,
+                gate: tokio::sync::Semaphore::new(permits),
+                batches: AtomicUsize::new(0),
+                delay,
+            })
+        }
+    }
+
+    /// A SQLite store in `directory` with the session "s", behind a gate that
+    /// lets no write through yet.
+    async fn closed_gate(directory: &tempfile::TempDir) -> (Arc<SqliteCheckpoint>, Arc<GatedStore>) {
+        let sqlite = Arc::new(SqliteCheckpoint::new(directory.path().join("db.sqlite3")).expect("store"));
+        sqlite.save(&Checkpoint::empty("s"), &[], None).await.expect("session");
+        let store = GatedStore::new(Arc::clone(&sqlite), 0, std::time::Duration::ZERO);
+        (sqlite, store)
+    }
+
+    /// Queues `first` and waits until the store has sealed it as a batch (the
+    /// gate keeps it from being written).
+    async fn seal_first_batch(recorder: &EventRecorder, store: &GatedStore, first: Event) {
+        try_send_event(recorder, first).expect("queue");
+        while store.batches.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+
     impl CheckpointStore for GatedStore {
         fn save<'a>(
             &'a self,
@@ -794,20 +823,10 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn events_queued_behind_a_sealed_batch_form_one_next_batch() {
         let directory = tempfile::tempdir().expect("directory");
-        let sqlite = Arc::new(SqliteCheckpoint::new(directory.path().join("db.sqlite3")).expect("store"));
-        sqlite.save(&Checkpoint::empty("s"), &[], None).await.expect("session");
-        let store = Arc::new(GatedStore {
-            inner: sqlite,
-            gate: tokio::sync::Semaphore::new(0),
-            batches: AtomicUsize::new(0),
-            delay: std::time::Duration::ZERO,
-        });
+        let (_sqlite, store) = closed_gate(&directory).await;
         let (recorder, mut delivered) = EventRecorder::spawn(store.clone(), "s".into());
 
-        try_send_event(&recorder, warning(0)).expect("queue");
-        while store.batches.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
+        seal_first_batch(&recorder, &store, warning(0)).await;
         // The first batch is sealed and waiting; these queue behind it.
         for index in 1..300 {
             try_send_event(&recorder, warning(index)).expect("queue");
@@ -858,19 +877,9 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_turns_end_and_a_history_cut_are_batch_boundaries() {
         let directory = tempfile::tempdir().expect("directory");
-        let sqlite = Arc::new(SqliteCheckpoint::new(directory.path().join("db.sqlite3")).expect("store"));
-        sqlite.save(&Checkpoint::empty("s"), &[], None).await.expect("session");
-        let store = Arc::new(GatedStore {
-            inner: Arc::clone(&sqlite),
-            gate: tokio::sync::Semaphore::new(0),
-            batches: AtomicUsize::new(0),
-            delay: std::time::Duration::ZERO,
-        });
+        let (sqlite, store) = closed_gate(&directory).await;
         let (recorder, mut delivered) = EventRecorder::spawn(store.clone(), "s".into());
-        try_send_event(&recorder, warning(0)).expect("queue");
-        while store.batches.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
+        seal_first_batch(&recorder, &store, warning(0)).await;
         // Behind the sealed first batch: a turn's end, then more.
         recorder
             .append(vec![warning(1)], Some(write(None, 2)))
@@ -936,12 +945,7 @@ mod tests {
     async fn a_session_is_idle_only_once_its_turn_is_stored() {
         let directory = tempfile::tempdir().expect("directory");
         let sqlite = Arc::new(SqliteCheckpoint::new(directory.path().join("db.sqlite3")).expect("store"));
-        let store = Arc::new(GatedStore {
-            inner: Arc::clone(&sqlite),
-            gate: tokio::sync::Semaphore::new(1_000),
-            batches: AtomicUsize::new(0),
-            delay: std::time::Duration::from_millis(100),
-        });
+        let store = GatedStore::new(Arc::clone(&sqlite), 1_000, std::time::Duration::from_millis(100));
         let mut config = crate::agent::AgentConfig::new("s", store, Arc::new(Answers));
         config.workspace = directory.path().to_path_buf();
         let mut agent = crate::agent::create_agent(config).await.expect("agent");

@@ -388,6 +388,334 @@ pub(crate) async fn append_with_cut(
     store.append(session_id, batch).await
 }
 
+/// Creates the sessions `{prefix}-00` to `{prefix}-{count - 1}` and returns
+/// their ids.
+pub(crate) async fn create_sessions(store: &dyn CheckpointStore, prefix: &str, count: usize) -> Vec<String> {
+    let session_ids: Vec<String> = (0..count).map(|n| format!("{prefix}-{n:02}")).collect();
+    for session_id in &session_ids {
+        create(store, session_id).await;
+    }
+    session_ids
+}
+
+/// Whether a target of [`unknown_session_targets`] names a session that does
+/// not exist.
+pub(crate) fn is_ghost(session_id: &str) -> bool {
+    session_id.starts_with("ghost")
+}
+
+/// Creates 14 sessions and returns their ids with one batch for each, and
+/// in the middle two batches for sessions that do not exist: one plain, one
+/// carrying a checkpoint (which must not create the session either).
+pub(crate) async fn unknown_session_targets(store: &dyn CheckpointStore) -> (Vec<String>, Vec<(String, AppendBatch)>) {
+    let known = create_sessions(store, "known", 14).await;
+    let mut targets: Vec<(String, AppendBatch)> = known
+        .iter()
+        .enumerate()
+        .map(|(n, session_id)| (session_id.clone(), batch(&events(session_id, n, n % 4 + 1))))
+        .collect();
+    targets.insert(7, ("ghost".into(), batch(&events("ghost", 0, 3))));
+    targets.insert(
+        8,
+        (
+            "ghost-with-checkpoint".into(),
+            AppendBatch {
+                lease: None,
+                events: encode(&events("ghost-with-checkpoint", 0, 2)),
+                checkpoint: Some(CheckpointWrite {
+                    checkpoint: checkpoint("ghost-with-checkpoint", "bot", 1),
+                    transcript_delta: vec![user("hello?")],
+                    execution: Some(execution("ghost-turn")),
+                    history_cut: None,
+                }),
+            },
+        ),
+    );
+    (known, targets)
+}
+
+/// Checks what the store says of one target of [`unknown_session_targets`]:
+/// an unknown session is refused and stays unknown, a known one holds
+/// exactly its batch's events, which this returns.
+pub(crate) async fn check_unknown_session_target(
+    store: &dyn CheckpointStore,
+    session_id: &str,
+    batch: &AppendBatch,
+    outcome: Result<AppendReceipt, StoreError>,
+) -> Option<Vec<Event>> {
+    if is_ghost(session_id) {
+        match outcome {
+            Err(StoreError::UnknownSession(named)) => assert_eq!(named, session_id),
+            other => panic!("append to {session_id}: expected UnknownSession, got {other:?}"),
+        }
+        assert_eq!(store.load(session_id).await.expect("load"), None);
+        match store
+            .event_page(
+                session_id,
+                EventPageRequest {
+                    before_sequence: None,
+                    limit: 10,
+                },
+            )
+            .await
+        {
+            Err(StoreError::UnknownSession(named)) => assert_eq!(named, session_id),
+            other => panic!("event page of {session_id}: expected UnknownSession, got {other:?}"),
+        }
+        None
+    } else {
+        let receipt = outcome.unwrap_or_else(|error| panic!("append to {session_id}: {error}"));
+        assert_eq!(receipt.first_sequence, 1);
+        let sent: Vec<Event> = batch
+            .events
+            .iter()
+            .map(|encoded| serde_json::from_str(&encoded.json).expect("decode sent event"))
+            .collect();
+        assert_eq!(whole_log(store, session_id).await, recorded(receipt, &sent));
+        assert_eq!(last_sequence(store, session_id).await, sent.len() as u64);
+        Some(sent)
+    }
+}
+
+/// Each of `sessions` appends `batches` batches of one to three events, all
+/// sessions at once; the future gives each session's log as its receipts
+/// say it must read.
+pub(crate) fn append_from_every_session<'a>(
+    store: &'a dyn CheckpointStore,
+    sessions: &'a [String],
+    batches: usize,
+) -> impl Future<Output = Vec<Vec<RecordedEvent>>> + 'a {
+    join_all(sessions.iter().map(move |session_id| async move {
+        let mut expected = Vec::new();
+        let mut next = 0;
+        for round in 0..batches {
+            let count = (round + session_id.len()) % 3 + 1;
+            let sent = events(session_id, next, count);
+            next += count;
+            let receipt = store.append(session_id, batch(&sent)).await.expect("append");
+            assert_eq!(receipt.first_sequence, expected.len() as u64 + 1);
+            expected.extend(recorded(receipt, &sent));
+        }
+        expected
+    }))
+}
+
+/// Asserts that each of `sessions` has exactly its expected log, gap-free.
+pub(crate) async fn assert_logs(
+    store: &dyn CheckpointStore,
+    sessions: &[String],
+    expected_logs: &[Vec<RecordedEvent>],
+) {
+    for (session_id, expected) in sessions.iter().zip(expected_logs) {
+        let log = whole_log(store, session_id).await;
+        assert_gap_free(&log);
+        assert_eq!(&log, expected, "log of {session_id}");
+        assert_eq!(last_sequence(store, session_id).await, expected.len() as u64);
+    }
+}
+
+/// What [`commit_a_turn`] committed.
+pub(crate) struct CommittedTurn {
+    /// The batch's events.
+    pub(crate) sent: Vec<Event>,
+    /// The session's log: the batch's events.
+    pub(crate) log: Vec<RecordedEvent>,
+    /// The session as it must load.
+    pub(crate) state: SessionState,
+}
+
+/// Creates the session "s" with one history item, then commits a turn's
+/// batch: three events, two items and the running turn.
+pub(crate) async fn commit_a_turn(store: &dyn CheckpointStore) -> CommittedTurn {
+    store
+        .save(&checkpoint("s", "bot", 0), &[user("hi")], None)
+        .await
+        .expect("create");
+    let sent = events("s", 0, 3);
+    let turn = execution("turn-1");
+    let receipt = store
+        .append(
+            "s",
+            AppendBatch {
+                lease: None,
+                events: encode(&sent),
+                checkpoint: Some(CheckpointWrite {
+                    checkpoint: checkpoint("s", "bot", 1),
+                    transcript_delta: vec![assistant("hello", false), user("again")],
+                    execution: Some(turn.clone()),
+                    history_cut: None,
+                }),
+            },
+        )
+        .await
+        .expect("append with checkpoint");
+    assert_eq!(receipt.first_sequence, 1);
+    let state = SessionState {
+        checkpoint: checkpoint("s", "bot", 1),
+        transcript: vec![user("hi"), assistant("hello", false), user("again")],
+        execution: Some(turn),
+        last_sequence: 3,
+        queued: Vec::new(),
+    };
+    let log = recorded(receipt, &sent);
+    CommittedTurn { sent, log, state }
+}
+
+/// The batch after [`commit_a_turn`]'s that the test makes fail: two
+/// events and a warning saying `warning`, one more history item, cut to
+/// `history_cut`.
+pub(crate) fn doomed_batch(warning: &str, history_cut: Option<u64>) -> AppendBatch {
+    let mut doomed = events("s", 3, 2);
+    doomed.push(Event {
+        submission_id: None,
+        msg: EventMsg::Warning(WarningEvent {
+            message: warning.into(),
+        }),
+    });
+    AppendBatch {
+        lease: None,
+        events: encode(&doomed),
+        checkpoint: Some(CheckpointWrite {
+            checkpoint: checkpoint("s", "bot", 2),
+            transcript_delta: vec![assistant("lost", false)],
+            execution: None,
+            history_cut,
+        }),
+    }
+}
+
+/// After [`doomed_batch`] failed: the next batch continues at sequence 4
+/// and the session is `committed` but for it. Returns that batch's events.
+pub(crate) async fn assert_no_hole_after_failure(store: &dyn CheckpointStore, committed: &CommittedTurn) -> Vec<Event> {
+    let next = events("s", 10, 2);
+    let receipt = store.append("s", batch(&next)).await.expect("append after failure");
+    assert_eq!(receipt.first_sequence, 4);
+    let mut log = committed.log.clone();
+    log.extend(recorded(receipt, &next));
+    let read = whole_log(store, "s").await;
+    assert_gap_free(&read);
+    assert_eq!(read, log);
+    assert_eq!(
+        store.load("s").await.expect("load"),
+        Some(SessionState {
+            last_sequence: 5,
+            ..committed.state.clone()
+        })
+    );
+    next
+}
+
+/// Creates the sessions "s" (with two events) and "other", one history item
+/// each; returns the log of "s".
+pub(crate) async fn create_s_and_other(store: &dyn CheckpointStore) -> Vec<RecordedEvent> {
+    store
+        .save(&checkpoint("s", "bot", 1), &[user("s history")], None)
+        .await
+        .expect("create s");
+    store
+        .save(&checkpoint("other", "bot", 7), &[user("other history")], None)
+        .await
+        .expect("create other");
+    append(store, "s", &events("s", 0, 2)).await
+}
+
+/// Appends to "s" a batch whose checkpoint is of the session `foreign`, and
+/// asserts that it is refused as invalid.
+pub(crate) async fn append_a_foreign_checkpoint(store: &dyn CheckpointStore, foreign: &str) {
+    let error = store
+        .append(
+            "s",
+            AppendBatch {
+                lease: None,
+                events: encode(&events("s", 2, 3)),
+                checkpoint: Some(CheckpointWrite {
+                    checkpoint: checkpoint(foreign, "bot", 99),
+                    transcript_delta: vec![user("misdirected")],
+                    execution: Some(execution("turn")),
+                    history_cut: None,
+                }),
+            },
+        )
+        .await
+        .expect_err("a foreign checkpoint is refused");
+    assert!(matches!(error, StoreError::Invalid(_)), "{foreign}: {error:?}");
+}
+
+/// A batch with no events that adds `delta` to the history of `session_id`.
+pub(crate) fn only_history(
+    session_id: &str,
+    model_calls: u64,
+    delta: Vec<TranscriptItem>,
+    turn: Option<TurnExecution>,
+) -> AppendBatch {
+    AppendBatch {
+        lease: None,
+        events: vec![],
+        checkpoint: Some(CheckpointWrite {
+            checkpoint: checkpoint(session_id, "bot", model_calls),
+            transcript_delta: delta,
+            execution: turn,
+            history_cut: None,
+        }),
+    }
+}
+
+/// Creates "s" with one history item, appends `first`, then a batch of
+/// history alone, whose receipt this returns.
+pub(crate) async fn history_then_events_then_history(
+    store: &dyn CheckpointStore,
+    first: &[Event],
+) -> (Vec<RecordedEvent>, AppendReceipt) {
+    store
+        .save(&checkpoint("s", "bot", 0), &[user("u1")], None)
+        .await
+        .expect("create with history");
+    let log = append(store, "s", first).await;
+    let receipt = store
+        .append(
+            "s",
+            only_history(
+                "s",
+                1,
+                vec![assistant("a1", false), user("u2")],
+                Some(execution("turn-1")),
+            ),
+        )
+        .await
+        .expect("append history alone");
+    (log, receipt)
+}
+
+/// After [`history_then_events_then_history`]: history from a save, the
+/// events `second`, and history alone again, whose receipt this returns.
+pub(crate) async fn more_history_and_events(
+    store: &dyn CheckpointStore,
+    second: &[Event],
+) -> (Vec<RecordedEvent>, AppendReceipt) {
+    store
+        .save(&checkpoint("s", "bot", 2), &[assistant("a2", true)], None)
+        .await
+        .expect("save history");
+    let log = append(store, "s", second).await;
+    let receipt = store
+        .append("s", only_history("s", 3, vec![user("u3")], Some(execution("turn-2"))))
+        .await
+        .expect("append history alone");
+    (log, receipt)
+}
+
+/// Creates the session "quiet", which has history and never has an event.
+pub(crate) async fn create_quiet(store: &dyn CheckpointStore) {
+    store
+        .save(&checkpoint("quiet", "bot", 0), &[user("q1")], None)
+        .await
+        .expect("create quiet");
+    store
+        .append("quiet", only_history("quiet", 1, vec![assistant("q2", false)], None))
+        .await
+        .expect("append history alone");
+}
+
 // ---------------------------------------------------------------------------
 // The tests
 // ---------------------------------------------------------------------------
@@ -438,35 +766,9 @@ pub(crate) async fn sequences_start_at_one_and_stay_gap_free_per_session_across_
 
 pub(crate) async fn append_to_unknown_session_fails_alone_and_writes_nothing(factory: &impl StoreFactory) {
     let (_database, store) = factory.fresh().await;
-    let known: Vec<String> = (0..14).map(|n| format!("known-{n:02}")).collect();
-    for session_id in &known {
-        create(&store, session_id).await;
-    }
     // Two writes to sessions that do not exist, sent together with the
-    // others: one plain, one carrying a checkpoint (which must not create
-    // the session either).
-    let mut targets: Vec<(String, AppendBatch)> = known
-        .iter()
-        .enumerate()
-        .map(|(n, session_id)| (session_id.clone(), batch(&events(session_id, n, n % 4 + 1))))
-        .collect();
-    targets.insert(7, ("ghost".into(), batch(&events("ghost", 0, 3))));
-    targets.insert(
-        8,
-        (
-            "ghost-with-checkpoint".into(),
-            AppendBatch {
-                lease: None,
-                events: encode(&events("ghost-with-checkpoint", 0, 2)),
-                checkpoint: Some(CheckpointWrite {
-                    checkpoint: checkpoint("ghost-with-checkpoint", "bot", 1),
-                    transcript_delta: vec![user("hello?")],
-                    execution: Some(execution("ghost-turn")),
-                    history_cut: None,
-                }),
-            },
-        ),
-    );
+    // others.
+    let (known, targets) = unknown_session_targets(&store).await;
 
     let outcomes = join_all(targets.iter().map(|(session_id, batch)| {
         let store = &store;
@@ -476,40 +778,15 @@ pub(crate) async fn append_to_unknown_session_fails_alone_and_writes_nothing(fac
     .await;
 
     for ((session_id, batch), outcome) in targets.iter().zip(outcomes) {
-        if session_id.starts_with("ghost") {
-            match outcome {
-                Err(StoreError::UnknownSession(named)) => assert_eq!(&named, session_id),
-                other => panic!("append to {session_id}: expected UnknownSession, got {other:?}"),
-            }
-            assert_eq!(store.load(session_id).await.expect("load"), None);
-            match store
-                .event_page(
-                    session_id,
-                    EventPageRequest {
-                        before_sequence: None,
-                        limit: 10,
-                    },
-                )
-                .await
-            {
-                Err(StoreError::UnknownSession(named)) => assert_eq!(&named, session_id),
-                other => panic!("event page of {session_id}: expected UnknownSession, got {other:?}"),
-            }
+        if check_unknown_session_target(&store, session_id, batch, outcome)
+            .await
+            .is_none()
+        {
             assert_eq!(
                 store.session_summary(session_id).await.expect("summary"),
                 None,
                 "no session for {session_id}"
             );
-        } else {
-            let receipt = outcome.unwrap_or_else(|error| panic!("append to {session_id}: {error}"));
-            assert_eq!(receipt.first_sequence, 1);
-            let sent: Vec<Event> = batch
-                .events
-                .iter()
-                .map(|encoded| serde_json::from_str(&encoded.json).expect("decode sent event"))
-                .collect();
-            assert_eq!(whole_log(&store, session_id).await, recorded(receipt, &sent));
-            assert_eq!(last_sequence(&store, session_id).await, sent.len() as u64);
         }
     }
     // No history of the refused batches went anywhere.
@@ -529,34 +806,9 @@ pub(crate) async fn sixty_four_concurrent_sessions_each_keep_a_complete_gap_free
     const SESSIONS: usize = 64;
     const BATCHES: usize = 20;
     let (_database, store) = factory.fresh().await;
-    let sessions: Vec<String> = (0..SESSIONS).map(|n| format!("session-{n:02}")).collect();
-    for session_id in &sessions {
-        create(&store, session_id).await;
-    }
-    let expected_logs = join_all(sessions.iter().map(|session_id| {
-        let store = &store;
-        async move {
-            let mut expected = Vec::new();
-            let mut next = 0;
-            for round in 0..BATCHES {
-                let count = (round + session_id.len()) % 3 + 1;
-                let sent = events(session_id, next, count);
-                next += count;
-                let receipt = store.append(session_id, batch(&sent)).await.expect("append");
-                assert_eq!(receipt.first_sequence, expected.len() as u64 + 1);
-                expected.extend(recorded(receipt, &sent));
-            }
-            expected
-        }
-    }))
-    .await;
-
-    for (session_id, expected) in sessions.iter().zip(&expected_logs) {
-        let log = whole_log(&store, session_id).await;
-        assert_gap_free(&log);
-        assert_eq!(&log, expected, "log of {session_id}");
-        assert_eq!(last_sequence(&store, session_id).await, expected.len() as u64);
-    }
+    let sessions = create_sessions(&store, "session", SESSIONS).await;
+    let expected_logs = append_from_every_session(&store, &sessions, BATCHES).await;
+    assert_logs(&store, &sessions, &expected_logs).await;
 }
 
 pub(crate) async fn save_creates_rewrites_and_extends_a_session_and_load_returns_exactly_that(
@@ -661,94 +913,31 @@ pub(crate) async fn append_with_checkpoint_commits_events_checkpoint_and_history
     factory: &impl StoreFactory,
 ) {
     let (_database, store) = factory.fresh().await;
-    store
-        .save(&checkpoint("s", "bot", 0), &[user("hi")], None)
-        .await
-        .expect("create");
 
     // Success: everything of the batch is there.
-    let sent = events("s", 0, 3);
-    let turn = execution("turn-1");
-    let receipt = store
-        .append(
-            "s",
-            AppendBatch {
-                lease: None,
-                events: encode(&sent),
-                checkpoint: Some(CheckpointWrite {
-                    checkpoint: checkpoint("s", "bot", 1),
-                    transcript_delta: vec![assistant("hello", false), user("again")],
-                    execution: Some(turn.clone()),
-                    history_cut: None,
-                }),
-            },
-        )
-        .await
-        .expect("append with checkpoint");
-    assert_eq!(receipt.first_sequence, 1);
-    let committed = SessionState {
-        checkpoint: checkpoint("s", "bot", 1),
-        transcript: vec![user("hi"), assistant("hello", false), user("again")],
-        execution: Some(turn),
-        last_sequence: 3,
-        queued: Vec::new(),
-    };
-    assert_eq!(store.load("s").await.expect("load"), Some(committed.clone()));
-    let log = recorded(receipt, &sent);
-    assert_eq!(whole_log(&store, "s").await, log);
+    let committed = commit_a_turn(&store).await;
+    assert_eq!(store.load("s").await.expect("load"), Some(committed.state.clone()));
+    assert_eq!(whole_log(&store, "s").await, committed.log);
 
     // Failure: a batch the store refuses (its cut is longer than the
     // history) leaves nothing of its events, checkpoint or history.
-    let mut doomed = events("s", 3, 2);
-    doomed.push(Event {
-        submission_id: None,
-        msg: EventMsg::Warning(WarningEvent {
-            message: "refused".into(),
-        }),
-    });
     let error = store
-        .append(
-            "s",
-            AppendBatch {
-                lease: None,
-                events: encode(&doomed),
-                checkpoint: Some(CheckpointWrite {
-                    checkpoint: checkpoint("s", "bot", 2),
-                    transcript_delta: vec![assistant("lost", false)],
-                    execution: None,
-                    history_cut: Some(4),
-                }),
-            },
-        )
+        .append("s", doomed_batch("refused", Some(4)))
         .await
         .expect_err("a cut past the history is refused");
     assert!(matches!(&error, StoreError::Invalid(_)), "{error:?}");
-    assert_eq!(store.load("s").await.expect("load"), Some(committed.clone()));
-    assert_eq!(whole_log(&store, "s").await, log);
+    assert_eq!(store.load("s").await.expect("load"), Some(committed.state.clone()));
+    assert_eq!(whole_log(&store, "s").await, committed.log);
 
     // The failed batch left no hole: the next one continues at 4.
-    let next = events("s", 10, 2);
-    let receipt = store.append("s", batch(&next)).await.expect("append after failure");
-    assert_eq!(receipt.first_sequence, 4);
-    let mut log = log;
-    log.extend(recorded(receipt, &next));
-    let read = whole_log(&store, "s").await;
-    assert_gap_free(&read);
-    assert_eq!(read, log);
-    assert_eq!(
-        store.load("s").await.expect("load"),
-        Some(SessionState {
-            last_sequence: 5,
-            ..committed.clone()
-        })
-    );
+    assert_no_hole_after_failure(&store, &committed).await;
     // The refused batch's history was not counted: the next items follow
     // the committed ones.
     store
         .save(&checkpoint("s", "bot", 3), &[assistant("after", false)], None)
         .await
         .expect("save after failure");
-    let mut transcript = committed.transcript;
+    let mut transcript = committed.state.transcript;
     transcript.push(assistant("after", false));
     assert_eq!(
         store.load("s").await.expect("load").map(|state| state.transcript),
@@ -758,36 +947,12 @@ pub(crate) async fn append_with_checkpoint_commits_events_checkpoint_and_history
 
 pub(crate) async fn append_refuses_a_checkpoint_of_another_session_and_writes_nothing(factory: &impl StoreFactory) {
     let (_database, store) = factory.fresh().await;
-    store
-        .save(&checkpoint("s", "bot", 1), &[user("s history")], None)
-        .await
-        .expect("create s");
-    store
-        .save(&checkpoint("other", "bot", 7), &[user("other history")], None)
-        .await
-        .expect("create other");
-    let log = append(&store, "s", &events("s", 0, 2)).await;
+    let log = create_s_and_other(&store).await;
     let s_before = store.load("s").await.expect("load");
     let other_before = store.load("other").await.expect("load");
 
     for foreign in ["other", "nobody"] {
-        let error = store
-            .append(
-                "s",
-                AppendBatch {
-                    lease: None,
-                    events: encode(&events("s", 2, 3)),
-                    checkpoint: Some(CheckpointWrite {
-                        checkpoint: checkpoint(foreign, "bot", 99),
-                        transcript_delta: vec![user("misdirected")],
-                        execution: Some(execution("turn")),
-                        history_cut: None,
-                    }),
-                },
-            )
-            .await
-            .expect_err("a foreign checkpoint is refused");
-        assert!(matches!(error, StoreError::Invalid(_)), "{foreign}: {error:?}");
+        append_a_foreign_checkpoint(&store, foreign).await;
         assert_eq!(store.load("s").await.expect("load"), s_before);
         assert_eq!(store.load("other").await.expect("load"), other_before);
         assert_eq!(whole_log(&store, "s").await, log);
@@ -1031,68 +1196,19 @@ pub(crate) async fn batches_with_history_but_no_events_are_stored_loaded_and_inv
     factory: &impl StoreFactory,
 ) {
     let (database, store) = factory.fresh().await;
-    let only_history = |model_calls: u64, delta: Vec<TranscriptItem>, turn: Option<TurnExecution>| AppendBatch {
-        lease: None,
-        events: vec![],
-        checkpoint: Some(CheckpointWrite {
-            checkpoint: checkpoint("s", "bot", model_calls),
-            transcript_delta: delta,
-            execution: turn,
-            history_cut: None,
-        }),
-    };
 
     // History before any event, events, then history from an append that
     // carries only a checkpoint write and from a save, more events, and
     // history after the last event.
-    store
-        .save(&checkpoint("s", "bot", 0), &[user("u1")], None)
-        .await
-        .expect("create with history");
-    let first = events("s", 0, 5);
-    let mut log = append(&store, "s", &first).await;
-    let receipt = store
-        .append(
-            "s",
-            only_history(1, vec![assistant("a1", false), user("u2")], Some(execution("turn-1"))),
-        )
-        .await
-        .expect("append history alone");
+    let (mut log, receipt) = history_then_events_then_history(&store, &events("s", 0, 5)).await;
     assert_eq!(receipt.first_sequence, 6, "names the next sequence and takes none");
     assert_eq!(last_sequence(&store, "s").await, 5);
-    store
-        .save(&checkpoint("s", "bot", 2), &[assistant("a2", true)], None)
-        .await
-        .expect("save history");
-    let second = events("s", 5, 3);
-    log.extend(append(&store, "s", &second).await);
-    let receipt = store
-        .append("s", only_history(3, vec![user("u3")], Some(execution("turn-2"))))
-        .await
-        .expect("append history alone");
+    let (second, receipt) = more_history_and_events(&store, &events("s", 5, 3)).await;
+    log.extend(second);
     assert_eq!(receipt.first_sequence, 9);
 
     // A session that has history and never had an event.
-    store
-        .save(&checkpoint("quiet", "bot", 0), &[user("q1")], None)
-        .await
-        .expect("create quiet");
-    store
-        .append(
-            "quiet",
-            AppendBatch {
-                lease: None,
-                events: vec![],
-                checkpoint: Some(CheckpointWrite {
-                    checkpoint: checkpoint("quiet", "bot", 1),
-                    transcript_delta: vec![assistant("q2", false)],
-                    execution: None,
-                    history_cut: None,
-                }),
-            },
-        )
-        .await
-        .expect("append history alone");
+    create_quiet(&store).await;
 
     let state = SessionState {
         checkpoint: checkpoint("s", "bot", 3),

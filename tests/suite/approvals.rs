@@ -9,7 +9,7 @@ use keel::agent::{AgentConfig, BoxFuture, ModelOutput, StreamingOptions, ToolCal
 use keel::protocol::*;
 use keel::store::SqliteCheckpoint;
 use keel::tools::{ApprovalPolicy, ApprovalRules, Tool, ToolContext, ToolError, ToolSet};
-use keel::{Agent, CheckpointStore, Op};
+use keel::{Agent, Op};
 use tokio::sync::{Notify, Semaphore};
 
 use super::support::*;
@@ -108,9 +108,7 @@ fn scripted(script: Vec<ModelOutput>) -> Arc<TestModel> {
 }
 
 fn config(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<dyn keel::Model>, tools: ToolSet) -> AgentConfig {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(SESSION, store, model);
-    config.workspace = db.workspace().to_path_buf();
+    let mut config = session_config(db, SESSION, store, model);
     config.tools = tools;
     config.streaming = StreamingOptions::per_delta();
     config

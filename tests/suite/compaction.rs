@@ -66,23 +66,14 @@ impl Model for Recording {
 /// The session's configuration: `model` with a `window`-token context at
 /// the default threshold, every delta its own event.
 fn config_with(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<Recording>, window: u64) -> AgentConfig {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(SESSION, store, model);
-    config.workspace = db.workspace().to_path_buf();
+    let mut config = session_config(db, SESSION, store, model);
     config.streaming = StreamingOptions::per_delta();
     config.context_limits = Some(ContextLimits { window, threshold: 0.8 });
     config
 }
 
 async fn agent_with(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<Recording>, window: u64) -> Agent {
-    let mut agent = start_with(config_with(db, store, model, window)).await;
-    assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
-    agent
-}
-
-async fn turn(agent: &mut Agent, text: &str) -> Vec<RecordedEvent> {
-    agent.sender().submit(user(text)).expect("submit");
-    read_turn(agent).await
+    start_session(config_with(db, store, model, window)).await
 }
 
 fn compactions(events: &[RecordedEvent]) -> Vec<ContextCompactedEvent> {
@@ -119,9 +110,9 @@ async fn past_the_threshold_the_model_gets_the_summary_and_the_latest_message_ev
     let model = Recording::new(&script, &db, false);
     // 100 tokens, compacted past 80 (320 bytes): the second turn passes it.
     let mut agent = agent_with(&db, &store, Arc::clone(&model), 100).await;
-    let first = turn(&mut agent, &long(1, 200)).await;
+    let first = run_turn(&mut agent, &long(1, 200)).await;
     assert!(compactions(&first).is_empty());
-    let second = turn(&mut agent, &long(2, 200)).await;
+    let second = run_turn(&mut agent, &long(2, 200)).await;
     let compacted = compactions(&second);
     assert_eq!(compacted.len(), 1, "{second:?}");
     let compacted = &compacted[0];
@@ -153,7 +144,7 @@ async fn past_the_threshold_the_model_gets_the_summary_and_the_latest_message_ev
     let state = store.load(SESSION).await.expect("load").expect("session");
     assert_eq!(state.transcript.len(), 4);
     let mut agent = agent_with(&db, &store, Arc::clone(&model), 100_000).await;
-    turn(&mut agent, "short").await;
+    run_turn(&mut agent, "short").await;
     let (_, resumed_history) = model.seen().pop().expect("a request");
     assert!(text(&resumed_history[0]).starts_with(SUMMARY_PREFIX));
     assert_eq!(text(&resumed_history[1]), long(2, 200));
@@ -168,7 +159,7 @@ async fn a_compaction_cut_by_a_crash_leaves_no_trace_and_is_redone() {
     let script = "{\"text\": \"first\"}\n{\"text\": \"sum\", \"summary\": true}\n{\"text\": \"second\"}\n";
     let model = Recording::new(script, &db, true);
     let mut agent = agent_with(&db, &store, Arc::clone(&model), 100).await;
-    turn(&mut agent, &long(1, 400)).await;
+    run_turn(&mut agent, &long(1, 400)).await;
     agent.sender().submit(user(&long(2, 400))).expect("submit");
     // Delivered means stored: the turn is in the log when the crash comes.
     read_until(&mut agent, |event| event.msg.kind() == "user_message").await;
@@ -187,7 +178,7 @@ async fn a_compaction_cut_by_a_crash_leaves_no_trace_and_is_redone() {
     let opened = read_until(&mut agent, |event| event.msg.kind() == "turn_aborted").await;
     assert!(compactions(&opened).is_empty());
     // The next turn compacts afresh, from the same script position.
-    let events = turn(&mut agent, "again").await;
+    let events = run_turn(&mut agent, "again").await;
     let compacted = compactions(&events);
     assert_eq!(compacted.len(), 1, "{events:?}");
     assert_eq!(compacted[0].summary, "sum");
@@ -209,8 +200,8 @@ async fn the_compact_op_compacts_between_turns_or_says_why_not() {
         rejected.last().and_then(|event| event.submission_id.clone()),
         Some(nothing.id)
     );
-    turn(&mut agent, "hello").await;
-    turn(&mut agent, "again").await;
+    run_turn(&mut agent, "hello").await;
+    run_turn(&mut agent, "again").await;
     let submitted = agent.sender().submit(Op::Compact).expect("submit compact");
     let event = next(&mut agent).await;
     assert_eq!(event.submission_id, Some(submitted.id));
@@ -257,7 +248,7 @@ async fn measure_tokens_sent_per_turn_on_a_long_conversation() {
         let mut compacting_ms = 0;
         let mut compactions_made = 0;
         for number in 0..TURNS {
-            let events = turn(&mut agent, &long(number, 600)).await;
+            let events = run_turn(&mut agent, &long(number, 600)).await;
             for compacted in compactions(&events) {
                 compacting_ms += compacted.duration_ms;
                 compactions_made += 1;
@@ -292,7 +283,7 @@ async fn an_interrupt_while_the_model_summarizes_ends_the_turn_without_compactin
     let script = "{\"text\": \"first\"}\n{\"text\": \"sum\", \"summary\": true}\n{\"text\": \"second\"}\n";
     let model = Recording::new(script, &db, true);
     let mut agent = agent_with(&db, &store, Arc::clone(&model), 100).await;
-    turn(&mut agent, &long(1, 400)).await;
+    run_turn(&mut agent, &long(1, 400)).await;
     agent.sender().submit(user(&long(2, 400))).expect("submit");
     guard("the summary request", model.summarizing.notified()).await;
     let interrupt = agent

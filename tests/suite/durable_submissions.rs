@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use keel::agent::{Accepted, AgentConfig, ModelEvent, ModelOutput, SessionHandle, SubmitOptions};
+use keel::agent::{Accepted, AgentConfig, SessionHandle, SubmitOptions};
 use keel::protocol::*;
 use keel::store::SqliteCheckpoint;
 use keel::{Agent, CheckpointStore, Error};
@@ -18,24 +18,14 @@ const SESSION: &str = "durable";
 /// A model whose first `blocked` calls stream "working" and then wait for
 /// `release`; later calls answer at once. Each answer names its call index.
 fn held_model(blocked: u64, release: Arc<Notify>, entered: Arc<Notify>) -> Arc<TestModel> {
-    TestModel::new(move |call| {
-        let (release, entered) = (Arc::clone(&release), Arc::clone(&entered));
-        Box::pin(async move {
-            if call.call_index < blocked {
-                (call.sink)(ModelEvent::TextDelta("working ".into()))?;
-                entered.notify_one();
-                release.notified().await;
-            }
-            Ok(ModelOutput::text(format!("answer {}", call.call_index)))
-        })
+    numbered_model("working ", entered, move |call_index| {
+        let release = Arc::clone(&release);
+        (call_index < blocked).then(|| Box::pin(async move { release.notified().await }) as _)
     })
 }
 
 fn config(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<TestModel>) -> AgentConfig {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(SESSION, store, model);
-    config.workspace = db.workspace().to_path_buf();
-    config
+    session_config(db, SESSION, store, model)
 }
 
 fn options(on_busy: BusyPolicy) -> SubmitOptions {
@@ -57,9 +47,8 @@ async fn busy_agent(
 ) -> (Agent, SessionHandle, Arc<Notify>, Arc<TestModel>) {
     let (release, entered) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let model = held_model(blocked, Arc::clone(&release), Arc::clone(&entered));
-    let mut agent = start_with(config(db, store, model.clone())).await;
+    let agent = start_session(config(db, store, model.clone())).await;
     let handle = agent.handle();
-    assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
     submit(&handle, "first", BusyPolicy::Queue).await.expect("first");
     guard("the model starts", entered.notified()).await;
     (agent, handle, release, model)

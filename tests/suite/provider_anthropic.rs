@@ -13,7 +13,7 @@ use keel::provider::anthropic::Anthropic;
 use keel::provider::http::{RetryPolicy, Secret};
 use keel::provider::{ProviderError, ProviderSettings};
 use keel::store::SqliteCheckpoint;
-use keel::{Agent, CheckpointStore, Error, EventMsg, Model, Op, RecordedEvent};
+use keel::{Agent, CheckpointStore, Error, EventMsg, Model, Op};
 use serde_json::{Value, json};
 
 use super::http_server::{Part, Reply, ScriptedServer};
@@ -106,12 +106,6 @@ fn sent_messages(server: &ScriptedServer, n: usize) -> Value {
 /// An agent on `model`, with the built-in tools and per-delta streaming.
 async fn start_agent_on(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Anthropic) -> Agent {
     provider_agent(db, store, SESSION, Arc::new(model), "Answer briefly.").await
-}
-
-/// Submits `text` and reads the session's first turn.
-async fn first_turn(agent: &mut Agent, text: &str) -> Vec<RecordedEvent> {
-    agent.sender().submit(user(text)).expect("submit");
-    read_turn(agent).await
 }
 
 /// Asserts that `KEY` appears in no stored event of the session.
@@ -370,7 +364,7 @@ async fn requests_carry_the_key_and_version_and_no_event_shows_the_key() {
     let db = TestDb::new();
     let store = db.open();
     let mut agent = start_agent_on(&db, &store, model(settings)).await;
-    let turn = first_turn(&mut agent, "Say hello").await;
+    let turn = run_turn(&mut agent, "Say hello").await;
     assert_eq!(turn.last().map(|event| event.msg.kind()), Some("turn_complete"));
     assert_eq!(assistant_text(&turn), TEXT_DELTAS.concat());
 
@@ -416,7 +410,7 @@ async fn a_turn_runs_the_clock_tool_sends_its_result_back_and_sums_the_usage() {
     let db = TestDb::new();
     let store = db.open();
     let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
-    let turn = first_turn(&mut agent, "What time is it?").await;
+    let turn = run_turn(&mut agent, "What time is it?").await;
     assert_eq!(
         kinds(&turn),
         [
@@ -507,7 +501,7 @@ async fn thinking_is_streamed_kept_and_sent_back_first_and_unchanged() {
     let db = TestDb::new();
     let store = db.open();
     let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
-    let turn = first_turn(&mut agent, "What time is it?").await;
+    let turn = run_turn(&mut agent, "What time is it?").await;
     assert_eq!(
         kinds(&turn),
         [
@@ -607,7 +601,7 @@ async fn an_authentication_failure_ends_the_turn_with_the_providers_message_and_
     let db = TestDb::new();
     let store = db.open();
     let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
-    let turn = first_turn(&mut agent, "Say hello").await;
+    let turn = run_turn(&mut agent, "Say hello").await;
     assert_eq!(
         kinds(&turn),
         [
@@ -636,7 +630,7 @@ async fn an_error_event_after_text_ends_the_turn_without_a_retry_and_keeps_the_t
     let db = TestDb::new();
     let store = db.open();
     let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
-    let turn = first_turn(&mut agent, "Say something").await;
+    let turn = run_turn(&mut agent, "Say something").await;
     assert_eq!(
         kinds(&turn),
         [
@@ -785,8 +779,8 @@ async fn prompt_too_long_compacts_the_history_once_and_retries_the_step() {
     let db = TestDb::new();
     let store = db.open();
     let mut agent = start_agent_on(&db, &store, model(settings(&server))).await;
-    first_turn(&mut agent, "What time is it?").await;
-    let events = first_turn(&mut agent, "And now?").await;
+    run_turn(&mut agent, "What time is it?").await;
+    let events = run_turn(&mut agent, "And now?").await;
     let kinds = kinds(&events);
     assert!(
         kinds.contains(&"context_compacted") && kinds.ends_with(&["turn_complete"]),

@@ -195,12 +195,6 @@ async fn start_agent_on(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<d
     provider_agent(db, store, SESSION, model, "You are terse.").await
 }
 
-/// Submits `text` and reads the turn it starts.
-async fn run_turn(agent: &mut Agent, text: &str) -> Vec<RecordedEvent> {
-    agent.sender().submit(user(text)).expect("submit");
-    read_turn(agent).await
-}
-
 fn error_message(events: &[RecordedEvent]) -> String {
     error_messages(events).first().expect("an error event").to_string()
 }

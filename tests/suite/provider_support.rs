@@ -2,13 +2,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use keel::agent::{AgentConfig, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, StreamingOptions};
+use keel::agent::{ModelEvent, ModelEventSink, ModelOutput, ModelRequest, StreamingOptions};
 use keel::protocol::TokenUsage;
 use keel::store::SqliteCheckpoint;
 use keel::tools::ToolSet;
-use keel::{Agent, CheckpointStore, EventMsg, Model, RecordedEvent};
+use keel::{Agent, EventMsg, Model, RecordedEvent};
 
-use super::support::{TestDb, guard, next, start_with};
+use super::support::{TestDb, guard, session_config, start_session};
 
 /// Calls `model` once with `request`, directly; returns its result and
 /// everything it streamed into the sink.
@@ -71,13 +71,9 @@ pub(crate) async fn provider_agent(
     model: Arc<dyn Model>,
     instructions: &str,
 ) -> Agent {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(session, store, model);
-    config.workspace = db.workspace().to_path_buf();
+    let mut config = session_config(db, session, store, model);
     config.tools = ToolSet::builtin();
     config.instructions = Some(instructions.to_owned());
     config.streaming = StreamingOptions::per_delta();
-    let mut agent = start_with(config).await;
-    assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
-    agent
+    start_session(config).await
 }

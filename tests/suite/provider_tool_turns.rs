@@ -20,7 +20,7 @@ use keel::provider::openai_responses::OpenAiResponses;
 use keel::store::SqliteCheckpoint;
 use keel::tools::workspace::{self, WorkspaceToolsConfig};
 use keel::tools::{ApprovalRules, ToolSet};
-use keel::{Agent, AgentConfig, CheckpointStore, EventMsg, Model, Op, RecordedEvent};
+use keel::{Agent, CheckpointStore, EventMsg, Model, Op, RecordedEvent};
 use serde_json::{Value, json};
 
 use super::http_server::{Reply, Request, ScriptedServer};
@@ -111,16 +111,12 @@ fn workspace_tools() -> ToolSet {
 /// (reading tools run, the others ask) and per-delta streaming; its
 /// `session_started` is already read.
 async fn agent_on(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<dyn Model>) -> Agent {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(SESSION, store, model);
-    config.workspace = db.workspace().to_path_buf();
+    let mut config = session_config(db, SESSION, store, model);
     config.tools = workspace_tools();
     config.approvals = ApprovalRules::default();
     config.instructions = Some(INSTRUCTIONS.to_owned());
     config.streaming = keel::agent::StreamingOptions::per_delta();
-    let mut agent = start_with(config).await;
-    assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
-    agent
+    start_session(config).await
 }
 
 /// A finished turn.

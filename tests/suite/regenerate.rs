@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use keel::agent::{AgentConfig, ModelEvent, ModelOutput, SubmitOptions, ToolCall};
+use keel::agent::{AgentConfig, ModelOutput, SubmitOptions, ToolCall};
 use keel::protocol::*;
 use keel::store::SqliteCheckpoint;
 use keel::{Agent, CheckpointStore};
@@ -18,45 +18,17 @@ const SESSION: &str = "regenerate";
 /// A model that answers `answer N` (N its call index), except that call
 /// `hang_at` streams a little and then never answers.
 fn numbered(hang_at: Option<u64>, entered: Arc<Notify>) -> Arc<TestModel> {
-    TestModel::new(move |call| {
-        let entered = Arc::clone(&entered);
-        Box::pin(async move {
-            if Some(call.call_index) == hang_at {
-                (call.sink)(ModelEvent::TextDelta("thinking".into()))?;
-                entered.notify_one();
-                std::future::pending::<()>().await;
-            }
-            Ok(ModelOutput::text(format!("answer {}", call.call_index)))
-        })
+    numbered_model("thinking", entered, move |call_index| {
+        (Some(call_index) == hang_at).then(|| Box::pin(std::future::pending()) as _)
     })
 }
 
 fn config(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<TestModel>) -> AgentConfig {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(SESSION, store, model);
-    config.workspace = db.workspace().to_path_buf();
-    config
+    session_config(db, SESSION, store, model)
 }
 
 async fn opened(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<TestModel>) -> Agent {
-    let mut agent = start_with(config(db, store, model)).await;
-    assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
-    agent
-}
-
-async fn turn(agent: &mut Agent, text: &str) -> Vec<RecordedEvent> {
-    agent.sender().submit(user(text)).expect("submit");
-    read_turn(agent).await
-}
-
-fn turn_id(events: &[RecordedEvent]) -> String {
-    events
-        .iter()
-        .find_map(|event| match &event.msg {
-            EventMsg::TurnStarted(started) => Some(started.turn_id.clone()),
-            _ => None,
-        })
-        .expect("a turn_started")
+    start_session(config(db, store, model)).await
 }
 
 fn rollbacks(events: &[RecordedEvent]) -> Vec<TurnRolledBackEvent> {
@@ -64,16 +36,6 @@ fn rollbacks(events: &[RecordedEvent]) -> Vec<TurnRolledBackEvent> {
         .iter()
         .filter_map(|event| match &event.msg {
             EventMsg::TurnRolledBack(rolled) => Some(rolled.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn answers(events: &[RecordedEvent]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::AssistantMessage(message) => Some(message.text.clone()),
             _ => None,
         })
         .collect()
@@ -93,8 +55,8 @@ async fn regenerate_rolls_the_last_turn_back_and_answers_its_message_again() {
     let store = db.open();
     let model = numbered(None, Arc::new(Notify::new()));
     let mut agent = opened(&db, &store, Arc::clone(&model)).await;
-    turn(&mut agent, "hello").await;
-    let second = turn(&mut agent, "tell me more").await;
+    run_turn(&mut agent, "hello").await;
+    let second = run_turn(&mut agent, "tell me more").await;
     assert_eq!(answers(&second), ["answer 1"]);
 
     let submitted = agent.sender().submit(Op::Regenerate).expect("submit regenerate");
@@ -109,7 +71,7 @@ async fn regenerate_rolls_the_last_turn_back_and_answers_its_message_again() {
     assert_eq!(
         rollbacks(&again),
         [TurnRolledBackEvent {
-            rolled_back_turn_id: turn_id(&second),
+            rolled_back_turn_id: started_turn_id(&second),
             history_from: 2,
             items_removed: 2,
             compaction_undone: false,
@@ -150,7 +112,7 @@ async fn regenerate_rolls_the_last_turn_back_and_answers_its_message_again() {
     // Regenerating the regenerated turn rolls that one back.
     agent.sender().submit(Op::Regenerate).expect("submit regenerate");
     let third = read_turn(&mut agent).await;
-    assert_eq!(rollbacks(&third)[0].rolled_back_turn_id, turn_id(&again));
+    assert_eq!(rollbacks(&third)[0].rolled_back_turn_id, started_turn_id(&again));
     assert_eq!(history(&store).await.len(), 4);
     shutdown(agent).await;
 }
@@ -196,7 +158,7 @@ async fn every_message_of_the_rolled_back_turn_runs_again_and_its_tool_calls_lea
     let first = read_turn(&mut agent).await;
     let items = history(&store).await;
     assert!(items.len() >= 5, "{items:?}");
-    if user_messages_of(&first) != ["one", "two"] {
+    if user_messages(&first) != ["one", "two"] {
         // The second message started a turn of its own: roll that back.
         read_turn(&mut agent).await;
     }
@@ -212,7 +174,7 @@ async fn every_message_of_the_rolled_back_turn_runs_again_and_its_tool_calls_lea
         .cloned()
         .collect();
     assert_eq!(
-        user_messages_of(&again)
+        user_messages(&again)
             .into_iter()
             .map(|text| user_item(&text))
             .collect::<Vec<_>>(),
@@ -229,16 +191,6 @@ async fn every_message_of_the_rolled_back_turn_runs_again_and_its_tool_calls_lea
     shutdown(agent).await;
 }
 
-fn user_messages_of(events: &[RecordedEvent]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::UserMessage(message) => Some(message.text.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn an_accepted_regenerate_survives_a_crash_and_a_crash_in_its_turn_keeps_the_message() {
     let db = TestDb::new();
@@ -246,7 +198,7 @@ async fn an_accepted_regenerate_survives_a_crash_and_a_crash_in_its_turn_keeps_t
     let entered = Arc::new(Notify::new());
     // Call 1 (the second turn) hangs: the regenerate waits behind it.
     let mut agent = opened(&db, &store, numbered(Some(1), Arc::clone(&entered))).await;
-    turn(&mut agent, "hello").await;
+    run_turn(&mut agent, "hello").await;
     agent.sender().submit(user("slow one")).expect("submit");
     guard("the model starts", entered.notified()).await;
     let handle = agent.handle();

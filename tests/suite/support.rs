@@ -14,6 +14,7 @@ use keel::agent::{
 use keel::protocol::{AbortReason, TranscriptItem};
 use keel::store::{CheckpointStore, MAX_EVENT_PAGE, SqliteCheckpoint};
 use keel::{Agent, EventMsg, Model, Op, RecordedEvent, create_agent};
+use tokio::sync::Notify;
 
 /// How long any single wait may take before the test is declared hung.
 /// Only a guard against hangs; no test asserts on timing.
@@ -61,9 +62,7 @@ pub(crate) async fn start_agent(
     model: Arc<dyn Model>,
     streaming: StreamingOptions,
 ) -> Agent {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(session_id, store, model);
-    config.workspace = db.workspace().to_path_buf();
+    let mut config = session_config(db, session_id, store, model);
     config.session_context = SessionContext {
         bot_id: "test-bot".to_owned(),
         ..SessionContext::default()
@@ -77,6 +76,14 @@ pub(crate) async fn start_with(config: AgentConfig) -> Agent {
     guard("create_agent", create_agent(config))
         .await
         .expect("create the agent")
+}
+
+/// Starts an agent from a full configuration and reads its
+/// `session_started` event.
+pub(crate) async fn start_session(config: AgentConfig) -> Agent {
+    let mut agent = start_with(config).await;
+    assert_eq!(next(&mut agent).await.msg.kind(), "session_started");
+    agent
 }
 
 /// A user message op.
@@ -170,6 +177,28 @@ pub(crate) fn started_turn_id(events: &[RecordedEvent]) -> String {
             _ => None,
         })
         .expect("a turn_started event")
+}
+
+/// The texts of the `user_message` events among `events`, in order.
+pub(crate) fn user_messages(events: &[RecordedEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::UserMessage(message) => Some(message.text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The texts of the `assistant_message` events among `events`, in order.
+pub(crate) fn answers(events: &[RecordedEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::AssistantMessage(message) => Some(message.text.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The reason and message of the `turn_aborted` event among `events`.
@@ -294,6 +323,48 @@ impl Model for TestModel {
     fn name(&self) -> String {
         "test".to_owned()
     }
+}
+
+/// A model that answers `answer N`, N its call index. A call for which
+/// `hold` gives a future first streams `streamed`, notifies `entered` and
+/// waits for that future before it answers.
+pub(crate) fn numbered_model(
+    streamed: &'static str,
+    entered: Arc<Notify>,
+    hold: impl Fn(u64) -> Option<BoxFuture<'static, ()>> + Send + Sync + 'static,
+) -> Arc<TestModel> {
+    TestModel::new(move |call| {
+        let entered = Arc::clone(&entered);
+        let held = hold(call.call_index);
+        Box::pin(async move {
+            if let Some(held) = held {
+                (call.sink)(ModelEvent::TextDelta(streamed.into()))?;
+                entered.notify_one();
+                held.await;
+            }
+            Ok(ModelOutput::text(format!("answer {}", call.call_index)))
+        })
+    })
+}
+
+/// The configuration of an agent for `session_id` on `store`, working in
+/// the database's workspace.
+pub(crate) fn session_config(
+    db: &TestDb,
+    session_id: &str,
+    store: &Arc<SqliteCheckpoint>,
+    model: Arc<dyn Model>,
+) -> AgentConfig {
+    let store: Arc<dyn CheckpointStore> = store.clone();
+    let mut config = AgentConfig::new(session_id, store, model);
+    config.workspace = db.workspace().to_path_buf();
+    config
+}
+
+/// Submits `text` and reads the turn it starts.
+pub(crate) async fn run_turn(agent: &mut Agent, text: &str) -> Vec<RecordedEvent> {
+    agent.sender().submit(user(text)).expect("submit");
+    read_turn(agent).await
 }
 
 /// Streams `chunks` into `sink` without yielding; answers with their concatenation.

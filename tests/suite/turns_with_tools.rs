@@ -48,9 +48,7 @@ fn scripted(script: Vec<ModelOutput>) -> Arc<TestModel> {
 }
 
 fn config(db: &TestDb, store: &Arc<keel::store::SqliteCheckpoint>, model: Arc<dyn keel::Model>) -> AgentConfig {
-    let store: Arc<dyn CheckpointStore> = store.clone();
-    let mut config = AgentConfig::new(SESSION, store, model);
-    config.workspace = db.workspace().to_path_buf();
+    let mut config = session_config(db, SESSION, store, model);
     config.tools = ToolSet::builtin();
     // These tests are about running calls; approvals have their own.
     config.approvals = ApprovalRules::auto();

@@ -92,6 +92,14 @@ fn tools(test: &str) -> Option<Tools> {
     Some(Tools { node_modules, chromium })
 }
 
+/// What a browser test runs with: the tools, the browser to itself, and a
+/// scratch directory; `None` when the browser tests are skipped.
+async fn browser_test(test: &str) -> Option<(Tools, tokio::sync::MutexGuard<'static, ()>, Scratch)> {
+    let tools = tools(test)?;
+    let browser = BROWSER.lock().await;
+    Some((tools, browser, Scratch::new()))
+}
+
 /// What a scenario printed, and the JSON of its `RESULT` line.
 struct Outcome {
     result: Value,
@@ -164,12 +172,17 @@ fn of_kind<'a>(log: &'a [Value], kind: &str) -> Vec<&'a Value> {
     log.iter().filter(|event| event["msg"]["type"] == kind).collect()
 }
 
+/// The string a scenario reported as `key` in its RESULT.
+fn reported(outcome: &Outcome, key: &str) -> String {
+    outcome.result[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {key} in the RESULT:\n{}", outcome.output))
+        .to_owned()
+}
+
 /// The session id a scenario reported.
 fn session_of(outcome: &Outcome) -> String {
-    outcome.result["session_id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no session_id in the RESULT:\n{}", outcome.output))
-        .to_owned()
+    reported(outcome, "session_id")
 }
 
 /// A script line streaming `chunks` `delay_ms` apart.
@@ -192,11 +205,9 @@ fn serve(scratch: &Scratch, model: &str, extra: &[&str]) -> ServeProcess {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_creates_a_session_and_streams_the_answer() {
-    let Some(tools) = tools("web_ui_creates_a_session_and_streams_the_answer") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_creates_a_session_and_streams_the_answer").await else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let chunks = [
         "Streaming ",
         "answers ",
@@ -245,11 +256,9 @@ async fn web_ui_creates_a_session_and_streams_the_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_lists_sessions_newest_first_page_by_page() {
-    let Some(tools) = tools("web_ui_lists_sessions_newest_first_page_by_page") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_lists_sessions_newest_first_page_by_page").await else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let model = scratch.script("list.jsonl", &[r#"{"text": "hi"}"#]);
     let server = serve(&scratch, &model, &[]);
     let ids: Vec<String> = (1..=5).map(|index| format!("listed-{index}")).collect();
@@ -281,11 +290,9 @@ async fn web_ui_lists_sessions_newest_first_page_by_page() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_interrupts_a_slow_turn() {
-    let Some(tools) = tools("web_ui_interrupts_a_slow_turn") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_interrupts_a_slow_turn").await else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let (slow, _) = slow_words(200, 50);
     // The page shows the model spec: a long path with nowhere to break a
     // line must not push the Interrupt button out of its column.
@@ -338,11 +345,10 @@ async fn web_ui_interrupts_a_slow_turn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_approves_denies_and_always_approves_tool_calls() {
-    let Some(tools) = tools("web_ui_approves_denies_and_always_approves_tool_calls") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_approves_denies_and_always_approves_tool_calls").await
+    else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let write = |path: &str, content: &str| {
         json!({"tool_calls": [{"name": "write_file", "arguments": {"path": path, "content": content}}]}).to_string()
     };
@@ -389,11 +395,10 @@ async fn web_ui_approves_denies_and_always_approves_tool_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_reloaded_mid_stream_shows_every_event_once() {
-    let Some(tools) = tools("web_ui_reloaded_mid_stream_shows_every_event_once") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_reloaded_mid_stream_shows_every_event_once").await
+    else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let (slow, full_text) = slow_words(60, 100);
     let model = scratch.script("reload.jsonl", &[&slow]);
     let server = serve(&scratch, &model, &[]);
@@ -431,11 +436,9 @@ async fn web_ui_reloaded_mid_stream_shows_every_event_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_asks_for_the_token_once_and_keeps_it() {
-    let Some(tools) = tools("web_ui_asks_for_the_token_once_and_keeps_it") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_asks_for_the_token_once_and_keeps_it").await else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let token = "web-ui-s3cret";
     let token_file = scratch.dir.path().join("token");
     std::fs::write(&token_file, format!("{token}\n")).expect("write the token file");
@@ -467,11 +470,10 @@ async fn web_ui_asks_for_the_token_once_and_keeps_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_resumes_its_stream_after_a_server_restart() {
-    let Some(tools) = tools("web_ui_resumes_its_stream_after_a_server_restart") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_resumes_its_stream_after_a_server_restart").await
+    else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let first = ["Said ", "before ", "the ", "restart."];
     let second = ["Said ", "after ", "it."];
     let model = scratch.script("restart.jsonl", &[&chunks_line(&first, 40), &chunks_line(&second, 40)]);
@@ -525,11 +527,9 @@ async fn web_ui_resumes_its_stream_after_a_server_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_renders_markdown_safely_and_fits_a_phone() {
-    let Some(tools) = tools("web_ui_renders_markdown_safely_and_fits_a_phone") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_renders_markdown_safely_and_fits_a_phone").await else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let answer = "Here is **bold** and `inline`.\n\n```rust\nfn main() {}\n```\n\n\
                   <img src=x onerror=\"window.__pwned = 1\"> <script>window.__pwned = 2</script>\n\n\
                   See [the docs](https://example.com/docs).";
@@ -565,19 +565,44 @@ fn turn_ends(log: &[Value]) -> Vec<u64> {
 
 /// A fork's id from a scenario's RESULT.
 fn fork_of(outcome: &Outcome) -> String {
-    outcome.result["fork_id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no fork_id in the RESULT:\n{}", outcome.output))
-        .to_owned()
+    reported(outcome, "fork_id")
+}
+
+/// A model script `name` in `scratch` that answers `answers`, one a call.
+fn answering(scratch: &Scratch, name: &str, answers: &[impl AsRef<str>]) -> String {
+    let lines: Vec<String> = answers
+        .iter()
+        .map(|text| json!({ "text": text.as_ref() }).to_string())
+        .collect();
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    scratch.script(name, &lines)
+}
+
+/// The logs of the parent and of the fork a scenario reported, once it is
+/// checked that the fork's log begins with its `session_forked` event,
+/// which names the parent and forks where the parent's first turn ended,
+/// with that exchange's two history items.
+async fn fork_logs(api: &Api, outcome: &Outcome) -> (Vec<Value>, Vec<Value>) {
+    let parent = session_of(outcome);
+    let parent_log = log_of(api, &parent).await;
+    let fork_log = log_of(api, &fork_of(outcome)).await;
+    let forked = &fork_log[0]["msg"];
+    assert_eq!(forked["type"], "session_forked", "{fork_log:#?}");
+    assert_eq!(forked["parent_session_id"], json!(parent));
+    assert_eq!(
+        forked["at_sequence"],
+        json!(turn_ends(&parent_log)[0]),
+        "the fork starts where the first exchange ended"
+    );
+    assert_eq!(forked["history_items"], 2, "the first exchange");
+    (parent_log, fork_log)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_renders_markdown_while_it_streams() {
-    let Some(tools) = tools("web_ui_renders_markdown_while_it_streams") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_renders_markdown_while_it_streams").await else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let chunks = [
         "Some ",
         "**bold** ",
@@ -609,11 +634,11 @@ async fn web_ui_renders_markdown_while_it_streams() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_regenerates_the_last_answer_and_shows_it_after_a_reload() {
-    let Some(tools) = tools("web_ui_regenerates_the_last_answer_and_shows_it_after_a_reload") else {
+    let Some((tools, _browser, scratch)) =
+        browser_test("web_ui_regenerates_the_last_answer_and_shows_it_after_a_reload").await
+    else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let (first, second) = ("The first answer.", "A **better** answer.");
     let model = scratch.script(
         "regenerate.jsonl",
@@ -645,17 +670,13 @@ async fn web_ui_regenerates_the_last_answer_and_shows_it_after_a_reload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_edits_a_past_message_into_a_fork() {
-    let Some(tools) = tools("web_ui_edits_a_past_message_into_a_fork") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_edits_a_past_message_into_a_fork").await else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     // The scripted model counts each session's calls: the fork's first call
     // takes the first line.
     let answers = ["Paris.", "Berlin."];
-    let lines: Vec<String> = answers.iter().map(|text| json!({ "text": text }).to_string()).collect();
-    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-    let model = scratch.script("edit.jsonl", &lines);
+    let model = answering(&scratch, "edit.jsonl", &answers);
     let server = serve(&scratch, &model, &[]);
     let edited = "And the capital of Italy?";
     let outcome = scenario(
@@ -672,42 +693,27 @@ async fn web_ui_edits_a_past_message_into_a_fork() {
     )
     .await;
 
-    let parent = session_of(&outcome);
-    let fork = fork_of(&outcome);
-    let parent_log = log_of(&server.api, &parent).await;
+    // The fork starts where the edited message's turn began, without it.
+    let (parent_log, fork_log) = fork_logs(&server.api, &outcome).await;
     assert_eq!(
         user_texts(&parent_log),
         ["The capital of France?", "And of Germany?"],
         "the parent is unchanged"
     );
-    let fork_log = log_of(&server.api, &fork).await;
-    let forked = &fork_log[0]["msg"];
-    assert_eq!(forked["type"], "session_forked", "{fork_log:#?}");
-    assert_eq!(forked["parent_session_id"], json!(parent));
-    assert_eq!(
-        forked["at_sequence"],
-        json!(turn_ends(&parent_log)[0]),
-        "the fork starts where the edited message's turn began"
-    );
-    assert_eq!(forked["history_items"], 2, "the first exchange, without the edited one");
     assert_eq!(user_texts(&fork_log), [edited]);
     assert_eq!(answer_texts(&fork_log), [answers[0]]);
-    let session = server.api.session(&fork).await;
+    let session = server.api.session(&fork_of(&outcome)).await;
     assert_eq!(session["title"], edited, "the edited message titles the fork");
     assert_eq!(session["turns_completed"], 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_forks_from_a_message_and_links_back() {
-    let Some(tools) = tools("web_ui_forks_from_a_message_and_links_back") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_forks_from_a_message_and_links_back").await else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let answers = ["One.", "Two."];
-    let lines: Vec<String> = answers.iter().map(|text| json!({ "text": text }).to_string()).collect();
-    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-    let model = scratch.script("fork.jsonl", &lines);
+    let model = answering(&scratch, "fork.jsonl", &answers);
     let server = serve(&scratch, &model, &[]);
     let questions = ["First?", "Second?"];
     let outcome = scenario(
@@ -723,32 +729,18 @@ async fn web_ui_forks_from_a_message_and_links_back() {
     )
     .await;
 
-    let parent = session_of(&outcome);
-    let fork = fork_of(&outcome);
-    let parent_log = log_of(&server.api, &parent).await;
+    // Forked at the end of the first exchange, where the page said.
+    let (parent_log, fork_log) = fork_logs(&server.api, &outcome).await;
     assert_eq!(user_texts(&parent_log), questions);
-    let first_end = turn_ends(&parent_log)[0];
-    assert_eq!(outcome.result["at_sequence"], json!(first_end));
-    let fork_log = log_of(&server.api, &fork).await;
-    let forked = &fork_log[0]["msg"];
-    assert_eq!(forked["type"], "session_forked", "{fork_log:#?}");
-    assert_eq!(forked["parent_session_id"], json!(parent));
-    assert_eq!(
-        forked["at_sequence"],
-        json!(first_end),
-        "forked at the end of the first exchange"
-    );
-    assert_eq!(forked["history_items"], 2);
+    assert_eq!(outcome.result["at_sequence"], json!(turn_ends(&parent_log)[0]));
     assert_eq!(user_texts(&fork_log), ["Another second?"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_titles_renames_and_deletes_a_session() {
-    let Some(tools) = tools("web_ui_titles_renames_and_deletes_a_session") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_titles_renames_and_deletes_a_session").await else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let model = scratch.script("rename.jsonl", &[r#"{"text": "Gladly."}"#]);
     let server = serve(&scratch, &model, &[]);
     server.api.create(json!({"id": "keep-me"})).await;
@@ -781,11 +773,10 @@ async fn web_ui_titles_renames_and_deletes_a_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_compacts_and_shows_refusals_and_failures_once() {
-    let Some(tools) = tools("web_ui_compacts_and_shows_refusals_and_failures_once") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_compacts_and_shows_refusals_and_failures_once").await
+    else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let summary = "The user said hello twice.";
     let model_error = "the scripted model is down";
     let model = scratch.script(
@@ -832,18 +823,14 @@ async fn web_ui_compacts_and_shows_refusals_and_failures_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_ui_runs_the_whole_flow_on_a_phone() {
-    let Some(tools) = tools("web_ui_runs_the_whole_flow_on_a_phone") else {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_runs_the_whole_flow_on_a_phone").await else {
         return;
     };
-    let _browser = BROWSER.lock().await;
-    let scratch = Scratch::new();
     let code = format!("let wide = \"{}\";", "x".repeat(120));
     let answers = [format!("First try:\n\n```\n{code}\n```"), "Second try.".to_owned()];
     // As the page shows the first answer: its code block has a Copy button.
     let first_shown = format!("First try:Copy{code}\n");
-    let lines: Vec<String> = answers.iter().map(|text| json!({ "text": text }).to_string()).collect();
-    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-    let model = scratch.script("phone.jsonl", &lines);
+    let model = answering(&scratch, "phone.jsonl", &answers);
     let server = serve(&scratch, &model, &[]);
     let title = "A-title-with-nowhere-to-break-it-that-is-far-wider-than-any-phone-screen-is";
     let outcome = scenario(

@@ -6,7 +6,7 @@
 // answer to regenerate); retried, the failed turn is hidden like any
 // regenerated one. A reload shows the same, once each.
 
-import { assert, createSession, scenario, send, until, waitForAnswer } from "./lib.mjs";
+import { assert, createSession, exchange, scenario, send, until, waitForAnswer } from "./lib.mjs";
 
 async function checkOnce(page, params, when, { retried }) {
   const rejected = page.locator('[data-testid=note][data-kind="submission_rejected"]');
@@ -49,10 +49,7 @@ scenario("compact", async ({ page, base, params, log }) => {
   await compact.click();
   await page.locator('[data-testid=note][data-kind="submission_rejected"]').waitFor();
 
-  await send(page, "hello");
-  await waitForAnswer(page, params.answers[0]);
-  await send(page, "again");
-  await waitForAnswer(page, params.answers[1]);
+  await exchange(page, ["hello", "again"], params.answers);
   await compact.click();
   await page.getByTestId("compaction").waitFor();
   await send(page, "and now?");

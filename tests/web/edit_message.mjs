@@ -9,10 +9,9 @@ import {
   assertFits,
   conversation,
   createSession,
+  exchange,
+  openedFork,
   scenario,
-  send,
-  sessionIdOf,
-  until,
   waitForAnswer,
   waitForSession,
 } from "./lib.mjs";
@@ -20,10 +19,7 @@ import {
 scenario("edit_message", async ({ page, base, params, log }) => {
   await page.goto(base);
   const parentId = await createSession(page);
-  await send(page, params.first_question);
-  await waitForAnswer(page, params.answers[0]);
-  await send(page, params.second_question);
-  await waitForAnswer(page, params.answers[1]);
+  await exchange(page, [params.first_question, params.second_question], params.answers);
 
   const second = page.getByTestId("user-message").nth(1);
   await second.getByRole("button", { name: "Edit this message" }).click();
@@ -38,13 +34,8 @@ scenario("edit_message", async ({ page, base, params, log }) => {
   await second.getByRole("button", { name: "Edit this message" }).click();
   await editor.fill(params.edited);
   await second.getByTestId("edit-submit").click();
-  await until("the page to switch to the fork", () => sessionIdOf(page) !== parentId);
-  const forkId = sessionIdOf(page);
-  await waitForSession(page, forkId);
+  const { forkId, marker } = await openedFork(page, parentId);
   log("forked into", forkId);
-
-  const marker = page.getByTestId("fork-marker");
-  await marker.waitFor();
   assert.equal(await marker.getAttribute("data-parent"), parentId);
   assert.equal(await marker.getByTestId("open-parent").textContent(), parentId);
   await waitForAnswer(page, params.fork_answer);

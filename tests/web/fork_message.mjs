@@ -7,10 +7,10 @@ import {
   assert,
   conversation,
   createSession,
+  exchange,
+  openedFork,
   scenario,
   send,
-  sessionIdOf,
-  until,
   waitForAnswer,
   waitForSession,
 } from "./lib.mjs";
@@ -18,18 +18,11 @@ import {
 scenario("fork_message", async ({ page, base, params, log }) => {
   await page.goto(base);
   const parentId = await createSession(page);
-  await send(page, params.questions[0]);
-  await waitForAnswer(page, params.answers[0]);
-  await send(page, params.questions[1]);
-  await waitForAnswer(page, params.answers[1]);
+  await exchange(page, params.questions, params.answers);
 
   const fork = page.getByTestId("user-message").first().getByRole("button", { name: "Fork the conversation after this exchange" });
   await fork.click();
-  await until("the page to switch to the fork", () => sessionIdOf(page) !== parentId);
-  const forkId = sessionIdOf(page);
-  await waitForSession(page, forkId);
-  const marker = page.getByTestId("fork-marker");
-  await marker.waitFor();
+  const { forkId, marker } = await openedFork(page, parentId);
   assert.equal(await marker.getAttribute("data-parent"), parentId);
   const at = Number(await marker.getAttribute("data-at"));
   log(`forked into ${forkId} at ${at}`);

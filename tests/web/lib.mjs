@@ -313,3 +313,24 @@ export async function waitForAnswer(page, text) {
     return last?.state === "final" && last.text === text;
   });
 }
+
+/** Sends each of `questions` in turn and waits for the answer of the same index. */
+export async function exchange(page, questions, answers) {
+  for (const [index, question] of questions.entries()) {
+    await send(page, question);
+    await waitForAnswer(page, answers[index]);
+  }
+}
+
+/**
+ * Waits until the page leaves `parentId` for a fork and shows it with its
+ * fork marker; returns the fork's id and the marker.
+ */
+export async function openedFork(page, parentId, what = "the page to switch to the fork") {
+  await until(what, () => sessionIdOf(page) !== parentId);
+  const forkId = sessionIdOf(page);
+  await waitForSession(page, forkId);
+  const marker = page.getByTestId("fork-marker");
+  await marker.waitFor();
+  return { forkId, marker };
+}

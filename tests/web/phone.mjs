@@ -9,6 +9,7 @@ import {
   assertFits,
   assertOnScreen,
   conversation,
+  openedFork,
   scenario,
   sessionIdOf,
   until,
@@ -78,10 +79,7 @@ async function flow({ page, base, params, log }) {
   const shownUser = page.locator("[data-testid=user-message]:not([data-replaced])");
   assert.equal(await shownUser.count(), 1);
   await shownUser.getByRole("button", { name: "Fork the conversation after this exchange" }).tap();
-  await until("the fork to open", () => sessionIdOf(page) !== parentId);
-  const forkId = sessionIdOf(page);
-  await waitForSession(page, forkId);
-  await page.getByTestId("fork-marker").waitFor();
+  const { forkId } = await openedFork(page, parentId, "the fork to open");
   await assertFits(page, "the fork");
 
   // The drawer lists both; the parent opens from it and the drawer closes.

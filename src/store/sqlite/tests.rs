@@ -19,14 +19,17 @@ use rusqlite::types::Value;
 use tempfile::TempDir;
 
 use super::{SqliteCheckpoint, SqliteOptions, schema};
-use crate::protocol::{AssistantContentDeltaEvent, Event, EventMsg, TranscriptItem, WarningEvent};
+use crate::protocol::{AssistantContentDeltaEvent, Event, EventMsg, TranscriptItem};
 use crate::store::conformance::{
-    StoreFactory, append, assert_gap_free, assistant, batch, checkpoint, create, encode, events, execution, guarded,
-    last_sequence, page, page_ids, recorded, store_conformance_tests, user, whole_log,
+    StoreFactory, append, append_a_foreign_checkpoint, append_from_every_session, assert_gap_free, assert_logs,
+    assert_no_hole_after_failure, assistant, batch, check_unknown_session_target, checkpoint, commit_a_turn, create,
+    create_quiet, create_s_and_other, create_sessions, doomed_batch, encode, events, execution, guarded,
+    history_then_events_then_history, is_ghost, last_sequence, more_history_and_events, page, page_ids, recorded,
+    store_conformance_tests, unknown_session_targets, user, whole_log,
 };
 use crate::store::{
     AppendBatch, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, MAX_EVENT_PAGE, SessionState,
-    StoreError, TurnExecution,
+    StoreError,
 };
 
 // ---------------------------------------------------------------------------
@@ -266,35 +269,9 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
     guarded(async {
         let (_dir, path) = database();
         let store = open(&path).await;
-        let known: Vec<String> = (0..14).map(|n| format!("known-{n:02}")).collect();
-        for session_id in &known {
-            create(&store, session_id).await;
-        }
         // Two writes to sessions that do not exist, in the middle of the
-        // group: one plain, one carrying a checkpoint (which must not create
-        // the session either).
-        let mut targets: Vec<(String, AppendBatch)> = known
-            .iter()
-            .enumerate()
-            .map(|(n, session_id)| (session_id.clone(), batch(&events(session_id, n, n % 4 + 1))))
-            .collect();
-        targets.insert(7, ("ghost".into(), batch(&events("ghost", 0, 3))));
-        targets.insert(
-            8,
-            (
-                "ghost-with-checkpoint".into(),
-                AppendBatch {
-                    lease: None,
-                    events: encode(&events("ghost-with-checkpoint", 0, 2)),
-                    checkpoint: Some(CheckpointWrite {
-                        checkpoint: checkpoint("ghost-with-checkpoint", "bot", 1),
-                        transcript_delta: vec![user("hello?")],
-                        execution: Some(execution("ghost-turn")),
-                        history_cut: None,
-                    }),
-                },
-            ),
-        );
+        // group.
+        let (known, targets) = unknown_session_targets(&store).await;
 
         let before = store.writer_stats();
         let mut writes = Box::pin(join_all(targets.iter().map(|(session_id, batch)| {
@@ -305,10 +282,7 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
         submit_all_while_locked(&path, &mut writes).await;
         let outcomes = writes.await;
         let after = store.writer_stats();
-        let ghosts = targets
-            .iter()
-            .filter(|(session_id, _)| session_id.starts_with("ghost"))
-            .count();
+        let ghosts = targets.iter().filter(|(session_id, _)| is_ghost(session_id)).count();
         assert_eq!(
             after.jobs - before.jobs,
             (targets.len() - ghosts) as u64,
@@ -316,7 +290,7 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
         );
         let committed_events: usize = targets
             .iter()
-            .filter(|(session_id, _)| !session_id.starts_with("ghost"))
+            .filter(|(session_id, _)| !is_ghost(session_id))
             .map(|(_, batch)| batch.events.len())
             .sum();
         assert_eq!(
@@ -330,41 +304,13 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
         );
 
         for ((session_id, batch), outcome) in targets.iter().zip(outcomes) {
-            if session_id.starts_with("ghost") {
-                match outcome {
-                    Err(StoreError::UnknownSession(named)) => assert_eq!(&named, session_id),
-                    other => panic!("append to {session_id}: expected UnknownSession, got {other:?}"),
-                }
-                assert_eq!(store.load(session_id).await.expect("load"), None);
-                match store
-                    .event_page(
-                        session_id,
-                        EventPageRequest {
-                            before_sequence: None,
-                            limit: 10,
-                        },
-                    )
-                    .await
-                {
-                    Err(StoreError::UnknownSession(named)) => assert_eq!(&named, session_id),
-                    other => panic!("event page of {session_id}: expected UnknownSession, got {other:?}"),
-                }
-                assert_eq!(
+            match check_unknown_session_target(&store, session_id, batch, outcome).await {
+                None => assert_eq!(
                     raw_count(&path, "SELECT count(*) FROM sessions WHERE id = ?1", session_id),
                     0,
                     "no session row for {session_id}"
-                );
-            } else {
-                let receipt = outcome.unwrap_or_else(|error| panic!("append to {session_id}: {error}"));
-                assert_eq!(receipt.first_sequence, 1);
-                let sent: Vec<Event> = batch
-                    .events
-                    .iter()
-                    .map(|encoded| serde_json::from_str(&encoded.json).expect("decode sent event"))
-                    .collect();
-                assert_eq!(whole_log(&store, session_id).await, recorded(receipt, &sent));
-                assert_eq!(last_sequence(&store, session_id).await, sent.len() as u64);
-                assert_eq!(log_rows(&path, session_id), vec![log_row(1, &[], &sent)]);
+                ),
+                Some(sent) => assert_eq!(log_rows(&path, session_id), vec![log_row(1, &[], &sent)]),
             }
         }
         // The log holds one row per committed batch and nothing else: no
@@ -409,28 +355,10 @@ async fn sixty_four_concurrent_sessions_share_commits_and_each_log_is_complete()
         const BATCHES: usize = 20;
         let (_dir, path) = database();
         let store = open(&path).await;
-        let sessions: Vec<String> = (0..SESSIONS).map(|n| format!("session-{n:02}")).collect();
-        for session_id in &sessions {
-            create(&store, session_id).await;
-        }
+        let sessions = create_sessions(&store, "session", SESSIONS).await;
         let before = store.writer_stats();
 
-        let mut writers = Box::pin(join_all(sessions.iter().map(|session_id| {
-            let store = &store;
-            async move {
-                let mut expected = Vec::new();
-                let mut next = 0;
-                for round in 0..BATCHES {
-                    let count = (round + session_id.len()) % 3 + 1;
-                    let sent = events(session_id, next, count);
-                    next += count;
-                    let receipt = store.append(session_id, batch(&sent)).await.expect("append");
-                    assert_eq!(receipt.first_sequence, expected.len() as u64 + 1);
-                    expected.extend(recorded(receipt, &sent));
-                }
-                expected
-            }
-        })));
+        let mut writers = Box::pin(append_from_every_session(&store, &sessions, BATCHES));
         submit_all_while_locked(&path, &mut writers).await;
         let expected_logs = writers.await;
 
@@ -446,12 +374,7 @@ async fn sixty_four_concurrent_sessions_share_commits_and_each_log_is_complete()
             "group commit grouped nothing: {commits} commits for {jobs} jobs"
         );
 
-        for (session_id, expected) in sessions.iter().zip(&expected_logs) {
-            let log = whole_log(&store, session_id).await;
-            assert_gap_free(&log);
-            assert_eq!(&log, expected, "log of {session_id}");
-            assert_eq!(last_sequence(&store, session_id).await, expected.len() as u64);
-        }
+        assert_logs(&store, &sessions, &expected_logs).await;
     })
     .await;
 }
@@ -566,43 +489,13 @@ async fn a_batch_failing_after_its_checkpoint_write_leaves_nothing_and_no_hole()
     guarded(async {
         let (_dir, path) = database();
         let store = open(&path).await;
-        store
-            .save(&checkpoint("s", "bot", 0), &[user("hi")], None)
-            .await
-            .expect("create");
 
         // A committed batch (what the conformance suite checks through the
         // trait), one log row.
-        let sent = events("s", 0, 3);
-        let turn = execution("turn-1");
-        let receipt = store
-            .append(
-                "s",
-                AppendBatch {
-                    lease: None,
-                    events: encode(&sent),
-                    checkpoint: Some(CheckpointWrite {
-                        checkpoint: checkpoint("s", "bot", 1),
-                        transcript_delta: vec![assistant("hello", false), user("again")],
-                        execution: Some(turn.clone()),
-                        history_cut: None,
-                    }),
-                },
-            )
-            .await
-            .expect("append with checkpoint");
-        assert_eq!(receipt.first_sequence, 1);
-        let committed = SessionState {
-            checkpoint: checkpoint("s", "bot", 1),
-            transcript: vec![user("hi"), assistant("hello", false), user("again")],
-            execution: Some(turn),
-            last_sequence: 3,
-            queued: Vec::new(),
-        };
-        let log = recorded(receipt, &sent);
+        let committed = commit_a_turn(&store).await;
         let rows = vec![
             log_row(1, &[user("hi")], &[]),
-            log_row(1, &[assistant("hello", false), user("again")], &sent),
+            log_row(1, &[assistant("hello", false), user("again")], &committed.sent),
         ];
         assert_eq!(log_rows(&path, "s"), rows);
 
@@ -620,35 +513,16 @@ async fn a_batch_failing_after_its_checkpoint_write_leaves_nothing_and_no_hole()
                  BEGIN SELECT RAISE(ABORT, 'poisoned event'); END;",
             )
             .expect("create trigger");
-        let mut doomed = events("s", 3, 2);
-        doomed.push(Event {
-            submission_id: None,
-            msg: EventMsg::Warning(WarningEvent {
-                message: "poison".into(),
-            }),
-        });
         let error = store
-            .append(
-                "s",
-                AppendBatch {
-                    lease: None,
-                    events: encode(&doomed),
-                    checkpoint: Some(CheckpointWrite {
-                        checkpoint: checkpoint("s", "bot", 2),
-                        transcript_delta: vec![assistant("lost", false)],
-                        execution: None,
-                        history_cut: None,
-                    }),
-                },
-            )
+            .append("s", doomed_batch("poison", None))
             .await
             .expect_err("the trigger refuses the batch");
         assert!(
             matches!(&error, StoreError::Backend(_)) && error.to_string().contains("poisoned event"),
             "{error:?}"
         );
-        assert_eq!(store.load("s").await.expect("load"), Some(committed.clone()));
-        assert_eq!(whole_log(&store, "s").await, log);
+        assert_eq!(store.load("s").await.expect("load"), Some(committed.state.clone()));
+        assert_eq!(whole_log(&store, "s").await, committed.log);
         assert_eq!(log_rows(&path, "s"), rows, "no row of the failed batch");
         assert_eq!(
             raw_count(&path, "SELECT transcript_len FROM sessions WHERE id = ?1", "s"),
@@ -660,21 +534,7 @@ async fn a_batch_failing_after_its_checkpoint_write_leaves_nothing_and_no_hole()
             .expect("disarm the trigger");
 
         // The failed batch left no hole: the next one continues at 4.
-        let next = events("s", 10, 2);
-        let receipt = store.append("s", batch(&next)).await.expect("append after failure");
-        assert_eq!(receipt.first_sequence, 4);
-        let mut log = log;
-        log.extend(recorded(receipt, &next));
-        let read = whole_log(&store, "s").await;
-        assert_gap_free(&read);
-        assert_eq!(read, log);
-        assert_eq!(
-            store.load("s").await.expect("load"),
-            Some(SessionState {
-                last_sequence: 5,
-                ..committed
-            })
-        );
+        let next = assert_no_hole_after_failure(&store, &committed).await;
         let mut rows = rows;
         rows.push(log_row(4, &[], &next));
         assert_eq!(log_rows(&path, "s"), rows);
@@ -687,35 +547,11 @@ async fn a_refused_foreign_checkpoint_adds_no_log_row() {
     guarded(async {
         let (_dir, path) = database();
         let store = open(&path).await;
-        store
-            .save(&checkpoint("s", "bot", 1), &[user("s history")], None)
-            .await
-            .expect("create s");
-        store
-            .save(&checkpoint("other", "bot", 7), &[user("other history")], None)
-            .await
-            .expect("create other");
-        append(&store, "s", &events("s", 0, 2)).await;
+        create_s_and_other(&store).await;
         let rows_before = (log_rows(&path, "s"), log_rows(&path, "other"));
 
         for foreign in ["other", "nobody"] {
-            let error = store
-                .append(
-                    "s",
-                    AppendBatch {
-                        lease: None,
-                        events: encode(&events("s", 2, 3)),
-                        checkpoint: Some(CheckpointWrite {
-                            checkpoint: checkpoint(foreign, "bot", 99),
-                            transcript_delta: vec![user("misdirected")],
-                            execution: Some(execution("turn")),
-                            history_cut: None,
-                        }),
-                    },
-                )
-                .await
-                .expect_err("a foreign checkpoint is refused");
-            assert!(matches!(error, StoreError::Invalid(_)), "{foreign}: {error:?}");
+            append_a_foreign_checkpoint(&store, foreign).await;
             assert_eq!((log_rows(&path, "s"), log_rows(&path, "other")), rows_before);
         }
     })
@@ -727,65 +563,17 @@ async fn batches_with_history_but_no_events_are_log_rows_without_events() {
     guarded(async {
         let (_dir, path) = database();
         let store = open(&path).await;
-        let only_history = |model_calls: u64, delta: Vec<TranscriptItem>, turn: Option<TurnExecution>| AppendBatch {
-            lease: None,
-            events: vec![],
-            checkpoint: Some(CheckpointWrite {
-                checkpoint: checkpoint("s", "bot", model_calls),
-                transcript_delta: delta,
-                execution: turn,
-                history_cut: None,
-            }),
-        };
 
         // History before any event, events, then history from an append that
         // carries only a checkpoint write and from a save, more events, and
         // history after the last event.
-        store
-            .save(&checkpoint("s", "bot", 0), &[user("u1")], None)
-            .await
-            .expect("create with history");
         let first = events("s", 0, 5);
-        append(&store, "s", &first).await;
-        store
-            .append(
-                "s",
-                only_history(1, vec![assistant("a1", false), user("u2")], Some(execution("turn-1"))),
-            )
-            .await
-            .expect("append history alone");
-        store
-            .save(&checkpoint("s", "bot", 2), &[assistant("a2", true)], None)
-            .await
-            .expect("save history");
+        history_then_events_then_history(&store, &first).await;
         let second = events("s", 5, 3);
-        append(&store, "s", &second).await;
-        store
-            .append("s", only_history(3, vec![user("u3")], Some(execution("turn-2"))))
-            .await
-            .expect("append history alone");
+        more_history_and_events(&store, &second).await;
 
         // A session that has history and never had an event.
-        store
-            .save(&checkpoint("quiet", "bot", 0), &[user("q1")], None)
-            .await
-            .expect("create quiet");
-        store
-            .append(
-                "quiet",
-                AppendBatch {
-                    lease: None,
-                    events: vec![],
-                    checkpoint: Some(CheckpointWrite {
-                        checkpoint: checkpoint("quiet", "bot", 1),
-                        transcript_delta: vec![assistant("q2", false)],
-                        execution: None,
-                        history_cut: None,
-                    }),
-                },
-            )
-            .await
-            .expect("append history alone");
+        create_quiet(&store).await;
 
         assert_eq!(
             log_rows(&path, "s"),

@@ -16,6 +16,7 @@ use rexpect::session::{Options, PtySession, spawn_with_options};
 use super::{Cli, assert_gap_free, assert_one_line_error, stderr, stdout};
 
 use crate::suite::server::support::{Scratch, ServeProcess};
+use crate::suite::support::user_messages;
 
 /// How long one expectation on the terminal may wait before the test fails.
 const PTY_GUARD_MS: u64 = 30_000;
@@ -140,16 +141,6 @@ fn session_line(output: &Output) -> String {
         .and_then(|line| line.strip_prefix("session "))
         .unwrap_or_else(|| panic!("no session line in {err:?}"))
         .to_owned()
-}
-
-fn user_messages(events: &[RecordedEvent]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::UserMessage(message) => Some(message.text.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn turn_ends(events: &[RecordedEvent]) -> Vec<&'static str> {

@@ -5,7 +5,7 @@ use keel::store::{CheckpointStore, SqliteCheckpoint};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Resume, TestServer, ends_turn, first_turn};
+use super::support::{Resume, Scratch, SseStream, TestServer, ends_turn, started_turn_id};
 
 fn user(text: &str) -> TranscriptItem {
     TranscriptItem::UserMessage { text: text.to_owned() }
@@ -16,6 +16,30 @@ fn assistant(text: &str) -> TranscriptItem {
         text: text.to_owned(),
         interrupted: false,
     }
+}
+
+/// A server with the session "parent" on a model scripted with `answers`,
+/// and a stream of its events from the start.
+async fn parent_session(answers: &[&str]) -> (TestServer, SseStream) {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script("s.jsonl", answers);
+    server.api.create(json!({"id": "parent", "model": model})).await;
+    let stream = server.api.stream("parent", Resume::Start).await;
+    (server, stream)
+}
+
+/// Forks "parent" into "edited" with `fork` (the body without the id), lets
+/// the child answer its edited message, stops the server and opens its store.
+async fn fork_edited_and_stop(server: TestServer, mut fork: serde_json::Value) -> (Scratch, SqliteCheckpoint) {
+    fork["id"] = json!("edited");
+    let edited = server.api.post("/v1/sessions/parent/fork", &fork).await;
+    assert_eq!(edited.status, StatusCode::CREATED, "{}", edited.body);
+    let mut child = server.api.stream("edited", Resume::Start).await;
+    child.until(ends_turn).await;
+    server.api.wait_idle("edited").await;
+    let scratch = server.stop().await;
+    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    (scratch, store)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,12 +173,7 @@ async fn concurrent_forks_to_one_id_make_one_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_with_a_message_edits_a_past_message() {
-    let server = TestServer::start(|_, _| {}).await;
-    let model = server
-        .scratch
-        .script("s.jsonl", &[r#"{"text": "A."}"#, r#"{"text": "B."}"#]);
-    server.api.create(json!({"id": "parent", "model": model})).await;
-    let mut stream = server.api.stream("parent", Resume::Start).await;
+    let (server, mut stream) = parent_session(&[r#"{"text": "A."}"#, r#"{"text": "B."}"#]).await;
     server.api.say("parent", "one").await;
     // Edit "two": fork where the turn before it ended, with the new text.
     let before = stream.until(ends_turn).await.last().expect("a turn").sequence;
@@ -172,19 +191,8 @@ async fn a_fork_with_a_message_edits_a_past_message() {
     assert_eq!(refused.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", refused.body);
     assert_eq!(server.api.get("/v1/sessions/bad").await.status, StatusCode::NOT_FOUND);
 
-    let edited = server
-        .api
-        .post(
-            "/v1/sessions/parent/fork",
-            &json!({"at_sequence": before, "id": "edited", "message": "two, edited"}),
-        )
-        .await;
-    assert_eq!(edited.status, StatusCode::CREATED, "{}", edited.body);
-    let mut child = server.api.stream("edited", Resume::Start).await;
-    child.until(ends_turn).await;
-    server.api.wait_idle("edited").await;
-    let scratch = server.stop().await;
-    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    let (_scratch, store) =
+        fork_edited_and_stop(server, json!({"at_sequence": before, "message": "two, edited"})).await;
     let edited = store.load("edited").await.expect("read").expect("stored");
     assert_eq!(
         edited.transcript,
@@ -194,18 +202,12 @@ async fn a_fork_with_a_message_edits_a_past_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_before_a_turn_edits_its_message_and_regenerate_answers_again_over_http() {
-    let server = TestServer::start(|_, _| {}).await;
-    let model = server.scratch.script(
-        "s.jsonl",
-        &[r#"{"text": "A."}"#, r#"{"text": "B."}"#, r#"{"text": "C."}"#],
-    );
-    server.api.create(json!({"id": "parent", "model": model})).await;
-    let mut stream = server.api.stream("parent", Resume::Start).await;
+    let (server, mut stream) = parent_session(&[r#"{"text": "A."}"#, r#"{"text": "B."}"#, r#"{"text": "C."}"#]).await;
     server.api.say("parent", "one").await;
     stream.until(ends_turn).await;
     server.api.say("parent", "two").await;
     let second = stream.until(ends_turn).await;
-    let second_turn = first_turn(&second);
+    let second_turn = started_turn_id(&second);
 
     // Regenerate: the second turn is rolled back and "two" answered again.
     let regenerate = server.api.submit("parent", json!({"op": {"type": "regenerate"}})).await;
@@ -222,7 +224,7 @@ async fn a_fork_before_a_turn_edits_its_message_and_regenerate_answers_again_ove
         (rolled.rolled_back_turn_id.as_str(), rolled.history_from),
         (second_turn.as_str(), 2)
     );
-    let regenerated_turn = first_turn(&again);
+    let regenerated_turn = started_turn_id(&again);
     server.api.wait_idle("parent").await;
 
     // Edit "two" (the regenerated turn's message) by naming its turn.
@@ -234,19 +236,11 @@ async fn a_fork_before_a_turn_edits_its_message_and_regenerate_answers_again_ove
         let refused = server.api.post("/v1/sessions/parent/fork", &bad).await;
         assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}: {}", refused.body);
     }
-    let edited = server
-        .api
-        .post(
-            "/v1/sessions/parent/fork",
-            &json!({"before_turn": regenerated_turn, "id": "edited", "message": "two, edited"}),
-        )
-        .await;
-    assert_eq!(edited.status, StatusCode::CREATED, "{}", edited.body);
-    let mut child = server.api.stream("edited", Resume::Start).await;
-    child.until(ends_turn).await;
-    server.api.wait_idle("edited").await;
-    let scratch = server.stop().await;
-    let store = SqliteCheckpoint::new(scratch.db()).expect("open");
+    let (_scratch, store) = fork_edited_and_stop(
+        server,
+        json!({"before_turn": regenerated_turn, "message": "two, edited"}),
+    )
+    .await;
     let parent = store.load("parent").await.expect("read").expect("stored");
     assert_eq!(
         parent.transcript,

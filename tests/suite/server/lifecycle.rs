@@ -6,7 +6,9 @@ use std::time::Duration;
 use keel::protocol::{AbortReason, EventMsg, RecordedEvent};
 use serde_json::json;
 
-use super::support::{Resume, Scratch, ServeProcess, TestServer, ends_turn, first_turn, kinds, sequences, slow_chunks};
+use super::support::{
+    Resume, Scratch, ServeProcess, TestServer, ends_turn, kinds, sequences, slow_chunks, started_turn_id,
+};
 use crate::suite::support::guard;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,7 +116,7 @@ async fn sigterm_with_a_turn_in_flight_closes_the_turn_and_exits_zero() {
     let seen = stream
         .until(|event| event.msg.kind() == "assistant_content_delta")
         .await;
-    let turn = first_turn(&seen);
+    let turn = started_turn_id(&seen);
 
     let (status, stderr) = tokio::task::spawn_blocking(move || process.terminate())
         .await

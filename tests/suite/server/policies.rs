@@ -7,7 +7,7 @@ use keel::protocol::RecordedEvent;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::support::{Resume, SseStream, TestServer, ends_turn, first_turn, kinds, slow_chunks};
+use super::support::{Resume, SseStream, TestServer, ends_turn, kinds, slow_chunks, started_turn_id};
 
 /// The JSON of an event's `msg`.
 fn msg(event: &RecordedEvent) -> Value {
@@ -70,7 +70,7 @@ async fn queue_waits_for_the_next_turn() {
     assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
     events.extend(stream.turns(2).await);
     assert_eq!(msg(queued_event(&events, &accepted))["on_busy"], "queue");
-    let first = first_turn(&events);
+    let first = started_turn_id(&events);
     let (index, turn) = user_message(&events, "later");
     assert_ne!(turn, first, "a turn of its own");
     let first_end = events
@@ -91,7 +91,7 @@ async fn interrupt_aborts_the_running_turn_and_starts_a_new_one() {
     events.extend(stream.turns(2).await);
     let queued = queued_event(&events, &accepted);
     assert_eq!(msg(queued)["on_busy"], "interrupt");
-    let first = first_turn(&events);
+    let first = started_turn_id(&events);
     let aborted = events
         .iter()
         .position(|event| event.msg.ends_turn() && event.msg.turn_id() == Some(first.as_str()))
@@ -136,7 +136,7 @@ async fn steer_joins_the_running_turn_before_its_next_step() {
     assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
     events.extend(stream.until(ends_turn).await);
     assert_eq!(msg(queued_event(&events, &accepted))["on_busy"], "steer");
-    let first = first_turn(&events);
+    let first = started_turn_id(&events);
     let (index, turn) = user_message(&events, "use UTC");
     assert_eq!(turn, first, "the message joined the running turn");
     let second_step = events

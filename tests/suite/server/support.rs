@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use keel::protocol::{EventMsg, RecordedEvent};
+use keel::protocol::RecordedEvent;
 use keel::provider::sse::{SseEvent, SseParser};
 use keel::server::{ServeError, ServerConfig, serve};
 use keel::store::{CheckpointStore, SqliteCheckpoint};
@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub(crate) use crate::suite::support::started_turn_id;
 use crate::suite::support::{guard, stored_events};
 
 /// A scratch directory: the database, the sessions' workspaces, scripts.
@@ -278,17 +279,6 @@ pub(crate) fn kinds(events: &[RecordedEvent]) -> Vec<&'static str> {
 /// Whether `event` ends a turn.
 pub(crate) fn ends_turn(event: &RecordedEvent) -> bool {
     event.msg.ends_turn()
-}
-
-/// The id of the first turn started among `events`.
-pub(crate) fn first_turn(events: &[RecordedEvent]) -> String {
-    events
-        .iter()
-        .find_map(|event| match &event.msg {
-            EventMsg::TurnStarted(started) => Some(started.turn_id.clone()),
-            _ => None,
-        })
-        .expect("a turn_started event")
 }
 
 /// A server running in this process on a loopback port.
