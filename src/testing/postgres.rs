@@ -43,7 +43,7 @@ pub struct TestPostgres {
     /// Numbers the databases of [`Self::fresh_database`].
     next_database: AtomicU64,
     /// The watchdog; its stdin pipe closes when this process ends.
-    _watchdog: Mutex<Child>,
+    watchdog: Mutex<Child>,
 }
 
 impl std::fmt::Debug for TestPostgres {
@@ -66,10 +66,9 @@ impl TestPostgres {
     pub fn shared() -> Option<&'static TestPostgres> {
         SHARED
             .get_or_init(|| {
-                let required = std::env::var(REQUIRE_ENV).is_ok_and(|value| value == "1");
                 let bin = match find_binaries() {
                     Ok(bin) => bin,
-                    Err(why) if required => panic!("PostgreSQL tests are required ({REQUIRE_ENV}=1): {why}"),
+                    Err(why) if required() => panic!("PostgreSQL tests are required ({REQUIRE_ENV}=1): {why}"),
                     Err(why) => {
                         eprintln!("SKIPPED: PostgreSQL tests ({why}; set {REQUIRE_ENV}=1 to make this a failure)");
                         return None;
@@ -81,6 +80,25 @@ impl TestPostgres {
                 }
             })
             .as_ref()
+    }
+
+    /// A server of the caller's own, stopped and removed when dropped: for
+    /// tests that stop and start it, which would disturb the other tests on
+    /// [`Self::shared`]. `None` (after the same `SKIPPED` line) when the
+    /// binaries cannot be found; panics as [`Self::shared`] does otherwise.
+    pub fn own() -> Option<TestPostgres> {
+        let bin = match find_binaries() {
+            Ok(bin) => bin,
+            Err(why) if required() => panic!("PostgreSQL tests are required ({REQUIRE_ENV}=1): {why}"),
+            Err(why) => {
+                eprintln!("SKIPPED: PostgreSQL tests ({why}; set {REQUIRE_ENV}=1 to make this a failure)");
+                return None;
+            }
+        };
+        match Self::launch(bin) {
+            Ok(server) => Some(server),
+            Err(why) => panic!("cannot start the test PostgreSQL server: {why}"),
+        }
     }
 
     /// Creates a new empty database (`keel_<n>`) and returns its URL.
@@ -148,7 +166,7 @@ impl TestPostgres {
             port: 0,
             as_postgres,
             next_database: AtomicU64::new(1),
-            _watchdog: Mutex::new(watchdog),
+            watchdog: Mutex::new(watchdog),
         };
         server.run(
             "initdb",
@@ -238,6 +256,22 @@ impl TestPostgres {
             ))
         }
     }
+}
+
+impl Drop for TestPostgres {
+    /// Closes the watchdog's pipe and waits for it: it stops the server and
+    /// removes its directory. (The shared server, in a static, is never
+    /// dropped; its watchdog acts when the process ends.)
+    fn drop(&mut self) {
+        let watchdog = self.watchdog.get_mut().unwrap_or_else(|poison| poison.into_inner());
+        drop(watchdog.stdin.take());
+        let _ = watchdog.wait();
+    }
+}
+
+/// Whether `KEEL_REQUIRE_POSTGRES_TESTS=1`.
+fn required() -> bool {
+    std::env::var(REQUIRE_ENV).is_ok_and(|value| value == "1")
 }
 
 /// A command running `program`, as the `postgres` user when `as_postgres`.

@@ -1124,3 +1124,37 @@ async fn the_writer_reconnects_after_its_connection_is_killed() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_stopped_server_is_unavailable_and_the_store_recovers_once_it_is_back() {
+    guarded(async {
+        // A server of this test's own: stopping the shared one would fail
+        // the tests running beside it.
+        let Some(server) = TestPostgres::own() else { return };
+        let url = server.fresh_database();
+        let store = PostgresCheckpoint::connect(&url, PostgresOptions::default())
+            .await
+            .expect("connect");
+        create(&store, "s").await;
+        let mut written = append(&store, "s", &events("s", 0, 2)).await;
+        server.stop();
+        let refused = store.append("s", batch(&events("s", 2, 1))).await;
+        let Err(StoreError::Unavailable(message)) = refused else {
+            panic!("a write with the server down: {refused:?}")
+        };
+        assert!(!message.contains('\n'), "{message}");
+        let unread = store.load("s").await;
+        assert!(matches!(unread, Err(StoreError::Unavailable(_))), "{unread:?}");
+        let unopened = PostgresCheckpoint::connect(&url, PostgresOptions::default()).await;
+        assert!(matches!(unopened, Err(StoreError::Unavailable(_))), "{unopened:?}");
+        server.start();
+        // The writer and the pool reconnect by themselves; the refused
+        // write was not stored.
+        written.extend(append(&store, "s", &events("s", 3, 2)).await);
+        let log = store.events_after("s", 0, 100).await.expect("read after the restart");
+        assert_eq!(log, written);
+        assert_gap_free(&log);
+        store.close().await;
+    })
+    .await;
+}
