@@ -1158,3 +1158,40 @@ async fn a_stopped_server_is_unavailable_and_the_store_recovers_once_it_is_back(
     })
     .await;
 }
+
+#[tokio::test]
+async fn the_jobs_of_one_session_in_one_group_apply_in_order() {
+    guarded(async {
+        let (store, _url) = store_or_skip!();
+        create(&store, "old").await;
+        let before = store.stats();
+        let (first, seed, second) = (checkpoint("new", "bot", 1), [user("seed")], checkpoint("new", "bot", 0));
+        let (saved, appended, leased, again, created, deleted, renamed) = futures::join!(
+            store.save(&first, &seed, None),
+            store.append("new", batch(&events("new", 0, 2))),
+            store.acquire("new"),
+            store.append(
+                "new",
+                AppendBatch {
+                    lease: Some(1),
+                    ..batch(&events("new", 2, 1))
+                }
+            ),
+            store.create(&second, &[], encode(&events("new", 3, 1))),
+            store.delete_session("old"),
+            store.rename_session("old", "gone by now"),
+        );
+        saved.expect("save");
+        assert_eq!(appended.expect("append").first_sequence, 1);
+        assert_eq!(leased.expect("acquire"), 1);
+        assert_eq!(again.expect("append with the lease").first_sequence, 3);
+        assert!(matches!(created, Err(StoreError::Exists(_))), "{created:?}");
+        assert!(deleted.expect("delete"));
+        assert!(!renamed.expect("rename"), "renamed after its deletion");
+        assert_eq!(store.stats().commits - before.commits, 1, "one group");
+        let state = store.load("new").await.expect("load").expect("new");
+        assert_eq!((state.last_sequence, state.transcript), (3, vec![user("seed")]));
+        assert_eq!(store.load("old").await.expect("load"), None);
+    })
+    .await;
+}

@@ -4,12 +4,14 @@
 //! connection. Each time it wakes it takes *all* queued jobs (up to a
 //! limit), seals their open batches, and applies them in one transaction
 //! committed with `synchronous_commit = on`, so concurrent sessions share
-//! each commit's WAL flush. Within the transaction the jobs of different
-//! sessions run concurrently on the one connection: tokio-postgres sends a
-//! query as soon as its future is first polled, so their statements are
-//! pipelined and the group costs about as many round trips as its busiest
-//! session has jobs (one or two per job), not one per statement. The jobs of
-//! one session run in order.
+//! each commit's WAL flush. Within the transaction the group runs in rounds
+//! (round `k` holds the `k`th job of each session, so a session's jobs run
+//! in order): a round's appends, to distinct sessions, are written by one
+//! multi-row statement, and its other jobs (saves, creations, leases,
+//! deletions, renames) are sent beside it; tokio-postgres sends a query as
+//! soon as its future is first polled, so they are pipelined on the one
+//! connection. A group then costs one or two round trips per round (two
+//! when a batch changes the submission queue), not one per statement.
 //!
 //! One failing job does not fail the others (see [`run_group`]). Each job is
 //! answered only after the commit that made it durable.
@@ -205,6 +207,7 @@ fn with_events(
 struct Statements {
     insert_session: Statement,
     write: Statement,
+    append_many: Statement,
     refusal: Statement,
     queue_upsert: Statement,
     queue_delete: Statement,
@@ -244,6 +247,53 @@ const WRITE: &str = "WITH s AS (
      )
      SELECT key, last_sequence, lease FROM s";
 
+/// [`WRITE`] for appends to many sessions (one each) in one statement: each
+/// array holds one value per append; `ord` numbers them, and the result
+/// has a row for each append that was written.
+const APPEND_MANY: &str = "WITH input AS (
+         SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[], $5::int8[], $6::int8[],
+                              $7::text[], $8::int8[], $9::text[], $10::bytea[], $11::bytea[], $12::bool[], $13::int4[])
+             AS i (id, count, checkpoint, execution, added, lease, bot_id, cut, title, history, events, logged, ord)
+     ), s AS (
+         UPDATE sessions SET
+             last_sequence = sessions.last_sequence + i.count,
+             updated_at_ms = $14,
+             checkpoint = coalesce(i.checkpoint, sessions.checkpoint),
+             execution = CASE WHEN i.checkpoint IS NULL THEN sessions.execution ELSE i.execution END,
+             transcript_len = coalesce(i.cut, sessions.transcript_len) + i.added,
+             bot_id = coalesce(i.bot_id, sessions.bot_id),
+             title = coalesce(sessions.title, i.title)
+         FROM input i
+         WHERE sessions.id = i.id
+           AND (i.lease IS NULL OR sessions.lease = i.lease)
+           AND (i.cut IS NULL OR i.cut <= sessions.transcript_len)
+         RETURNING i.ord, sessions.key, sessions.last_sequence, sessions.lease
+     ), logged AS (
+         INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history_cut, history, events)
+         SELECT s.key, s.last_sequence - i.count + 1, s.last_sequence, $14, i.cut, i.history, i.events
+         FROM s JOIN input i ON i.ord = s.ord
+         WHERE i.logged
+         ORDER BY i.ord
+     )
+     SELECT ord, key, last_sequence, lease FROM s";
+
+const APPEND_MANY_TYPES: [Type; 14] = [
+    Type::TEXT_ARRAY,
+    Type::INT8_ARRAY,
+    Type::BYTEA_ARRAY,
+    Type::BYTEA_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT8_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::INT8_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::BYTEA_ARRAY,
+    Type::BYTEA_ARRAY,
+    Type::BOOL_ARRAY,
+    Type::INT4_ARRAY,
+    Type::INT8,
+];
+
 const WRITE_TYPES: [Type; 13] = [
     Type::INT8,
     Type::INT8,
@@ -282,6 +332,7 @@ impl Statements {
                 &[Type::INT8, Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY],
             ),
         )?;
+        let append_many = client.prepare_typed(APPEND_MANY, &APPEND_MANY_TYPES).await?;
         let (acquire, rename, delete_session, delete_log, delete_queue, delete_keys) = futures::try_join!(
             client.prepare_typed(
                 "UPDATE sessions SET lease = lease + 1, updated_at_ms = $1 WHERE id = $2 RETURNING lease, last_sequence",
@@ -299,6 +350,7 @@ impl Statements {
         Ok(Self {
             insert_session,
             write,
+            append_many,
             refusal,
             queue_upsert,
             queue_delete,
@@ -560,20 +612,34 @@ async fn run_alone(
 ) -> Result<Written, StoreError> {
     let write = write.as_ref().map_err(Clone::clone)?;
     let tx = client.transaction().await.map_err(super::pg_error)?;
-    let written = apply(&tx, statements, write, now).await.map_err(JobError::into_inner)?;
+    let outcome = if matches!(write.mode, Mode::Append { .. }) {
+        append_all(&tx, statements, &[(0, write)], now)
+            .await
+            .pop()
+            .map_or_else(|| Err(JobError::Clean(StoreError::Closed)), |(_, outcome)| outcome)
+    } else {
+        apply(&tx, statements, write, now).await
+    };
+    let written = outcome.map_err(JobError::into_inner)?;
     tx.commit().await.map_err(super::pg_error)?;
     Ok(written)
 }
 
-/// Applies the group's jobs in `tx`: the jobs of one session in order, the
-/// sessions concurrently (pipelined on the connection).
+/// A job's write and its index in the group.
+type Indexed<'a> = (usize, &'a Write);
+
+/// Applies the group's jobs in `tx`, in rounds: round `k` holds the `k`th
+/// job of every session that has one, so a session's jobs run in order and
+/// a round never holds two of one session. A round's appends are written
+/// by one statement (see [`append_all`]); its other jobs run beside it,
+/// all sent at once (pipelined).
 async fn apply_all(
     tx: &Transaction<'_>,
     statements: &Statements,
     writes: &[Result<Write, StoreError>],
     now: u64,
 ) -> Vec<Result<Written, JobError>> {
-    let mut chains: Vec<Vec<usize>> = Vec::new();
+    let mut chains: Vec<Vec<Indexed<'_>>> = Vec::new();
     let mut by_session: HashMap<&str, usize> = HashMap::new();
     for (index, write) in writes.iter().enumerate() {
         if let Ok(write) = write {
@@ -581,43 +647,184 @@ async fn apply_all(
                 chains.push(Vec::new());
                 chains.len() - 1
             });
-            chains[chain].push(index);
+            chains[chain].push((index, write));
         }
     }
-    let done = join_all(chains.iter().map(|chain| async move {
-        let mut done = Vec::with_capacity(chain.len());
-        for &index in chain {
-            if let Ok(write) = &writes[index] {
-                let outcome = apply(tx, statements, write, now).await;
-                let failed = matches!(outcome, Err(JobError::Dirty(_)));
-                done.push((index, outcome));
-                if failed {
-                    break;
-                }
-            }
-        }
-        done
-    }))
-    .await;
     let mut outcomes: Vec<Option<Result<Written, JobError>>> = writes
         .iter()
         .map(|write| write.as_ref().err().map(|error| Err(JobError::Clean(error.clone()))))
         .collect();
-    for (index, outcome) in done.into_iter().flatten() {
-        outcomes[index] = Some(outcome);
+    let rounds = chains.iter().map(Vec::len).max().unwrap_or(0);
+    for round in 0..rounds {
+        let (appends, others): (Vec<Indexed<'_>>, Vec<Indexed<'_>>) = chains
+            .iter()
+            .filter_map(|chain| chain.get(round).copied())
+            .partition(|(_, write)| matches!(write.mode, Mode::Append { .. }));
+        let (appended, others) = futures::join!(
+            append_all(tx, statements, &appends, now),
+            join_all(
+                others
+                    .iter()
+                    .map(|&(index, write)| async move { (index, apply(tx, statements, write, now).await) })
+            ),
+        );
+        let mut failed = false;
+        for (index, outcome) in appended.into_iter().chain(others) {
+            failed |= matches!(outcome, Err(JobError::Dirty(_)));
+            outcomes[index] = Some(outcome);
+        }
+        if failed {
+            // The transaction is aborted: the group is retried job by job.
+            break;
+        }
     }
     outcomes
         .into_iter()
         .map(|outcome| {
-            // A job left unrun follows a failed one of its session: the
-            // group is retried job by job.
             outcome.unwrap_or_else(|| {
                 Err(JobError::Dirty(StoreError::Invalid(
-                    "not written: an earlier write of the session failed".to_owned(),
+                    "not written: an earlier write of the group failed".to_owned(),
                 )))
             })
         })
         .collect()
+}
+
+/// Writes appends to distinct sessions with one statement ([`APPEND_MANY`]),
+/// then their queue changes, and finds why each append that matched no row
+/// was refused; returns each job's outcome by its index in the group.
+async fn append_all(
+    tx: &Transaction<'_>,
+    st: &Statements,
+    appends: &[Indexed<'_>],
+    now: u64,
+) -> Vec<(usize, Result<Written, JobError>)> {
+    if appends.is_empty() {
+        return Vec::new();
+    }
+    let writes: Vec<&Write> = appends.iter().map(|(_, write)| *write).collect();
+    fn checkpoint<'w>(write: &&'w Write) -> Option<&'w EncodedWrite> {
+        write.checkpoint.as_ref()
+    }
+    let ids: Vec<&str> = writes.iter().map(|write| write.session_id.as_str()).collect();
+    let counts: Vec<i64> = writes.iter().map(|write| int(write.count)).collect();
+    let checkpoints: Vec<Option<&[u8]>> = writes
+        .iter()
+        .map(|write| checkpoint(write).map(|write| write.checkpoint.as_slice()))
+        .collect();
+    let executions: Vec<Option<&[u8]>> = writes
+        .iter()
+        .map(|write| checkpoint(write).and_then(|write| write.execution.as_deref()))
+        .collect();
+    let added: Vec<i64> = writes
+        .iter()
+        .map(|write| int(checkpoint(write).map_or(0, |write| write.added)))
+        .collect();
+    let leases: Vec<Option<i64>> = writes
+        .iter()
+        .map(|write| match write.mode {
+            Mode::Append { lease } => lease.map(int),
+            _ => None,
+        })
+        .collect();
+    let bots: Vec<Option<&str>> = writes
+        .iter()
+        .map(|write| checkpoint(write).map(|write| write.bot_id.as_str()))
+        .collect();
+    let cuts: Vec<Option<i64>> = writes
+        .iter()
+        .map(|write| checkpoint(write).and_then(|write| write.history_cut).map(int))
+        .collect();
+    let titles: Vec<Option<&str>> = writes.iter().map(|write| write.title.as_deref()).collect();
+    let histories: Vec<Option<&[u8]>> = writes
+        .iter()
+        .map(|write| checkpoint(write).and_then(|write| write.history.as_deref()))
+        .collect();
+    let events: Vec<&[u8]> = writes.iter().map(|write| write.events.as_slice()).collect();
+    let logged: Vec<bool> = writes
+        .iter()
+        .map(|write| {
+            write.count > 0
+                || checkpoint(write).is_some_and(|write| write.history.is_some() || write.history_cut.is_some())
+        })
+        .collect();
+    let ords: Vec<i32> = (0..writes.len())
+        .map(|ord| i32::try_from(ord).unwrap_or(i32::MAX))
+        .collect();
+    let now_sql = int(now);
+    let params: [&(dyn ToSql + Sync); 14] = [
+        &ids,
+        &counts,
+        &checkpoints,
+        &executions,
+        &added,
+        &leases,
+        &bots,
+        &cuts,
+        &titles,
+        &histories,
+        &events,
+        &logged,
+        &ords,
+        &now_sql,
+    ];
+    let rows = match tx.query(&st.append_many, &params).await {
+        Ok(rows) => rows,
+        Err(error) => {
+            let error = super::pg_error(error);
+            return appends
+                .iter()
+                .map(|&(index, _)| (index, Err(JobError::Dirty(error.clone()))))
+                .collect();
+        }
+    };
+    let mut written: Vec<Option<(i64, u64, u64)>> = vec![None; writes.len()];
+    for row in &rows {
+        let read = (|| -> Result<(usize, (i64, u64, u64)), tokio_postgres::Error> {
+            let ord: i32 = row.try_get(0)?;
+            Ok((
+                usize::try_from(ord).unwrap_or(usize::MAX),
+                (row.try_get(1)?, uint(row.try_get(2)?), uint(row.try_get(3)?)),
+            ))
+        })();
+        match read {
+            Ok((ord, values)) if ord < written.len() => written[ord] = Some(values),
+            Ok(_) => {}
+            Err(error) => {
+                let error = super::pg_error(error);
+                return appends
+                    .iter()
+                    .map(|&(index, _)| (index, Err(JobError::Dirty(error.clone()))))
+                    .collect();
+            }
+        }
+    }
+    join_all(
+        appends
+            .iter()
+            .zip(written)
+            .map(|(&(index, write), written)| async move {
+                let Some((key, last_sequence, lease)) = written else {
+                    let refused = match refusal(tx, st, &write.session_id, write).await {
+                        Ok(error) => JobError::Clean(error),
+                        Err(error) => error,
+                    };
+                    return (index, Err(refused));
+                };
+                let first_sequence = last_sequence + 1 - write.count;
+                if !write.queue.is_empty()
+                    && let Err(error) = apply_queue_changes(tx, st, key, first_sequence, &write.queue).await
+                {
+                    return (index, Err(error));
+                }
+                let receipt = AppendReceipt {
+                    first_sequence,
+                    recorded_at_ms: now,
+                };
+                (index, Ok(Written { receipt, lease }))
+            }),
+    )
+    .await
 }
 
 /// A u64 as a PostgreSQL `bigint` (values past `i64::MAX` saturate; no
