@@ -28,6 +28,8 @@ pub mod protocol;
 pub mod provider;
 pub mod server;
 pub mod store;
+#[doc(hidden)]
+pub mod testing;
 pub mod tools;
 
 pub use agent::{Agent, AgentConfig, create_agent};

@@ -169,6 +169,7 @@ impl From<StoreError> for ApiError {
             StoreError::Invalid(message) => Self::InvalidRequest(message),
             StoreError::Closed => Self::Unavailable("the store is closed".to_owned()),
             replaced @ StoreError::Replaced(_) => Self::Unavailable(replaced.to_string()),
+            unreachable @ StoreError::Unavailable(_) => Self::Unavailable(unreachable.to_string()),
             other => Self::Internal(format!("store failed: {other}")),
         }
     }

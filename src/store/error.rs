@@ -69,6 +69,11 @@ pub enum StoreError {
     /// go to a file no one will read again, so the store refuses them all.
     #[error("the database file {0} was deleted or replaced while in use; restart keel")]
     Replaced(String),
+    /// The database server cannot be reached (refused, gone away, shutting
+    /// down); retrying once it is back can succeed. A write that failed so
+    /// was not acknowledged.
+    #[error("cannot reach the database: {0}")]
+    Unavailable(String),
     /// Any other failure of the storage backend (I/O, locking).
     #[error("{0}")]
     Backend(Arc<dyn std::error::Error + Send + Sync>),

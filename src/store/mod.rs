@@ -1,7 +1,8 @@
 //! Durable session state: checkpoints, history and the event log.
 //!
 //! [`CheckpointStore`] is the one interface the runtime persists through.
-//! [`SqliteCheckpoint`] is the embedded default. A store keeps, per session:
+//! [`SqliteCheckpoint`] is the embedded default; [`PostgresCheckpoint`] keeps
+//! the same guarantees in a PostgreSQL database. A store keeps, per session:
 //!
 //! - a [`Checkpoint`]: the small, rewritten-in-place state (context, counters);
 //! - the transcript: history items, appended as deltas and never rewritten;
@@ -14,6 +15,7 @@
 #[cfg(test)]
 pub(crate) mod conformance;
 mod error;
+pub mod postgres;
 pub mod sqlite;
 mod usage;
 mod walk;
@@ -21,6 +23,7 @@ mod walk;
 use serde::{Deserialize, Serialize};
 
 pub use error::StoreError;
+pub use postgres::{PostgresCheckpoint, PostgresOptions};
 pub use sqlite::{ServeLock, SharedHold, SqliteCheckpoint, SqliteOptions, Synchronous, WriterStats};
 pub use usage::{SessionUsage, session_usage};
 pub use walk::walk_back;
