@@ -47,6 +47,14 @@ pub(crate) trait StoreFactory {
     /// The store under test.
     type Store: CheckpointStore;
 
+    /// Whether the backend can be tested here. A backend that needs a
+    /// server it cannot start says so (loudly) and returns `false`; its
+    /// tests then pass without running, which is why CI makes that a
+    /// failure instead (`KEEL_REQUIRE_POSTGRES_TESTS=1`).
+    fn available(&self) -> bool {
+        true
+    }
+
     /// A new, empty database.
     async fn database(&self) -> Self::Database;
 
@@ -110,13 +118,21 @@ macro_rules! store_conformance_tests {
     (@test $name:ident, $factory:expr) => {
         #[tokio::test]
         async fn $name() {
-            $crate::store::conformance::guarded($crate::store::conformance::$name(&$factory)).await;
+            let factory = $factory;
+            if !$crate::store::conformance::StoreFactory::available(&factory) {
+                return;
+            }
+            $crate::store::conformance::guarded($crate::store::conformance::$name(&factory)).await;
         }
     };
     (@test_multi_thread $name:ident, $factory:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
-            $crate::store::conformance::guarded($crate::store::conformance::$name(&$factory)).await;
+            let factory = $factory;
+            if !$crate::store::conformance::StoreFactory::available(&factory) {
+                return;
+            }
+            $crate::store::conformance::guarded($crate::store::conformance::$name(&factory)).await;
         }
     };
 }

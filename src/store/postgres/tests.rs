@@ -24,6 +24,35 @@ use crate::store::{
 };
 use crate::testing::postgres::TestPostgres;
 
+/// The conformance suite's view of this backend: a database of its own on
+/// the shared test server for each test.
+struct PostgresFactory;
+
+impl crate::store::conformance::StoreFactory for PostgresFactory {
+    type Database = String;
+    type Store = PostgresCheckpoint;
+
+    fn available(&self) -> bool {
+        TestPostgres::shared().is_some()
+    }
+
+    async fn database(&self) -> String {
+        database().expect("PostgreSQL is available (checked first)")
+    }
+
+    async fn open(&self, url: &String) -> PostgresCheckpoint {
+        PostgresCheckpoint::connect(url, PostgresOptions::default())
+            .await
+            .expect("connect")
+    }
+
+    async fn close(&self, store: &PostgresCheckpoint) {
+        store.close().await;
+    }
+}
+
+crate::store::conformance::store_conformance_tests!(PostgresFactory);
+
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
