@@ -83,8 +83,9 @@ impl std::fmt::Debug for PostgresCheckpoint {
 
 impl PostgresCheckpoint {
     /// Connects to the database at `url` (`postgres://user@host:port/db`),
-    /// creating or migrating Keel's schema, and starts the writer task (so
-    /// it must be called inside a tokio runtime).
+    /// creating or migrating Keel's schema, and starts the writer task. Call
+    /// it inside the tokio runtime the store will be used on: the writer and
+    /// the connections run as tasks of that runtime.
     ///
     /// A malformed URL is [`StoreError::Invalid`]; a server that cannot be
     /// reached is [`StoreError::Unavailable`]; a schema written by a newer
