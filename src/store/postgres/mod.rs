@@ -83,8 +83,9 @@ impl std::fmt::Debug for PostgresCheckpoint {
 
 impl PostgresCheckpoint {
     /// Connects to the database at `url` (`postgres://user@host:port/db`),
-    /// creating or migrating Keel's schema, and starts the writer task (so
-    /// it must be called inside a tokio runtime).
+    /// creating or migrating Keel's schema, and starts the writer task. Call
+    /// it inside the tokio runtime the store will be used on: the writer and
+    /// the connections run as tasks of that runtime.
     ///
     /// A malformed URL is [`StoreError::Invalid`]; a server that cannot be
     /// reached is [`StoreError::Unavailable`]; a schema written by a newer
@@ -339,7 +340,7 @@ impl CheckpointStore for PostgresCheckpoint {
 fn parse_url(url: &str) -> Result<Config, StoreError> {
     let mut config: Config = url
         .parse()
-        .map_err(|error| StoreError::Invalid(format!("malformed PostgreSQL URL: {error}")))?;
+        .map_err(|error| StoreError::Invalid(format!("malformed PostgreSQL URL: {}", describe(&error))))?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
@@ -351,7 +352,7 @@ fn parse_url(url: &str) -> Result<Config, StoreError> {
 
 /// Opens a connection and drives it on a task of its own.
 async fn connect(config: &Config) -> Result<Client, StoreError> {
-    let (client, connection) = config.connect(NoTls).await.map_err(pg_error)?;
+    let (client, connection) = config.connect(NoTls).await.map_err(connect_error)?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::warn!(%error, "postgres connection ended");
@@ -362,21 +363,9 @@ async fn connect(config: &Config) -> Result<Client, StoreError> {
 
 /// Maps a PostgreSQL error to the store's error.
 fn pg_error(error: tokio_postgres::Error) -> StoreError {
-    let unavailable = |error: &tokio_postgres::Error| {
-        // The error's own text, then its cause's ("Connection refused"),
-        // on one line.
-        let mut message = error.to_string();
-        if let Some(source) = error.source() {
-            let source = source.to_string();
-            if !message.contains(&source) {
-                message = format!("{message}: {source}");
-            }
-        }
-        StoreError::Unavailable(message.replace('\n', " "))
-    };
     match error.code() {
         Some(code) if *code == SqlState::DISK_FULL || *code == SqlState::OUT_OF_MEMORY => {
-            StoreError::Full(error.to_string())
+            StoreError::Full(describe(&error))
         }
         Some(code)
             if code.code().starts_with("08")
@@ -385,15 +374,58 @@ fn pg_error(error: tokio_postgres::Error) -> StoreError {
                 || *code == SqlState::CANNOT_CONNECT_NOW
                 || *code == SqlState::TOO_MANY_CONNECTIONS =>
         {
-            unavailable(&error)
+            StoreError::Unavailable(describe(&error))
         }
-        Some(_) => StoreError::Backend(Arc::new(error)),
+        Some(_) => backend(error),
         // No server error code: the connection failed or was closed.
         None if error.is_closed() || error.source().is_some_and(|source| source.is::<std::io::Error>()) => {
-            unavailable(&error)
+            StoreError::Unavailable(describe(&error))
         }
-        None => StoreError::Backend(Arc::new(error)),
+        None => backend(error),
     }
+}
+
+/// A failure to connect: without a server's error code (refused, timed
+/// out, closed) the database is unavailable; with one (no such database,
+/// authentication) it is [`pg_error`]'s.
+fn connect_error(error: tokio_postgres::Error) -> StoreError {
+    match error.code() {
+        None => StoreError::Unavailable(describe(&error)),
+        Some(_) => pg_error(error),
+    }
+}
+
+/// Any other database error, displayed with its cause (tokio-postgres's own
+/// display of a server error is only "db error").
+fn backend(error: tokio_postgres::Error) -> StoreError {
+    StoreError::Backend(Arc::new(DatabaseError {
+        message: describe(&error),
+        source: error,
+    }))
+}
+
+/// A database error with its whole message.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+struct DatabaseError {
+    message: String,
+    #[source]
+    source: tokio_postgres::Error,
+}
+
+/// An error and its causes, on one line.
+fn describe(error: &tokio_postgres::Error) -> String {
+    let mut message = error.to_string();
+    let mut cause = error.source();
+    while let Some(source) = cause {
+        let text = source.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = source.source();
+    }
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Maps a failure to get a pooled connection to the store's error.

@@ -838,6 +838,9 @@ pub(super) fn uint(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
+/// Applies one job on its own. The group's appends go through
+/// [`append_all`] instead; one given here is written by [`WRITE`], with the
+/// same effect.
 async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, now: u64) -> Result<Written, JobError> {
     let session_id = write.session_id.as_str();
     let now_sql = int(now);
