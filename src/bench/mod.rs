@@ -9,12 +9,16 @@
 //! - [`serve`]: the same turns driven over `keel serve`'s HTTP API and event
 //!   streams, with many subscribers and a stalled one.
 //!
-//! All run on a real SQLite file with the durable default
-//! (`synchronous=FULL`), because fsync is what they measure.
+//! All run on a real database with the durable defaults (SQLite's
+//! `synchronous=FULL`, PostgreSQL's `synchronous_commit = on`), because
+//! the commit to disk is what they measure: a temporary SQLite file by
+//! default, or a PostgreSQL database given by URL ([`BenchDatabase`]).
 
+mod database;
 pub mod recorder;
 pub mod serve;
 mod stats;
 pub mod turns;
 
+pub use database::BenchDatabase;
 pub use stats::{median, peak_rss_mib, percentile};

@@ -21,14 +21,15 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::database::{BenchDatabase, BenchStore, Grouping};
 use super::stats::percentile;
 use crate::agent::{EventRecorder, RecorderOptions, send_event};
 use crate::protocol::{Event, EventMsg, WarningEvent};
-use crate::store::{Checkpoint, CheckpointStore, SqliteCheckpoint, SqliteOptions, Synchronous};
+use crate::store::{Checkpoint, CheckpointStore, Synchronous};
 use crate::{Error, Result};
 
 /// Parameters of one run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RecorderParams {
     /// Concurrent sessions, each with its own recorder.
     pub sessions: usize,
@@ -41,6 +42,8 @@ pub struct RecorderParams {
     pub synchronous: Synchronous,
     /// How each session produces its events.
     pub load: Load,
+    /// The database (a fresh temporary SQLite file by default).
+    pub database: BenchDatabase,
 }
 
 /// How the producers load the recorder.
@@ -56,6 +59,8 @@ pub enum Load {
 /// What one run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct RecorderReport {
+    /// The store's backend (`sqlite`, `postgres`).
+    pub backend: &'static str,
     /// Sessions.
     pub sessions: usize,
     /// Whether group commit was on.
@@ -87,6 +92,7 @@ impl RecorderParams {
             group_commit,
             synchronous: Synchronous::Full,
             load,
+            database: BenchDatabase::default(),
         };
         vec![
             ("baseline_txn_per_event", run(1, 300, false, Load::Flood)),
@@ -102,18 +108,15 @@ impl RecorderParams {
 
 /// Runs the workload on a fresh database in a temporary directory.
 pub async fn run_recorder(params: &RecorderParams) -> Result<RecorderReport> {
-    let scratch = tempfile::tempdir().map_err(|error| Error::Config(format!("cannot create a temp dir: {error}")))?;
-    let options = SqliteOptions {
-        synchronous: params.synchronous,
-        max_jobs_per_commit: if params.group_commit {
-            SqliteOptions::default().max_jobs_per_commit
-        } else {
-            1
-        },
-        ..SqliteOptions::default()
+    let grouping = if params.group_commit {
+        Grouping::Group
+    } else {
+        Grouping::OneJobPerTransaction
     };
-    let sqlite = Arc::new(SqliteCheckpoint::open(scratch.path().join("bench-recorder.sqlite3"), options).await?);
-    let store: Arc<dyn CheckpointStore> = sqlite.clone();
+    let database = BenchStore::open(&params.database, "bench-recorder.sqlite3", params.synchronous, grouping).await?;
+    let store = database.store();
+    // Ids of this run's own: a PostgreSQL database may be reused.
+    let run = crate::protocol::new_id();
     let recorder_options = RecorderOptions {
         max_batch: if params.group_commit {
             RecorderOptions::default().max_batch
@@ -124,11 +127,12 @@ pub async fn run_recorder(params: &RecorderParams) -> Result<RecorderReport> {
     };
     let mut sessions = Vec::with_capacity(params.sessions);
     for index in 0..params.sessions {
-        let session_id = format!("session-{index}");
+        let session_id = format!("session-{index}-{run}");
         store.save(&Checkpoint::empty(session_id.clone()), &[], None).await?;
         sessions.push(session_id);
     }
 
+    let commits_before = database.stats().commits;
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for session_id in sessions {
@@ -141,10 +145,11 @@ pub async fn run_recorder(params: &RecorderParams) -> Result<RecorderReport> {
         latencies_us.extend(session.iter().map(|latency| latency.as_secs_f64() * 1e6));
     }
     let wall = started.elapsed();
-    let commits = sqlite.writer_stats().commits;
+    let commits = database.stats().commits.saturating_sub(commits_before);
     drop(store);
-    sqlite.close().await;
+    database.close().await;
     Ok(RecorderReport {
+        backend: params.database.backend(),
         sessions: params.sessions,
         group_commit: params.group_commit,
         load: params.load,

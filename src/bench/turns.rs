@@ -7,17 +7,17 @@
 //! (streaming is set to record each delta), and the turn's checkpoint
 //! (history delta and turn state) commits with its events.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::stats::{percentile, sqlite_bytes_on_disk};
+use super::database::{BenchDatabase, BenchStore, Grouping};
+use super::stats::percentile;
 use crate::agent::{AgentConfig, StreamingOptions, create_agent};
 use crate::model::{BoxFuture, Model, ModelEvent, ModelEventSink, ModelOutput, ModelRequest, ToolCall, ToolSpec};
 use crate::protocol::{EventMsg, Op, TranscriptItem};
-use crate::store::{CheckpointStore, SqliteCheckpoint, SqliteOptions, Synchronous};
+use crate::store::{CheckpointStore, Synchronous};
 use crate::tools::{Tool, ToolContext, ToolError};
 use crate::{Error, Result};
 
@@ -32,8 +32,8 @@ pub struct TurnsParams {
     pub chunks: usize,
     /// Bytes per chunk (B).
     pub chunk_bytes: usize,
-    /// The database file; a fresh temporary one when `None`.
-    pub db: Option<PathBuf>,
+    /// The database (a fresh temporary SQLite file by default).
+    pub database: BenchDatabase,
     /// Commit durability.
     pub synchronous: Synchronous,
     /// How streamed text is recorded; per delta for the workload as specified.
@@ -61,7 +61,7 @@ impl Default for TurnsParams {
             turns: 50,
             chunks: 32,
             chunk_bytes: 16,
-            db: None,
+            database: BenchDatabase::default(),
             synchronous: Synchronous::Full,
             streaming: StreamingOptions::per_delta(),
             variant: Variant::Plain,
@@ -72,6 +72,8 @@ impl Default for TurnsParams {
 /// What one run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct TurnsReport {
+    /// The store's backend (`sqlite`, `postgres`).
+    pub backend: &'static str,
     /// S.
     pub sessions: usize,
     /// T.
@@ -213,17 +215,14 @@ struct SessionTimes {
 
 /// Runs the workload and reports what it measured.
 pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
-    let scratch = tempfile::tempdir().map_err(|error| Error::Config(format!("cannot create a temp dir: {error}")))?;
-    let path = params
-        .db
-        .clone()
-        .unwrap_or_else(|| scratch.path().join("bench-turns.sqlite3"));
-    let options = SqliteOptions {
-        synchronous: params.synchronous,
-        ..SqliteOptions::default()
-    };
-    let sqlite = Arc::new(SqliteCheckpoint::open(&path, options).await?);
-    let store: Arc<dyn CheckpointStore> = sqlite.clone();
+    let database = BenchStore::open(
+        &params.database,
+        "bench-turns.sqlite3",
+        params.synchronous,
+        Grouping::Group,
+    )
+    .await?;
+    let store = database.store();
     let model: Arc<dyn Model> = Arc::new(ChunkModel {
         chunks: params.chunks,
         chunk_bytes: params.chunk_bytes,
@@ -234,7 +233,7 @@ pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
     let warmup = format!("warmup-{}", crate::protocol::new_id());
     run_session(params, &store, &model, warmup, 2).await?;
 
-    let before = sqlite.writer_stats();
+    let before = database.stats();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for session in 0..params.sessions {
@@ -249,12 +248,13 @@ pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
         times.first_chunk_ms.extend(session.first_chunk_ms);
     }
     let wall = started.elapsed();
-    let after = sqlite.writer_stats();
+    let after = database.stats();
     drop(store);
-    sqlite.close().await;
+    database.close().await;
     let turns = times.latencies_ms.len();
     let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
     Ok(TurnsReport {
+        backend: params.database.backend(),
         sessions: params.sessions,
         turns: params.turns,
         chunks: params.chunks,
@@ -274,7 +274,7 @@ pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
         commit_mean_ms: (after.commit_micros - before.commit_micros) as f64
             / 1000.0
             / (after.commits - before.commits).max(1) as f64,
-        db_on_disk_bytes: sqlite_bytes_on_disk(&path),
+        db_on_disk_bytes: database.bytes_on_disk(),
         peak_rss_mib: super::peak_rss_mib().unwrap_or(0.0),
     })
 }

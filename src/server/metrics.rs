@@ -207,6 +207,10 @@ impl CheckpointStore for MeteredStore {
         Box::pin(self.timed(self.inner.create(checkpoint, history, events)))
     }
 
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.inner.close()
+    }
+
     fn load<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionState>, StoreError>> {
         self.inner.load(session_id)
     }

@@ -23,7 +23,7 @@ mod walk;
 use serde::{Deserialize, Serialize};
 
 pub use error::StoreError;
-pub use postgres::{PostgresCheckpoint, PostgresOptions};
+pub use postgres::{PostgresCheckpoint, PostgresHold, PostgresOptions, redact_postgres_url};
 pub use sqlite::{ServeLock, SharedHold, SqliteCheckpoint, SqliteOptions, Synchronous, WriterStats};
 pub use usage::{SessionUsage, session_usage};
 pub use walk::walk_back;
@@ -491,6 +491,13 @@ pub trait CheckpointStore: Send + Sync {
             )
             .await
         })
+    }
+
+    /// Finishes the writes already queued and lets go of the database;
+    /// every later call fails with [`StoreError::Closed`]. The default does
+    /// nothing (a store with nothing to let go of).
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
     }
 
     /// Loads a session, or `None` if it does not exist.

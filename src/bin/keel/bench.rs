@@ -1,10 +1,10 @@
 //! `keel bench`: the benchmark workloads, printed as a table and a JSON line.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
 use keel::agent::StreamingOptions;
+use keel::bench::BenchDatabase;
 use keel::bench::recorder::{RecorderParams, run_recorder};
 use keel::bench::serve::{ServeParams, ServeReport, run_serve};
 use keel::bench::turns::{TurnsParams, Variant, run_turns};
@@ -29,9 +29,10 @@ pub(crate) enum BenchCommand {
         /// Bytes per chunk.
         #[arg(short = 'B', long, default_value_t = 16)]
         bytes: usize,
-        /// The database file [default: a fresh temporary file].
-        #[arg(long, value_name = "PATH")]
-        db: Option<PathBuf>,
+        /// The database: a SQLite file, or a PostgreSQL URL
+        /// (postgres://…) [default: a fresh temporary SQLite file].
+        #[arg(long, value_name = "PATH|URL")]
+        db: Option<String>,
         /// Use synchronous=NORMAL (not power-loss safe) instead of FULL.
         #[arg(long)]
         relaxed: bool,
@@ -46,8 +47,13 @@ pub(crate) enum BenchCommand {
     },
     /// Durable events per second through the recorder (1, 8 and 64
     /// sessions, flooding and one event at a time), against a
-    /// one-transaction-per-event baseline.
-    Recorder,
+    /// one-transaction-per-event baseline; on a temporary SQLite file, and
+    /// also on PostgreSQL when `--db` names a PostgreSQL database.
+    Recorder {
+        /// A PostgreSQL database (postgres://…) to run on beside SQLite.
+        #[arg(long, value_name = "URL")]
+        db: Option<String>,
+    },
     /// Durable turns over `keel serve`'s HTTP API and event streams: the
     /// same turns in-process (the baseline), over HTTP with one subscriber
     /// per session, and with W subscribers of which one is stalled.
@@ -91,7 +97,7 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                 turns,
                 chunks,
                 chunk_bytes: bytes,
-                db,
+                database: db.as_deref().map(BenchDatabase::parse).unwrap_or_default(),
                 synchronous: if relaxed {
                     Synchronous::Normal
                 } else {
@@ -131,28 +137,40 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             ))?;
             print_line(&serde_json::to_string(&report)?)?;
         }
-        BenchCommand::Recorder => {
-            let mut reports = Vec::new();
-            for (name, params) in RecorderParams::standard() {
-                reports.push((name, run_recorder(&params).await?));
+        BenchCommand::Recorder { db } => {
+            let mut databases = vec![BenchDatabase::Sqlite];
+            match db.as_deref().map(BenchDatabase::parse) {
+                Some(postgres @ BenchDatabase::Postgres(_)) => databases.push(postgres),
+                Some(_) => anyhow::bail!("--db takes a PostgreSQL URL (postgres://…); SQLite runs on a temporary file"),
+                None => {}
             }
-            let baseline = reports[0].1.events_per_s;
-            print_line("| run | sessions | events | events/s | p50 µs | p99 µs | commits | × baseline |")?;
-            print_line("|---|---|---|---|---|---|---|---|")?;
-            for (name, report) in &reports {
-                print_line(&format!(
-                    "| {name} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.1} |",
-                    report.sessions,
-                    report.events,
-                    report.events_per_s,
-                    report.latency_p50_us,
-                    report.latency_p99_us,
-                    report.commits,
-                    report.events_per_s / baseline
-                ))?;
+            print_line("| backend | run | sessions | events | events/s | p50 µs | p99 µs | commits | × baseline |")?;
+            print_line("|---|---|---|---|---|---|---|---|---|")?;
+            let mut all = Vec::new();
+            for database in databases {
+                let mut reports = Vec::new();
+                for (name, mut params) in RecorderParams::standard() {
+                    params.database = database.clone();
+                    reports.push((name, run_recorder(&params).await?));
+                }
+                // The first run is the one-transaction-per-event baseline.
+                let baseline = reports[0].1.events_per_s;
+                for (name, report) in &reports {
+                    print_line(&format!(
+                        "| {} | {name} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.1} |",
+                        database.backend(),
+                        report.sessions,
+                        report.events,
+                        report.events_per_s,
+                        report.latency_p50_us,
+                        report.latency_p99_us,
+                        report.commits,
+                        report.events_per_s / baseline
+                    ))?;
+                }
+                all.extend(reports.into_iter().map(|(_, report)| report));
             }
-            let reports: Vec<_> = reports.into_iter().map(|(_, report)| report).collect();
-            print_line(&serde_json::to_string(&reports)?)?;
+            print_line(&serde_json::to_string(&all)?)?;
         }
         BenchCommand::Serve {
             sessions,
@@ -181,7 +199,7 @@ async fn bench_serve(
         turns,
         chunks,
         chunk_bytes: bytes,
-        db: None,
+        database: BenchDatabase::default(),
         synchronous: Synchronous::Full,
         // What a server session does: deltas coalesced, every byte stored
         // before it is delivered.

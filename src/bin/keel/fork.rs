@@ -4,9 +4,10 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::Args;
-use keel::store::{ServeLock, StoreError};
+use keel::store::StoreError;
 
-use crate::{DbArgs, print_line};
+use crate::db::DbArgs;
+use crate::print_line;
 
 /// Arguments of `keel fork`.
 #[derive(Args, Debug)]
@@ -31,14 +32,13 @@ pub(crate) struct ForkArgs {
 
 /// Forks the session and prints the new session's id.
 pub(crate) async fn fork(args: ForkArgs) -> anyhow::Result<ExitCode> {
-    let path = args.db.path()?;
     // The hold keeps a `keel serve` from starting (and creating the same id)
     // while the fork is written; a served database is forked by its server.
-    let _hold = match ServeLock::share(&path) {
+    let _hold = match args.db.share().await {
         Ok(hold) => hold,
         Err(StoreError::Held { holder, .. }) => bail!(
             "the database {} is served by {holder}: fork through it (POST /v1/sessions/{}/fork)",
-            path.display(),
+            args.db.location()?,
             args.session
         ),
         Err(error) => return Err(error.into()),
@@ -48,10 +48,10 @@ pub(crate) async fn fork(args: ForkArgs) -> anyhow::Result<ExitCode> {
     let forked = async {
         let at = match (args.at, &args.before_turn) {
             (Some(at), _) => at,
-            (None, Some(turn_id)) => keel::agent::point_before_turn(&store, &args.session, turn_id).await?,
+            (None, Some(turn_id)) => keel::agent::point_before_turn(store.as_ref(), &args.session, turn_id).await?,
             (None, None) => 0,
         };
-        keel::agent::fork_session(&store, &args.session, at, &id).await
+        keel::agent::fork_session(store.as_ref(), &args.session, at, &id).await
     }
     .await;
     store.close().await;

@@ -8,9 +8,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use keel::protocol::{EventMsg, RecordedEvent};
-use keel::store::{CheckpointStore, EventPageRequest, ServeLock, StoreError};
+use keel::store::{EventPageRequest, StoreError};
 
-use crate::{DbArgs, print_line};
+use crate::db::DbArgs;
+use crate::print_line;
 
 /// Arguments of `keel events`.
 #[derive(Args, Debug)]
@@ -103,14 +104,13 @@ pub(crate) struct RmArgs {
 }
 
 async fn remove(args: RmArgs) -> anyhow::Result<ExitCode> {
-    let path = args.db.path()?;
     // A served database's sessions may be live: its server deletes them,
     // shutting a live one down first.
-    let _hold = match ServeLock::share(&path) {
+    let _hold = match args.db.share().await {
         Ok(hold) => hold,
         Err(StoreError::Held { holder, .. }) => anyhow::bail!(
             "the database {} is served by {holder}: delete through it (DELETE /v1/sessions/{})",
-            path.display(),
+            args.db.location()?,
             args.session
         ),
         Err(error) => return Err(error.into()),
@@ -225,7 +225,7 @@ pub(crate) struct BackupArgs {
 /// `keel backup FILE`: a consistent snapshot of the database, taken with
 /// `VACUUM INTO` while a server may be writing.
 pub(crate) async fn backup(args: BackupArgs) -> anyhow::Result<ExitCode> {
-    let source = args.db.path()?;
+    let source = args.db.sqlite_file("keel backup (use pg_dump for PostgreSQL)")?;
     if !source.exists() {
         anyhow::bail!("no database at {}", source.display());
     }

@@ -8,6 +8,7 @@
 mod bench;
 mod chat;
 mod console;
+mod db;
 mod fork;
 mod interrupts;
 mod log;
@@ -22,7 +23,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use keel::store::{SqliteCheckpoint, SqliteOptions};
 
 #[derive(Parser)]
 #[command(name = "keel", version, about = "A durable agent runtime", propagate_version = true)]
@@ -53,44 +53,6 @@ enum Command {
     /// Run a command under a sandbox policy (the shell tool's launcher).
     #[command(hide = true)]
     SandboxExec(sandbox::SandboxExecArgs),
-}
-
-/// Where the database is.
-#[derive(Args, Debug, Clone)]
-struct DbArgs {
-    /// The SQLite database file [default: <data dir>/keel/keel.sqlite3].
-    #[arg(long, env = "KEEL_DB", value_name = "PATH")]
-    db: Option<PathBuf>,
-}
-
-impl DbArgs {
-    fn path(&self) -> anyhow::Result<PathBuf> {
-        match &self.db {
-            Some(path) => Ok(path.clone()),
-            None => {
-                let data = dirs::data_dir().context("no per-user data directory; pass --db or set KEEL_DB")?;
-                Ok(data.join("keel").join("keel.sqlite3"))
-            }
-        }
-    }
-
-    /// Opens the database, creating it (and its directory) when `create` is set.
-    async fn open(&self, create: bool) -> anyhow::Result<SqliteCheckpoint> {
-        let path = self.path()?;
-        if !path.exists() {
-            if !create {
-                anyhow::bail!("no database at {}", path.display());
-            }
-            if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
-            }
-        }
-        let store = SqliteCheckpoint::open(&path, SqliteOptions::default()).await?;
-        // It holds every session's conversation: no sandboxed command of
-        // any session may read it.
-        keel::tools::workspace::sandbox::protect_database(&path);
-        Ok(store)
-    }
 }
 
 /// Which model to use, and where its configuration is.

@@ -9,10 +9,11 @@ use keel::agent::SubmissionSender;
 use keel::agent::create_agent;
 use keel::protocol::{EventMsg, Op};
 
+use crate::ModelArgs;
 use crate::console::{ApproveMode, Printer, decide};
+use crate::db::DbArgs;
 use crate::interrupts::{Interrupts, Terminations};
 use crate::session::{Opening, StoredSettings, ToolArgs, agent_config};
-use crate::{DbArgs, ModelArgs};
 
 /// Arguments of `keel run`.
 #[derive(Args, Debug)]

@@ -2,15 +2,14 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use keel::server::{ServerConfig, serve};
-use keel::store::CheckpointStore;
 
-use crate::DbArgs;
+use crate::db::DbArgs;
 
 /// Arguments of `keel serve`.
 #[derive(Args, Debug)]
@@ -135,27 +134,26 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // One server per database: a second one would keep taking sessions
     // from the first, failing its clients' requests. Taken before the port,
     // so that the message says who holds the database.
-    let database = args.db.path()?;
-    if let Some(parent) = database.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
-    }
     let pid = std::process::id();
-    let mut lock = keel::store::ServeLock::acquire(&database, &format!("keel serve (pid {pid})"))
+    let mut lock = args
+        .db
+        .lock_for_serving(&format!("keel serve (pid {pid})"))
+        .await
         .map_err(|error| anyhow::anyhow!("{error}; refusing to start (stop it, or pass another --db)"))?;
-    keel::tools::workspace::sandbox::protect(lock.path());
     // Connections, not the open-file limit, should be what runs out first.
     keel::server::raise_open_file_limit();
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let address = listener.local_addr()?;
-    lock.describe(&format!("keel serve (pid {pid}, http://{address})"))?;
+    lock.describe(&format!("keel serve (pid {pid}, http://{address})"))
+        .await?;
     if token.is_none() && !address.ip().is_loopback() {
         anyhow::bail!(
             "refusing to listen on {address} without a token: pass --token-file FILE (or listen on 127.0.0.1)"
         );
     }
-    let store: Arc<dyn CheckpointStore> = Arc::new(args.db.open(true).await?);
+    let store = args.db.open(true).await?;
 
     let mut config = ServerConfig::new(store);
     config.keel = keel_config;

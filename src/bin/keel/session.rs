@@ -1,7 +1,7 @@
 //! Opening a session on the local database, shared by `keel run` and
 //! `keel chat`: the session id, the workspace and the tools.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -9,10 +9,11 @@ use clap::Args;
 use keel::agent::AgentConfig;
 use keel::config::KeelConfig;
 use keel::protocol::new_id;
-use keel::store::{CheckpointStore, ServeLock, SharedHold, StoreError};
+use keel::store::{CheckpointStore, StoreError};
 use keel::tools::workspace::SandboxPolicy;
 
-use crate::{DbArgs, ModelArgs};
+use crate::ModelArgs;
+use crate::db::{DbArgs, Hold};
 
 /// Which tools a session offers and where it works.
 #[derive(Args, Debug, Clone)]
@@ -101,7 +102,7 @@ pub(crate) struct Opening {
     pub(crate) stored: StoredSettings,
     pub(crate) model: Arc<dyn keel::Model>,
     pub(crate) spec: String,
-    pub(crate) hold: Option<SharedHold>,
+    pub(crate) hold: Option<Hold>,
 }
 
 impl Opening {
@@ -121,19 +122,19 @@ impl Opening {
     ) -> anyhow::Result<Self> {
         let (store, id, stored, model, spec) = match session {
             Some(id) => {
-                let store: Arc<dyn CheckpointStore> = Arc::new(db.open(create_on_resume).await?);
+                let store = db.open(create_on_resume).await?;
                 let stored = StoredSettings::of(store.as_ref(), id).await?;
                 let (model, spec) = model.build(keel_config, stored.model.as_deref())?;
                 (store, id.to_owned(), stored, model, spec)
             }
             None => {
                 let (model, spec) = model.build(keel_config, None)?;
-                let store: Arc<dyn CheckpointStore> = Arc::new(db.open(true).await?);
+                let store = db.open(true).await?;
                 let id = new_session_id(store.as_ref(), new_session).await?;
                 (store, id, StoredSettings::default(), model, spec)
             }
         };
-        let hold = hold_database(&db.path()?, session)?;
+        let hold = hold_database(db, session).await?;
         Ok(Self {
             store,
             id,
@@ -152,13 +153,13 @@ impl Opening {
 /// here would take it from the server, whose next request for it would
 /// fail. A new session is opened without a hold then (the server cannot
 /// know of it).
-fn hold_database(database: &Path, resumed: Option<&str>) -> anyhow::Result<Option<SharedHold>> {
-    match (ServeLock::share(database), resumed) {
+async fn hold_database(db: &DbArgs, resumed: Option<&str>) -> anyhow::Result<Option<Hold>> {
+    match (db.share().await, resumed) {
         (Ok(hold), _) => Ok(Some(hold)),
         (Err(StoreError::Held { holder, .. }), Some(id)) => bail!(
             "session '{id}' is served by {holder} on the database {}: talk to it through the server \
              (`keel chat --server URL --session {id}`), or stop the server first",
-            database.display()
+            db.location()?
         ),
         (Err(StoreError::Held { .. }), None) => Ok(None),
         (Err(error), _) => Err(error.into()),

@@ -13,9 +13,12 @@
 //! and a batch carrying an older one is refused with [`StoreError::Fenced`].
 
 mod codec;
+mod hold;
 mod reader;
 mod schema;
 mod writer;
+
+pub use hold::{PostgresHold, redact_postgres_url};
 
 #[cfg(test)]
 mod tests;
@@ -164,6 +167,10 @@ impl PostgresCheckpoint {
 }
 
 impl CheckpointStore for PostgresCheckpoint {
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(PostgresCheckpoint::close(self))
+    }
+
     fn save<'a>(
         &'a self,
         checkpoint: &'a Checkpoint,

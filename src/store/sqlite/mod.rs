@@ -255,6 +255,10 @@ impl CheckpointStore for SqliteCheckpoint {
         })
     }
 
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(SqliteCheckpoint::close(self))
+    }
+
     fn load<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionState>, StoreError>> {
         let session_id = session_id.to_owned();
         Box::pin(self.read(move |conn| reader::load(conn, &session_id)))

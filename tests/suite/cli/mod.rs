@@ -591,6 +591,7 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
 mod chat;
 mod fork;
 mod lifecycle;
+mod postgres;
 mod shutdown;
 mod tools;
 

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use keel::agent::{Agent, BusyPolicy, SessionHandle, SubmitOptions, create_agent, fork_session, point_before_turn};
 use keel::protocol::{EventMsg, Op, RecordedEvent, new_id};
-use keel::store::{CheckpointStore, SharedHold};
+use keel::store::CheckpointStore;
+
+use crate::db::Hold;
 
 use super::{BOT_ID, ChatArgs, Opened, Session};
 use crate::session::{Opening, StoredSettings, agent_config};
@@ -18,7 +20,7 @@ pub(crate) struct LocalSession {
     store: Arc<dyn CheckpointStore>,
     /// Keeps a `keel serve` from starting on the database (and taking this
     /// session) while the chat runs.
-    _hold: Option<SharedHold>,
+    _hold: Option<Hold>,
 }
 
 /// Events read per page of a resumed session's history.
@@ -106,12 +108,12 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
         .collect();
     let handle = agent.handle();
     Ok(Opened {
-        session: Session::Local(LocalSession {
+        session: Session::Local(Box::new(LocalSession {
             agent,
             handle,
             store: fork_store,
             _hold: hold,
-        }),
+        })),
         history,
         startup,
         pending,

@@ -29,9 +29,10 @@ use keel::protocol::{AbortReason, ApprovalDecision, ApprovalRequestedEvent, Even
 use self::input::{Input, Read};
 use self::render::Renderer;
 use crate::console::{ApproveMode, decide_without_asking};
+use crate::db::DbArgs;
 use crate::interrupts::{Interrupts, Terminations};
 use crate::session::ToolArgs;
-use crate::{DbArgs, ModelArgs, print_line};
+use crate::{ModelArgs, print_line};
 
 /// The bot new chat sessions belong to.
 const BOT_ID: &str = "keel-chat";
@@ -191,7 +192,7 @@ pub(super) struct Opened {
 /// Where the session lives.
 pub(super) enum Session {
     /// On the local database, run by this process.
-    Local(local::LocalSession),
+    Local(Box<local::LocalSession>),
     /// On a server, over HTTP.
     Remote(remote::RemoteSession),
 }

@@ -1,0 +1,135 @@
+//! The commands on a PostgreSQL database (`--db postgres://…`), against a
+//! real server the test harness starts: the same work as on a SQLite file,
+//! and the same rule that a served database's sessions belong to its server.
+
+use std::process::Command;
+
+use keel::testing::postgres::TestPostgres;
+use serde_json::json;
+
+use super::{Cli, assert_gap_free, assert_one_line_error, parse_events, session_of, stderr, stdout};
+use crate::suite::server::support::{ServeProcess, ends_turn};
+
+/// A fresh database's URL; `None` (the harness said why) without PostgreSQL.
+fn database() -> Option<String> {
+    TestPostgres::shared().map(TestPostgres::fresh_database)
+}
+
+#[test]
+fn run_events_sessions_fork_and_rm_work_on_postgresql() {
+    let Some(url) = database() else { return };
+    let cli = Cli::new();
+    let script = cli.script("s.jsonl", &[r#"{"text": "One."}"#, r#"{"text": "Two."}"#]);
+    let model = format!("script:{}", script.display());
+    let first = cli.run(&["run", "--db", &url, "--json", "--model", &model, "hello"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let events = parse_events(&first.stdout);
+    let session = session_of(&events);
+    let again = cli.run(&["run", "--db", &url, "--session", &session, "again"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(
+        stdout(&again),
+        "Two.\n",
+        "the session kept its model and script position"
+    );
+
+    let logged = cli.run(&[
+        "events",
+        "--db",
+        &url,
+        "--session",
+        &session,
+        "--json",
+        "--limit",
+        "1000",
+    ]);
+    assert!(logged.status.success(), "{}", stderr(&logged));
+    let log = parse_events(&logged.stdout);
+    assert_gap_free(&log);
+    assert_eq!(log.iter().filter(|event| event.msg.ends_turn()).count(), 2);
+
+    let listed = cli.run(&["sessions", "--db", &url, "--json"]);
+    assert!(stdout(&listed).contains(&session), "{}", stdout(&listed));
+    let end_of_first = log.iter().find(|event| event.msg.ends_turn()).expect("a turn").sequence;
+    let forked = cli.run(&[
+        "fork",
+        "--db",
+        &url,
+        &session,
+        "--at",
+        &end_of_first.to_string(),
+        "--id",
+        "child",
+    ]);
+    assert!(forked.status.success(), "{}", stderr(&forked));
+    let removed = cli.run(&["sessions", "rm", "--db", &url, "child"]);
+    assert!(removed.status.success(), "{}", stderr(&removed));
+    let gone = cli.run(&["events", "--db", &url, "--session", "child", "--json"]);
+    assert!(stdout(&gone).trim().is_empty(), "{}", stdout(&gone));
+
+    let backup = cli.run(&["backup", "--db", &url, "copy.sqlite3"]);
+    assert_one_line_error(&backup, "pg_dump");
+    let malformed = cli.run(&["sessions", "--db", "postgres://keel@127.0.0.1:1/none?connect_timeout=1"]);
+    assert_one_line_error(&malformed, "cannot reach the database");
+}
+
+/// `keel serve` on PostgreSQL: turns over HTTP; a second server, and a
+/// local command on a served session, are refused and told who serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
+    let Some(url) = database() else { return };
+    let cli = Cli::new();
+    cli.script("s.jsonl", &[r#"{"text": "Served."}"#]);
+    let serve = |listen: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
+            .args(["serve", "--db", &url, "--listen", listen])
+            .arg("--workspace-root")
+            .arg(cli.dir.path().join("workspaces"))
+            .arg("--script-dir")
+            .arg(cli.dir.path())
+            .env_remove("KEEL_MODEL")
+            .env_remove("KEEL_CONFIG")
+            .env("KEEL_LOG", "warn")
+            .current_dir(cli.dir.path());
+        command
+    };
+    let server = ServeProcess::spawn(serve("127.0.0.1:0"));
+    let model = format!("script:{}", cli.dir.path().join("s.jsonl").display());
+    server.api.create(json!({"id": "served", "model": model})).await;
+    let mut stream = server
+        .api
+        .stream("served", crate::suite::server::support::Resume::Start)
+        .await;
+    server.api.say("served", "hi").await;
+    let turn = stream.until(ends_turn).await;
+    assert_eq!(turn.last().map(|event| event.msg.kind()), Some("turn_complete"));
+    server.api.wait_idle("served").await;
+
+    let second = serve("127.0.0.1:0").output().expect("a second server");
+    assert!(!second.status.success());
+    assert!(
+        stderr(&second).contains("is already served by keel serve (pid"),
+        "{}",
+        stderr(&second)
+    );
+    let local = cli.run(&["run", "--db", &url, "--session", "served", "again"]);
+    assert!(!local.status.success());
+    assert!(stderr(&local).contains("is served by keel serve"), "{}", stderr(&local));
+
+    let (status, _) = server.terminate();
+    assert!(status.success(), "{status:?}");
+    // Once the server is gone, the database is the local commands' again.
+    let logged = cli.run(&[
+        "events",
+        "--db",
+        &url,
+        "--session",
+        "served",
+        "--json",
+        "--limit",
+        "1000",
+    ]);
+    assert!(logged.status.success(), "{}", stderr(&logged));
+    assert_gap_free(&parse_events(&logged.stdout));
+}
