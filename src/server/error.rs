@@ -72,6 +72,10 @@ pub enum ApiError {
     /// The server is shutting down, or the session stopped (503).
     #[error("{0}")]
     Unavailable(String),
+    /// The database cannot be reached (503): nothing was stored; retry once
+    /// it is back (`/readyz` says when).
+    #[error("{0}")]
+    StoreUnavailable(String),
     /// A store failure or another server fault (500).
     #[error("{0}")]
     Internal(String),
@@ -92,7 +96,9 @@ impl ApiError {
             Self::KeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MisdirectedRequest(_) => StatusCode::MISDIRECTED_REQUEST,
-            Self::TooManySessions(_) | Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::TooManySessions(_) | Self::Unavailable(_) | Self::StoreUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -115,6 +121,7 @@ impl ApiError {
             Self::MisdirectedRequest(_) => "misdirected_request",
             Self::TooManySessions(_) => "too_many_sessions",
             Self::Unavailable(_) => "unavailable",
+            Self::StoreUnavailable(_) => "store_unavailable",
             Self::Internal(_) => "internal",
         }
     }
@@ -169,7 +176,7 @@ impl From<StoreError> for ApiError {
             StoreError::Invalid(message) => Self::InvalidRequest(message),
             StoreError::Closed => Self::Unavailable("the store is closed".to_owned()),
             replaced @ StoreError::Replaced(_) => Self::Unavailable(replaced.to_string()),
-            unreachable @ StoreError::Unavailable(_) => Self::Unavailable(unreachable.to_string()),
+            unreachable @ StoreError::Unavailable(_) => Self::StoreUnavailable(unreachable.to_string()),
             other => Self::Internal(format!("store failed: {other}")),
         }
     }
@@ -223,6 +230,7 @@ mod tests {
             (ApiError::MisdirectedRequest("x".into()), 421, "misdirected_request"),
             (ApiError::TooManySessions("x".into()), 503, "too_many_sessions"),
             (ApiError::Unavailable("x".into()), 503, "unavailable"),
+            (ApiError::StoreUnavailable("x".into()), 503, "store_unavailable"),
             (ApiError::Internal("x".into()), 500, "internal"),
         ];
         for (error, status, code) in cases {

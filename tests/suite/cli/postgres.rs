@@ -133,3 +133,93 @@ async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
     assert!(logged.status.success(), "{}", stderr(&logged));
     assert_gap_free(&parse_events(&logged.stdout));
 }
+
+/// PostgreSQL stops under a running server: requests get `503
+/// store_unavailable`, `/readyz` says not ready; once it is back the
+/// server serves again by itself and nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgresql_outage_is_503_and_the_server_recovers_by_itself() {
+    let Some(postgres) = TestPostgres::own() else { return };
+    let url = postgres.fresh_database();
+    let cli = Cli::new();
+    cli.script(
+        "s.jsonl",
+        &[r#"{"text": "One."}"#, r#"{"text": "Two."}"#, r#"{"text": "Three."}"#],
+    );
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(["serve", "--db", &url, "--listen", "127.0.0.1:0"])
+        .arg("--workspace-root")
+        .arg(cli.dir.path().join("workspaces"))
+        .arg("--script-dir")
+        .arg(cli.dir.path())
+        .env_remove("KEEL_MODEL")
+        .env_remove("KEEL_CONFIG")
+        .env("KEEL_LOG", "warn")
+        .current_dir(cli.dir.path());
+    let server = ServeProcess::spawn(command);
+    let model = format!("script:{}", cli.dir.path().join("s.jsonl").display());
+    server.api.create(json!({"id": "s", "model": model})).await;
+    let acknowledged = server.api.say("s", "before").await;
+    server.api.wait_idle("s").await;
+
+    postgres.stop();
+    let refused = server
+        .api
+        .submit("s", json!({"op": {"type": "user_input", "text": "during"}}))
+        .await;
+    assert_eq!(refused.status.as_u16(), 503, "{}", refused.body);
+    assert_eq!(refused.body["error"]["code"], "store_unavailable", "{}", refused.body);
+    let listed = server.api.get("/v1/sessions").await;
+    assert_eq!(listed.status.as_u16(), 503, "{}", listed.body);
+    let ready = reqwest::get(server.api.url("/readyz")).await.expect("readyz");
+    assert_eq!(ready.status().as_u16(), 503);
+
+    postgres.start();
+    // Back without a restart of keel: ready again, and the session serves.
+    let mut ready = false;
+    for _ in 0..200 {
+        let reply = reqwest::get(server.api.url("/readyz")).await.expect("readyz");
+        if reply.status().is_success() {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(ready, "/readyz never said ready again");
+    let mut accepted = None;
+    for _ in 0..200 {
+        let reply = server
+            .api
+            .submit("s", json!({"op": {"type": "user_input", "text": "after"}}))
+            .await;
+        if reply.status.as_u16() == 202 {
+            accepted = Some(reply.body);
+            break;
+        }
+        assert_eq!(reply.status.as_u16(), 503, "{}", reply.body);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(accepted.is_some(), "the server never took a submission again");
+    server.api.wait_idle("s").await;
+    let (status, _) = server.terminate();
+    assert!(status.success(), "{status:?}");
+
+    let logged = cli.run(&["events", "--db", &url, "--session", "s", "--json", "--limit", "1000"]);
+    assert!(logged.status.success(), "{}", stderr(&logged));
+    let log = parse_events(&logged.stdout);
+    assert_gap_free(&log);
+    let messages: Vec<String> = log
+        .iter()
+        .filter_map(|event| match &event.msg {
+            keel::protocol::EventMsg::UserMessage(message) => Some(message.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(messages, ["before", "after"], "the refused message was never stored");
+    assert!(
+        log.iter()
+            .any(|event| event.submission_id.as_deref() == acknowledged["submission_id"].as_str()),
+        "the message acknowledged before the outage is in the log"
+    );
+}
