@@ -72,10 +72,9 @@ impl Session {
                 return self.stop(None).await;
             };
             self.status.set_working(true);
-            if matches!(submission.op, Op::Shutdown) {
-                return self.stop(Some(submission)).await;
+            if let Some(shutdown) = self.handle(submission).await? {
+                return self.stop(Some(shutdown)).await;
             }
-            self.handle(submission).await?;
         }
     }
 
@@ -105,8 +104,9 @@ impl Session {
         }
     }
 
-    /// Acts on one submission (anything but a shutdown).
-    async fn handle(&mut self, submission: Submission) -> Result<()> {
+    /// Acts on one submission; hands a shutdown back, for [`Self::run`]
+    /// to stop the session with.
+    async fn handle(&mut self, submission: Submission) -> Result<Option<Submission>> {
         match &submission.op {
             Op::UserInput { .. } | Op::Steer { .. } => {
                 self.run_turn(submission).await?;
@@ -131,12 +131,9 @@ impl Session {
                 let reason = format!("no tool call {call_id} is waiting for approval");
                 self.reject(&submission, &reason).await?;
             }
-            Op::Shutdown => {
-                self.reject(&submission, "a shutdown is handled by the session loop")
-                    .await?
-            }
+            Op::Shutdown => return Ok(Some(submission)),
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Records that `submission` will not be acted on.
