@@ -12,6 +12,7 @@
 //! **Architecture invariant:** a batch of events and the checkpoint write that
 //! goes with it are committed atomically, or not at all.
 
+mod codec;
 #[cfg(test)]
 pub(crate) mod conformance;
 mod error;

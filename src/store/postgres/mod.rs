@@ -12,7 +12,6 @@
 //! refuses an existing id atomically; `acquire` bumps the session's lease
 //! and a batch carrying an older one is refused with [`StoreError::Fenced`].
 
-mod codec;
 mod hold;
 mod reader;
 mod schema;

@@ -9,10 +9,10 @@ use deadpool_postgres::Object;
 use tokio_postgres::IsolationLevel;
 use tokio_postgres::Row;
 
-use super::codec;
 use super::pg_error;
 use super::writer::{int, uint};
 use crate::protocol::{Event, RecordedEvent, TranscriptItem};
+use crate::store::codec;
 use crate::store::{
     Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
     SessionState, SessionSummary, StoreError, TurnExecution,

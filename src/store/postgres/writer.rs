@@ -26,8 +26,8 @@ use tokio::task::JoinHandle;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Config, Statement, Transaction};
 
-use super::codec;
 use crate::protocol::now_ms;
+use crate::store::codec::{self, json_array};
 use crate::store::{
     AppendReceipt, CheckpointWrite, EncodedEvent, OpenBatch, QueueChange, QueuedSubmission, StoreError,
 };
@@ -190,7 +190,7 @@ fn with_events(
     checkpoint: Option<&CheckpointWrite>,
 ) -> Result<Write, StoreError> {
     write.count = events.len() as u64;
-    write.events = codec::encode(json_array(events.iter().map(|event| event.json.as_str())));
+    write.events = stored(json_array(events.iter().map(|event| event.json.as_str())));
     write.queue = events
         .iter()
         .enumerate()
@@ -961,7 +961,7 @@ async fn apply_queue_changes(
                     .map_err(|error| JobError::Dirty(StoreError::Encode(error.to_string())))?;
                 queued_ids.push(id.to_owned());
                 queued_sequences.push(int(sequence));
-                queued_json.push(codec::encode(json));
+                queued_json.push(codec::encode(json).into_bytes());
             }
             QueueChange::Settled(_) => settled.push(id.to_owned()),
         }
@@ -1087,19 +1087,6 @@ async fn delete(tx: &Transaction<'_>, st: &Statements, session_id: &str, now: u6
     })
 }
 
-/// JSON values joined into one JSON array, in order.
-fn json_array<'a>(values: impl IntoIterator<Item = &'a str>) -> String {
-    let mut array = String::from("[");
-    for (index, value) in values.into_iter().enumerate() {
-        if index > 0 {
-            array.push(',');
-        }
-        array.push_str(value);
-    }
-    array.push(']');
-    array
-}
-
 /// Checks and serializes a checkpoint write for `session_id`.
 fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrite, StoreError> {
     if write.checkpoint.session_id != session_id {
@@ -1116,16 +1103,21 @@ fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrit
             .iter()
             .map(encode)
             .collect::<Result<Vec<_>, _>>()?;
-        Some(codec::encode(json_array(items.iter().map(String::as_str))))
+        Some(stored(json_array(items.iter().map(String::as_str))))
     };
     Ok(EncodedWrite {
-        checkpoint: codec::encode(encode(&write.checkpoint)?),
+        checkpoint: stored(encode(&write.checkpoint)?),
         bot_id: write.checkpoint.session_context.bot_id.clone(),
-        execution: write.execution.as_ref().map(encode).transpose()?.map(codec::encode),
+        execution: write.execution.as_ref().map(encode).transpose()?.map(stored),
         history,
         added: write.transcript_delta.len() as u64,
         history_cut: write.history_cut,
     })
+}
+
+/// The stored bytes of `json` (see [`codec`]).
+fn stored(json: String) -> Vec<u8> {
+    codec::encode(json).into_bytes()
 }
 
 fn encode<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {

@@ -426,14 +426,14 @@ fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobErr
     let history = write
         .as_ref()
         .filter(|write| !write.transcript.is_empty())
-        .map(|write| json_array(&write.transcript));
+        .map(|write| crate::store::codec::json_array(&write.transcript));
     if count > 0 || history.is_some() || history_cut.is_some() {
         conn.prepare_cached(
             "INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history, events, history_cut)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
         .and_then(|mut insert| {
-            let events = codec::encode(json_array(events.iter().map(|event| &event.json)));
+            let events = codec::encode(crate::store::codec::json_array(events.iter().map(|event| &event.json)));
             let history = history.map(codec::encode);
             insert.execute(params![
                 key,
@@ -603,19 +603,6 @@ fn check_cut(conn: &Connection, session_id: &str, cut: u64) -> Result<(), JobErr
         // An unknown session is refused by the write itself.
         _ => Ok(()),
     }
-}
-
-/// JSON values joined into one JSON array, in order.
-fn json_array<'a>(values: impl IntoIterator<Item = &'a String>) -> String {
-    let mut array = String::from("[");
-    for (index, value) in values.into_iter().enumerate() {
-        if index > 0 {
-            array.push(',');
-        }
-        array.push_str(value);
-    }
-    array.push(']');
-    array
 }
 
 /// Checks and serializes a checkpoint write for `session_id`.

@@ -1,16 +1,13 @@
-//! How JSON values are stored: `bytea` holding JSON text, or an LZ4 block
-//! when that pays.
+//! How JSON values are stored, by every backend: as they are, or as an LZ4
+//! block when that pays.
 //!
-//! Why `bytea` and not `jsonb`: nothing queries inside these values (the
-//! columns a query needs, such as the bot or the sequences, have their own),
-//! so `jsonb` would only cost the server a parse on every commit and a
-//! re-serialization on every read, on the same CPUs the runtime uses, and
-//! would not keep the bytes as written. A batch of events repeats its turn
-//! and submission ids in every event, so compressing it here sends and logs
-//! several times fewer bytes (PostgreSQL's own TOAST compression only starts
-//! at 2 kB, after the bytes crossed the wire). The format is the SQLite
-//! store's: plain JSON (which starts with `{` or `[`), or the tag `1`, the
-//! uncompressed length (`u32`, little endian) and the block.
+//! A batch of events repeats its turn and submission ids in every event, so
+//! it compresses several times over; fewer bytes are fewer pages for each
+//! commit to write (and, on PostgreSQL, fewer bytes on the wire: its own
+//! TOAST compression starts at 2 kB, after they crossed it). Small values
+//! stay plain JSON. A compressed value is the tag `1` (plain JSON starts
+//! with `{`, `[` or `"`), the uncompressed length (`u32`, little endian),
+//! then the block.
 
 /// Values shorter than this are stored as they are.
 const COMPRESS_FROM_BYTES: usize = 512;
@@ -22,27 +19,46 @@ const LZ4_BLOCK: u8 = 1;
 /// length making the reader allocate without bound.
 const MAX_EXPANDED_BYTES: usize = 256 * 1024 * 1024;
 
+/// A JSON value in its stored form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// The JSON text itself.
+    Plain(String),
+    /// The tagged LZ4 block.
+    Compressed(Vec<u8>),
+}
+
+impl Stored {
+    /// The stored bytes, for a backend that keeps both forms in one column.
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Stored::Plain(json) => json.into_bytes(),
+            Stored::Compressed(bytes) => bytes,
+        }
+    }
+}
+
 /// The stored form of `json`.
-pub(super) fn encode(json: String) -> Vec<u8> {
+pub(crate) fn encode(json: String) -> Stored {
     if json.len() < COMPRESS_FROM_BYTES {
-        return json.into_bytes();
+        return Stored::Plain(json);
     }
     let Ok(length) = u32::try_from(json.len()) else {
-        return json.into_bytes();
+        return Stored::Plain(json);
     };
     let compressed = lz4_flex::block::compress(json.as_bytes());
     if compressed.len() + 5 >= json.len() {
-        return json.into_bytes();
+        return Stored::Plain(json);
     }
     let mut stored = Vec::with_capacity(compressed.len() + 5);
     stored.push(LZ4_BLOCK);
     stored.extend_from_slice(&length.to_le_bytes());
     stored.extend_from_slice(&compressed);
-    stored
+    Stored::Compressed(stored)
 }
 
-/// The JSON bytes of a stored value, or why it is not one.
-pub(super) fn decode(stored: &[u8]) -> Result<Vec<u8>, String> {
+/// The JSON bytes of stored bytes (either form), or why they are not one.
+pub(crate) fn decode(stored: &[u8]) -> Result<Vec<u8>, String> {
     match stored {
         [LZ4_BLOCK, rest @ ..] => {
             let (length, block) = rest.split_first_chunk::<4>().ok_or("truncated compressed value")?;
@@ -61,6 +77,19 @@ pub(super) fn decode(stored: &[u8]) -> Result<Vec<u8>, String> {
     }
 }
 
+/// JSON values joined into one JSON array, in order.
+pub(crate) fn json_array(values: impl IntoIterator<Item = impl AsRef<str>>) -> String {
+    let mut array = String::from("[");
+    for (index, value) in values.into_iter().enumerate() {
+        if index > 0 {
+            array.push(',');
+        }
+        array.push_str(value.as_ref());
+    }
+    array.push(']');
+    array
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,10 +97,11 @@ mod tests {
     #[test]
     fn large_values_round_trip_compressed_and_small_ones_stay_plain() {
         let small = r#"{"a":1}"#.to_owned();
-        assert_eq!(encode(small.clone()), small.clone().into_bytes());
-        let large = format!("[{}]", vec![r#"{"turn_id":"0193-aaaa","delta":"x"}"#; 100].join(","));
-        let stored = encode(large.clone());
-        assert_eq!(stored[0], LZ4_BLOCK);
+        assert_eq!(encode(small.clone()), Stored::Plain(small.clone()));
+        let large = json_array(vec![r#"{"turn_id":"0193-aaaa","delta":"x"}"#; 100]);
+        let Stored::Compressed(stored) = encode(large.clone()) else {
+            panic!("expected a compressed value")
+        };
         assert!(stored.len() < large.len() / 4, "{} of {}", stored.len(), large.len());
         assert_eq!(decode(&stored), Ok(large.into_bytes()));
         assert_eq!(decode(small.as_bytes()), Ok(small.into_bytes()));
