@@ -56,12 +56,13 @@ impl Cli {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn keel chat");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(input.as_bytes())
-            .expect("write stdin");
+        // A chat that fails before reading (an unknown session, say) may
+        // be gone before its input is written: a broken pipe is its answer.
+        match child.stdin.take().expect("stdin").write_all(input.as_bytes()) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(error) => panic!("write stdin: {error}"),
+        }
         child.wait_with_output().expect("keel chat output")
     }
 
