@@ -23,9 +23,9 @@ use crate::store::StoreError;
 /// The channel log notifications are sent on.
 pub const LOG_CHANNEL: &str = "keel_log";
 
-/// How many notices wait for the consumer before the listener drops them
-/// (and yields [`LogNotice::Resync`] once there is room again).
-const NOTICE_BUFFER: usize = 1024;
+/// How many notices wait for the consumer, by default, before the listener
+/// drops them (and yields [`LogNotice::Resync`] once there is room again).
+pub const NOTICE_BUFFER: usize = 1024;
 
 /// The longest wait between two attempts to reconnect.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -60,9 +60,9 @@ pub struct LogListener {
 impl LogListener {
     /// Connects and listens; returns once the server has registered the
     /// `LISTEN`, so every commit after this call is noticed.
-    pub(super) async fn start(config: Config) -> Result<Self, StoreError> {
+    pub(super) async fn start(config: Config, capacity: usize) -> Result<Self, StoreError> {
         let (client, connection) = listening(&config).await?;
-        let (sender, notices) = mpsc::channel(NOTICE_BUFFER);
+        let (sender, notices) = mpsc::channel(capacity.max(1));
         let task = tokio::spawn(run(config, client, connection, sender));
         Ok(Self { notices, task })
     }

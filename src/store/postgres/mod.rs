@@ -27,7 +27,7 @@ mod schema;
 mod writer;
 
 pub use hold::{PostgresHold, redact_postgres_url};
-pub use listen::{LOG_CHANNEL, LogListener, LogNotice};
+pub use listen::{LOG_CHANNEL, LogListener, LogNotice, NOTICE_BUFFER};
 
 #[cfg(test)]
 mod tests;
@@ -139,10 +139,17 @@ impl PostgresCheckpoint {
     /// this call is noticed. The listener reconnects by itself after a lost
     /// connection and then yields [`LogNotice::Resync`].
     pub async fn listen(&self) -> Result<LogListener, StoreError> {
+        self.listen_with_capacity(NOTICE_BUFFER).await
+    }
+
+    /// [`Self::listen`] with room for `capacity` notices (at least 1)
+    /// waiting for the consumer: past that, notices are dropped and the
+    /// listener yields [`LogNotice::Resync`] once there is room again.
+    pub async fn listen_with_capacity(&self, capacity: usize) -> Result<LogListener, StoreError> {
         if self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).is_none() {
             return Err(StoreError::Closed);
         }
-        LogListener::start(self.config.clone()).await
+        LogListener::start(self.config.clone(), capacity).await
     }
 
     /// Counters of the writer's work so far. `jobs / commits` is how many

@@ -1439,6 +1439,31 @@ async fn a_listener_resyncs_after_the_server_restarts_then_notices_again() {
 }
 
 #[tokio::test]
+async fn a_listener_whose_consumer_fell_behind_resyncs_then_notices_again() {
+    guarded(async {
+        let (store, _url) = store_or_skip!();
+        let mut listener = store.listen_with_capacity(3).await.expect("listen");
+        let ids = (0..8).map(|n| format!("s{n}")).collect::<Vec<_>>();
+        for id in &ids {
+            create(&store, id).await;
+        }
+        for id in &ids {
+            append(&store, id, &events(id, 0, 1)).await;
+        }
+        // The consumer reads nothing while the eight commits are notified.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for id in &ids[..3] {
+            assert_eq!(next_notice(&mut listener).await, log_notice(id, 1));
+        }
+        assert_eq!(next_notice(&mut listener).await, LogNotice::Resync);
+        append(&store, "s0", &events("s0", 1, 1)).await;
+        assert_eq!(next_notice(&mut listener).await, log_notice("s0", 2));
+        store.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_closed_store_refuses_to_listen() {
     guarded(async {
         let (store, _url) = store_or_skip!();
