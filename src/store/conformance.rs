@@ -113,6 +113,11 @@ macro_rules! store_conformance_tests {
             $crate::store::conformance::store_conformance_tests!(@test a_history_cut_drops_the_newest_items_for_loads_and_forks_and_keeps_the_log, $factory);
             $crate::store::conformance::store_conformance_tests!(@test create_makes_a_session_with_its_first_events_once_even_across_stores, $factory);
             $crate::store::conformance::store_conformance_tests!(@test a_lease_taken_through_another_handle_fences_this_one, $factory);
+            $crate::store::conformance::store_conformance_tests!(@test two_owners_racing_for_one_session_exactly_one_wins, $factory);
+            $crate::store::conformance::store_conformance_tests!(@test an_expired_lease_is_taken_over_with_a_new_epoch_that_fences_the_first_owner, $factory);
+            $crate::store::conformance::store_conformance_tests!(@test renew_extends_the_leases_still_held_and_reports_the_lost_ones, $factory);
+            $crate::store::conformance::store_conformance_tests!(@test release_lets_another_owner_claim_at_once, $factory);
+            $crate::store::conformance::store_conformance_tests!(@test sessions_to_take_over_lists_sessions_with_work_and_no_live_owner, $factory);
         }
     };
     (@test $name:ident, $factory:expr) => {
@@ -1890,4 +1895,243 @@ pub(crate) async fn a_lease_taken_through_another_handle_fences_this_one(factory
         .expect("the new lease through the first handle");
     assert_eq!(next.first_sequence, 5);
     assert_eq!(last_sequence(&first, "s").await, 6);
+}
+
+// ---------------------------------------------------------------------------
+// Owned leases
+// ---------------------------------------------------------------------------
+
+/// A lease's time to live in the tests that let one expire.
+const SHORT_TTL: Duration = Duration::from_millis(300);
+
+/// A lease's time to live in the tests that need one to stay live.
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+/// Waits until a [`SHORT_TTL`] lease taken before the call has expired,
+/// with a generous margin (these tests check behaviour, not speed).
+async fn past_short_ttl() {
+    tokio::time::sleep(SHORT_TTL * 3).await;
+}
+
+fn leased(lease: u64, session_id: &str, from: usize) -> AppendBatch {
+    AppendBatch {
+        lease: Some(lease),
+        ..batch(&events(session_id, from, 2))
+    }
+}
+
+fn assert_owned_by(outcome: &Result<u64, StoreError>, session: &str, holder: &str) {
+    assert!(
+        matches!(outcome, Err(StoreError::Owned { session_id, owner, expires_in_ms })
+            if session_id == session && owner == holder && *expires_in_ms > 0),
+        "{outcome:?}"
+    );
+}
+
+pub(crate) async fn two_owners_racing_for_one_session_exactly_one_wins(factory: &impl StoreFactory) {
+    let database = factory.database().await;
+    // Two stores on one database stand for two nodes.
+    let (first, second) = (factory.open(&database).await, factory.open(&database).await);
+    assert!(matches!(
+        first.claim("nobody", "node-a", LONG_TTL).await,
+        Err(StoreError::UnknownSession(_))
+    ));
+    let ids = create_sessions(&first, "race", 8).await;
+    for id in &ids {
+        let (a, b) = futures::join!(
+            first.claim(id, "node-a", LONG_TTL),
+            second.claim(id, "node-b", LONG_TTL)
+        );
+        let (winner, epoch, loser) = match (&a, &b) {
+            (Ok(epoch), Err(_)) => ("node-a", *epoch, &b),
+            (Err(_), Ok(epoch)) => ("node-b", *epoch, &a),
+            _ => panic!("exactly one claim of {id} must win: {a:?} / {b:?}"),
+        };
+        assert_owned_by(loser, id, winner);
+        assert!(epoch > 0, "a claim bumps the epoch");
+        // The winner renews its live lease by claiming again: same epoch.
+        assert_eq!(first.claim(id, winner, LONG_TTL).await.expect("renewed"), epoch);
+        // Its appends at that epoch go through, through either handle.
+        second.append(id, leased(epoch, id, 0)).await.expect("the owner writes");
+    }
+}
+
+pub(crate) async fn an_expired_lease_is_taken_over_with_a_new_epoch_that_fences_the_first_owner(
+    factory: &impl StoreFactory,
+) {
+    let database = factory.database().await;
+    let (first, second) = (factory.open(&database).await, factory.open(&database).await);
+    create(&first, "s").await;
+    let old = first.claim("s", "node-a", SHORT_TTL).await.expect("claimed");
+    first.append("s", leased(old, "s", 0)).await.expect("the owner writes");
+    assert_owned_by(&second.claim("s", "node-b", SHORT_TTL).await, "s", "node-a");
+    past_short_ttl().await;
+    // node-a paused past its lease; node-b takes the session over.
+    let new = second.claim("s", "node-b", LONG_TTL).await.expect("taken over");
+    assert!(new > old, "{new} > {old}");
+    for store in [&first, &second] {
+        let refused = store.append("s", leased(old, "s", 2)).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Fenced { session_id, lease }) if session_id == "s" && *lease == new),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(
+        last_sequence(&first, "s").await,
+        2,
+        "nothing of a fenced batch is written"
+    );
+    // node-a, resumed, cannot take it back while node-b's lease lives.
+    assert_owned_by(&first.claim("s", "node-a", SHORT_TTL).await, "s", "node-b");
+    let next = first
+        .append("s", leased(new, "s", 2))
+        .await
+        .expect("the new owner writes");
+    assert_eq!(next.first_sequence, 3);
+
+    // An owner claiming again after its own lease expired gets a new
+    // epoch too: what it wrote before the expiry may race a taker-over.
+    create(&first, "t").await;
+    let before = first.claim("t", "node-a", SHORT_TTL).await.expect("claimed");
+    past_short_ttl().await;
+    let after = first.claim("t", "node-a", SHORT_TTL).await.expect("claimed again");
+    assert!(after > before, "{after} > {before}");
+    let refused = first.append("t", leased(before, "t", 0)).await;
+    assert!(matches!(refused, Err(StoreError::Fenced { .. })), "{refused:?}");
+}
+
+pub(crate) async fn renew_extends_the_leases_still_held_and_reports_the_lost_ones(factory: &impl StoreFactory) {
+    let database = factory.database().await;
+    let (first, second) = (factory.open(&database).await, factory.open(&database).await);
+    for id in ["kept", "released", "taken", "deleted", "stale"] {
+        create(&first, id).await;
+    }
+    let mut held = Vec::new();
+    for id in ["kept", "released", "taken", "deleted", "stale"] {
+        let epoch = first.claim(id, "node-a", SHORT_TTL).await.expect("claimed");
+        held.push((id.to_owned(), epoch));
+    }
+    assert!(first.renew("node-a", LONG_TTL, &[]).await.expect("nothing").is_empty());
+    first.release("released", "node-a", held[1].1).await.expect("released");
+    assert!(first.delete_session("deleted").await.expect("deleted"));
+    // "stale" is listed at an epoch node-a no longer holds.
+    held[4].1 += 1;
+    past_short_ttl().await;
+    second.claim("taken", "node-b", LONG_TTL).await.expect("taken over");
+    // "kept" expired but nobody claimed it: it is still node-a's.
+    let lost = first.renew("node-a", LONG_TTL, &held).await.expect("renewed");
+    assert_eq!(lost, ["released", "taken", "deleted", "stale"]);
+    assert_owned_by(&second.claim("kept", "node-b", LONG_TTL).await, "kept", "node-a");
+    first
+        .append("kept", leased(held[0].1, "kept", 0))
+        .await
+        .expect("the owner writes");
+    // Renewed for the long TTL: still held after the short one.
+    past_short_ttl().await;
+    assert_owned_by(&second.claim("kept", "node-b", LONG_TTL).await, "kept", "node-a");
+    // Another owner renews nothing of node-a's.
+    let lost = second.renew("node-b", LONG_TTL, &held[..1]).await.expect("renew");
+    assert_eq!(lost, ["kept"]);
+}
+
+pub(crate) async fn release_lets_another_owner_claim_at_once(factory: &impl StoreFactory) {
+    let database = factory.database().await;
+    let (first, second) = (factory.open(&database).await, factory.open(&database).await);
+    assert!(matches!(
+        first.release("nobody", "node-a", 1).await,
+        Err(StoreError::UnknownSession(_))
+    ));
+    create(&first, "s").await;
+    let old = first.claim("s", "node-a", LONG_TTL).await.expect("claimed");
+    // Releases by someone else, or at another epoch, change nothing.
+    second.release("s", "node-b", old).await.expect("not node-b's");
+    first.release("s", "node-a", old + 1).await.expect("not that epoch");
+    assert_owned_by(&second.claim("s", "node-b", LONG_TTL).await, "s", "node-a");
+    // The hand-off: node-a releases, node-b claims at once.
+    first.release("s", "node-a", old).await.expect("released");
+    let new = second.claim("s", "node-b", LONG_TTL).await.expect("claimed at once");
+    assert!(new > old, "{new} > {old}");
+    let refused = first.append("s", leased(old, "s", 0)).await;
+    assert!(matches!(refused, Err(StoreError::Fenced { .. })), "{refused:?}");
+    second
+        .append("s", leased(new, "s", 0))
+        .await
+        .expect("the new owner writes");
+    // A released lease that nobody claimed is claimed again with a new epoch.
+    second.release("s", "node-b", new).await.expect("released");
+    let again = second.claim("s", "node-b", LONG_TTL).await.expect("claimed");
+    assert!(again > new, "{again} > {new}");
+}
+
+pub(crate) async fn sessions_to_take_over_lists_sessions_with_work_and_no_live_owner(factory: &impl StoreFactory) {
+    use crate::protocol::{BusyPolicy, Op, SubmissionQueuedEvent};
+    let (_database, store) = factory.fresh().await;
+    let ids = [
+        "a-idle-unowned",
+        "b-queued-unowned",
+        "c-running-owned",
+        "d-running-expiring",
+        "e-queued-released",
+        "f-queued-owned",
+    ];
+    for id in ids {
+        create(&store, id).await;
+    }
+    let queued = |id: &str| Event {
+        submission_id: Some(id.into()),
+        msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+            op: Op::UserInput { text: "hi".into() },
+            on_busy: BusyPolicy::Queue,
+            idempotency_key: None,
+        }),
+    };
+    for id in ["b-queued-unowned", "e-queued-released", "f-queued-owned"] {
+        append(&store, id, &[queued(&format!("{id}-q"))]).await;
+    }
+    for id in ["c-running-owned", "d-running-expiring"] {
+        store
+            .save(&checkpoint(id, "bot", 1), &[], Some(&execution("t")))
+            .await
+            .expect("a turn in flight");
+    }
+    store
+        .claim("c-running-owned", "node-a", LONG_TTL)
+        .await
+        .expect("claimed");
+    store
+        .claim("f-queued-owned", "node-a", LONG_TTL)
+        .await
+        .expect("claimed");
+    store
+        .claim("a-idle-unowned", "node-a", SHORT_TTL)
+        .await
+        .expect("claimed");
+    store
+        .claim("d-running-expiring", "node-a", SHORT_TTL)
+        .await
+        .expect("claimed");
+    let epoch = store
+        .claim("e-queued-released", "node-a", LONG_TTL)
+        .await
+        .expect("claimed");
+    store
+        .release("e-queued-released", "node-a", epoch)
+        .await
+        .expect("released");
+    let now = store.sessions_to_take_over(10).await.expect("list");
+    assert_eq!(now, ["b-queued-unowned", "e-queued-released"]);
+    past_short_ttl().await;
+    let later = store.sessions_to_take_over(10).await.expect("list");
+    assert_eq!(later, ["b-queued-unowned", "d-running-expiring", "e-queued-released"]);
+    assert_eq!(
+        store.sessions_to_take_over(1).await.expect("list"),
+        ["b-queued-unowned"]
+    );
+    // Taken over, it leaves the list.
+    store
+        .claim("d-running-expiring", "node-b", LONG_TTL)
+        .await
+        .expect("taken over");
+    let after = store.sessions_to_take_over(10).await.expect("list");
+    assert_eq!(after, ["b-queued-unowned", "e-queued-released"]);
 }

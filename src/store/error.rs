@@ -24,6 +24,17 @@ pub enum StoreError {
         /// The lease now in force.
         lease: u64,
     },
+    /// Another owner holds a live lease on the session (see
+    /// [`crate::store::CheckpointStore::claim`]); nothing was changed.
+    #[error("session '{session_id}' is owned by '{owner}' for {expires_in_ms} ms more")]
+    Owned {
+        /// The session.
+        session_id: String,
+        /// Who holds its lease.
+        owner: String,
+        /// How long the lease still runs, in milliseconds, by the store's clock.
+        expires_in_ms: u64,
+    },
     /// A stored row could not be decoded; the row is left untouched.
     #[error("corrupt {what}: {detail}")]
     Corrupt {

@@ -529,6 +529,78 @@ pub trait CheckpointStore: Send + Sync {
     /// or another process) cannot write into it.
     fn acquire<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
 
+    /// Claims the session for `owner` (a node) for `ttl`, and returns the
+    /// lease epoch to write with (the `lease` of an [`AppendBatch`]).
+    ///
+    /// Atomic, in any number of processes on one database: the claim
+    /// succeeds when nobody owns the session, when its owner's lease has
+    /// expired, or when `owner` already owns it (a renewal). The epoch is
+    /// bumped whenever the owner changes (from none or from another owner)
+    /// and when `owner` claims again after its own lease expired, so that
+    /// batches written under the earlier epoch are refused with
+    /// [`StoreError::Fenced`]; a renewal of a live lease keeps it. The
+    /// expiry becomes now + `ttl` by the store's clock (the database
+    /// server's on PostgreSQL). When another owner's lease is live the
+    /// claim fails with [`StoreError::Owned`] and changes nothing; an
+    /// unknown id is [`StoreError::UnknownSession`].
+    ///
+    /// [`Self::acquire`] bumps the epoch without looking at the owner: a
+    /// caller uses one scheme or the other for a session.
+    ///
+    /// The default refuses: the store has no owned leases.
+    fn claim<'a>(
+        &'a self,
+        session_id: &'a str,
+        owner: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = (session_id, owner, ttl);
+        Box::pin(async { Err(no_owned_leases()) })
+    }
+
+    /// Extends to now + `ttl`, in one statement, the lease of every listed
+    /// `(session id, epoch)` that `owner` still holds at that epoch (a lease
+    /// that expired but that nobody claimed since is still held). Returns
+    /// the ids of the others, in the order given: sessions taken over,
+    /// released or deleted, whose runtimes the caller must stop.
+    ///
+    /// The default refuses: the store has no owned leases.
+    fn renew<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: std::time::Duration,
+        sessions: &'a [(String, u64)],
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let _ = (owner, ttl, sessions);
+        Box::pin(async { Err(no_owned_leases()) })
+    }
+
+    /// Gives up `owner`'s lease on the session (a node shutting down hands
+    /// its sessions over): clears the owner and the expiry, if `owner`
+    /// still holds it at `epoch`, so another owner can claim it at once
+    /// (which bumps the epoch). A lease held by someone else, or at another
+    /// epoch, is left alone and is not an error; an unknown id is
+    /// [`StoreError::UnknownSession`]. The caller stops writing first:
+    /// until another owner claims the session, a batch at `epoch` is still
+    /// accepted.
+    ///
+    /// The default refuses: the store has no owned leases.
+    fn release<'a>(&'a self, session_id: &'a str, owner: &'a str, epoch: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (session_id, owner, epoch);
+        Box::pin(async { Err(no_owned_leases()) })
+    }
+
+    /// Up to `limit` ids, in id order, of the sessions with work stored (as
+    /// [`Self::sessions_with_work`]: submissions queued or a turn in flight)
+    /// whose lease has no owner or has expired: what a surviving node
+    /// claims and resumes.
+    ///
+    /// The default refuses: the store has no owned leases.
+    fn sessions_to_take_over(&self, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        let _ = limit;
+        Box::pin(async { Err(no_owned_leases()) })
+    }
+
     /// Reads a page of the log, going backwards from `before_sequence`.
     fn event_page<'a>(
         &'a self,
@@ -645,6 +717,16 @@ pub trait CheckpointStore: Send + Sync {
             Ok(ids)
         })
     }
+}
+
+/// What the owned-lease methods of a store without them fail with.
+fn no_owned_leases() -> StoreError {
+    StoreError::Invalid("this store has no owned leases".to_owned())
+}
+
+/// A lease's time to live in whole milliseconds (at least 1), as stored.
+pub(crate) fn ttl_ms(ttl: std::time::Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1)
 }
 
 #[cfg(test)]

@@ -11,13 +11,22 @@
 //! processes) on one database keep every session's log gap-free; `create`
 //! refuses an existing id atomically; `acquire` bumps the session's lease
 //! and a batch carrying an older one is refused with [`StoreError::Fenced`].
+//!
+//! For several nodes on one database, `claim`, `renew` and `release` keep an
+//! owned lease per session (owner, epoch, expiry by the server's clock; see
+//! `lease.rs`), and every commit that appends to a session notifies
+//! `keel_log` with the session and its newest sequence, which
+//! [`PostgresCheckpoint::listen`] receives (see `listen.rs`).
 
 mod hold;
+mod lease;
+mod listen;
 mod reader;
 mod schema;
 mod writer;
 
 pub use hold::{PostgresHold, redact_postgres_url};
+pub use listen::{LOG_CHANNEL, LogListener, LogNotice, NOTICE_BUFFER};
 
 #[cfg(test)]
 mod tests;
@@ -73,6 +82,8 @@ pub struct PostgresCheckpoint {
     jobs: Mutex<Option<mpsc::UnboundedSender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     pool: Pool,
+    /// Where to connect, for listeners.
+    config: Config,
 }
 
 impl std::fmt::Debug for PostgresCheckpoint {
@@ -100,7 +111,7 @@ impl PostgresCheckpoint {
         let counters = Arc::new(WriterCounters::default());
         let max_jobs = if options.per_event { 1 } else { MAX_JOBS_PER_COMMIT };
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -116,7 +127,28 @@ impl PostgresCheckpoint {
             jobs: Mutex::new(Some(jobs)),
             writer: Mutex::new(Some(writer)),
             pool,
+            config,
         })
+    }
+
+    /// Listens for log notifications on a connection of its own: one
+    /// [`LogNotice::Log`] (session id and newest sequence, never events)
+    /// for each commit that appends to a session, made by any store on this
+    /// database, in any process. Returns once listening, so any commit after
+    /// this call is noticed. The listener reconnects by itself after a lost
+    /// connection and then yields [`LogNotice::Resync`].
+    pub async fn listen(&self) -> Result<LogListener, StoreError> {
+        self.listen_with_capacity(NOTICE_BUFFER).await
+    }
+
+    /// [`Self::listen`] with room for `capacity` notices (at least 1)
+    /// waiting for the consumer: past that, notices are dropped and the
+    /// listener yields [`LogNotice::Resync`] once there is room again.
+    pub async fn listen_with_capacity(&self, capacity: usize) -> Result<LogListener, StoreError> {
+        if self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).is_none() {
+            return Err(StoreError::Closed);
+        }
+        LogListener::start(self.config.clone(), capacity).await
     }
 
     /// Counters of the writer's work so far. `jobs / commits` is how many
@@ -251,6 +283,32 @@ impl CheckpointStore for PostgresCheckpoint {
             let written = self.write(move |reply| Job::Acquire { session_id, reply }).await?;
             Ok(written.lease)
         })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        session_id: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move { lease::claim(&self.reader().await?, session_id, owner, ttl).await })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: Duration,
+        sessions: &'a [(String, u64)],
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move { lease::renew(&self.reader().await?, owner, ttl, sessions).await })
+    }
+
+    fn release<'a>(&'a self, session_id: &'a str, owner: &'a str, epoch: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { lease::release(&self.reader().await?, session_id, owner, epoch).await })
+    }
+
+    fn sessions_to_take_over(&self, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        Box::pin(async move { lease::sessions_to_take_over(&self.reader().await?, limit).await })
     }
 
     fn event_page<'a>(

@@ -19,9 +19,9 @@ const MIGRATION_LOCK: i64 = 0x6b65_656c_5343_4d41;
 ///
 /// - `sessions`: one row per session: its checkpoint, its turn in flight,
 ///   the counters a write updates (`last_sequence`, `transcript_len`), the
-///   lease (`lease` is the epoch `acquire` bumps; `lease_owner` and
-///   `lease_expires_at` are for several nodes sharing a database, unused so
-///   far), the bot and the title.
+///   lease (`lease` is the epoch `acquire` and `claim` bump; `lease_owner`
+///   and `lease_expires_at`, both set or both null, are the owned lease of
+///   `claim`/`renew`/`release`), the bot and the title.
 /// - `log`: one row per committed batch: the JSON array of its events and
 ///   the history items it added (after cutting the history back to
 ///   `history_cut`, when set), indexed by `(session_key, first_sequence)`.

@@ -1238,3 +1238,237 @@ async fn the_jobs_of_one_session_in_one_group_apply_in_order() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------
+// Log notifications
+// ---------------------------------------------------------------------------
+
+use super::{LogListener, LogNotice};
+
+/// The next notice, failing the test if none comes in a generous while.
+async fn next_notice(listener: &mut LogListener) -> LogNotice {
+    tokio::time::timeout(Duration::from_secs(30), listener.recv())
+        .await
+        .expect("a notice in time")
+        .expect("the listener runs")
+}
+
+fn log_notice(session_id: &str, last_sequence: u64) -> LogNotice {
+    LogNotice::Log {
+        session_id: session_id.to_owned(),
+        last_sequence,
+    }
+}
+
+/// Appends one event to `sentinel` and returns every notice up to and
+/// including its own: what was notified since the last check.
+async fn notices_until_sentinel(
+    store: &PostgresCheckpoint,
+    listener: &mut LogListener,
+    sentinel: &str,
+) -> Vec<LogNotice> {
+    let receipt = store
+        .append(sentinel, batch(&events(sentinel, 0, 1)))
+        .await
+        .expect("sentinel append");
+    let own = log_notice(sentinel, receipt.first_sequence);
+    let mut seen = Vec::new();
+    loop {
+        let notice = next_notice(listener).await;
+        let done = notice == own;
+        seen.push(notice);
+        if done {
+            return seen;
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_commit_that_appends_is_notified_once_committed_to_listeners_of_any_node() {
+    guarded(async {
+        let (writer, url) = store_or_skip!();
+        // Another handle on the database stands for another node.
+        let other = PostgresCheckpoint::connect(&url, PostgresOptions::default())
+            .await
+            .expect("another node");
+        let mut listener = other.listen().await.expect("listen");
+        let mut own = writer.listen().await.expect("listen on the writer's node too");
+        create(&writer, "s").await;
+        create(&writer, "sentinel").await;
+        // A save appends no events: no notice.
+        assert_eq!(
+            notices_until_sentinel(&writer, &mut listener, "sentinel").await,
+            [log_notice("sentinel", 1)]
+        );
+        append(&writer, "s", &events("s", 0, 3)).await;
+        assert_eq!(next_notice(&mut listener).await, log_notice("s", 3));
+        assert_eq!(next_notice(&mut own).await, log_notice("sentinel", 1));
+        assert_eq!(next_notice(&mut own).await, log_notice("s", 3));
+        // A group commit: one notice per session, with its newest sequence;
+        // a creation with events is notified too.
+        create(&writer, "t").await;
+        let u = checkpoint("u", "bot", 0);
+        let (a, b, c) = futures::join!(
+            writer.append("s", batch(&events("s", 3, 2))),
+            writer.append("t", batch(&events("t", 0, 4))),
+            writer.create(&u, &[], encode(&events("u", 0, 2))),
+        );
+        a.expect("s");
+        b.expect("t");
+        c.expect("u");
+        let mut seen = notices_until_sentinel(&writer, &mut listener, "sentinel").await;
+        seen.sort_by_key(|notice| format!("{notice:?}"));
+        assert_eq!(
+            seen,
+            [
+                log_notice("s", 5),
+                log_notice("sentinel", 2),
+                log_notice("t", 4),
+                log_notice("u", 2)
+            ]
+        );
+        // Not before the commit: with the session's row locked by another
+        // transaction the append waits, and nothing is notified until it
+        // has committed.
+        let mut blocker = raw(&url).await;
+        let holding = blocker.transaction().await.expect("begin");
+        holding
+            .execute("SELECT 1 FROM sessions WHERE id = 's' FOR UPDATE", &[])
+            .await
+            .expect("lock the row");
+        let waiting = tokio::spawn({
+            let url = url.clone();
+            async move {
+                let store = PostgresCheckpoint::connect(&url, PostgresOptions::default())
+                    .await
+                    .expect("connect");
+                let receipt = store.append("s", batch(&events("s", 5, 1))).await.expect("append");
+                store.close().await;
+                receipt
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(listener.try_recv(), None, "nothing notified before the commit");
+        holding.commit().await.expect("release the row");
+        assert_eq!(waiting.await.expect("append").first_sequence, 6);
+        assert_eq!(next_notice(&mut listener).await, log_notice("s", 6));
+        // Ids with spaces come through whole.
+        create(&writer, "with a space").await;
+        append(&writer, "with a space", &events("with a space", 0, 1)).await;
+        assert_eq!(next_notice(&mut listener).await, log_notice("with a space", 1));
+        other.close().await;
+        writer.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn refused_and_rolled_back_writes_are_not_notified() {
+    guarded(async {
+        let (store, _url) = store_or_skip!();
+        let mut listener = store.listen().await.expect("listen");
+        for id in ["fenced", "poisoned", "fine", "sentinel"] {
+            create(&store, id).await;
+        }
+        let old = store.acquire("fenced").await.expect("lease");
+        store.acquire("fenced").await.expect("taken over");
+        let fenced = store
+            .append(
+                "fenced",
+                AppendBatch {
+                    lease: Some(old),
+                    ..batch(&events("fenced", 0, 2))
+                },
+            )
+            .await;
+        assert!(matches!(fenced, Err(StoreError::Fenced { .. })), "{fenced:?}");
+        let unknown = store.append("nobody", batch(&events("nobody", 0, 1))).await;
+        assert!(matches!(unknown, Err(StoreError::UnknownSession(_))), "{unknown:?}");
+        // A statement that fails rolls the group's transaction back (its
+        // notices with it); the group is retried job by job and only the
+        // job that succeeds alone is notified.
+        let (poisoned, fine) = futures::join!(
+            store.append(
+                "poisoned",
+                AppendBatch {
+                    checkpoint: Some(CheckpointWrite {
+                        checkpoint: checkpoint("poisoned", "bot\0", 1),
+                        transcript_delta: vec![],
+                        execution: None,
+                        history_cut: None,
+                    }),
+                    ..batch(&events("poisoned", 0, 3))
+                },
+            ),
+            store.append("fine", batch(&events("fine", 0, 2))),
+        );
+        assert!(matches!(poisoned, Err(StoreError::Backend(_))), "{poisoned:?}");
+        fine.expect("fine");
+        assert_eq!(
+            notices_until_sentinel(&store, &mut listener, "sentinel").await,
+            [log_notice("fine", 2), log_notice("sentinel", 1)]
+        );
+        store.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_listener_resyncs_after_the_server_restarts_then_notices_again() {
+    guarded(async {
+        // A server of this test's own: stopping the shared one would fail
+        // the tests running beside it.
+        let Some(server) = TestPostgres::own() else { return };
+        let url = server.fresh_database();
+        let store = PostgresCheckpoint::connect(&url, PostgresOptions::default())
+            .await
+            .expect("connect");
+        let mut listener = store.listen().await.expect("listen");
+        create(&store, "s").await;
+        append(&store, "s", &events("s", 0, 2)).await;
+        assert_eq!(next_notice(&mut listener).await, log_notice("s", 2));
+        server.stop();
+        server.start();
+        assert_eq!(next_notice(&mut listener).await, LogNotice::Resync);
+        append(&store, "s", &events("s", 2, 1)).await;
+        assert_eq!(next_notice(&mut listener).await, log_notice("s", 3));
+        drop(listener);
+        store.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_listener_whose_consumer_fell_behind_resyncs_then_notices_again() {
+    guarded(async {
+        let (store, _url) = store_or_skip!();
+        let mut listener = store.listen_with_capacity(3).await.expect("listen");
+        let ids = (0..8).map(|n| format!("s{n}")).collect::<Vec<_>>();
+        for id in &ids {
+            create(&store, id).await;
+        }
+        for id in &ids {
+            append(&store, id, &events(id, 0, 1)).await;
+        }
+        // The consumer reads nothing while the eight commits are notified.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for id in &ids[..3] {
+            assert_eq!(next_notice(&mut listener).await, log_notice(id, 1));
+        }
+        assert_eq!(next_notice(&mut listener).await, LogNotice::Resync);
+        append(&store, "s0", &events("s0", 1, 1)).await;
+        assert_eq!(next_notice(&mut listener).await, log_notice("s0", 2));
+        store.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_closed_store_refuses_to_listen() {
+    guarded(async {
+        let (store, _url) = store_or_skip!();
+        store.close().await;
+        assert!(matches!(store.listen().await, Err(StoreError::Closed)));
+    })
+    .await;
+}

@@ -225,7 +225,9 @@ const INSERT_SESSION: &str = "INSERT INTO sessions (id, created_at_ms, updated_a
      VALUES ($1, $2, $2, '\\x'::bytea) ON CONFLICT (id) DO NOTHING RETURNING key";
 
 /// One statement takes the sequences, rewrites the checkpoint, extends the
-/// history, sets a first title and adds the log row; matching no row (an
+/// history, sets a first title, adds the log row and, when it appends
+/// events, notifies `keel_log` with the session id and its new last
+/// sequence (delivered at commit; see `listen.rs`); matching no row (an
 /// unknown session, a stale lease, a cut longer than the history) writes
 /// nothing. The row lock the update takes orders concurrent writers of one
 /// session (in any process): the second waits, then numbers its events
@@ -245,11 +247,14 @@ const WRITE: &str = "WITH s AS (
          INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history_cut, history, events)
          SELECT key, last_sequence - $1 + 1, last_sequence, $2, $9, $11, $12 FROM s WHERE $13
      )
-     SELECT key, last_sequence, lease FROM s";
+     SELECT key, last_sequence, lease,
+            CASE WHEN $1 > 0 THEN pg_notify('keel_log', $6 || ' ' || last_sequence) END
+     FROM s";
 
 /// [`WRITE`] for appends to many sessions (one each) in one statement: each
 /// array holds one value per append; `ord` numbers them, and the result
-/// has a row for each append that was written.
+/// has a row for each append that was written. It notifies as [`WRITE`]
+/// does, in the same statement: no round trip is added.
 const APPEND_MANY: &str = "WITH input AS (
          SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[], $5::int8[], $6::int8[],
                               $7::text[], $8::int8[], $9::text[], $10::bytea[], $11::bytea[], $12::bool[], $13::int4[])
@@ -267,7 +272,7 @@ const APPEND_MANY: &str = "WITH input AS (
          WHERE sessions.id = i.id
            AND (i.lease IS NULL OR sessions.lease = i.lease)
            AND (i.cut IS NULL OR i.cut <= sessions.transcript_len)
-         RETURNING i.ord, sessions.key, sessions.last_sequence, sessions.lease
+         RETURNING i.ord, sessions.key, sessions.last_sequence, sessions.lease, sessions.id, i.count
      ), logged AS (
          INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history_cut, history, events)
          SELECT s.key, s.last_sequence - i.count + 1, s.last_sequence, $14, i.cut, i.history, i.events
@@ -275,7 +280,9 @@ const APPEND_MANY: &str = "WITH input AS (
          WHERE i.logged
          ORDER BY i.ord
      )
-     SELECT ord, key, last_sequence, lease FROM s";
+     SELECT ord, key, last_sequence, lease,
+            CASE WHEN count > 0 THEN pg_notify('keel_log', id || ' ' || last_sequence) END
+     FROM s";
 
 const APPEND_MANY_TYPES: [Type; 14] = [
     Type::TEXT_ARRAY,

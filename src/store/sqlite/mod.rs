@@ -14,6 +14,7 @@ mod backup;
 mod checkpointer;
 mod codec;
 mod identity;
+mod lease;
 mod lock;
 mod reader;
 mod schema;
@@ -105,6 +106,8 @@ pub struct SqliteCheckpoint {
     /// The file opened; every read and commit checks the path still leads
     /// to it.
     identity: Arc<FileIdentity>,
+    /// The connection of the owned-lease calls, opened on first use.
+    leases: Arc<Mutex<Option<rusqlite::Connection>>>,
 }
 
 impl SqliteCheckpoint {
@@ -135,6 +138,7 @@ impl SqliteCheckpoint {
             path,
             jobs: Mutex::new(Some(jobs)),
             threads: Mutex::new(vec![writer, checkpointer]),
+            leases: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -171,6 +175,7 @@ impl SqliteCheckpoint {
         self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).take();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|poison| poison.into_inner()));
         self.readers.clear();
+        self.leases.lock().unwrap_or_else(|poison| poison.into_inner()).take();
         let _ = tokio::task::spawn_blocking(move || {
             for thread in threads {
                 let _ = thread.join();
@@ -203,6 +208,35 @@ impl SqliteCheckpoint {
         tokio::task::spawn_blocking(move || {
             identity.check()?;
             readers.with(read)
+        })
+        .await
+        .map_err(|error| StoreError::Backend(Arc::new(error)))?
+    }
+}
+
+impl SqliteCheckpoint {
+    /// Runs an owned-lease call on the lease connection, on a blocking
+    /// thread.
+    async fn lease<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        if self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).is_none() {
+            return Err(StoreError::Closed);
+        }
+        let leases = Arc::clone(&self.leases);
+        let identity = Arc::clone(&self.identity);
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            identity.check()?;
+            let mut conn = leases.lock().unwrap_or_else(|poison| poison.into_inner());
+            if conn.is_none() {
+                *conn = Some(schema::open_leases(&path)?);
+            }
+            match conn.as_mut() {
+                Some(conn) => call(conn),
+                None => Err(StoreError::Closed),
+            }
         })
         .await
         .map_err(|error| StoreError::Backend(Arc::new(error)))?
@@ -296,6 +330,35 @@ impl CheckpointStore for SqliteCheckpoint {
             let written = self.write(move |reply| Job::Acquire { session_id, reply }).await?;
             Ok(written.lease)
         })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        session_id: &'a str,
+        owner: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let (session_id, owner) = (session_id.to_owned(), owner.to_owned());
+        Box::pin(self.lease(move |conn| lease::claim(conn, &session_id, &owner, ttl)))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: std::time::Duration,
+        sessions: &'a [(String, u64)],
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let (owner, sessions) = (owner.to_owned(), sessions.to_vec());
+        Box::pin(self.lease(move |conn| lease::renew(conn, &owner, ttl, &sessions)))
+    }
+
+    fn release<'a>(&'a self, session_id: &'a str, owner: &'a str, epoch: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (session_id, owner) = (session_id.to_owned(), owner.to_owned());
+        Box::pin(self.lease(move |conn| lease::release(conn, &session_id, &owner, epoch)))
+    }
+
+    fn sessions_to_take_over(&self, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        Box::pin(self.read(move |conn| lease::sessions_to_take_over(conn, limit)))
     }
 
     fn event_page<'a>(

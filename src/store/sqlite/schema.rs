@@ -9,7 +9,7 @@ use super::{SqliteOptions, Synchronous};
 use crate::store::StoreError;
 
 /// The schema this build writes; stored in `PRAGMA user_version`.
-pub(super) const SCHEMA_VERSION: i64 = 5;
+pub(super) const SCHEMA_VERSION: i64 = 6;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -94,6 +94,14 @@ const SCHEMA_V5: &str = "
 ALTER TABLE log ADD COLUMN history_cut INTEGER;
 ";
 
+/// Version 6: the owned lease of `claim`/`renew`/`release`: its owner and
+/// its expiry (milliseconds since the Unix epoch, by this process's clock),
+/// both set or both null. `lease` stays the epoch.
+const SCHEMA_V6: &str = "
+ALTER TABLE sessions ADD COLUMN lease_owner TEXT;
+ALTER TABLE sessions ADD COLUMN lease_expires_at INTEGER;
+";
+
 /// Opens the writer connection: WAL, the configured durability, an optional
 /// size cap, and the schema brought up to date.
 pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
@@ -154,6 +162,11 @@ pub(super) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Opens the connection that claims, renews and releases leases.
+pub(super) fn open_leases(path: &Path) -> Result<Connection, StoreError> {
+    open_checkpointer(path)
+}
+
 /// Opens a connection for reads only.
 pub(super) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
@@ -204,6 +217,9 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
     }
     if version < 5 {
         tx.execute_batch(SCHEMA_V5)?;
+    }
+    if version < 6 {
+        tx.execute_batch(SCHEMA_V6)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;

@@ -1663,7 +1663,8 @@ async fn a_version_1_database_is_migrated_and_keeps_its_sessions() {
             // Back to what a version 1 build wrote.
             let conn = Connection::open(&path).expect("raw");
             conn.execute_batch(
-                "ALTER TABLE log DROP COLUMN history_cut; ALTER TABLE sessions DROP COLUMN title;
+                "ALTER TABLE sessions DROP COLUMN lease_expires_at; ALTER TABLE sessions DROP COLUMN lease_owner;
+                 ALTER TABLE log DROP COLUMN history_cut; ALTER TABLE sessions DROP COLUMN title;
                  DROP INDEX sessions_by_bot; ALTER TABLE sessions DROP COLUMN bot_id;
                  DROP TABLE queued_submissions; DROP TABLE submission_keys; PRAGMA user_version = 1;",
             )
@@ -1699,7 +1700,8 @@ async fn a_version_2_database_gets_each_sessions_bot_from_its_checkpoint() {
             // damaged: the migration must not fail on it.
             let conn = Connection::open(&path).expect("raw");
             conn.execute_batch(
-                "ALTER TABLE log DROP COLUMN history_cut; ALTER TABLE sessions DROP COLUMN title;
+                "ALTER TABLE sessions DROP COLUMN lease_expires_at; ALTER TABLE sessions DROP COLUMN lease_owner;
+                 ALTER TABLE log DROP COLUMN history_cut; ALTER TABLE sessions DROP COLUMN title;
                  DROP INDEX sessions_by_bot; ALTER TABLE sessions DROP COLUMN bot_id;
                  UPDATE sessions SET checkpoint = 'not json' WHERE id = 'second';
                  PRAGMA user_version = 2;",

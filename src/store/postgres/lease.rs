@@ -1,0 +1,140 @@
+//! Owned leases on PostgreSQL: claim, renew, release, and the sessions a
+//! surviving node should take over.
+//!
+//! Each is one statement on a pooled connection, outside the writer's group
+//! commit: the row lock of the `UPDATE` orders it against concurrent claims
+//! and against the writer's appends, which check the epoch (`lease`) in
+//! their own statement. Times are the server's (`clock_timestamp()`), so
+//! the nodes' clocks do not matter.
+
+use std::time::Duration;
+
+use deadpool_postgres::Object;
+
+use super::pg_error;
+use super::writer::{int, uint};
+use crate::store::{StoreError, ttl_ms};
+
+/// Takes the session when it is free, expired or already `owner`'s; bumps
+/// the epoch unless `owner` renews a live lease of its own.
+const CLAIM: &str = "UPDATE sessions SET
+         lease = CASE WHEN lease_owner IS DISTINCT FROM $2
+                           OR lease_expires_at IS NULL
+                           OR lease_expires_at <= clock_timestamp()
+                      THEN lease + 1 ELSE lease END,
+         lease_owner = $2,
+         lease_expires_at = clock_timestamp() + $3::int8::float8 * interval '1 millisecond'
+     WHERE id = $1
+       AND (lease_owner IS NULL OR lease_owner = $2
+            OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())
+     RETURNING lease";
+
+/// Who holds a session that a claim did not get, and for how long.
+const HOLDER: &str = "SELECT lease_owner,
+         CASE WHEN lease_owner IS NULL OR lease_expires_at IS NULL THEN NULL
+              ELSE greatest(0, ceil(extract(epoch FROM lease_expires_at - clock_timestamp()) * 1000))::int8 END
+     FROM sessions WHERE id = $1";
+
+/// Extends the listed leases still held at their epochs; returns the others.
+const RENEW: &str = "WITH input AS (
+         SELECT * FROM unnest($2::text[], $3::int8[]) WITH ORDINALITY AS i (id, lease, ord)
+     ), renewed AS (
+         UPDATE sessions s SET lease_expires_at = clock_timestamp() + $4::int8::float8 * interval '1 millisecond'
+         FROM input i
+         WHERE s.id = i.id AND s.lease = i.lease AND s.lease_owner = $1
+         RETURNING s.id, s.lease
+     )
+     SELECT i.id FROM input i
+     WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.id = i.id AND r.lease = i.lease)
+     ORDER BY i.ord";
+
+const RELEASE: &str = "UPDATE sessions SET lease_owner = NULL, lease_expires_at = NULL
+     WHERE id = $1 AND lease_owner = $2 AND lease = $3";
+
+const TAKE_OVER: &str = "SELECT id FROM sessions
+     WHERE (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())
+       AND (execution IS NOT NULL
+            OR EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = sessions.key))
+     ORDER BY id LIMIT $1";
+
+/// How many times a claim that lost to a lease which then ended at once is
+/// tried again.
+const CLAIM_ATTEMPTS: usize = 4;
+
+pub(super) async fn claim(client: &Object, session_id: &str, owner: &str, ttl: Duration) -> Result<u64, StoreError> {
+    let claim = client.prepare_cached(CLAIM).await.map_err(pg_error)?;
+    let holder = client.prepare_cached(HOLDER).await.map_err(pg_error)?;
+    let ttl = ttl_ms(ttl);
+    for _ in 0..CLAIM_ATTEMPTS {
+        if let Some(row) = client
+            .query_opt(&claim, &[&session_id, &owner, &ttl])
+            .await
+            .map_err(pg_error)?
+        {
+            return Ok(uint(row.try_get(0).map_err(pg_error)?));
+        }
+        let Some(row) = client.query_opt(&holder, &[&session_id]).await.map_err(pg_error)? else {
+            return Err(StoreError::UnknownSession(session_id.to_owned()));
+        };
+        let holder: Option<String> = row.try_get(0).map_err(pg_error)?;
+        let left: Option<i64> = row.try_get(1).map_err(pg_error)?;
+        match (holder, left) {
+            (Some(holder), Some(left)) if left > 0 && holder != owner => {
+                return Err(StoreError::Owned {
+                    session_id: session_id.to_owned(),
+                    owner: holder,
+                    expires_in_ms: uint(left),
+                });
+            }
+            // Released or expired between the two statements: try again.
+            _ => continue,
+        }
+    }
+    Err(StoreError::Unavailable(format!(
+        "the lease of session '{session_id}' kept changing while it was claimed"
+    )))
+}
+
+pub(super) async fn renew(
+    client: &Object,
+    owner: &str,
+    ttl: Duration,
+    sessions: &[(String, u64)],
+) -> Result<Vec<String>, StoreError> {
+    if sessions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let renew = client.prepare_cached(RENEW).await.map_err(pg_error)?;
+    let ids: Vec<&str> = sessions.iter().map(|(id, _)| id.as_str()).collect();
+    let epochs: Vec<i64> = sessions.iter().map(|&(_, epoch)| int(epoch)).collect();
+    let rows = client
+        .query(&renew, &[&owner, &ids, &epochs, &ttl_ms(ttl)])
+        .await
+        .map_err(pg_error)?;
+    rows.iter().map(|row| row.try_get(0).map_err(pg_error)).collect()
+}
+
+pub(super) async fn release(client: &Object, session_id: &str, owner: &str, epoch: u64) -> Result<(), StoreError> {
+    let release = client.prepare_cached(RELEASE).await.map_err(pg_error)?;
+    let released = client
+        .execute(&release, &[&session_id, &owner, &int(epoch)])
+        .await
+        .map_err(pg_error)?;
+    if released == 0 {
+        let exists = client
+            .query_opt("SELECT 1 FROM sessions WHERE id = $1", &[&session_id])
+            .await
+            .map_err(pg_error)?;
+        if exists.is_none() {
+            return Err(StoreError::UnknownSession(session_id.to_owned()));
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn sessions_to_take_over(client: &Object, limit: usize) -> Result<Vec<String>, StoreError> {
+    let select = client.prepare_cached(TAKE_OVER).await.map_err(pg_error)?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = client.query(&select, &[&limit]).await.map_err(pg_error)?;
+    rows.iter().map(|row| row.try_get(0).map_err(pg_error)).collect()
+}
