@@ -173,6 +173,7 @@ impl From<StoreError> for ApiError {
         match error {
             StoreError::UnknownSession(id) => Self::unknown_session(&id),
             exists @ StoreError::Exists(_) => Self::Conflict(exists.to_string()),
+            owned @ StoreError::Owned { .. } => Self::Conflict(owned.to_string()),
             StoreError::Invalid(message) => Self::InvalidRequest(message),
             StoreError::Closed => Self::Unavailable("the store is closed".to_owned()),
             replaced @ StoreError::Replaced(_) => Self::Unavailable(replaced.to_string()),

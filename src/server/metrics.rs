@@ -235,6 +235,32 @@ impl CheckpointStore for MeteredStore {
         self.inner.acquire(session_id)
     }
 
+    fn claim<'a>(
+        &'a self,
+        session_id: &'a str,
+        owner: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.claim(session_id, owner, ttl)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: std::time::Duration,
+        sessions: &'a [(String, u64)],
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.renew(owner, ttl, sessions)
+    }
+
+    fn release<'a>(&'a self, session_id: &'a str, owner: &'a str, epoch: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.release(session_id, owner, epoch)
+    }
+
+    fn sessions_to_take_over(&self, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        self.inner.sessions_to_take_over(limit)
+    }
+
     fn event_page<'a>(
         &'a self,
         session_id: &'a str,

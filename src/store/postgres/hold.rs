@@ -135,9 +135,10 @@ mod tests {
         let refused = PostgresHold::serve(&url, "keel serve (pid 1)").await;
         assert!(matches!(refused, Err(StoreError::Held { .. })), "{refused:?}");
         drop((first, second));
-        let server = PostgresHold::serve(&url, "keel serve (pid 2)")
+        // A dropped hold's connection closes in the background.
+        let server = eventually(|| PostgresHold::serve(&url, "keel serve (pid 2)"))
             .await
-            .expect("the server");
+            .expect("the server, once the local commands let go");
         server
             .describe("keel serve (pid 2, http://127.0.0.1:1)")
             .await
@@ -148,15 +149,25 @@ mod tests {
         }
         assert!(matches!(PostgresHold::share(&url).await, Err(StoreError::Held { .. })));
         drop(server);
-        // The lock goes with the connection, which closes in the background.
-        let mut taken = None;
-        for _ in 0..100 {
-            if let Ok(hold) = PostgresHold::share(&url).await {
-                taken = Some(hold);
+        assert!(
+            eventually(|| PostgresHold::share(&url)).await.is_ok(),
+            "the server's hold was let go"
+        );
+    }
+
+    /// `take` again until it succeeds, for a few seconds: a dropped hold's
+    /// connection closes in the background.
+    async fn eventually<F: Future<Output = Result<PostgresHold, StoreError>>>(
+        take: impl Fn() -> F,
+    ) -> Result<PostgresHold, StoreError> {
+        let mut outcome = take().await;
+        for _ in 0..250 {
+            if outcome.is_ok() {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            outcome = take().await;
         }
-        assert!(taken.is_some(), "the server's hold was let go");
+        outcome
     }
 }
