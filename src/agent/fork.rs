@@ -3,8 +3,8 @@
 
 use std::ops::ControlFlow;
 
-use crate::protocol::{Event, EventMsg, SessionForkedEvent};
-use crate::store::{Checkpoint, CheckpointStore, EncodedEvent, EventPageRequest, StoreError, walk_back};
+use crate::protocol::{Event, EventMsg, SessionForkedEvent, TranscriptItem};
+use crate::store::{Checkpoint, CheckpointStore, EncodedEvent, EventPageRequest, LastTurn, StoreError, walk_back};
 
 /// Events read per page while looking for the turn around a fork point.
 const SCAN_PAGE: usize = 500;
@@ -31,7 +31,8 @@ pub enum ForkError {
 /// fork's first event.
 ///
 /// The fork keeps the parent's bot, context and settings; its counters,
-/// usage and standing approvals start afresh. Only the parent's history up
+/// usage and standing approvals start afresh. Its latest turn (what a
+/// `regenerate` rolls back) is the parent's turn that ended at the point. Only the parent's history up
 /// to the fork point is copied, never its log: the fork's log starts with
 /// `session_forked`. The point must be between turns, since the history
 /// inside a turn may hold a step the model never finished (a tool call
@@ -55,17 +56,17 @@ pub async fn fork_session(
             summary.last_sequence
         )));
     }
-    check_between_turns(store, parent, at_sequence).await?;
-    let history = store
-        .history_until(parent, at_sequence)
-        .await
-        .map_err(|error| match error {
-            StoreError::Invalid(message) => ForkError::BadPoint(message),
-            other => ForkError::Store(other),
-        })?
-        .ok_or_else(|| ForkError::UnknownParent(parent.to_owned()))?;
+    let last_turn = check_between_turns(store, parent, at_sequence).await?;
+    let history = history_at(store, parent, at_sequence).await?;
     let mut checkpoint = Checkpoint::empty(id);
     checkpoint.session_context = summary.context;
+    // The turn that ended at the fork point is the fork's latest turn too,
+    // so that a regenerate in the fork answers it again.
+    if let Some(turn_id) = last_turn {
+        let before = point_before_turn(store, parent, &turn_id).await?;
+        let history_from = history_at(store, parent, before).await?.len() as u64;
+        checkpoint.last_turn = Some(LastTurn { turn_id, history_from });
+    }
     let forked = SessionForkedEvent {
         parent_session_id: parent.to_owned(),
         at_sequence,
@@ -84,6 +85,18 @@ pub async fn fork_session(
         })?;
     tracing::info!(session_id = %id, parent = %parent, at_sequence, "session forked");
     Ok(forked)
+}
+
+/// The parent's history once its log reached `at`.
+async fn history_at(store: &dyn CheckpointStore, parent: &str, at: u64) -> Result<Vec<TranscriptItem>, ForkError> {
+    store
+        .history_until(parent, at)
+        .await
+        .map_err(|error| match error {
+            StoreError::Invalid(message) => ForkError::BadPoint(message),
+            other => ForkError::Store(other),
+        })?
+        .ok_or_else(|| ForkError::UnknownParent(parent.to_owned()))
 }
 
 /// The fork point just before turn `turn_id` of `session_id`: the sequence
@@ -125,7 +138,12 @@ pub async fn point_before_turn(store: &dyn CheckpointStore, session_id: &str, tu
 }
 
 /// Refuses a fork point inside a turn.
-async fn check_between_turns(store: &dyn CheckpointStore, session_id: &str, at: u64) -> Result<(), ForkError> {
+/// Returns the turn that ended last at or before it, if any.
+async fn check_between_turns(
+    store: &dyn CheckpointStore,
+    session_id: &str,
+    at: u64,
+) -> Result<Option<String>, ForkError> {
     let mut before = at.saturating_add(1);
     while before > 1 {
         let page = store
@@ -139,7 +157,7 @@ async fn check_between_turns(store: &dyn CheckpointStore, session_id: &str, at: 
             .await?;
         for event in page.events.iter().rev() {
             if event.msg.ends_turn() {
-                return Ok(());
+                return Ok(event.msg.turn_id().map(str::to_owned));
             }
             if let EventMsg::TurnStarted(started) = &event.msg {
                 return Err(ForkError::BadPoint(format!(
@@ -153,5 +171,5 @@ async fn check_between_turns(store: &dyn CheckpointStore, session_id: &str, at: 
             _ => break,
         }
     }
-    Ok(())
+    Ok(None)
 }

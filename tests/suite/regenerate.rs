@@ -297,3 +297,48 @@ async fn every_turn_end_is_a_point_a_fork_can_start_from() {
         previous = items.len();
     }
 }
+
+/// A fork's latest turn is the parent's turn that ended at the fork point:
+/// regenerate in the fork answers that turn again, in the fork only. So is
+/// a fork after a regenerated turn's end.
+#[tokio::test]
+async fn regenerate_in_a_fork_answers_the_turn_the_fork_point_ended_again() {
+    let db = TestDb::new();
+    let store = db.open();
+    let model = numbered(None, Arc::new(Notify::new()));
+    let mut agent = opened(&db, &store, Arc::clone(&model)).await;
+    run_turn(&mut agent, "hello").await;
+    let second = run_turn(&mut agent, "tell me more").await;
+    let second_end = second.last().expect("the second turn").sequence;
+    agent.sender().submit(Op::Regenerate).expect("submit regenerate");
+    let regenerated = read_turn(&mut agent).await;
+    let regenerated_end = regenerated.last().expect("the regenerated turn").sequence;
+    shutdown(agent).await;
+    let parent = history(&store).await;
+
+    for (fork, at) in [("fork-of-second", second_end), ("fork-of-regenerated", regenerated_end)] {
+        let forked = keel::agent::fork_session(store.as_ref(), SESSION, at, fork)
+            .await
+            .expect("fork");
+        assert_eq!(forked.history_items, 4);
+        let fork_store: Arc<dyn CheckpointStore> = store.clone();
+        let mut config = AgentConfig::new(fork, fork_store, numbered(None, Arc::new(Notify::new())));
+        config.workspace = db.workspace().to_path_buf();
+        let mut agent = start_session(config).await;
+        agent.sender().submit(Op::Regenerate).expect("submit regenerate");
+        let again = read_turn(&mut agent).await;
+        let rolled = rollbacks(&again);
+        assert_eq!(rolled.len(), 1, "{again:?}");
+        assert_eq!((rolled[0].history_from, rolled[0].items_removed), (2, 2));
+        assert_eq!(user_messages(&again), ["tell me more"]);
+        shutdown(agent).await;
+        let forked_history = guard("load", store.load(fork))
+            .await
+            .expect("load")
+            .expect("the fork")
+            .transcript;
+        assert_eq!(forked_history[..3], parent[..3]);
+        assert_eq!(forked_history.len(), 4);
+    }
+    assert_eq!(history(&store).await, parent, "the parent is untouched");
+}
