@@ -69,23 +69,27 @@ impl SessionView {
         // Settings that do not parse show no model (the session will not
         // load; the listing still shows it).
         let settings = SessionSettings::of(&summary.context).ok();
-        let (running_turn_id, queued, pending_approvals, last_sequence) = match &live {
+        let (running_turn_id, queued, pending_approvals, last_sequence, acting) = match &live {
             Some(status) => (
                 status.running_turn_id.clone(),
                 status.queued,
                 status.awaiting_approval.clone(),
                 status.last_sequence.max(summary.last_sequence),
+                status.busy,
             ),
             None => (
                 summary.running_turn_id.clone(),
                 0,
                 summary.awaiting_approval.clone(),
                 summary.last_sequence,
+                false,
             ),
         };
+        // A live session that took a submission is `running` from then on,
+        // before its turn has an id, until what it did is stored.
         let state = if !pending_approvals.is_empty() {
             "awaiting_approval"
-        } else if running_turn_id.is_some() {
+        } else if running_turn_id.is_some() || acting {
             "running"
         } else {
             "idle"
