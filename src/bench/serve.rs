@@ -13,7 +13,6 @@
 
 use std::io::Write as _;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -23,9 +22,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
+use super::database::{BenchDatabase, BenchStore, Grouping};
 use super::stats::percentile;
 use crate::server::{ServerConfig, serve};
-use crate::store::{CheckpointStore, SqliteCheckpoint, SqliteOptions};
+use crate::store::Synchronous;
 use crate::{Error, Result};
 
 /// How long a turn may go without an event before the run fails.
@@ -50,6 +50,8 @@ pub struct ServeParams {
     pub subscribers: usize,
     /// Whether one more subscriber per session reads nothing until the end.
     pub stalled: bool,
+    /// The database (a fresh temporary SQLite file by default).
+    pub database: BenchDatabase,
 }
 
 /// What one run measured.
@@ -96,10 +98,14 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
     // Every session uses the same script, one answer per model call; the
     // warm-up turn uses the first line.
     write_script(&script, params.turns + 1, params.chunks, params.chunk_bytes)?;
-    let sqlite =
-        Arc::new(SqliteCheckpoint::open(&scratch.path().join("bench-serve.sqlite3"), SqliteOptions::default()).await?);
-    let store: Arc<dyn CheckpointStore> = sqlite.clone();
-    let mut config = ServerConfig::new(store);
+    let database = BenchStore::open(
+        &params.database,
+        "bench-serve.sqlite3",
+        Synchronous::Full,
+        Grouping::Group,
+    )
+    .await?;
+    let mut config = ServerConfig::new(database.store());
     config.default_model = Some(format!("script:{}", script.display()));
     config.workspace_root = scratch.path().to_owned();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_error)?;
@@ -160,7 +166,7 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
         .await
         .map_err(|error| Error::stopped(format!("the bench server failed: {error}")))?
         .map_err(|error| Error::stopped(format!("the bench server failed: {error}")))?;
-    sqlite.close().await;
+    database.close().await;
 
     let column = |pick: fn(&TurnTimes) -> f64| times.iter().map(pick).collect::<Vec<_>>();
     let accept = column(|times| times.accept_ms);

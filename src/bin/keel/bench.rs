@@ -77,6 +77,10 @@ pub(crate) enum BenchCommand {
         /// Repetitions of each run; the table shows medians.
         #[arg(long, default_value_t = 3)]
         repeat: usize,
+        /// The database: a SQLite file, or a PostgreSQL URL
+        /// (postgres://…) [default: a fresh temporary SQLite file each run].
+        #[arg(long, value_name = "PATH|URL")]
+        db: Option<String>,
     },
 }
 
@@ -179,7 +183,11 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             bytes,
             subscribers,
             repeat,
-        } => bench_serve(sessions, turns, chunks, bytes, subscribers, repeat).await?,
+            db,
+        } => {
+            let database = db.as_deref().map(BenchDatabase::parse).unwrap_or_default();
+            bench_serve(sessions, turns, chunks, bytes, subscribers, repeat, database).await?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -193,13 +201,14 @@ async fn bench_serve(
     bytes: usize,
     subscribers: usize,
     repeat: usize,
+    database: BenchDatabase,
 ) -> anyhow::Result<()> {
     let in_process = TurnsParams {
         sessions,
         turns,
         chunks,
         chunk_bytes: bytes,
-        database: BenchDatabase::default(),
+        database: database.clone(),
         synchronous: Synchronous::Full,
         // What a server session does: deltas coalesced, every byte stored
         // before it is delivered.
@@ -213,6 +222,7 @@ async fn bench_serve(
         chunk_bytes: bytes,
         subscribers,
         stalled,
+        database: database.clone(),
     };
     let readers = subscribers.max(2) - 1;
     let runs = [
