@@ -113,6 +113,7 @@ macro_rules! store_conformance_tests {
             $crate::store::conformance::store_conformance_tests!(@test a_history_cut_drops_the_newest_items_for_loads_and_forks_and_keeps_the_log, $factory);
             $crate::store::conformance::store_conformance_tests!(@test create_makes_a_session_with_its_first_events_once_even_across_stores, $factory);
             $crate::store::conformance::store_conformance_tests!(@test a_lease_taken_through_another_handle_fences_this_one, $factory);
+            $crate::store::conformance::store_conformance_tests!(@test titles_come_from_the_first_user_message_until_a_rename, $factory);
             $crate::store::conformance::store_conformance_tests!(@test two_owners_racing_for_one_session_exactly_one_wins, $factory);
             $crate::store::conformance::store_conformance_tests!(@test an_expired_lease_is_taken_over_with_a_new_epoch_that_fences_the_first_owner, $factory);
             $crate::store::conformance::store_conformance_tests!(@test renew_extends_the_leases_still_held_and_reports_the_lost_ones, $factory);
@@ -2134,4 +2135,31 @@ pub(crate) async fn sessions_to_take_over_lists_sessions_with_work_and_no_live_o
         .expect("taken over");
     let after = store.sessions_to_take_over(10).await.expect("list");
     assert_eq!(after, ["b-queued-unowned", "e-queued-released"]);
+}
+
+pub(crate) async fn titles_come_from_the_first_user_message_until_a_rename(factory: &impl StoreFactory) {
+    let (_database, store) = factory.fresh().await;
+    create(&store, "s").await;
+    let message = |text: &str| Event {
+        submission_id: None,
+        msg: EventMsg::UserMessage(UserMessageEvent {
+            turn_id: "t".into(),
+            text: text.into(),
+        }),
+    };
+    let title = |store| async move {
+        CheckpointStore::session_summary(store, "s")
+            .await
+            .expect("summary")
+            .expect("s")
+            .title
+    };
+    assert_eq!(title(&store).await, None);
+    append(&store, "s", &[message("\n  first line  \nsecond"), message("later")]).await;
+    assert_eq!(title(&store).await.as_deref(), Some("first line"));
+    append(&store, "s", &[message("another")]).await;
+    assert_eq!(title(&store).await.as_deref(), Some("first line"));
+    assert!(store.rename_session("s", "Renamed").await.expect("rename"));
+    assert_eq!(title(&store).await.as_deref(), Some("Renamed"));
+    assert!(!store.rename_session("nobody", "x").await.expect("rename"));
 }

@@ -16,7 +16,7 @@ use futures::future::join_all;
 use super::{PostgresCheckpoint, PostgresOptions, schema};
 use crate::protocol::{
     AssistantContentDeltaEvent, BusyPolicy, Event, EventMsg, Op, RecordedEvent, SubmissionQueuedEvent, TokenUsage,
-    TranscriptItem, TurnStartedEvent, UserMessageEvent,
+    TranscriptItem, TurnStartedEvent,
 };
 use crate::store::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPageRequest,
@@ -168,16 +168,6 @@ fn event(session_id: &str, n: usize) -> Event {
 
 fn events(session_id: &str, from: usize, count: usize) -> Vec<Event> {
     (from..from + count).map(|n| event(session_id, n)).collect()
-}
-
-fn user_message(text: &str) -> Event {
-    Event {
-        submission_id: None,
-        msg: EventMsg::UserMessage(UserMessageEvent {
-            turn_id: "t".into(),
-            text: text.into(),
-        }),
-    }
 }
 
 fn queued(id: &str, key: Option<&str>) -> Event {
@@ -723,31 +713,6 @@ async fn the_queue_and_idempotency_keys_are_written_from_the_events() {
                 sequence: 6
             })
         );
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn titles_come_from_the_first_user_message_until_a_rename() {
-    guarded(async {
-        let (store, _url) = store_or_skip!();
-        create(&store, "s").await;
-        async fn title(store: &PostgresCheckpoint) -> Option<String> {
-            store.session_summary("s").await.expect("summary").expect("s").title
-        }
-        assert_eq!(title(&store).await, None);
-        append(
-            &store,
-            "s",
-            &[user_message("\n  first line  \nsecond"), user_message("later")],
-        )
-        .await;
-        assert_eq!(title(&store).await.as_deref(), Some("first line"));
-        append(&store, "s", &[user_message("another")]).await;
-        assert_eq!(title(&store).await.as_deref(), Some("first line"));
-        assert!(store.rename_session("s", "Renamed").await.expect("rename"));
-        assert_eq!(title(&store).await.as_deref(), Some("Renamed"));
-        assert!(!store.rename_session("nobody", "x").await.expect("rename"));
     })
     .await;
 }
