@@ -17,6 +17,7 @@ mod codec;
 pub(crate) mod conformance;
 mod error;
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 mod usage;
 mod walk;

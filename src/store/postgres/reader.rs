@@ -13,6 +13,7 @@ use super::pg_error;
 use super::writer::{int, uint};
 use crate::protocol::{Event, RecordedEvent, TranscriptItem};
 use crate::store::codec;
+use crate::store::rows::{StoredJson, apply_history_row, decode, decode_batch};
 use crate::store::{
     Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
     SessionState, SessionSummary, StoreError, TurnExecution,
@@ -149,32 +150,6 @@ pub(super) async fn history_until(
     Ok(Some(transcript))
 }
 
-/// Applies one log row to a history being rebuilt: its cut, then its items.
-fn apply_history_row(
-    transcript: &mut Vec<TranscriptItem>,
-    session_id: &str,
-    first_sequence: u64,
-    cut: Option<u64>,
-    items: Option<Stored>,
-) -> Result<(), StoreError> {
-    let what = || format!("history recorded at event {first_sequence} of session '{session_id}'");
-    if let Some(cut) = cut {
-        let cut = usize::try_from(cut).unwrap_or(usize::MAX);
-        if cut > transcript.len() {
-            return Err(StoreError::Corrupt {
-                what: what(),
-                detail: format!("a cut to {cut} items of a history of {}", transcript.len()),
-            });
-        }
-        transcript.truncate(cut);
-    }
-    if let Some(items) = items {
-        let items: Vec<TranscriptItem> = decode(&items, what)?;
-        transcript.extend(items);
-    }
-    Ok(())
-}
-
 /// Whether the session exists (to tell an empty read from an unknown
 /// session).
 async fn exists(client: &Object, session_id: &str) -> Result<bool, StoreError> {
@@ -245,15 +220,8 @@ fn log_row(row: &Row, session_id: &str) -> Result<LogRow, StoreError> {
     let first = uint(row.try_get(0).map_err(pg_error)?);
     let last = uint(row.try_get(1).map_err(pg_error)?);
     let recorded_at_ms = uint(row.try_get(2).map_err(pg_error)?);
-    let what = || format!("events {first} to {last} of session '{session_id}'");
-    let batch: Vec<Event> = decode(&stored(row, 3)?, what)?;
-    if last + 1 < first || batch.len() as u64 != last + 1 - first {
-        return Err(StoreError::Corrupt {
-            what: what(),
-            detail: format!("the row holds {} events", batch.len()),
-        });
-    }
-    Ok((first, last, recorded_at_ms, (first..).zip(batch).collect()))
+    let events = decode_batch(session_id, first, last, &stored(row, 3)?)?;
+    Ok((first, last, recorded_at_ms, events))
 }
 
 pub(super) async fn event_page(
@@ -427,8 +395,8 @@ pub(super) async fn session_summary(client: &Object, session_id: &str) -> Result
 struct SummaryRow {
     key: i64,
     session_id: String,
-    checkpoint: Stored,
-    execution: Option<Stored>,
+    checkpoint: StoredJson,
+    execution: Option<StoredJson>,
     created_at_ms: u64,
     updated_at_ms: u64,
     last_sequence: u64,
@@ -474,26 +442,16 @@ impl SummaryRow {
     }
 }
 
-/// A stored JSON value as its bytes, or why it is not one.
-type Stored = Result<Vec<u8>, String>;
-
 /// Reads a JSON column without interpreting it, so that a damaged value
 /// reaches [`decode`] and is reported as [`StoreError::Corrupt`], naming
 /// its row.
-fn stored(row: &Row, index: usize) -> Result<Stored, StoreError> {
+fn stored(row: &Row, index: usize) -> Result<StoredJson, StoreError> {
     let bytes: &[u8] = row.try_get(index).map_err(pg_error)?;
     Ok(codec::decode(bytes))
 }
 
 /// [`stored`] for a nullable column.
-fn optional(row: &Row, index: usize) -> Result<Option<Stored>, StoreError> {
+fn optional(row: &Row, index: usize) -> Result<Option<StoredJson>, StoreError> {
     let bytes: Option<&[u8]> = row.try_get(index).map_err(pg_error)?;
     Ok(bytes.map(codec::decode))
-}
-
-fn decode<T: serde::de::DeserializeOwned>(json: &Stored, what: impl FnOnce() -> String) -> Result<T, StoreError> {
-    json.as_deref()
-        .map_err(Clone::clone)
-        .and_then(|bytes| serde_json::from_slice(bytes).map_err(|error| error.to_string()))
-        .map_err(|detail| StoreError::Corrupt { what: what(), detail })
 }

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::protocol::{Event, RecordedEvent, TranscriptItem};
+use crate::protocol::{RecordedEvent, TranscriptItem};
+use crate::store::rows::{StoredJson, apply_history_row, decode, decode_batch};
 use crate::store::{
     Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
     SessionState, SessionSummary, StoreError, TurnExecution,
@@ -176,32 +177,6 @@ pub(super) fn history_until(
     Ok(Some(transcript))
 }
 
-/// Applies one log row to a history being rebuilt: its cut, then its items.
-fn apply_history_row(
-    transcript: &mut Vec<TranscriptItem>,
-    session_id: &str,
-    first_sequence: u64,
-    cut: Option<u64>,
-    items: Option<StoredJson>,
-) -> Result<(), StoreError> {
-    let what = || format!("history recorded at event {first_sequence} of session '{session_id}'");
-    if let Some(cut) = cut {
-        let cut = usize::try_from(cut).unwrap_or(usize::MAX);
-        if cut > transcript.len() {
-            return Err(StoreError::Corrupt {
-                what: what(),
-                detail: format!("a cut to {cut} items of a history of {}", transcript.len()),
-            });
-        }
-        transcript.truncate(cut);
-    }
-    if let Some(items) = items {
-        let items: Vec<TranscriptItem> = decode(&items, what)?;
-        transcript.extend(items);
-    }
-    Ok(())
-}
-
 /// The session's stored submission queue, oldest first.
 fn queued_submissions(conn: &Connection, key: i64, session_id: &str) -> Result<Vec<QueuedSubmission>, StoreError> {
     let mut select = conn
@@ -262,20 +237,6 @@ pub(super) fn events_after(
         }
     }
     Ok(events)
-}
-
-/// The events of one log row with their sequences, checked against the
-/// row's bounds.
-fn decode_batch(session_id: &str, first: u64, last: u64, json: &StoredJson) -> Result<Vec<(u64, Event)>, StoreError> {
-    let what = || format!("events {first} to {last} of session '{session_id}'");
-    let batch: Vec<Event> = decode(json, what)?;
-    if last + 1 < first || batch.len() as u64 != last + 1 - first {
-        return Err(StoreError::Corrupt {
-            what: what(),
-            detail: format!("the row holds {} events", batch.len()),
-        });
-    }
-    Ok((first..).zip(batch).collect())
 }
 
 /// The submission stored under `idempotency_key`, if any.
@@ -495,9 +456,6 @@ fn session_key(conn: &Connection, session_id: &str) -> Result<Option<i64>, Store
         .map_err(super::sqlite_error)
 }
 
-/// A stored JSON value as raw bytes, or why it is not one.
-type StoredJson = Result<Vec<u8>, String>;
-
 /// Reads a JSON column without interpreting it, so that a damaged value (a
 /// blob, a number, text that is not UTF-8) reaches [`decode`] and is reported
 /// as [`StoreError::Corrupt`], naming its row, instead of failing the query.
@@ -511,11 +469,4 @@ fn stored_optional_json(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Resu
         ValueRef::Null => Ok(None),
         _ => stored_json(row, index).map(Some),
     }
-}
-
-fn decode<T: serde::de::DeserializeOwned>(json: &StoredJson, what: impl FnOnce() -> String) -> Result<T, StoreError> {
-    json.as_deref()
-        .map_err(Clone::clone)
-        .and_then(|bytes| serde_json::from_slice(bytes).map_err(|error| error.to_string()))
-        .map_err(|detail| StoreError::Corrupt { what: what(), detail })
 }
