@@ -257,8 +257,12 @@ impl CheckpointStore for MeteredStore {
         self.inner.release(session_id, owner, epoch)
     }
 
-    fn sessions_to_take_over(&self, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
-        self.inner.sessions_to_take_over(limit)
+    fn sessions_to_take_over<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.sessions_to_take_over(after, limit)
     }
 
     fn event_page<'a>(

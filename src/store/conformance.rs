@@ -2119,21 +2119,28 @@ pub(crate) async fn sessions_to_take_over_lists_sessions_with_work_and_no_live_o
         .release("e-queued-released", "node-a", epoch)
         .await
         .expect("released");
-    let now = store.sessions_to_take_over(10).await.expect("list");
+    let now = store.sessions_to_take_over(None, 10).await.expect("list");
     assert_eq!(now, ["b-queued-unowned", "e-queued-released"]);
     past_short_ttl().await;
-    let later = store.sessions_to_take_over(10).await.expect("list");
+    let later = store.sessions_to_take_over(None, 10).await.expect("list");
     assert_eq!(later, ["b-queued-unowned", "d-running-expiring", "e-queued-released"]);
     assert_eq!(
-        store.sessions_to_take_over(1).await.expect("list"),
+        store.sessions_to_take_over(None, 1).await.expect("list"),
         ["b-queued-unowned"]
+    );
+    assert_eq!(
+        store
+            .sessions_to_take_over(Some("b-queued-unowned"), 10)
+            .await
+            .expect("the next page"),
+        ["d-running-expiring", "e-queued-released"]
     );
     // Taken over, it leaves the list.
     store
         .claim("d-running-expiring", "node-b", LONG_TTL)
         .await
         .expect("taken over");
-    let after = store.sessions_to_take_over(10).await.expect("list");
+    let after = store.sessions_to_take_over(None, 10).await.expect("list");
     assert_eq!(after, ["b-queued-unowned", "e-queued-released"]);
 }
 

@@ -233,6 +233,41 @@ pub struct SessionListPage {
     pub next_cursor: Option<String>,
 }
 
+/// A submission that a node accepted for a session another node runs,
+/// kept by the store until the owner queues it ([`CheckpointStore::relay`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayedSubmission {
+    /// The store's id for it, in the order relayed; set by the store.
+    #[serde(skip)]
+    pub relay_id: u64,
+    /// The id the accepting node answered with; the owner queues it under
+    /// this id.
+    #[serde(skip)]
+    pub submission_id: String,
+    /// The op.
+    pub op: Op,
+    /// What a user message does if the session is busy; `None` leaves it
+    /// to the session's default.
+    pub on_busy: Option<BusyPolicy>,
+    /// The client's idempotency key, unique per session among the relayed
+    /// submissions as among the queued ones.
+    #[serde(skip)]
+    pub idempotency_key: Option<String>,
+}
+
+/// What [`CheckpointStore::relay`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Relayed {
+    /// Stored and announced; the session's log ended at `last_sequence`
+    /// then, so the submission's events come after it.
+    New {
+        /// The sequence of the session's newest event when it was relayed.
+        last_sequence: u64,
+    },
+    /// A submission with the same idempotency key waits already: this one.
+    Duplicate(RelayedSubmission),
+}
+
 /// Where a submission with an idempotency key landed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyedSubmission {
@@ -591,15 +626,66 @@ pub trait CheckpointStore: Send + Sync {
         Box::pin(async { Err(no_owned_leases()) })
     }
 
-    /// Up to `limit` ids, in id order, of the sessions with work stored (as
-    /// [`Self::sessions_with_work`]: submissions queued or a turn in flight)
-    /// whose lease has no owner or has expired: what a surviving node
-    /// claims and resumes.
+    /// Up to `limit` ids, in id order after `after`, of the sessions with
+    /// work stored (as [`Self::sessions_with_work`]: submissions queued or
+    /// relayed, or a turn in flight) whose lease has no owner or has
+    /// expired: what a surviving node claims and resumes.
     ///
     /// The default refuses: the store has no owned leases.
-    fn sessions_to_take_over(&self, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
-        let _ = limit;
+    fn sessions_to_take_over<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let _ = (after, limit);
         Box::pin(async { Err(no_owned_leases()) })
+    }
+
+    /// Stores `submission` for `session_id`, which another node runs, and
+    /// wakes that node (on PostgreSQL, a notification on `keel_relay`). The
+    /// owner takes it up with [`Self::relayed`] and [`Self::relay_done`].
+    /// With an idempotency key that a waiting relayed submission has
+    /// already, it stores nothing and returns that one. An unknown session
+    /// is [`StoreError::UnknownSession`].
+    ///
+    /// The default refuses: the store runs on one node.
+    fn relay<'a>(
+        &'a self,
+        session_id: &'a str,
+        submission: &'a RelayedSubmission,
+    ) -> BoxFuture<'a, Result<Relayed, StoreError>> {
+        let _ = (session_id, submission);
+        Box::pin(async { Err(no_owned_leases()) })
+    }
+
+    /// Up to `limit` submissions relayed to `session_id`, oldest first.
+    ///
+    /// The default has none.
+    fn relayed<'a>(
+        &'a self,
+        session_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<RelayedSubmission>, StoreError>> {
+        let _ = (session_id, limit);
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Forgets relayed submissions the owner has queued (or refused);
+    /// unknown ids are ignored.
+    ///
+    /// The default has none to forget.
+    fn relay_done<'a>(&'a self, session_id: &'a str, relay_ids: &'a [u64]) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (session_id, relay_ids);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The sessions leased to `owner` with relayed submissions waiting: the
+    /// owner's safety net for a wake-up it missed.
+    ///
+    /// The default has none.
+    fn sessions_with_relayed<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let _ = owner;
+        Box::pin(async { Ok(Vec::new()) })
     }
 
     /// Reads a page of the log, going backwards from `before_sequence`.

@@ -48,13 +48,26 @@ const RENEW: &str = "WITH input AS (
      WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.id = i.id AND r.lease = i.lease)
      ORDER BY i.ord";
 
-const RELEASE: &str = "UPDATE sessions SET lease_owner = NULL, lease_expires_at = NULL
-     WHERE id = $1 AND lease_owner = $2 AND lease = $3";
+/// Clears the owner; a session left with work is announced on
+/// [`RELAY_CHANNEL`](super::listen::RELAY_CHANNEL), so the other nodes take it over at once.
+const RELEASE: &str = "WITH released AS (
+         UPDATE sessions SET lease_owner = NULL, lease_expires_at = NULL
+         WHERE id = $1 AND lease_owner = $2 AND lease = $3
+         RETURNING key, execution IS NOT NULL AS in_flight
+     )
+     SELECT count(*)::int8,
+            count(CASE WHEN in_flight
+                         OR EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = released.key)
+                         OR EXISTS (SELECT 1 FROM relayed_submissions r WHERE r.session_key = released.key)
+                       THEN pg_notify('keel_relay', $1) END)
+     FROM released";
 
 const TAKE_OVER: &str = "SELECT id FROM sessions
-     WHERE (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())
+     WHERE ($2::text IS NULL OR id > $2)
+       AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())
        AND (execution IS NOT NULL
-            OR EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = sessions.key))
+            OR EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = sessions.key)
+            OR EXISTS (SELECT 1 FROM relayed_submissions r WHERE r.session_key = sessions.key))
      ORDER BY id LIMIT $1";
 
 /// How many times a claim that lost to a lease which then ended at once is
@@ -116,9 +129,10 @@ pub(super) async fn renew(
 
 pub(super) async fn release(client: &Object, session_id: &str, owner: &str, epoch: u64) -> Result<(), StoreError> {
     let release = client.prepare_cached(RELEASE).await.map_err(pg_error)?;
-    let released = client
-        .execute(&release, &[&session_id, &owner, &int(epoch)])
+    let released: i64 = client
+        .query_one(&release, &[&session_id, &owner, &int(epoch)])
         .await
+        .and_then(|row| row.try_get(0))
         .map_err(pg_error)?;
     if released == 0 {
         let exists = client
@@ -132,9 +146,13 @@ pub(super) async fn release(client: &Object, session_id: &str, owner: &str, epoc
     Ok(())
 }
 
-pub(super) async fn sessions_to_take_over(client: &Object, limit: usize) -> Result<Vec<String>, StoreError> {
+pub(super) async fn sessions_to_take_over(
+    client: &Object,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>, StoreError> {
     let select = client.prepare_cached(TAKE_OVER).await.map_err(pg_error)?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = client.query(&select, &[&limit]).await.map_err(pg_error)?;
+    let rows = client.query(&select, &[&limit, &after]).await.map_err(pg_error)?;
     rows.iter().map(|row| row.try_get(0).map_err(pg_error)).collect()
 }

@@ -23,6 +23,10 @@ use crate::store::StoreError;
 /// The channel log notifications are sent on.
 pub const LOG_CHANNEL: &str = "keel_log";
 
+/// The channel that announces a session with submissions relayed to its
+/// owner, or a session released with work left (payload: the session id).
+pub const RELAY_CHANNEL: &str = "keel_relay";
+
 /// How many notices wait for the consumer, by default, before the listener
 /// drops them (and yields [`LogNotice::Resync`] once there is room again).
 pub const NOTICE_BUFFER: usize = 1024;
@@ -40,6 +44,12 @@ pub enum LogNotice {
         session_id: String,
         /// The sequence of the session's newest event after the commit.
         last_sequence: u64,
+    },
+    /// A session has submissions relayed to its owner, or was released
+    /// with work left: its owner takes them up, or another node takes it over.
+    Relay {
+        /// The session.
+        session_id: String,
     },
     /// Notices may have been missed (the connection was lost and is back,
     /// or the consumer fell behind): re-read from the log whatever is
@@ -91,7 +101,7 @@ type Conn = Connection<Socket, NoTlsStream>;
 /// meanwhile.
 async fn listening(config: &Config) -> Result<(Client, Conn), StoreError> {
     let (client, mut connection) = config.connect(NoTls).await.map_err(super::connect_error)?;
-    let statement = format!("LISTEN {LOG_CHANNEL}");
+    let statement = format!("LISTEN {LOG_CHANNEL}; LISTEN {RELAY_CHANNEL}");
     {
         let listen = client.batch_execute(&statement);
         tokio::pin!(listen);
@@ -110,6 +120,17 @@ async fn listening(config: &Config) -> Result<(Client, Conn), StoreError> {
         }
     }
     Ok((client, connection))
+}
+
+/// Parses a notification on `channel`; `None` for a malformed one.
+fn notice(channel: &str, payload: &str) -> Option<LogNotice> {
+    match channel {
+        LOG_CHANNEL => parse(payload),
+        RELAY_CHANNEL if !payload.is_empty() => Some(LogNotice::Relay {
+            session_id: payload.to_owned(),
+        }),
+        _ => None,
+    }
 }
 
 /// Parses a payload, `<session id> <last sequence>`.
@@ -131,10 +152,10 @@ async fn run(config: Config, mut client: Client, mut connection: Conn, sender: m
             tokio::select! {
                 message = poll_fn(|cx| connection.poll_message(cx)) => match message {
                     Some(Ok(AsyncMessage::Notification(notification))) => {
-                        if missed || notification.channel() != LOG_CHANNEL {
+                        if missed {
                             continue;
                         }
-                        let Some(notice) = parse(notification.payload()) else {
+                        let Some(notice) = notice(notification.channel(), notification.payload()) else {
                             tracing::warn!(payload = notification.payload(), "malformed log notification");
                             continue;
                         };
@@ -200,5 +221,12 @@ mod tests {
         );
         assert_eq!(parse("nosequence"), None);
         assert_eq!(parse("s x"), None);
+        assert_eq!(
+            notice(RELAY_CHANNEL, "a b"),
+            Some(LogNotice::Relay {
+                session_id: "a b".to_owned()
+            })
+        );
+        assert_eq!(notice("other", "a 1"), None);
     }
 }

@@ -16,17 +16,20 @@
 //! owned lease per session (owner, epoch, expiry by the server's clock; see
 //! `lease.rs`), and every commit that appends to a session notifies
 //! `keel_log` with the session and its newest sequence, which
-//! [`PostgresCheckpoint::listen`] receives (see `listen.rs`).
+//! [`PostgresCheckpoint::listen`] receives (see `listen.rs`). A node that
+//! does not run a session relays submissions to its owner through the
+//! `relayed_submissions` table, announced on `keel_relay` (see `relay.rs`).
 
 mod hold;
 mod lease;
 mod listen;
 mod reader;
+mod relay;
 mod schema;
 mod writer;
 
 pub use hold::{PostgresHold, redact_postgres_url};
-pub use listen::{LOG_CHANNEL, LogListener, LogNotice, NOTICE_BUFFER};
+pub use listen::{LOG_CHANNEL, LogListener, LogNotice, NOTICE_BUFFER, RELAY_CHANNEL};
 
 #[cfg(test)]
 mod tests;
@@ -45,8 +48,8 @@ use tokio_postgres::{Client, Config, NoTls};
 use self::writer::{Job, WriterConnection, WriterCounters, Written};
 use super::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage,
-    EventPageRequest, KeyedSubmission, OpenBatch, SessionListPage, SessionState, SessionSummary, StoreError,
-    TurnExecution, WriterStats,
+    EventPageRequest, KeyedSubmission, OpenBatch, Relayed, RelayedSubmission, SessionListPage, SessionState,
+    SessionSummary, StoreError, TurnExecution, WriterStats,
 };
 use crate::model::BoxFuture;
 use crate::protocol::{RecordedEvent, TranscriptItem};
@@ -307,8 +310,36 @@ impl CheckpointStore for PostgresCheckpoint {
         Box::pin(async move { lease::release(&self.reader().await?, session_id, owner, epoch).await })
     }
 
-    fn sessions_to_take_over(&self, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
-        Box::pin(async move { lease::sessions_to_take_over(&self.reader().await?, limit).await })
+    fn sessions_to_take_over<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move { lease::sessions_to_take_over(&self.reader().await?, after, limit).await })
+    }
+
+    fn relay<'a>(
+        &'a self,
+        session_id: &'a str,
+        submission: &'a RelayedSubmission,
+    ) -> BoxFuture<'a, Result<Relayed, StoreError>> {
+        Box::pin(async move { relay::relay(&self.reader().await?, session_id, submission).await })
+    }
+
+    fn relayed<'a>(
+        &'a self,
+        session_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<RelayedSubmission>, StoreError>> {
+        Box::pin(async move { relay::relayed(&self.reader().await?, session_id, limit).await })
+    }
+
+    fn relay_done<'a>(&'a self, session_id: &'a str, relay_ids: &'a [u64]) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { relay::relay_done(&self.reader().await?, session_id, relay_ids).await })
+    }
+
+    fn sessions_with_relayed<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move { relay::sessions_with_relayed(&self.reader().await?, owner).await })
     }
 
     fn event_page<'a>(

@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use crate::store::StoreError;
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i32 = 1;
+pub(super) const SCHEMA_VERSION: i32 = 2;
 
 /// The advisory lock key migrations hold (`keel` in ASCII, then `schema`).
 const MIGRATION_LOCK: i64 = 0x6b65_656c_5343_4d41;
@@ -75,6 +75,23 @@ CREATE TABLE submission_keys (
 );
 "#;
 
+/// Version 2: `relayed_submissions`, the submissions a node accepted for a
+/// session another node runs, until the owner queues them (see
+/// `relay.rs`). A client's idempotency key is unique per session here too.
+const SCHEMA_V2: &str = r#"
+CREATE TABLE relayed_submissions (
+    id              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_key     BIGINT NOT NULL,
+    submission_id   TEXT COLLATE "C" NOT NULL,
+    idempotency_key TEXT COLLATE "C",
+    submission      BYTEA NOT NULL,
+    relayed_at_ms   BIGINT NOT NULL
+);
+CREATE INDEX relayed_by_session ON relayed_submissions (session_key, id);
+CREATE UNIQUE INDEX relayed_by_key ON relayed_submissions (session_key, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+"#;
+
 /// Brings the database's schema up to [`SCHEMA_VERSION`], or refuses one
 /// written by a newer Keel with [`StoreError::SchemaTooNew`] (changing
 /// nothing).
@@ -109,6 +126,9 @@ pub(super) async fn migrate(client: &mut Client) -> Result<(), StoreError> {
     if found < 1 {
         tracing::info!("creating the keel schema (version {SCHEMA_VERSION})");
         tx.batch_execute(SCHEMA_V1).await.map_err(super::pg_error)?;
+    }
+    if found < 2 {
+        tx.batch_execute(SCHEMA_V2).await.map_err(super::pg_error)?;
     }
     if found < SCHEMA_VERSION {
         tx.execute(

@@ -1437,3 +1437,143 @@ async fn a_closed_store_refuses_to_listen() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------
+// Relayed submissions
+// ---------------------------------------------------------------------------
+
+use crate::store::{Relayed, RelayedSubmission};
+
+fn relayed(id: &str, text: &str, key: Option<&str>) -> RelayedSubmission {
+    RelayedSubmission {
+        relay_id: 0,
+        submission_id: id.to_owned(),
+        op: Op::UserInput { text: text.to_owned() },
+        on_busy: Some(BusyPolicy::Queue),
+        idempotency_key: key.map(str::to_owned),
+    }
+}
+
+/// The next notice that is not about `sentinel`'s log.
+async fn next_relay_notice(listener: &mut LogListener) -> LogNotice {
+    loop {
+        let notice = next_notice(listener).await;
+        if matches!(notice, LogNotice::Relay { .. }) {
+            return notice;
+        }
+    }
+}
+
+#[tokio::test]
+async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_up_in_order() {
+    guarded(async {
+        let (store, url) = store_or_skip!();
+        // The accepting node and the owner: two handles on one database.
+        let owner = PostgresCheckpoint::connect(&url, PostgresOptions::default())
+            .await
+            .expect("the owner");
+        let mut listener = owner.listen().await.expect("listen");
+        create(&store, "s").await;
+        append(&store, "s", &events("s", 0, 2)).await;
+        let relay = |id: &str, text: &str, key: Option<&str>| {
+            let submission = relayed(id, text, key);
+            let store = &store;
+            async move { store.relay("s", &submission).await }
+        };
+        assert_eq!(
+            relay("r1", "one", None).await.expect("relay"),
+            Relayed::New { last_sequence: 2 }
+        );
+        let relay_notice = LogNotice::Relay {
+            session_id: "s".to_owned(),
+        };
+        assert_eq!(next_relay_notice(&mut listener).await, relay_notice);
+        assert_eq!(
+            relay("r2", "two", Some("k")).await.expect("relay"),
+            Relayed::New { last_sequence: 2 }
+        );
+        // The same key again stores nothing and returns the first.
+        match relay("r3", "two again", Some("k")).await.expect("relay") {
+            Relayed::Duplicate(earlier) => {
+                assert_eq!(earlier.submission_id, "r2");
+                assert_eq!(earlier.op, Op::UserInput { text: "two".into() });
+                assert_eq!(earlier.idempotency_key.as_deref(), Some("k"));
+            }
+            other => panic!("not a duplicate: {other:?}"),
+        }
+        assert!(matches!(
+            store.relay("nobody", &relayed("x", "x", None)).await,
+            Err(StoreError::UnknownSession(_))
+        ));
+        assert!(matches!(
+            store.relay("nobody", &relayed("x", "x", Some("k"))).await,
+            Err(StoreError::UnknownSession(_))
+        ));
+        // The owner reads them in order, then forgets them once queued.
+        let waiting = owner.relayed("s", 10).await.expect("relayed");
+        let ids: Vec<&str> = waiting.iter().map(|r| r.submission_id.as_str()).collect();
+        assert_eq!(ids, ["r1", "r2"]);
+        assert!(waiting[0].relay_id < waiting[1].relay_id);
+        assert_eq!(waiting[1].on_busy, Some(BusyPolicy::Queue));
+        assert_eq!(owner.relayed("s", 1).await.expect("relayed").len(), 1);
+        // A node owning the session finds it with relayed work; a session
+        // nobody owns is one to take over.
+        assert_eq!(
+            owner.sessions_with_relayed("node-a").await.expect("owned"),
+            Vec::<String>::new()
+        );
+        assert_eq!(owner.sessions_to_take_over(None, 10).await.expect("take over"), ["s"]);
+        let epoch = owner
+            .claim("s", "node-a", Duration::from_secs(60))
+            .await
+            .expect("claim");
+        assert_eq!(owner.sessions_with_relayed("node-a").await.expect("owned"), ["s"]);
+        assert!(
+            owner
+                .sessions_to_take_over(None, 10)
+                .await
+                .expect("take over")
+                .is_empty()
+        );
+        owner.relay_done("s", &[waiting[0].relay_id]).await.expect("done");
+        let left = owner.relayed("s", 10).await.expect("relayed");
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].submission_id, "r2");
+        // Released with work left, the session is announced so that
+        // another node takes it over at once.
+        while listener.try_recv().is_some() {}
+        owner.release("s", "node-a", epoch).await.expect("release");
+        assert_eq!(next_relay_notice(&mut listener).await, relay_notice);
+        owner.relay_done("s", &[left[0].relay_id]).await.expect("done");
+        // With the key free again, it may be relayed anew.
+        assert!(matches!(
+            relay("r4", "three", Some("k")).await.expect("relay"),
+            Relayed::New { .. }
+        ));
+        // Deleting the session deletes what was relayed to it.
+        assert!(store.delete_session("s").await.expect("delete"));
+        assert_eq!(raw_count(&url, "SELECT count(*) FROM relayed_submissions").await, 0);
+        owner.close().await;
+        store.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_session_released_without_work_is_not_announced() {
+    guarded(async {
+        let (store, _url) = store_or_skip!();
+        let mut listener = store.listen().await.expect("listen");
+        create(&store, "idle").await;
+        create(&store, "sentinel").await;
+        let epoch = store
+            .claim("idle", "node-a", Duration::from_secs(60))
+            .await
+            .expect("claim");
+        store.release("idle", "node-a", epoch).await.expect("release");
+        let seen = notices_until_sentinel(&store, &mut listener, "sentinel").await;
+        assert_eq!(seen, [log_notice("sentinel", 1)]);
+        store.close().await;
+    })
+    .await;
+}

@@ -351,7 +351,12 @@ impl Statements {
             ),
             client.prepare_typed("DELETE FROM sessions WHERE id = $1 RETURNING key", &[Type::TEXT]),
             client.prepare_typed("DELETE FROM log WHERE session_key = $1", &[Type::INT8]),
-            client.prepare_typed("DELETE FROM queued_submissions WHERE session_key = $1", &[Type::INT8]),
+            // The relayed submissions go with the queue.
+            client.prepare_typed(
+                "WITH relayed AS (DELETE FROM relayed_submissions WHERE session_key = $1)
+                 DELETE FROM queued_submissions WHERE session_key = $1",
+                &[Type::INT8]
+            ),
             client.prepare_typed("DELETE FROM submission_keys WHERE session_key = $1", &[Type::INT8]),
         )?;
         Ok(Self {
@@ -1069,8 +1074,8 @@ async fn rename(
     })
 }
 
-/// Deletes a session's rows: the session, its log, its queue and its
-/// idempotency keys, all in the group's transaction.
+/// Deletes a session's rows: the session, its log, its queue (stored and
+/// relayed) and its idempotency keys, all in the group's transaction.
 async fn delete(tx: &Transaction<'_>, st: &Statements, session_id: &str, now: u64) -> Result<Written, JobError> {
     let row = tx
         .query_opt(&st.delete_session, &[&session_id])

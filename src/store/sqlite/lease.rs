@@ -111,18 +111,23 @@ pub(super) fn release(conn: &mut Connection, session_id: &str, owner: &str, epoc
     Ok(())
 }
 
-pub(super) fn sessions_to_take_over(conn: &Connection, limit: usize) -> Result<Vec<String>, StoreError> {
+pub(super) fn sessions_to_take_over(
+    conn: &Connection,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>, StoreError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     conn.prepare_cached(
         "SELECT id FROM sessions
-         WHERE (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?1)
+         WHERE (?3 IS NULL OR id > ?3)
+           AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?1)
            AND (execution IS NOT NULL
                 OR EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = sessions.key))
          ORDER BY id LIMIT ?2",
     )
     .and_then(|mut select| {
         select
-            .query_map(params![now(), limit], |row| row.get(0))?
+            .query_map(params![now(), limit, after], |row| row.get(0))?
             .collect::<Result<Vec<String>, _>>()
     })
     .map_err(sqlite_error)

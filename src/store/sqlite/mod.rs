@@ -357,8 +357,13 @@ impl CheckpointStore for SqliteCheckpoint {
         Box::pin(self.lease(move |conn| lease::release(conn, &session_id, &owner, epoch)))
     }
 
-    fn sessions_to_take_over(&self, limit: usize) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
-        Box::pin(self.read(move |conn| lease::sessions_to_take_over(conn, limit)))
+    fn sessions_to_take_over<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let after = after.map(str::to_owned);
+        Box::pin(self.read(move |conn| lease::sessions_to_take_over(conn, after.as_deref(), limit)))
     }
 
     fn event_page<'a>(
