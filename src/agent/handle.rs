@@ -20,6 +20,10 @@ pub struct SubmitOptions {
     /// A client's key for the request: a second submission with the same
     /// key is answered with the first one's receipt and queues nothing.
     pub idempotency_key: Option<String>,
+    /// The submission's id, when the caller chose it: a node that relayed
+    /// the submission to this one answered its client with it. A fresh id
+    /// when `None`.
+    pub submission_id: Option<String>,
 }
 
 /// What [`SessionHandle::submit_durable`] accepted.
@@ -90,24 +94,7 @@ impl SessionHandle {
     /// `submission_queued` event; if that cannot be found the retry is taken
     /// as the same request, as before keys were compared.
     async fn check_same_body(&self, key: &str, earlier: &KeyedSubmission, op: &Op, on_busy: BusyPolicy) -> Result<()> {
-        let after = earlier.sequence.saturating_sub(1);
-        let events = self.store.events_after(&self.session_id, after, 1).await?;
-        let Some(stored) = events.into_iter().next() else {
-            return Ok(());
-        };
-        if stored.submission_id.as_deref() != Some(earlier.submission_id.as_str()) {
-            return Ok(());
-        }
-        let EventMsg::SubmissionQueued(queued) = &stored.msg else {
-            return Ok(());
-        };
-        if queued.op == *op && queued.on_busy == on_busy {
-            return Ok(());
-        }
-        Err(Error::KeyReused(format!(
-            "idempotency key '{key}' was first used for submission {} with another body; use a new key for a new request",
-            earlier.submission_id
-        )))
+        check_same_body(self.store.as_ref(), &self.session_id, key, earlier, op, on_busy).await
     }
 
     /// Submits `op` so that, once this returns `Ok`, a crash cannot lose it.
@@ -133,7 +120,13 @@ impl SessionHandle {
             validate_idempotency_key(key).map_err(Error::InvalidInput)?;
         }
         if !op.is_stored_ahead() {
-            let submitted = self.sender.submit(op)?;
+            let submitted = match options.submission_id {
+                Some(id) => {
+                    let reservation = self.sender.reserve(&op)?;
+                    self.sender.send_reserved(reservation, id, op)
+                }
+                None => self.sender.submit(op)?,
+            };
             return Ok(Accepted {
                 submission_id: submitted.id,
                 sequence: self.recorder.last_sequence(),
@@ -158,7 +151,7 @@ impl SessionHandle {
         let recorder = self.recorder()?;
         let busy = self.status().busy;
         let policy = if busy { options.on_busy } else { BusyPolicy::Queue };
-        let id = new_id();
+        let id = options.submission_id.clone().unwrap_or_else(new_id);
         if policy == BusyPolicy::Reject {
             let reason = "the session is busy and the message asked to be refused then (on_busy: reject)";
             let rejected = Event {
@@ -212,4 +205,35 @@ impl SessionHandle {
             duplicate: false,
         })
     }
+}
+
+/// Refuses a reused idempotency key whose request differs from the one it
+/// was first sent with (see [`SessionHandle::submit_durable`]); also used by
+/// a node relaying to another.
+pub(crate) async fn check_same_body(
+    store: &dyn CheckpointStore,
+    session_id: &str,
+    key: &str,
+    earlier: &KeyedSubmission,
+    op: &Op,
+    on_busy: BusyPolicy,
+) -> Result<()> {
+    let after = earlier.sequence.saturating_sub(1);
+    let events = store.events_after(session_id, after, 1).await?;
+    let Some(stored) = events.into_iter().next() else {
+        return Ok(());
+    };
+    if stored.submission_id.as_deref() != Some(earlier.submission_id.as_str()) {
+        return Ok(());
+    }
+    let EventMsg::SubmissionQueued(queued) = &stored.msg else {
+        return Ok(());
+    };
+    if queued.op == *op && queued.on_busy == on_busy {
+        return Ok(());
+    }
+    Err(Error::KeyReused(format!(
+        "idempotency key '{key}' was first used for submission {} with another body; use a new key for a new request",
+        earlier.submission_id
+    )))
 }

@@ -33,6 +33,7 @@ use tokio::task::JoinHandle;
 
 pub use self::compaction::{SUMMARY_PREFIX, SUMMARY_PROMPT};
 pub use self::fork::{ForkError, fork_session, point_before_turn};
+pub(crate) use self::handle::check_same_body;
 pub use self::handle::{Accepted, SessionHandle, SubmitOptions};
 pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};
 use self::session::Session;
@@ -62,6 +63,18 @@ pub const DEFAULT_MAX_STEPS: u32 = 25;
 
 /// The longest session id accepted.
 pub const MAX_SESSION_ID_BYTES: usize = 128;
+
+/// A node's claim on the sessions it runs, when several nodes share one
+/// database: the session is taken with an owned lease
+/// ([`CheckpointStore::claim`]) that the node renews, instead of
+/// unconditionally ([`CheckpointStore::acquire`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseOwner {
+    /// The node's id, unique among the live nodes.
+    pub node: String,
+    /// How long a lease lasts without a renewal.
+    pub ttl: std::time::Duration,
+}
 
 /// Everything needed to open a session.
 #[derive(Clone)]
@@ -98,6 +111,10 @@ pub struct AgentConfig {
     /// The context window and compaction threshold; `None` takes the
     /// model's own ([`Model::context_limits`]).
     pub context_limits: Option<ContextLimits>,
+    /// With several nodes on one database, the node that claims the
+    /// session; a session another node holds is then refused with
+    /// [`StoreError::Owned`]. `None` takes the session over whoever held it.
+    pub lease_owner: Option<LeaseOwner>,
 }
 
 impl AgentConfig {
@@ -118,6 +135,7 @@ impl AgentConfig {
             sandbox: None,
             startup_warnings: Vec::new(),
             context_limits: None,
+            lease_owner: None,
         }
     }
 }
@@ -132,9 +150,15 @@ pub struct Agent {
     events: mpsc::Receiver<RecordedEvent>,
     task: JoinHandle<Result<()>>,
     handle: SessionHandle,
+    lease: u64,
 }
 
 impl Agent {
+    /// The lease epoch the session writes under: what a node renews.
+    pub fn lease(&self) -> u64 {
+        self.lease
+    }
+
     /// The session's id.
     pub fn session_id(&self) -> &str {
         &self.session_id
@@ -195,6 +219,18 @@ impl Drop for Agent {
     }
 }
 
+/// Takes the session over: claimed for `owner`, or acquired.
+async fn take_lease(
+    store: &dyn CheckpointStore,
+    session_id: &str,
+    owner: Option<&LeaseOwner>,
+) -> std::result::Result<u64, StoreError> {
+    match owner {
+        Some(owner) => store.claim(session_id, &owner.node, owner.ttl).await,
+        None => store.acquire(session_id).await,
+    }
+}
+
 /// Opens the session named in `config`, creating it if needed, and starts
 /// its task. A turn left in flight by a runtime that stopped is closed with
 /// a `turn_aborted` event (reason `runtime_stopped`) before anything else.
@@ -214,6 +250,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         sandbox,
         startup_warnings,
         context_limits,
+        lease_owner,
     } = config;
     let context_limits = context_limits.or_else(|| model.context_limits());
     if session_id.is_empty() || session_id.len() > MAX_SESSION_ID_BYTES || session_id.chars().any(char::is_control) {
@@ -224,7 +261,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
     // Take the session over before reading it: from here on, a runtime that
     // still holds it (one that was dropped and is finishing its queue, or
     // another process) cannot write into it, so what is read stays true.
-    let (lease, state, resumed) = match store.acquire(&session_id).await {
+    let (lease, state, resumed) = match take_lease(store.as_ref(), &session_id, lease_owner.as_ref()).await {
         Ok(lease) => {
             let state = store.load(&session_id).await?;
             let state = state.ok_or_else(|| Error::Checkpoint(StoreError::UnknownSession(session_id.clone())))?;
@@ -236,7 +273,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
                 ..Checkpoint::empty(session_id.clone())
             };
             store.save(&checkpoint, &[], None).await?;
-            let lease = store.acquire(&session_id).await?;
+            let lease = take_lease(store.as_ref(), &session_id, lease_owner.as_ref()).await?;
             (
                 lease,
                 SessionState {
@@ -403,5 +440,6 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         events,
         task,
         handle,
+        lease,
     })
 }

@@ -52,6 +52,11 @@ pub enum ApiError {
     /// The resource exists already (409).
     #[error("{0}")]
     Conflict(String),
+    /// The session runs on another node sharing the database (409). A node
+    /// relays submissions to the owner instead; a client sees this only
+    /// where relaying cannot help.
+    #[error("{0}")]
+    Elsewhere(String),
     /// An `Idempotency-Key` sent again with another body (422): answering
     /// it as a duplicate would drop the new request silently.
     #[error("{0}")]
@@ -91,7 +96,7 @@ impl ApiError {
             Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::QueueFull | Self::SessionBusy(_) | Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::QueueFull | Self::SessionBusy(_) | Self::Conflict(_) | Self::Elsewhere(_) => StatusCode::CONFLICT,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::KeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -115,6 +120,7 @@ impl ApiError {
             Self::QueueFull => "queue_full",
             Self::SessionBusy(_) => "session_busy",
             Self::Conflict(_) => "conflict",
+            Self::Elsewhere(_) => "session_elsewhere",
             Self::TooLarge(_) => "too_large",
             Self::KeyReused(_) => "idempotency_key_reused",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
@@ -173,7 +179,7 @@ impl From<StoreError> for ApiError {
         match error {
             StoreError::UnknownSession(id) => Self::unknown_session(&id),
             exists @ StoreError::Exists(_) => Self::Conflict(exists.to_string()),
-            owned @ StoreError::Owned { .. } => Self::Conflict(owned.to_string()),
+            owned @ StoreError::Owned { .. } => Self::Elsewhere(owned.to_string()),
             StoreError::Invalid(message) => Self::InvalidRequest(message),
             StoreError::Closed => Self::Unavailable("the store is closed".to_owned()),
             replaced @ StoreError::Replaced(_) => Self::Unavailable(replaced.to_string()),
@@ -222,6 +228,7 @@ mod tests {
             (ApiError::SessionBusy("x".into()), 409, "session_busy"),
             (ApiError::KeyReused("x".into()), 422, "idempotency_key_reused"),
             (ApiError::Conflict("x".into()), 409, "conflict"),
+            (ApiError::Elsewhere("x".into()), 409, "session_elsewhere"),
             (ApiError::TooLarge("x".into()), 413, "too_large"),
             (
                 ApiError::UnsupportedMediaType("x".into()),

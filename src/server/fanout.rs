@@ -10,6 +10,11 @@
 //! committed before it is published, so the store always has what the
 //! channel dropped: a subscriber never misses an event, never sees one
 //! twice, and is never disconnected for being slow.
+//!
+//! A session that runs on another node (several nodes on one database) has
+//! no local publisher: the node's log notices [`Hubs::poke`] its hub with
+//! the newest stored sequence instead, and each subscription behind it
+//! reads the rest from the store.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,6 +56,8 @@ pub(crate) struct Hub {
     session_id: String,
     sender: broadcast::Sender<Arc<LiveEvent>>,
     subscribers: AtomicUsize,
+    /// The newest sequence known stored by another node's commit.
+    stored: watch::Sender<u64>,
 }
 
 impl Hub {
@@ -93,9 +100,37 @@ impl Hubs {
             session_id: session_id.to_owned(),
             sender: broadcast::channel(self.capacity).0,
             subscribers: AtomicUsize::new(0),
+            stored: watch::Sender::new(0),
         });
         hubs.insert(session_id.to_owned(), Arc::downgrade(&hub));
         hub
+    }
+}
+
+impl Hubs {
+    /// Tells the subscribers of `session_id`, if any, that its log holds
+    /// events up to `last_sequence` (committed by another node): those
+    /// behind it read them from the store.
+    pub(crate) fn poke(&self, session_id: &str, last_sequence: u64) {
+        let hub = {
+            let hubs = self.hubs.lock().unwrap_or_else(|poison| poison.into_inner());
+            hubs.get(session_id).and_then(Weak::upgrade)
+        };
+        if let Some(hub) = hub {
+            hub.stored.send_replace(last_sequence);
+        }
+    }
+
+    /// [`Self::poke`] for every watched session, without a sequence: after
+    /// notices were missed, every subscriber looks at the store again.
+    pub(crate) fn poke_all(&self) {
+        let hubs: Vec<Arc<Hub>> = {
+            let hubs = self.hubs.lock().unwrap_or_else(|poison| poison.into_inner());
+            hubs.values().filter_map(Weak::upgrade).collect()
+        };
+        for hub in hubs {
+            hub.stored.send_replace(u64::MAX);
+        }
     }
 }
 
@@ -103,6 +138,8 @@ impl Hubs {
 pub(crate) struct Subscription {
     hub: Arc<Hub>,
     receiver: broadcast::Receiver<Arc<LiveEvent>>,
+    /// Pokes from other nodes' commits.
+    stored: watch::Receiver<u64>,
     store: Arc<dyn CheckpointStore>,
     metrics: Arc<Metrics>,
     /// The last sequence handed out.
@@ -129,10 +166,13 @@ impl Subscription {
         // now on is in the channel, and whatever was published before is in
         // the store.
         let receiver = hub.sender.subscribe();
+        let mut stored = hub.stored.subscribe();
+        stored.mark_unchanged();
         hub.subscribers.fetch_add(1, Ordering::Relaxed);
         Self {
             hub,
             receiver,
+            stored,
             store,
             metrics,
             last_sent: after,
@@ -163,6 +203,12 @@ impl Subscription {
                     Ok(()) => continue,
                     Err(_) => return Ok(None),
                 },
+                Ok(()) = self.stored.changed() => {
+                    if *self.stored.borrow_and_update() > self.last_sent {
+                        self.behind = true;
+                    }
+                    continue;
+                }
             };
             match received {
                 Ok(event) if event.sequence <= self.last_sent => {}

@@ -15,7 +15,8 @@ use crate::model::{BoxFuture, Model, ModelEventSink, ModelOutput, ModelRequest};
 use crate::protocol::{TokenUsage, TranscriptItem};
 use crate::store::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, EncodedEvent, EventPage, EventPageRequest,
-    KeyedSubmission, OpenBatch, SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution,
+    KeyedSubmission, OpenBatch, Relayed, RelayedSubmission, SessionListPage, SessionState, SessionSummary, StoreError,
+    TurnExecution,
 };
 use crate::{RecordedEvent, Result};
 
@@ -66,6 +67,9 @@ pub(crate) struct Metrics {
     pub(crate) http_requests: Family<HttpLabels, Counter>,
     pub(crate) sse_subscribers: Gauge,
     pub(crate) catch_ups: Counter,
+    pub(crate) relayed_submissions: Counter,
+    pub(crate) sessions_taken_over: Counter,
+    pub(crate) leases_lost: Counter,
 }
 
 impl Metrics {
@@ -132,6 +136,24 @@ impl Metrics {
             "Times a stream or WebSocket subscriber read missed events from the store",
             catch_ups.clone(),
         );
+        let relayed_submissions = Counter::default();
+        registry.register(
+            "keel_relayed_submissions",
+            "Submissions this node stored for a session another node runs",
+            relayed_submissions.clone(),
+        );
+        let sessions_taken_over = Counter::default();
+        registry.register(
+            "keel_sessions_taken_over",
+            "Sessions with work this node claimed because no live node held them",
+            sessions_taken_over.clone(),
+        );
+        let leases_lost = Counter::default();
+        registry.register(
+            "keel_leases_lost",
+            "Sessions this node stopped because another node took their lease",
+            leases_lost.clone(),
+        );
         Self {
             registry,
             live_sessions,
@@ -144,6 +166,9 @@ impl Metrics {
             http_requests,
             sse_subscribers,
             catch_ups,
+            relayed_submissions,
+            sessions_taken_over,
+            leases_lost,
         }
     }
 
@@ -263,6 +288,31 @@ impl CheckpointStore for MeteredStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         self.inner.sessions_to_take_over(after, limit)
+    }
+
+    fn relay<'a>(
+        &'a self,
+        session_id: &'a str,
+        submission: &'a RelayedSubmission,
+        max_waiting: usize,
+    ) -> BoxFuture<'a, Result<Relayed, StoreError>> {
+        self.inner.relay(session_id, submission, max_waiting)
+    }
+
+    fn relayed<'a>(
+        &'a self,
+        session_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<RelayedSubmission>, StoreError>> {
+        self.inner.relayed(session_id, limit)
+    }
+
+    fn relay_done<'a>(&'a self, session_id: &'a str, relay_ids: &'a [u64]) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.relay_done(session_id, relay_ids)
+    }
+
+    fn sessions_with_relayed<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.sessions_with_relayed(owner)
     }
 
     fn event_page<'a>(

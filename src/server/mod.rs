@@ -50,9 +50,11 @@ use self::factory::SessionFactory;
 pub use self::factory::workspace_dir;
 use self::host::{Host, HostLimits};
 use self::metrics::{MeteredStore, Metrics};
+use crate::agent::LeaseOwner;
 use crate::agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};
 use crate::config::KeelConfig;
 use crate::store::CheckpointStore;
+use crate::store::postgres::LogListener;
 
 /// The default limit on a request body.
 pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
@@ -113,7 +115,26 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     /// How often sessions past `[server] retention_days` are looked for.
     pub retention_sweep: Duration,
+    /// Several nodes on one (PostgreSQL) database: this node's part in it.
+    /// `None` for the only node (SQLite's mode).
+    pub cluster: Option<ClusterConfig>,
 }
+
+/// A node's settings when several share one database.
+#[derive(Debug)]
+pub struct ClusterConfig {
+    /// This node's id, unique among the live nodes (it owns leases).
+    pub node_id: String,
+    /// How long a session's lease lasts without a renewal: how soon the
+    /// other nodes take over the sessions of a node that died.
+    pub lease_ttl: Duration,
+    /// The database's notices (log commits, relayed submissions, released
+    /// sessions), listened to from before the server starts.
+    pub listener: LogListener,
+}
+
+/// The lease time to live of a node by default.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
 impl ServerConfig {
     /// A configuration with the defaults: no default model, sessions'
@@ -143,6 +164,7 @@ impl ServerConfig {
             retention_sweep: Duration::from_secs(3600),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            cluster: None,
         }
     }
 }
@@ -242,6 +264,21 @@ pub async fn serve(
         max_steps: config.max_steps,
         submission_capacity: config.submission_capacity,
     };
+    let (cluster, notices) = match config.cluster {
+        Some(cluster) => {
+            if cluster.node_id.is_empty() || cluster.lease_ttl < Duration::from_millis(300) {
+                return Err(ServeError::Config(
+                    "a node needs an id and a lease of at least 300 ms".to_owned(),
+                ));
+            }
+            let owner = LeaseOwner {
+                node: cluster.node_id,
+                ttl: cluster.lease_ttl,
+            };
+            (Some(owner), Some(cluster.listener))
+        }
+        None => (None, None),
+    };
     let limits = HostLimits {
         max_live: config.max_live_sessions,
         idle_unload: config.idle_unload,
@@ -253,6 +290,7 @@ pub async fn serve(
         Arc::clone(&metrics),
         limits,
         config.live_buffer,
+        cluster,
     ));
     let server = Arc::new(Server {
         host: Arc::clone(&host),
@@ -278,6 +316,19 @@ pub async fn serve(
         let host = Arc::clone(&host);
         async move { host.recover().await }
     });
+    // Several nodes: renewals, take-overs and the database's notices.
+    let renewals = tokio::spawn({
+        let host = Arc::clone(&host);
+        async move { host.keep_leases().await }
+    });
+    let takeovers = tokio::spawn({
+        let host = Arc::clone(&host);
+        async move { host.take_over().await }
+    });
+    let follower = notices.map(|notices| {
+        let host = Arc::clone(&host);
+        tokio::spawn(async move { host.follow(notices).await })
+    });
     let stopping = {
         let host = Arc::clone(&host);
         async move {
@@ -294,6 +345,12 @@ pub async fn serve(
     if let Some(retainer) = retainer {
         let _ = retainer.await;
     }
+    takeovers.abort();
+    if let Some(follower) = follower {
+        follower.abort();
+    }
     host.close_all().await;
+    // Leases were kept while turns finished; the sessions are released now.
+    renewals.abort();
     Ok(())
 }

@@ -266,6 +266,8 @@ pub enum Relayed {
     },
     /// A submission with the same idempotency key waits already: this one.
     Duplicate(RelayedSubmission),
+    /// As many submissions as allowed wait already; nothing was stored.
+    Full,
 }
 
 /// Where a submission with an idempotency key landed.
@@ -645,16 +647,18 @@ pub trait CheckpointStore: Send + Sync {
     /// wakes that node (on PostgreSQL, a notification on `keel_relay`). The
     /// owner takes it up with [`Self::relayed`] and [`Self::relay_done`].
     /// With an idempotency key that a waiting relayed submission has
-    /// already, it stores nothing and returns that one. An unknown session
-    /// is [`StoreError::UnknownSession`].
+    /// already, it stores nothing and returns that one; with `max_waiting`
+    /// submissions waiting, it stores nothing ([`Relayed::Full`]). An
+    /// unknown session is [`StoreError::UnknownSession`].
     ///
     /// The default refuses: the store runs on one node.
     fn relay<'a>(
         &'a self,
         session_id: &'a str,
         submission: &'a RelayedSubmission,
+        max_waiting: usize,
     ) -> BoxFuture<'a, Result<Relayed, StoreError>> {
-        let _ = (session_id, submission);
+        let _ = (session_id, submission, max_waiting);
         Box::pin(async { Err(no_owned_leases()) })
     }
 

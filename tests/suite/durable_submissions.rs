@@ -31,7 +31,7 @@ fn config(db: &TestDb, store: &Arc<SqliteCheckpoint>, model: Arc<TestModel>) -> 
 fn options(on_busy: BusyPolicy) -> SubmitOptions {
     SubmitOptions {
         on_busy,
-        idempotency_key: None,
+        ..SubmitOptions::default()
     }
 }
 
@@ -160,6 +160,7 @@ async fn an_idempotency_key_queues_once_even_across_a_restart() {
     let keyed = SubmitOptions {
         on_busy: BusyPolicy::Queue,
         idempotency_key: Some("retry-me-1".into()),
+        ..SubmitOptions::default()
     };
     let first = handle.submit_durable(user("once"), keyed.clone()).await.expect("first");
     let second = handle

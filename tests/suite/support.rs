@@ -214,6 +214,11 @@ pub(crate) fn abort_of(events: &[RecordedEvent]) -> (AbortReason, String) {
 
 /// Every stored event of a session, oldest first, read back page by page.
 pub(crate) async fn stored_events(store: &SqliteCheckpoint, session_id: &str) -> Vec<RecordedEvent> {
+    stored_events_in(store, session_id).await
+}
+
+/// [`stored_events`] from any store.
+pub(crate) async fn stored_events_in(store: &dyn CheckpointStore, session_id: &str) -> Vec<RecordedEvent> {
     let mut events = Vec::new();
     let mut before_sequence = None;
     loop {

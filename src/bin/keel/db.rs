@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use keel::store::postgres::LogListener;
 use keel::store::{CheckpointStore, ServeLock, SharedHold, SqliteCheckpoint, SqliteOptions, StoreError};
 use keel::store::{PostgresCheckpoint, PostgresHold, PostgresOptions};
 
@@ -120,6 +121,19 @@ impl DbArgs {
         }
     }
 
+    /// Opens the database for `keel serve`: on PostgreSQL, with the
+    /// listener that makes the server one node among several.
+    pub(crate) async fn open_for_serving(&self) -> anyhow::Result<(Arc<dyn CheckpointStore>, Option<LogListener>)> {
+        match self.location()? {
+            Location::Sqlite(_) => Ok((self.open(true).await?, None)),
+            Location::Postgres(url) => {
+                let store = PostgresCheckpoint::connect(&url, PostgresOptions::default()).await?;
+                let listener = store.listen().await?;
+                Ok((Arc::new(store), Some(listener)))
+            }
+        }
+    }
+
     /// A shared hold on the database for a command that opens sessions
     /// itself (`run`, `chat`, `fork`, `sessions rm`): refused with
     /// [`StoreError::Held`] while a `keel serve` serves it, and keeping one
@@ -134,9 +148,10 @@ impl DbArgs {
         }
     }
 
-    /// `keel serve`'s exclusive hold: refused with [`StoreError::Held`]
-    /// (naming the holder) while another server serves the database or a
-    /// local command has a session open on it.
+    /// `keel serve`'s hold: refused with [`StoreError::Held`] (naming the
+    /// holder) while a local command has a session open on the database, or,
+    /// on SQLite, while another server serves it. Servers on one PostgreSQL
+    /// database share it, as nodes.
     pub(crate) async fn lock_for_serving(&self, holder: &str) -> Result<Hold, StoreError> {
         match self
             .location()

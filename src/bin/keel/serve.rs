@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use keel::server::{ServerConfig, serve};
+use keel::server::{ClusterConfig, ServerConfig, serve};
 
 use crate::db::DbArgs;
 
@@ -79,6 +79,14 @@ pub(crate) struct ServeArgs {
     /// The most connections open at once; further ones wait.
     #[arg(long, default_value_t = keel::server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     max_connections: usize,
+    /// On PostgreSQL, this node's id among the servers sharing the database
+    /// [default: host name, process id and a random suffix].
+    #[arg(long, value_name = "ID")]
+    node_id: Option<String>,
+    /// On PostgreSQL, milliseconds a session's lease lasts unrenewed: how
+    /// soon other nodes take over the sessions of a node that died.
+    #[arg(long, default_value_t = keel::server::DEFAULT_LEASE_TTL.as_millis() as u64, value_name = "MS")]
+    lease_ttl_ms: u64,
 }
 
 pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -131,9 +139,10 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let workspace_root = workspace_root
         .canonicalize()
         .with_context(|| format!("cannot use {} as the workspace root", workspace_root.display()))?;
-    // One server per database: a second one would keep taking sessions
-    // from the first, failing its clients' requests. Taken before the port,
-    // so that the message says who holds the database.
+    // One server per SQLite file, or any number of nodes on a PostgreSQL
+    // database, never beside local commands (which would take sessions
+    // from under a server). Taken before the port, so that the message
+    // says who holds the database.
     let pid = std::process::id();
     let mut lock = args
         .db
@@ -153,9 +162,18 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "refusing to listen on {address} without a token: pass --token-file FILE (or listen on 127.0.0.1)"
         );
     }
-    let store = args.db.open(true).await?;
+    let (store, notices) = args.db.open_for_serving().await?;
 
     let mut config = ServerConfig::new(store);
+    if let Some(listener) = notices {
+        let node_id = args.node_id.clone().unwrap_or_else(|| default_node_id(pid));
+        eprintln!("keel serve is node {node_id} (leases of {} ms)", args.lease_ttl_ms);
+        config.cluster = Some(ClusterConfig {
+            node_id,
+            lease_ttl: Duration::from_millis(args.lease_ttl_ms),
+            listener,
+        });
+    }
     config.keel = keel_config;
     config.default_model = default_model;
     config.workspace_root = workspace_root;
@@ -177,6 +195,20 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     drop(lock);
     eprintln!("keel serve stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A node id unique among live nodes: the host's name, the process id and
+/// a random suffix (a restarted process may reuse a pid).
+fn default_node_id(pid: u32) -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "node".to_owned());
+    // A UUID v7 starts with the time; its random bits are at the end.
+    let id = keel::protocol::new_id();
+    let suffix = id.get(id.len().saturating_sub(6)..).unwrap_or_default();
+    format!("{host}-{pid}-{suffix}")
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -1,24 +1,26 @@
-//! Who may open sessions of a PostgreSQL database: the same rule as a
-//! SQLite file's `ServeLock` (one `keel serve`, or any number of local
-//! commands, never both), kept with PostgreSQL's advisory locks.
+//! Who may open sessions of a PostgreSQL database: any number of `keel
+//! serve` nodes, or any number of local commands, never both. Nodes share
+//! the sessions under leases; a local command would take sessions from
+//! under them.
 //!
-//! A hold is a connection of its own holding the lock: exclusive for
-//! `keel serve`, shared for `keel run`, `chat`, `fork` and `sessions rm`.
-//! The lock goes with the connection, so a process that dies lets go at
-//! once. The holder's description travels as the connection's
-//! `application_name`, where a refused process reads it.
-//!
-//! Several servers on one database, each owning some sessions under
-//! leases, are the multi-node mode still to come; until then a second
-//! server is refused, as on SQLite.
+//! A hold is a connection of its own holding a shared advisory lock, on one
+//! key for servers and another for local commands, then checking that
+//! nobody holds the other key. Two processes of opposite kinds starting at
+//! once may both be refused, never both admitted: each takes its lock
+//! before it looks for the other's. The lock goes with the connection, so a
+//! process that dies lets go at once. The holder's description travels as
+//! the connection's `application_name`, where a refused process reads it.
 
 use tokio_postgres::Client;
 
 use super::{connect, parse_url, pg_error};
 use crate::store::StoreError;
 
-/// The advisory lock's key ("keel" in ASCII), one per database.
-const HOLD_KEY: i64 = 0x6b65_656c;
+/// The servers' advisory lock key ("keel" in ASCII), one per database.
+const SERVE_KEY: i64 = 0x6b65_656c;
+
+/// The local commands' advisory lock key ("keeL").
+const LOCAL_KEY: i64 = 0x6b65_654c;
 
 /// A hold on a PostgreSQL database; dropping it lets go.
 pub struct PostgresHold {
@@ -35,48 +37,57 @@ impl std::fmt::Debug for PostgresHold {
 }
 
 impl PostgresHold {
-    /// `keel serve`'s exclusive hold, described as `holder`; refused with
-    /// [`StoreError::Held`] naming who holds the database.
+    /// A `keel serve` node's hold, described as `holder`, shared with the
+    /// other nodes; refused with [`StoreError::Held`] while local commands
+    /// have the database open.
     pub async fn serve(url: &str, holder: &str) -> Result<Self, StoreError> {
-        Self::take(url, holder, "pg_try_advisory_lock").await
+        Self::take(url, holder, SERVE_KEY, LOCAL_KEY).await
     }
 
-    /// A local command's shared hold; refused with [`StoreError::Held`]
-    /// while a `keel serve` holds the database.
+    /// A local command's hold, shared with other local commands; refused
+    /// with [`StoreError::Held`], naming a server, while any serves it.
     pub async fn share(url: &str) -> Result<Self, StoreError> {
-        Self::take(url, "keel (a local command)", "pg_try_advisory_lock_shared").await
+        Self::take(url, "keel (a local command)", LOCAL_KEY, SERVE_KEY).await
     }
 
-    async fn take(url: &str, holder: &str, function: &str) -> Result<Self, StoreError> {
+    async fn take(url: &str, holder: &str, own: i64, other: i64) -> Result<Self, StoreError> {
         let mut config = parse_url(url)?;
         config.application_name(holder);
         let client = connect(&config).await?;
         let database = redact_postgres_url(url);
         let taken: bool = client
-            .query_one(&format!("SELECT {function}($1)"), &[&HOLD_KEY])
+            .query_one("SELECT pg_try_advisory_lock_shared($1)", &[&own])
             .await
             .map_err(pg_error)?
             .get(0);
-        if taken {
-            return Ok(Self { client, database });
+        // Only a server's exclusive hold of an older Keel refuses a shared one.
+        let holder = if taken {
+            client
+                .query_opt(
+                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                     WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
+                           SELECT oid FROM pg_database WHERE datname = current_database())
+                       AND ((l.classid::bigint << 32) | l.objid::bigint) = $1
+                     ORDER BY a.backend_start LIMIT 1",
+                    &[&other],
+                )
+                .await
+                .map_err(pg_error)?
+                .map(|row| row.get::<_, String>(0))
+        } else {
+            Some("keel serve".to_owned())
+        };
+        match holder {
+            None => Ok(Self { client, database }),
+            Some(holder) => Err(StoreError::Held {
+                database,
+                holder: if holder.is_empty() || !holder.starts_with("keel") {
+                    "local keel commands".to_owned()
+                } else {
+                    holder
+                },
+            }),
         }
-        let holder: Option<String> = client
-            .query_opt(
-                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-                 WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
-                       SELECT oid FROM pg_database WHERE datname = current_database())
-                   AND ((l.classid::bigint << 32) | l.objid::bigint) = $1
-                   AND l.mode = 'ExclusiveLock'
-                 LIMIT 1",
-                &[&HOLD_KEY],
-            )
-            .await
-            .map_err(pg_error)?
-            .map(|row| row.get(0));
-        Err(StoreError::Held {
-            database,
-            holder: holder.unwrap_or_else(|| "local keel commands".to_owned()),
-        })
     }
 
     /// Records who holds the database now (a server's address, once known).
@@ -124,16 +135,18 @@ mod tests {
         assert_eq!(redact_postgres_url("host=db user=keel"), "host=db user=keel");
     }
 
-    /// One server or any number of local commands, never both; a dropped
-    /// hold lets go at once.
+    /// Any number of servers or any number of local commands, never both;
+    /// a dropped hold lets go at once.
     #[tokio::test]
-    async fn one_server_or_local_commands_hold_a_database() {
+    async fn servers_or_local_commands_hold_a_database_never_both() {
         let Some(postgres) = TestPostgres::shared() else { return };
         let url = postgres.fresh_database();
         let first = PostgresHold::share(&url).await.expect("a local command");
         let second = PostgresHold::share(&url).await.expect("another local command");
-        let refused = PostgresHold::serve(&url, "keel serve (pid 1)").await;
-        assert!(matches!(refused, Err(StoreError::Held { .. })), "{refused:?}");
+        match PostgresHold::serve(&url, "keel serve (pid 1)").await {
+            Err(StoreError::Held { holder, .. }) => assert_eq!(holder, "keel (a local command)"),
+            other => panic!("a server beside local commands: {other:?}"),
+        }
         drop((first, second));
         // A dropped hold's connection closes in the background.
         let server = eventually(|| PostgresHold::serve(&url, "keel serve (pid 2)"))
@@ -143,15 +156,17 @@ mod tests {
             .describe("keel serve (pid 2, http://127.0.0.1:1)")
             .await
             .expect("describe");
-        match PostgresHold::serve(&url, "keel serve (pid 3)").await {
+        let node = PostgresHold::serve(&url, "keel serve (pid 3)")
+            .await
+            .expect("a second node beside the first");
+        match PostgresHold::share(&url).await {
             Err(StoreError::Held { holder, .. }) => assert_eq!(holder, "keel serve (pid 2, http://127.0.0.1:1)"),
-            other => panic!("a second server: {other:?}"),
+            other => panic!("a local command beside servers: {other:?}"),
         }
-        assert!(matches!(PostgresHold::share(&url).await, Err(StoreError::Held { .. })));
-        drop(server);
+        drop((server, node));
         assert!(
             eventually(|| PostgresHold::share(&url)).await.is_ok(),
-            "the server's hold was let go"
+            "the servers' holds were let go"
         );
     }
 

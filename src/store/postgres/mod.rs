@@ -322,8 +322,9 @@ impl CheckpointStore for PostgresCheckpoint {
         &'a self,
         session_id: &'a str,
         submission: &'a RelayedSubmission,
+        max_waiting: usize,
     ) -> BoxFuture<'a, Result<Relayed, StoreError>> {
-        Box::pin(async move { relay::relay(&self.reader().await?, session_id, submission).await })
+        Box::pin(async move { relay::relay(&self.reader().await?, session_id, submission, max_waiting).await })
     }
 
     fn relayed<'a>(

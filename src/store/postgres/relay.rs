@@ -18,14 +18,15 @@ use crate::store::codec;
 use crate::store::rows::{StoredJson, decode};
 use crate::store::{Relayed, RelayedSubmission, StoreError};
 
-/// Stores a submission unless one with its key waits already, and
-/// announces the session; returns the new row's log end, or nothing when
-/// the key was taken (or the session is unknown).
+/// Stores a submission unless one with its key waits already or `$6`
+/// wait, and announces the session; returns the log's end, or nothing when
+/// the key was taken, the session is full or unknown.
 const INSERT: &str = "WITH session AS (
          SELECT key, last_sequence FROM sessions WHERE id = $1
      ), inserted AS (
          INSERT INTO relayed_submissions (session_key, submission_id, idempotency_key, submission, relayed_at_ms)
          SELECT key, $2, $3, $4, $5 FROM session
+         WHERE (SELECT count(*) FROM relayed_submissions r WHERE r.session_key = session.key) < $6
          ON CONFLICT (session_key, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING session_key
      )
@@ -33,8 +34,10 @@ const INSERT: &str = "WITH session AS (
      FROM inserted JOIN session ON session.key = inserted.session_key
      GROUP BY session.last_sequence";
 
-/// The waiting submission with a key, if any; and whether the session exists.
-const BY_KEY: &str = "SELECT r.id, r.submission_id, r.submission
+/// The waiting submission with the key `$2`, if any, and how many wait;
+/// no row for an unknown session.
+const BY_KEY: &str = "SELECT r.id, r.submission_id, r.submission,
+         (SELECT count(*) FROM relayed_submissions w WHERE w.session_key = s.key)
      FROM sessions s LEFT JOIN relayed_submissions r ON r.session_key = s.key AND r.idempotency_key = $2
      WHERE s.id = $1";
 
@@ -58,7 +61,9 @@ pub(super) async fn relay(
     client: &Object,
     session_id: &str,
     submission: &RelayedSubmission,
+    max_waiting: usize,
 ) -> Result<Relayed, StoreError> {
+    let max_waiting = i64::try_from(max_waiting).unwrap_or(i64::MAX);
     let json = serde_json::to_string(submission)
         .map_err(|error| StoreError::Invalid(format!("cannot encode a relayed submission: {error}")))?;
     let stored = codec::encode(json).into_bytes();
@@ -75,6 +80,7 @@ pub(super) async fn relay(
                     &submission.idempotency_key,
                     &stored,
                     &now,
+                    &max_waiting,
                 ],
             )
             .await
@@ -84,21 +90,27 @@ pub(super) async fn relay(
                 last_sequence: uint(row.try_get(0).map_err(pg_error)?),
             });
         }
-        let Some(key) = &submission.idempotency_key else {
-            return Err(StoreError::UnknownSession(session_id.to_owned()));
-        };
-        let Some(row) = client.query_opt(&by_key, &[&session_id, key]).await.map_err(pg_error)? else {
+        let key = submission.idempotency_key.as_deref().unwrap_or("");
+        let Some(row) = client
+            .query_opt(&by_key, &[&session_id, &key])
+            .await
+            .map_err(pg_error)?
+        else {
             return Err(StoreError::UnknownSession(session_id.to_owned()));
         };
         let Some(relay_id) = row.try_get::<_, Option<i64>>(0).map_err(pg_error)? else {
+            let waiting: i64 = row.try_get(3).map_err(pg_error)?;
+            if waiting >= max_waiting {
+                return Ok(Relayed::Full);
+            }
             // Taken up between the two statements: the caller finds it
-            // among the queued keys; or it is free again.
+            // among the queued keys; or there is room again.
             continue;
         };
         let earlier = decode_row(
             relay_id,
             row.try_get(1).map_err(pg_error)?,
-            Some(key.clone()),
+            Some(key.to_owned()),
             row.try_get(2).map_err(pg_error)?,
         )?;
         return Ok(Relayed::Duplicate(earlier));

@@ -1478,7 +1478,7 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
         let relay = |id: &str, text: &str, key: Option<&str>| {
             let submission = relayed(id, text, key);
             let store = &store;
-            async move { store.relay("s", &submission).await }
+            async move { store.relay("s", &submission, 8).await }
         };
         assert_eq!(
             relay("r1", "one", None).await.expect("relay"),
@@ -1502,12 +1502,25 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
             other => panic!("not a duplicate: {other:?}"),
         }
         assert!(matches!(
-            store.relay("nobody", &relayed("x", "x", None)).await,
+            store.relay("nobody", &relayed("x", "x", None), 8).await,
             Err(StoreError::UnknownSession(_))
         ));
         assert!(matches!(
-            store.relay("nobody", &relayed("x", "x", Some("k"))).await,
+            store.relay("nobody", &relayed("x", "x", Some("k")), 8).await,
             Err(StoreError::UnknownSession(_))
+        ));
+        // Past the bound on waiting submissions, nothing is stored; a
+        // duplicate is still recognized.
+        assert_eq!(
+            store.relay("s", &relayed("r5", "five", None), 2).await.expect("relay"),
+            Relayed::Full
+        );
+        assert!(matches!(
+            store
+                .relay("s", &relayed("r6", "two", Some("k")), 2)
+                .await
+                .expect("relay"),
+            Relayed::Duplicate(_)
         ));
         // The owner reads them in order, then forgets them once queued.
         let waiting = owner.relayed("s", 10).await.expect("relayed");

@@ -4,6 +4,7 @@
 
 mod auth;
 mod ceiling;
+mod cluster;
 mod errors;
 mod fork;
 mod front_door;

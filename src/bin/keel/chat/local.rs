@@ -144,7 +144,7 @@ impl LocalSession {
     pub(super) async fn submit(&mut self, text: String) -> anyhow::Result<String> {
         let options = SubmitOptions {
             on_busy: BusyPolicy::Queue,
-            idempotency_key: None,
+            ..SubmitOptions::default()
         };
         let accepted = self.handle.submit_durable(Op::UserInput { text }, options).await?;
         Ok(accepted.submission_id)

@@ -11,6 +11,12 @@
 //! Each session id has a slot whose async lock serializes loading, using
 //! and unloading it: two requests never load the same session twice, and a
 //! session is never reloaded before its previous agent has stopped.
+//!
+//! With several nodes on one database (`cluster`), a session is loaded
+//! only under a lease this node claimed; the rest of that mode (relaying,
+//! renewals, take-overs, wake-ups) lives in `cluster.rs`.
+
+mod cluster;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,7 +32,7 @@ use super::factory::SessionFactory;
 use super::fanout::{Hub, Hubs, Subscription};
 use super::metrics::Metrics;
 use super::settings::SessionSettings;
-use crate::agent::{Agent, SessionContext, SessionHandle, SessionStatus, SubmitOptions, create_agent};
+use crate::agent::{Agent, LeaseOwner, SessionContext, SessionHandle, SessionStatus, SubmitOptions, create_agent};
 use crate::protocol::Op;
 use crate::store::CheckpointStore;
 
@@ -64,6 +70,11 @@ pub(crate) struct Host {
     live_count: AtomicUsize,
     limits: HostLimits,
     closing: watch::Sender<bool>,
+    /// With several nodes on one database: this node, whose leases the
+    /// sessions it loads are claimed under.
+    cluster: Option<LeaseOwner>,
+    /// Wakes the take-over sweep (several nodes only).
+    sweep: tokio::sync::Notify,
 }
 
 /// Where one session id's live session is kept.
@@ -97,6 +108,10 @@ pub(crate) struct LiveSession {
     pump: Mutex<Option<JoinHandle<()>>>,
     /// The sequence of the last event published.
     published: watch::Receiver<u64>,
+    /// The lease epoch the session writes under.
+    lease: u64,
+    /// Serializes taking up relayed submissions (several nodes only).
+    relaying: tokio::sync::Mutex<()>,
 }
 
 impl LiveSession {
@@ -171,6 +186,7 @@ impl Host {
         metrics: Arc<Metrics>,
         limits: HostLimits,
         live_buffer: usize,
+        cluster: Option<LeaseOwner>,
     ) -> Self {
         Self {
             store,
@@ -181,6 +197,8 @@ impl Host {
             live_count: AtomicUsize::new(0),
             limits,
             closing: watch::Sender::new(false),
+            cluster,
+            sweep: tokio::sync::Notify::new(),
         }
     }
 
@@ -201,6 +219,7 @@ impl Host {
     pub(crate) async fn acquire(&self, session_id: &str) -> Result<SessionLease, ApiError> {
         self.check_open()?;
         let slot = self.slot(session_id);
+        let mut loaded_now = false;
         let result = async {
             let mut live = slot.live.lock().await;
             self.check_open()?;
@@ -222,11 +241,15 @@ impl Host {
             let session = self.start(session_id, settings, summary.context).await?;
             let lease = session.lease();
             *live = Some(session);
+            loaded_now = true;
             Ok(lease)
         }
         .await;
-        if result.is_err() {
-            self.forget_slot(session_id, slot);
+        match &result {
+            Err(_) => self.forget_slot(session_id, slot),
+            // What was relayed to it while nobody ran it goes first.
+            Ok(session) if loaded_now && self.cluster.is_some() => self.queue_relayed(session).await,
+            Ok(_) => {}
         }
         result
     }
@@ -335,10 +358,18 @@ impl Host {
     ) -> Result<crate::agent::Accepted, ApiError> {
         let mut retried = false;
         loop {
-            let session = self.acquire(session_id).await?;
+            let session = match self.acquire(session_id).await {
+                Ok(session) => session,
+                // Another node runs it: it takes the submission from the store.
+                Err(ApiError::Elsewhere(_)) if self.cluster.is_some() => {
+                    return self.relay(session_id, op, on_busy, idempotency_key).await;
+                }
+                Err(error) => return Err(error),
+            };
             let options = SubmitOptions {
                 on_busy: on_busy.unwrap_or(session.settings.on_busy),
                 idempotency_key: idempotency_key.clone(),
+                submission_id: None,
             };
             match session.handle.submit_durable(op.clone(), options).await {
                 Ok(accepted) => return Ok(accepted),
@@ -392,6 +423,11 @@ impl Host {
     /// so they run without waiting for a request. Turns waiting for approval
     /// wait on, unloaded, with whatever is queued behind them.
     pub(crate) async fn recover(&self) {
+        if self.cluster.is_some() {
+            // The take-over sweep claims what no live node runs.
+            self.sweep.notify_one();
+            return;
+        }
         let mut after: Option<String> = None;
         let mut loaded = 0;
         loop {
@@ -571,8 +607,20 @@ impl Host {
         self.close(session, mode).await;
     }
 
-    /// Stops a live session's pump and waits for it (within a bound).
+    /// Stops a live session's pump and waits for it (within a bound); with
+    /// several nodes, then gives up its lease so another node may take it.
     async fn close(&self, session: Arc<LiveSession>, mode: CloseMode) {
+        self.stop_pump(&session, mode).await;
+        if let Some(owner) = &self.cluster {
+            let session_id = session.handle.session_id();
+            match self.store.release(session_id, &owner.node, session.lease).await {
+                Ok(()) | Err(crate::store::StoreError::UnknownSession(_)) => {}
+                Err(error) => tracing::warn!(%session_id, %error, "cannot release a session's lease; it expires"),
+            }
+        }
+    }
+
+    async fn stop_pump(&self, session: &LiveSession, mode: CloseMode) {
         let sender = session.close.lock().unwrap_or_else(|poison| poison.into_inner()).take();
         if let Some(sender) = sender {
             let _ = sender.send(mode);
@@ -608,7 +656,8 @@ impl Host {
         settings: SessionSettings,
         context: SessionContext,
     ) -> Result<Arc<LiveSession>, ApiError> {
-        let config = self.factory.agent_config(session_id, &settings, context).await?;
+        let mut config = self.factory.agent_config(session_id, &settings, context).await?;
+        config.lease_owner = self.cluster.clone();
         let agent = create_agent(config).await?;
         let (close, close_rx) = oneshot::channel();
         let (published, published_rx) = watch::channel(0);
@@ -622,6 +671,8 @@ impl Host {
             close: Mutex::new(Some(close)),
             pump: Mutex::new(None),
             published: published_rx,
+            lease: agent.lease(),
+            relaying: tokio::sync::Mutex::new(()),
         });
         let pump = Pump {
             agent,

@@ -1,0 +1,268 @@
+//! Several `keel serve` nodes on one PostgreSQL database, each a real
+//! process on loopback, against a real PostgreSQL the harness starts:
+//! requests to any node, streams from any node, a node killed, paused,
+//! terminated, and the database restarted. Every stream is checked against
+//! the stored log, and the log against the invariants: gap-free, each turn
+//! closed once, turns never interleaved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use keel::protocol::{AbortReason, EventMsg, RecordedEvent};
+use keel::store::{PostgresCheckpoint, PostgresOptions};
+use keel::testing::postgres::TestPostgres;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use super::support::{Api, Reply, Resume, Scratch, ServeProcess, SseStream, slow_chunks};
+use crate::suite::support::{guard, stored_events_in};
+
+/// Nodes' lease time to live in these tests: short, so take-overs after a
+/// death are quick.
+const SHORT_LEASE_MS: u64 = 2000;
+
+/// How long a take-over may take here: the lease, a sweep, a load, with
+/// room for a loaded machine.
+const TAKE_OVER_BOUND: Duration = Duration::from_secs(20);
+
+/// Nodes on one database.
+struct Cluster {
+    url: String,
+    scratch: Scratch,
+    nodes: Vec<Option<ServeProcess>>,
+    lease_ms: u64,
+}
+
+impl Cluster {
+    /// `count` nodes on a fresh database of `postgres`.
+    fn start(postgres: &TestPostgres, count: usize, lease_ms: u64, extra: &[&str]) -> Self {
+        let mut cluster = Self {
+            url: postgres.fresh_database(),
+            scratch: Scratch::new(),
+            nodes: Vec::new(),
+            lease_ms,
+        };
+        for index in 0..count {
+            let node = ServeProcess::spawn(cluster.command(index, extra));
+            cluster.nodes.push(Some(node));
+        }
+        cluster
+    }
+
+    fn command(&self, index: usize, extra: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
+            .args(["serve", "--db", &self.url, "--listen", "127.0.0.1:0"])
+            .args(["--node-id", &format!("node-{index}")])
+            .args(["--lease-ttl-ms", &self.lease_ms.to_string()])
+            .arg("--workspace-root")
+            .arg(self.scratch.workspaces())
+            .arg("--script-dir")
+            .arg(self.scratch.dir.path())
+            .args(extra)
+            .env_remove("KEEL_MODEL")
+            .env_remove("KEEL_CONFIG")
+            .env("KEEL_LOG", "warn")
+            .current_dir(self.scratch.dir.path());
+        command
+    }
+
+    fn api(&self, index: usize) -> &Api {
+        &self.nodes[index].as_ref().expect("the node runs").api
+    }
+
+    fn take(&mut self, index: usize) -> ServeProcess {
+        self.nodes[index].take().expect("the node runs")
+    }
+
+    /// The session's stored log, read from the database.
+    async fn log(&self, session_id: &str) -> Vec<RecordedEvent> {
+        let store = PostgresCheckpoint::connect(&self.url, PostgresOptions::default())
+            .await
+            .expect("open the database");
+        let events = stored_events_in(&store, session_id).await;
+        store.close().await;
+        events
+    }
+}
+
+/// Submits `op` to a node with an idempotency key.
+async fn submit_keyed(api: &Api, session_id: &str, op: Value, key: &str) -> Reply {
+    let request = api
+        .client
+        .post(api.url(&format!("/v1/sessions/{session_id}/submissions")))
+        .header("idempotency-key", key)
+        .json(&json!({ "op": op }));
+    api.send(request).await
+}
+
+fn user_input(text: &str) -> Value {
+    json!({"type": "user_input", "text": text})
+}
+
+/// Checks the invariants of a log: sequences 1..N without gap or
+/// duplicate, every turn started once and closed once, and no turn's
+/// events inside another's (turns never interleave).
+fn assert_log_sound(log: &[RecordedEvent]) {
+    let sequences: Vec<u64> = log.iter().map(|event| event.sequence).collect();
+    let expected: Vec<u64> = (1..=log.len() as u64).collect();
+    assert_eq!(sequences, expected, "the log is gap-free and has no duplicate");
+    let mut open: Option<String> = None;
+    let mut started = BTreeSet::new();
+    let mut closed = BTreeMap::new();
+    for event in log {
+        match &event.msg {
+            EventMsg::TurnStarted(turn) => {
+                assert!(open.is_none(), "turn {} started inside {open:?}", turn.turn_id);
+                assert!(
+                    started.insert(turn.turn_id.clone()),
+                    "turn {} started twice",
+                    turn.turn_id
+                );
+                open = Some(turn.turn_id.clone());
+            }
+            msg if msg.ends_turn() => {
+                let turn_id = msg.turn_id().expect("a turn's end names it").to_owned();
+                *closed.entry(turn_id.clone()).or_insert(0) += 1;
+                assert_eq!(
+                    open.as_deref(),
+                    Some(turn_id.as_str()),
+                    "an end of a turn that is not open"
+                );
+                open = None;
+            }
+            msg => {
+                if let (Some(turn_id), Some(open)) = (msg.turn_id(), &open) {
+                    assert_eq!(turn_id, open, "an event of another turn inside turn {open}");
+                }
+            }
+        }
+    }
+    for (turn_id, count) in &closed {
+        assert_eq!(*count, 1, "turn {turn_id} closed {count} times");
+    }
+}
+
+/// Reads a stream until `pick` matches, failing after `bound`.
+async fn stream_until(
+    stream: &mut SseStream,
+    bound: Duration,
+    pick: impl FnMut(&RecordedEvent) -> bool,
+) -> Vec<RecordedEvent> {
+    tokio::time::timeout(bound, stream.until(pick))
+        .await
+        .expect("the event came in time")
+}
+
+/// Checks that what a stream delivered is the log's events, with the same
+/// content at the same sequences.
+fn assert_stream_matches_log(streamed: &[RecordedEvent], log: &[RecordedEvent]) {
+    for event in streamed {
+        let stored = log
+            .get(usize::try_from(event.sequence).expect("sequence") - 1)
+            .unwrap_or_else(|| panic!("streamed sequence {} is not stored", event.sequence));
+        assert_eq!(event, stored, "streamed and stored differ at {}", event.sequence);
+    }
+    let sequences: Vec<u64> = streamed.iter().map(|event| event.sequence).collect();
+    let expected: Vec<u64> = (1..=streamed.len() as u64).collect();
+    assert_eq!(sequences, expected, "a stream from the start is gap-free");
+}
+
+fn aborted_for(event: &RecordedEvent, reason: AbortReason) -> bool {
+    matches!(&event.msg, EventMsg::TurnAborted(aborted) if aborted.reason == reason)
+}
+
+/// A counter's value in a node's metrics text (0 when absent).
+fn counter(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Three nodes: a session created on one takes messages sent to any node
+/// (a key retried on another node is a duplicate), and streams opened on
+/// the other two deliver exactly the log. An interrupt sent to another
+/// node reaches the running turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_accepts_any_request_and_streams_any_session() {
+    let Some(postgres) = TestPostgres::shared() else { return };
+    let cluster = Cluster::start(postgres, 3, SHORT_LEASE_MS, &[]);
+    let answers: Vec<String> = (1..=6)
+        .map(|n| json!({"text": format!("Answer {n}.")}).to_string())
+        .collect();
+    let answers: Vec<&str> = answers.iter().map(String::as_str).collect();
+    let model = cluster.scratch.script("s.jsonl", &answers);
+    cluster.api(0).create(json!({"id": "s", "model": model})).await;
+    let mut on_one = cluster.api(1).stream("s", Resume::Start).await;
+    let mut on_two = cluster.api(2).stream("s", Resume::Start).await;
+
+    let mut accepted = Vec::new();
+    for n in 0..6 {
+        let reply = submit_keyed(
+            cluster.api(n % 3),
+            "s",
+            user_input(&format!("message {n}")),
+            &format!("key-{n}"),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+        assert_eq!(reply.body["duplicate"], false);
+        accepted.push(reply.body["submission_id"].as_str().expect("an id").to_owned());
+    }
+    // A retry on another node is answered with the first acceptance.
+    let retried = submit_keyed(cluster.api(2), "s", user_input("message 1"), "key-1").await;
+    assert_eq!(retried.status, StatusCode::ACCEPTED, "{}", retried.body);
+    assert_eq!(retried.body["duplicate"], true);
+    assert_eq!(retried.body["submission_id"], accepted[1]);
+    let reused = submit_keyed(cluster.api(0), "s", user_input("another body"), "key-4").await;
+    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", reused.body);
+
+    let first = guard("six turns on node 1", on_one.turns(6)).await;
+    let second = guard("six turns on node 2", on_two.turns(6)).await;
+    let log = cluster.log("s").await;
+    assert_log_sound(&log);
+    assert_stream_matches_log(&first, &log);
+    assert_stream_matches_log(&second, &log);
+    let completed = log.iter().filter(|event| event.msg.kind() == "turn_complete").count();
+    assert_eq!(completed, 6, "every message ran once");
+    // Each accepted id is the id of one stored submission.
+    for id in &accepted {
+        let queued = log
+            .iter()
+            .filter(|event| event.msg.kind() == "submission_queued" && event.submission_id.as_deref() == Some(id))
+            .count();
+        assert_eq!(queued, 1, "submission {id} queued once");
+    }
+
+    // An interrupt sent to a node that does not run the session.
+    let slow = cluster.scratch.script("slow.jsonl", &[&slow_chunks(100, 100)]);
+    cluster.api(0).create(json!({"id": "slow", "model": slow})).await;
+    let mut watch = cluster.api(1).stream("slow", Resume::Start).await;
+    cluster.api(0).say("slow", "take your time").await;
+    stream_until(&mut watch, Duration::from_secs(30), |event| {
+        event.msg.kind() == "assistant_content_delta"
+    })
+    .await;
+    let sent = Instant::now();
+    let reply = cluster
+        .api(2)
+        .submit("slow", json!({"op": {"type": "interrupt"}}))
+        .await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    stream_until(&mut watch, Duration::from_secs(8), |event| {
+        aborted_for(event, AbortReason::Interrupted)
+    })
+    .await;
+    eprintln!(
+        "an interrupt relayed to the owner closed the turn in {:?}",
+        sent.elapsed()
+    );
+    assert_log_sound(&cluster.log("slow").await);
+    let mut relayed = 0.0;
+    for index in 0..3 {
+        relayed += counter(&cluster.api(index).metrics().await, "keel_relayed_submissions_total");
+    }
+    assert_eq!(relayed, 5.0, "four messages and an interrupt were relayed");
+}
