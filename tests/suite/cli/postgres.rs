@@ -73,8 +73,9 @@ fn run_events_sessions_fork_and_rm_work_on_postgresql() {
     assert_one_line_error(&malformed, "cannot reach the database");
 }
 
-/// `keel serve` on PostgreSQL: turns over HTTP; a second server, and a
-/// local command on a served session, are refused and told who serves it.
+/// `keel serve` on PostgreSQL: turns over HTTP; a second server joins as
+/// another node; a local command on a served database is refused and told
+/// who serves it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
     let Some(url) = database() else { return };
@@ -106,13 +107,11 @@ async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
     assert_eq!(turn.last().map(|event| event.msg.kind()), Some("turn_complete"));
     server.api.wait_idle("served").await;
 
-    let second = serve("127.0.0.1:0").output().expect("a second server");
-    assert!(!second.status.success());
-    assert!(
-        stderr(&second).contains("is already served by keel serve (pid"),
-        "{}",
-        stderr(&second)
-    );
+    let second = ServeProcess::spawn(serve("127.0.0.1:0"));
+    let shown = second.api.session("served").await;
+    assert_eq!(shown["id"], "served", "{shown}");
+    let (status, _) = second.terminate();
+    assert!(status.success(), "{status:?}");
     let local = cli.run(&["run", "--db", &url, "--session", "served", "again"]);
     assert!(!local.status.success());
     assert!(stderr(&local).contains("is served by keel serve"), "{}", stderr(&local));

@@ -266,3 +266,222 @@ async fn any_node_accepts_any_request_and_streams_any_session() {
     }
     assert_eq!(relayed, 5.0, "four messages and an interrupt were relayed");
 }
+
+/// Sends a signal to a node.
+fn signal(node: &ServeProcess, signal: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(node.pid()).expect("pid"));
+    nix::sys::signal::kill(pid, signal).expect("signal the node");
+}
+
+/// A session on node 0 with a slow turn in flight and a message queued
+/// behind it (relayed from node 1), watched from node 2 from the start.
+async fn busy_session_on_node_zero(cluster: &Cluster, session_id: &str) -> (SseStream, Vec<RecordedEvent>) {
+    let script = cluster.scratch.script(
+        &format!("{session_id}.jsonl"),
+        &[
+            &slow_chunks(400, 50),
+            r#"{"text": "The queued one ran."}"#,
+            r#"{"text": "And one more."}"#,
+        ],
+    );
+    cluster.api(0).create(json!({"id": session_id, "model": script})).await;
+    let mut watch = cluster.api(2).stream(session_id, Resume::Start).await;
+    cluster.api(0).say(session_id, "a long answer, please").await;
+    let queued = submit_keyed(cluster.api(1), session_id, user_input("and then this"), "queued-1").await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{}", queued.body);
+    // The owner has queued it (stored) and the turn is streaming.
+    let mut seen = stream_until(&mut watch, Duration::from_secs(30), |event| {
+        event.msg.kind() == "submission_queued" && event.sequence > 3
+    })
+    .await;
+    seen.extend(
+        stream_until(&mut watch, Duration::from_secs(30), |event| {
+            event.msg.kind() == "assistant_content_delta"
+        })
+        .await,
+    );
+    (watch, seen)
+}
+
+/// What follows on a stream once the owner is gone: the cut turn closed as
+/// `runtime_stopped` by the node that took over, then the queued message's
+/// turn run to its end. Returns every event seen.
+async fn taken_over(watch: &mut SseStream, mut seen: Vec<RecordedEvent>) -> Vec<RecordedEvent> {
+    let rest = stream_until(watch, TAKE_OVER_BOUND, |event| {
+        aborted_for(event, AbortReason::RuntimeStopped)
+    })
+    .await;
+    seen.extend(rest);
+    seen.extend(stream_until(watch, TAKE_OVER_BOUND, |event| event.msg.kind() == "turn_complete").await);
+    seen
+}
+
+/// A node killed (SIGKILL) mid-turn: once its lease expires another node
+/// takes the session over without any request, closes the cut turn as
+/// `runtime_stopped` and runs the message queued behind it; a stream on a
+/// third node sees all of it, gap-free, exactly as stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_s_sessions_are_taken_over_by_the_others() {
+    let Some(postgres) = TestPostgres::shared() else { return };
+    let mut cluster = Cluster::start(postgres, 3, SHORT_LEASE_MS, &[]);
+    let (mut watch, seen) = busy_session_on_node_zero(&cluster, "k").await;
+    let killed = Instant::now();
+    cluster.take(0).crash();
+    let seen = taken_over(&mut watch, seen).await;
+    eprintln!(
+        "a session of a killed node ran again {:?} after the kill",
+        killed.elapsed()
+    );
+    let log = cluster.log("k").await;
+    assert_log_sound(&log);
+    assert_stream_matches_log(&seen, &log);
+    let texts: Vec<&str> = log
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::UserMessage(message) => Some(message.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        ["a long answer, please", "and then this"],
+        "each message ran once"
+    );
+    let mut taken = 0.0;
+    for index in 1..3 {
+        taken += counter(&cluster.api(index).metrics().await, "keel_sessions_taken_over_total");
+    }
+    assert_eq!(taken, 1.0, "one node took the session over");
+}
+
+/// A node paused (SIGSTOP) past its lease: another node takes its session
+/// over. Resumed (SIGCONT), the paused node's writes are fenced off and it
+/// stops its runtime: the log has no duplicate, no interleaved turn, and the
+/// cut turn is closed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_is_fenced_off_when_it_resumes() {
+    let Some(postgres) = TestPostgres::shared() else { return };
+    let cluster = Cluster::start(postgres, 3, SHORT_LEASE_MS, &[]);
+    let (mut watch, seen) = busy_session_on_node_zero(&cluster, "p").await;
+    let paused = cluster.nodes[0].as_ref().expect("node 0");
+    signal(paused, nix::sys::signal::Signal::SIGSTOP);
+    let seen = taken_over(&mut watch, seen).await;
+    signal(paused, nix::sys::signal::Signal::SIGCONT);
+    // Back, node 0 learns at its next renewal that it lost the session.
+    let deadline = Instant::now() + TAKE_OVER_BOUND;
+    loop {
+        let lost = counter(&cluster.api(0).metrics().await, "keel_leases_lost_total");
+        let fenced = cluster.api(0).metrics().await.contains("keel_live_sessions 0");
+        if lost >= 1.0 || fenced {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node 0 never let the session go");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Whatever node 0 still tried to write was refused; the session goes
+    // on where it runs now, reached through node 0 as well.
+    let reply = submit_keyed(cluster.api(0), "p", user_input("one more"), "after-pause").await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let more = stream_until(&mut watch, TAKE_OVER_BOUND, |event| event.msg.ends_turn()).await;
+    let log = cluster.log("p").await;
+    assert_log_sound(&log);
+    let mut all = seen;
+    all.extend(more);
+    assert_stream_matches_log(&all, &log);
+    let completions = log.iter().filter(|event| event.msg.kind() == "turn_complete").count();
+    let aborts = log
+        .iter()
+        .filter(|event| aborted_for(event, AbortReason::RuntimeStopped))
+        .count();
+    assert_eq!(
+        (aborts, completions),
+        (1, 2),
+        "the cut turn closed once; the others ran once: {:?}",
+        log.iter().map(|event| event.msg.kind()).collect::<Vec<_>>()
+    );
+}
+
+/// SIGTERM on a node hands its sessions over at once (well before their
+/// leases would expire): another node closes the cut turn and runs the
+/// queued message, and a client of the stopped node resumes its stream on
+/// another node from its `Last-Event-ID`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_a_node_s_sessions_over_at_once() {
+    let Some(postgres) = TestPostgres::shared() else { return };
+    // Leases long enough that only the hand-off can explain a quick take-over.
+    let mut cluster = Cluster::start(postgres, 3, 60_000, &["--shutdown-grace-secs", "0"]);
+    let (mut watch, seen) = busy_session_on_node_zero(&cluster, "t").await;
+    let mut on_zero = cluster.api(0).stream("t", Resume::Start).await;
+    let before = guard(
+        "node 0's stream",
+        on_zero.until(|event| event.msg.kind() == "assistant_content_delta"),
+    )
+    .await;
+    let stopped = Instant::now();
+    let (status, _) = cluster.take(0).terminate();
+    assert!(status.success(), "{status:?}");
+    let seen = taken_over(&mut watch, seen).await;
+    let handed = stopped.elapsed();
+    eprintln!("sessions handed over {handed:?} after SIGTERM");
+    assert!(
+        handed < Duration::from_secs(30),
+        "taken over in {handed:?}, not by the lease's expiry"
+    );
+    // The client of node 0 resumes on node 1 where it stopped.
+    let last = before.last().expect("events").sequence;
+    let mut resumed = cluster.api(1).stream("t", Resume::LastEventId(last)).await;
+    let rest = guard(
+        "the resumed stream",
+        resumed.until(|event| event.msg.kind() == "turn_complete"),
+    )
+    .await;
+    assert_eq!(rest.first().map(|event| event.sequence), Some(last + 1));
+    let log = cluster.log("t").await;
+    assert_log_sound(&log);
+    assert_stream_matches_log(&seen, &log);
+    let mut both = before;
+    both.extend(rest);
+    assert_stream_matches_log(&both, &log);
+}
+
+/// PostgreSQL restarted under two nodes: requests meanwhile get `503
+/// store_unavailable`; once it is back both nodes serve again by
+/// themselves, relaying included, and nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_ride_out_a_postgresql_restart() {
+    let Some(postgres) = TestPostgres::own() else { return };
+    let cluster = Cluster::start(&postgres, 2, SHORT_LEASE_MS, &[]);
+    let model = cluster.scratch.script(
+        "r.jsonl",
+        &[r#"{"text": "One."}"#, r#"{"text": "Two."}"#, r#"{"text": "Three."}"#],
+    );
+    cluster.api(0).create(json!({"id": "r", "model": model})).await;
+    cluster.api(1).say("r", "before").await;
+    cluster.api(1).wait_idle("r").await;
+    postgres.stop();
+    let refused = cluster.api(1).submit("r", json!({"op": user_input("during")})).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE, "{}", refused.body);
+    assert_eq!(refused.code(), "store_unavailable");
+    postgres.start();
+    let mut accepted = None;
+    for _ in 0..300 {
+        let reply = submit_keyed(cluster.api(1), "r", user_input("after"), "after-restart").await;
+        if reply.status == StatusCode::ACCEPTED {
+            accepted = Some(reply.body);
+            break;
+        }
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", reply.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(accepted.is_some(), "node 1 never served again");
+    let mut watch = cluster.api(1).stream("r", Resume::Start).await;
+    let events = guard("the turn after the restart", watch.turns(2)).await;
+    let log = cluster.log("r").await;
+    assert_log_sound(&log);
+    assert_stream_matches_log(&events, &log);
+    assert_eq!(
+        log.iter().filter(|event| event.msg.kind() == "turn_complete").count(),
+        2,
+        "the message before and the one after the restart ran, once each"
+    );
+}
