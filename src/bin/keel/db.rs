@@ -152,7 +152,7 @@ impl DbArgs {
     /// holder) while a local command has a session open on the database, or,
     /// on SQLite, while another server serves it. Servers on one PostgreSQL
     /// database share it, as nodes.
-    pub(crate) async fn lock_for_serving(&self, holder: &str) -> Result<Hold, StoreError> {
+    pub(crate) async fn lock_for_serving(&self, holder: &str, node_id: &str) -> Result<Hold, StoreError> {
         match self
             .location()
             .map_err(|error| StoreError::Invalid(error.to_string()))?
@@ -165,7 +165,7 @@ impl DbArgs {
                 keel::tools::workspace::sandbox::protect(lock.path());
                 Ok(Hold::SqliteServing(lock))
             }
-            Location::Postgres(url) => PostgresHold::serve(&url, holder).await.map(Hold::Postgres),
+            Location::Postgres(url) => PostgresHold::serve(&url, holder, node_id).await.map(Hold::Postgres),
         }
     }
 }

@@ -144,9 +144,10 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // from under a server). Taken before the port, so that the message
     // says who holds the database.
     let pid = std::process::id();
+    let node_id = args.node_id.clone().unwrap_or_else(|| default_node_id(pid));
     let mut lock = args
         .db
-        .lock_for_serving(&format!("keel serve (pid {pid})"))
+        .lock_for_serving(&format!("keel serve (pid {pid})"), &node_id)
         .await
         .map_err(|error| anyhow::anyhow!("{error}; refusing to start (stop it, or pass another --db)"))?;
     // Connections, not the open-file limit, should be what runs out first.
@@ -166,7 +167,6 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let mut config = ServerConfig::new(store);
     if let Some(listener) = notices {
-        let node_id = args.node_id.clone().unwrap_or_else(|| default_node_id(pid));
         eprintln!("keel serve is node {node_id} (leases of {} ms)", args.lease_ttl_ms);
         config.cluster = Some(ClusterConfig {
             node_id,

@@ -22,6 +22,10 @@ const SERVE_KEY: i64 = 0x6b65_656c;
 /// The local commands' advisory lock key ("keeL").
 const LOCAL_KEY: i64 = 0x6b65_654c;
 
+/// The namespace of the node-id locks (the first half of a two-key
+/// advisory lock; the second is the id's hash).
+const NODE_NAMESPACE: i32 = 0x6b65_6e64;
+
 /// A hold on a PostgreSQL database; dropping it lets go.
 pub struct PostgresHold {
     client: Client,
@@ -39,9 +43,27 @@ impl std::fmt::Debug for PostgresHold {
 impl PostgresHold {
     /// A `keel serve` node's hold, described as `holder`, shared with the
     /// other nodes; refused with [`StoreError::Held`] while local commands
-    /// have the database open.
-    pub async fn serve(url: &str, holder: &str) -> Result<Self, StoreError> {
-        Self::take(url, holder, SERVE_KEY, LOCAL_KEY).await
+    /// have the database open, and with [`StoreError::Invalid`] while a
+    /// live node has the id `node_id`: two runtimes under one owner id
+    /// would both hold its leases.
+    pub async fn serve(url: &str, holder: &str, node_id: &str) -> Result<Self, StoreError> {
+        let hold = Self::take(url, holder, SERVE_KEY, LOCAL_KEY).await?;
+        let unique: bool = hold
+            .client
+            .query_one(
+                "SELECT pg_try_advisory_lock($1, hashtext($2))",
+                &[&NODE_NAMESPACE, &node_id],
+            )
+            .await
+            .map_err(pg_error)?
+            .get(0);
+        if !unique {
+            return Err(StoreError::Invalid(format!(
+                "node id '{node_id}' is in use by a running node of {} (or one whose id hashes alike); give this one another --node-id",
+                hold.database
+            )));
+        }
+        Ok(hold)
     }
 
     /// A local command's hold, shared with other local commands; refused
@@ -143,22 +165,26 @@ mod tests {
         let url = postgres.fresh_database();
         let first = PostgresHold::share(&url).await.expect("a local command");
         let second = PostgresHold::share(&url).await.expect("another local command");
-        match PostgresHold::serve(&url, "keel serve (pid 1)").await {
+        match PostgresHold::serve(&url, "keel serve (pid 1)", "n1").await {
             Err(StoreError::Held { holder, .. }) => assert_eq!(holder, "keel (a local command)"),
             other => panic!("a server beside local commands: {other:?}"),
         }
         drop((first, second));
         // A dropped hold's connection closes in the background.
-        let server = eventually(|| PostgresHold::serve(&url, "keel serve (pid 2)"))
+        let server = eventually(|| PostgresHold::serve(&url, "keel serve (pid 2)", "n2"))
             .await
             .expect("the server, once the local commands let go");
         server
             .describe("keel serve (pid 2, http://127.0.0.1:1)")
             .await
             .expect("describe");
-        let node = PostgresHold::serve(&url, "keel serve (pid 3)")
+        let node = PostgresHold::serve(&url, "keel serve (pid 3)", "n3")
             .await
             .expect("a second node beside the first");
+        match PostgresHold::serve(&url, "keel serve (pid 4)", "n3").await {
+            Err(StoreError::Invalid(message)) => assert!(message.contains("node id 'n3' is in use"), "{message}"),
+            other => panic!("a second node with one id: {other:?}"),
+        }
         match PostgresHold::share(&url).await {
             Err(StoreError::Held { holder, .. }) => assert_eq!(holder, "keel serve (pid 2, http://127.0.0.1:1)"),
             other => panic!("a local command beside servers: {other:?}"),

@@ -267,6 +267,16 @@ async fn any_node_accepts_any_request_and_streams_any_session() {
     assert_eq!(relayed, 5.0, "four messages and an interrupt were relayed");
 }
 
+/// Waits until a resumed node has stopped the session it lost: its next
+/// write was fenced off, or its next renewal found the lease gone.
+async fn wait_unloaded(api: &Api) {
+    let deadline = Instant::now() + TAKE_OVER_BOUND;
+    while counter(&api.metrics().await, "keel_live_sessions") > 0.0 {
+        assert!(Instant::now() < deadline, "the resumed node never let the session go");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Sends a signal to a node.
 fn signal(node: &ServeProcess, signal: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(node.pid()).expect("pid"));
@@ -367,17 +377,7 @@ async fn a_paused_node_is_fenced_off_when_it_resumes() {
     signal(paused, nix::sys::signal::Signal::SIGSTOP);
     let seen = taken_over(&mut watch, seen).await;
     signal(paused, nix::sys::signal::Signal::SIGCONT);
-    // Back, node 0 learns at its next renewal that it lost the session.
-    let deadline = Instant::now() + TAKE_OVER_BOUND;
-    loop {
-        let lost = counter(&cluster.api(0).metrics().await, "keel_leases_lost_total");
-        let fenced = cluster.api(0).metrics().await.contains("keel_live_sessions 0");
-        if lost >= 1.0 || fenced {
-            break;
-        }
-        assert!(Instant::now() < deadline, "node 0 never let the session go");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_unloaded(cluster.api(0)).await;
     // Whatever node 0 still tried to write was refused; the session goes
     // on where it runs now, reached through node 0 as well.
     let reply = submit_keyed(cluster.api(0), "p", user_input("one more"), "after-pause").await;
@@ -483,5 +483,143 @@ async fn two_nodes_ride_out_a_postgresql_restart() {
         log.iter().filter(|event| event.msg.kind() == "turn_complete").count(),
         2,
         "the message before and the one after the restart ran, once each"
+    );
+}
+
+/// Writes a `keel.toml` letting the shell run without approval.
+fn shell_auto(cluster: &Cluster) -> String {
+    let path = cluster.scratch.dir.path().join("keel.toml");
+    std::fs::write(&path, "[approvals]\ntools = { shell = \"auto\" }\n").expect("keel.toml");
+    path.display().to_string()
+}
+
+/// A node paused while a shell command it started runs: the node that
+/// takes over closes the turn without running the command again, and the
+/// paused node, resumed, cannot record the command's result. The command's
+/// side effect (a line appended to a file) happens once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_cut_by_a_pause_runs_once() {
+    let Some(postgres) = TestPostgres::shared() else { return };
+    let mut cluster = Cluster::start(postgres, 0, SHORT_LEASE_MS, &[]);
+    let config = shell_auto(&cluster);
+    for index in 0..3 {
+        let node = ServeProcess::spawn(cluster.command(index, &["--config", &config]));
+        cluster.nodes.push(Some(node));
+    }
+    let call = json!({"tool_calls": [{"id": "once", "name": "shell", "arguments": {"command": "echo ran >> count.txt; sleep 3; echo finished"}}]});
+    let model = cluster
+        .scratch
+        .script("tool.jsonl", &[&call.to_string(), r#"{"text": "After."}"#]);
+    cluster.api(0).create(json!({"id": "tool", "model": model})).await;
+    let mut watch = cluster.api(2).stream("tool", Resume::Start).await;
+    cluster.api(0).say("tool", "count").await;
+    let mut seen = stream_until(&mut watch, Duration::from_secs(30), |event| {
+        event.msg.kind() == "tool_call_started"
+    })
+    .await;
+    let paused = cluster.nodes[0].as_ref().expect("node 0");
+    signal(paused, nix::sys::signal::Signal::SIGSTOP);
+    seen.extend(
+        stream_until(&mut watch, TAKE_OVER_BOUND, |event| {
+            aborted_for(event, AbortReason::RuntimeStopped)
+        })
+        .await,
+    );
+    // The command finishes meanwhile (it is not the node's own process);
+    // the resumed node tries to record its result.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    signal(paused, nix::sys::signal::Signal::SIGCONT);
+    wait_unloaded(cluster.api(0)).await;
+    cluster.api(1).say("tool", "and now?").await;
+    seen.extend(stream_until(&mut watch, TAKE_OVER_BOUND, |event| event.msg.kind() == "turn_complete").await);
+    let log = cluster.log("tool").await;
+    assert_log_sound(&log);
+    assert_stream_matches_log(&seen, &log);
+    let of_call = |kind: &str| {
+        log.iter()
+            .filter(|event| {
+                event.msg.kind() == kind && serde_json::to_value(&event.msg).expect("json")["call_id"] == "once"
+            })
+            .count()
+    };
+    assert_eq!(
+        (of_call("tool_call_started"), of_call("tool_call_completed")),
+        (1, 1),
+        "started once, closed once (by the node that took over)"
+    );
+    let count = std::fs::read_to_string(cluster.scratch.workspaces().join("tool").join("count.txt")).expect("the file");
+    assert_eq!(count, "ran\n", "the command ran once");
+    drop(cluster.take(0));
+}
+
+/// A turn waiting for approval waits through its node's death: nobody
+/// takes the session over for the wait alone; the decision, sent to
+/// another node, loads it there and completes the turn. While the owner
+/// lives, a decision sent to any node reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_reach_the_owner_from_any_node_and_wait_through_its_death() {
+    let Some(postgres) = TestPostgres::shared() else { return };
+    let mut cluster = Cluster::start(postgres, 3, SHORT_LEASE_MS, &[]);
+    let write = |id: &str| {
+        json!({"tool_calls": [{"id": id, "name": "write_file", "arguments": {"path": format!("{id}.txt"), "content": id}}]}).to_string()
+    };
+    let (first, second) = (write("first"), write("second"));
+    let model = cluster.scratch.script(
+        "ask.jsonl",
+        &[
+            &first,
+            r#"{"text": "One written."}"#,
+            &second,
+            r#"{"text": "Two written."}"#,
+        ],
+    );
+    cluster
+        .api(0)
+        .create(json!({"id": "ask", "model": model, "tools": {"shell": false}, "approvals": {"default": "ask"}}))
+        .await;
+    let mut watch = cluster.api(2).stream("ask", Resume::Start).await;
+    cluster.api(1).say("ask", "write the first").await;
+    stream_until(&mut watch, Duration::from_secs(30), |event| {
+        event.msg.kind() == "approval_requested"
+    })
+    .await;
+    let decide = |call_id: &str| json!({"op": {"type": "approval", "call_id": call_id, "decision": "approve"}});
+    let reply = cluster.api(2).submit("ask", decide("first")).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    stream_until(&mut watch, Duration::from_secs(30), |event| {
+        event.msg.kind() == "turn_complete"
+    })
+    .await;
+
+    cluster.api(1).say("ask", "write the second").await;
+    stream_until(&mut watch, Duration::from_secs(30), |event| {
+        event.msg.kind() == "approval_requested"
+    })
+    .await;
+    cluster.take(0).crash();
+    // Past the lease, and a few sweeps: the wait alone is not taken over.
+    tokio::time::sleep(Duration::from_millis(3 * SHORT_LEASE_MS)).await;
+    for index in 1..3 {
+        assert_eq!(
+            counter(&cluster.api(index).metrics().await, "keel_sessions_taken_over_total"),
+            0.0,
+            "a session waiting for approval is not loaded for the wait"
+        );
+    }
+    let shown = cluster.api(1).session("ask").await;
+    assert_eq!(shown["state"], "awaiting_approval", "{shown}");
+    let reply = cluster.api(1).submit("ask", decide("second")).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    stream_until(&mut watch, TAKE_OVER_BOUND, |event| event.msg.kind() == "turn_complete").await;
+    let log = cluster.log("ask").await;
+    assert_log_sound(&log);
+    let written = cluster.scratch.workspaces().join("ask");
+    assert_eq!(
+        std::fs::read_to_string(written.join("first.txt")).expect("first"),
+        "first"
+    );
+    assert_eq!(
+        std::fs::read_to_string(written.join("second.txt")).expect("second"),
+        "second"
     );
 }
