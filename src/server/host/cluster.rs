@@ -2,8 +2,9 @@
 //! sessions.
 //!
 //! - **Ownership.** A session is loaded only under a lease this node
-//!   claimed (`create_agent` claims it; a session another live node holds
-//!   is [`ApiError::Elsewhere`]). [`Host::keep_leases`] renews the leases of
+//!   claimed ([`Host::claim`], before the session is assembled, so a
+//!   session another live node holds costs one statement and is
+//!   [`ApiError::Elsewhere`]; `create_agent` claims it again as its owner). [`Host::keep_leases`] renews the leases of
 //!   the loaded sessions every third of their time to live and stops a
 //!   session whose lease was lost (the node paused past it and another node
 //!   took over); the store fences the lost runtime's writes meanwhile.
@@ -29,7 +30,7 @@ use crate::protocol::{Op, new_id};
 use crate::server::error::ApiError;
 use crate::server::settings::SessionSettings;
 use crate::store::postgres::{LogListener, LogNotice};
-use crate::store::{Relayed, RelayedSubmission};
+use crate::store::{Relayed, RelayedSubmission, StoreError};
 
 /// Relayed submissions read per store call.
 const RELAY_PAGE: usize = 64;
@@ -105,13 +106,48 @@ impl Host {
         }
     }
 
+    /// With several nodes, claims `session_id` for this node: `Ok(None)`
+    /// on a single node; [`ApiError::Elsewhere`] when another live node
+    /// holds it.
+    pub(super) async fn claim(&self, session_id: &str) -> Result<Option<u64>, ApiError> {
+        let Some(owner) = &self.cluster else { return Ok(None) };
+        Ok(Some(self.store.claim(session_id, &owner.node, owner.ttl).await?))
+    }
+
+    /// With several nodes, gives up this node's lease on `session_id` at
+    /// `epoch` (nothing if it was lost meanwhile), so another node may
+    /// take the session at once.
+    pub(super) async fn release(&self, session_id: &str, epoch: u64) {
+        let Some(owner) = &self.cluster else { return };
+        match self.store.release(session_id, &owner.node, epoch).await {
+            Ok(()) | Err(StoreError::UnknownSession(_)) => {}
+            Err(error) => tracing::warn!(%session_id, %error, "cannot release a session's lease; it expires"),
+        }
+    }
+
     /// Queues, in order, the submissions relayed to `session_id` if it is
-    /// loaded here; otherwise wakes the take-over sweep, in case nobody
-    /// runs it.
+    /// loaded here; otherwise takes it over if no live node runs it.
     pub(super) async fn take_relayed(&self, session_id: &str) {
         match self.loaded(session_id).await {
             Some(session) => self.queue_relayed(&session).await,
-            None => self.sweep.notify_one(),
+            None => self.take_over_one(session_id).await,
+        }
+    }
+
+    /// Loads `session_id` here if it is worth it and no live node holds it
+    /// (a claim: one statement when another node does).
+    async fn take_over_one(&self, session_id: &str) {
+        if self.is_closing() || !self.worth_taking(session_id).await {
+            return;
+        }
+        match self.acquire(session_id).await {
+            Ok(_session) => {
+                tracing::info!(%session_id, "took over a session with work");
+                self.metrics.sessions_taken_over.inc();
+            }
+            // Another node runs it, or it is gone.
+            Err(ApiError::Elsewhere(_) | ApiError::NotFound(_)) => {}
+            Err(error) => tracing::warn!(%session_id, %error, "cannot take over a session"),
         }
     }
 
@@ -276,22 +312,14 @@ impl Host {
                 if self.is_closing() {
                     return;
                 }
-                if self.status(session_id).is_some() || !self.worth_taking(session_id).await {
+                if self.status(session_id).is_some() {
                     continue;
                 }
                 if self.live_count.load(Ordering::SeqCst) >= self.limits.max_live {
                     tracing::warn!("more sessions have work than may be live here; the rest wait");
                     return;
                 }
-                match self.acquire(session_id).await {
-                    Ok(_session) => {
-                        tracing::info!(%session_id, "took over a session with work");
-                        self.metrics.sessions_taken_over.inc();
-                    }
-                    // Another node was quicker.
-                    Err(ApiError::Elsewhere(_) | ApiError::NotFound(_)) => {}
-                    Err(error) => tracing::warn!(%session_id, %error, "cannot take over a session"),
-                }
+                self.take_over_one(session_id).await;
             }
             if page.len() < TAKE_OVER_PAGE {
                 return;

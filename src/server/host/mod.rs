@@ -238,7 +238,18 @@ impl Host {
                 .await?
                 .ok_or_else(|| ApiError::unknown_session(session_id))?;
             let settings = SessionSettings::stored(session_id, &summary.context)?;
-            let session = self.start(session_id, settings, summary.context).await?;
+            // With several nodes, the lease first: a session another node
+            // runs costs one statement here, not a session's assembly.
+            let claimed = self.claim(session_id).await?;
+            let session = match self.start(session_id, settings, summary.context).await {
+                Ok(session) => session,
+                Err(error) => {
+                    if let Some(epoch) = claimed {
+                        self.release(session_id, epoch).await;
+                    }
+                    return Err(error);
+                }
+            };
             let lease = session.lease();
             *live = Some(session);
             loaded_now = true;
@@ -611,13 +622,7 @@ impl Host {
     /// several nodes, then gives up its lease so another node may take it.
     async fn close(&self, session: Arc<LiveSession>, mode: CloseMode) {
         self.stop_pump(&session, mode).await;
-        if let Some(owner) = &self.cluster {
-            let session_id = session.handle.session_id();
-            match self.store.release(session_id, &owner.node, session.lease).await {
-                Ok(()) | Err(crate::store::StoreError::UnknownSession(_)) => {}
-                Err(error) => tracing::warn!(%session_id, %error, "cannot release a session's lease; it expires"),
-            }
-        }
+        self.release(session.handle.session_id(), session.lease).await;
     }
 
     async fn stop_pump(&self, session: &LiveSession, mode: CloseMode) {
