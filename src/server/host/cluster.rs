@@ -272,9 +272,8 @@ impl Host {
         if let Some(session) = live.take() {
             tracing::warn!(%session_id, "this node lost the session's lease; stopping it here");
             self.metrics.leases_lost.inc();
-            self.released();
             // Its writes are fenced off already; nothing to finish.
-            self.close(session, CloseMode::Abort).await;
+            self.unload(session, Some(CloseMode::Abort)).await;
         }
         drop(live);
         self.forget_slot(session_id, slot);

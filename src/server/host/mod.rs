@@ -228,8 +228,7 @@ impl Host {
                     return Ok(session.lease());
                 }
                 if let Some(stale) = live.take() {
-                    self.released();
-                    self.close(stale, CloseMode::Abort).await;
+                    self.unload(stale, Some(CloseMode::Abort)).await;
                 }
             }
             let summary = self
@@ -333,9 +332,8 @@ impl Host {
                 }
             }
             if let Some(session) = live.take() {
-                self.released();
                 // Its work is about to be deleted: nothing to wait for.
-                self.close(session, CloseMode::Abort).await;
+                self.unload(session, Some(CloseMode::Abort)).await;
             }
             let existed = self.store.delete_session(session_id).await?;
             if existed && workspace {
@@ -502,9 +500,7 @@ impl Host {
                 });
                 if due && let Some(session) = live.take() {
                     tracing::debug!(%session_id, "unloading an idle session");
-                    self.released();
-                    let mode = close_mode(&session.handle.status());
-                    self.close(session, mode).await;
+                    self.unload(session, None).await;
                 }
                 drop(live);
                 self.forget_slot(&session_id, slot);
@@ -751,13 +747,19 @@ impl Host {
             .is_some_and(|session| session.stopped() || session.unloadable());
         if still && let Some(session) = live.take() {
             tracing::debug!(%session_id, "unloading the longest-idle session to make room");
-            self.released();
-            let mode = close_mode(&session.handle.status());
-            self.close(session, mode).await;
+            self.unload(session, None).await;
         }
         drop(live);
         self.forget_slot(&session_id, slot);
         true
+    }
+
+    /// Unloads a session taken out of its slot: gives its place back and
+    /// stops it, the way its status calls for unless `mode` is given.
+    async fn unload(&self, session: Arc<LiveSession>, mode: Option<CloseMode>) {
+        self.released();
+        let mode = mode.unwrap_or_else(|| close_mode(&session.handle.status()));
+        self.close(session, mode).await;
     }
 
     /// Gives back a place among the live sessions.
