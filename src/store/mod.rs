@@ -16,6 +16,7 @@ mod codec;
 #[cfg(test)]
 pub(crate) mod conformance;
 mod error;
+mod job;
 pub mod postgres;
 mod rows;
 pub mod sqlite;

@@ -45,7 +45,8 @@ use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, NoTls};
 
-use self::writer::{Job, WriterConnection, WriterCounters, Written};
+use self::writer::{WriterConnection, WriterCounters};
+use super::job::{Job, Reply, Written};
 use super::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage,
     EventPageRequest, KeyedSubmission, OpenBatch, Relayed, RelayedSubmission, SessionListPage, SessionState,
@@ -185,7 +186,7 @@ impl PostgresCheckpoint {
         jobs.send(job).map_err(|_| StoreError::Closed)
     }
 
-    async fn write(&self, job: impl FnOnce(writer::Reply) -> Job) -> Result<Written, StoreError> {
+    async fn write(&self, job: impl FnOnce(Reply) -> Job) -> Result<Written, StoreError> {
         let (reply, receipt) = oneshot::channel();
         self.submit(job(reply))?;
         receipt.await.map_err(|_| StoreError::Closed)?

@@ -21,57 +21,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::join_all;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Config, Statement, Transaction};
 
 use crate::protocol::now_ms;
 use crate::store::codec::{self, json_array};
-use crate::store::{
-    AppendReceipt, CheckpointWrite, EncodedEvent, OpenBatch, QueueChange, QueuedSubmission, StoreError,
-};
-
-/// A write waiting for the writer task.
-pub(super) enum Job {
-    /// Append events (and maybe a checkpoint write) to an existing session.
-    Append {
-        session_id: String,
-        /// Sealed when the group that carries it starts.
-        batch: Arc<OpenBatch>,
-        reply: Reply,
-    },
-    /// Create or rewrite a session's checkpoint.
-    Save { write: Box<CheckpointWrite>, reply: Reply },
-    /// Create a session that must not exist yet, with its first events.
-    Create {
-        write: Box<CheckpointWrite>,
-        events: Vec<EncodedEvent>,
-        reply: Reply,
-    },
-    /// Take the session over: a new lease, fencing off older holders.
-    Acquire { session_id: String, reply: Reply },
-    /// Delete the session and everything stored for it.
-    Delete { session_id: String, reply: Reply },
-    /// Set the session's title.
-    Rename {
-        session_id: String,
-        title: String,
-        reply: Reply,
-    },
-}
-
-/// Where a job's outcome goes.
-pub(super) type Reply = oneshot::Sender<Result<Written, StoreError>>;
-
-/// What a committed job wrote.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Written {
-    /// Where its events landed.
-    pub(super) receipt: AppendReceipt,
-    /// The session's lease after the job.
-    pub(super) lease: u64,
-}
+use crate::store::job::{Job, JobError, Mode, Written, check_addressed, encode};
+use crate::store::{AppendReceipt, CheckpointWrite, EncodedEvent, QueueChange, QueuedSubmission, StoreError};
 
 /// Counters of the writer's work, readable while it runs.
 #[derive(Debug, Default)]
@@ -80,23 +38,6 @@ pub(super) struct WriterCounters {
     pub(super) jobs: AtomicU64,
     pub(super) events: AtomicU64,
     pub(super) commit_micros: AtomicU64,
-}
-
-/// What a job does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// Append to an existing session, checking the lease if one is given.
-    Append { lease: Option<u64> },
-    /// Create the session if needed, then write.
-    Save,
-    /// Create the session, refusing an existing one, then write.
-    Create,
-    /// Bump the lease.
-    Acquire,
-    /// Delete the session's rows.
-    Delete,
-    /// Set the title.
-    Rename,
 }
 
 /// A job sealed and serialized: everything it writes, fixed before the
@@ -128,58 +69,24 @@ struct EncodedWrite {
     history_cut: Option<u64>,
 }
 
-impl Job {
-    fn session_id(&self) -> &str {
-        match self {
-            Job::Save { write, .. } | Job::Create { write, .. } => &write.checkpoint.session_id,
-            Job::Append { session_id, .. }
-            | Job::Acquire { session_id, .. }
-            | Job::Delete { session_id, .. }
-            | Job::Rename { session_id, .. } => session_id,
+/// What a job writes, serialized. Seals an append's open batch: from here
+/// on the producer's additions go to its next job.
+fn seal(job: &Job) -> Result<Write, StoreError> {
+    let sealed = job.seal();
+    let write = Write {
+        session_id: sealed.session_id.to_owned(),
+        mode: sealed.mode,
+        count: 0,
+        events: Vec::new(),
+        queue: Vec::new(),
+        title: sealed.title.map(str::to_owned),
+        checkpoint: None,
+    };
+    match sealed.mode {
+        Mode::Acquire | Mode::Delete | Mode::Rename => Ok(write),
+        Mode::Append { .. } | Mode::Save | Mode::Create => {
+            with_events(write, &sealed.events, sealed.checkpoint.as_deref())
         }
-    }
-
-    /// What the job writes. Seals an append's open batch: from here on the
-    /// producer's additions go to its next job.
-    fn seal(&self) -> Result<Write, StoreError> {
-        let session_id = self.session_id().to_owned();
-        let bare = |mode, title| Write {
-            session_id: session_id.clone(),
-            mode,
-            count: 0,
-            events: Vec::new(),
-            queue: Vec::new(),
-            title,
-            checkpoint: None,
-        };
-        match self {
-            Job::Save { write, .. } => with_events(bare(Mode::Save, None), &[], Some(write)),
-            Job::Create { write, events, .. } => with_events(bare(Mode::Create, None), events, Some(write)),
-            Job::Append { batch, .. } => {
-                let batch = batch.seal();
-                with_events(
-                    bare(Mode::Append { lease: batch.lease }, None),
-                    &batch.events,
-                    batch.checkpoint.as_ref(),
-                )
-            }
-            Job::Acquire { .. } => Ok(bare(Mode::Acquire, None)),
-            Job::Delete { .. } => Ok(bare(Mode::Delete, None)),
-            Job::Rename { title, .. } => Ok(bare(Mode::Rename, Some(title.clone()))),
-        }
-    }
-
-    fn answer(self, outcome: Result<Written, StoreError>) {
-        let reply = match self {
-            Job::Append { reply, .. }
-            | Job::Save { reply, .. }
-            | Job::Create { reply, .. }
-            | Job::Acquire { reply, .. }
-            | Job::Delete { reply, .. }
-            | Job::Rename { reply, .. } => reply,
-        };
-        // The caller may have given up waiting (cancelled); the write stands.
-        let _ = reply.send(outcome);
     }
 }
 
@@ -480,7 +387,7 @@ async fn commit_group(conn: &mut WriterConnection, group: &mut Vec<Job>, counter
         };
         // Sealed as the first transaction starts: an open batch takes
         // additions until now.
-        let writes = writes.get_or_insert_with(|| group.iter().map(Job::seal).collect());
+        let writes = writes.get_or_insert_with(|| group.iter().map(seal).collect());
         let now = now_ms();
         let started = std::time::Instant::now();
         let outcome = run_group(client, statements, writes, now).await;
@@ -541,23 +448,6 @@ enum GroupError {
     NotStarted(StoreError),
     /// The transaction or its commit failed.
     NotCommitted(StoreError),
-}
-
-/// Why a job failed, and whether it had written anything before it did.
-enum JobError {
-    /// Nothing was written and no statement failed; the transaction can go
-    /// on with the other jobs.
-    Clean(StoreError),
-    /// A statement failed: PostgreSQL aborted the whole transaction.
-    Dirty(StoreError),
-}
-
-impl JobError {
-    fn into_inner(self) -> StoreError {
-        match self {
-            JobError::Clean(error) | JobError::Dirty(error) => error,
-        }
-    }
 }
 
 fn dirty(error: tokio_postgres::Error) -> JobError {
@@ -1101,12 +991,7 @@ async fn delete(tx: &Transaction<'_>, st: &Statements, session_id: &str, now: u6
 
 /// Checks and serializes a checkpoint write for `session_id`.
 fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrite, StoreError> {
-    if write.checkpoint.session_id != session_id {
-        return Err(StoreError::Invalid(format!(
-            "checkpoint of session '{}' written to session '{session_id}'",
-            write.checkpoint.session_id
-        )));
-    }
+    check_addressed(session_id, write)?;
     let history = if write.transcript_delta.is_empty() {
         None
     } else {
@@ -1130,8 +1015,4 @@ fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrit
 /// The stored bytes of `json` (see [`codec`]).
 fn stored(json: String) -> Vec<u8> {
     codec::encode(json).into_bytes()
-}
-
-fn encode<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|error| StoreError::Encode(error.to_string()))
 }

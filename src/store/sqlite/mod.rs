@@ -34,7 +34,8 @@ pub use self::backup::{backup, backup_blocking};
 use self::identity::FileIdentity;
 pub use self::lock::{ServeLock, SharedHold};
 use self::reader::ReaderPool;
-use self::writer::{Job, WriterCounters, Written};
+use self::writer::WriterCounters;
+use super::job::{Job, Reply, Written};
 use super::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage,
     EventPageRequest, KeyedSubmission, OpenBatch, SessionListPage, SessionState, SessionSummary, StoreError,
@@ -190,7 +191,7 @@ impl SqliteCheckpoint {
         jobs.send(job).map_err(|_| StoreError::Closed)
     }
 
-    async fn write(&self, job: impl FnOnce(writer::Reply) -> Job) -> Result<Written, StoreError> {
+    async fn write(&self, job: impl FnOnce(Reply) -> Job) -> Result<Written, StoreError> {
         let (reply, receipt) = oneshot::channel();
         self.submit(job(reply))?;
         receipt.await.map_err(|_| StoreError::Closed)?

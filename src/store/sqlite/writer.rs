@@ -7,155 +7,17 @@
 //! (see [`run_group`]). Each job is answered only after the commit that made
 //! it durable.
 
-use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
-use tokio::sync::oneshot;
 
 use super::codec;
 use super::identity::FileIdentity;
 use crate::protocol::now_ms;
-use crate::store::{
-    AppendReceipt, CheckpointWrite, EncodedEvent, OpenBatch, QueueChange, QueuedSubmission, StoreError,
-};
-
-/// A write waiting for the writer thread.
-pub(super) enum Job {
-    /// Append events (and maybe a checkpoint write) to an existing session.
-    Append {
-        session_id: String,
-        /// Sealed when the group that carries it starts.
-        batch: Arc<OpenBatch>,
-        reply: Reply,
-    },
-    /// Create or rewrite a session's checkpoint.
-    Save { write: Box<CheckpointWrite>, reply: Reply },
-    /// Create a session that must not exist yet, with its first events.
-    Create {
-        write: Box<CheckpointWrite>,
-        events: Vec<EncodedEvent>,
-        reply: Reply,
-    },
-    /// Take the session over: a new lease, fencing off older holders.
-    Acquire { session_id: String, reply: Reply },
-    /// Delete the session and everything stored for it.
-    Delete { session_id: String, reply: Reply },
-    /// Set the session's title.
-    Rename {
-        session_id: String,
-        title: String,
-        reply: Reply,
-    },
-}
-
-/// Where a job's outcome goes.
-pub(super) type Reply = oneshot::Sender<Result<Written, StoreError>>;
-
-/// What a committed job wrote.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Written {
-    /// Where its events landed.
-    pub(super) receipt: AppendReceipt,
-    /// The session's lease after the job.
-    pub(super) lease: u64,
-}
-
-/// What a job does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// Append to an existing session, checking the lease if one is given.
-    Append { lease: Option<u64> },
-    /// Create the session if needed, then write.
-    Save,
-    /// Create the session, refusing an existing one, then write.
-    Create,
-    /// Bump the lease.
-    Acquire,
-    /// Delete the session's rows.
-    Delete,
-    /// Set the title.
-    Rename,
-}
-
-/// A job's content, fixed for the transaction.
-struct Write<'a> {
-    session_id: &'a str,
-    events: Vec<EncodedEvent>,
-    checkpoint: Option<Cow<'a, CheckpointWrite>>,
-    mode: Mode,
-    /// The new title of a rename.
-    title: Option<&'a str>,
-}
-
-impl Job {
-    /// What the job writes. Seals an append's open batch: from here on the
-    /// producer's additions go to its next job.
-    fn seal(&self) -> Write<'_> {
-        match self {
-            Job::Save { write, .. } => Write {
-                session_id: &write.checkpoint.session_id,
-                events: Vec::new(),
-                checkpoint: Some(Cow::Borrowed(write)),
-                mode: Mode::Save,
-                title: None,
-            },
-            Job::Create { write, events, .. } => Write {
-                session_id: &write.checkpoint.session_id,
-                events: events.clone(),
-                checkpoint: Some(Cow::Borrowed(write)),
-                mode: Mode::Create,
-                title: None,
-            },
-            Job::Append { session_id, batch, .. } => {
-                let batch = batch.seal();
-                Write {
-                    session_id,
-                    events: batch.events,
-                    checkpoint: batch.checkpoint.map(Cow::Owned),
-                    mode: Mode::Append { lease: batch.lease },
-                    title: None,
-                }
-            }
-            Job::Acquire { session_id, .. } => Write {
-                session_id,
-                events: Vec::new(),
-                checkpoint: None,
-                mode: Mode::Acquire,
-                title: None,
-            },
-            Job::Delete { session_id, .. } => Write {
-                session_id,
-                events: Vec::new(),
-                checkpoint: None,
-                mode: Mode::Delete,
-                title: None,
-            },
-            Job::Rename { session_id, title, .. } => Write {
-                session_id,
-                events: Vec::new(),
-                checkpoint: None,
-                mode: Mode::Rename,
-                title: Some(title),
-            },
-        }
-    }
-
-    fn answer(self, outcome: Result<Written, StoreError>) {
-        let reply = match self {
-            Job::Append { reply, .. }
-            | Job::Save { reply, .. }
-            | Job::Create { reply, .. }
-            | Job::Acquire { reply, .. }
-            | Job::Delete { reply, .. }
-            | Job::Rename { reply, .. } => reply,
-        };
-        // The caller may have given up waiting (cancelled); the write stands.
-        let _ = reply.send(outcome);
-    }
-}
+use crate::store::job::{Job, JobError, Mode, Sealed, Written, check_addressed, encode};
+use crate::store::{AppendReceipt, CheckpointWrite, QueueChange, QueuedSubmission, StoreError};
 
 /// Counters of the writer's work, readable while it runs.
 #[derive(Debug, Default)]
@@ -222,7 +84,7 @@ fn run(
 fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCounters, identity: &FileIdentity) {
     let now = now_ms();
     let started = std::time::Instant::now();
-    let writes: Vec<Write<'_>> = group.iter().map(Job::seal).collect();
+    let writes: Vec<Sealed<'_>> = group.iter().map(Job::seal).collect();
     // Checked again after the commit: a file deleted while it ran got the
     // commit, but no one will read it, so it is not acknowledged.
     let outcome = run_group(conn, &writes, now).and_then(|done| identity.check().map(|()| done));
@@ -267,7 +129,7 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCo
 /// own, so one job's failure cannot take the others down with it.
 fn run_group(
     conn: &mut Connection,
-    group: &[Write<'_>],
+    group: &[Sealed<'_>],
     now: u64,
 ) -> Result<(Vec<Result<Written, StoreError>>, u64), StoreError> {
     let tx = conn
@@ -292,30 +154,13 @@ fn run_group(
 }
 
 /// Runs one job in a transaction of its own.
-fn run_alone(conn: &mut Connection, job: &Write<'_>, now: u64) -> Result<Written, StoreError> {
+fn run_alone(conn: &mut Connection, job: &Sealed<'_>, now: u64) -> Result<Written, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(super::sqlite_error)?;
     let receipt = apply(&tx, job, now).map_err(JobError::into_inner)?;
     tx.commit().map_err(super::sqlite_error)?;
     Ok(receipt)
-}
-
-/// Why a job failed, and whether it had written anything before it did.
-enum JobError {
-    /// Nothing was written; the transaction can go on with the other jobs.
-    Clean(StoreError),
-    /// Part of the job may have been written (or SQLite rolled back the whole
-    /// transaction); the transaction must be abandoned.
-    Dirty(StoreError),
-}
-
-impl JobError {
-    fn into_inner(self) -> StoreError {
-        match self {
-            JobError::Clean(error) | JobError::Dirty(error) => error,
-        }
-    }
 }
 
 fn dirty(error: rusqlite::Error) -> JobError {
@@ -333,8 +178,8 @@ struct EncodedWrite {
     history_cut: Option<u64>,
 }
 
-fn apply(conn: &Connection, job: &Write<'_>, now: u64) -> Result<Written, JobError> {
-    let Write {
+fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobError> {
+    let Sealed {
         session_id,
         events,
         checkpoint,
@@ -607,12 +452,7 @@ fn check_cut(conn: &Connection, session_id: &str, cut: u64) -> Result<(), JobErr
 
 /// Checks and serializes a checkpoint write for `session_id`.
 fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrite, StoreError> {
-    if write.checkpoint.session_id != session_id {
-        return Err(StoreError::Invalid(format!(
-            "checkpoint of session '{}' written to session '{session_id}'",
-            write.checkpoint.session_id
-        )));
-    }
+    check_addressed(session_id, write)?;
     Ok(EncodedWrite {
         checkpoint: encode(&write.checkpoint)?,
         bot_id: write.checkpoint.session_context.bot_id.clone(),
@@ -620,8 +460,4 @@ fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrit
         transcript: write.transcript_delta.iter().map(encode).collect::<Result<_, _>>()?,
         history_cut: write.history_cut,
     })
-}
-
-fn encode<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|error| StoreError::Encode(error.to_string()))
 }
