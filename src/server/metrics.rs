@@ -448,3 +448,70 @@ impl Model for MeteredModel {
         self.inner.name()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::protocol::{BusyPolicy, Op};
+    use crate::store::{PostgresCheckpoint, PostgresOptions, SessionContext};
+    use crate::testing::postgres::TestPostgres;
+
+    /// Every optional method of the store reaches the store it decorates:
+    /// the trait's defaults refuse or answer "none", so one not forwarded
+    /// would silently turn a feature off (it once did, for relaying).
+    #[tokio::test]
+    async fn the_metered_store_forwards_every_optional_method() {
+        let Some(postgres) = TestPostgres::shared() else { return };
+        let url = postgres.fresh_database();
+        let inner = PostgresCheckpoint::connect(&url, PostgresOptions::default())
+            .await
+            .expect("connect");
+        let store = MeteredStore::new(Arc::new(inner), Arc::new(Metrics::new()));
+        let checkpoint = Checkpoint {
+            session_context: SessionContext::default(),
+            ..Checkpoint::empty("s")
+        };
+        store.create(&checkpoint, &[], Vec::new()).await.expect("create");
+        let ttl = Duration::from_secs(60);
+        let epoch = store.claim("s", "node-a", ttl).await.expect("claim");
+        assert!(
+            store
+                .renew("node-a", ttl, &[("s".to_owned(), epoch)])
+                .await
+                .expect("renew")
+                .is_empty()
+        );
+        let submission = RelayedSubmission {
+            relay_id: 0,
+            submission_id: "r".to_owned(),
+            op: Op::Interrupt { turn_id: None },
+            on_busy: Some(BusyPolicy::Queue),
+            idempotency_key: None,
+        };
+        assert!(matches!(
+            store.relay("s", &submission, 8).await.expect("relay"),
+            Relayed::New { .. }
+        ));
+        assert_eq!(store.sessions_with_relayed("node-a").await.expect("relayed"), ["s"]);
+        let waiting = store.relayed("s", 8).await.expect("relayed");
+        assert_eq!(waiting.len(), 1);
+        store.relay_done("s", &[waiting[0].relay_id]).await.expect("done");
+        assert!(store.relayed("s", 8).await.expect("relayed").is_empty());
+        store.release("s", "node-a", epoch).await.expect("release");
+        assert!(
+            store
+                .sessions_to_take_over(None, 8)
+                .await
+                .expect("take over")
+                .is_empty()
+        );
+        assert!(store.sessions_with_work(None, 8).await.expect("work").is_empty());
+        assert_eq!(store.history_until("s", 0).await.expect("history"), Some(Vec::new()));
+        assert!(store.rename_session("s", "renamed").await.expect("rename"));
+        assert!(store.delete_session("s").await.expect("delete"));
+        store.close().await;
+        assert!(matches!(store.load("s").await, Err(StoreError::Closed)));
+    }
+}
