@@ -7,13 +7,16 @@
 //! - [`recorder`]: durable events per second through the event recorder, with
 //!   and without group commit;
 //! - [`serve`]: the same turns driven over `keel serve`'s HTTP API and event
-//!   streams, with many subscribers and a stalled one.
+//!   streams, with many subscribers and a stalled one;
+//! - [`cluster`]: those turns across several `keel serve` nodes on one
+//!   PostgreSQL database, requests and streams on random nodes.
 //!
 //! All run on a real database with the durable defaults (SQLite's
 //! `synchronous=FULL`, PostgreSQL's `synchronous_commit = on`), because
 //! the commit to disk is what they measure: a temporary SQLite file by
 //! default, or a PostgreSQL database given by URL ([`BenchDatabase`]).
 
+pub mod cluster;
 mod database;
 pub mod recorder;
 pub mod serve;

@@ -24,12 +24,13 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::database::{BenchDatabase, BenchStore, Grouping};
 use super::stats::percentile;
+use crate::protocol::now_ms;
 use crate::server::{ServerConfig, serve};
 use crate::store::Synchronous;
 use crate::{Error, Result};
 
 /// How long a turn may go without an event before the run fails.
-const TURN_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const TURN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The stalled subscriber's socket receive buffer, in bytes (the kernel
 /// may round it up).
@@ -86,9 +87,18 @@ pub struct ServeReport {
 }
 
 /// One event as a subscriber saw it on the wire.
-struct WireEvent {
-    sequence: u64,
-    kind: String,
+pub(super) struct WireEvent {
+    /// Its place in the session's log.
+    pub(super) sequence: u64,
+    /// Its type (`turn_complete`, …).
+    pub(super) kind: String,
+    /// When it was committed (the store's clock, ms since the Unix epoch),
+    /// if the frame's data carried it.
+    pub(super) recorded_at_ms: Option<u64>,
+    /// When the bytes that completed its frame arrived.
+    pub(super) received: Instant,
+    /// The same on the wall clock, in ms since the Unix epoch.
+    pub(super) received_unix_ms: u64,
 }
 
 /// Runs the workload once on a fresh database and server.
@@ -201,7 +211,7 @@ async fn catch_ups(client: &reqwest::Client, base: &str) -> Result<u64> {
 }
 
 /// Writes `answers` answers of `chunks` chunks of `chunk_bytes` bytes.
-fn write_script(path: &Path, answers: usize, chunks: usize, chunk_bytes: usize) -> Result<()> {
+pub(super) fn write_script(path: &Path, answers: usize, chunks: usize, chunk_bytes: usize) -> Result<()> {
     let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io_error)?);
     for answer in 0..answers {
         let chunks: Vec<String> = (0..chunks)
@@ -212,7 +222,7 @@ fn write_script(path: &Path, answers: usize, chunks: usize, chunk_bytes: usize) 
     file.flush().map_err(io_error)
 }
 
-fn io_error(error: std::io::Error) -> Error {
+pub(super) fn io_error(error: std::io::Error) -> Error {
     Error::Config(format!("bench set-up failed: {error}"))
 }
 
@@ -379,7 +389,10 @@ async fn drain_stalled(mut stream: TcpStream) -> Result<u64> {
 /// Reads an event stream until the session's `shutdown_complete`, checking
 /// that the sequences run 1, 2, 3, … without a gap or a duplicate; forwards
 /// each event to `forward` if given. Answers how many events it read.
-async fn read_stream(response: reqwest::Response, forward: Option<mpsc::UnboundedSender<WireEvent>>) -> Result<u64> {
+pub(super) async fn read_stream(
+    response: reqwest::Response,
+    forward: Option<mpsc::UnboundedSender<WireEvent>>,
+) -> Result<u64> {
     let body = response
         .bytes_stream()
         .map(|chunk| chunk.map(|bytes| bytes.to_vec()).map_err(http_error));
@@ -397,13 +410,14 @@ async fn read_events(
     // frame arriving in many pieces is not searched again from its start.
     let mut searched = 0;
     let mut last = 0;
+    let (mut received, mut received_unix_ms) = (Instant::now(), now_ms());
     loop {
         let mut start = 0;
         while let Some(offset) = buffer[searched..].windows(2).position(|window| window == b"\n\n") {
             let end = searched + offset + 2;
             let frame = &buffer[start..end];
             (start, searched) = (end, end);
-            let Some(event) = parse_frame(frame) else {
+            let Some(event) = parse_frame(frame, received, received_unix_ms) else {
                 continue; // a keep-alive comment
             };
             if event.sequence != last + 1 {
@@ -425,7 +439,10 @@ async fn read_events(
         // The last byte may be the first half of the next "\n\n".
         searched = buffer.len().saturating_sub(1);
         match body.next().await {
-            Some(chunk) => buffer.extend_from_slice(&chunk?),
+            Some(chunk) => {
+                buffer.extend_from_slice(&chunk?);
+                (received, received_unix_ms) = (Instant::now(), now_ms());
+            }
             None => {
                 return Err(Error::stopped(format!(
                     "a bench event stream ended after sequence {last}"
@@ -435,27 +452,43 @@ async fn read_events(
     }
 }
 
-/// The `id:` and `event:` of one server-sent-events frame; `None` for a
-/// comment.
-fn parse_frame(frame: &[u8]) -> Option<WireEvent> {
+/// The `id:`, `event:` and the data's `recorded_at_ms` of one
+/// server-sent-events frame, received at `received`; `None` for a comment.
+fn parse_frame(frame: &[u8], received: Instant, received_unix_ms: u64) -> Option<WireEvent> {
     let text = std::str::from_utf8(frame).ok()?;
     let mut sequence = None;
     let mut kind = None;
+    let mut recorded_at_ms = None;
     for line in text.lines() {
         if let Some(value) = line.strip_prefix("id:") {
             sequence = value.trim().parse().ok();
         } else if let Some(value) = line.strip_prefix("event:") {
             kind = Some(value.trim().to_owned());
+        } else if let Some(value) = line.strip_prefix("data:") {
+            recorded_at_ms = recorded_at_ms.or_else(|| recorded_at(value));
         }
     }
     Some(WireEvent {
         sequence: sequence?,
         kind: kind?,
+        recorded_at_ms,
+        received,
+        received_unix_ms,
     })
 }
 
+/// The `recorded_at_ms` field of an event's JSON, found without parsing
+/// the whole event.
+fn recorded_at(data: &str) -> Option<u64> {
+    const FIELD: &str = "\"recorded_at_ms\":";
+    let start = data.find(FIELD)? + FIELD.len();
+    let digits = data[start..].trim_start();
+    let end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
+    digits[..end].parse().ok()
+}
+
 /// The response if it succeeded; its status and body as an error otherwise.
-async fn check(sent: reqwest::Result<reqwest::Response>) -> Result<reqwest::Response> {
+pub(super) async fn check(sent: reqwest::Result<reqwest::Response>) -> Result<reqwest::Response> {
     let response = sent.map_err(http_error)?;
     if response.status().is_success() {
         return Ok(response);
@@ -465,6 +498,6 @@ async fn check(sent: reqwest::Result<reqwest::Response>) -> Result<reqwest::Resp
     Err(Error::Model(format!("the bench server answered {status}: {body}")))
 }
 
-fn http_error(error: reqwest::Error) -> Error {
+pub(super) fn http_error(error: reqwest::Error) -> Error {
     Error::stopped(format!("bench HTTP request failed: {error}"))
 }

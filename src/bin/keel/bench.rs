@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use keel::agent::StreamingOptions;
 use keel::bench::BenchDatabase;
+use keel::bench::cluster::{ClusterParams, ClusterReport, run_cluster};
 use keel::bench::recorder::{RecorderParams, run_recorder};
 use keel::bench::serve::{ServeParams, ServeReport, run_serve};
 use keel::bench::turns::{TurnsParams, Variant, run_turns};
@@ -56,7 +57,9 @@ pub(crate) enum BenchCommand {
     },
     /// Durable turns over `keel serve`'s HTTP API and event streams: the
     /// same turns in-process (the baseline), over HTTP with one subscriber
-    /// per session, and with W subscribers of which one is stalled.
+    /// per session, and with W subscribers of which one is stalled. With
+    /// `--nodes N` (N > 1), the turns across N nodes on one PostgreSQL
+    /// database instead, against the same on 1 node.
     Serve {
         /// Concurrent sessions.
         #[arg(short = 'S', long, default_value_t = 8)]
@@ -79,8 +82,19 @@ pub(crate) enum BenchCommand {
         repeat: usize,
         /// The database: a SQLite file, or a PostgreSQL URL
         /// (postgres://…) [default: a fresh temporary SQLite file each run].
+        /// With `--nodes` above 1, a PostgreSQL URL is required.
         #[arg(long, value_name = "PATH|URL")]
         db: Option<String>,
+        /// In-process `keel serve` nodes sharing the PostgreSQL database:
+        /// sessions owned by random nodes, each turn posted to a random
+        /// node, one subscriber on the owner and one on another node (`-W`
+        /// is not used). Runs 1 node and N nodes, interleaved.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        nodes: u16,
+        /// Seeds the random choice of owners and of the nodes posted to
+        /// (with `--nodes`).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
 }
 
@@ -184,9 +198,29 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             subscribers,
             repeat,
             db,
+            nodes,
+            seed,
         } => {
             let database = db.as_deref().map(BenchDatabase::parse).unwrap_or_default();
-            bench_serve(sessions, turns, chunks, bytes, subscribers, repeat, database).await?;
+            if nodes > 1 {
+                let BenchDatabase::Postgres(url) = database else {
+                    anyhow::bail!(
+                        "--nodes {nodes} needs --db with a PostgreSQL URL (postgres://…): the nodes share one PostgreSQL database"
+                    );
+                };
+                let params = ClusterParams {
+                    nodes: usize::from(nodes),
+                    sessions,
+                    turns,
+                    chunks,
+                    chunk_bytes: bytes,
+                    url,
+                    seed,
+                };
+                bench_cluster(&params, repeat).await?;
+            } else {
+                bench_serve(sessions, turns, chunks, bytes, subscribers, repeat, database).await?;
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -275,6 +309,101 @@ async fn bench_serve(
     print_line(&serde_json::to_string(&serde_json::json!({
         "baseline_turns_per_s": baseline,
         "runs": runs.iter().zip(&reports).map(|((name, _), reports)| serde_json::json!({"run": name, "reports": reports})).collect::<Vec<_>>(),
+    }))?)?;
+    Ok(())
+}
+
+/// Runs the cluster workload on 1 node and on `params.nodes` nodes,
+/// interleaved `repeat` times, and prints their medians.
+async fn bench_cluster(params: &ClusterParams, repeat: usize) -> anyhow::Result<()> {
+    let runs = [
+        ClusterParams {
+            nodes: 1,
+            ..params.clone()
+        },
+        params.clone(),
+    ];
+    let mut reports: Vec<Vec<ClusterReport>> = vec![Vec::new(); runs.len()];
+    for _ in 0..repeat.max(1) {
+        for (params, reports) in runs.iter().zip(&mut reports) {
+            reports.push(run_cluster(params).await?);
+        }
+    }
+    let median_of = |reports: &[ClusterReport], pick: &dyn Fn(&ClusterReport) -> Option<f64>| {
+        let values: Vec<f64> = reports.iter().filter_map(pick).collect();
+        (!values.is_empty()).then(|| keel::bench::median(&values))
+    };
+    let pair_to = |digits: usize,
+                   reports: &[ClusterReport],
+                   p50: fn(&ClusterReport) -> Option<f64>,
+                   p99: fn(&ClusterReport) -> Option<f64>| {
+        match (median_of(reports, &p50), median_of(reports, &p99)) {
+            (Some(p50), Some(p99)) => format!("{p50:.digits$} / {p99:.digits$}"),
+            _ => "-".to_owned(),
+        }
+    };
+    let pair = |reports: &[ClusterReport], p50, p99| pair_to(2, reports, p50, p99);
+    let single = median_of(&reports[0], &|report| Some(report.turns_per_s)).unwrap_or_default();
+    print_line(&format!(
+        "S={} T={} K={} B={} seed={}, on PostgreSQL, medians of {} runs; latencies in ms as p50 / p99",
+        params.sessions,
+        params.turns,
+        params.chunks,
+        params.chunk_bytes,
+        params.seed,
+        repeat.max(1)
+    ))?;
+    print_line(
+        "| nodes | sessions per node | turns/s | turns/s per node | × 1 node | 202 same-node | 202 relayed | delivery same-node | delivery cross-node | cross − same |",
+    )?;
+    print_line("|---|---|---|---|---|---|---|---|---|---|")?;
+    for reports in &reports {
+        let Some(first) = reports.first() else { continue };
+        let total = median_of(reports, &|report| Some(report.turns_per_s)).unwrap_or_default();
+        let per_node: Vec<String> = (0..first.nodes)
+            .map(|node| {
+                let turns = median_of(reports, &|report| report.turns_per_s_per_node.get(node).copied());
+                format!("{:.1}", turns.unwrap_or_default())
+            })
+            .collect();
+        let owned: Vec<String> = first.sessions_per_node.iter().map(usize::to_string).collect();
+        print_line(&format!(
+            "| {} | {} | {total:.1} | {} | {:.2} | {} | {} | {} | {} | {} |",
+            first.nodes,
+            owned.join(" / "),
+            per_node.join(" / "),
+            total / single,
+            pair(
+                reports,
+                |report| report.accept_same_p50_ms,
+                |report| report.accept_same_p99_ms
+            ),
+            pair(
+                reports,
+                |report| report.accept_relayed_p50_ms,
+                |report| report.accept_relayed_p99_ms
+            ),
+            pair(
+                reports,
+                |report| Some(report.delivery_same_p50_ms),
+                |report| Some(report.delivery_same_p99_ms)
+            ),
+            pair(
+                reports,
+                |report| report.delivery_cross_p50_ms,
+                |report| report.delivery_cross_p99_ms
+            ),
+            // Both receipts are `Instant`s in this process: µs precision.
+            pair_to(
+                3,
+                reports,
+                |report| report.cross_minus_same_p50_ms,
+                |report| report.cross_minus_same_p99_ms
+            ),
+        ))?;
+    }
+    print_line(&serde_json::to_string(&serde_json::json!({
+        "runs": runs.iter().zip(&reports).map(|(params, reports)| serde_json::json!({"nodes": params.nodes, "reports": reports})).collect::<Vec<_>>(),
     }))?)?;
     Ok(())
 }
