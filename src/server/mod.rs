@@ -266,9 +266,12 @@ pub async fn serve(
     };
     let (cluster, notices) = match config.cluster {
         Some(cluster) => {
-            if cluster.node_id.is_empty() || cluster.lease_ttl < Duration::from_millis(300) {
+            if cluster.node_id.is_empty()
+                || cluster.node_id.chars().any(char::is_control)
+                || cluster.lease_ttl < Duration::from_millis(300)
+            {
                 return Err(ServeError::Config(
-                    "a node needs an id and a lease of at least 300 ms".to_owned(),
+                    "a node needs an id without control characters and a lease of at least 300 ms".to_owned(),
                 ));
             }
             let owner = LeaseOwner {
@@ -325,6 +328,10 @@ pub async fn serve(
         let host = Arc::clone(&host);
         async move { host.take_over().await }
     });
+    let retries = tokio::spawn({
+        let host = Arc::clone(&host);
+        async move { host.retry_relayed().await }
+    });
     let follower = notices.map(|notices| {
         let host = Arc::clone(&host);
         tokio::spawn(async move { host.follow(notices).await })
@@ -346,6 +353,7 @@ pub async fn serve(
         let _ = retainer.await;
     }
     takeovers.abort();
+    retries.abort();
     if let Some(follower) = follower {
         follower.abort();
     }

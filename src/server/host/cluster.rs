@@ -218,10 +218,10 @@ impl Host {
     }
 
     /// Renews the leases of the loaded sessions every third of their time
-    /// to live, stops the sessions whose leases were lost, and takes up
-    /// relayed submissions whose wake-up was missed. Runs until aborted:
-    /// leases are kept while a shutdown lets turns finish.
-    pub(crate) async fn keep_leases(&self) {
+    /// to live and stops the sessions whose leases were lost. Runs until
+    /// aborted: leases are kept while a shutdown lets turns finish. It does
+    /// nothing else, so that no other work can delay a renewal.
+    pub(crate) async fn keep_leases(self: &Arc<Self>) {
         let Some(owner) = self.cluster.clone() else { return };
         let every = owner.ttl / 3;
         loop {
@@ -232,16 +232,30 @@ impl Host {
                 .filter(|session| !session.stopped())
                 .map(|session| (session.handle.session_id().to_owned(), session.lease))
                 .collect();
-            match self.store.renew(&owner.node, owner.ttl, &held).await {
-                Ok(lost) => {
+            match tokio::time::timeout(every, self.store.renew(&owner.node, owner.ttl, &held)).await {
+                Ok(Ok(lost)) => {
                     for session_id in lost {
-                        self.drop_lost(&session_id).await;
+                        let host = Arc::clone(self);
+                        tokio::spawn(async move { host.drop_lost(&session_id).await });
                     }
                 }
-                Err(error) => tracing::warn!(%error, "cannot renew this node's leases"),
+                Ok(Err(error)) => tracing::warn!(%error, "cannot renew this node's leases"),
+                Err(_) => tracing::warn!("renewing this node's leases took longer than a third of their time to live"),
             }
-            if self.is_closing() {
-                continue;
+        }
+    }
+
+    /// Takes up, every third of a lease until the server shuts down, the
+    /// relayed submissions of this node's sessions whose wake-up was
+    /// missed (a lost notice, a full queue).
+    pub(crate) async fn retry_relayed(&self) {
+        let Some(owner) = self.cluster.clone() else { return };
+        let every = owner.ttl / 3;
+        let mut closing = self.closing.subscribe();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                _ = closing.wait_for(|closing| *closing) => return,
             }
             match self.store.sessions_with_relayed(&owner.node).await {
                 Ok(sessions) => {
@@ -367,9 +381,13 @@ impl Host {
                         self.hubs.poke(&session_id, last_sequence);
                     }
                 }
-                Some(LogNotice::Relay { session_id }) => {
-                    let host = Arc::clone(self);
-                    tokio::spawn(async move { host.take_relayed(&session_id).await });
+                Some(LogNotice::Relay { session_id, owner }) => {
+                    // Another live node's relay is none of this node's business.
+                    let mine = self.cluster.as_ref().map(|cluster| cluster.node.as_str());
+                    if owner.is_none() || owner.as_deref() == mine {
+                        let host = Arc::clone(self);
+                        tokio::spawn(async move { host.take_relayed(&session_id).await });
+                    }
                 }
                 Some(LogNotice::Resync) => {
                     self.hubs.poke_all();

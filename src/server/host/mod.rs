@@ -759,7 +759,13 @@ impl Host {
     async fn unload(&self, session: Arc<LiveSession>, mode: Option<CloseMode>) {
         self.released();
         let mode = mode.unwrap_or_else(|| close_mode(&session.handle.status()));
+        let session_id = session.handle.session_id().to_owned();
         self.close(session, mode).await;
+        if self.cluster.is_some() {
+            // Another node may write it from now on, or may have already
+            // (a lost lease): its subscribers here look at the store.
+            self.hubs.poke(&session_id, u64::MAX);
+        }
     }
 
     /// Gives back a place among the live sessions.

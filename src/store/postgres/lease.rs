@@ -59,7 +59,7 @@ const RELEASE: &str = "WITH released AS (
             count(CASE WHEN in_flight
                          OR EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = released.key)
                          OR EXISTS (SELECT 1 FROM relayed_submissions r WHERE r.session_key = released.key)
-                       THEN pg_notify('keel_relay', $1) END)
+                       THEN pg_notify('keel_relay', $1 || E'\n') END)
      FROM released";
 
 const TAKE_OVER: &str = "SELECT id FROM sessions

@@ -24,7 +24,8 @@ use crate::store::StoreError;
 pub const LOG_CHANNEL: &str = "keel_log";
 
 /// The channel that announces a session with submissions relayed to its
-/// owner, or a session released with work left (payload: the session id).
+/// owner, or a session released with work left (payload: the session id, a
+/// newline, and its live owner's id, empty when it has none).
 pub const RELAY_CHANNEL: &str = "keel_relay";
 
 /// How many notices wait for the consumer, by default, before the listener
@@ -46,10 +47,13 @@ pub enum LogNotice {
         last_sequence: u64,
     },
     /// A session has submissions relayed to its owner, or was released
-    /// with work left: its owner takes them up, or another node takes it over.
+    /// with work left: its owner takes them up, or, when it has no live
+    /// owner, another node takes it over.
     Relay {
         /// The session.
         session_id: String,
+        /// The node whose live lease it was under; `None` when it had none.
+        owner: Option<String>,
     },
     /// Notices may have been missed (the connection was lost and is back,
     /// or the consumer fell behind): re-read from the log whatever is
@@ -126,9 +130,14 @@ async fn listening(config: &Config) -> Result<(Client, Conn), StoreError> {
 fn notice(channel: &str, payload: &str) -> Option<LogNotice> {
     match channel {
         LOG_CHANNEL => parse(payload),
-        RELAY_CHANNEL if !payload.is_empty() => Some(LogNotice::Relay {
-            session_id: payload.to_owned(),
-        }),
+        RELAY_CHANNEL => {
+            // Neither ids nor node ids hold control characters.
+            let (session_id, owner) = payload.split_once('\n').unwrap_or((payload, ""));
+            (!session_id.is_empty()).then(|| LogNotice::Relay {
+                session_id: session_id.to_owned(),
+                owner: (!owner.is_empty()).then(|| owner.to_owned()),
+            })
+        }
         _ => None,
     }
 }
@@ -222,11 +231,20 @@ mod tests {
         assert_eq!(parse("nosequence"), None);
         assert_eq!(parse("s x"), None);
         assert_eq!(
-            notice(RELAY_CHANNEL, "a b"),
+            notice(RELAY_CHANNEL, "a b\nnode-1"),
             Some(LogNotice::Relay {
-                session_id: "a b".to_owned()
+                session_id: "a b".to_owned(),
+                owner: Some("node-1".to_owned())
             })
         );
+        assert_eq!(
+            notice(RELAY_CHANNEL, "a b\n"),
+            Some(LogNotice::Relay {
+                session_id: "a b".to_owned(),
+                owner: None
+            })
+        );
+        assert_eq!(notice(RELAY_CHANNEL, ""), None);
         assert_eq!(notice("other", "a 1"), None);
     }
 }

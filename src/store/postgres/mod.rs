@@ -77,6 +77,9 @@ impl Default for PostgresOptions {
     }
 }
 
+/// Connections a store keeps for lease calls, beside its reads'.
+const LEASE_CONNECTIONS: usize = 2;
+
 /// The most write jobs one group commit carries.
 const MAX_JOBS_PER_COMMIT: usize = 4096;
 
@@ -86,6 +89,9 @@ pub struct PostgresCheckpoint {
     jobs: Mutex<Option<mpsc::UnboundedSender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     pool: Pool,
+    /// Connections of their own for claims, renewals and releases, so that
+    /// no backlog of reads can delay a renewal past its lease.
+    leases: Pool,
     /// Where to connect, for listeners.
     config: Config,
 }
@@ -114,23 +120,15 @@ impl PostgresCheckpoint {
         let conn = WriterConnection::new(config.clone(), client).await?;
         let counters = Arc::new(WriterCounters::default());
         let max_jobs = if options.per_event { 1 } else { MAX_JOBS_PER_COMMIT };
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(options.pool_size.max(1))
-            .build()
-            .map_err(|error| StoreError::Invalid(format!("cannot make a connection pool: {error}")))?;
+        let leases = connection_pool(&config, LEASE_CONNECTIONS)?;
+        let pool = connection_pool(&config, options.pool_size.max(1))?;
         let (jobs, writer) = writer::spawn(conn, max_jobs, Arc::clone(&counters));
         Ok(Self {
             counters,
             jobs: Mutex::new(Some(jobs)),
             writer: Mutex::new(Some(writer)),
             pool,
+            leases,
             config,
         })
     }
@@ -178,6 +176,7 @@ impl PostgresCheckpoint {
             let _ = writer.await;
         }
         self.pool.close();
+        self.leases.close();
     }
 
     fn submit(&self, job: Job) -> Result<(), StoreError> {
@@ -194,10 +193,19 @@ impl PostgresCheckpoint {
 
     /// A pooled read connection.
     async fn reader(&self) -> Result<Object, StoreError> {
+        self.pooled(&self.pool).await
+    }
+
+    /// A connection for a lease call.
+    async fn leaser(&self) -> Result<Object, StoreError> {
+        self.pooled(&self.leases).await
+    }
+
+    async fn pooled(&self, pool: &Pool) -> Result<Object, StoreError> {
         if self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).is_none() {
             return Err(StoreError::Closed);
         }
-        self.pool.get().await.map_err(pool_error)
+        pool.get().await.map_err(pool_error)
     }
 }
 
@@ -295,7 +303,7 @@ impl CheckpointStore for PostgresCheckpoint {
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move { lease::claim(&self.reader().await?, session_id, owner, ttl).await })
+        Box::pin(async move { lease::claim(&self.leaser().await?, session_id, owner, ttl).await })
     }
 
     fn renew<'a>(
@@ -304,11 +312,11 @@ impl CheckpointStore for PostgresCheckpoint {
         ttl: Duration,
         sessions: &'a [(String, u64)],
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        Box::pin(async move { lease::renew(&self.reader().await?, owner, ttl, sessions).await })
+        Box::pin(async move { lease::renew(&self.leaser().await?, owner, ttl, sessions).await })
     }
 
     fn release<'a>(&'a self, session_id: &'a str, owner: &'a str, epoch: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { lease::release(&self.reader().await?, session_id, owner, epoch).await })
+        Box::pin(async move { lease::release(&self.leaser().await?, session_id, owner, epoch).await })
     }
 
     fn sessions_to_take_over<'a>(
@@ -430,6 +438,21 @@ impl CheckpointStore for PostgresCheckpoint {
             }
         })
     }
+}
+
+/// A pool of at most `size` connections to `config`'s database.
+fn connection_pool(config: &Config, size: usize) -> Result<Pool, StoreError> {
+    let manager = Manager::from_config(
+        config.clone(),
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .build()
+        .map_err(|error| StoreError::Invalid(format!("cannot make a connection pool: {error}")))
 }
 
 /// Parses a connection URL (or a `key=value` connection string), with

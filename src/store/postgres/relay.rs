@@ -3,8 +3,9 @@
 //! by the owner.
 //!
 //! Each call is one statement on a pooled connection. The insert announces
-//! the session on `keel_relay` in its own transaction, so the owner is woken
-//! at commit, never for a rolled-back insert. The owner reads the rows in
+//! the session and its live owner on `keel_relay` in its own transaction,
+//! so the owner is woken at commit, never for a rolled-back insert, and the
+//! other nodes can tell the notice is not theirs. The owner reads the rows in
 //! order, queues each under its id and key, then deletes them: a crash in
 //! between queues a row again, which its idempotency key turns into a
 //! duplicate (see the host).
@@ -19,10 +20,13 @@ use crate::store::rows::{StoredJson, decode};
 use crate::store::{Relayed, RelayedSubmission, StoreError};
 
 /// Stores a submission unless one with its key waits already or `$6`
-/// wait, and announces the session; returns the log's end, or nothing when
+/// wait, and announces the session with its live owner (empty when none:
+/// then any node may take it over); returns the log's end, or nothing when
 /// the key was taken, the session is full or unknown.
 const INSERT: &str = "WITH session AS (
-         SELECT key, last_sequence FROM sessions WHERE id = $1
+         SELECT key, last_sequence,
+                CASE WHEN lease_expires_at > clock_timestamp() THEN lease_owner ELSE '' END AS owner
+         FROM sessions WHERE id = $1
      ), inserted AS (
          INSERT INTO relayed_submissions (session_key, submission_id, idempotency_key, submission, relayed_at_ms)
          SELECT key, $2, $3, $4, $5 FROM session
@@ -30,7 +34,7 @@ const INSERT: &str = "WITH session AS (
          ON CONFLICT (session_key, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING session_key
      )
-     SELECT session.last_sequence, count(pg_notify('keel_relay', $1))
+     SELECT session.last_sequence, count(pg_notify('keel_relay', $1 || E'\n' || session.owner))
      FROM inserted JOIN session ON session.key = inserted.session_key
      GROUP BY session.last_sequence";
 

@@ -1484,8 +1484,10 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
             relay("r1", "one", None).await.expect("relay"),
             Relayed::New { last_sequence: 2 }
         );
+        // Nobody owns the session: any node may take it.
         let relay_notice = LogNotice::Relay {
             session_id: "s".to_owned(),
+            owner: None,
         };
         assert_eq!(next_relay_notice(&mut listener).await, relay_notice);
         assert_eq!(
@@ -1540,6 +1542,28 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
             .claim("s", "node-a", Duration::from_secs(60))
             .await
             .expect("claim");
+        // Relayed to a live owner, the notice names it.
+        while listener.try_recv().is_some() {}
+        assert!(matches!(
+            relay("r7", "to the owner", None).await.expect("relay"),
+            Relayed::New { .. }
+        ));
+        assert_eq!(
+            next_relay_notice(&mut listener).await,
+            LogNotice::Relay {
+                session_id: "s".to_owned(),
+                owner: Some("node-a".to_owned())
+            }
+        );
+        let r7: Vec<u64> = owner
+            .relayed("s", 10)
+            .await
+            .expect("relayed")
+            .iter()
+            .filter(|relayed| relayed.submission_id == "r7")
+            .map(|relayed| relayed.relay_id)
+            .collect();
+        owner.relay_done("s", &r7).await.expect("done");
         assert_eq!(owner.sessions_with_relayed("node-a").await.expect("owned"), ["s"]);
         assert!(
             owner
