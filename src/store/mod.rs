@@ -597,8 +597,8 @@ pub trait CheckpointStore: Send + Sync {
         Box::pin(async { Err(no_owned_leases()) })
     }
 
-    /// Extends to now + `ttl`, in one statement, the lease of every listed
-    /// `(session id, epoch)` that `owner` still holds at that epoch (a lease
+    /// Extends to now + `ttl` the lease of every listed `(session id,
+    /// epoch)` that `owner` still holds at that epoch (a lease
     /// that expired but that nobody claimed since is still held). Returns
     /// the ids of the others, in the order given: sessions taken over,
     /// released or deleted, whose runtimes the caller must stop.

@@ -1,10 +1,12 @@
 //! Owned leases on PostgreSQL: claim, renew, release, and the sessions a
 //! surviving node should take over.
 //!
-//! Each is one statement on a pooled connection, outside the writer's group
-//! commit: the row lock of the `UPDATE` orders it against concurrent claims
-//! and against the writer's appends, which check the epoch (`lease`) in
-//! their own statement. Times are the server's (`clock_timestamp()`), so
+//! Each touches one session row per statement (a renewal sends one per
+//! session, pipelined), outside the writer's group commit: the row lock of
+//! the `UPDATE` orders it against concurrent claims and against the
+//! writer's appends, which check the epoch (`lease`) in their own
+//! statement, and a transaction holding one row lock cannot deadlock with
+//! the writer's, which holds many. Times are the server's (`clock_timestamp()`), so
 //! the nodes' clocks do not matter.
 
 use std::time::Duration;
@@ -35,18 +37,15 @@ const HOLDER: &str = "SELECT lease_owner,
               ELSE greatest(0, ceil(extract(epoch FROM lease_expires_at - clock_timestamp()) * 1000))::int8 END
      FROM sessions WHERE id = $1";
 
-/// Extends the listed leases still held at their epochs; returns the others.
-const RENEW: &str = "WITH input AS (
-         SELECT * FROM unnest($2::text[], $3::int8[]) WITH ORDINALITY AS i (id, lease, ord)
-     ), renewed AS (
-         UPDATE sessions s SET lease_expires_at = clock_timestamp() + $4::int8::float8 * interval '1 millisecond'
-         FROM input i
-         WHERE s.id = i.id AND s.lease = i.lease AND s.lease_owner = $1
-         RETURNING s.id, s.lease
-     )
-     SELECT i.id FROM input i
-     WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.id = i.id AND r.lease = i.lease)
-     ORDER BY i.ord";
+/// Extends one lease still held at its epoch; no row when it is not.
+///
+/// One row per statement, each its own transaction: an `UPDATE` of many
+/// session rows would lock them in another order than the writer's group
+/// does, and the two would deadlock.
+const RENEW: &str =
+    "UPDATE sessions SET lease_expires_at = clock_timestamp() + $4::int8::float8 * interval '1 millisecond'
+     WHERE id = $2 AND lease = $3 AND lease_owner = $1
+     RETURNING 1";
 
 /// Clears the owner; a session left with work is announced on
 /// [`RELAY_CHANNEL`](super::listen::RELAY_CHANNEL), so the other nodes take it over at once.
@@ -118,13 +117,20 @@ pub(super) async fn renew(
         return Ok(Vec::new());
     }
     let renew = client.prepare_cached(RENEW).await.map_err(pg_error)?;
-    let ids: Vec<&str> = sessions.iter().map(|(id, _)| id.as_str()).collect();
-    let epochs: Vec<i64> = sessions.iter().map(|&(_, epoch)| int(epoch)).collect();
-    let rows = client
-        .query(&renew, &[&owner, &ids, &epochs, &ttl_ms(ttl)])
-        .await
-        .map_err(pg_error)?;
-    rows.iter().map(|row| row.try_get(0).map_err(pg_error)).collect()
+    let ttl = ttl_ms(ttl);
+    // Sent together, so they cost one round trip (pipelined).
+    let renewed = futures::future::join_all(sessions.iter().map(|(id, epoch)| {
+        let (renew, epoch) = (&renew, int(*epoch));
+        async move { client.query_opt(renew, &[&owner, id, &epoch, &ttl]).await }
+    }))
+    .await;
+    let mut lost = Vec::new();
+    for ((id, _), renewed) in sessions.iter().zip(renewed) {
+        if renewed.map_err(pg_error)?.is_none() {
+            lost.push(id.clone());
+        }
+    }
+    Ok(lost)
 }
 
 pub(super) async fn release(client: &Object, session_id: &str, owner: &str, epoch: u64) -> Result<(), StoreError> {
