@@ -22,6 +22,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
@@ -198,36 +200,6 @@ impl Node {
     }
 }
 
-/// A tiny xorshift64 generator: reproducible choices without a crate.
-#[derive(Debug, Clone)]
-struct XorShift(u64);
-
-impl XorShift {
-    /// A generator for `seed` (any value; the state is never 0).
-    fn new(seed: u64) -> Self {
-        // One splitmix64 step, so that near seeds start far apart.
-        let mut mixed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        mixed ^= mixed >> 31;
-        Self(mixed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// A number below `bound` (at least 1).
-    fn below(&mut self, bound: usize) -> usize {
-        (self.next() % bound.max(1) as u64) as usize
-    }
-}
-
 /// Creates the sessions, warms them up, runs the timed turns and shuts the
 /// sessions down; measures.
 async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> {
@@ -236,12 +208,12 @@ async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> 
         .pool_max_idle_per_host(usize::MAX)
         .build()
         .map_err(|error| Error::Config(format!("cannot build the HTTP client: {error}")))?;
-    let mut owners = XorShift::new(params.seed);
+    let mut owners = StdRng::seed_from_u64(params.seed);
     let mut sessions = Vec::with_capacity(params.sessions);
     for index in 0..params.sessions {
-        let owner = owners.below(bases.len());
-        let other = (bases.len() > 1).then(|| (owner + 1 + owners.below(bases.len() - 1)) % bases.len());
-        let rng = XorShift::new(params.seed ^ (index as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407));
+        let owner = owners.random_range(0..bases.len());
+        let other = (bases.len() > 1).then(|| (owner + 1 + owners.random_range(0..bases.len() - 1)) % bases.len());
+        let rng = StdRng::seed_from_u64(params.seed.wrapping_add(index as u64 + 1));
         sessions.push(ClusterSession::open(&client, &bases, owner, other, rng).await?);
     }
     // Warm-up: one turn per session, outside the timing.
@@ -401,7 +373,7 @@ struct ClusterSession {
     /// The node that created and runs it.
     owner: usize,
     /// Picks the node each turn is posted to.
-    rng: XorShift,
+    rng: StdRng,
     /// The owner's stream, as it is read.
     events: mpsc::UnboundedReceiver<WireEvent>,
     /// What the turns took from `events`, in order.
@@ -421,7 +393,7 @@ impl ClusterSession {
         bases: &[String],
         owner: usize,
         other: Option<usize>,
-        rng: XorShift,
+        rng: StdRng,
     ) -> Result<Self> {
         let body = json!({"tools": {"builtin": false, "write": false, "shell": false}});
         let created: serde_json::Value = check(
@@ -476,7 +448,7 @@ impl ClusterSession {
     /// Posts `text` to a random node and waits for its turn to complete on
     /// the owner's stream.
     async fn turn(&mut self, client: &reqwest::Client, bases: &[String], text: &str) -> Result<Post> {
-        let node = self.rng.below(bases.len());
+        let node = self.rng.random_range(0..bases.len());
         let url = format!("{}/v1/sessions/{}/submissions", bases[node], self.id);
         let body = json!({"op": {"type": "user_input", "text": text}});
         let started = Instant::now();
@@ -562,18 +534,6 @@ impl ClusterSession {
 mod tests {
     use super::*;
     use crate::testing::postgres::TestPostgres;
-
-    #[test]
-    fn the_generator_is_reproducible_and_spreads() {
-        let (mut first, mut second) = (XorShift::new(7), XorShift::new(7));
-        let picks: Vec<usize> = (0..300).map(|_| first.below(3)).collect();
-        assert_eq!(picks, (0..300).map(|_| second.below(3)).collect::<Vec<_>>());
-        for node in 0..3 {
-            let count = picks.iter().filter(|pick| **pick == node).count();
-            assert!((60..=140).contains(&count), "node {node} picked {count} times of 300");
-        }
-        assert_ne!(XorShift::new(0).next(), 0);
-    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tiny_cluster_run_is_sane() {
