@@ -21,6 +21,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod chaos;
 pub mod config;
 mod error;
 pub mod model;

@@ -2,6 +2,7 @@
 
 mod agent;
 mod approvals;
+mod chaos;
 mod cli;
 mod compaction;
 mod durable_submissions;

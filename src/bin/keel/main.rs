@@ -6,6 +6,7 @@
 //! stderr with a non-zero exit code.
 
 mod bench;
+mod chaos;
 mod chat;
 mod console;
 mod db;
@@ -50,6 +51,9 @@ enum Command {
     /// Run a benchmark workload.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run `keel serve` under load, break it at random, and check what
+    /// clients were told against the store.
+    Chaos(chaos::ChaosArgs),
     /// Run a command under a sandbox policy (the shell tool's launcher).
     #[command(hide = true)]
     SandboxExec(sandbox::SandboxExecArgs),
@@ -143,6 +147,7 @@ fn main() -> ExitCode {
             Command::Fork(args) => fork::fork(args).await,
             Command::Backup(args) => log::backup(args).await,
             Command::Bench(command) => bench::bench(command).await,
+            Command::Chaos(args) => chaos::chaos(args).await,
             Command::SandboxExec(_) => Err(anyhow::anyhow!("sandbox-exec runs before the async runtime starts")),
         };
         // The MCP servers' graceful stop runs on this runtime: once it is

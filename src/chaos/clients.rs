@@ -1,0 +1,281 @@
+//! The load of a chaos run and its history: per session, a writer that
+//! sends messages (each with an idempotency key, retried on any node until
+//! one answers), steers and interrupts, and a follower that streams the
+//! session from any node and resumes with `Last-Event-ID` whenever its
+//! stream breaks. Everything sent, answered and received is recorded.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::nodes::Addresses;
+use crate::protocol::RecordedEvent;
+use crate::provider::sse::SseParser;
+
+/// How long one request may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many times a message is sent (to random nodes) before it is given up.
+const ATTEMPTS: usize = 8;
+
+/// The largest event a follower accepts.
+const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
+/// What one attempt to submit got back.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub(super) enum Outcome {
+    /// `202`.
+    Accepted { submission_id: String, duplicate: bool },
+    /// Another status, with its error code.
+    Refused { status: u16, code: String },
+    /// No answer (the connection failed or timed out).
+    Failed { error: String },
+}
+
+/// One attempt, as recorded.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Attempt {
+    pub(super) session_id: String,
+    /// The idempotency key (`None` for control ops).
+    pub(super) key: Option<String>,
+    pub(super) op: Value,
+    pub(super) node: usize,
+    #[serde(flatten)]
+    pub(super) outcome: Outcome,
+}
+
+/// What one session's clients saw.
+#[derive(Debug, Default)]
+pub(super) struct SessionHistory {
+    pub(super) attempts: Vec<Attempt>,
+    /// Every event the follower received, by sequence.
+    pub(super) received: BTreeMap<u64, RecordedEvent>,
+    /// Problems seen on the wire (a gap, a duplicate, an unparsable event).
+    pub(super) wire_violations: Vec<String>,
+    /// Times the follower's stream broke and was resumed.
+    pub(super) resumes: u64,
+}
+
+/// The history of every session.
+pub(super) type History = Arc<Mutex<BTreeMap<String, SessionHistory>>>;
+
+/// Records into the history.
+fn record(history: &History, session_id: &str, change: impl FnOnce(&mut SessionHistory)) {
+    let mut all = history.lock().unwrap_or_else(|poison| poison.into_inner());
+    change(all.entry(session_id.to_owned()).or_default());
+}
+
+/// Sends work to one session until `stop` says so.
+pub(super) async fn write(
+    client: reqwest::Client,
+    addresses: Addresses,
+    session_id: String,
+    seed: u64,
+    history: History,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut sent = 0u64;
+    while !*stop.borrow() {
+        let roll = rng.random_range(0..100);
+        let (op, on_busy, keyed) = match roll {
+            0..=64 => (
+                json!({"type": "user_input", "text": format!("message {sent}")}),
+                None,
+                true,
+            ),
+            65..=74 => (
+                json!({"type": "user_input", "text": format!("steer {sent}")}),
+                Some("steer"),
+                true,
+            ),
+            75..=84 => (
+                json!({"type": "user_input", "text": format!("urgent {sent}")}),
+                Some("interrupt"),
+                true,
+            ),
+            _ => (json!({"type": "interrupt"}), None, false),
+        };
+        let key = keyed.then(|| format!("{session_id}-{sent}"));
+        sent += 1;
+        let mut body = json!({ "op": op });
+        if let Some(policy) = on_busy {
+            body["on_busy"] = json!(policy);
+        }
+        for attempt in 0..ATTEMPTS {
+            let node = rng.random_range(0..addresses_len(&addresses));
+            let outcome = submit(&client, &addresses, node, &session_id, &body, key.as_deref()).await;
+            let answered = matches!(outcome, Outcome::Accepted { .. })
+                || matches!(&outcome, Outcome::Refused { status, .. } if *status != 503 && *status != 500);
+            record(&history, &session_id, |session| {
+                session.attempts.push(Attempt {
+                    session_id: session_id.clone(),
+                    key: key.clone(),
+                    op: body.clone(),
+                    node,
+                    outcome,
+                });
+            });
+            // A control op is not retried: it acts at once or not at all.
+            if answered || key.is_none() || *stop.borrow() {
+                break;
+            }
+            let backoff = Duration::from_millis(100 * (attempt as u64 + 1));
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        let pause = Duration::from_millis(rng.random_range(50..400));
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+fn addresses_len(addresses: &Addresses) -> usize {
+    addresses
+        .read()
+        .unwrap_or_else(|poison| poison.into_inner())
+        .len()
+        .max(1)
+}
+
+fn address(addresses: &Addresses, node: usize) -> String {
+    let addresses = addresses.read().unwrap_or_else(|poison| poison.into_inner());
+    addresses.get(node).or(addresses.first()).cloned().unwrap_or_default()
+}
+
+async fn submit(
+    client: &reqwest::Client,
+    addresses: &Addresses,
+    node: usize,
+    session_id: &str,
+    body: &Value,
+    key: Option<&str>,
+) -> Outcome {
+    let url = format!("{}/v1/sessions/{session_id}/submissions", address(addresses, node));
+    let mut request = client.post(url).json(body).timeout(REQUEST_TIMEOUT);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => {
+            return Outcome::Failed {
+                error: error.to_string(),
+            };
+        }
+    };
+    let status = response.status().as_u16();
+    let body: Value = match response.json().await {
+        Ok(body) => body,
+        Err(error) => {
+            return Outcome::Failed {
+                error: error.to_string(),
+            };
+        }
+    };
+    if status == 202 {
+        return Outcome::Accepted {
+            submission_id: body["submission_id"].as_str().unwrap_or_default().to_owned(),
+            duplicate: body["duplicate"].as_bool().unwrap_or(false),
+        };
+    }
+    Outcome::Refused {
+        status,
+        code: body["error"]["code"].as_str().unwrap_or_default().to_owned(),
+    }
+}
+
+/// Follows one session's stream from any node, resuming after every break,
+/// until `stop` says so; returns once stopped.
+pub(super) async fn follow(
+    client: reqwest::Client,
+    addresses: Addresses,
+    session_id: String,
+    seed: u64,
+    history: History,
+    stop: watch::Receiver<bool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut last = 0u64;
+    let mut first = true;
+    while !*stop.borrow() {
+        let node = rng.random_range(0..addresses_len(&addresses));
+        let url = format!("{}/v1/sessions/{session_id}/events/stream", address(&addresses, node));
+        let response = client
+            .get(url)
+            .header("accept", "text/event-stream")
+            .header("last-event-id", last.to_string())
+            .send()
+            .await;
+        if !first {
+            record(&history, &session_id, |session| session.resumes += 1);
+        }
+        first = false;
+        if let Ok(response) = response
+            && response.status().is_success()
+        {
+            read(response, &session_id, &mut last, &history, stop.clone()).await;
+        }
+        if *stop.borrow() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Reads a stream until it breaks or `stop` says so, checking each event
+/// comes right after the last one.
+async fn read(
+    response: reqwest::Response,
+    session_id: &str,
+    last: &mut u64,
+    history: &History,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut parser = SseParser::new(MAX_EVENT_BYTES);
+    let mut body = response.bytes_stream();
+    let mut events = Vec::new();
+    loop {
+        let chunk = tokio::select! {
+            chunk = body.next() => chunk,
+            _ = stop.changed() => return,
+        };
+        let Some(Ok(chunk)) = chunk else { return };
+        events.clear();
+        if parser.push(&chunk, &mut events).is_err() {
+            record(history, session_id, |session| {
+                session.wire_violations.push("a malformed event stream".to_owned());
+            });
+            return;
+        }
+        for event in &events {
+            let Ok(recorded) = serde_json::from_str::<RecordedEvent>(&event.data) else {
+                // Comments and keep-alives carry no event.
+                continue;
+            };
+            let expected = *last + 1;
+            record(history, session_id, |session| {
+                if recorded.sequence != expected {
+                    session.wire_violations.push(format!(
+                        "streamed sequence {} where {expected} was due",
+                        recorded.sequence
+                    ));
+                }
+                session.received.insert(recorded.sequence, recorded.clone());
+            });
+            *last = (*last).max(recorded.sequence);
+        }
+    }
+}
