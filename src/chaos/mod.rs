@@ -13,10 +13,16 @@
 //! (SIGSTOP, then SIGCONT), restart PostgreSQL and terminate Keel's
 //! database connections (`pg_terminate_backend`). Seeds make the load and
 //! the fault schedule repeatable, as far as timing allows.
+//!
+//! A soak (`soak`) runs the same load without faults for a long while,
+//! sampling the server's memory, descriptors and live tasks.
 
 mod check;
 mod clients;
 mod nodes;
+mod soak;
+
+pub use self::soak::{Sample, svg};
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -71,6 +77,9 @@ pub struct ChaosParams {
     pub evidence: PathBuf,
     /// The nodes' lease time to live, in milliseconds (PostgreSQL).
     pub lease_ttl_ms: u64,
+    /// Instead of faults, run the load this long while sampling the first
+    /// node (a soak); `faults` is then ignored.
+    pub soak: Option<Duration>,
 }
 
 /// What a run found.
@@ -98,6 +107,8 @@ pub struct ChaosReport {
     pub evidence: Option<PathBuf>,
     /// Wall time of the run, in seconds.
     pub wall_s: f64,
+    /// A soak's samples of the first node.
+    pub samples: Vec<Sample>,
 }
 
 impl ChaosReport {
@@ -223,7 +234,20 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
 
     let mut report = ChaosReport::default();
     let mut rng = StdRng::seed_from_u64(params.seed);
-    for _ in 0..params.faults {
+    if let Some(duration) = params.soak {
+        let since = Instant::now();
+        let base = nodes[0].base();
+        while since.elapsed() < duration {
+            if let Some(pid) = nodes[0].pid()
+                && let Some(sample) = soak::sample(&client, pid, &base, since).await
+            {
+                report.samples.push(sample);
+            }
+            tokio::time::sleep(soak::SAMPLE_EVERY).await;
+        }
+    }
+    let faults = if params.soak.is_some() { 0 } else { params.faults };
+    for _ in 0..faults {
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..900))).await;
         let fault = pick(&mut rng, params.store);
         inject(
@@ -310,6 +334,9 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
     store.close().await;
     if params.store == ChaosStore::Sqlite {
         integrity(&dir.join("keel.sqlite3"), &mut report.violations);
+    }
+    if params.soak.is_some() {
+        soak::growth(&report.samples, &mut report.violations);
     }
     report.wall_s = started.elapsed().as_secs_f64();
     if !report.violations.is_empty() {

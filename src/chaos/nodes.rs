@@ -59,6 +59,11 @@ impl Node {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The running process's id.
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The node's stderr, appended across restarts.
     pub(super) fn log_path(&self) -> PathBuf {
         self.spec.dir.join(format!("node-{}.log", self.index))

@@ -70,6 +70,7 @@ pub(crate) struct Metrics {
     pub(crate) relayed_submissions: Counter,
     pub(crate) sessions_taken_over: Counter,
     pub(crate) leases_lost: Counter,
+    pub(crate) alive_tasks: Gauge,
 }
 
 impl Metrics {
@@ -154,6 +155,12 @@ impl Metrics {
             "Sessions this node stopped because another node took their lease",
             leases_lost.clone(),
         );
+        let alive_tasks = Gauge::default();
+        registry.register(
+            "keel_runtime_alive_tasks",
+            "Tasks alive in the server's async runtime (a leak shows as growth)",
+            alive_tasks.clone(),
+        );
         Self {
             registry,
             live_sessions,
@@ -169,6 +176,7 @@ impl Metrics {
             relayed_submissions,
             sessions_taken_over,
             leases_lost,
+            alive_tasks,
         }
     }
 

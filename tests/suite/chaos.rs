@@ -18,6 +18,7 @@ fn params(store: ChaosStore, sessions: usize, faults: usize, seed: u64) -> Chaos
         seed,
         evidence: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chaos-evidence"),
         lease_ttl_ms: 2000,
+        soak: None,
     }
 }
 

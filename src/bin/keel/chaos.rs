@@ -41,6 +41,13 @@ pub(crate) struct ChaosArgs {
     /// The nodes' lease time to live in milliseconds (PostgreSQL).
     #[arg(long, default_value_t = 2000, value_name = "MS")]
     lease_ttl_ms: u64,
+    /// A soak instead of faults: the load for this many seconds, sampling
+    /// the server's memory, descriptors and live tasks every 5 s.
+    #[arg(long, value_name = "SECONDS")]
+    soak: Option<u64>,
+    /// Where a soak writes its plot (an SVG) and its samples (CSV beside it).
+    #[arg(long, value_name = "FILE", default_value = "soak.svg")]
+    plot: PathBuf,
 }
 
 pub(crate) async fn chaos(args: ChaosArgs) -> anyhow::Result<ExitCode> {
@@ -55,8 +62,28 @@ pub(crate) async fn chaos(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         seed: args.seed,
         evidence: args.evidence,
         lease_ttl_ms: args.lease_ttl_ms,
+        soak: args.soak.map(std::time::Duration::from_secs),
     };
     let report = run_chaos(&params).await?;
+    if args.soak.is_some() {
+        let title = format!(
+            "keel serve under the chaos load for {:.0} min ({} sessions, no faults)",
+            report.wall_s / 60.0,
+            params.sessions
+        );
+        std::fs::write(&args.plot, keel::chaos::svg(&report.samples, &title))
+            .with_context(|| format!("cannot write {}", args.plot.display()))?;
+        let mut csv = String::from("t_s,rss_kib,fds,tasks\n");
+        for sample in &report.samples {
+            csv.push_str(&format!(
+                "{:.1},{:.0},{:.0},{:.0}\n",
+                sample.t_s, sample.rss_kib, sample.fds, sample.tasks
+            ));
+        }
+        let samples = args.plot.with_extension("csv");
+        std::fs::write(&samples, csv).with_context(|| format!("cannot write {}", samples.display()))?;
+        eprintln!("soak plot in {}, samples in {}", args.plot.display(), samples.display());
+    }
     for violation in report.violations.iter().take(20) {
         eprintln!("violation: {violation}");
     }

@@ -34,6 +34,8 @@ pub(crate) async fn metrics(State(server): State<Arc<Server>>) -> impl IntoRespo
         .metrics
         .queued_submissions
         .set(i64::try_from(queued).unwrap_or(i64::MAX));
+    let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+    server.metrics.alive_tasks.set(i64::try_from(tasks).unwrap_or(i64::MAX));
     (
         [(
             header::CONTENT_TYPE,
