@@ -21,6 +21,9 @@ const RSS_GROWTH_LIMIT: f64 = 0.2;
 /// the first (the load's own churn: connections, streams resuming).
 const COUNT_SLACK: f64 = 16.0;
 
+/// One measure of a sample, for plotting and judging.
+type Measure = fn(&Sample) -> f64;
+
 /// One sample of the server.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Sample {
@@ -79,7 +82,7 @@ pub(super) fn growth(samples: &[Sample], violations: &mut Vec<String>) {
     }
     let quarter = steady.len() / 4;
     let (first, last) = (&steady[..quarter], &steady[steady.len() - quarter..]);
-    let peak = |part: &[&Sample], pick: fn(&Sample) -> f64| part.iter().map(|sample| pick(sample)).fold(0.0, f64::max);
+    let peak = |part: &[&Sample], pick: Measure| part.iter().map(|sample| pick(sample)).fold(0.0, f64::max);
     let rss = (
         peak(first, |sample| sample.rss_kib),
         peak(last, |sample| sample.rss_kib),
@@ -91,7 +94,7 @@ pub(super) fn growth(samples: &[Sample], violations: &mut Vec<String>) {
         ));
     }
     for (name, pick) in [
-        ("open descriptors", (|sample: &Sample| sample.fds) as fn(&Sample) -> f64),
+        ("open descriptors", (|sample: &Sample| sample.fds) as Measure),
         ("live tasks", |sample: &Sample| sample.tasks),
     ] {
         let (before, after) = (peak(first, pick), peak(last, pick));
@@ -109,7 +112,7 @@ pub fn svg(samples: &[Sample], title: &str) -> String {
     const PANEL: f64 = 150.0;
     const LEFT: f64 = 70.0;
     let end = samples.last().map_or(1.0, |sample| sample.t_s.max(1.0));
-    let panels: [(&str, fn(&Sample) -> f64); 3] = [
+    let panels: [(&str, Measure); 3] = [
         ("resident memory (MiB)", |sample| sample.rss_kib / 1024.0),
         ("open descriptors", |sample| sample.fds),
         ("live tasks", |sample| sample.tasks),
@@ -129,7 +132,7 @@ pub fn svg(samples: &[Sample], title: &str) -> String {
     for (index, (label, pick)) in panels.iter().enumerate() {
         let top = 40.0 + PANEL * index as f64;
         let bottom = top + PANEL - 30.0;
-        let max = samples.iter().map(|sample| pick(sample)).fold(0.0, f64::max).max(1.0) * 1.1;
+        let max = samples.iter().map(pick).fold(0.0, f64::max).max(1.0) * 1.1;
         let x = |t: f64| LEFT + (WIDTH - LEFT - 20.0) * t / end;
         let y = |value: f64| bottom - (bottom - top) * value / max;
         let points: Vec<String> = samples
