@@ -81,6 +81,10 @@ pub enum ApiError {
     /// it is back (`/readyz` says when).
     #[error("{0}")]
     StoreUnavailable(String),
+    /// The disk, or the database's size cap, is full (503): nothing was
+    /// stored; retry once space is freed.
+    #[error("{0}")]
+    StoreFull(String),
     /// A store failure or another server fault (500).
     #[error("{0}")]
     Internal(String),
@@ -101,7 +105,7 @@ impl ApiError {
             Self::KeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MisdirectedRequest(_) => StatusCode::MISDIRECTED_REQUEST,
-            Self::TooManySessions(_) | Self::Unavailable(_) | Self::StoreUnavailable(_) => {
+            Self::TooManySessions(_) | Self::Unavailable(_) | Self::StoreUnavailable(_) | Self::StoreFull(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -128,6 +132,7 @@ impl ApiError {
             Self::TooManySessions(_) => "too_many_sessions",
             Self::Unavailable(_) => "unavailable",
             Self::StoreUnavailable(_) => "store_unavailable",
+            Self::StoreFull(_) => "store_full",
             Self::Internal(_) => "internal",
         }
     }
@@ -184,6 +189,9 @@ impl From<StoreError> for ApiError {
             StoreError::Closed => Self::Unavailable("the store is closed".to_owned()),
             replaced @ StoreError::Replaced(_) => Self::Unavailable(replaced.to_string()),
             unreachable @ StoreError::Unavailable(_) => Self::StoreUnavailable(unreachable.to_string()),
+            // A full disk is the operator's to fix, not a fault of the
+            // server's: the client is told to come back, as for an outage.
+            full @ StoreError::Full(_) => Self::StoreFull(full.to_string()),
             other => Self::Internal(format!("store failed: {other}")),
         }
     }
@@ -239,6 +247,7 @@ mod tests {
             (ApiError::TooManySessions("x".into()), 503, "too_many_sessions"),
             (ApiError::Unavailable("x".into()), 503, "unavailable"),
             (ApiError::StoreUnavailable("x".into()), 503, "store_unavailable"),
+            (ApiError::StoreFull("x".into()), 503, "store_full"),
             (ApiError::Internal("x".into()), 500, "internal"),
         ];
         for (error, status, code) in cases {
@@ -247,6 +256,13 @@ mod tests {
         assert_eq!(
             ApiError::from(Error::Checkpoint(StoreError::UnknownSession("s".into()))),
             ApiError::NotFound("no session 's'".into())
+        );
+        let full = ApiError::from(StoreError::Full("database or disk is full".into()));
+        assert_eq!((full.status().as_u16(), full.code()), (503, "store_full"));
+        let unreachable = ApiError::from(StoreError::Unavailable("disk I/O error".into()));
+        assert_eq!(
+            (unreachable.status().as_u16(), unreachable.code()),
+            (503, "store_unavailable")
         );
     }
 }

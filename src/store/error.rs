@@ -80,9 +80,10 @@ pub enum StoreError {
     /// go to a file no one will read again, so the store refuses them all.
     #[error("the database file {0} was deleted or replaced while in use; restart keel")]
     Replaced(String),
-    /// The database server cannot be reached (refused, gone away, shutting
-    /// down); retrying once it is back can succeed. A write that failed so
-    /// was not acknowledged.
+    /// The database cannot be reached (a server refused, gone away,
+    /// shutting down) or its file cannot be written (an I/O error, a
+    /// read-only file system); retrying once it is back can succeed. A
+    /// write that failed so was not acknowledged.
     #[error("cannot reach the database: {0}")]
     Unavailable(String),
     /// Any other failure of the storage backend (I/O, locking).

@@ -136,6 +136,13 @@ impl TestPostgres {
         self.pg_ctl(&["stop", "-m", "fast", "-w"]);
     }
 
+    /// Stops the server abruptly (`pg_ctl stop -m immediate`: no
+    /// checkpoint, connections cut, crash recovery at the next start), for
+    /// crash tests. Panics if it does not stop.
+    pub fn stop_immediate(&self) {
+        self.pg_ctl(&["stop", "-m", "immediate", "-w"]);
+    }
+
     /// Starts the server again after [`Self::stop`]. Panics if it does not
     /// start.
     pub fn start(&self) {

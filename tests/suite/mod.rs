@@ -19,6 +19,7 @@ mod sandbox;
 mod server;
 mod skip;
 mod step_limits;
+mod store_faults;
 mod support;
 mod turns_with_tools;
 mod web_ui;

@@ -475,10 +475,21 @@ fn store_error(error: rusqlite::Error, path: &Path) -> StoreError {
 }
 
 /// Maps a SQLite error to the store's error.
+///
+/// An I/O error (`SQLITE_IOERR`: a failed write or fsync, a file system
+/// turned read-only under an open file) or a database that cannot be
+/// written (`SQLITE_READONLY`) is the file's, not the request's: SQLite
+/// rolled the transaction back, nothing was acknowledged, and the same
+/// write can succeed once the fault clears, so it is
+/// [`StoreError::Unavailable`] (a `503` to clients), like a database server
+/// gone away.
 fn sqlite_error(error: rusqlite::Error) -> StoreError {
     match error.sqlite_error_code() {
         Some(ErrorCode::DiskFull) => StoreError::Full(error.to_string()),
         Some(ErrorCode::NotADatabase) => StoreError::NotADatabase(error.to_string()),
+        Some(ErrorCode::SystemIoFailure | ErrorCode::ReadOnly) => {
+            StoreError::Unavailable(format!("the database file cannot be written: {error}"))
+        }
         _ => StoreError::Backend(Arc::new(error)),
     }
 }

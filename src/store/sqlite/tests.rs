@@ -1729,3 +1729,25 @@ async fn a_version_2_database_gets_each_sessions_bot_from_its_checkpoint() {
     })
     .await;
 }
+
+/// A failed write or fsync, or a file turned read-only, is the file's
+/// fault, not the request's: `Unavailable` (a `503` to clients), retried
+/// once it clears; a full disk is `Full`. (The fault tests under
+/// `tests/suite/store_faults.rs` cause the write and read-only failures for
+/// real; this kernel offers no way to fail an fsync.)
+#[test]
+fn io_errors_are_unavailable_and_a_full_disk_is_full() {
+    use rusqlite::ffi;
+    let failure = |code| super::sqlite_error(rusqlite::Error::SqliteFailure(ffi::Error::new(code), None));
+    for code in [
+        ffi::SQLITE_IOERR_WRITE,
+        ffi::SQLITE_IOERR_FSYNC,
+        ffi::SQLITE_IOERR_SHMMAP,
+        ffi::SQLITE_READONLY,
+    ] {
+        let error = failure(code);
+        assert!(matches!(error, StoreError::Unavailable(_)), "{code}: {error:?}");
+    }
+    assert!(matches!(failure(ffi::SQLITE_FULL), StoreError::Full(_)));
+    assert!(matches!(failure(ffi::SQLITE_CONSTRAINT), StoreError::Backend(_)));
+}
