@@ -192,6 +192,19 @@ impl Drop for Mount {
     }
 }
 
+/// A server on `db` with its sessions under load, once some submissions
+/// are acknowledged.
+async fn under_load(db: &OsStr, scratch: &Scratch) -> (ServeProcess, Load) {
+    let server = serve(db, scratch);
+    create_sessions(&server.api, scratch).await;
+    let load = Load::start(&server.api);
+    load.wait("acknowledged submissions", Duration::from_secs(30), |load| {
+        load.accepted() >= 40
+    })
+    .await;
+    (server, load)
+}
+
 /// `keel serve --db <db>` with scripts and workspaces in `scratch`.
 fn serve(db: &OsStr, scratch: &Scratch) -> ServeProcess {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
@@ -439,13 +452,7 @@ async fn a_full_disk_is_503_loses_nothing_and_clears_by_itself() {
     };
     let scratch = Scratch::new();
     let db = mount.path().join("keel.sqlite3");
-    let server = serve(db.as_os_str(), &scratch);
-    create_sessions(&server.api, &scratch).await;
-    let load = Load::start(&server.api);
-    load.wait("acknowledged submissions", Duration::from_secs(30), |load| {
-        load.accepted() >= 40
-    })
-    .await;
+    let (server, load) = under_load(db.as_os_str(), &scratch).await;
 
     let filler = mount.path().join("filler");
     fill(&filler);
@@ -494,13 +501,7 @@ async fn a_file_system_turned_read_only_is_503_and_loses_nothing() {
     };
     let scratch = Scratch::new();
     let db = mount.path().join("keel.sqlite3");
-    let server = serve(db.as_os_str(), &scratch);
-    create_sessions(&server.api, &scratch).await;
-    let load = Load::start(&server.api);
-    load.wait("acknowledged submissions", Duration::from_secs(30), |load| {
-        load.accepted() >= 40
-    })
-    .await;
+    let (server, load) = under_load(db.as_os_str(), &scratch).await;
 
     let refused = mount.remount(true);
     assert!(
@@ -538,13 +539,7 @@ async fn write_errors_are_503_and_clear_by_themselves() {
     };
     let scratch = Scratch::new();
     let db = mount.path().join("keel.sqlite3");
-    let server = serve(db.as_os_str(), &scratch);
-    create_sessions(&server.api, &scratch).await;
-    let load = Load::start(&server.api);
-    load.wait("acknowledged submissions", Duration::from_secs(30), |load| {
-        load.accepted() >= 40
-    })
-    .await;
+    let (server, load) = under_load(db.as_os_str(), &scratch).await;
 
     let files: Vec<PathBuf> = ["", "-wal"]
         .iter()
@@ -592,13 +587,7 @@ async fn killed_postgresql_connections_are_503_and_lose_nothing() {
     let Some(postgres) = TestPostgres::shared() else { return };
     let url = postgres.fresh_database();
     let scratch = Scratch::new();
-    let server = serve(url.as_ref(), &scratch);
-    create_sessions(&server.api, &scratch).await;
-    let load = Load::start(&server.api);
-    load.wait("acknowledged submissions", Duration::from_secs(30), |load| {
-        load.accepted() >= 40
-    })
-    .await;
+    let (server, load) = under_load(url.as_ref(), &scratch).await;
 
     let admin = raw(&url).await;
     let mut killed = 0;
@@ -641,13 +630,7 @@ async fn a_postgresql_crash_under_load_is_503_and_clears_by_itself() {
     let Some(postgres) = TestPostgres::own() else { return };
     let url = postgres.fresh_database();
     let scratch = Scratch::new();
-    let server = serve(url.as_ref(), &scratch);
-    create_sessions(&server.api, &scratch).await;
-    let load = Load::start(&server.api);
-    load.wait("acknowledged submissions", Duration::from_secs(30), |load| {
-        load.accepted() >= 40
-    })
-    .await;
+    let (server, load) = under_load(url.as_ref(), &scratch).await;
 
     postgres.stop_immediate();
     load.wait("a 503 while PostgreSQL is down", Duration::from_secs(60), |load| {
