@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use rusqlite::Connection;
 use rusqlite::wal::CheckpointMode;
 
+use super::identity::FileIdentity;
 use super::writer::WriterCounters;
 use crate::store::StoreError;
 
@@ -35,11 +36,17 @@ pub(super) fn start(
     writer: &mut Connection,
     path: &Path,
     counters: Arc<WriterCounters>,
+    identity: Arc<FileIdentity>,
 ) -> Result<JoinHandle<()>, StoreError> {
     let conn = super::schema::open_checkpointer(path)?;
     let (signal, signals) = mpsc::sync_channel::<()>(1);
+    let hook_identity = Arc::clone(&identity);
     writer
         .wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages: i32| {
+            // See `run`: never on a file system that turned read-only.
+            if hook_identity.writable().is_err() {
+                return Ok(());
+            }
             if pages >= INLINE_CHECKPOINT_AT_PAGES {
                 wal.checkpoint_v2(CheckpointMode::PASSIVE)?;
             } else if pages >= CHECKPOINT_AT_PAGES {
@@ -51,12 +58,19 @@ pub(super) fn start(
         .map_err(super::sqlite_error)?;
     std::thread::Builder::new()
         .name("keel-sqlite-checkpointer".into())
-        .spawn(move || run(&conn, &signals, &counters))
+        .spawn(move || run(&conn, &signals, &counters, &identity))
         .map_err(|error| StoreError::Backend(Arc::new(error)))
 }
 
-fn run(conn: &Connection, signals: &mpsc::Receiver<()>, counters: &WriterCounters) {
+fn run(conn: &Connection, signals: &mpsc::Receiver<()>, counters: &WriterCounters, identity: &FileIdentity) {
     while signals.recv().is_ok() {
+        // On a file system that turned read-only after an error, writes
+        // may still reach the disk while `fsync` answers success without
+        // syncing: a checkpoint could then be half on disk while the next
+        // commit starts the WAL over, losing committed frames.
+        if identity.writable().is_err() {
+            continue;
+        }
         match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
             Ok((log, done)) => {
                 counters.checkpoints.fetch_add(1, Ordering::Relaxed);

@@ -64,6 +64,23 @@ impl FileIdentity {
     fn error(&self) -> StoreError {
         StoreError::Replaced(self.path.display().to_string())
     }
+
+    /// `Ok` while the file system holding the database is writable. Checked
+    /// after each commit, before it is acknowledged: once ext4 turns itself
+    /// read-only after an error (`errors=remount-ro`), `fsync` answers
+    /// success without writing anything, so a commit would be acknowledged
+    /// and then lost. A `statvfs`: cheap beside the fsync.
+    pub(super) fn writable(&self) -> Result<(), StoreError> {
+        match rustix::fs::statvfs(&self.path) {
+            Ok(status) if status.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) => {
+                Err(StoreError::Unavailable(format!(
+                    "the file system holding {} turned read-only: the last commit may not have reached the disk",
+                    self.path.display()
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Refuses a database whose shared-memory file (`-shm`, the WAL index every

@@ -124,7 +124,7 @@ impl SqliteCheckpoint {
         let mut conn = schema::open_writer(&path, &options)?;
         let identity = Arc::new(FileIdentity::of(&path)?);
         let counters = Arc::new(WriterCounters::default());
-        let checkpointer = checkpointer::start(&mut conn, &path, Arc::clone(&counters))?;
+        let checkpointer = checkpointer::start(&mut conn, &path, Arc::clone(&counters), Arc::clone(&identity))?;
         let (jobs, writer) = writer::spawn(
             conn,
             options.max_jobs_per_commit,

@@ -179,6 +179,10 @@ pub(super) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
+    // Checkpoints run only where the store decides (the checkpointer, the
+    // writer at close), after checking the file system is still writable;
+    // never as a side effect of the last connection closing.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     conn.set_prepared_statement_cache_capacity(32);
     Ok(())
 }

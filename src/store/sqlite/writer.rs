@@ -73,6 +73,7 @@ fn run(
     // checkpoint SQLite runs when the last connection closes is skipped if
     // another connection (the checkpointer's) is still open then.
     if identity.check().is_ok()
+        && identity.writable().is_ok()
         && let Err(error) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
     {
         tracing::warn!(%error, "the WAL could not be checkpointed at close");
@@ -87,7 +88,8 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCo
     let writes: Vec<Sealed<'_>> = group.iter().map(Job::seal).collect();
     // Checked again after the commit: a file deleted while it ran got the
     // commit, but no one will read it, so it is not acknowledged.
-    let outcome = run_group(conn, &writes, now).and_then(|done| identity.check().map(|()| done));
+    let outcome = run_group(conn, &writes, now)
+        .and_then(|done| identity.check().and_then(|()| identity.writable()).map(|()| done));
     let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
     if let Ok((outcomes, commits)) = &outcome {
         // Count only what was written.
