@@ -15,6 +15,9 @@ use crate::{Error, Result};
 /// How long a node gets to answer `/healthz` after it starts.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How many more times a node that exits at start is started again.
+const START_ATTEMPTS: usize = 5;
+
 /// How long a node gets to exit after SIGTERM before it is killed.
 const TERM_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -69,8 +72,25 @@ impl Node {
         self.spec.dir.join(format!("node-{}.log", self.index))
     }
 
-    /// Starts the process again (after a kill or a stop) on the same port.
+    /// Starts the process again (after a kill or a stop) on the same port,
+    /// trying a few times: a dead node's database connections (and the
+    /// hold on its node id) take a moment to go.
     pub(super) async fn restart(&mut self, client: &reqwest::Client) -> Result<()> {
+        let mut attempt = 0;
+        loop {
+            match self.start_once(client).await {
+                Ok(()) => return Ok(()),
+                Err(error) if attempt < START_ATTEMPTS => {
+                    attempt += 1;
+                    tracing::warn!(node = self.index, %error, "a node did not start; trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn start_once(&mut self, client: &reqwest::Client) -> Result<()> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -113,10 +133,12 @@ impl Node {
             if let Some(child) = &mut self.child
                 && let Ok(Some(status)) = child.try_wait()
             {
+                let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(3).collect();
                 return Err(setup(format!(
-                    "node {} exited at start ({status}); see {}",
+                    "node {} exited at start ({status}): {}",
                     self.index,
-                    self.log_path().display()
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
                 )));
             }
             if Instant::now() > deadline {
