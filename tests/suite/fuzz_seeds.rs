@@ -135,7 +135,19 @@ fn every_fuzz_target_survives_its_seeds_and_their_mutations() {
 /// (they are in the corpora too).
 #[test]
 fn regressions_found_by_fuzzing_stay_fixed() {
-    let found: &[(&str, &[u8])] = &[];
+    let found: &[(&str, &[u8])] = &[
+        // A log row whose last sequence is `u64::MAX`: `last + 1` overflowed
+        // in `store::rows::decode_batch` (a panic with overflow checks).
+        (
+            "store_codec",
+            b"\x01\0\0\0\0\0\0\0\xff\xff\xff\xff\xff\xff\xff\xff\xff[]",
+        ),
+        (
+            "store_codec",
+            b"\xfe\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff\xff\xff\xff\xff\xff\
+              [{\"submission_id\": null, \"msg\": {\"type\": \"warning\", \"message\": \"w\"}}]",
+        ),
+    ];
     for (target, input) in found {
         let (_, entry) = TARGETS.iter().find(|(name, _)| name == target).expect("a known target");
         run(target, *entry, "a regression", input);
