@@ -21,6 +21,8 @@ mod tool_phase;
 mod turn;
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod test_support;
 #[cfg(test)]
 mod tests;

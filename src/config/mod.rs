@@ -176,13 +176,19 @@ impl KeelConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|error| Error::Config(format!("cannot read {}: {error}", path.display())))?;
-        toml::from_str(&text).map_err(|error| {
+        Self::parse(&text, path)
+    }
+
+    /// Parses and checks the text of a config file; `path` names it in
+    /// errors (nothing is read from it).
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        toml::from_str(text).map_err(|error| {
             let message = error.message().trim_end();
             // `FILE:LINE:COLUMN: message`, the form editors and terminals
             // jump to.
             match error.span() {
                 Some(span) => {
-                    let (line, column) = line_and_column(&text, span.start);
+                    let (line, column) = line_and_column(text, span.start);
                     // The line itself, since serde's messages do not always
                     // name the key ("invalid type: string, expected f64").
                     let source: String = text

@@ -390,6 +390,29 @@ pub struct EventStream {
 }
 
 impl EventStream {
+    /// A stream over `chunks` already received (no connection): the body
+    /// arrives in these pieces, or, with `complete`, a JSON answer sent in
+    /// place of a stream. For the fuzzing entry points and tests, which
+    /// drive a provider's decoder without HTTP.
+    pub(crate) fn from_chunks(
+        provider: &str,
+        settings: &HttpSettings,
+        chunks: Vec<bytes::Bytes>,
+        complete: Option<serde_json::Value>,
+    ) -> Self {
+        let chunks = if complete.is_some() { Vec::new() } else { chunks };
+        Self {
+            provider: provider.to_owned(),
+            body: Box::pin(futures::stream::iter(chunks.into_iter().map(Ok))),
+            parser: SseParser::new(settings.max_event_bytes),
+            ready: VecDeque::new(),
+            idle_timeout: settings.idle_timeout,
+            received: 0,
+            max_bytes: settings.max_response_bytes,
+            complete,
+        }
+    }
+
     /// The complete JSON answer the server sent in place of an event
     /// stream, if it did. An adapter turns it into the events its stream
     /// would have had and gives them back with [`EventStream::replay`].

@@ -148,18 +148,25 @@ impl OpenAiResponses {
         request: &ModelRequest<'_>,
         sink: ModelEventSink,
     ) -> Result<ModelOutput, AttemptError> {
-        let mut stream = self
+        let stream = self
             .open(url, headers, request)
             .await
             .map_err(|error| AttemptError::Provider { error, streamed: false })?;
+        let mut emitter = Emitter::new(sink);
+        self.read(stream, &mut emitter)
+            .await
+            .map_err(|error| error.into_attempt(&emitter))
+    }
+
+    /// Reads the event stream up to its terminal event.
+    async fn read(&self, mut stream: EventStream, emitter: &mut Emitter) -> Result<ModelOutput, ReadError> {
         if let Some(response) = stream.take_complete() {
             stream.replay(events_of_complete(&response));
         }
-        let mut emitter = Emitter::new(sink);
         let mut response = ResponseReader::new(&self.settings.name);
         loop {
             let outcome = match stream.next().await {
-                Ok(Some(event)) => response.read(&event, &mut emitter),
+                Ok(Some(event)) => response.read(&event, emitter),
                 // Only a terminal event ends a response; a clean end of the
                 // body before it lost the rest.
                 Ok(None) => Err(ReadError::Provider(ProviderError::Truncated {
@@ -170,9 +177,19 @@ impl OpenAiResponses {
             match outcome {
                 Ok(None) => {}
                 Ok(Some(output)) => return Ok(output),
-                Err(error) => return Err(error.into_attempt(&emitter)),
+                Err(error) => return Err(error),
             }
         }
+    }
+}
+
+impl super::ReadStream for OpenAiResponses {
+    fn read_stream(
+        &self,
+        stream: EventStream,
+        emitter: &mut Emitter,
+    ) -> impl Future<Output = Result<ModelOutput, ReadError>> + Send {
+        self.read(stream, emitter)
     }
 }
 

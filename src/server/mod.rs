@@ -28,7 +28,7 @@ mod fanout;
 mod front;
 mod host;
 mod metrics;
-mod routes;
+pub(crate) mod routes;
 mod settings;
 mod sse;
 mod ui;

@@ -12,13 +12,13 @@
 //! **Architecture invariant:** a batch of events and the checkpoint write that
 //! goes with it are committed atomically, or not at all.
 
-mod codec;
+pub(crate) mod codec;
 #[cfg(test)]
 pub(crate) mod conformance;
 mod error;
 mod job;
 pub mod postgres;
-mod rows;
+pub(crate) mod rows;
 pub mod sqlite;
 mod usage;
 mod walk;

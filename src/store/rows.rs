@@ -31,13 +31,16 @@ pub(crate) fn decode_batch(
 ) -> Result<Vec<(u64, Event)>, StoreError> {
     let what = || format!("events {first} to {last} of session '{session_id}'");
     let batch: Vec<Event> = decode(json, what)?;
-    if last + 1 < first || batch.len() as u64 != last + 1 - first {
+    // Checked: damaged bounds (a `last` of `u64::MAX`, or before `first`)
+    // are a corrupt row, not an overflow.
+    let count = last.checked_add(1).and_then(|end| end.checked_sub(first));
+    if count != Some(batch.len() as u64) {
         return Err(StoreError::Corrupt {
             what: what(),
             detail: format!("the row holds {} events", batch.len()),
         });
     }
-    Ok((first..).zip(batch).collect())
+    Ok((first..=last).zip(batch).collect())
 }
 
 /// Applies one log row to a history being rebuilt: its cut, then its items.

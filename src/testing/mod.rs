@@ -2,4 +2,5 @@
 //!
 //! Not part of the public API: hidden from the docs and free to change.
 
+pub mod fuzzing;
 pub mod postgres;

@@ -18,8 +18,8 @@ use crate::server::extract::ApiJson;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SubmitRequest {
-    op: Op,
-    on_busy: Option<BusyPolicy>,
+    pub(crate) op: Op,
+    pub(crate) on_busy: Option<BusyPolicy>,
 }
 
 /// The answer to an accepted submission.

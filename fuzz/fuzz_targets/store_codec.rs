@@ -1,0 +1,4 @@
+//! Fuzz target: `keel::testing::fuzzing::store_codec`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| keel::testing::fuzzing::store_codec(data));
