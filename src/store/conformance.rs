@@ -1903,7 +1903,7 @@ pub(crate) async fn a_lease_taken_through_another_handle_fences_this_one(factory
 // ---------------------------------------------------------------------------
 
 /// A lease's time to live in the tests that let one expire.
-const SHORT_TTL: Duration = Duration::from_millis(300);
+const SHORT_TTL: Duration = Duration::from_millis(1000);
 
 /// A lease's time to live in the tests that need one to stay live.
 const LONG_TTL: Duration = Duration::from_secs(60);
