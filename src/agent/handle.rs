@@ -232,8 +232,13 @@ pub(crate) async fn check_same_body(
     if queued.op == *op && queued.on_busy == on_busy {
         return Ok(());
     }
-    Err(Error::KeyReused(format!(
-        "idempotency key '{key}' was first used for submission {} with another body; use a new key for a new request",
-        earlier.submission_id
-    )))
+    Err(key_reused(key, &earlier.submission_id))
+}
+
+/// The refusal of a key sent again with another body than submission
+/// `submission_id`'s.
+pub(crate) fn key_reused(key: &str, submission_id: &str) -> Error {
+    Error::KeyReused(format!(
+        "idempotency key '{key}' was first used for submission {submission_id} with another body; use a new key for a new request"
+    ))
 }

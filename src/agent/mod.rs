@@ -35,8 +35,8 @@ use tokio::task::JoinHandle;
 
 pub use self::compaction::{SUMMARY_PREFIX, SUMMARY_PROMPT};
 pub use self::fork::{ForkError, fork_session, point_before_turn};
-pub(crate) use self::handle::check_same_body;
 pub use self::handle::{Accepted, SessionHandle, SubmitOptions};
+pub(crate) use self::handle::{check_same_body, key_reused};
 pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};
 use self::session::Session;
 pub use self::status::SessionStatus;

@@ -29,7 +29,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::serve::{TURN_TIMEOUT, WireEvent, check, http_error, io_error, read_stream, write_script};
+use super::serve::{TURN_TIMEOUT, WireEvent, check, http_error, io_error, join_sessions, read_stream, write_script};
 use super::stats::percentile;
 use crate::server::{ClusterConfig, DEFAULT_LEASE_TTL, ServeError, ServerConfig, serve};
 use crate::store::{PostgresCheckpoint, PostgresOptions};
@@ -236,14 +236,7 @@ async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> 
             Ok::<_, Error>((session, posts))
         });
     }
-    let mut finished = Vec::new();
-    let mut posts = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        let (session, session_posts) =
-            joined.map_err(|error| Error::stopped(format!("bench session failed: {error}")))??;
-        finished.push(session);
-        posts.extend(session_posts);
-    }
+    let (finished, posts) = join_sessions(tasks).await?;
     let wall = started.elapsed().as_secs_f64();
 
     let mut sessions_per_node = vec![0; bases.len()];

@@ -154,14 +154,7 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
             Ok::<_, Error>((session, times))
         });
     }
-    let mut finished = Vec::new();
-    let mut times = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        let (session, session_times) =
-            joined.map_err(|error| Error::stopped(format!("bench session failed: {error}")))??;
-        finished.push(session);
-        times.extend(session_times);
-    }
+    let (finished, times) = join_sessions(tasks).await?;
     let wall = started.elapsed();
 
     let mut events_per_subscriber = 0;
@@ -208,6 +201,22 @@ async fn catch_ups(client: &reqwest::Client, base: &str) -> Result<u64> {
         .find_map(|line| line.strip_prefix("keel_subscriber_catch_ups_total "))
         .and_then(|value| value.trim().parse().ok())
         .ok_or_else(|| Error::Model("the metrics have no keel_subscriber_catch_ups_total".to_owned()))
+}
+
+/// Waits for every session's timed turns: the sessions, and every turn's
+/// measure, all sessions together.
+pub(super) async fn join_sessions<S: 'static, T: 'static>(
+    mut tasks: tokio::task::JoinSet<Result<(S, Vec<T>)>>,
+) -> Result<(Vec<S>, Vec<T>)> {
+    let mut sessions = Vec::new();
+    let mut measures = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (session, session_measures) =
+            joined.map_err(|error| Error::stopped(format!("bench session failed: {error}")))??;
+        sessions.push(session);
+        measures.extend(session_measures);
+    }
+    Ok((sessions, measures))
 }
 
 /// Writes `answers` answers of `chunks` chunks of `chunk_bytes` bytes.

@@ -460,12 +460,13 @@ async fn open_store(db: &str) -> Result<Box<dyn CheckpointStore>> {
 /// A session's whole stored log.
 async fn stored_log(store: &dyn CheckpointStore, session_id: &str) -> Result<Vec<RecordedEvent>> {
     let mut log: Vec<RecordedEvent> = Vec::new();
+    let deadline = Instant::now() + SETTLE_BOUND;
     loop {
         let after = log.last().map_or(0, |event| event.sequence);
         let page = match store.events_after(session_id, after, MAX_EVENT_PAGE).await {
             Ok(page) => page,
             // The database is coming back from a restart.
-            Err(crate::store::StoreError::Unavailable(_)) => {
+            Err(crate::store::StoreError::Unavailable(_)) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }

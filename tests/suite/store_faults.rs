@@ -317,6 +317,15 @@ impl Load {
         self.unavailable.load(Ordering::Relaxed)
     }
 
+    /// Waits until 20 more submissions are acknowledged: the fault cleared.
+    async fn wait_taken_again(&self) {
+        let accepted = self.accepted();
+        self.wait("submissions taken again", Duration::from_secs(30), |load| {
+            load.accepted() >= accepted + 20
+        })
+        .await;
+    }
+
     /// Waits until `ready` holds, or panics after `timeout` saying `what`.
     async fn wait(&self, what: &str, timeout: Duration, ready: impl Fn(&Self) -> bool) {
         let deadline = Instant::now() + timeout;
@@ -462,11 +471,7 @@ async fn a_full_disk_is_503_loses_nothing_and_clears_by_itself() {
     .await;
 
     std::fs::remove_file(&filler).expect("remove the filler");
-    let accepted = load.accepted();
-    load.wait("submissions taken again", Duration::from_secs(30), |load| {
-        load.accepted() >= accepted + 20
-    })
-    .await;
+    load.wait_taken_again().await;
     let tally = load.stop().await;
     assert_serves_again(&server.api).await;
     terminate(server);
@@ -566,11 +571,7 @@ async fn write_errors_are_503_and_clear_by_themselves() {
     .await;
 
     chattr("-i");
-    let accepted = load.accepted();
-    load.wait("submissions taken again", Duration::from_secs(30), |load| {
-        load.accepted() >= accepted + 20
-    })
-    .await;
+    load.wait_taken_again().await;
     let tally = load.stop().await;
     assert_serves_again(&server.api).await;
     terminate(server);

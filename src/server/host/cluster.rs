@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{CloseMode, Host, LiveSession, SessionLease};
-use crate::agent::{Accepted, BusyPolicy, SubmitOptions, check_same_body};
+use crate::agent::{Accepted, BusyPolicy, SubmitOptions, check_same_body, key_reused};
 use crate::protocol::{Op, new_id};
 use crate::server::error::ApiError;
 use crate::server::settings::SessionSettings;
@@ -89,11 +89,8 @@ impl Host {
             }
             Relayed::Duplicate(earlier) => {
                 if (&earlier.op, earlier.on_busy) != (&submission.op, submission.on_busy) {
-                    return Err(ApiError::KeyReused(format!(
-                        "idempotency key '{}' was first used for submission {} with another body; use a new key for a new request",
-                        earlier.idempotency_key.unwrap_or_default(),
-                        earlier.submission_id
-                    )));
+                    let key = earlier.idempotency_key.unwrap_or_default();
+                    return Err(key_reused(&key, &earlier.submission_id).into());
                 }
                 Ok(Accepted {
                     submission_id: earlier.submission_id,

@@ -82,6 +82,14 @@ macro_rules! store_or_skip {
     }};
 }
 
+/// Another store on the database at `url`: another node, or another
+/// process.
+async fn another_handle(url: &str) -> PostgresCheckpoint {
+    PostgresCheckpoint::connect(url, PostgresOptions::default())
+        .await
+        .expect("another store on the database")
+}
+
 /// A plain connection, for looking behind the store's back.
 async fn raw(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
@@ -555,9 +563,7 @@ async fn a_newer_lease_fences_off_the_older_holder_and_nothing_it_sends_is_writt
             .await
             .expect("the holder writes");
         // Another store (another process) takes the session over.
-        let other = PostgresCheckpoint::connect(&url, PostgresOptions::default())
-            .await
-            .expect("connect");
+        let other = another_handle(&url).await;
         let second = other.acquire("s").await.expect("taken over");
         assert!(second > first);
         let mut fenced = with_lease(first, 2);
@@ -606,9 +612,7 @@ async fn a_newer_lease_fences_off_the_older_holder_and_nothing_it_sends_is_writt
 async fn create_makes_a_session_with_its_first_events_once_even_across_stores() {
     guarded(async {
         let (first, url) = store_or_skip!();
-        let second = PostgresCheckpoint::connect(&url, PostgresOptions::default())
-            .await
-            .expect("connect");
+        let second = another_handle(&url).await;
         let history = [user("seed")];
         let attempts = (0..8).map(|index| {
             let store = if index % 2 == 0 { &first } else { &second };
@@ -792,9 +796,7 @@ async fn a_history_cut_drops_the_newest_items_and_a_cut_too_long_is_refused() {
             .await
             .expect("cut");
         store.close().await;
-        let store = PostgresCheckpoint::connect(&url, PostgresOptions::default())
-            .await
-            .expect("reconnect");
+        let store = another_handle(&url).await;
         let reopened = store.load("s").await.expect("load").expect("s");
         assert_eq!((reopened.transcript, reopened.last_sequence), (vec![user("one")], 7));
         assert_eq!(store.history_until("s", 6).await.expect("read"), Some(expected));
@@ -1140,9 +1142,7 @@ async fn a_stopped_server_is_unavailable_and_the_store_recovers_once_it_is_back(
         // the tests running beside it.
         let Some(server) = TestPostgres::own() else { return };
         let url = server.fresh_database();
-        let store = PostgresCheckpoint::connect(&url, PostgresOptions::default())
-            .await
-            .expect("connect");
+        let store = another_handle(&url).await;
         create(&store, "s").await;
         let mut written = append(&store, "s", &events("s", 0, 2)).await;
         server.stop();
@@ -1253,9 +1253,7 @@ async fn every_commit_that_appends_is_notified_once_committed_to_listeners_of_an
     guarded(async {
         let (writer, url) = store_or_skip!();
         // Another handle on the database stands for another node.
-        let other = PostgresCheckpoint::connect(&url, PostgresOptions::default())
-            .await
-            .expect("another node");
+        let other = another_handle(&url).await;
         let mut listener = other.listen().await.expect("listen");
         let mut own = writer.listen().await.expect("listen on the writer's node too");
         create(&writer, "s").await;
@@ -1304,9 +1302,7 @@ async fn every_commit_that_appends_is_notified_once_committed_to_listeners_of_an
         let waiting = tokio::spawn({
             let url = url.clone();
             async move {
-                let store = PostgresCheckpoint::connect(&url, PostgresOptions::default())
-                    .await
-                    .expect("connect");
+                let store = another_handle(&url).await;
                 let receipt = store.append("s", batch(&events("s", 5, 1))).await.expect("append");
                 store.close().await;
                 receipt
@@ -1385,9 +1381,7 @@ async fn a_listener_resyncs_after_the_server_restarts_then_notices_again() {
         // the tests running beside it.
         let Some(server) = TestPostgres::own() else { return };
         let url = server.fresh_database();
-        let store = PostgresCheckpoint::connect(&url, PostgresOptions::default())
-            .await
-            .expect("connect");
+        let store = another_handle(&url).await;
         let mut listener = store.listen().await.expect("listen");
         create(&store, "s").await;
         append(&store, "s", &events("s", 0, 2)).await;
@@ -1454,7 +1448,7 @@ fn relayed(id: &str, text: &str, key: Option<&str>) -> RelayedSubmission {
     }
 }
 
-/// The next notice that is not about `sentinel`'s log.
+/// The next relay notice, skipping log notices.
 async fn next_relay_notice(listener: &mut LogListener) -> LogNotice {
     loop {
         let notice = next_notice(listener).await;
@@ -1469,9 +1463,7 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
     guarded(async {
         let (store, url) = store_or_skip!();
         // The accepting node and the owner: two handles on one database.
-        let owner = PostgresCheckpoint::connect(&url, PostgresOptions::default())
-            .await
-            .expect("the owner");
+        let owner = another_handle(&url).await;
         let mut listener = owner.listen().await.expect("listen");
         create(&store, "s").await;
         append(&store, "s", &events("s", 0, 2)).await;

@@ -10,6 +10,23 @@ use serde_json::json;
 use super::{Cli, assert_gap_free, assert_one_line_error, parse_events, session_of, stderr, stdout};
 use crate::suite::server::support::{ServeProcess, ends_turn};
 
+/// `keel serve` on the database at `url`, on a free loopback port, with
+/// the scripts and workspaces in `cli`'s directory.
+fn serve(cli: &Cli, url: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(["serve", "--db", url, "--listen", "127.0.0.1:0"])
+        .arg("--workspace-root")
+        .arg(cli.dir.path().join("workspaces"))
+        .arg("--script-dir")
+        .arg(cli.dir.path())
+        .env_remove("KEEL_MODEL")
+        .env_remove("KEEL_CONFIG")
+        .env("KEEL_LOG", "warn")
+        .current_dir(cli.dir.path());
+    command
+}
+
 /// A fresh database's URL; `None` (the harness said why) without PostgreSQL.
 fn database() -> Option<String> {
     TestPostgres::shared().map(TestPostgres::fresh_database)
@@ -81,21 +98,7 @@ async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
     let Some(url) = database() else { return };
     let cli = Cli::new();
     cli.script("s.jsonl", &[r#"{"text": "Served."}"#]);
-    let serve = |listen: &str| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
-        command
-            .args(["serve", "--db", &url, "--listen", listen])
-            .arg("--workspace-root")
-            .arg(cli.dir.path().join("workspaces"))
-            .arg("--script-dir")
-            .arg(cli.dir.path())
-            .env_remove("KEEL_MODEL")
-            .env_remove("KEEL_CONFIG")
-            .env("KEEL_LOG", "warn")
-            .current_dir(cli.dir.path());
-        command
-    };
-    let server = ServeProcess::spawn(serve("127.0.0.1:0"));
+    let server = ServeProcess::spawn(serve(&cli, &url));
     let model = format!("script:{}", cli.dir.path().join("s.jsonl").display());
     server.api.create(json!({"id": "served", "model": model})).await;
     let mut stream = server
@@ -107,7 +110,7 @@ async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
     assert_eq!(turn.last().map(|event| event.msg.kind()), Some("turn_complete"));
     server.api.wait_idle("served").await;
 
-    let second = ServeProcess::spawn(serve("127.0.0.1:0"));
+    let second = ServeProcess::spawn(serve(&cli, &url));
     let shown = second.api.session("served").await;
     assert_eq!(shown["id"], "served", "{shown}");
     let (status, _) = second.terminate();
@@ -145,18 +148,7 @@ async fn a_postgresql_outage_is_503_and_the_server_recovers_by_itself() {
         "s.jsonl",
         &[r#"{"text": "One."}"#, r#"{"text": "Two."}"#, r#"{"text": "Three."}"#],
     );
-    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
-    command
-        .args(["serve", "--db", &url, "--listen", "127.0.0.1:0"])
-        .arg("--workspace-root")
-        .arg(cli.dir.path().join("workspaces"))
-        .arg("--script-dir")
-        .arg(cli.dir.path())
-        .env_remove("KEEL_MODEL")
-        .env_remove("KEEL_CONFIG")
-        .env("KEEL_LOG", "warn")
-        .current_dir(cli.dir.path());
-    let server = ServeProcess::spawn(command);
+    let server = ServeProcess::spawn(serve(&cli, &url));
     let model = format!("script:{}", cli.dir.path().join("s.jsonl").display());
     server.api.create(json!({"id": "s", "model": model})).await;
     let acknowledged = server.api.say("s", "before").await;
