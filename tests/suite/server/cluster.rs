@@ -517,6 +517,15 @@ async fn a_tool_call_cut_by_a_pause_runs_once() {
         event.msg.kind() == "tool_call_started"
     })
     .await;
+    // `tool_call_started` is stored before the command is spawned; pause
+    // the node only once the command runs, or a loaded machine pauses it
+    // in between and the command, rightly, never runs at all.
+    let count_file = cluster.scratch.workspaces().join("tool").join("count.txt");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !count_file.exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let paused = cluster.nodes[0].as_ref().expect("node 0");
     signal(paused, nix::sys::signal::Signal::SIGSTOP);
     seen.extend(
@@ -547,7 +556,7 @@ async fn a_tool_call_cut_by_a_pause_runs_once() {
         (1, 1),
         "started once, closed once (by the node that took over)"
     );
-    let count = std::fs::read_to_string(cluster.scratch.workspaces().join("tool").join("count.txt")).expect("the file");
+    let count = std::fs::read_to_string(&count_file).expect("the file");
     assert_eq!(count, "ran\n", "the command ran once");
     drop(cluster.take(0));
 }
