@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::clients::{Outcome, SessionHistory};
-use crate::protocol::{EventMsg, RecordedEvent};
+use crate::protocol::{ApprovalDecision, EventMsg, RecordedEvent};
 
 /// The log's own invariants: sequences 1..N without gap or duplicate,
 /// every turn started once and closed at most once, and no turn's events
@@ -133,17 +133,81 @@ pub(super) fn history(session_id: &str, history: &SessionHistory, log: &[Recorde
     }
 }
 
-/// A side effect outside Keel (a line appended by a shell call) happens at
-/// most once per call whose start was stored.
-pub(super) fn side_effects(session_id: &str, effects: usize, log: &[RecordedEvent], violations: &mut Vec<String>) {
-    let started = log
-        .iter()
-        .filter(|event| matches!(&event.msg, EventMsg::ToolCallStarted(call) if call.name == "shell"))
-        .count();
-    if effects > started {
-        violations.push(format!(
-            "{session_id}: {effects} side effects for {started} shell calls started: a call ran twice or before its start was stored"
-        ));
+/// A side effect outside Keel (a line naming its call, appended by a shell
+/// call) happens at most once per stored start of that call, never for a
+/// call the user denied, and, in a session that asks, never more often than
+/// the call was approved.
+pub(super) fn side_effects(
+    session_id: &str,
+    effects: &BTreeMap<String, usize>,
+    log: &[RecordedEvent],
+    asks: bool,
+    violations: &mut Vec<String>,
+) {
+    let mut started: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut denied: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut approved: BTreeMap<&str, usize> = BTreeMap::new();
+    for event in log {
+        match &event.msg {
+            EventMsg::ToolCallStarted(call) if call.name == "shell" => {
+                *started.entry(call.call_id.as_str()).or_default() += 1;
+            }
+            EventMsg::ApprovalDecided(decided) => {
+                let tally = match decided.decision {
+                    ApprovalDecision::Deny => &mut denied,
+                    _ => &mut approved,
+                };
+                *tally.entry(decided.call_id.as_str()).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    let count = |tally: &BTreeMap<&str, usize>, call_id: &str| tally.get(call_id).copied().unwrap_or(0);
+    for (call_id, ran) in effects {
+        let allowed = count(&started, call_id).saturating_sub(count(&denied, call_id));
+        if *ran > allowed {
+            violations.push(format!(
+                "{session_id}: call {call_id} ran {ran} times for {} stored starts and {} denials: it ran twice, before its start was stored, or though denied",
+                count(&started, call_id),
+                count(&denied, call_id)
+            ));
+        }
+        if asks && *ran > count(&approved, call_id) {
+            violations.push(format!(
+                "{session_id}: call {call_id} ran {ran} times for {} approvals",
+                count(&approved, call_id)
+            ));
+        }
+    }
+}
+
+/// Approvals: a call is decided only after it was asked about in the same
+/// turn, and at most once per turn.
+pub(super) fn approvals(session_id: &str, log: &[RecordedEvent], violations: &mut Vec<String>) {
+    let mut asked = BTreeSet::new();
+    let mut decided = BTreeSet::new();
+    for event in log {
+        match &event.msg {
+            EventMsg::ApprovalRequested(request) => {
+                asked.insert((request.turn_id.as_str(), request.call_id.as_str()));
+            }
+            EventMsg::ApprovalDecided(decision) => {
+                let call = (decision.turn_id.as_str(), decision.call_id.as_str());
+                if !asked.contains(&call) {
+                    violations.push(format!(
+                        "{session_id}: call {} of turn {} decided at {} without being asked",
+                        call.1, call.0, event.sequence
+                    ));
+                }
+                if !decided.insert(call) {
+                    violations.push(format!(
+                        "{session_id}: call {} of turn {} decided twice",
+                        call.1, call.0
+                    ));
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -174,8 +238,8 @@ pub(super) fn settled(history: &SessionHistory, log: &[RecordedEvent]) -> bool {
 mod tests {
     use super::*;
     use crate::protocol::{
-        AssistantContentDeltaEvent, BusyPolicy, Event, Op, SubmissionQueuedEvent, ToolCallStartedEvent,
-        TurnCompleteEvent, TurnStartedEvent,
+        ApprovalDecidedEvent, ApprovalRequestedEvent, AssistantContentDeltaEvent, BusyPolicy, Event, Op,
+        SubmissionQueuedEvent, ToolCallStartedEvent, TurnCompleteEvent, TurnStartedEvent,
     };
 
     fn event(sequence: u64, submission_id: Option<&str>, msg: EventMsg) -> RecordedEvent {
@@ -262,7 +326,8 @@ mod tests {
         let mut violations = Vec::new();
         super::log("s", &log, &mut violations);
         super::history("s", &history, &log, &mut violations);
-        side_effects("s", 0, &log, &mut violations);
+        side_effects("s", &BTreeMap::new(), &log, true, &mut violations);
+        approvals("s", &log, &mut violations);
         assert!(violations.is_empty(), "{violations:?}");
         assert!(settled(&history, &log));
     }
@@ -294,7 +359,9 @@ mod tests {
         super::history("s", &history, &log, &mut violations);
         assert_eq!(violations.len(), 4, "{violations:?}");
         assert!(!settled(&history, &log));
-        // A side effect without a stored start.
+        // A side effect without a stored start; one of a denied call; one
+        // without an approval where calls need one; a decision twice, and
+        // one nobody asked for.
         let call = event(
             1,
             None,
@@ -305,8 +372,51 @@ mod tests {
                 arguments: "{}".into(),
             }),
         );
+        let decided = |sequence, call_id: &str, decision| {
+            event(
+                sequence,
+                None,
+                EventMsg::ApprovalDecided(ApprovalDecidedEvent {
+                    turn_id: "t".into(),
+                    call_id: call_id.into(),
+                    decision,
+                }),
+            )
+        };
+        let twice = BTreeMap::from([("c".to_owned(), 2)]);
         violations.clear();
-        side_effects("s", 2, &[call], &mut violations);
-        assert_eq!(violations.len(), 1);
+        side_effects("s", &twice, std::slice::from_ref(&call), false, &mut violations);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        let once = BTreeMap::from([("c".to_owned(), 1)]);
+        let denied = vec![decided(1, "c", ApprovalDecision::Deny), call.clone()];
+        violations.clear();
+        side_effects("s", &once, &denied, false, &mut violations);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        violations.clear();
+        side_effects("s", &once, std::slice::from_ref(&call), true, &mut violations);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        let approved = vec![decided(1, "c", ApprovalDecision::Approve), call];
+        violations.clear();
+        side_effects("s", &once, &approved, true, &mut violations);
+        assert!(violations.is_empty(), "{violations:?}");
+        let asked = event(
+            1,
+            None,
+            EventMsg::ApprovalRequested(ApprovalRequestedEvent {
+                turn_id: "t".into(),
+                call_id: "c".into(),
+                name: "shell".into(),
+                arguments: "{}".into(),
+            }),
+        );
+        let log = vec![
+            asked,
+            decided(2, "c", ApprovalDecision::Approve),
+            decided(3, "c", ApprovalDecision::Approve),
+            decided(4, "d", ApprovalDecision::Deny),
+        ];
+        violations.clear();
+        approvals("s", &log, &mut violations);
+        assert_eq!(violations.len(), 2, "{violations:?}");
     }
 }

@@ -1,8 +1,11 @@
 //! The load of a chaos run and its history: per session, a writer that
 //! sends messages (each with an idempotency key, retried on any node until
-//! one answers), steers and interrupts, and a follower that streams the
-//! session from any node and resumes with `Last-Event-ID` whenever its
-//! stream breaks. Everything sent, answered and received is recorded.
+//! one answers), steers and interrupts; a follower that streams the session
+//! from any node, over SSE or a WebSocket, and resumes from the last
+//! sequence it saw whenever its stream breaks; and, for sessions whose
+//! shell calls need approval, an approver that approves or denies every
+//! pending call from any node. Everything sent, answered and received is
+//! recorded.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -14,6 +17,7 @@ use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::Message;
 
 use super::nodes::Addresses;
 use crate::protocol::RecordedEvent;
@@ -62,6 +66,8 @@ pub(super) struct SessionHistory {
     pub(super) wire_violations: Vec<String>,
     /// Times the follower's stream broke and was resumed.
     pub(super) resumes: u64,
+    /// Streams the follower opened as WebSockets (the others are SSE).
+    pub(super) websockets: u64,
 }
 
 /// The history of every session.
@@ -197,8 +203,9 @@ async fn submit(
     }
 }
 
-/// Follows one session's stream from any node, resuming after every break,
-/// until `stop` says so; returns once stopped.
+/// Follows one session's stream from any node, over SSE or a WebSocket
+/// at random, resuming after every break, until `stop` says so; returns
+/// once stopped.
 pub(super) async fn follow(
     client: reqwest::Client,
     addresses: Addresses,
@@ -212,21 +219,35 @@ pub(super) async fn follow(
     let mut first = true;
     while !*stop.borrow() {
         let node = rng.random_range(0..addresses_len(&addresses));
-        let url = format!("{}/v1/sessions/{session_id}/events/stream", address(&addresses, node));
-        let response = client
-            .get(url)
-            .header("accept", "text/event-stream")
-            .header("last-event-id", last.to_string())
-            .send()
-            .await;
+        let websocket = rng.random_bool(0.5);
+        let base = address(&addresses, node);
         if !first {
             record(&history, &session_id, |session| session.resumes += 1);
         }
         first = false;
-        if let Ok(response) = response
-            && response.status().is_success()
-        {
-            read(response, &session_id, &mut last, &history, stop.clone()).await;
+        if websocket {
+            record(&history, &session_id, |session| session.websockets += 1);
+            let url = format!(
+                "{}/v1/sessions/{session_id}/ws?after={last}",
+                base.replacen("http://", "ws://", 1)
+            );
+            if let Ok(Ok((socket, _))) =
+                tokio::time::timeout(REQUEST_TIMEOUT, tokio_tungstenite::connect_async(url)).await
+            {
+                read_socket(socket, &session_id, &mut last, &history, stop.clone()).await;
+            }
+        } else {
+            let response = client
+                .get(format!("{base}/v1/sessions/{session_id}/events/stream"))
+                .header("accept", "text/event-stream")
+                .header("last-event-id", last.to_string())
+                .send()
+                .await;
+            if let Ok(response) = response
+                && response.status().is_success()
+            {
+                read(response, &session_id, &mut last, &history, stop.clone()).await;
+            }
         }
         if *stop.borrow() {
             break;
@@ -235,8 +256,7 @@ pub(super) async fn follow(
     }
 }
 
-/// Reads a stream until it breaks or `stop` says so, checking each event
-/// comes right after the last one.
+/// Reads an SSE stream until it breaks or `stop` says so.
 async fn read(
     response: reqwest::Response,
     session_id: &str,
@@ -261,21 +281,109 @@ async fn read(
             return;
         }
         for event in &events {
-            let Ok(recorded) = serde_json::from_str::<RecordedEvent>(&event.data) else {
-                // Comments and keep-alives carry no event.
-                continue;
-            };
-            let expected = *last + 1;
-            record(history, session_id, |session| {
-                if recorded.sequence != expected {
-                    session.wire_violations.push(format!(
-                        "streamed sequence {} where {expected} was due",
-                        recorded.sequence
-                    ));
-                }
-                session.received.insert(recorded.sequence, recorded.clone());
+            // Comments and keep-alives carry no event.
+            if let Ok(recorded) = serde_json::from_str::<RecordedEvent>(&event.data) {
+                receive(history, session_id, last, recorded);
+            }
+        }
+    }
+}
+
+/// Reads a WebSocket until it closes or `stop` says so.
+async fn read_socket(
+    mut socket: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    session_id: &str,
+    last: &mut u64,
+    history: &History,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let frame = tokio::select! {
+            frame = socket.next() => frame,
+            _ = stop.changed() => return,
+        };
+        match frame {
+            Some(Ok(Message::Text(text))) => match serde_json::from_str::<RecordedEvent>(&text) {
+                Ok(recorded) => receive(history, session_id, last, recorded),
+                Err(error) => record(history, session_id, |session| {
+                    session
+                        .wire_violations
+                        .push(format!("a WebSocket frame that is no event: {error}"));
+                }),
+            },
+            Some(Ok(Message::Binary(_))) => {
+                record(history, session_id, |session| {
+                    session.wire_violations.push("a binary WebSocket frame".to_owned());
+                });
+                return;
+            }
+            // Pings are answered by the library.
+            Some(Ok(_)) => {}
+            None | Some(Err(_)) => return,
+        }
+    }
+}
+
+/// Records an event a follower received, checking it comes right after the
+/// last one.
+fn receive(history: &History, session_id: &str, last: &mut u64, recorded: RecordedEvent) {
+    let expected = *last + 1;
+    *last = (*last).max(recorded.sequence);
+    record(history, session_id, |session| {
+        if recorded.sequence != expected {
+            session.wire_violations.push(format!(
+                "streamed sequence {} where {expected} was due",
+                recorded.sequence
+            ));
+        }
+        session.received.insert(recorded.sequence, recorded);
+    });
+}
+
+/// Decides every pending approval of one session, from any node, until
+/// `stop` says so: most calls are approved, some denied. A decision that
+/// gets no answer is made again once the call still shows as pending.
+pub(super) async fn approve(
+    client: reqwest::Client,
+    addresses: Addresses,
+    session_id: String,
+    seed: u64,
+    history: History,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    while !*stop.borrow() {
+        let pause = Duration::from_millis(rng.random_range(100..400));
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => return,
+        }
+        let node = rng.random_range(0..addresses_len(&addresses));
+        let url = format!("{}/v1/sessions/{session_id}", address(&addresses, node));
+        let Ok(response) = client.get(url).timeout(REQUEST_TIMEOUT).send().await else {
+            continue;
+        };
+        let Ok(shown) = response.json::<Value>().await else {
+            continue;
+        };
+        let pending: Vec<String> = shown["pending_approvals"]
+            .as_array()
+            .map(|calls| calls.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+            .unwrap_or_default();
+        for call_id in pending {
+            let decision = if rng.random_range(0..5) == 0 { "deny" } else { "approve" };
+            let body = json!({"op": {"type": "approval", "call_id": call_id, "decision": decision}});
+            let node = rng.random_range(0..addresses_len(&addresses));
+            let outcome = submit(&client, &addresses, node, &session_id, &body, None).await;
+            record(&history, &session_id, |session| {
+                session.attempts.push(Attempt {
+                    session_id: session_id.clone(),
+                    key: None,
+                    op: body,
+                    node,
+                    outcome,
+                });
             });
-            *last = (*last).max(recorded.sequence);
         }
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! - `nodes`: the server processes (start, crash, terminate, pause);
 //! - `clients`: the load and its history (writers with idempotency keys
-//!   retried on any node, followers resuming with `Last-Event-ID`);
+//!   retried on any node, followers over SSE or WebSocket resuming from the
+//!   last sequence they saw, approvers deciding pending tool calls);
 //! - `check`: the invariants.
 //!
 //! On SQLite one node is killed (SIGKILL) or terminated (SIGTERM) and
@@ -46,6 +47,9 @@ use crate::testing::postgres::TestPostgres;
 /// How long, after the last fault, every acknowledged submission gets to be
 /// acted on before it counts as stranded.
 const SETTLE_BOUND: Duration = Duration::from_secs(60);
+
+/// One session in this many has its shell calls wait for approval.
+const ASKING_EVERY: usize = 3;
 
 /// Which store a run breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +103,10 @@ pub struct ChaosReport {
     pub turns: u64,
     /// Times a follower's stream broke and was resumed.
     pub resumes: u64,
+    /// Streams followed over a WebSocket (the others over SSE).
+    pub websockets: u64,
+    /// Approval decisions stored (approvals and denials).
+    pub approvals: u64,
     /// Shell calls' side effects seen.
     pub side_effects: u64,
     /// Every invariant broken (empty when the run passed).
@@ -120,7 +128,7 @@ impl ChaosReport {
             .map(|(kind, count)| format!("{kind} {count}"))
             .collect();
         format!(
-            "chaos: {} faults ({}), {} submissions ({} acknowledged), {} events stored, {} streamed, {} turns, {} stream resumes, {} side effects, {} violations, {:.0} s",
+            "chaos: {} faults ({}), {} submissions ({} acknowledged), {} events stored, {} streamed, {} turns, {} stream resumes ({} streams over WebSocket), {} approval decisions, {} side effects, {} violations, {:.0} s",
             self.faults.values().sum::<u64>(),
             faults.join(", "),
             self.attempts,
@@ -129,6 +137,8 @@ impl ChaosReport {
             self.received,
             self.turns,
             self.resumes,
+            self.websockets,
+            self.approvals,
             self.side_effects,
             self.violations.len(),
             self.wall_s,
@@ -193,12 +203,18 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
     let addresses: Addresses = Arc::new(RwLock::new(nodes.iter().map(Node::base).collect()));
     let model = format!("script:{}", dir.join("chaos.jsonl").display());
     let mut session_ids = Vec::with_capacity(params.sessions);
+    let mut asking = Vec::new();
     for index in 0..params.sessions {
         let id = format!("chaos-{index}");
         let base = nodes[index % nodes.len()].base();
+        let mut body = json!({"id": id, "model": model});
+        if index % ASKING_EVERY == ASKING_EVERY - 1 {
+            body["approvals"] = json!({"tools": {"shell": "ask"}});
+            asking.push(id.clone());
+        }
         let created = client
             .post(format!("{base}/v1/sessions"))
-            .json(&json!({"id": id, "model": model}))
+            .json(&body)
             .send()
             .await
             .map_err(|error| setup(format!("cannot create a session: {error}")))?;
@@ -212,6 +228,18 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
     let (stop_writers, writers_stop) = watch::channel(false);
     let (stop_followers, followers_stop) = watch::channel(false);
     let (mut writers, mut followers) = (Vec::new(), Vec::new());
+    // Approvers run as long as followers do: turns waiting for approval
+    // must close for the run to settle.
+    for (index, session_id) in asking.iter().enumerate() {
+        followers.push(tokio::spawn(clients::approve(
+            client.clone(),
+            Arc::clone(&addresses),
+            session_id.clone(),
+            params.seed.wrapping_mul(7919).wrapping_add(index as u64),
+            Arc::clone(&history),
+            followers_stop.clone(),
+        )));
+    }
     for (index, session_id) in session_ids.iter().enumerate() {
         let seed = params.seed.wrapping_mul(1000).wrapping_add(index as u64);
         writers.push(tokio::spawn(clients::write(
@@ -322,12 +350,27 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
                 .count() as u64;
             report.received += session.received.len() as u64;
             report.resumes += session.resumes;
+            report.websockets += session.websockets;
         }
-        let effects = std::fs::read_to_string(dir.join("workspaces").join(session_id).join("effects.txt"))
-            .map(|text| text.lines().count())
-            .unwrap_or(0);
-        check::side_effects(session_id, effects, log, &mut report.violations);
-        report.side_effects += effects as u64;
+        let mut effects: BTreeMap<String, usize> = BTreeMap::new();
+        if let Ok(text) = std::fs::read_to_string(dir.join("workspaces").join(session_id).join("effects.txt")) {
+            for call_id in text.lines() {
+                *effects.entry(call_id.to_owned()).or_default() += 1;
+            }
+        }
+        check::side_effects(
+            session_id,
+            &effects,
+            log,
+            asking.contains(session_id),
+            &mut report.violations,
+        );
+        check::approvals(session_id, log, &mut report.violations);
+        report.side_effects += effects.values().sum::<usize>() as u64;
+        report.approvals += log
+            .iter()
+            .filter(|event| matches!(event.msg, crate::protocol::EventMsg::ApprovalDecided(_)))
+            .count() as u64;
         report.stored += log.len() as u64;
         report.turns += log.iter().filter(|event| event.msg.ends_turn()).count() as u64;
     }
@@ -353,7 +396,12 @@ fn write_fixtures(dir: &Path) -> Result<()> {
             0 => {
                 json!({"chunks": ["Once ", "upon ", "a ", "time, ", "far ", "away, ", "there ", "was."], "delay_ms": 40})
             }
-            1 => json!({"tool_calls": [{"name": "shell", "arguments": {"command": "echo ran >> effects.txt"}}]}),
+            // The side effect names its call, so a call run twice shows.
+            1 => json!({"tool_calls": [{
+                "id": format!("call-{index}"),
+                "name": "shell",
+                "arguments": {"command": format!("echo call-{index} >> effects.txt")},
+            }]}),
             2 => json!({"text": "The tool ran."}),
             _ => json!({"text": "Short."}),
         };
