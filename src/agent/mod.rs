@@ -12,6 +12,7 @@
 mod compaction;
 mod fork;
 mod handle;
+mod lease;
 pub mod recorder;
 mod session;
 mod status;
@@ -37,6 +38,8 @@ pub use self::compaction::{SUMMARY_PREFIX, SUMMARY_PROMPT};
 pub use self::fork::{ForkError, fork_session, point_before_turn};
 pub use self::handle::{Accepted, SessionHandle, SubmitOptions};
 pub(crate) use self::handle::{check_same_body, key_reused};
+use self::lease::take_lease;
+pub use self::lease::{LeaseClock, LeaseOwner};
 pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};
 use self::session::Session;
 pub use self::status::SessionStatus;
@@ -65,18 +68,6 @@ pub const DEFAULT_MAX_STEPS: u32 = 25;
 
 /// The longest session id accepted.
 pub const MAX_SESSION_ID_BYTES: usize = 128;
-
-/// A node's claim on the sessions it runs, when several nodes share one
-/// database: the session is taken with an owned lease
-/// ([`CheckpointStore::claim`]) that the node renews, instead of
-/// unconditionally ([`CheckpointStore::acquire`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseOwner {
-    /// The node's id, unique among the live nodes.
-    pub node: String,
-    /// How long a lease lasts without a renewal.
-    pub ttl: std::time::Duration,
-}
 
 /// Everything needed to open a session.
 #[derive(Clone)]
@@ -218,18 +209,6 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-/// Takes the session over: claimed for `owner`, or acquired.
-async fn take_lease(
-    store: &dyn CheckpointStore,
-    session_id: &str,
-    owner: Option<&LeaseOwner>,
-) -> std::result::Result<u64, StoreError> {
-    match owner {
-        Some(owner) => store.claim(session_id, &owner.node, owner.ttl).await,
-        None => store.acquire(session_id).await,
     }
 }
 
@@ -434,6 +413,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         status,
         context_limits,
         calibration: 1.0,
+        lease_owner,
     };
     let task = tokio::spawn(session.run());
     Ok(Agent {

@@ -56,6 +56,9 @@ pub(super) struct Session {
     /// Provider-reported prompt tokens over the raw estimate, from the last
     /// request that reported usage (1 until then).
     pub(super) calibration: f64,
+    /// With several nodes, this node's lease on the session: no tool call
+    /// starts once it may have lapsed.
+    pub(super) lease_owner: Option<super::LeaseOwner>,
 }
 
 impl Session {

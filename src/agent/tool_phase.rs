@@ -16,7 +16,6 @@ use futures::{FutureExt, StreamExt};
 
 use super::session::Session;
 use super::turn::{Turn, interrupts, reject_stray_control};
-use crate::Result;
 use crate::model::ToolCall;
 use crate::protocol::{
     ApprovalDecidedEvent, ApprovalDecision, ApprovalRequestedEvent, Event, EventMsg, Op, Submission,
@@ -24,6 +23,7 @@ use crate::protocol::{
 };
 use crate::provider::redact::redact_owned;
 use crate::tools::{ApprovalPolicy, ProgressBoard, ProgressSink, ToolContext, ToolOutcome, ToolProgress};
+use crate::{Error, Result};
 
 /// The least time between two recordings of progress: a server reporting
 /// every millisecond must not fill the log. What arrives meanwhile is
@@ -237,6 +237,7 @@ impl Session {
                     running.push_back(futures::future::ready(ToolOutcome::error(reason.clone())).boxed())
                 }
                 _ => {
+                    self.lease_still_held()?;
                     let sink = ProgressSink::new(call.call_id.clone(), std::sync::Arc::clone(&progress.board));
                     running.push_back(sink.scope(tools.run(call, &context)).boxed())
                 }
@@ -280,6 +281,23 @@ impl Session {
                 Ok(ToolsEnd::Interrupted(interrupt))
             }
             None => Ok(ToolsEnd::Done),
+        }
+    }
+
+    /// With several nodes, refuses to start a tool call once this node's
+    /// lease may have lapsed (the process was paused, renewals stalled):
+    /// another node may hold the session by now. The runtime stops; the
+    /// call stays started but not run, and whoever opens the session next
+    /// closes the turn and tells the model.
+    fn lease_still_held(&self) -> Result<()> {
+        match &self.lease_owner {
+            Some(owner) if !owner.clock.fresh(owner.ttl) => Err(Error::Stopped(format!(
+                "this node's lease on the session was last renewed {} ms ago (time to live {} ms): \
+                 no tool call starts under a lease that may have lapsed",
+                owner.clock.since_renewal().as_millis(),
+                owner.ttl.as_millis()
+            ))),
+            _ => Ok(()),
         }
     }
 

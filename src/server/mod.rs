@@ -50,8 +50,8 @@ use self::factory::SessionFactory;
 pub use self::factory::workspace_dir;
 use self::host::{Host, HostLimits};
 use self::metrics::{MeteredStore, Metrics};
-use crate::agent::LeaseOwner;
 use crate::agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};
+use crate::agent::{LeaseClock, LeaseOwner};
 use crate::config::KeelConfig;
 use crate::store::CheckpointStore;
 use crate::store::postgres::LogListener;
@@ -274,9 +274,11 @@ pub async fn serve(
                     "a node needs an id without control characters and a lease of at least 300 ms".to_owned(),
                 ));
             }
+            // Each session loaded gets a clock of its own (see `Host::spawn`).
             let owner = LeaseOwner {
                 node: cluster.node_id,
                 ttl: cluster.lease_ttl,
+                clock: LeaseClock::default(),
             };
             (Some(owner), Some(cluster.listener))
         }

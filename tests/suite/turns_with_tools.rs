@@ -413,3 +413,98 @@ async fn reasoning_items_join_the_history_before_the_answer() {
         [user_item("the answer?"), reasoning, assistant_item("forty-two", false)]
     );
 }
+
+/// A tool that counts its runs.
+struct Counter(Arc<AtomicUsize>);
+
+impl Tool for Counter {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "count".into(),
+            description: "counts".into(),
+            parameters: serde_json::json!({"type": "object"}),
+        }
+    }
+
+    fn call<'a>(
+        &'a self,
+        _arguments: serde_json::Map<String, serde_json::Value>,
+        _context: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok("counted".into())
+        })
+    }
+}
+
+/// With several nodes, a node whose lease may have lapsed (the process was
+/// paused, its renewals stalled) starts no tool call, though its writes
+/// still go through: another node may hold the session by now. Its runtime
+/// stops with the call started but not run, and the next opening closes the
+/// turn saying so. While the lease is renewed, calls run.
+#[tokio::test]
+async fn no_tool_call_starts_under_a_lease_that_may_have_lapsed() {
+    let db = TestDb::new();
+    let store = db.open();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let model = scripted(vec![
+        ModelOutput::default().with_tool_calls(vec![call("c1", "count", "{}")]),
+        ModelOutput::text("counted once"),
+        ModelOutput::default().with_tool_calls(vec![call("c2", "count", "{}")]),
+    ]);
+    let ttl = std::time::Duration::from_millis(400);
+    let clock = keel::agent::LeaseClock::new();
+    let mut config = config(&db, &store, model.clone());
+    config.tools.add(Arc::new(Counter(Arc::clone(&runs))));
+    config.lease_owner = Some(keel::agent::LeaseOwner {
+        node: "node-a".into(),
+        ttl,
+        clock: clock.clone(),
+    });
+    let mut agent = start_with(config.clone()).await;
+    agent.sender().submit(user("count")).expect("submit");
+    let events = read_turn(&mut agent).await;
+    assert_eq!(events.last().map(|event| event.msg.kind()), Some("turn_complete"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "a call runs under a fresh lease");
+
+    // Nothing renews the lease for longer than three quarters of it.
+    tokio::time::sleep(ttl).await;
+    agent.sender().submit(user("count again")).expect("submit");
+    let events = read_to_end(&mut agent).await;
+    assert!(
+        events
+            .iter()
+            .any(|event| matches!(&event.msg, EventMsg::ToolCallStarted(call) if call.call_id == "c2")),
+        "{:?}",
+        kinds(&events)
+    );
+    assert!(
+        !events.iter().any(|event| event.msg.ends_turn()),
+        "the stopped runtime closed nothing: {:?}",
+        kinds(&events)
+    );
+    let ended = guard("the runtime's end", agent.shutdown()).await;
+    assert!(
+        matches!(&ended, Err(keel::Error::Stopped(why)) if why.contains("lease")),
+        "{ended:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the call never ran");
+
+    // The next opening (here the same node, with a fresh claim) closes the
+    // turn: the call is answered as never run.
+    let mut reopened = config.clone();
+    reopened.lease_owner = Some(keel::agent::LeaseOwner {
+        node: "node-a".into(),
+        ttl,
+        clock: keel::agent::LeaseClock::new(),
+    });
+    let mut agent = start_with(reopened).await;
+    let events = read_turn(&mut agent).await;
+    assert_eq!(abort_of(&events).0, AbortReason::RuntimeStopped);
+    let results = tool_results(&events);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].0, "c2");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "nor after the reopening");
+    drop(agent);
+}

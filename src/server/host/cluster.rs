@@ -23,6 +23,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use super::{CloseMode, Host, LiveSession, SessionLease};
 use crate::agent::{Accepted, BusyPolicy, SubmitOptions, check_same_body, key_reused};
@@ -223,14 +224,25 @@ impl Host {
         let every = owner.ttl / 3;
         loop {
             tokio::time::sleep(every).await;
-            let held: Vec<(String, u64)> = self
+            let sessions: Vec<Arc<LiveSession>> = self
                 .live_sessions()
                 .into_iter()
                 .filter(|session| !session.stopped())
+                .collect();
+            let held: Vec<(String, u64)> = sessions
+                .iter()
                 .map(|session| (session.handle.session_id().to_owned(), session.lease))
                 .collect();
+            let sent = Instant::now();
             match tokio::time::timeout(every, self.store.renew(&owner.node, owner.ttl, &held)).await {
                 Ok(Ok(lost)) => {
+                    for session in &sessions {
+                        if let Some(clock) = &session.clock
+                            && !lost.iter().any(|id| id == session.handle.session_id())
+                        {
+                            clock.renewed_at(sent);
+                        }
+                    }
                     for session_id in lost {
                         let host = Arc::clone(self);
                         tokio::spawn(async move { host.drop_lost(&session_id).await });

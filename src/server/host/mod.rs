@@ -32,7 +32,9 @@ use super::factory::SessionFactory;
 use super::fanout::{Hub, Hubs, Subscription};
 use super::metrics::Metrics;
 use super::settings::SessionSettings;
-use crate::agent::{Agent, LeaseOwner, SessionContext, SessionHandle, SessionStatus, SubmitOptions, create_agent};
+use crate::agent::{
+    Agent, LeaseClock, LeaseOwner, SessionContext, SessionHandle, SessionStatus, SubmitOptions, create_agent,
+};
 use crate::protocol::Op;
 use crate::store::CheckpointStore;
 
@@ -110,6 +112,8 @@ pub(crate) struct LiveSession {
     published: watch::Receiver<u64>,
     /// The lease epoch the session writes under.
     lease: u64,
+    /// With several nodes, when the lease was last known to be extended.
+    clock: Option<LeaseClock>,
     /// Serializes taking up relayed submissions (several nodes only).
     relaying: tokio::sync::Mutex<()>,
 }
@@ -658,7 +662,13 @@ impl Host {
         context: SessionContext,
     ) -> Result<Arc<LiveSession>, ApiError> {
         let mut config = self.factory.agent_config(session_id, &settings, context).await?;
-        config.lease_owner = self.cluster.clone();
+        // A clock of the session's own, started before its claim: the
+        // renewals that include it move it on.
+        config.lease_owner = self.cluster.clone().map(|owner| LeaseOwner {
+            clock: LeaseClock::new(),
+            ..owner
+        });
+        let clock = config.lease_owner.as_ref().map(|owner| owner.clock.clone());
         let agent = create_agent(config).await?;
         let (close, close_rx) = oneshot::channel();
         let (published, published_rx) = watch::channel(0);
@@ -673,6 +683,7 @@ impl Host {
             pump: Mutex::new(None),
             published: published_rx,
             lease: agent.lease(),
+            clock,
             relaying: tokio::sync::Mutex::new(()),
         });
         let pump = Pump {
