@@ -293,6 +293,7 @@ impl HttpClient {
             received: 0,
             max_bytes: self.settings.max_response_bytes,
             complete,
+            failure: None,
         })
     }
 
@@ -387,6 +388,10 @@ pub struct EventStream {
     max_bytes: usize,
     /// A complete JSON answer sent in place of a stream, until taken.
     complete: Option<serde_json::Value>,
+    /// Why the body cannot be read further: returned once the events
+    /// completed before the failure have been read, so what is delivered
+    /// does not depend on how the network cut the bytes.
+    failure: Option<ProviderError>,
 }
 
 impl EventStream {
@@ -410,6 +415,7 @@ impl EventStream {
             received: 0,
             max_bytes: settings.max_response_bytes,
             complete,
+            failure: None,
         }
     }
 
@@ -433,6 +439,9 @@ impl EventStream {
         loop {
             if let Some(event) = self.ready.pop_front() {
                 return Ok(Some(event));
+            }
+            if let Some(failure) = &self.failure {
+                return Err(failure.clone());
             }
             if self.complete.is_some() {
                 // Nobody turned the JSON answer into events.
@@ -462,21 +471,24 @@ impl EventStream {
                 }
                 Ok(Some(Ok(chunk))) => chunk,
             };
-            self.received += chunk.len();
-            if self.received > self.max_bytes {
-                return Err(ProviderError::TooLarge {
+            // Events up to the limit, or up to malformed bytes, are read
+            // before the failure, however the bytes arrived.
+            let room = self.max_bytes.saturating_sub(self.received);
+            self.received = self.received.saturating_add(chunk.len());
+            let mut events = Vec::new();
+            let parsed = self.parser.push(&chunk[..chunk.len().min(room)], &mut events);
+            self.ready.extend(events);
+            if let Err(error) = parsed {
+                self.failure = Some(ProviderError::Malformed {
+                    provider: self.provider.clone(),
+                    message: error.to_string(),
+                });
+            } else if chunk.len() > room {
+                self.failure = Some(ProviderError::TooLarge {
                     provider: self.provider.clone(),
                     limit: self.max_bytes,
                 });
             }
-            let mut events = Vec::new();
-            self.parser
-                .push(&chunk, &mut events)
-                .map_err(|error| ProviderError::Malformed {
-                    provider: self.provider.clone(),
-                    message: error.to_string(),
-                })?;
-            self.ready.extend(events);
         }
     }
 }
@@ -550,6 +562,55 @@ fn message_of_raw(json: &serde_json::Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The events of a stream over `chunks` until it ends or fails.
+    fn read_all(chunks: &[&[u8]], max_bytes: usize) -> (Vec<String>, Option<ProviderError>) {
+        let settings = HttpSettings {
+            max_response_bytes: max_bytes,
+            ..HttpSettings::default()
+        };
+        let chunks = chunks
+            .iter()
+            .map(|chunk| bytes::Bytes::copy_from_slice(chunk))
+            .collect();
+        let mut stream = EventStream::from_chunks("p", &settings, chunks, None);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let mut data = Vec::new();
+            loop {
+                match stream.next().await {
+                    Ok(Some(event)) => data.push(event.data),
+                    Ok(None) => return (data, None),
+                    Err(error) => {
+                        // A failed stream stays failed.
+                        assert_eq!(stream.next().await.err().as_ref(), Some(&error));
+                        return (data, Some(error));
+                    }
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn events_before_a_failure_are_read_however_the_bytes_arrived() {
+        let body: &[u8] = b"data: one\n\ndata: two\n\n\xff\ndata: three\n\n";
+        let whole = read_all(&[body], 1 << 20);
+        assert_eq!(whole.0, ["one", "two"]);
+        assert!(matches!(whole.1, Some(ProviderError::Malformed { .. })), "{whole:?}");
+        let (first, rest) = body.split_at(7);
+        assert_eq!(read_all(&[first, rest], 1 << 20), whole);
+        // Past the size limit: what came before it is read, then the error.
+        let limited = read_all(&[body], 22);
+        assert_eq!(limited.0, ["one", "two"]);
+        assert!(
+            matches!(limited.1, Some(ProviderError::TooLarge { limit: 22, .. })),
+            "{limited:?}"
+        );
+        assert_eq!(read_all(&[&body[..10], &body[10..]], 22), limited);
+    }
 
     #[test]
     fn error_messages_come_from_the_providers_bodies() {

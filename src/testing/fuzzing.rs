@@ -4,8 +4,9 @@
 //! (`fuzz/corpus/<target>/`) and mutations of them.
 //!
 //! Beyond not panicking, some check what must hold of any input: the SSE
-//! parser gives the same events however the bytes are split, and whatever
-//! parses as protocol JSON serializes to JSON that parses to the same value.
+//! parser and each provider's stream decoder give the same result however
+//! the bytes are split, and whatever parses as protocol JSON serializes to
+//! JSON that parses to the same value.
 //! A failed check panics, which the fuzzer reports as a crash.
 
 use std::fmt::Debug;
@@ -16,7 +17,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::config::KeelConfig;
-use crate::model::ModelEventSink;
+use crate::model::{ModelEvent, ModelEventSink};
 use crate::protocol::{Event, Op, RecordedEvent, TranscriptItem};
 use crate::provider::anthropic::Anthropic;
 use crate::provider::http::{EventStream, HttpSettings};
@@ -148,28 +149,72 @@ pub fn anthropic(data: &[u8]) {
 /// Reads `data` as a response body with `reader`, the way a provider reads
 /// one off the network: data starting with `{` is a complete JSON answer
 /// (as a server that does not stream sends one), anything else an event
-/// stream, arriving in pieces of a size that depends on the input.
+/// stream. The stream is read twice, whole and arriving in pieces of a size
+/// that depends on the input: the step's output, what was streamed while
+/// it ran, and whether it failed must not depend on where the network cut
+/// the bytes.
 fn read_body(reader: &impl ReadStream, provider: &str, data: &[u8]) {
     let settings = fuzz_settings(provider).http;
-    let stream = if data.trim_ascii_start().starts_with(b"{") {
+    if data.trim_ascii_start().starts_with(b"{") {
         // The HTTP layer refuses a JSON answer that does not parse.
         let Ok(json) = serde_json::from_slice(data) else {
             return;
         };
-        EventStream::from_chunks(provider, &settings, Vec::new(), Some(json))
-    } else {
-        let chunks = data
-            .chunks(piece_size(data))
-            .map(bytes::Bytes::copy_from_slice)
-            .collect();
-        EventStream::from_chunks(provider, &settings, chunks, None)
+        read_once(
+            reader,
+            EventStream::from_chunks(provider, &settings, Vec::new(), Some(json)),
+        );
+        return;
+    }
+    let pieces = |size: usize| -> Vec<bytes::Bytes> { data.chunks(size).map(bytes::Bytes::copy_from_slice).collect() };
+    let whole = read_once(
+        reader,
+        EventStream::from_chunks(provider, &settings, pieces(data.len().max(1)), None),
+    );
+    let split = read_once(
+        reader,
+        EventStream::from_chunks(provider, &settings, pieces(piece_size(data)), None),
+    );
+    assert_eq!(whole, split, "the same stream decoded differently when split");
+}
+
+/// What one read of a stream gave: the output (or that it failed) and the
+/// text and reasoning streamed while it ran.
+#[derive(Debug, PartialEq)]
+struct Read {
+    output: Option<crate::model::ModelOutput>,
+    streamed: String,
+    reasoned: String,
+}
+
+fn read_once(reader: &impl ReadStream, stream: EventStream) -> Option<Read> {
+    let seen = Arc::new(std::sync::Mutex::new((String::new(), String::new())));
+    let sink: ModelEventSink = {
+        let seen = Arc::clone(&seen);
+        Arc::new(move |event| {
+            let mut seen = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match event {
+                ModelEvent::TextDelta(text) => seen.0.push_str(&text),
+                ModelEvent::ReasoningDelta(text) => seen.1.push_str(&text),
+            }
+            Ok(())
+        })
     };
-    let sink: ModelEventSink = Arc::new(|_| Ok(()));
     let mut emitter = Emitter::new(sink);
     RUNTIME.with(|runtime| {
-        if let Some(runtime) = runtime
-            && let Ok(output) = runtime.block_on(reader.read_stream(stream, &mut emitter))
-        {
+        let runtime = runtime.as_ref()?;
+        let mut output = runtime.block_on(reader.read_stream(stream, &mut emitter)).ok();
+        // A call the provider sent without an id gets a fresh one each time.
+        for call in output.iter_mut().flat_map(|output| output.tool_calls.iter_mut()) {
+            let generated = call
+                .call_id
+                .strip_prefix("call_")
+                .is_some_and(|id| uuid::Uuid::parse_str(id).is_ok());
+            if generated {
+                call.call_id = "call_<generated>".to_owned();
+            }
+        }
+        if let Some(output) = &output {
             // What a step produced is recorded as JSON: it must serialize.
             for item in &output.reasoning {
                 assert!(
@@ -178,7 +223,13 @@ fn read_body(reader: &impl ReadStream, provider: &str, data: &[u8]) {
                 );
             }
         }
-    });
+        let (streamed, reasoned) = std::mem::take(&mut *seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        Some(Read {
+            output,
+            streamed,
+            reasoned,
+        })
+    })
 }
 
 /// The protocol's JSON: [`Op`], the body of `POST .../submissions`,
