@@ -2,5 +2,6 @@
 //!
 //! Not part of the public API: hidden from the docs and free to change.
 
+pub mod faulty_vfs;
 pub mod fuzzing;
 pub mod postgres;

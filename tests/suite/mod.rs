@@ -8,6 +8,7 @@ mod compaction;
 mod durable_submissions;
 mod fuzz_seeds;
 mod http_server;
+mod io_faults;
 mod log_paging;
 mod mcp;
 mod provider_anthropic;

@@ -35,10 +35,11 @@ const INLINE_CHECKPOINT_AT_PAGES: i32 = 8192;
 pub(super) fn start(
     writer: &mut Connection,
     path: &Path,
+    vfs: Option<&str>,
     counters: Arc<WriterCounters>,
     identity: Arc<FileIdentity>,
 ) -> Result<JoinHandle<()>, StoreError> {
-    let conn = super::schema::open_checkpointer(path)?;
+    let conn = super::schema::open_checkpointer(path, vfs)?;
     let (signal, signals) = mpsc::sync_channel::<()>(1);
     let hook_identity = Arc::clone(&identity);
     writer

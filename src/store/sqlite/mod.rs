@@ -69,6 +69,12 @@ pub struct SqliteOptions {
     /// The most write jobs one transaction may carry. `1` disables group
     /// commit (one transaction per job), which is only useful as a baseline.
     pub max_jobs_per_commit: usize,
+    /// The name of the SQLite VFS every connection of the store opens the
+    /// file with (writer, checkpointer, readers, leases); `None` is
+    /// SQLite's default. Mostly for fault testing: see
+    /// `keel::testing::faulty_vfs`, which must be registered first. A name
+    /// SQLite does not know fails the open.
+    pub vfs: Option<String>,
 }
 
 impl Default for SqliteOptions {
@@ -77,6 +83,7 @@ impl Default for SqliteOptions {
             synchronous: Synchronous::Full,
             max_size_bytes: None,
             max_jobs_per_commit: 4096,
+            vfs: None,
         }
     }
 }
@@ -99,6 +106,8 @@ pub struct WriterStats {
 /// A [`CheckpointStore`] in one SQLite file.
 pub struct SqliteCheckpoint {
     path: PathBuf,
+    /// The VFS of [`SqliteOptions::vfs`].
+    vfs: Option<String>,
     counters: Arc<WriterCounters>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     /// The writer thread, then the checkpointer thread (which ends after it).
@@ -124,7 +133,13 @@ impl SqliteCheckpoint {
         let mut conn = schema::open_writer(&path, &options)?;
         let identity = Arc::new(FileIdentity::of(&path)?);
         let counters = Arc::new(WriterCounters::default());
-        let checkpointer = checkpointer::start(&mut conn, &path, Arc::clone(&counters), Arc::clone(&identity))?;
+        let checkpointer = checkpointer::start(
+            &mut conn,
+            &path,
+            options.vfs.as_deref(),
+            Arc::clone(&counters),
+            Arc::clone(&identity),
+        )?;
         let (jobs, writer) = writer::spawn(
             conn,
             options.max_jobs_per_commit,
@@ -135,8 +150,9 @@ impl SqliteCheckpoint {
         Ok(Self {
             identity,
             counters,
-            readers: Arc::new(ReaderPool::new(path.clone())),
+            readers: Arc::new(ReaderPool::new(path.clone(), options.vfs.clone())),
             path,
+            vfs: options.vfs,
             jobs: Mutex::new(Some(jobs)),
             threads: Mutex::new(vec![writer, checkpointer]),
             leases: Arc::new(Mutex::new(None)),
@@ -228,11 +244,12 @@ impl SqliteCheckpoint {
         let leases = Arc::clone(&self.leases);
         let identity = Arc::clone(&self.identity);
         let path = self.path.clone();
+        let vfs = self.vfs.clone();
         tokio::task::spawn_blocking(move || {
             identity.check()?;
             let mut conn = leases.lock().unwrap_or_else(|poison| poison.into_inner());
             if conn.is_none() {
-                *conn = Some(schema::open_leases(&path)?);
+                *conn = Some(schema::open_leases(&path, vfs.as_deref())?);
             }
             match conn.as_mut() {
                 Some(conn) => call(conn),

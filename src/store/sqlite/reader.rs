@@ -21,13 +21,16 @@ const MAX_IDLE_READERS: usize = 4;
 /// Hands out read connections, opening more on demand.
 pub(super) struct ReaderPool {
     path: PathBuf,
+    /// The VFS the connections open with (`None`: SQLite's default).
+    vfs: Option<String>,
     idle: Mutex<Vec<Connection>>,
 }
 
 impl ReaderPool {
-    pub(super) fn new(path: PathBuf) -> Self {
+    pub(super) fn new(path: PathBuf, vfs: Option<String>) -> Self {
         Self {
             path,
+            vfs,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -37,7 +40,7 @@ impl ReaderPool {
         let pooled = self.idle.lock().unwrap_or_else(|poison| poison.into_inner()).pop();
         let conn = match pooled {
             Some(conn) => conn,
-            None => super::schema::open_reader(&self.path)?,
+            None => super::schema::open_reader(&self.path, self.vfs.as_deref())?,
         };
         let result = read(&conn);
         let mut idle = self.idle.lock().unwrap_or_else(|poison| poison.into_inner());

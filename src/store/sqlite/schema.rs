@@ -106,7 +106,7 @@ ALTER TABLE sessions ADD COLUMN lease_expires_at INTEGER;
 /// size cap, and the schema brought up to date.
 pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
     super::identity::check_shm_writable(path)?;
-    let mut conn = Connection::open(path).map_err(|e| super::store_error(e, path))?;
+    let mut conn = open(path, OpenFlags::default(), options.vfs.as_deref())?;
     configure(&conn).map_err(|e| super::store_error(e, path))?;
     // Refuse a newer schema before changing anything: switching to WAL
     // rewrites the file's header. `migrate` checks again under the lock.
@@ -155,22 +155,32 @@ pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connec
     Ok(conn)
 }
 
+/// Opens a connection to the store's file through `vfs` (SQLite's default
+/// when `None`).
+fn open(path: &Path, flags: OpenFlags, vfs: Option<&str>) -> Result<Connection, StoreError> {
+    match vfs {
+        Some(vfs) => Connection::open_with_flags_and_vfs(path, flags, vfs),
+        None => Connection::open_with_flags(path, flags),
+    }
+    .map_err(|e| super::store_error(e, path))
+}
+
 /// Opens the connection that runs WAL checkpoints.
-pub(super) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
-    let conn = Connection::open(path).map_err(|e| super::store_error(e, path))?;
+pub(super) fn open_checkpointer(path: &Path, vfs: Option<&str>) -> Result<Connection, StoreError> {
+    let conn = open(path, OpenFlags::default(), vfs)?;
     configure(&conn).map_err(|e| super::store_error(e, path))?;
     Ok(conn)
 }
 
 /// Opens the connection that claims, renews and releases leases.
-pub(super) fn open_leases(path: &Path) -> Result<Connection, StoreError> {
-    open_checkpointer(path)
+pub(super) fn open_leases(path: &Path, vfs: Option<&str>) -> Result<Connection, StoreError> {
+    open_checkpointer(path, vfs)
 }
 
 /// Opens a connection for reads only.
-pub(super) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+pub(super) fn open_reader(path: &Path, vfs: Option<&str>) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
-    let conn = Connection::open_with_flags(path, flags).map_err(|e| super::store_error(e, path))?;
+    let conn = open(path, flags, vfs)?;
     configure(&conn).map_err(|e| super::store_error(e, path))?;
     conn.pragma_update(None, "query_only", true)
         .map_err(|e| super::store_error(e, path))?;
