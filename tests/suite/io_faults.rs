@@ -470,3 +470,29 @@ async fn a_checkpoint_whose_fsync_fails_loses_nothing() {
 async fn a_checkpoint_whose_writes_fail_loses_nothing() {
     a_failed_checkpoint_loses_nothing(FaultOp::Write).await;
 }
+
+/// `unsafe` is denied crate-wide; only the fault-injecting VFS may allow it.
+#[test]
+fn only_the_fault_injecting_vfs_allows_unsafe_code() {
+    let mut allowing = Vec::new();
+    let mut pending = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read src") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs")
+                && std::fs::read_to_string(&path)
+                    .expect("read a source file")
+                    .contains("allow(unsafe_code)")
+            {
+                allowing.push(
+                    path.strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                        .expect("inside")
+                        .to_owned(),
+                );
+            }
+        }
+    }
+    assert_eq!(allowing, [std::path::PathBuf::from("src/testing/faulty_vfs.rs")]);
+}

@@ -3,7 +3,7 @@
 //! outlives it; enforced by the kernel.
 //!
 //! Keel must not restrict itself, and it may not run code between `fork`
-//! and `exec` (that needs `unsafe`, which the crate forbids). So the shell
+//! and `exec` (that needs `unsafe`, which the crate denies). So the shell
 //! runs each command through a launcher, the hidden `keel sandbox-exec`
 //! subcommand (see [`launcher_arguments`]), in two processes:
 //!
