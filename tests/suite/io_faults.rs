@@ -70,11 +70,16 @@ struct Run {
     error: Option<Error>,
 }
 
-/// Reads events until the turn of `submission_id` ends; `false` if the
-/// stream ended first.
+/// Reads events until the turn that took `submission_id` ends; `false` if
+/// the stream ended first. Messages queued together run as one turn, whose
+/// events carry the first one's id: a turn took this submission once its
+/// user message is recorded.
 async fn read_turn_of(agent: &mut Agent, submission_id: &str, seen: &mut Vec<RecordedEvent>) -> bool {
+    let mut taken = false;
     while let Some(event) = guard("next_event", agent.next_event()).await {
-        let done = event.msg.ends_turn() && event.submission_id.as_deref() == Some(submission_id);
+        let ours = event.submission_id.as_deref() == Some(submission_id);
+        taken |= ours && matches!(event.msg, EventMsg::UserMessage(_));
+        let done = event.msg.ends_turn() && (ours || taken);
         seen.push(event);
         if done {
             return true;
