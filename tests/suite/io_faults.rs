@@ -150,12 +150,7 @@ fn is_io_failure(error: &Error) -> bool {
 /// integrity, gap-free logs, every acknowledged submission and every seen
 /// event stored as seen.
 async fn assert_intact(db: &TestDb, runs: &BTreeMap<String, Run>) {
-    let conn = rusqlite::Connection::open(db.path()).expect("open the database");
-    let check: String = conn
-        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
-        .expect("integrity_check");
-    assert_eq!(check, "ok");
-    drop(conn);
+    assert_integrity_ok(db.path());
     let store = SqliteCheckpoint::new(db.path()).expect("reopen the store");
     for (session, run) in runs {
         let stored = stored_events(&store, session).await;
@@ -415,12 +410,7 @@ async fn a_commit_after_a_failed_fsync_does_not_build_on_it() {
     guard("close", store.close()).await;
     let main_db = db.path();
     for path in [crashed_db.as_path(), main_db.as_path()] {
-        let conn = rusqlite::Connection::open(path).expect("open the database");
-        let check: String = conn
-            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
-            .expect("integrity_check");
-        assert_eq!(check, "ok");
-        drop(conn);
+        assert_integrity_ok(path);
         let reopened = SqliteCheckpoint::new(path).expect("reopen");
         let stored = assert_log(&reopened, &expected).await;
         assert_eq!(stored.len(), 5, "{}: {stored:?}", path.display());
@@ -454,12 +444,7 @@ async fn a_failed_checkpoint_loses_nothing(op: FaultOp) {
         "the checkpoint at close did not reach the database file"
     );
 
-    let conn = rusqlite::Connection::open(db.path()).expect("open the database");
-    let check: String = conn
-        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
-        .expect("integrity_check");
-    assert_eq!(check, "ok");
-    drop(conn);
+    assert_integrity_ok(db.path());
     let reopened = SqliteCheckpoint::new(db.path()).expect("reopen");
     let stored = assert_log(&reopened, &expected).await;
     assert_eq!(stored.len(), 4);

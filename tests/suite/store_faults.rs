@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 
 use crate::suite::server::support::{Api, Scratch, ServeProcess};
 use crate::suite::skip;
-use crate::suite::support::stored_events_in;
+use crate::suite::support::{assert_integrity_ok, stored_events_in};
 
 /// Makes a missing permission to mount a failure instead of a skip.
 const REQUIRE: &str = "KEEL_REQUIRE_FAULT_TESTS";
@@ -421,12 +421,7 @@ async fn assert_log_intact(store: &dyn CheckpointStore, tally: &Tally) {
 
 /// The SQLite file passes `PRAGMA integrity_check`, and its log is intact.
 async fn assert_sqlite_intact(db: &Path, tally: &Tally) {
-    let conn = rusqlite::Connection::open(db).expect("open the database");
-    let check: String = conn
-        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
-        .expect("integrity_check");
-    assert_eq!(check, "ok");
-    drop(conn);
+    assert_integrity_ok(db);
     let store = SqliteCheckpoint::new(db).expect("open the store");
     assert_log_intact(&store, tally).await;
     store.close().await;

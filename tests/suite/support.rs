@@ -432,3 +432,12 @@ pub(crate) fn keel_binary_for(uid: Option<u32>, dir: &std::path::Path) -> std::p
     std::fs::copy(&binary, &copy).expect("copy the keel binary");
     copy
 }
+
+/// SQLite's own check of the database at `path` says `ok`.
+pub(crate) fn assert_integrity_ok(path: impl AsRef<std::path::Path>) {
+    let conn = rusqlite::Connection::open(path.as_ref()).expect("open the database");
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+        .expect("integrity_check");
+    assert_eq!(check, "ok", "{}", path.as_ref().display());
+}
