@@ -211,6 +211,29 @@ async fn run_into_fault(db: &TestDb, store: &Arc<SqliteCheckpoint>, rule: FaultR
     (runs, injected)
 }
 
+/// Opens `session` on `store`, runs one turn for `text` and shuts it down;
+/// the submission acknowledged (id and sequence) and the events seen.
+async fn one_turn(
+    db: &TestDb,
+    session: &str,
+    store: &Arc<SqliteCheckpoint>,
+    text: &str,
+) -> ((String, u64), Vec<RecordedEvent>) {
+    let mut agent = start_with(session_config(db, session, store, TestModel::chunks(&["again"]))).await;
+    let handle = agent.handle();
+    let accepted = guard(text, handle.submit_durable(user(text), SubmitOptions::default()))
+        .await
+        .unwrap_or_else(|error| panic!("{session}: the store refused a submission {text}: {error}"));
+    let mut seen = Vec::new();
+    assert!(
+        read_turn_of(&mut agent, &accepted.submission_id, &mut seen).await,
+        "{session}: the turn {text} did not end"
+    );
+    drop(handle);
+    shutdown(agent).await;
+    ((accepted.submission_id, accepted.sequence), seen)
+}
+
 /// The I/O fault stops every session with a clear error; nothing
 /// acknowledged or seen is lost; the same store works again once the fault
 /// clears, and so does the store reopened.
@@ -232,22 +255,9 @@ async fn io_fault_under_running_agents(rule: impl FnOnce(&Path) -> FaultRule) {
 
     // The fault cleared: the same open store takes the sessions' turns again.
     for (session, run) in &mut runs {
-        let mut agent = start_with(session_config(&db, session, &store, TestModel::chunks(&["again"]))).await;
-        let handle = agent.handle();
-        let accepted = guard(
-            "submit after the fault cleared",
-            handle.submit_durable(user("after the fault cleared"), SubmitOptions::default()),
-        )
-        .await
-        .unwrap_or_else(|error| panic!("{session}: the same store refused after the fault cleared: {error}"));
-        run.acknowledged
-            .push((accepted.submission_id.clone(), accepted.sequence));
-        assert!(
-            read_turn_of(&mut agent, &accepted.submission_id, &mut run.seen).await,
-            "{session}: the turn after the fault did not end"
-        );
-        drop(handle);
-        shutdown(agent).await;
+        let (acknowledged, seen) = one_turn(&db, session, &store, "after the fault cleared").await;
+        run.acknowledged.push(acknowledged);
+        run.seen.extend(seen);
     }
     guard("close", store.close()).await;
     assert_intact(&db, &runs).await;
@@ -255,18 +265,7 @@ async fn io_fault_under_running_agents(rule: impl FnOnce(&Path) -> FaultRule) {
     // And after a restart, on SQLite's own VFS.
     let store = db.open();
     for session in runs.keys() {
-        let mut agent = start_with(session_config(&db, session, &store, TestModel::chunks(&["restarted"]))).await;
-        let handle = agent.handle();
-        let accepted = guard(
-            "submit after the restart",
-            handle.submit_durable(user("after the restart"), SubmitOptions::default()),
-        )
-        .await
-        .expect("the reopened store takes a submission");
-        let mut seen = Vec::new();
-        assert!(read_turn_of(&mut agent, &accepted.submission_id, &mut seen).await);
-        drop(handle);
-        shutdown(agent).await;
+        one_turn(&db, session, &store, "after the restart").await;
         let stored = stored_events(&store, session).await;
         assert_gapless(&stored, 1);
     }

@@ -427,6 +427,15 @@ async fn assert_sqlite_intact(db: &Path, tally: &Tally) {
     store.close().await;
 }
 
+/// The log kept in the PostgreSQL database at `url` is intact.
+async fn assert_postgres_intact(url: &str, tally: &Tally) {
+    let store = PostgresCheckpoint::connect(url, PostgresOptions::default())
+        .await
+        .expect("connect");
+    assert_log_intact(&store, tally).await;
+    store.close().await;
+}
+
 /// Stops the server with SIGTERM; it must exit cleanly.
 fn terminate(server: ServeProcess) {
     let (status, lines) = server.terminate();
@@ -654,11 +663,7 @@ async fn killed_postgresql_connections_are_503_and_lose_nothing() {
     terminate(server);
 
     assert_refusals_are_clear(&tally);
-    let store = PostgresCheckpoint::connect(&url, PostgresOptions::default())
-        .await
-        .expect("connect");
-    assert_log_intact(&store, &tally).await;
-    store.close().await;
+    assert_postgres_intact(&url, &tally).await;
 }
 
 /// PostgreSQL stops abruptly (`pg_ctl stop -m immediate`) under load, then
@@ -687,9 +692,5 @@ async fn a_postgresql_crash_under_load_is_503_and_clears_by_itself() {
     terminate(server);
 
     assert_refusals_are_clear(&tally);
-    let store = PostgresCheckpoint::connect(&url, PostgresOptions::default())
-        .await
-        .expect("connect");
-    assert_log_intact(&store, &tally).await;
-    store.close().await;
+    assert_postgres_intact(&url, &tally).await;
 }
