@@ -29,7 +29,9 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::serve::{TURN_TIMEOUT, WireEvent, check, http_error, io_error, join_sessions, read_stream, write_script};
+use super::serve::{
+    TURN_TIMEOUT, WireEvent, check, create_session, io_error, join_sessions, read_stream, write_script,
+};
 use super::stats::percentile;
 use crate::server::{ClusterConfig, DEFAULT_LEASE_TTL, ServeError, ServerConfig, serve};
 use crate::store::{PostgresCheckpoint, PostgresOptions};
@@ -388,22 +390,7 @@ impl ClusterSession {
         other: Option<usize>,
         rng: StdRng,
     ) -> Result<Self> {
-        let body = json!({"tools": {"builtin": false, "write": false, "shell": false}});
-        let created: serde_json::Value = check(
-            client
-                .post(format!("{}/v1/sessions", bases[owner]))
-                .json(&body)
-                .send()
-                .await,
-        )
-        .await?
-        .json()
-        .await
-        .map_err(http_error)?;
-        let id = created["id"]
-            .as_str()
-            .ok_or_else(|| Error::Config("the created session has no id".to_owned()))?
-            .to_owned();
+        let id = create_session(client, &bases[owner]).await?;
         let subscribe = |node: usize| {
             let url = format!("{}/v1/sessions/{id}/events/stream?after=0", bases[node]);
             async move {

@@ -255,18 +255,23 @@ struct BenchSession {
     stalled: Option<TcpStream>,
 }
 
+/// Creates a session without tools on the server at `base`; its id.
+pub(super) async fn create_session(client: &reqwest::Client, base: &str) -> Result<String> {
+    let body = json!({"tools": {"builtin": false, "write": false, "shell": false}});
+    let created: serde_json::Value = check(client.post(format!("{base}/v1/sessions")).json(&body).send().await)
+        .await?
+        .json()
+        .await
+        .map_err(http_error)?;
+    created["id"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| Error::Config("the created session has no id".to_owned()))
+}
+
 impl BenchSession {
     async fn open(client: &reqwest::Client, base: &str, params: &ServeParams) -> Result<Self> {
-        let body = json!({"tools": {"builtin": false, "write": false, "shell": false}});
-        let created: serde_json::Value = check(client.post(format!("{base}/v1/sessions")).json(&body).send().await)
-            .await?
-            .json()
-            .await
-            .map_err(http_error)?;
-        let id = created["id"]
-            .as_str()
-            .ok_or_else(|| Error::Config("the created session has no id".to_owned()))?
-            .to_owned();
+        let id = create_session(client, base).await?;
         let stream_url = format!("{base}/v1/sessions/{id}/events/stream?after=0");
         let (first_sender, events) = mpsc::unbounded_channel();
         let mut first = Some(first_sender);
