@@ -385,7 +385,13 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
     }
     report.wall_s = started.elapsed().as_secs_f64();
     if !report.violations.is_empty() {
-        report.evidence = Some(keep_evidence(params, &dir, &nodes, &all, &report)?);
+        let target = keep_evidence(params, &dir, &nodes, &all, &report)?;
+        if let Some(postgres) = &postgres
+            && let Err(why) = postgres.dump(&db, &target.join("keel.sql"))
+        {
+            tracing::warn!(%why, "the database could not be kept with the evidence");
+        }
+        report.evidence = Some(target);
     }
     Ok(report)
 }

@@ -120,6 +120,26 @@ impl TestPostgres {
         self.url(&name)
     }
 
+    /// Writes a plain-SQL dump of the database at `url` (one of this
+    /// server's) to `to`, with `pg_dump`: the evidence of a failed run.
+    pub fn dump(&self, url: &str, to: &std::path::Path) -> Result<(), String> {
+        let output = Command::new(self.bin.join("pg_dump"))
+            .args(["--no-owner", "--file"])
+            .arg(to)
+            .arg(url)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|error| format!("cannot run pg_dump: {error}"))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pg_dump failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ))
+        }
+    }
+
     /// The URL of database `name` on this server.
     pub fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
