@@ -15,8 +15,10 @@
 //!   `Sec-Fetch-Site` of `cross-site` or `same-site` is refused the same way,
 //!   except for a top-level navigation (`GET` with `Sec-Fetch-Mode:
 //!   navigate`), whose answer the other site cannot read.
-//! - A declared `Content-Length` over the body limit is `413 too_large`
-//!   before any of the body is read.
+//! - A declared `Content-Length` over the body limit is `413 too_large`,
+//!   answered once the body is drained (up to four times the limit, ten
+//!   seconds at most) so that a client writing it all first can read the
+//!   answer; a larger one is answered at once.
 //!
 //! JSON bodies must also be `application/json` (see `extract::ApiJson`), so
 //! no cross-site request can be a "simple" one that skips the preflight.
@@ -186,6 +188,16 @@ fn normalise(host: &str) -> String {
     }
 }
 
+/// How much of a body over the limit is read and dropped before its `413`,
+/// as a multiple of the limit: a client that sends the whole body before
+/// reading the answer (most do) then gets to read it, instead of a broken
+/// pipe as the server closes under its writes. Larger bodies are refused
+/// at once.
+const DRAIN_LIMITS: u64 = 4;
+
+/// The longest a body over the limit is drained before its `413`.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Middleware: answers the refusal of a request the door does not let in.
 pub(crate) async fn admit(State(server): State<Arc<Server>>, request: Request, next: Next) -> Response {
     match server.front.refusal(&request) {
@@ -194,10 +206,31 @@ pub(crate) async fn admit(State(server): State<Arc<Server>>, request: Request, n
             // Counted under a route of its own: no route was matched, and
             // an operator wants to see pages knocking.
             server.metrics.http_request("refused", refusal.status().as_u16());
+            if matches!(refusal, ApiError::TooLarge(_)) {
+                drain(request, server.front.body_limit as u64 * DRAIN_LIMITS).await;
+            }
             refusal.into_response()
         }
         None => next.run(request).await,
     }
+}
+
+/// Reads and drops the body of `request` if it declares at most `cap`
+/// bytes, for at most [`DRAIN_TIME`].
+async fn drain(request: Request, cap: u64) {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok());
+    if declared.is_none_or(|length| length > cap) {
+        return;
+    }
+    let mut body = request.into_body().into_data_stream();
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(Ok(_)) = futures::StreamExt::next(&mut body).await {}
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -340,3 +340,43 @@ async fn unknown_fields_inside_an_op_are_400_and_a_long_steer_413() {
     );
     server.stop().await;
 }
+
+/// A body over the limit (but not wildly) is read to its end before the
+/// `413`: a client that writes its whole body before reading (as most
+/// do) must get to read the answer, not a broken pipe. Here the answer
+/// may not come while the body is still being written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_read_to_its_end_before_its_413() {
+    let server = TestServer::start(|_, _| {}).await;
+    let address = server
+        .api
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let length = 3 * 1024 * 1024;
+    let mut socket = tokio::net::TcpStream::connect(&address).await.expect("connect");
+    let head = format!(
+        "POST /v1/sessions/big/submissions HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
+    );
+    socket.write_all(head.as_bytes()).await.expect("write the head");
+    socket.write_all(&[b'x'; 1024]).await.expect("write some of the body");
+    let mut answer = Vec::new();
+    let early = tokio::time::timeout(Duration::from_millis(300), socket.read_buf(&mut answer)).await;
+    assert!(
+        early.is_err(),
+        "answered before the body was written: {:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    socket
+        .write_all(&vec![b'x'; length - 1024])
+        .await
+        .expect("the whole body is taken");
+    guard("the answer", socket.read_to_end(&mut answer))
+        .await
+        .expect("read the answer");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("too_large"), "{answer}");
+    server.stop().await;
+}
