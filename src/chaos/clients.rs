@@ -73,6 +73,16 @@ pub(super) struct SessionHistory {
 /// The history of every session.
 pub(super) type History = Arc<Mutex<BTreeMap<String, SessionHistory>>>;
 
+/// What every client of one session shares: the HTTP client, the nodes'
+/// addresses, the session and the history they record into.
+#[derive(Clone)]
+pub(super) struct SessionClients {
+    pub(super) http: reqwest::Client,
+    pub(super) addresses: Addresses,
+    pub(super) session_id: String,
+    pub(super) history: History,
+}
+
 /// Records into the history.
 fn record(history: &History, session_id: &str, change: impl FnOnce(&mut SessionHistory)) {
     let mut all = history.lock().unwrap_or_else(|poison| poison.into_inner());
@@ -80,14 +90,13 @@ fn record(history: &History, session_id: &str, change: impl FnOnce(&mut SessionH
 }
 
 /// Sends work to one session until `stop` says so.
-pub(super) async fn write(
-    client: reqwest::Client,
-    addresses: Addresses,
-    session_id: String,
-    seed: u64,
-    history: History,
-    mut stop: watch::Receiver<bool>,
-) {
+pub(super) async fn write(clients: SessionClients, seed: u64, mut stop: watch::Receiver<bool>) {
+    let SessionClients {
+        http: client,
+        addresses,
+        session_id,
+        history,
+    } = clients;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut sent = 0u64;
     while !*stop.borrow() {
@@ -206,14 +215,13 @@ async fn submit(
 /// Follows one session's stream from any node, over SSE or a WebSocket
 /// at random, resuming after every break, until `stop` says so; returns
 /// once stopped.
-pub(super) async fn follow(
-    client: reqwest::Client,
-    addresses: Addresses,
-    session_id: String,
-    seed: u64,
-    history: History,
-    stop: watch::Receiver<bool>,
-) {
+pub(super) async fn follow(clients: SessionClients, seed: u64, stop: watch::Receiver<bool>) {
+    let SessionClients {
+        http: client,
+        addresses,
+        session_id,
+        history,
+    } = clients;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut last = 0u64;
     let mut first = true;
@@ -343,14 +351,13 @@ fn receive(history: &History, session_id: &str, last: &mut u64, recorded: Record
 /// Decides every pending approval of one session, from any node, until
 /// `stop` says so: most calls are approved, some denied. A decision that
 /// gets no answer is made again once the call still shows as pending.
-pub(super) async fn approve(
-    client: reqwest::Client,
-    addresses: Addresses,
-    session_id: String,
-    seed: u64,
-    history: History,
-    mut stop: watch::Receiver<bool>,
-) {
+pub(super) async fn approve(clients: SessionClients, seed: u64, mut stop: watch::Receiver<bool>) {
+    let SessionClients {
+        http: client,
+        addresses,
+        session_id,
+        history,
+    } = clients;
     let mut rng = StdRng::seed_from_u64(seed);
     while !*stop.borrow() {
         let pause = Duration::from_millis(rng.random_range(100..400));

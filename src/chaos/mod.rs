@@ -228,34 +228,31 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
     let (stop_writers, writers_stop) = watch::channel(false);
     let (stop_followers, followers_stop) = watch::channel(false);
     let (mut writers, mut followers) = (Vec::new(), Vec::new());
+    let session_clients = |session_id: &str| clients::SessionClients {
+        http: client.clone(),
+        addresses: Arc::clone(&addresses),
+        session_id: session_id.to_owned(),
+        history: Arc::clone(&history),
+    };
     // Approvers run as long as followers do: turns waiting for approval
     // must close for the run to settle.
     for (index, session_id) in asking.iter().enumerate() {
         followers.push(tokio::spawn(clients::approve(
-            client.clone(),
-            Arc::clone(&addresses),
-            session_id.clone(),
+            session_clients(session_id),
             params.seed.wrapping_mul(7919).wrapping_add(index as u64),
-            Arc::clone(&history),
             followers_stop.clone(),
         )));
     }
     for (index, session_id) in session_ids.iter().enumerate() {
         let seed = params.seed.wrapping_mul(1000).wrapping_add(index as u64);
         writers.push(tokio::spawn(clients::write(
-            client.clone(),
-            Arc::clone(&addresses),
-            session_id.clone(),
+            session_clients(session_id),
             seed,
-            Arc::clone(&history),
             writers_stop.clone(),
         )));
         followers.push(tokio::spawn(clients::follow(
-            client.clone(),
-            Arc::clone(&addresses),
-            session_id.clone(),
+            session_clients(session_id),
             seed ^ 0x5eed,
-            Arc::clone(&history),
             followers_stop.clone(),
         )));
     }

@@ -58,6 +58,15 @@ async fn faulty_store(db: &TestDb) -> Arc<SqliteCheckpoint> {
     )
 }
 
+/// A store through the injecting VFS holding one empty session, "s".
+async fn faulty_store_with_session(db: &TestDb) -> Arc<SqliteCheckpoint> {
+    let store = faulty_store(db).await;
+    guard("save", store.save(&Checkpoint::empty("s"), &[], None))
+        .await
+        .expect("create the session");
+    store
+}
+
 /// What one session's driver saw.
 #[derive(Default)]
 struct Run {
@@ -356,10 +365,7 @@ fn crash_copy(db: &TestDb, to: &Path) -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_after_a_failed_fsync_does_not_build_on_it() {
     let db = TestDb::new();
-    let store = faulty_store(&db).await;
-    guard("save", store.save(&Checkpoint::empty("s"), &[], None))
-        .await
-        .expect("create the session");
+    let store = faulty_store_with_session(&db).await;
     let mut expected = BTreeMap::new();
     let (receipt, events) = append(&store, &["a1", "a2", "a3"])
         .await
@@ -425,10 +431,7 @@ async fn a_commit_after_a_failed_fsync_does_not_build_on_it() {
 /// event.
 async fn a_failed_checkpoint_loses_nothing(op: FaultOp) {
     let db = TestDb::new();
-    let store = faulty_store(&db).await;
-    guard("save", store.save(&Checkpoint::empty("s"), &[], None))
-        .await
-        .expect("create the session");
+    let store = faulty_store_with_session(&db).await;
     let mut expected = BTreeMap::new();
     let (receipt, events) = append(&store, &["a1", "a2"]).await.expect("append before the fault");
     acknowledge(&mut expected, receipt, events);
