@@ -727,3 +727,29 @@ async fn a_relayed_row_no_node_sealed_decides_nothing() {
     drop(client);
     connection.abort();
 }
+
+/// A cluster key too short to be a secret is refused before the server
+/// opens anything, and its text is never echoed.
+#[test]
+fn a_short_cluster_key_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let key = dir.path().join("cluster.key");
+    std::fs::write(&key, "short-secret\n").expect("key file");
+    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--cluster-key-file"])
+        .arg(&key)
+        .arg("--db")
+        .arg(dir.path().join("keel.sqlite3"))
+        .env_remove("KEEL_CONFIG")
+        .current_dir(dir.path())
+        .output()
+        .expect("keel serve");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("holds 12 bytes; give it at least 32"), "{stderr}");
+    assert!(!stderr.contains("short-secret"), "{stderr}");
+    assert!(
+        !dir.path().join("keel.sqlite3").exists(),
+        "the database was opened: {stderr}"
+    );
+}
