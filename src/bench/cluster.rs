@@ -175,6 +175,8 @@ impl Node {
         config.cluster = Some(ClusterConfig {
             node_id: format!("bench-node-{index}"),
             lease_ttl: DEFAULT_LEASE_TTL,
+            // Sealed, as a cluster serving a token is.
+            relay_key: Some(crate::server::RelayKey::derive(b"keel bench cluster")),
             listener: notices,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_error)?;

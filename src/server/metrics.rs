@@ -68,6 +68,7 @@ pub(crate) struct Metrics {
     pub(crate) sse_subscribers: Gauge,
     pub(crate) catch_ups: Counter,
     pub(crate) relayed_submissions: Counter,
+    pub(crate) relayed_refused: Counter,
     pub(crate) sessions_taken_over: Counter,
     pub(crate) leases_lost: Counter,
     pub(crate) alive_tasks: Gauge,
@@ -143,6 +144,12 @@ impl Metrics {
             "Submissions this node stored for a session another node runs",
             relayed_submissions.clone(),
         );
+        let relayed_refused = Counter::default();
+        registry.register(
+            "keel_relayed_refused",
+            "Relayed submissions this node refused to queue because their seal did not verify",
+            relayed_refused.clone(),
+        );
         let sessions_taken_over = Counter::default();
         registry.register(
             "keel_sessions_taken_over",
@@ -174,6 +181,7 @@ impl Metrics {
             sse_subscribers,
             catch_ups,
             relayed_submissions,
+            relayed_refused,
             sessions_taken_over,
             leases_lost,
             alive_tasks,
@@ -497,6 +505,7 @@ mod tests {
             op: Op::Interrupt { turn_id: None },
             on_busy: Some(BusyPolicy::Queue),
             idempotency_key: None,
+            seal: None,
         };
         assert!(matches!(
             store.relay("s", &submission, 8).await.expect("relay"),

@@ -48,6 +48,7 @@ pub use self::conn::{
 pub use self::error::ApiError;
 use self::factory::SessionFactory;
 pub use self::factory::workspace_dir;
+pub use self::host::RelayKey;
 use self::host::{Host, HostLimits};
 use self::metrics::{MeteredStore, Metrics};
 use crate::agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};
@@ -128,6 +129,10 @@ pub struct ClusterConfig {
     /// How long a session's lease lasts without a renewal: how soon the
     /// other nodes take over the sessions of a node that died.
     pub lease_ttl: Duration,
+    /// The key relayed submissions are sealed with, the same on every node
+    /// (see [`RelayKey`]); `None` derives it from `token` when there is
+    /// one, and otherwise nothing is sealed or checked.
+    pub relay_key: Option<RelayKey>,
     /// The database's notices (log commits, relayed submissions, released
     /// sessions), listened to from before the server starts.
     pub listener: LogListener,
@@ -280,7 +285,18 @@ pub async fn serve(
                 ttl: cluster.lease_ttl,
                 clock: LeaseClock::default(),
             };
-            (Some(owner), Some(cluster.listener))
+            // Without a key of its own, a cluster whose API asks for a
+            // token seals with a key derived from it: every node checks it.
+            let relay_key = cluster.relay_key.or_else(|| {
+                let token = config.token.as_deref().map(str::trim);
+                token.map(|token| RelayKey::derive(token.as_bytes()))
+            });
+            if relay_key.is_none() {
+                tracing::warn!(
+                    "relayed submissions are not sealed: this node has no --token-file or --cluster-key-file"
+                );
+            }
+            (Some((owner, relay_key)), Some(cluster.listener))
         }
         None => (None, None),
     };

@@ -254,6 +254,10 @@ pub struct RelayedSubmission {
     /// submissions as among the queued ones.
     #[serde(skip)]
     pub idempotency_key: Option<String>,
+    /// The accepting node's seal over the rest (see the server's
+    /// `RelayKey`), stored with the op; the store keeps it as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
 }
 
 /// What [`CheckpointStore::relay`] did.

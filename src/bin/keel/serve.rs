@@ -87,6 +87,12 @@ pub(crate) struct ServeArgs {
     /// soon other nodes take over the sessions of a node that died.
     #[arg(long, default_value_t = keel::server::DEFAULT_LEASE_TTL.as_millis() as u64, value_name = "MS")]
     lease_ttl_ms: u64,
+    /// On PostgreSQL, a file holding the secret every node seals relayed
+    /// submissions with, so that a row written into the database by
+    /// anyone else is refused [default: derived from --token-file; without
+    /// either, relayed submissions are not sealed].
+    #[arg(long, env = "KEEL_CLUSTER_KEY_FILE", value_name = "FILE")]
+    cluster_key_file: Option<PathBuf>,
 }
 
 pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -119,6 +125,10 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(spec) = &default_model {
         keel_config.model(spec)?;
     }
+    let relay_key = match &args.cluster_key_file {
+        Some(path) => Some(read_cluster_key(path)?),
+        None => None,
+    };
     let token = match &args.token_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -171,6 +181,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
         config.cluster = Some(ClusterConfig {
             node_id,
             lease_ttl: Duration::from_millis(args.lease_ttl_ms),
+            relay_key,
             listener,
         });
     }
@@ -195,6 +206,22 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     drop(lock);
     eprintln!("keel serve stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The relay key in a `--cluster-key-file`: at least 32 bytes of secret
+/// (surrounding white space ignored), protected from sandboxed commands
+/// like the token file.
+fn read_cluster_key(path: &std::path::Path) -> anyhow::Result<keel::server::RelayKey> {
+    let text = std::fs::read(path).with_context(|| format!("cannot read the cluster key file {}", path.display()))?;
+    let secret = text.trim_ascii();
+    anyhow::ensure!(
+        secret.len() >= 32,
+        "the cluster key file {} holds {} bytes; give it at least 32 (e.g. `openssl rand -hex 32`)",
+        path.display(),
+        secret.len()
+    );
+    keel::tools::workspace::sandbox::protect(path);
+    Ok(keel::server::RelayKey::derive(secret))
 }
 
 /// A node id unique among live nodes: the host's name, the process id and

@@ -77,6 +77,14 @@ impl Host {
             op,
             on_busy: Some(on_busy),
             idempotency_key,
+            seal: None,
+        };
+        let submission = RelayedSubmission {
+            seal: self
+                .relay_key
+                .as_ref()
+                .and_then(|key| key.seal(session_id, &submission)),
+            ..submission
         };
         let capacity = self.factory.submission_capacity;
         match self.store.relay(session_id, &submission, capacity).await? {
@@ -176,6 +184,20 @@ impl Host {
             let mut done = Vec::with_capacity(waiting.len());
             let mut blocked = false;
             for relayed in &waiting {
+                if let Some(relay_key) = &self.relay_key
+                    && !relay_key.verify(session_id, relayed)
+                {
+                    // Not sealed by a node of this cluster: nobody
+                    // authenticated sent it. Dropped, never queued.
+                    tracing::warn!(
+                        %session_id,
+                        submission_id = %relayed.submission_id,
+                        "refused a relayed submission whose seal does not verify"
+                    );
+                    self.metrics.relayed_refused.inc();
+                    done.push(relayed.relay_id);
+                    continue;
+                }
                 let key = relayed
                     .idempotency_key
                     .clone()

@@ -17,6 +17,9 @@
 //! renewals, take-overs, wake-ups) lives in `cluster.rs`.
 
 mod cluster;
+mod relay_seal;
+
+pub use relay_seal::RelayKey;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -77,6 +80,9 @@ pub(crate) struct Host {
     cluster: Option<LeaseOwner>,
     /// Wakes the take-over sweep (several nodes only).
     sweep: tokio::sync::Notify,
+    /// Seals the submissions this node relays and checks those it takes
+    /// up (several nodes only; `None`: neither).
+    relay_key: Option<RelayKey>,
 }
 
 /// Where one session id's live session is kept.
@@ -190,8 +196,9 @@ impl Host {
         metrics: Arc<Metrics>,
         limits: HostLimits,
         live_buffer: usize,
-        cluster: Option<LeaseOwner>,
+        cluster: Option<(LeaseOwner, Option<RelayKey>)>,
     ) -> Self {
+        let (cluster, relay_key) = cluster.map_or((None, None), |(owner, key)| (Some(owner), key));
         Self {
             store,
             factory,
@@ -203,6 +210,7 @@ impl Host {
             closing: watch::Sender::new(false),
             cluster,
             sweep: tokio::sync::Notify::new(),
+            relay_key,
         }
     }
 

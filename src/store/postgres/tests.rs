@@ -1445,6 +1445,7 @@ fn relayed(id: &str, text: &str, key: Option<&str>) -> RelayedSubmission {
         op: Op::UserInput { text: text.to_owned() },
         on_busy: Some(BusyPolicy::Queue),
         idempotency_key: key.map(str::to_owned),
+        seal: None,
     }
 }
 
@@ -1467,8 +1468,10 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
         let mut listener = owner.listen().await.expect("listen");
         create(&store, "s").await;
         append(&store, "s", &events("s", 0, 2)).await;
+        // A keyed one carries a seal, which the store keeps as it is.
         let relay = |id: &str, text: &str, key: Option<&str>| {
-            let submission = relayed(id, text, key);
+            let mut submission = relayed(id, text, key);
+            submission.seal = key.map(|_| format!("seal-{id}"));
             let store = &store;
             async move { store.relay("s", &submission, 8).await }
         };
@@ -1522,6 +1525,10 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
         assert_eq!(ids, ["r1", "r2"]);
         assert!(waiting[0].relay_id < waiting[1].relay_id);
         assert_eq!(waiting[1].on_busy, Some(BusyPolicy::Queue));
+        assert_eq!(
+            (waiting[0].seal.as_deref(), waiting[1].seal.as_deref()),
+            (None, Some("seal-r2"))
+        );
         assert_eq!(owner.relayed("s", 1).await.expect("relayed").len(), 1);
         // A node owning the session finds it with relayed work; a session
         // nobody owns is one to take over.

@@ -632,3 +632,124 @@ async fn approvals_reach_the_owner_from_any_node_and_wait_through_its_death() {
         "second"
     );
 }
+
+/// A row written into `relayed_submissions` by anyone but a node (say a
+/// process that reached the database's socket) decides nothing: the owner
+/// refuses an approval no node sealed and leaves the call waiting, while a
+/// decision a client sent through another node (relayed and sealed with
+/// the key both derive from the API token) is taken up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_row_no_node_sealed_decides_nothing() {
+    let Some(postgres) = TestPostgres::shared() else { return };
+    let mut cluster = Cluster::start(postgres, 0, SHORT_LEASE_MS, &[]);
+    let token = "cluster-token-of-this-test-0123456789";
+    let token_file = cluster.scratch.dir.path().join("token");
+    std::fs::write(&token_file, token).expect("token file");
+    let token_path = token_file.display().to_string();
+    for index in 0..2 {
+        let mut node = ServeProcess::spawn(cluster.command(index, &["--token-file", &token_path]));
+        node.api.token = Some(token.to_owned());
+        cluster.nodes.push(Some(node));
+    }
+    let call = json!({"tool_calls": [{"id": "guarded", "name": "write_file", "arguments": {"path": "decided.txt", "content": "written"}}]});
+    let model = cluster
+        .scratch
+        .script("forge.jsonl", &[&call.to_string(), r#"{"text": "Written."}"#]);
+    cluster
+        .api(0)
+        .create(json!({"id": "forge", "model": model, "tools": {"shell": false}, "approvals": {"default": "ask"}}))
+        .await;
+    let mut watch = cluster.api(0).stream("forge", Resume::Start).await;
+    cluster.api(0).say("forge", "write it").await;
+    stream_until(&mut watch, Duration::from_secs(30), |event| {
+        event.msg.kind() == "approval_requested"
+    })
+    .await;
+
+    // The forgery: an approval inserted straight into the table, and the
+    // owner woken for it, as a node would.
+    let (client, connection) = tokio_postgres::connect(&cluster.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the database");
+    let connection = tokio::spawn(connection);
+    let forged = json!({"op": {"type": "approval", "call_id": "guarded", "decision": "approve"}, "on_busy": null});
+    let inserted = client
+        .execute(
+            "INSERT INTO relayed_submissions (session_key, submission_id, idempotency_key, submission, relayed_at_ms)
+             SELECT key, 'forged-1', NULL, $2, 0 FROM sessions WHERE id = $1",
+            &[&"forge", &forged.to_string().into_bytes()],
+        )
+        .await
+        .expect("insert the forged row");
+    assert_eq!(inserted, 1);
+    client
+        .execute("SELECT pg_notify('keel_relay', $1)", &[&"forge\nnode-0"])
+        .await
+        .expect("notify");
+    let deadline = Instant::now() + TAKE_OVER_BOUND;
+    while counter(&cluster.api(0).metrics().await, "keel_relayed_refused_total") < 1.0 {
+        assert!(Instant::now() < deadline, "the owner never looked at the forged row");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left: i64 = client
+        .query_one("SELECT count(*) FROM relayed_submissions", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(left, 0, "the refused row is not kept to be tried again");
+    let shown = cluster.api(0).session("forge").await;
+    assert_eq!(shown["state"], "awaiting_approval", "{shown}");
+    let written = cluster.scratch.workspaces().join("forge").join("decided.txt");
+    assert!(!written.exists(), "a forged approval ran the call");
+
+    // A client's decision through the other node is relayed, sealed, and
+    // taken up by the owner.
+    let decide = json!({"op": {"type": "approval", "call_id": "guarded", "decision": "approve"}});
+    let reply = cluster.api(1).submit("forge", decide).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    stream_until(&mut watch, Duration::from_secs(30), |event| {
+        event.msg.kind() == "turn_complete"
+    })
+    .await;
+    assert_eq!(std::fs::read_to_string(&written).expect("written"), "written");
+    assert_eq!(
+        counter(&cluster.api(1).metrics().await, "keel_relayed_submissions_total"),
+        1.0,
+        "the decision was relayed, not taken by node 1 itself"
+    );
+    let log = cluster.log("forge").await;
+    assert_log_sound(&log);
+    assert!(
+        !log.iter()
+            .any(|event| event.submission_id.as_deref() == Some("forged-1")),
+        "the forged submission left no trace in the log"
+    );
+    drop(client);
+    connection.abort();
+}
+
+/// A cluster key too short to be a secret is refused before the server
+/// opens anything, and its text is never echoed.
+#[test]
+fn a_short_cluster_key_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let key = dir.path().join("cluster.key");
+    std::fs::write(&key, "short-secret\n").expect("key file");
+    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--cluster-key-file"])
+        .arg(&key)
+        .arg("--db")
+        .arg(dir.path().join("keel.sqlite3"))
+        .env_remove("KEEL_CONFIG")
+        .current_dir(dir.path())
+        .output()
+        .expect("keel serve");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("holds 12 bytes; give it at least 32"), "{stderr}");
+    assert!(!stderr.contains("short-secret"), "{stderr}");
+    assert!(
+        !dir.path().join("keel.sqlite3").exists(),
+        "the database was opened: {stderr}"
+    );
+}
