@@ -7,6 +7,7 @@ mod ceiling;
 mod cluster;
 mod errors;
 mod fork;
+mod framing;
 mod front_door;
 mod lifecycle;
 mod ops;
