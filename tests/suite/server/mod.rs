@@ -9,6 +9,7 @@ mod errors;
 mod fork;
 mod framing;
 mod front_door;
+mod label_bounds;
 mod lifecycle;
 mod ops;
 mod policies;
