@@ -274,6 +274,10 @@ impl MeteredStore {
 }
 
 impl CheckpointStore for MeteredStore {
+    fn low_on_space(&self) -> Option<String> {
+        self.inner.low_on_space()
+    }
+
     fn save<'a>(
         &'a self,
         checkpoint: &'a Checkpoint,

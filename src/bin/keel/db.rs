@@ -22,6 +22,13 @@ pub(crate) struct DbArgs {
     /// never on the command line, where every local user sees it (ps).
     #[arg(long, env = "KEEL_DB", value_name = "PATH|URL")]
     db: Option<PathBuf>,
+    /// MiB of disk kept for a SQLite database's own commits, in a ballast
+    /// file beside it (<database>-reserve) that is given up when the disk
+    /// fills, so commits go on; 0 turns it off. Below it, /readyz says not
+    /// ready.
+    #[arg(long, env = "KEEL_STORE_RESERVE_MB", value_name = "MIB",
+          default_value_t = keel::store::sqlite::DEFAULT_RESERVE_BYTES / (1024 * 1024))]
+    store_reserve_mb: u64,
 }
 
 /// A database, by kind.
@@ -148,10 +155,16 @@ impl DbArgs {
                             .with_context(|| format!("cannot create {}", parent.display()))?;
                     }
                 }
-                let store = SqliteCheckpoint::open(&path, SqliteOptions::default()).await?;
+                let options = SqliteOptions {
+                    reserve_bytes: self.store_reserve_mb.saturating_mul(1024 * 1024),
+                    ..SqliteOptions::default()
+                };
+                let store = SqliteCheckpoint::open(&path, options).await?;
                 // It holds every session's conversation: no sandboxed
-                // command of any session may read it.
+                // command of any session may read it. Nor may one shrink
+                // or delete the space reserve beside it.
                 keel::tools::workspace::sandbox::protect_database(&path);
+                keel::tools::workspace::sandbox::protect(store.space_reserve().path());
                 Ok(Arc::new(store))
             }
             Location::Postgres(url) => Ok(Arc::new(
@@ -216,6 +229,7 @@ mod tests {
     fn args(db: &str) -> DbArgs {
         DbArgs {
             db: Some(PathBuf::from(db)),
+            store_reserve_mb: 0,
         }
     }
 
