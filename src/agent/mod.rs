@@ -69,6 +69,10 @@ pub const DEFAULT_MAX_STEPS: u32 = 25;
 /// The longest session id accepted.
 pub const MAX_SESSION_ID_BYTES: usize = 128;
 
+/// The longest bot id accepted: it is stored with every checkpoint, listed,
+/// and a label of the server's metrics.
+pub const MAX_BOT_ID_BYTES: usize = 128;
+
 /// Everything needed to open a session.
 #[derive(Clone)]
 pub struct AgentConfig {
@@ -237,6 +241,12 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
     if session_id.is_empty() || session_id.len() > MAX_SESSION_ID_BYTES || session_id.chars().any(char::is_control) {
         return Err(Error::InvalidInput(format!(
             "session id must be 1 to {MAX_SESSION_ID_BYTES} bytes without control characters"
+        )));
+    }
+    let bot_id = &session_context.bot_id;
+    if bot_id.len() > MAX_BOT_ID_BYTES || bot_id.chars().any(char::is_control) {
+        return Err(Error::InvalidInput(format!(
+            "bot id must be at most {MAX_BOT_ID_BYTES} bytes without control characters"
         )));
     }
     // Take the session over before reading it: from here on, a runtime that

@@ -61,6 +61,10 @@ pub enum ApiError {
     /// it as a duplicate would drop the new request silently.
     #[error("{0}")]
     KeyReused(String),
+    /// The request body did not arrive within the body timeout (408); the
+    /// connection is closed with the answer.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// The body or the message is over its limit (413).
     #[error("{0}")]
     TooLarge(String),
@@ -101,6 +105,7 @@ impl ApiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::QueueFull | Self::SessionBusy(_) | Self::Conflict(_) | Self::Elsewhere(_) => StatusCode::CONFLICT,
+            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::KeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -125,6 +130,7 @@ impl ApiError {
             Self::SessionBusy(_) => "session_busy",
             Self::Conflict(_) => "conflict",
             Self::Elsewhere(_) => "session_elsewhere",
+            Self::RequestTimeout(_) => "request_timeout",
             Self::TooLarge(_) => "too_large",
             Self::KeyReused(_) => "idempotency_key_reused",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
@@ -237,6 +243,7 @@ mod tests {
             (ApiError::KeyReused("x".into()), 422, "idempotency_key_reused"),
             (ApiError::Conflict("x".into()), 409, "conflict"),
             (ApiError::Elsewhere("x".into()), 409, "session_elsewhere"),
+            (ApiError::RequestTimeout("x".into()), 408, "request_timeout"),
             (ApiError::TooLarge("x".into()), 413, "too_large"),
             (
                 ApiError::UnsupportedMediaType("x".into()),

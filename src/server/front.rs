@@ -19,6 +19,13 @@
 //!   answered once the body is drained (up to four times the limit, ten
 //!   seconds at most) so that a client writing it all first can read the
 //!   answer; a larger one is answered at once.
+//! - A request is well framed: exactly one `Host` (RFC 9112 §3.2: `400`
+//!   for more), and no two `Content-Length`s that disagree (`400`).
+//! - A body must arrive whole within the body timeout, counted from the end
+//!   of the head: the door reads it (at most the body limit) before the
+//!   handler runs, and answers `408 request_timeout` and closes the
+//!   connection when it does not. A client cannot hold the body's buffer,
+//!   or its connection, by sending all but the last byte.
 //!
 //! JSON bodies must also be `application/json` (see `extract::ApiJson`), so
 //! no cross-site request can be a "simple" one that skips the preflight.
@@ -26,7 +33,9 @@
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::middleware::Next;
@@ -42,7 +51,11 @@ pub(crate) struct FrontDoor {
     hosts: HashSet<String>,
     cors_origin: Option<HeaderValue>,
     body_limit: usize,
+    body_timeout: Duration,
 }
+
+/// The default time a request body gets to arrive whole once its head has.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A name given to `--allow-host` that is not a host name.
 #[derive(Debug, thiserror::Error)]
@@ -51,12 +64,14 @@ pub(crate) struct InvalidHost(pub(crate) String);
 
 impl FrontDoor {
     /// The door of a server listening on `address`, answering also for
-    /// `extra_hosts`.
+    /// `extra_hosts`, taking bodies of at most `body_limit` bytes that
+    /// arrive within `body_timeout`.
     pub(crate) fn new(
         address: SocketAddr,
         extra_hosts: &[String],
         cors_origin: Option<HeaderValue>,
         body_limit: usize,
+        body_timeout: Duration,
     ) -> Result<Self, InvalidHost> {
         let mut hosts: HashSet<String> = ["localhost", "127.0.0.1", "::1"]
             .into_iter()
@@ -82,6 +97,7 @@ impl FrontDoor {
             hosts,
             cors_origin,
             body_limit,
+            body_timeout,
         })
     }
 
@@ -93,6 +109,9 @@ impl FrontDoor {
     /// Why `request` is refused, if it is.
     fn refusal(&self, request: &Request) -> Option<ApiError> {
         let headers = request.headers();
+        if let Some(malformed) = framing_error(headers) {
+            return Some(malformed);
+        }
         let host = headers.get(header::HOST).and_then(|value| value.to_str().ok());
         let Some(host) = host.filter(|host| self.answers_for(host)) else {
             return Some(ApiError::MisdirectedRequest(
@@ -153,6 +172,26 @@ impl FrontDoor {
     }
 }
 
+/// Why a request's head is ambiguous, if it is: two `Host`s (which one
+/// names the server is anybody's guess, and a proxy may have picked the
+/// other), or `Content-Length`s that disagree (where the body ends is).
+fn framing_error(headers: &HeaderMap) -> Option<ApiError> {
+    if headers.get_all(header::HOST).iter().nth(1).is_some() {
+        return Some(ApiError::InvalidRequest(
+            "a request carries exactly one Host header".to_owned(),
+        ));
+    }
+    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+    if let Some(first) = lengths.next()
+        && lengths.any(|other| other.as_bytes().trim_ascii() != first.as_bytes().trim_ascii())
+    {
+        return Some(ApiError::InvalidRequest(
+            "the request's Content-Length headers disagree".to_owned(),
+        ));
+    }
+    None
+}
+
 /// A request a browser marked as coming from another site, other than a
 /// top-level navigation.
 fn cross_site_without_origin(method: &Method, headers: &HeaderMap) -> bool {
@@ -211,7 +250,64 @@ pub(crate) async fn admit(State(server): State<Arc<Server>>, request: Request, n
             }
             refusal.into_response()
         }
-        None => next.run(request).await,
+        None => match server.front.read_body(request).await {
+            Ok(request) => next.run(request).await,
+            Err(refusal) => {
+                server.metrics.http_request("refused", refusal.status().as_u16());
+                let mut response = refusal.into_response();
+                // The rest of the body may still come: the connection
+                // cannot be used again.
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                response
+            }
+        },
+    }
+}
+
+impl FrontDoor {
+    /// `request` with its body read whole, within the body timeout and the
+    /// body limit; a request without a body is passed on as it is.
+    async fn read_body(&self, request: Request) -> Result<Request, ApiError> {
+        let headers = request.headers();
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok());
+        let chunked = headers.contains_key(header::TRANSFER_ENCODING);
+        if declared.is_none_or(|length| length == 0) && !chunked {
+            return Ok(request);
+        }
+        let (parts, body) = request.into_parts();
+        let limit = self.body_limit;
+        let expected = declared.map_or(0, |length| usize::try_from(length).unwrap_or(limit).min(limit));
+        let read = async move {
+            let mut stream = body.into_data_stream();
+            let mut bytes = Vec::with_capacity(expected);
+            while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+                let chunk =
+                    chunk.map_err(|_| ApiError::InvalidRequest("the request body could not be read".to_owned()))?;
+                if bytes.len() + chunk.len() > limit {
+                    return Err(ApiError::TooLarge(
+                        "the request body is over the server's limit".to_owned(),
+                    ));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(bytes)
+        };
+        match tokio::time::timeout(self.body_timeout, read).await {
+            Ok(Ok(bytes)) => Ok(Request::from_parts(parts, Body::from(bytes))),
+            Ok(Err(refusal)) => Err(refusal),
+            Err(_) => {
+                tracing::debug!(timeout = ?self.body_timeout, "a request body did not arrive in time");
+                Err(ApiError::RequestTimeout(format!(
+                    "the request body did not arrive within {} s",
+                    self.body_timeout.as_secs_f64()
+                )))
+            }
+        }
     }
 }
 
@@ -244,6 +340,7 @@ mod tests {
             &extra,
             Some(HeaderValue::from_static("https://app.example")),
             1024,
+            DEFAULT_BODY_TIMEOUT,
         )
         .expect("door")
     }
@@ -277,7 +374,14 @@ mod tests {
         for bad in ["http://x", "x/y", "x:80", "", "a b"] {
             let given = vec![bad.to_owned()];
             assert!(
-                FrontDoor::new("127.0.0.1:1".parse().expect("address"), &given, None, 1).is_err(),
+                FrontDoor::new(
+                    "127.0.0.1:1".parse().expect("address"),
+                    &given,
+                    None,
+                    1,
+                    DEFAULT_BODY_TIMEOUT
+                )
+                .is_err(),
                 "{bad}"
             );
         }

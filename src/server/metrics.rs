@@ -1,7 +1,16 @@
 //! Prometheus metrics, and the decorators that feed them: [`MeteredStore`]
 //! times the store's commits, [`MeteredModel`] the provider's requests.
+//!
+//! Every label set is bounded, since each distinct value is a series kept
+//! for the life of the process and rendered by every scrape: routes are the
+//! router's patterns, statuses HTTP's, and the values a client chooses (a
+//! session's bot, the provider its model spec names) go through a
+//! [`LabelBudget`]: the first [`MAX_BOT_LABELS`] bots (and
+//! [`MAX_PROVIDER_LABELS`] providers) to use tokens keep their own label,
+//! later ones are counted under `other`.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -19,6 +28,43 @@ use crate::store::{
     TurnExecution,
 };
 use crate::{RecordedEvent, Result};
+
+/// Distinct bots that keep a label of their own in the model metrics.
+pub(crate) const MAX_BOT_LABELS: usize = 32;
+
+/// Distinct providers that keep a label of their own.
+pub(crate) const MAX_PROVIDER_LABELS: usize = 16;
+
+/// The label value standing for every value past a budget.
+pub(crate) const OTHER_LABEL: &str = "other";
+
+/// The values one label may take: the first `capacity` distinct values
+/// asked for keep their own, every later one is [`OTHER_LABEL`], so the
+/// label's series are bounded whatever clients send.
+#[derive(Debug)]
+pub(crate) struct LabelBudget {
+    admitted: Mutex<HashSet<String>>,
+    capacity: usize,
+}
+
+impl LabelBudget {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            admitted: Mutex::new(HashSet::new()),
+            capacity,
+        }
+    }
+
+    /// The label `value` is counted under.
+    pub(crate) fn label(&self, value: &str) -> String {
+        let mut admitted = self.admitted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if value != OTHER_LABEL && (admitted.contains(value) || admitted.len() < self.capacity) {
+            admitted.insert(value.to_owned());
+            return value.to_owned();
+        }
+        OTHER_LABEL.to_owned()
+    }
+}
 
 /// Labels of the per-provider model metrics.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -72,6 +118,10 @@ pub(crate) struct Metrics {
     pub(crate) sessions_taken_over: Counter,
     pub(crate) leases_lost: Counter,
     pub(crate) alive_tasks: Gauge,
+    /// The bots with a label of their own.
+    bots: LabelBudget,
+    /// The providers with a label of their own.
+    providers: LabelBudget,
 }
 
 impl Metrics {
@@ -185,6 +235,8 @@ impl Metrics {
             sessions_taken_over,
             leases_lost,
             alive_tasks,
+            bots: LabelBudget::new(MAX_BOT_LABELS),
+            providers: LabelBudget::new(MAX_PROVIDER_LABELS),
         }
     }
 
@@ -230,6 +282,10 @@ impl MeteredStore {
 }
 
 impl CheckpointStore for MeteredStore {
+    fn low_on_space(&self) -> Option<String> {
+        self.inner.low_on_space()
+    }
+
     fn save<'a>(
         &'a self,
         checkpoint: &'a Checkpoint,
@@ -402,7 +458,9 @@ impl CheckpointStore for MeteredStore {
 /// counts failures into `keel_model_errors_total`, labelled by provider,
 /// and adds the tokens each answer reports to `keel_model_tokens_total`
 /// (also labelled by the session's bot). A request cancelled (an
-/// interrupted turn) counts as none of them.
+/// interrupted turn) counts as none of them. The labels are bounded (see
+/// [`LabelBudget`]); a bot takes one of the bots' labels when it first
+/// uses tokens, not when its session is loaded.
 pub(crate) struct MeteredModel {
     inner: Arc<dyn Model>,
     label: ProviderLabel,
@@ -412,6 +470,7 @@ pub(crate) struct MeteredModel {
 
 impl MeteredModel {
     pub(crate) fn new(inner: Arc<dyn Model>, provider: String, bot: String, metrics: Arc<Metrics>) -> Self {
+        let provider = metrics.providers.label(&provider);
         Self {
             inner,
             label: ProviderLabel { provider },
@@ -421,6 +480,7 @@ impl MeteredModel {
     }
 
     fn count_tokens(&self, usage: &TokenUsage) {
+        let bot = self.metrics.bots.label(&self.bot);
         for (kind, tokens) in [
             ("input", usage.input_tokens),
             ("cached_input", usage.cached_input_tokens),
@@ -429,7 +489,7 @@ impl MeteredModel {
         ] {
             let labels = TokenLabels {
                 provider: self.label.provider.clone(),
-                bot: self.bot.clone(),
+                bot: bot.clone(),
                 kind,
             };
             self.metrics.model_tokens.get_or_create(&labels).inc_by(tokens);
@@ -473,6 +533,18 @@ mod tests {
     use crate::protocol::{BusyPolicy, Op};
     use crate::store::{PostgresCheckpoint, PostgresOptions, SessionContext};
     use crate::testing::postgres::TestPostgres;
+
+    /// The first values of a budget keep their label, later ones are
+    /// `other`, and a value admitted stays admitted.
+    #[test]
+    fn a_label_budget_keeps_its_first_values_and_counts_the_rest_as_other() {
+        let budget = LabelBudget::new(2);
+        assert_eq!(budget.label("a"), "a");
+        assert_eq!(budget.label("b"), "b");
+        assert_eq!(budget.label("c"), OTHER_LABEL);
+        assert_eq!(budget.label("a"), "a");
+        assert_eq!(budget.label(OTHER_LABEL), OTHER_LABEL);
+    }
 
     /// Every optional method of the store reaches the store it decorates:
     /// the trait's defaults refuse or answer "none", so one not forwarded

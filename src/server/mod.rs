@@ -48,6 +48,7 @@ pub use self::conn::{
 pub use self::error::ApiError;
 use self::factory::SessionFactory;
 pub use self::factory::workspace_dir;
+pub use self::front::DEFAULT_BODY_TIMEOUT;
 pub use self::host::RelayKey;
 use self::host::{Host, HostLimits};
 use self::metrics::{MeteredStore, Metrics};
@@ -108,6 +109,9 @@ pub struct ServerConfig {
     /// from when it opens or finished its previous request: also how long
     /// an idle kept-alive connection stays open.
     pub header_timeout: Duration,
+    /// How long a request body gets to arrive whole once its head has; a
+    /// body still incomplete then is `408` and its connection is closed.
+    pub body_timeout: Duration,
     /// The most connections open at once (kept below the open-file limit);
     /// further ones wait to be accepted.
     pub max_connections: usize,
@@ -145,8 +149,8 @@ impl ServerConfig {
     /// A configuration with the defaults: no default model, sessions'
     /// workspaces under the current directory, no token, 256 live sessions
     /// unloaded after 5 minutes idle, 10 s of grace at shutdown; no extra
-    /// host names, 10 s to send a request head, at most 1024 connections
-    /// and 32 KiB request heads.
+    /// host names, 10 s to send a request head and 30 s for its body, at
+    /// most 1024 connections and 32 KiB request heads.
     pub fn new(store: Arc<dyn CheckpointStore>) -> Self {
         Self {
             store,
@@ -166,6 +170,7 @@ impl ServerConfig {
             submission_capacity: DEFAULT_SUBMISSION_CAPACITY,
             allowed_hosts: Vec::new(),
             header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             retention_sweep: Duration::from_secs(3600),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
@@ -223,8 +228,17 @@ pub async fn serve(
             HeaderValue::from_str(origin).map_err(|_| ServeError::Config(format!("invalid CORS origin '{origin}'")))
         })
         .transpose()?;
-    let front = front::FrontDoor::new(address, &config.allowed_hosts, cors_origin.clone(), config.body_limit)
-        .map_err(|error| ServeError::Config(error.to_string()))?;
+    if config.body_timeout.is_zero() {
+        return Err(ServeError::Config("the body timeout must not be zero".to_owned()));
+    }
+    let front = front::FrontDoor::new(
+        address,
+        &config.allowed_hosts,
+        cors_origin.clone(),
+        config.body_limit,
+        config.body_timeout,
+    )
+    .map_err(|error| ServeError::Config(error.to_string()))?;
     if !(1..=MAX_CONNECTIONS_BOUND).contains(&config.max_connections) {
         return Err(ServeError::Config(format!(
             "the connection bound must be between 1 and {MAX_CONNECTIONS_BOUND}"

@@ -498,6 +498,17 @@ pub struct AppendReceipt {
 /// events only for sessions that have a checkpoint, and leave stored data
 /// unchanged when a call fails.
 pub trait CheckpointStore: Send + Sync {
+    /// Why the file system holding the store is below the space the store
+    /// keeps for its own commits, if it is: SQLite's space reserve (see
+    /// [`sqlite::SpaceReserve::low_on_space`]) is used up, or less than it
+    /// is free. `/readyz` answers not ready meanwhile, and tools that write
+    /// files should refuse to run, so that a command cannot take the room
+    /// commits need. Cheap (a cached `statvfs`), callable from async code.
+    /// The default, for stores that keep no reserve, is `None`.
+    fn low_on_space(&self) -> Option<String> {
+        None
+    }
+
     /// Creates or rewrites a session's checkpoint, appends `transcript_delta`
     /// to its history and sets (or clears) its turn in flight.
     fn save<'a>(

@@ -23,6 +23,7 @@ mod server;
 mod skip;
 mod step_limits;
 mod store_faults;
+mod store_space;
 mod support;
 mod turns_with_tools;
 mod web_ui;

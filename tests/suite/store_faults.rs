@@ -44,7 +44,7 @@ const STORE_CODES: [&str; 2] = ["store_full", "store_unavailable"];
 
 /// `Ok` or, where skipping is allowed, `None` after a loud skip line;
 /// panics in CI.
-fn or_skip<T>(test: &str, result: Result<T, String>) -> Option<T> {
+pub(crate) fn or_skip<T>(test: &str, result: Result<T, String>) -> Option<T> {
     match result {
         Ok(value) => Some(value),
         Err(why) if skip::may_skip(REQUIRE) => {
@@ -56,7 +56,7 @@ fn or_skip<T>(test: &str, result: Result<T, String>) -> Option<T> {
 }
 
 /// Runs a command; its stderr on failure.
-fn run(program: &str, args: &[&OsStr]) -> Result<(), String> {
+pub(crate) fn run(program: &str, args: &[&OsStr]) -> Result<(), String> {
     let output = Command::new(program)
         .args(args)
         .output()
@@ -73,7 +73,7 @@ fn run(program: &str, args: &[&OsStr]) -> Result<(), String> {
 
 /// A file system mounted for one test, unmounted when dropped (even when
 /// the test fails).
-struct Mount {
+pub(crate) struct Mount {
     point: tempfile::TempDir,
     /// The image file of a loop-mounted file system, and its directory.
     image: Option<(PathBuf, tempfile::TempDir)>,
@@ -81,7 +81,7 @@ struct Mount {
 
 impl Mount {
     /// A tmpfs of `size` (`mount -t tmpfs -o size=…`).
-    fn tmpfs(size: &str) -> Result<Self, String> {
+    pub(crate) fn tmpfs(size: &str) -> Result<Self, String> {
         let point = tempfile::tempdir().map_err(|error| error.to_string())?;
         let options = format!("size={size}");
         run(
@@ -100,7 +100,7 @@ impl Mount {
 
     /// An ext4 file system of `megabytes` on a loop device, mounted with
     /// `errors=remount-ro`.
-    fn ext4(megabytes: u64) -> Result<Self, String> {
+    pub(crate) fn ext4(megabytes: u64) -> Result<Self, String> {
         let image_dir = tempfile::tempdir().map_err(|error| error.to_string())?;
         let image = image_dir.path().join("fs.img");
         std::fs::File::create(&image)
@@ -169,7 +169,7 @@ impl Mount {
             .map_err(|error| format!("cannot write {}: {error}", trigger.display()))
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.point.path()
     }
 
@@ -207,6 +207,11 @@ async fn under_load(db: &OsStr, scratch: &Scratch) -> (ServeProcess, Load) {
 
 /// `keel serve --db <db>` with scripts and workspaces in `scratch`.
 fn serve(db: &OsStr, scratch: &Scratch) -> ServeProcess {
+    serve_with(db, scratch, &[])
+}
+
+/// [`serve`] with more arguments.
+pub(crate) fn serve_with(db: &OsStr, scratch: &Scratch, args: &[&str]) -> ServeProcess {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command
         .arg("serve")
@@ -220,6 +225,7 @@ fn serve(db: &OsStr, scratch: &Scratch) -> ServeProcess {
         .env_remove("KEEL_MODEL")
         .env_remove("KEEL_CONFIG")
         .env("KEEL_LOG", "warn")
+        .args(args)
         .current_dir(scratch.dir.path());
     ServeProcess::spawn(command)
 }
@@ -443,7 +449,7 @@ fn terminate(server: ServeProcess) {
 }
 
 /// Fills the file system holding `path` with one file until it is full.
-fn fill(path: &Path) {
+pub(crate) fn fill(path: &Path) {
     use std::io::Write as _;
     let mut file = std::fs::File::create(path).expect("create the filler");
     let block = vec![0u8; 64 * 1024];

@@ -16,10 +16,19 @@ use keel::store::{PostgresCheckpoint, PostgresHold, PostgresOptions};
 #[derive(Args, Debug, Clone)]
 pub(crate) struct DbArgs {
     /// The database: a SQLite file [default: <data dir>/keel/keel.sqlite3],
-    /// or a PostgreSQL database as a URL
-    /// (postgres://USER:PASSWORD@HOST:PORT/DATABASE).
+    /// or a PostgreSQL database as a URL (postgres://USER@HOST:PORT/DATABASE)
+    /// or a key=value string (host=/run/postgresql dbname=keel). Give a
+    /// PostgreSQL password through KEEL_DB, a ~/.pgpass file or PGPASSFILE,
+    /// never on the command line, where every local user sees it (ps).
     #[arg(long, env = "KEEL_DB", value_name = "PATH|URL")]
     db: Option<PathBuf>,
+    /// MiB of disk kept for a SQLite database's own commits, in a ballast
+    /// file beside it (<database>-reserve) that is given up when the disk
+    /// fills, so commits go on; 0 turns it off. Below it, /readyz says not
+    /// ready.
+    #[arg(long, env = "KEEL_STORE_RESERVE_MB", value_name = "MIB",
+          default_value_t = keel::store::sqlite::DEFAULT_RESERVE_BYTES / (1024 * 1024))]
+    store_reserve_mb: u64,
 }
 
 /// A database, by kind.
@@ -39,6 +48,42 @@ impl std::fmt::Display for Location {
             Location::Postgres(url) => write!(f, "{}", keel::store::redact_postgres_url(url)),
         }
     }
+}
+
+/// libpq's keywords that start a `key=value` connection string.
+const POSTGRES_KEYWORDS: [&str; 7] = ["host", "hostaddr", "port", "dbname", "user", "password", "service"];
+
+/// Whether `given` names a PostgreSQL database: a `postgres://` or
+/// `postgresql://` URL, or a `key=value` string whose first key is one of
+/// libpq's (`host=… dbname=…`); anything else is a SQLite file.
+fn is_postgres(given: &str) -> bool {
+    if given.starts_with("postgres://") || given.starts_with("postgresql://") {
+        return true;
+    }
+    given
+        .trim_start()
+        .split_once('=')
+        .is_some_and(|(key, _)| POSTGRES_KEYWORDS.contains(&key.trim()))
+}
+
+/// Warns, once, when the PostgreSQL connection string carrying a password
+/// came from the command line rather than `KEEL_DB`: every local user can
+/// read a process's arguments (`ps`, `/proc/<pid>/cmdline`).
+fn warn_if_password_in_arguments(url: &str) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let from_environment = std::env::var_os("KEEL_DB").is_some_and(|value| value == url);
+    if from_environment || keel::store::redact_postgres_url(url) == url {
+        return;
+    }
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "the --db connection string carries a password, which every local user can read in the process list"
+        );
+        eprintln!(
+            "warning: the password in --db is visible to every local user (ps); \
+             give it in KEEL_DB, ~/.pgpass or PGPASSFILE instead"
+        );
+    });
 }
 
 /// What a command holds on its database while it works (see
@@ -70,7 +115,8 @@ impl DbArgs {
     pub(crate) fn location(&self) -> anyhow::Result<Location> {
         match &self.db {
             Some(given) => Ok(match given.to_str() {
-                Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Some(url) if is_postgres(url) => {
+                    warn_if_password_in_arguments(url);
                     Location::Postgres(url.to_owned())
                 }
                 _ => Location::Sqlite(given.clone()),
@@ -109,10 +155,16 @@ impl DbArgs {
                             .with_context(|| format!("cannot create {}", parent.display()))?;
                     }
                 }
-                let store = SqliteCheckpoint::open(&path, SqliteOptions::default()).await?;
+                let options = SqliteOptions {
+                    reserve_bytes: self.store_reserve_mb.saturating_mul(1024 * 1024),
+                    ..SqliteOptions::default()
+                };
+                let store = SqliteCheckpoint::open(&path, options).await?;
                 // It holds every session's conversation: no sandboxed
-                // command of any session may read it.
+                // command of any session may read it. Nor may one shrink
+                // or delete the space reserve beside it.
                 keel::tools::workspace::sandbox::protect_database(&path);
+                keel::tools::workspace::sandbox::protect(store.space_reserve().path());
                 Ok(Arc::new(store))
             }
             Location::Postgres(url) => Ok(Arc::new(
@@ -177,6 +229,7 @@ mod tests {
     fn args(db: &str) -> DbArgs {
         DbArgs {
             db: Some(PathBuf::from(db)),
+            store_reserve_mb: 0,
         }
     }
 
@@ -196,6 +249,18 @@ mod tests {
         );
         let shown = Location::Postgres("postgres://keel:hunter2@db/keel".to_owned()).to_string();
         assert!(!shown.contains("hunter2"), "{shown}");
+        assert_eq!(
+            args("host=/run/postgresql dbname=keel").location().expect("location"),
+            Location::Postgres("host=/run/postgresql dbname=keel".to_owned())
+        );
+        assert_eq!(
+            args("./host=x").location().expect("location"),
+            Location::Sqlite(PathBuf::from("./host=x"))
+        );
+        for given in ["postgres://db/keel?password=hunter2", "host=db password=hunter2"] {
+            let shown = args(given).location().expect("location").to_string();
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
         assert!(args("postgres://db/keel").sqlite_file("keel backup").is_err());
     }
 }

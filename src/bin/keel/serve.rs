@@ -76,6 +76,10 @@ pub(crate) struct ServeArgs {
     /// idle kept-alive connection stays open.
     #[arg(long, default_value_t = keel::server::DEFAULT_HEADER_TIMEOUT.as_secs(), value_name = "N")]
     header_timeout_secs: u64,
+    /// Seconds a request body gets to arrive whole once its head has; a
+    /// body still incomplete then is answered 408 and its connection closed.
+    #[arg(long, default_value_t = keel::server::DEFAULT_BODY_TIMEOUT.as_secs(), value_name = "N")]
+    body_timeout_secs: u64,
     /// The most connections open at once; further ones wait.
     #[arg(long, default_value_t = keel::server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     max_connections: usize,
@@ -199,6 +203,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.max_steps = args.max_steps;
     config.allowed_hosts = args.allow_hosts.clone();
     config.header_timeout = Duration::from_secs(args.header_timeout_secs);
+    config.body_timeout = Duration::from_secs(args.body_timeout_secs);
     config.max_connections = args.max_connections;
 
     eprintln!("keel serve listening on http://{address}");

@@ -3,28 +3,37 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 
 use crate::server::Server;
+use crate::server::error::ApiError;
 
 /// `200 ok` while the process runs.
 pub(crate) async fn healthz() -> &'static str {
     "ok"
 }
 
-/// `200 ready` when the store answers and the server is not shutting down.
-pub(crate) async fn readyz(State(server): State<Arc<Server>>) -> (StatusCode, &'static str) {
+/// `200 ready` when the store answers, has room for its commits and the
+/// server is not shutting down; otherwise `503` with the reason as an API
+/// error (`unavailable`, `store_unavailable`, `store_full`).
+pub(crate) async fn readyz(State(server): State<Arc<Server>>) -> Response {
     if server.host.is_closing() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+        return ApiError::Unavailable("the server is shutting down".to_owned()).into_response();
     }
-    match server.host.store.list_sessions_page(None, 1, None).await {
-        Ok(_) => (StatusCode::OK, "ready"),
-        Err(error) => {
-            tracing::warn!(%error, "not ready: the store does not answer");
-            (StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
-        }
+    if let Err(error) = server.host.store.list_sessions_page(None, 1, None).await {
+        tracing::warn!(%error, "not ready: the store does not answer");
+        let refusal = match ApiError::from(error) {
+            full @ ApiError::StoreFull(_) => full,
+            other => ApiError::StoreUnavailable(format!("the store does not answer: {other}")),
+        };
+        return refusal.into_response();
     }
+    if let Some(why) = server.host.store.low_on_space() {
+        tracing::warn!(%why, "not ready: the store is short of space");
+        return ApiError::StoreFull(why).into_response();
+    }
+    "ready".into_response()
 }
 
 /// The metrics in the Prometheus text format.

@@ -10,7 +10,8 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::{
-    BusyPolicy, ForkError, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus, fork_session, point_before_turn,
+    BusyPolicy, ForkError, MAX_BOT_ID_BYTES, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus, fork_session,
+    point_before_turn,
 };
 use crate::protocol::{Op, TokenUsage, new_id};
 use crate::server::Server;
@@ -127,6 +128,18 @@ fn check_id(id: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Checks a bot id (given at creation, or as a filter) against the
+/// runtime's bound, with an API message: it is stored with every checkpoint
+/// and becomes a metric label, so it is short and printable.
+pub(crate) fn check_bot_id(bot_id: &str) -> Result<(), ApiError> {
+    if bot_id.is_empty() || bot_id.len() > MAX_BOT_ID_BYTES || bot_id.chars().any(char::is_control) {
+        return Err(ApiError::InvalidRequest(format!(
+            "`bot_id` must be 1 to {MAX_BOT_ID_BYTES} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
 /// `POST /v1/sessions`.
 pub(crate) async fn create(
     State(server): State<Arc<Server>>,
@@ -134,6 +147,9 @@ pub(crate) async fn create(
 ) -> Result<(StatusCode, Json<SessionView>), ApiError> {
     let id = request.id.unwrap_or_else(new_id);
     check_id(&id)?;
+    if let Some(bot_id) = &request.bot_id {
+        check_bot_id(bot_id)?;
+    }
     let settings = SessionSettings {
         model: request.model,
         instructions: request.instructions,
@@ -195,6 +211,9 @@ pub(crate) async fn list(
     let limit = query.limit.unwrap_or(DEFAULT_PAGE);
     if limit == 0 || limit > MAX_PAGE {
         return Err(ApiError::InvalidRequest(format!("`limit` must be 1 to {MAX_PAGE}")));
+    }
+    if let Some(bot_id) = &query.bot_id {
+        check_bot_id(bot_id)?;
     }
     let page = server
         .host

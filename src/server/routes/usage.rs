@@ -54,6 +54,9 @@ pub(crate) async fn show(
     State(server): State<Arc<Server>>,
     ApiQuery(query): ApiQuery<UsageQuery>,
 ) -> Result<Json<UsageReport>, ApiError> {
+    if let Some(bot_id) = &query.bot_id {
+        super::sessions::check_bot_id(bot_id)?;
+    }
     let found = session_usage(server.host.store.as_ref(), query.bot_id.as_deref(), query.since).await?;
     let mut total = TokenUsage::default();
     let mut bots: BTreeMap<String, BotLine> = BTreeMap::new();

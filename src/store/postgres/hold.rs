@@ -122,20 +122,116 @@ impl PostgresHold {
     }
 }
 
-/// `url` with its password, if any, replaced by `***`, for messages.
+/// The connection parameters that hold a secret: their values are never
+/// shown.
+const SECRET_KEYS: [&str; 2] = ["password", "sslpassword"];
+
+/// A PostgreSQL connection string with every password in it replaced by
+/// `***`, for messages: the password of a URL's user info
+/// (`postgres://user:PASSWORD@host`), a `password=` or `sslpassword=` query
+/// parameter (`postgres://host/db?password=PASSWORD`), and the same keys of
+/// a `key=value` connection string (`host=db password='PASS WORD'`).
+/// Anything else is returned as it is.
 pub fn redact_postgres_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+    match url.split_once("://") {
+        Some((scheme, rest)) => format!("{scheme}://{}", redact_url_rest(rest)),
+        None => redact_key_values(url),
     }
+}
+
+/// The part of a URL after its scheme, redacted.
+fn redact_url_rest(rest: &str) -> String {
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@{host}"),
+            None => authority.to_owned(),
+        },
+        None => authority.to_owned(),
+    };
+    let Some((path, query)) = tail.split_once('?') else {
+        return format!("{authority}{tail}");
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (query, None),
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if is_secret(key) => format!("{key}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    let mut shown = format!("{authority}{path}?{}", query.join("&"));
+    if let Some(fragment) = fragment {
+        shown.push('#');
+        shown.push_str(fragment);
+    }
+    shown
+}
+
+fn is_secret(key: &str) -> bool {
+    SECRET_KEYS.iter().any(|secret| key.trim().eq_ignore_ascii_case(secret))
+}
+
+/// A libpq `key=value` string (`key = value`, values bare or single-quoted
+/// with backslash escapes) with the values of secret keys replaced.
+fn redact_key_values(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        // Spaces between pairs are kept as they are.
+        let spaces = rest.len() - rest.trim_start().len();
+        shown.push_str(&rest[..spaces]);
+        rest = &rest[spaces..];
+        let Some(equals) = rest.find('=') else {
+            shown.push_str(rest);
+            break;
+        };
+        let key = &rest[..equals];
+        if key.trim().contains(char::is_whitespace) {
+            // Not a key: a word of something else; keep it and go on.
+            let word = rest.find(char::is_whitespace).unwrap_or(rest.len());
+            shown.push_str(&rest[..word]);
+            rest = &rest[word..];
+            continue;
+        }
+        shown.push_str(&rest[..=equals]);
+        rest = &rest[equals + 1..];
+        let spaces = rest.len() - rest.trim_start().len();
+        shown.push_str(&rest[..spaces]);
+        rest = &rest[spaces..];
+        let value_end = value_length(rest);
+        if is_secret(key) {
+            shown.push_str("***");
+        } else {
+            shown.push_str(&rest[..value_end]);
+        }
+        rest = &rest[value_end..];
+    }
+    shown
+}
+
+/// The length of the value at the start of `text`: a quoted value through
+/// its closing quote, a bare one up to the next space.
+fn value_length(text: &str) -> usize {
+    let mut chars = text.char_indices();
+    if text.starts_with('\'') {
+        chars.next();
+        let mut escaped = false;
+        for (at, char) in chars {
+            match char {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '\'' => return at + 1,
+                _ => {}
+            }
+        }
+        return text.len();
+    }
+    text.find(char::is_whitespace).unwrap_or(text.len())
 }
 
 #[cfg(test)]
@@ -155,6 +251,41 @@ mod tests {
         );
         assert_eq!(redact_postgres_url("postgresql://db"), "postgresql://db");
         assert_eq!(redact_postgres_url("host=db user=keel"), "host=db user=keel");
+    }
+
+    /// Every form a password takes in a connection string is redacted, and
+    /// nothing else is changed.
+    #[test]
+    fn passwords_in_queries_and_key_value_strings_are_redacted() {
+        for (given, shown) in [
+            ("postgres://db/keel?password=hunter2", "postgres://db/keel?password=***"),
+            (
+                "postgresql://keel@db/keel?sslmode=disable&PassWord=hunter2&application_name=x",
+                "postgresql://keel@db/keel?sslmode=disable&PassWord=***&application_name=x",
+            ),
+            (
+                "postgres://keel:a@db/keel?sslpassword=hunter2#frag",
+                "postgres://keel:***@db/keel?sslpassword=***#frag",
+            ),
+            ("postgres://db?password=hunter2", "postgres://db?password=***"),
+            ("host=db password=hunter2 user=keel", "host=db password=*** user=keel"),
+            ("host=db password = hunter2", "host=db password = ***"),
+            (
+                r"host=db password='hun ter\'2' dbname=keel",
+                "host=db password=*** dbname=keel",
+            ),
+            ("password=hunter2", "password=***"),
+            ("host=db sslpassword='x y'", "host=db sslpassword=***"),
+            ("host=db user=keel", "host=db user=keel"),
+            ("postgres://db/keel?user=keel", "postgres://db/keel?user=keel"),
+        ] {
+            let redacted = redact_postgres_url(given);
+            assert_eq!(redacted, shown, "{given}");
+            assert!(
+                !redacted.contains("hunter2") && !redacted.contains("hun ter"),
+                "{given}"
+            );
+        }
     }
 
     /// Any number of servers or any number of local commands, never both;

@@ -7,6 +7,14 @@
 //! leads to that file, fails closed: every later write and read is refused
 //! with [`StoreError::Replaced`], so nothing more is acknowledged and
 //! readiness checks say not ready.
+//!
+//! The shared-memory file (`-shm`) is checked with it: every connection
+//! maps it, and once it is made immutable or append-only (`chattr +i`,
+//! which also flushes its pages and marks them read-only), the next write
+//! into the mapping kills the process with `SIGBUS`. So before each group
+//! commit, read, lease call and checkpoint the store looks at its flags (a
+//! `statx`, no open) and fails with [`StoreError::Unavailable`] instead of
+//! touching the mapping, until the flag is gone.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -18,6 +26,8 @@ use crate::store::StoreError;
 #[derive(Debug)]
 pub(super) struct FileIdentity {
     path: PathBuf,
+    /// The database's `-shm` file.
+    shm: PathBuf,
     device: u64,
     inode: u64,
     /// Set, for good, once the path was found to lead elsewhere.
@@ -35,10 +45,19 @@ impl FileIdentity {
         })?;
         Ok(Self {
             path: path.to_path_buf(),
+            shm: shm_path(path),
             device: metadata.dev(),
             inode: metadata.ino(),
             lost: AtomicBool::new(false),
         })
+    }
+
+    /// `Ok` while the path still leads to the file that was opened and its
+    /// `-shm` can be written through its mapping: checked before every
+    /// group commit, read and lease call, which all touch the mapping. A
+    /// `stat` and a `statx`: cheap beside the fsync of a commit.
+    pub(super) fn usable(&self) -> Result<(), StoreError> {
+        self.check().and_then(|()| self.shm_mappable())
     }
 
     /// `Ok` while the path still leads to the file that was opened. A
@@ -65,12 +84,31 @@ impl FileIdentity {
         StoreError::Replaced(self.path.display().to_string())
     }
 
+    /// `Err` while the `-shm` is immutable or append-only: a write into its
+    /// mapping would be `SIGBUS`. A missing `-shm` (not made yet) is fine.
+    fn shm_mappable(&self) -> Result<(), StoreError> {
+        use rustix::fs::{AtFlags, StatxAttributes, StatxFlags};
+        let Ok(status) = rustix::fs::statx(rustix::fs::CWD, &self.shm, AtFlags::empty(), StatxFlags::BASIC_STATS)
+        else {
+            return Ok(());
+        };
+        let frozen = StatxAttributes::IMMUTABLE | StatxAttributes::APPEND;
+        if status.stx_attributes.intersects(frozen) {
+            return Err(StoreError::Unavailable(format!(
+                "the database's shared-memory file {} was made immutable or append-only; \
+                 no write or read is attempted until that is undone (chattr -i -a)",
+                self.shm.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// `Ok` while the file system holding the database is writable. Checked
     /// after each commit, before it is acknowledged: once ext4 turns itself
     /// read-only after an error (`errors=remount-ro`), `fsync` answers
     /// success without writing anything, so a commit would be acknowledged
     /// and then lost. A `statvfs`: cheap beside the fsync.
-    pub(super) fn writable(&self) -> Result<(), StoreError> {
+    pub(super) fn file_system_writable(&self) -> Result<(), StoreError> {
         match rustix::fs::statvfs(&self.path) {
             Ok(status) if status.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) => {
                 Err(StoreError::Unavailable(format!(
@@ -81,6 +119,35 @@ impl FileIdentity {
             _ => Ok(()),
         }
     }
+
+    /// `Ok` when a checkpoint may run: the file system is writable
+    /// ([`Self::file_system_writable`]) and so is the `-shm`'s mapping,
+    /// which a checkpoint updates.
+    pub(super) fn writable(&self) -> Result<(), StoreError> {
+        self.file_system_writable().and_then(|()| self.shm_mappable())
+    }
+}
+
+/// Bytes free for unprivileged writers on the file system holding `path`
+/// (its directory's, when `path` does not exist yet), by `statvfs`.
+pub(super) fn free_bytes(path: &Path) -> Option<u64> {
+    let status = rustix::fs::statvfs(path)
+        .or_else(|_| {
+            rustix::fs::statvfs(
+                path.parent()
+                    .filter(|dir| !dir.as_os_str().is_empty())
+                    .unwrap_or(Path::new(".")),
+            )
+        })
+        .ok()?;
+    Some(status.f_bavail.saturating_mul(status.f_frsize))
+}
+
+/// The `-shm` file of `database`.
+fn shm_path(database: &Path) -> PathBuf {
+    let mut name = database.as_os_str().to_os_string();
+    name.push("-shm");
+    PathBuf::from(name)
 }
 
 /// Refuses a database whose shared-memory file (`-shm`, the WAL index every
@@ -88,9 +155,7 @@ impl FileIdentity {
 /// would fail later with a puzzling "readonly database", or, mapped read
 /// only, die of `SIGBUS` with no word. Checked before the first connection.
 pub(super) fn check_shm_writable(database: &Path) -> Result<(), StoreError> {
-    let mut name = database.as_os_str().to_os_string();
-    name.push("-shm");
-    let shm = PathBuf::from(name);
+    let shm = shm_path(database);
     match std::fs::OpenOptions::new().read(true).write(true).open(&shm) {
         Ok(_) => Ok(()),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -17,6 +17,7 @@ mod identity;
 mod lease;
 mod lock;
 mod reader;
+mod reserve;
 mod schema;
 mod writer;
 
@@ -34,6 +35,7 @@ pub use self::backup::{backup, backup_blocking};
 use self::identity::FileIdentity;
 pub use self::lock::{ServeLock, SharedHold};
 use self::reader::ReaderPool;
+pub use self::reserve::{DEFAULT_RESERVE_BYTES, SpaceReserve};
 use self::writer::WriterCounters;
 use super::job::{Job, Reply, Written};
 use super::{
@@ -75,6 +77,12 @@ pub struct SqliteOptions {
     /// `keel::testing::faulty_vfs`, which must be registered first. A name
     /// SQLite does not know fails the open.
     pub vfs: Option<String>,
+    /// Disk space kept for the store's own commits, in a ballast file
+    /// beside the database (`<database>-reserve`, see [`SpaceReserve`]):
+    /// released when a commit meets a full disk, so that it goes on, and
+    /// allocated again once there is room. `0` (the library's default)
+    /// turns it off; `keel`'s commands keep [`DEFAULT_RESERVE_BYTES`].
+    pub reserve_bytes: u64,
 }
 
 impl Default for SqliteOptions {
@@ -84,6 +92,7 @@ impl Default for SqliteOptions {
             max_size_bytes: None,
             max_jobs_per_commit: 4096,
             vfs: None,
+            reserve_bytes: 0,
         }
     }
 }
@@ -118,6 +127,8 @@ pub struct SqliteCheckpoint {
     identity: Arc<FileIdentity>,
     /// The connection of the owned-lease calls, opened on first use.
     leases: Arc<Mutex<Option<rusqlite::Connection>>>,
+    /// The disk space kept for the store's commits.
+    reserve: Arc<SpaceReserve>,
 }
 
 impl SqliteCheckpoint {
@@ -132,6 +143,7 @@ impl SqliteCheckpoint {
         let path = path.as_ref().to_path_buf();
         let mut conn = schema::open_writer(&path, &options)?;
         let identity = Arc::new(FileIdentity::of(&path)?);
+        let reserve = Arc::new(SpaceReserve::open(&path, options.reserve_bytes));
         let counters = Arc::new(WriterCounters::default());
         let checkpointer = checkpointer::start(
             &mut conn,
@@ -145,6 +157,7 @@ impl SqliteCheckpoint {
             options.max_jobs_per_commit,
             Arc::clone(&counters),
             Arc::clone(&identity),
+            Arc::clone(&reserve),
         )
         .map_err(|error| StoreError::Backend(Arc::new(error)))?;
         Ok(Self {
@@ -156,6 +169,7 @@ impl SqliteCheckpoint {
             jobs: Mutex::new(Some(jobs)),
             threads: Mutex::new(vec![writer, checkpointer]),
             leases: Arc::new(Mutex::new(None)),
+            reserve,
         })
     }
 
@@ -170,6 +184,14 @@ impl SqliteCheckpoint {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The disk space kept for the store's commits: its ballast file (to
+    /// protect like the database) and [`SpaceReserve::low_on_space`], the
+    /// check tools that write files make before they run. Shared, so a
+    /// caller may keep it apart from the store.
+    pub fn space_reserve(&self) -> Arc<SpaceReserve> {
+        Arc::clone(&self.reserve)
     }
 
     /// Counters of the writer's work so far. `jobs / commits` is how many
@@ -223,7 +245,7 @@ impl SqliteCheckpoint {
         let readers = Arc::clone(&self.readers);
         let identity = Arc::clone(&self.identity);
         tokio::task::spawn_blocking(move || {
-            identity.check()?;
+            identity.usable()?;
             readers.with(read)
         })
         .await
@@ -246,7 +268,7 @@ impl SqliteCheckpoint {
         let path = self.path.clone();
         let vfs = self.vfs.clone();
         tokio::task::spawn_blocking(move || {
-            identity.check()?;
+            identity.usable()?;
             let mut conn = leases.lock().unwrap_or_else(|poison| poison.into_inner());
             if conn.is_none() {
                 *conn = Some(schema::open_leases(&path, vfs.as_deref())?);
@@ -262,6 +284,10 @@ impl SqliteCheckpoint {
 }
 
 impl CheckpointStore for SqliteCheckpoint {
+    fn low_on_space(&self) -> Option<String> {
+        self.reserve.low_on_space()
+    }
+
     fn save<'a>(
         &'a self,
         checkpoint: &'a Checkpoint,

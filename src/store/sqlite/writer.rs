@@ -15,6 +15,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::codec;
 use super::identity::FileIdentity;
+use super::reserve::SpaceReserve;
 use crate::protocol::now_ms;
 use crate::store::job::{Job, JobError, Mode, Sealed, Written, check_addressed, encode};
 use crate::store::{AppendReceipt, CheckpointWrite, QueueChange, QueuedSubmission, StoreError};
@@ -35,23 +36,45 @@ pub(super) fn spawn(
     max_jobs_per_commit: usize,
     counters: Arc<WriterCounters>,
     identity: Arc<FileIdentity>,
+    reserve: Arc<SpaceReserve>,
 ) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<()>)> {
     let (jobs, queue) = mpsc::channel();
     let handle = std::thread::Builder::new()
         .name("keel-sqlite-writer".into())
-        .spawn(move || run(conn, queue, max_jobs_per_commit.max(1), &counters, &identity))?;
+        .spawn(move || {
+            let context = Context {
+                counters: &counters,
+                identity: &identity,
+                reserve: &reserve,
+            };
+            run(conn, queue, max_jobs_per_commit.max(1), &context);
+        })?;
     Ok((jobs, handle))
 }
 
-fn run(
-    mut conn: Connection,
-    queue: mpsc::Receiver<Job>,
-    max_jobs: usize,
-    counters: &WriterCounters,
-    identity: &FileIdentity,
-) {
+/// What the writer works with besides its connection.
+struct Context<'a> {
+    counters: &'a WriterCounters,
+    identity: &'a FileIdentity,
+    reserve: &'a SpaceReserve,
+}
+
+/// How long the writer waits for a job before it looks after the space
+/// reserve.
+const IDLE_WAKE: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn run(mut conn: Connection, queue: mpsc::Receiver<Job>, max_jobs: usize, context: &Context<'_>) {
+    let Context { identity, reserve, .. } = *context;
     let mut group = Vec::with_capacity(max_jobs);
-    while let Ok(first) = queue.recv() {
+    loop {
+        // A ballast released for a full disk is allocated again once there
+        // is room, whether or not anything is being written.
+        reserve.restore();
+        let first = match queue.recv_timeout(IDLE_WAKE) {
+            Ok(job) => job,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         group.push(first);
         while group.len() < max_jobs {
             match queue.try_recv() {
@@ -60,14 +83,15 @@ fn run(
             }
         }
         // A database deleted or replaced under its path takes no more
-        // writes: they would be acknowledged and then lost.
-        if let Err(error) = identity.check() {
+        // writes: they would be acknowledged and then lost. Nor does one
+        // whose `-shm` was frozen: writing its mapping would be SIGBUS.
+        if let Err(error) = identity.usable() {
             for job in group.drain(..) {
                 job.answer(Err(error.clone()));
             }
             continue;
         }
-        commit_group(&mut conn, &mut group, counters, identity);
+        commit_group(&mut conn, &mut group, context);
     }
     // Fold the WAL into the database now, while this connection can: the
     // checkpoint SQLite runs when the last connection closes is skipped if
@@ -82,14 +106,23 @@ fn run(
 }
 
 /// Commits a group of jobs in one transaction and answers each of them.
-fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCounters, identity: &FileIdentity) {
+fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, context: &Context<'_>) {
+    let Context {
+        counters,
+        identity,
+        reserve,
+    } = *context;
     let now = now_ms();
     let started = std::time::Instant::now();
     let writes: Vec<Sealed<'_>> = group.iter().map(Job::seal).collect();
     // Checked again after the commit: a file deleted while it ran got the
     // commit, but no one will read it, so it is not acknowledged.
-    let outcome = run_group(conn, &writes, now)
-        .and_then(|done| identity.check().and_then(|()| identity.writable()).map(|()| done));
+    let outcome = run_group(conn, &writes, now, reserve).and_then(|done| {
+        identity
+            .check()
+            .and_then(|()| identity.file_system_writable())
+            .map(|()| done)
+    });
     let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
     if let Ok((outcomes, commits)) = &outcome {
         // Count only what was written.
@@ -129,11 +162,46 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, counters: &WriterCo
 /// fails after it started writing (a full disk, an I/O error), the
 /// transaction is rolled back and each job is retried in a transaction of its
 /// own, so one job's failure cannot take the others down with it.
+///
+/// A group that met a full disk (at commit or part-way, with nothing
+/// committed either way) is tried once more after the space reserve gave
+/// its room back.
 fn run_group(
     conn: &mut Connection,
     group: &[Sealed<'_>],
     now: u64,
+    reserve: &SpaceReserve,
 ) -> Result<(Vec<Result<Written, StoreError>>, u64), StoreError> {
+    let mut attempt = try_group(conn, group, now);
+    let full = match &attempt {
+        Err(error) | Ok(Attempt::Dirty(error)) => matches!(error, StoreError::Full(_)),
+        Ok(Attempt::Committed(_)) => false,
+    };
+    if full && reserve.release_for_commit() {
+        attempt = try_group(conn, group, now);
+    }
+    match attempt? {
+        Attempt::Committed(outcomes) => Ok((outcomes, 1)),
+        Attempt::Dirty(error) => {
+            tracing::warn!(%error, "a write failed part-way; retrying the group one job at a time");
+            let outcomes: Vec<_> = group.iter().map(|job| run_alone(conn, job, now)).collect();
+            let commits = outcomes.iter().filter(|outcome| outcome.is_ok()).count() as u64;
+            Ok((outcomes, commits))
+        }
+    }
+}
+
+/// What one try at a group's transaction did.
+enum Attempt {
+    /// Committed; each job's outcome.
+    Committed(Vec<Result<Written, StoreError>>),
+    /// A job failed after it started writing; the transaction was rolled
+    /// back, nothing is committed.
+    Dirty(StoreError),
+}
+
+/// Applies every job of the group in one transaction and commits it.
+fn try_group(conn: &mut Connection, group: &[Sealed<'_>], now: u64) -> Result<Attempt, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(super::sqlite_error)?;
@@ -142,17 +210,11 @@ fn run_group(
         match apply(&tx, job, now) {
             Ok(receipt) => outcomes.push(Ok(receipt)),
             Err(JobError::Clean(error)) => outcomes.push(Err(error)),
-            Err(JobError::Dirty(error)) => {
-                tracing::warn!(%error, "a write failed part-way; retrying the group one job at a time");
-                drop(tx);
-                let outcomes: Vec<_> = group.iter().map(|job| run_alone(conn, job, now)).collect();
-                let commits = outcomes.iter().filter(|outcome| outcome.is_ok()).count() as u64;
-                return Ok((outcomes, commits));
-            }
+            Err(JobError::Dirty(error)) => return Ok(Attempt::Dirty(error)),
         }
     }
     tx.commit().map_err(super::sqlite_error)?;
-    Ok((outcomes, 1))
+    Ok(Attempt::Committed(outcomes))
 }
 
 /// Runs one job in a transaction of its own.

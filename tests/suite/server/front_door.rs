@@ -18,20 +18,20 @@ use crate::suite::support::guard;
 
 /// Far longer than any timeout under test: reaching it is a failure, not a
 /// measurement.
-const BOUND: Duration = Duration::from_secs(30);
+pub(super) const BOUND: Duration = Duration::from_secs(30);
 
 fn assert_error(reply: &Reply, status: StatusCode, code: &str) {
     assert_eq!((reply.status, reply.code()), (status, code), "{}", reply.body);
 }
 
 /// The `host:port` of a server's base URL.
-fn address(base: &str) -> String {
+pub(super) fn address(base: &str) -> String {
     base.trim_start_matches("http://").to_owned()
 }
 
 /// Sends raw bytes on a new connection and reads until the server closes
 /// it (or [`BOUND`] passes, which fails the test).
-async fn exchange(address: &str, bytes: &[u8]) -> String {
+pub(super) async fn exchange(address: &str, bytes: &[u8]) -> String {
     let mut socket = TcpStream::connect(address).await.expect("connect");
     socket.write_all(bytes).await.expect("send");
     let mut response = Vec::new();
@@ -43,7 +43,7 @@ async fn exchange(address: &str, bytes: &[u8]) -> String {
 }
 
 /// The JSON error body of a raw response.
-fn raw_error_code(response: &str) -> String {
+pub(super) fn raw_error_code(response: &str) -> String {
     let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
     let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
     body["error"]["code"].as_str().unwrap_or_default().to_owned()
@@ -51,7 +51,7 @@ fn raw_error_code(response: &str) -> String {
 
 /// Waits until the peer closes `socket` (EOF or reset); fails the test
 /// after [`BOUND`]. Returns how long it took.
-async fn closed_by_server(socket: &mut TcpStream) -> Duration {
+pub(super) async fn closed_by_server(socket: &mut TcpStream) -> Duration {
     let start = Instant::now();
     let mut sink = [0u8; 4096];
     tokio::time::timeout(BOUND, async {
@@ -517,7 +517,7 @@ fn over_a_thousand_idle_connections_leave_room_for_a_real_request() {
 }
 
 /// The resident memory of a process, in KiB.
-fn resident_kib(pid: u32) -> u64 {
+pub(super) fn resident_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
     status
         .lines()
