@@ -32,7 +32,7 @@ use tokio::sync::oneshot;
 
 pub use self::backup::{backup, backup_blocking};
 use self::identity::FileIdentity;
-pub use self::lock::{ServeLock, SharedHold};
+pub use self::lock::{LOCK_SUFFIX, ServeLock, SharedHold};
 use self::reader::ReaderPool;
 use self::writer::WriterCounters;
 use super::job::{Job, Reply, Written};

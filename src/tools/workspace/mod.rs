@@ -20,6 +20,7 @@
 //!
 //! [`tools`] builds the set from a [`WorkspaceToolsConfig`].
 
+mod created;
 mod edit;
 mod list;
 mod paths;
@@ -31,6 +32,7 @@ mod write;
 
 use std::sync::Arc;
 
+pub use self::created::{Marker, Origin, REGISTRY_DIR, WorkspaceError, WorkspaceRoot};
 pub use self::edit::EditFile;
 pub use self::list::ListDir;
 pub use self::paths::{Resolved, Workspace};
