@@ -414,3 +414,122 @@ fn replaced(path: &Path, error: &io::Error) -> WorkspaceError {
         why: format!("it cannot be opened as a directory without following a link ({error})"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    fn name(text: &str) -> &OsStr {
+        OsStr::new(text)
+    }
+
+    fn root() -> (tempfile::TempDir, WorkspaceRoot) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = WorkspaceRoot::open(&dir.path().join("root")).unwrap();
+        (dir, root)
+    }
+
+    #[test]
+    fn a_new_workspace_is_made_never_adopted() {
+        let (dir, root) = root();
+        let made = root.create(name("a")).unwrap();
+        assert!(made.is_dir());
+        assert!(matches!(root.create(name("a")), Err(WorkspaceError::Exists { .. })));
+        std::fs::create_dir(root.path().join("src")).unwrap();
+        symlink(dir.path(), root.path().join("link")).unwrap();
+        for taken in ["src", "link"] {
+            assert!(
+                matches!(root.create(name(taken)), Err(WorkspaceError::Exists { .. })),
+                "{taken}"
+            );
+        }
+        for bad in ["", "..", "a/b", REGISTRY_DIR] {
+            assert!(root.create(name(bad)).is_err(), "{bad:?}");
+        }
+        // The registry itself is protected.
+        assert!(crate::tools::protected::protected_paths().contains(&root.path().join(REGISTRY_DIR)));
+    }
+
+    #[test]
+    fn a_stored_sessions_workspace_must_be_the_one_recorded() {
+        let (dir, root) = root();
+        root.create(name("a")).unwrap();
+        assert!(root.open_existing(name("a")).is_ok());
+        std::fs::rename(root.path().join("a"), root.path().join("moved")).unwrap();
+        symlink(dir.path(), root.path().join("a")).unwrap();
+        assert!(matches!(
+            root.open_existing(name("a")),
+            Err(WorkspaceError::Replaced { .. })
+        ));
+        std::fs::remove_file(root.path().join("a")).unwrap();
+        std::fs::create_dir(root.path().join("a")).unwrap();
+        assert!(matches!(
+            root.open_existing(name("a")),
+            Err(WorkspaceError::Replaced { .. })
+        ));
+        // Removed by the operator: made again.
+        std::fs::remove_dir(root.path().join("a")).unwrap();
+        assert!(root.open_existing(name("a")).unwrap().is_dir());
+    }
+
+    #[test]
+    fn a_workspace_from_before_markers_is_adopted_only_when_safe_and_never_removed() {
+        let (dir, root) = root();
+        std::fs::create_dir(root.path().join("old")).unwrap();
+        std::fs::write(root.path().join("old/work"), "work").unwrap();
+        assert!(root.open_existing(name("old")).is_ok());
+        assert!(matches!(
+            root.check_removable(name("old")),
+            Err(WorkspaceError::NotRemovable { .. })
+        ));
+        assert!(root.remove(name("old")).is_err());
+        assert!(root.path().join("old/work").exists());
+        // One holding a protected file, or a link, is not adopted.
+        std::fs::create_dir(root.path().join("data")).unwrap();
+        let database = root.path().join("data/keel.sqlite3");
+        std::fs::write(&database, "").unwrap();
+        crate::tools::protected::protect_database(&database);
+        assert!(matches!(
+            root.open_existing(name("data")),
+            Err(WorkspaceError::Replaced { .. })
+        ));
+        symlink(dir.path(), root.path().join("linked")).unwrap();
+        assert!(matches!(
+            root.open_existing(name("linked")),
+            Err(WorkspaceError::Replaced { .. })
+        ));
+        // A missing one is made.
+        assert!(root.open_existing(name("fork")).unwrap().is_dir());
+        assert!(root.check_removable(name("fork")).unwrap().is_some());
+    }
+
+    #[test]
+    fn only_a_created_workspace_without_keels_files_is_removed() {
+        let (dir, root) = root();
+        root.create(name("a")).unwrap();
+        std::fs::create_dir_all(root.path().join("a/sub")).unwrap();
+        std::fs::write(dir.path().join("outside"), "keep").unwrap();
+        symlink(dir.path().join("outside"), root.path().join("a/sub/link")).unwrap();
+        root.remove(name("a")).unwrap();
+        assert!(!root.path().join("a").exists());
+        assert_eq!(std::fs::read_to_string(dir.path().join("outside")).unwrap(), "keep");
+        assert!(root.check_removable(name("a")).unwrap().is_none());
+
+        root.create(name("holds")).unwrap();
+        let token = root.path().join("holds/token");
+        std::fs::write(&token, "secret").unwrap();
+        crate::tools::protected::protect(&token);
+        assert!(matches!(
+            root.remove(name("holds")),
+            Err(WorkspaceError::NotRemovable { .. })
+        ));
+        assert!(token.exists());
+
+        // A failed creation leaves the id usable.
+        root.create(name("failed")).unwrap();
+        root.discard(name("failed"));
+        assert!(root.create(name("failed")).is_ok());
+    }
+}
