@@ -19,8 +19,8 @@
 //!
 //! # The checks
 //!
-//! - Creating a session makes its workspace with `mkdir` through the root's
-//!   handle: an existing directory, file or link of that name is refused
+//! - Creating a session (or a fork) makes its workspace with `mkdir` through
+//!   the root's handle: an existing directory, file or link of that name is refused
 //!   ([`WorkspaceError::Exists`]), never adopted.
 //! - Loading a stored session opens its workspace without following a link
 //!   and compares it with the marker ([`WorkspaceError::Replaced`] when it
@@ -31,9 +31,9 @@
 //!
 //! # Sessions from before the markers
 //!
-//! A session already in the store whose workspace has no marker: a missing
-//! directory is created (as for a fork, whose workspace is made at its first
-//! load); an existing one is *adopted* only if it is a real directory (not
+//! A session already in the store whose workspace has no marker (made by an
+//! older server, or by `keel run --new-session` on a database a server later
+//! serves): a missing directory is created; an existing one is *adopted* only if it is a real directory (not
 //! a link), owned by Keel's user, and holds none of Keel's protected files.
 //! An adopted workspace is checked like a created one from then on, but is
 //! never removed by Keel: it may be a directory the operator had before the

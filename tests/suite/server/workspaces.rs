@@ -112,6 +112,26 @@ async fn an_existing_directory_or_link_is_never_a_new_sessions_workspace() {
             "{id} was stored"
         );
     }
+    // A fork is a new session too: it gets a directory Keel makes, never
+    // an existing one.
+    server.api.create(json!({"id": "parent", "model": model})).await;
+    let last = server.api.session("parent").await["last_sequence"].clone();
+    let forked = server
+        .api
+        .post("/v1/sessions/parent/fork", &json!({"id": "src", "at_sequence": last}))
+        .await;
+    assert_eq!(forked.status, StatusCode::CONFLICT, "{}", forked.body);
+    assert_eq!(forked.code(), "workspace_exists", "{}", forked.body);
+    assert_eq!(server.api.get("/v1/sessions/src").await.status, StatusCode::NOT_FOUND);
+    let forked = server
+        .api
+        .post("/v1/sessions/parent/fork", &json!({"id": "child", "at_sequence": last}))
+        .await;
+    assert_eq!(forked.status, StatusCode::CREATED, "{}", forked.body);
+    assert!(
+        root.join(".keel-workspaces/child").is_file(),
+        "the fork's workspace is recorded"
+    );
     assert_eq!(names(&root.join("src")), ["main.rs"], "src/ was touched");
     assert!(
         names(&outside).is_empty(),
