@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::Error;
 use crate::store::StoreError;
+use crate::tools::workspace::WorkspaceError;
 
 /// An error answered by the API.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +53,19 @@ pub enum ApiError {
     /// The resource exists already (409).
     #[error("{0}")]
     Conflict(String),
+    /// A session's workspace is not a directory Keel created for it (409):
+    /// `workspace_exists` when a new session's workspace name is taken,
+    /// `workspace_not_keels` when a stored session's workspace was
+    /// replaced or may not be adopted, `workspace_not_removable` when a
+    /// delete would remove what Keel did not create or its own files.
+    /// Nothing was created, loaded or deleted.
+    #[error("{message}")]
+    Workspace {
+        /// The machine code.
+        code: &'static str,
+        /// What was found, and what the operator can do.
+        message: String,
+    },
     /// The session runs on another node sharing the database (409). A node
     /// relays submissions to the owner instead; a client sees this only
     /// where relaying cannot help.
@@ -104,7 +118,11 @@ impl ApiError {
             Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::QueueFull | Self::SessionBusy(_) | Self::Conflict(_) | Self::Elsewhere(_) => StatusCode::CONFLICT,
+            Self::QueueFull
+            | Self::SessionBusy(_)
+            | Self::Conflict(_)
+            | Self::Workspace { .. }
+            | Self::Elsewhere(_) => StatusCode::CONFLICT,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::KeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -129,6 +147,7 @@ impl ApiError {
             Self::QueueFull => "queue_full",
             Self::SessionBusy(_) => "session_busy",
             Self::Conflict(_) => "conflict",
+            Self::Workspace { code, .. } => code,
             Self::Elsewhere(_) => "session_elsewhere",
             Self::RequestTimeout(_) => "request_timeout",
             Self::TooLarge(_) => "too_large",
@@ -203,6 +222,21 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<WorkspaceError> for ApiError {
+    fn from(error: WorkspaceError) -> Self {
+        let code = match &error {
+            WorkspaceError::Exists { .. } => "workspace_exists",
+            WorkspaceError::Replaced { .. } => "workspace_not_keels",
+            WorkspaceError::NotRemovable { .. } => "workspace_not_removable",
+            WorkspaceError::Io { .. } => return Self::Internal(error.to_string()),
+        };
+        Self::Workspace {
+            code,
+            message: error.to_string(),
+        }
+    }
+}
+
 impl From<Error> for ApiError {
     fn from(error: Error) -> Self {
         match error {
@@ -244,6 +278,14 @@ mod tests {
             (ApiError::Conflict("x".into()), 409, "conflict"),
             (ApiError::Elsewhere("x".into()), 409, "session_elsewhere"),
             (ApiError::RequestTimeout("x".into()), 408, "request_timeout"),
+            (
+                ApiError::Workspace {
+                    code: "workspace_exists",
+                    message: "x".into(),
+                },
+                409,
+                "workspace_exists",
+            ),
             (ApiError::TooLarge("x".into()), 413, "too_large"),
             (
                 ApiError::UnsupportedMediaType("x".into()),
@@ -264,6 +306,26 @@ mod tests {
             ApiError::from(Error::Checkpoint(StoreError::UnknownSession("s".into()))),
             ApiError::NotFound("no session 's'".into())
         );
+        for (error, code) in [
+            (WorkspaceError::Exists { path: "/w/a".into() }, "workspace_exists"),
+            (
+                WorkspaceError::Replaced {
+                    path: "/w/a".into(),
+                    why: "x".into(),
+                },
+                "workspace_not_keels",
+            ),
+            (
+                WorkspaceError::NotRemovable {
+                    path: "/w/a".into(),
+                    why: "x".into(),
+                },
+                "workspace_not_removable",
+            ),
+        ] {
+            let error = ApiError::from(error);
+            assert_eq!((error.status().as_u16(), error.code()), (409, code));
+        }
         let full = ApiError::from(StoreError::Full("database or disk is full".into()));
         assert_eq!((full.status().as_u16(), full.code()), (503, "store_full"));
         let unreachable = ApiError::from(StoreError::Unavailable("disk I/O error".into()));

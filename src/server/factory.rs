@@ -5,6 +5,7 @@
 //! no longer fit, or no longer parse, keep the session from loading rather
 //! than loading it with defaults (which could turn a tool back on).
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use crate::agent::{AgentConfig, SessionContext};
 use crate::config::KeelConfig;
 use crate::model::Model;
 use crate::store::CheckpointStore;
+use crate::tools::workspace::{WorkspaceError, WorkspaceRoot};
 /// Builds the agents of server sessions.
 pub(crate) struct SessionFactory {
     pub(crate) keel: Arc<KeelConfig>,
@@ -106,10 +108,11 @@ impl SessionFactory {
         let provider = self.keel.provider_of(&spec).unwrap_or_else(|| "unknown".to_owned());
         let bot = context.bot_id.clone();
         let model = Arc::new(MeteredModel::new(model, provider, bot, Arc::clone(&self.metrics)));
-        let workspace = workspace_dir(&self.workspace_root, session_id);
-        tokio::fs::create_dir_all(&workspace).await.map_err(|error| {
-            ApiError::Internal(format!("cannot create the workspace {}: {error}", workspace.display()))
-        })?;
+        // A stored session's workspace: the directory Keel created for it,
+        // checked by identity (or made, or adopted, see `created.rs`).
+        let workspace = self
+            .with_workspaces(session_id, |root, name| root.open_existing(name))
+            .await?;
         let mut config = AgentConfig::new(session_id, Arc::clone(&self.store), model);
         config.workspace = workspace;
         config.session_context = context;
@@ -128,6 +131,64 @@ impl SessionFactory {
             .install_tools(&mut config, &tools, self.launcher.clone())
             .await;
         Ok(config)
+    }
+}
+
+impl SessionFactory {
+    /// Makes the workspace of the new session `session_id` with `mkdir`:
+    /// `409 workspace_exists` when anything has its name already (an
+    /// operator's directory, a link, a workspace left by a deleted session).
+    pub(crate) async fn create_workspace(&self, session_id: &str) -> Result<(), ApiError> {
+        self.with_workspaces(session_id, |root, name| root.create(name))
+            .await
+            .map(drop)
+    }
+
+    /// Undoes [`Self::create_workspace`] when the session could not be
+    /// created, so that the id stays usable.
+    pub(crate) async fn discard_workspace(&self, session_id: &str) {
+        let discarded = self
+            .with_workspaces(session_id, |root, name| {
+                root.discard(name);
+                Ok(())
+            })
+            .await;
+        if let Err(error) = discarded {
+            tracing::warn!(session_id, %error, "a workspace made for a session that was not created stays");
+        }
+    }
+
+    /// Refuses (`409 workspace_not_removable`) to remove a workspace Keel
+    /// did not create, one that was replaced, or one holding Keel's own
+    /// files; removes nothing.
+    pub(crate) async fn check_workspace_removable(&self, session_id: &str) -> Result<(), ApiError> {
+        self.with_workspaces(session_id, |root, name| root.check_removable(name).map(drop))
+            .await
+    }
+
+    /// Removes the workspace of `session_id` (checked again), following no
+    /// link inside it.
+    pub(crate) async fn remove_workspace(&self, session_id: &str) -> Result<(), ApiError> {
+        self.with_workspaces(session_id, |root, name| root.remove(name)).await
+    }
+
+    /// Runs `work` on the workspace root and the name of `session_id`'s
+    /// workspace in it, on a blocking thread (it is file-system work).
+    async fn with_workspaces<T: Send + 'static>(
+        &self,
+        session_id: &str,
+        work: impl FnOnce(&WorkspaceRoot, &OsStr) -> Result<T, WorkspaceError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let root = self.workspace_root.clone();
+        let dir = workspace_dir(&root, session_id);
+        tokio::task::spawn_blocking(move || {
+            let name = dir.file_name().unwrap_or_default();
+            let workspaces = WorkspaceRoot::open(&root)?;
+            work(&workspaces, name)
+        })
+        .await
+        .map_err(|error| ApiError::Internal(format!("the workspace work failed: {error}")))?
+        .map_err(ApiError::from)
     }
 }
 

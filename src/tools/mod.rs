@@ -12,6 +12,7 @@ mod clock;
 mod config;
 pub mod mcp;
 mod progress;
+pub mod protected;
 mod session;
 pub mod workspace;
 

@@ -11,6 +11,7 @@ mod http_server;
 mod io_faults;
 mod log_paging;
 mod mcp;
+mod protected_files;
 mod provider_anthropic;
 mod provider_http;
 mod provider_openai_chat;

@@ -229,3 +229,62 @@ async fn file_tools_stay_inside_while_a_directory_is_swapped_for_an_outside_link
     assert!(succeeded > 0, "no call succeeded in {calls} calls");
     assert_eq!(arena.undo_outside_changes(), 0);
 }
+
+/// A session's workspace that Keel created (as `keel serve` does) swapped,
+/// as fast as another process can, with a link to a directory outside: the
+/// file tools open the workspace by handle and check it is the directory
+/// Keel recorded, so no call reads, lists, searches or writes outside.
+#[tokio::test]
+async fn file_tools_never_follow_a_workspace_swapped_for_an_outside_link() {
+    let arena = Arena::new();
+    let root_dir = arena.workspace.join("root");
+    let workspaces = keel::tools::workspace::WorkspaceRoot::open(&root_dir).unwrap();
+    let workspace = workspaces.create(std::ffi::OsStr::new("real")).unwrap();
+    std::fs::write(workspace.join("r.txt"), "inside\n").unwrap();
+    std::os::unix::fs::symlink(&arena.outside, root_dir.join("swap")).unwrap();
+    let context = ToolContext {
+        session_id: "s".into(),
+        workspace,
+    };
+    let set = tools(WorkspaceToolsConfig {
+        write: true,
+        shell: None,
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
+    let swapping = swapper(&root_dir, stop.clone(), swaps.clone());
+    let arguments = |name: &str| match name {
+        "read_file" => serde_json::json!({"path": "r.txt"}),
+        "list_dir" => serde_json::json!({}),
+        "search" => serde_json::json!({"pattern": "OUTSIDE|inside"}),
+        "write_file" => serde_json::json!({"path": "w.txt", "content": "written"}),
+        _ => serde_json::json!({"path": "e.txt", "old_string": "shared", "new_string": "changed"}),
+    };
+    let (mut leaks, mut changes, mut refused, mut calls) = (Vec::new(), 0, 0, 0);
+    let started = Instant::now();
+    while calls < ROUNDS * 5 && started.elapsed() < TIME_LIMIT {
+        for tool in &set {
+            let name = tool.spec().name;
+            calls += 1;
+            match call(&**tool, &context, arguments(&name)).await {
+                Ok(output) if output.contains(OUTSIDE_MARK) => leaks.push(format!("{name}: {output}")),
+                Ok(_) => {}
+                Err(error) if error.contains("is not the directory Keel created") => refused += 1,
+                Err(_) => {}
+            }
+            changes += arena.undo_outside_changes();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapping.join().unwrap();
+    let swaps = swaps.load(Ordering::Relaxed);
+    eprintln!("{calls} calls, {refused} refused, {swaps} swaps");
+    assert!(swaps > 100, "the swapper hardly ran ({swaps} swaps)");
+    assert!(
+        leaks.is_empty() && changes == 0,
+        "{calls} calls, {swaps} swaps: {} leaks, {changes} changes outside; first leak: {:?}",
+        leaks.len(),
+        leaks.first()
+    );
+    assert!(refused > 0, "no call met the swapped workspace in {calls} calls");
+}

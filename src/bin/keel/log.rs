@@ -115,24 +115,39 @@ async fn remove(args: RmArgs) -> anyhow::Result<ExitCode> {
         ),
         Err(error) => return Err(error.into()),
     };
+    // A workspace Keel did not create, or one holding Keel's own files, is
+    // refused before anything is deleted (see `WorkspaceRoot`).
+    let workspace = if args.workspace {
+        let root = match args.workspace_root {
+            Some(root) => root,
+            None => std::env::current_dir().context("cannot read the current directory")?,
+        };
+        let dir = keel::server::workspace_dir(&root, &args.session);
+        let name = dir.file_name().map(ToOwned::to_owned).unwrap_or_default();
+        Some((root, name))
+    } else {
+        None
+    };
     let store = args.db.open(false).await?;
+    if let Some((root, name)) = &workspace
+        && store.session_summary(&args.session).await?.is_some()
+    {
+        let refused = keel::tools::workspace::WorkspaceRoot::open(root).and_then(|root| root.check_removable(name));
+        if let Err(error) = refused {
+            store.close().await;
+            anyhow::bail!("session '{}' was not deleted: {error}", args.session);
+        }
+    }
     let existed = store.delete_session(&args.session).await?;
     store.close().await;
     if !existed {
         eprintln!("no session '{}'", args.session);
         return Ok(ExitCode::FAILURE);
     }
-    if args.workspace {
-        let root = match args.workspace_root {
-            Some(root) => root,
-            None => std::env::current_dir().context("cannot read the current directory")?,
-        };
-        let dir = keel::server::workspace_dir(&root, &args.session);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(error).with_context(|| format!("cannot remove {}", dir.display())),
-        }
+    if let Some((root, name)) = &workspace {
+        keel::tools::workspace::WorkspaceRoot::open(root)
+            .and_then(|root| root.remove(name))
+            .with_context(|| format!("session '{}' was deleted but its workspace was not", args.session))?;
     }
     print_line(&format!("deleted {}", args.session))?;
     Ok(ExitCode::SUCCESS)

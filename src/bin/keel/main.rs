@@ -80,7 +80,7 @@ impl ModelArgs {
         let (config, path) = keel::config::KeelConfig::discover(self.config.as_deref())?;
         if let Some(path) = path {
             // It may hold headers with credentials (MCP servers, proxies).
-            keel::tools::workspace::sandbox::protect(&path);
+            keel::tools::protected::protect(&path);
         }
         Ok(config)
     }

@@ -104,7 +104,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // before the database is opened or the port taken.
     let (mut keel_config, config_path) = keel::config::KeelConfig::discover(args.config.as_deref())?;
     if let Some(path) = &config_path {
-        keel::tools::workspace::sandbox::protect(path);
+        keel::tools::protected::protect(path);
     }
     // The flags override `[server]`, the ceiling on what API clients ask for.
     let ceiling = &mut keel_config.server;
@@ -139,7 +139,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("cannot read the token file {}", path.display()))?;
             let token = text.trim().to_owned();
             anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
-            keel::tools::workspace::sandbox::protect(path);
+            keel::tools::protected::protect(path);
             Some(token)
         }
         None => None,
@@ -152,6 +152,10 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot create the workspace root {}", workspace_root.display()))?;
     let workspace_root = workspace_root
         .canonicalize()
+        .with_context(|| format!("cannot use {} as the workspace root", workspace_root.display()))?;
+    // The record of the workspaces Keel creates, protected before any
+    // session runs a command.
+    keel::tools::workspace::WorkspaceRoot::open(&workspace_root)
         .with_context(|| format!("cannot use {} as the workspace root", workspace_root.display()))?;
     // One server per SQLite file, or any number of nodes on a PostgreSQL
     // database, never beside local commands (which would take sessions

@@ -294,7 +294,15 @@ impl Host {
             if exists {
                 return Err(ApiError::Conflict(format!("session '{session_id}' exists")));
             }
-            let session = self.start(session_id, settings, context).await?;
+            // A directory Keel makes for it, never one that was there.
+            self.factory.create_workspace(session_id).await?;
+            let session = match self.start(session_id, settings, context).await {
+                Ok(session) => session,
+                Err(error) => {
+                    self.factory.discard_workspace(session_id).await;
+                    return Err(error);
+                }
+            };
             let lease = session.lease();
             *live = Some(session);
             Ok(lease)
@@ -343,23 +351,26 @@ impl Host {
                     return Ok(false);
                 }
             }
+            if workspace {
+                // Refused before anything is deleted: a workspace Keel did
+                // not create, or one holding Keel's own files, stays, and so
+                // does its session.
+                if self.store.session_summary(session_id).await?.is_none() && live.is_none() {
+                    return Ok(false);
+                }
+                self.factory.check_workspace_removable(session_id).await?;
+            }
             if let Some(session) = live.take() {
                 // Its work is about to be deleted: nothing to wait for.
                 self.unload(session, Some(CloseMode::Abort)).await;
             }
             let existed = self.store.delete_session(session_id).await?;
             if existed && workspace {
-                let dir = super::factory::workspace_dir(&self.factory.workspace_root, session_id);
-                match tokio::fs::remove_dir_all(&dir).await {
-                    Ok(()) => {}
-                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(error) => {
-                        return Err(ApiError::Internal(format!(
-                            "session '{session_id}' was deleted but its workspace {} was not: {error}",
-                            dir.display()
-                        )));
-                    }
-                }
+                self.factory.remove_workspace(session_id).await.map_err(|error| {
+                    ApiError::Internal(format!(
+                        "session '{session_id}' was deleted but its workspace was not: {error}"
+                    ))
+                })?;
             }
             Ok(existed)
         }

@@ -303,9 +303,16 @@ pub(crate) async fn fork(
             ));
         }
     };
-    fork_session(store.as_ref(), &parent, at_sequence, &id)
-        .await
-        .map_err(fork_error)?;
+    // The fork's workspace is made with it, like a new session's (never an
+    // existing directory of that name); it is taken back if the fork fails.
+    if store.session_summary(&id).await?.is_some() {
+        return Err(ApiError::Conflict(format!("session '{id}' already exists")));
+    }
+    server.host.factory.create_workspace(&id).await?;
+    if let Err(error) = fork_session(store.as_ref(), &parent, at_sequence, &id).await {
+        server.host.factory.discard_workspace(&id).await;
+        return Err(fork_error(error));
+    }
     if let Some(op) = message {
         submit_op(&server, &id, op, None, None).await?;
     }

@@ -118,6 +118,11 @@ pub struct SharedHold {
     _file: File,
 }
 
+/// What the lock file's name adds to the database's: `<database>-serve.lock`.
+/// Public so that the registry of Keel's protected files covers the lock
+/// before any process has created it.
+pub const LOCK_SUFFIX: &str = "-serve.lock";
+
 /// `<database>-serve.lock`, in the database's directory made absolute, so
 /// that every spelling of the database's path finds the same lock.
 fn lock_path(database: &Path) -> Result<PathBuf, StoreError> {
@@ -130,7 +135,7 @@ fn lock_path(database: &Path) -> Result<PathBuf, StoreError> {
     };
     let directory = directory.canonicalize().map_err(|error| io_error(&directory, &error))?;
     let mut lock_name = name.to_os_string();
-    lock_name.push("-serve.lock");
+    lock_name.push(LOCK_SUFFIX);
     Ok(directory.join(lock_name))
 }
 

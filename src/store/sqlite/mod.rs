@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 
 pub use self::backup::{backup, backup_blocking};
 use self::identity::FileIdentity;
-pub use self::lock::{ServeLock, SharedHold};
+pub use self::lock::{LOCK_SUFFIX, ServeLock, SharedHold};
 use self::reader::ReaderPool;
 pub use self::reserve::{DEFAULT_RESERVE_BYTES, SpaceReserve};
 use self::writer::WriterCounters;

@@ -71,7 +71,7 @@ impl Tool for EditFile {
 
 fn edit(workspace: &Workspace, path: &str, old: &str, new: &str, replace_all: bool) -> Result<String, ToolError> {
     let location = workspace.locate(path)?;
-    let text = load_text_at(&location, path)?;
+    let text = load_text_at(workspace, &location, path)?;
     let count = text.matches(old).count();
     if count == 0 {
         let mut message = format!(
@@ -104,6 +104,9 @@ fn edit(workspace: &Workspace, path: &str, old: &str, new: &str, replace_all: bo
             "'{path}' changed while it was being edited (it is no longer a regular file); read it again"
         )));
     }
+    // Looked at again just before the rename (the file may have changed
+    // since it was read).
+    workspace.refuse_protected(&location, path)?;
     let mode = metadata.permissions().mode();
     atomic_write(dir, name, edited.as_bytes(), mode).map_err(|error| io_failure("write", path, &error))?;
     Ok(format!(

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use cap_fs_ext::DirExt as _;
 use cap_std::fs::{Dir, DirEntry, FileType};
 
+use super::paths::dir_identity;
 use super::{Arguments, Workspace, blocking, io_failure, plural};
 use crate::model::{BoxFuture, ToolSpec};
 use crate::tools::{Tool, ToolContext, ToolError};
@@ -74,14 +75,19 @@ impl Tool for ListDir {
 }
 
 /// What a listing has gathered so far.
-struct Listing {
+struct Listing<'a> {
+    /// Whose protected files are left out.
+    workspace: &'a Workspace,
     lines: Vec<String>,
     /// Entries seen, shown or not.
     visited: usize,
+    /// Keel's protected files left out.
+    protected: usize,
 }
 
 fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, ToolError> {
     let location = workspace.locate(path)?;
+    workspace.refuse_protected(&location, path)?;
     if !location.exists {
         return Err(ToolError::Failed(format!("'{path}' does not exist")));
     }
@@ -92,8 +98,10 @@ fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, ToolE
         )));
     }
     let mut listing = Listing {
+        workspace,
         lines: Vec::new(),
         visited: 0,
+        protected: 0,
     };
     // Listed through a handle opened without following a link, and every
     // subdirectory likewise through its parent's handle: a directory swapped
@@ -105,8 +113,24 @@ fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, ToolE
     }
     let shown = workspace.display(&location.path);
     walk(&dir, &shown, entries, depth, &mut listing);
+    if listing.lines.is_empty() && listing.visited == 0 {
+        return Ok(format!(
+            "['{path}' holds only Keel's protected files, which are not shown]"
+        ));
+    }
     let mut output = listing.lines.join("\n");
     output.push('\n');
+    if listing.protected > 0 {
+        let _ = writeln!(
+            output,
+            "[{} not shown]",
+            plural(
+                listing.protected,
+                "protected file of Keel's",
+                "protected files of Keel's"
+            )
+        );
+    }
     let hidden = listing.visited.saturating_sub(listing.lines.len());
     if hidden > 0 {
         let more = if listing.visited >= MAX_VISITED {
@@ -133,13 +157,18 @@ pub(super) fn shown_child(parent: &str, name: &OsStr) -> String {
 
 /// Lists `entries` (of `dir`, shown as `parent`), descending while `depth`
 /// allows.
-fn walk(dir: &Dir, parent: &str, entries: Vec<DirEntry>, depth: usize, listing: &mut Listing) {
+fn walk(dir: &Dir, parent: &str, entries: Vec<DirEntry>, depth: usize, listing: &mut Listing<'_>) {
+    let dir_id = dir_identity(dir);
     for entry in entries {
         if listing.visited >= MAX_VISITED {
             return;
         }
-        listing.visited += 1;
         let name = entry.file_name();
+        if listing.workspace.hides(dir, dir_id, &name) {
+            listing.protected += 1;
+            continue;
+        }
+        listing.visited += 1;
         let shown = shown_child(parent, &name);
         // `DirEntry::file_type` does not follow symbolic links.
         let file_type = entry.file_type();

@@ -14,12 +14,17 @@
 //! it through directory handles opened beneath the workspace root; the file
 //! tools read, write and walk through those handles, so a symbolic link
 //! swapped in while they run cannot lead them out (see `paths.rs` for what
-//! that guarantees and what it cannot). The shell cannot be
+//! that guarantees and what it cannot). They refuse Keel's protected files
+//! (its database, configuration, lock and token; see
+//! [`crate::tools::protected`]) by identity and location. A server session's
+//! workspace is a directory Keel created for it and recorded (see
+//! [`WorkspaceRoot`]); the tools check every call that it still is. The shell cannot be
 //! confined by path checks; [`sandbox`] restricts what its commands may
 //! write, where the kernel supports Landlock.
 //!
 //! [`tools`] builds the set from a [`WorkspaceToolsConfig`].
 
+mod created;
 mod edit;
 mod list;
 mod paths;
@@ -31,6 +36,7 @@ mod write;
 
 use std::sync::Arc;
 
+pub use self::created::{Marker, Origin, REGISTRY_DIR, WorkspaceError, WorkspaceRoot};
 pub use self::edit::EditFile;
 pub use self::list::ListDir;
 pub use self::paths::{Resolved, Workspace};

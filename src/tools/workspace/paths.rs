@@ -34,8 +34,24 @@
 //! already opened being moved out of the workspace by such a process (the
 //! call then acts inside that directory, wherever it now is; moving it
 //! needs write access outside the workspace, which the `shell` tool's
-//! sandbox, where enforced, does not give); and the workspace root itself,
-//! which is the runtime's and is opened by its canonical path.
+//! sandbox, where enforced, does not give). The workspace root itself: a
+//! workspace Keel created under a workspace root (a server session's, see
+//! `created.rs`) is opened from its parent without following a link and
+//! must have the identity Keel recorded, so one swapped for a link or for
+//! another directory is refused; any other workspace (`keel run`'s, the
+//! operator's choice) is opened by its canonical path.
+//!
+//! # Keel's protected files
+//!
+//! Keel's database (and its WAL, journal, shared memory and lock), its
+//! configuration and the server's token (see `tools/protected.rs`) are
+//! refused to every file tool: by location (the directory's identity and
+//! the name, so a `-wal` about to be created is covered) and by the
+//! identity of what is opened (so a hard link or another path to one is
+//! refused too). Listings and searches leave them out. A write never
+//! replaces or renames over one: the check is on the directory handle the
+//! rename goes through, and a rename over a hard link replaces the link,
+//! never the protected file.
 //!
 //! Links that stay inside the workspace are followed, as before, including
 //! absolute ones and ones that climb out along the root's own path and come
@@ -50,7 +66,9 @@ use std::path::{Component, Path, PathBuf};
 use cap_fs_ext::{DirExt as _, FollowSymlinks, OpenOptionsFollowExt as _};
 use cap_std::fs::{Dir, File, Metadata, OpenOptions, OpenOptionsExt as _};
 
+use super::created::{check_identity, marker_of};
 use crate::tools::ToolError;
+use crate::tools::protected::{FileId, ProtectedSet};
 
 /// How many symbolic links one resolution may follow, like the kernel's
 /// `MAXSYMLINKS`; more is a loop.
@@ -71,6 +89,8 @@ pub struct Workspace {
     given: PathBuf,
     /// The root, open.
     dir: Dir,
+    /// Keel's protected files as they were when the call started.
+    protected: ProtectedSet,
 }
 
 /// Where a model-given path leads.
@@ -107,6 +127,8 @@ enum WalkError {
         through: PathBuf,
         pending: Vec<PendingComponent>,
     },
+    /// The walk met one of Keel's protected directories.
+    Protected,
     /// The file system said no.
     Io(io::Error),
 }
@@ -118,10 +140,35 @@ impl From<io::Error> for WalkError {
 }
 
 impl Workspace {
-    /// The workspace at `dir`, which must be an existing directory.
+    /// The workspace at `dir`, which must be an existing directory. When
+    /// `dir` is a workspace Keel created under a workspace root (a server
+    /// session's, see `created.rs`), it is opened without following a link
+    /// and must be the directory Keel recorded: a workspace swapped for a
+    /// link or another directory is refused, not followed.
     pub fn new(dir: &Path) -> Result<Self, ToolError> {
         let unusable =
             |error: io::Error| ToolError::Failed(format!("the workspace {} is not usable: {error}", dir.display()));
+        let given = std::path::absolute(dir).map_err(unusable)?;
+        let protected = ProtectedSet::current();
+        if let Some((parent, name, marker)) = marker_of(&given).map_err(unusable)? {
+            let handle = parent.open_dir_nofollow(&name).map_err(|error| {
+                ToolError::Failed(format!(
+                    "the workspace {} is not the directory Keel created for this session (it cannot be opened \
+                     without following a link: {error}); the file tools refuse to act",
+                    dir.display()
+                ))
+            })?;
+            check_identity(&handle, marker, &given)
+                .map_err(|error| ToolError::Failed(format!("{error}; the file tools refuse to act")))?;
+            let parent_path = given.parent().unwrap_or(&given);
+            let root = std::fs::canonicalize(parent_path).map_err(unusable)?.join(&name);
+            return Ok(Self {
+                root,
+                given,
+                dir: handle,
+                protected,
+            });
+        }
         let root = std::fs::canonicalize(dir).map_err(unusable)?;
         if !root.is_dir() {
             return Err(ToolError::Failed(format!(
@@ -130,12 +177,61 @@ impl Workspace {
             )));
         }
         let handle = Dir::open_ambient_dir(&root, cap_std::ambient_authority()).map_err(unusable)?;
-        let given = std::path::absolute(dir).unwrap_or_else(|_| root.clone());
         Ok(Self {
             root,
             given,
             dir: handle,
+            protected,
         })
+    }
+
+    /// Refuses `location` when it is one of Keel's protected files: by
+    /// location (its directory and name, whether or not it exists) and, if
+    /// something is there, by identity (a hard link or another path to a
+    /// protected file). `path` is the model's, for the message.
+    pub(super) fn refuse_protected(&self, location: &Location, path: &str) -> Result<(), ToolError> {
+        if self.protected.is_empty() {
+            return Ok(());
+        }
+        let hit = match location.rest.as_slice() {
+            [] => dir_identity(&location.dir).is_some_and(|id| self.protected.is_file(id)),
+            [name] => {
+                dir_identity(&location.dir).is_some_and(|dir| self.protected.is_location(dir, name))
+                    || location
+                        .dir
+                        .symlink_metadata(name)
+                        .is_ok_and(|metadata| self.protected.is_file(FileId::of_cap(&metadata)))
+            }
+            // Below a missing directory: nothing protected can be there.
+            _ => false,
+        };
+        if hit { Err(protected_file(path)) } else { Ok(()) }
+    }
+
+    /// Refuses the open `file` when it is one of Keel's protected files, by
+    /// the identity of the handle: what was opened, whatever path led to it.
+    pub(super) fn refuse_protected_file(&self, file: &File, path: &str) -> Result<(), ToolError> {
+        if self.protected.is_empty() {
+            return Ok(());
+        }
+        match file.metadata() {
+            Ok(metadata) if self.protected.is_file(FileId::of_cap(&metadata)) => Err(protected_file(path)),
+            Ok(_) => Ok(()),
+            Err(error) => Err(ToolError::Failed(format!("cannot read '{path}': {error}"))),
+        }
+    }
+
+    /// Whether the entry `name` of `dir` (whose identity is `dir_id`, see
+    /// [`dir_identity`]) is one of Keel's protected files, which listings
+    /// and searches leave out.
+    pub(super) fn hides(&self, dir: &Dir, dir_id: Option<FileId>, name: &OsStr) -> bool {
+        if self.protected.is_empty() {
+            return false;
+        }
+        dir_id.is_some_and(|id| self.protected.is_location(id, name))
+            || dir
+                .symlink_metadata(name)
+                .is_ok_and(|metadata| self.protected.is_file(FileId::of_cap(&metadata)))
     }
 
     /// The canonical root directory.
@@ -163,6 +259,7 @@ impl Workspace {
         match self.walk(components) {
             Ok(location) => Ok(location),
             Err(WalkError::Io(error)) => Err(ToolError::Failed(format!("cannot resolve '{path}': {error}"))),
+            Err(WalkError::Protected) => Err(protected_file(path)),
             Err(WalkError::Escaped { through, pending }) => {
                 // Only for the message: where the link would have led, found
                 // by path; nothing is opened, and a race can only make the
@@ -310,6 +407,10 @@ impl Workspace {
                     };
                     let error = match opened {
                         Ok(dir) => {
+                            // A protected directory is not entered.
+                            if dir_identity(&dir).is_some_and(|id| self.protected.is_file(id)) {
+                                return Err(WalkError::Protected);
+                            }
                             stack.push((dir, name));
                             continue;
                         }
@@ -446,6 +547,20 @@ impl Location {
             _ => (&self.dir, None),
         }
     }
+}
+
+/// The identity of the open directory `dir`, if it can be read.
+pub(super) fn dir_identity(dir: &Dir) -> Option<FileId> {
+    dir.dir_metadata().ok().map(|metadata| FileId::of_cap(&metadata))
+}
+
+/// The refusal of a protected file: there is no way around it, no approval
+/// included, so the message says so.
+pub(super) fn protected_file(path: &str) -> ToolError {
+    ToolError::Failed(format!(
+        "'{path}' is one of Keel's protected files (its database, configuration, lock or token); the file tools \
+         never read, list, create, replace or change it, whatever the approval"
+    ))
 }
 
 /// Opens `name` in `dir` for reading, without following a link there and

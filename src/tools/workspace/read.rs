@@ -83,12 +83,13 @@ impl Tool for ReadFile {
 /// file of at most [`MAX_FILE_BYTES`].
 pub(super) fn load_text(workspace: &Workspace, path: &str) -> Result<String, ToolError> {
     let location = workspace.locate(path)?;
-    load_text_at(&location, path)
+    load_text_at(workspace, &location, path)
 }
 
 /// [`load_text`] of an already located file, which `edit_file` then
 /// replaces through the same directory handle.
-pub(super) fn load_text_at(location: &Location, path: &str) -> Result<String, ToolError> {
+pub(super) fn load_text_at(workspace: &Workspace, location: &Location, path: &str) -> Result<String, ToolError> {
+    workspace.refuse_protected(location, path)?;
     if !location.exists {
         return Err(ToolError::Failed(format!(
             "'{path}' does not exist; use list_dir or search to find the file"
@@ -106,6 +107,9 @@ pub(super) fn load_text_at(location: &Location, path: &str) -> Result<String, To
     // Opened without following a link, then checked again on the handle:
     // what is read is what was checked.
     let file = location.open_file().map_err(|error| io_failure("read", path, &error))?;
+    // Checked again on what was opened: a protected file swapped in since
+    // the lookup is refused by its identity.
+    workspace.refuse_protected_file(&file, path)?;
     let metadata = file.metadata().map_err(|error| io_failure("read", path, &error))?;
     if !metadata.is_file() {
         return Err(ToolError::Failed(format!("'{path}' is not a regular file")));

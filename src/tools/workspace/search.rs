@@ -24,7 +24,7 @@ use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
 use super::list::{shown_child, sorted_entries};
-use super::paths::open_file_in;
+use super::paths::{dir_identity, open_file_in};
 use super::read::MAX_FILE_BYTES;
 use super::{Arguments, Workspace, blocking, plural};
 use crate::model::{BoxFuture, ToolSpec};
@@ -142,10 +142,12 @@ fn search(
     glob: Option<&FileFilter>,
 ) -> Result<String, ToolError> {
     let location = workspace.locate(path)?;
+    workspace.refuse_protected(&location, path)?;
     if !location.exists {
         return Err(ToolError::Failed(format!("'{path}' does not exist")));
     }
     let mut search = Walk {
+        workspace,
         regex,
         glob,
         findings: Findings::default(),
@@ -174,6 +176,8 @@ fn search(
 
 /// One search's walk: what it looks for and what it found.
 struct Walk<'a> {
+    /// Whose protected files are left out.
+    workspace: &'a Workspace,
     regex: &'a regex::bytes::Regex,
     glob: Option<&'a FileFilter>,
     findings: Findings,
@@ -189,9 +193,10 @@ impl Walk<'_> {
             self.findings.unreadable += 1;
             return false;
         };
+        let dir_id = dir_identity(dir);
         for entry in entries {
             let name = entry.file_name();
-            if name == ".git" {
+            if name == ".git" || self.workspace.hides(dir, dir_id, &name) {
                 continue;
             }
             let Ok(kind) = entry.file_type() else {
@@ -236,7 +241,7 @@ impl Walk<'_> {
             return true;
         }
         self.findings.files += 1;
-        search_file(dir, name, &relative, self.regex, &mut self.findings);
+        search_file(self.workspace, dir, name, &relative, self.regex, &mut self.findings);
         self.findings.more
     }
 }
@@ -327,11 +332,23 @@ fn ignored(levels: &[IgnoreLevel], path: &Path, is_dir: bool) -> bool {
 
 /// Adds the matching lines of the file `name` in `dir` to `findings`; the
 /// file is opened without following a link.
-fn search_file(dir: &Dir, name: &OsStr, relative: &str, regex: &regex::bytes::Regex, findings: &mut Findings) {
+fn search_file(
+    workspace: &Workspace,
+    dir: &Dir,
+    name: &OsStr,
+    relative: &str,
+    regex: &regex::bytes::Regex,
+    findings: &mut Findings,
+) {
     let Ok(file) = open_file_in(dir, name) else {
         findings.unreadable += 1;
         return;
     };
+    // What was opened, whatever the name: a protected file swapped in is
+    // not read.
+    if workspace.refuse_protected_file(&file, relative).is_err() {
+        return;
+    }
     match file.metadata() {
         Ok(metadata) if !metadata.is_file() => {
             findings.unreadable += 1;

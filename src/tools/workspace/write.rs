@@ -60,6 +60,8 @@ impl Tool for WriteFile {
 
 fn write(workspace: &Workspace, path: &str, content: &str) -> Result<String, ToolError> {
     let location = workspace.locate(path)?;
+    // Never created, replaced or renamed over, whatever the approval.
+    workspace.refuse_protected(&location, path)?;
     let existing = if location.exists {
         let metadata = location.metadata().map_err(|error| io_failure("write", path, &error))?;
         if metadata.is_dir() {

@@ -14,16 +14,34 @@ fn sessions_rm_deletes_the_session_and_optionally_its_workspace() {
         assert!(output.status.success(), "{}", stderr(&output));
     }
     let root = cli.dir.path().join("workspaces");
-    std::fs::create_dir_all(root.join("gone")).expect("workspace");
+    let rm_with_workspace = |session: &str| {
+        cli.run(&[
+            "sessions",
+            "rm",
+            session,
+            "--workspace",
+            "--workspace-root",
+            root.to_str().expect("utf-8"),
+        ])
+    };
+    // A directory Keel did not create is refused, and the session stays.
+    std::fs::create_dir_all(root.join("kept")).expect("operator's directory");
+    std::fs::write(root.join("kept/important"), "important").expect("file");
+    let refused = rm_with_workspace("kept");
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("Keel has no record of creating it"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(root.join("kept/important").exists());
+    // The workspace `keel serve` made for the session goes with it.
+    keel::tools::workspace::WorkspaceRoot::open(&root)
+        .and_then(|workspaces| workspaces.create(std::ffi::OsStr::new("gone")))
+        .expect("the server's workspace");
+    std::fs::write(root.join("gone/work.txt"), "work").expect("work");
 
-    let output = cli.run(&[
-        "sessions",
-        "rm",
-        "gone",
-        "--workspace",
-        "--workspace-root",
-        root.to_str().expect("utf-8"),
-    ]);
+    let output = rm_with_workspace("gone");
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(!root.join("gone").exists(), "the workspace was removed");
 

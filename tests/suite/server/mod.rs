@@ -19,5 +19,6 @@ mod sessions;
 mod streams;
 pub(super) mod support;
 mod usage;
+mod workspaces;
 mod writers;
 mod ws;

@@ -50,7 +50,6 @@
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -219,38 +218,9 @@ pub const LAUNCHER_SUBCOMMAND: &str = "sandbox-exec";
 /// is mistaken for it.
 const STATUS_MARKER: &str = "\u{1e}keel-sandbox-status ";
 
-/// The files of Keel's own that no sandboxed command may read (see [`protect`]).
-static PROTECTED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-/// Marks `path` (a file or directory of Keel's: its database, token file,
-/// configuration) as one no sandboxed command may read or change: the
-/// launcher covers it in the command's mount namespace. Process-wide,
-/// because these are the process's own secrets, whichever session runs.
-pub fn protect(path: &Path) {
-    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let path = std::fs::canonicalize(&path).unwrap_or(path);
-    if let Ok(mut protected) = PROTECTED.lock()
-        && !protected.contains(&path)
-    {
-        protected.push(path);
-    }
-}
-
-/// Marks a SQLite database as protected: the file and the journal, WAL and
-/// shared-memory files beside it.
-pub fn protect_database(path: &Path) {
-    protect(path);
-    for suffix in ["-wal", "-shm", "-journal"] {
-        let mut sidecar = path.as_os_str().to_os_string();
-        sidecar.push(suffix);
-        protect(Path::new(&sidecar));
-    }
-}
-
-/// The paths marked by [`protect`].
-pub fn protected_paths() -> Vec<PathBuf> {
-    PROTECTED.lock().map(|paths| paths.clone()).unwrap_or_default()
-}
+// The registry of protected files lives in `tools::protected`, shared with
+// the file tools; it is re-exported here, where its callers know it.
+pub use crate::tools::protected::{protect, protect_database, protected_paths};
 
 /// What the launcher is asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -452,24 +422,6 @@ mod tests {
         // Whatever the kernel said, this process can still write.
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("still-writable"), "yes").unwrap();
-    }
-
-    #[test]
-    fn protected_paths_are_absolute_and_kept_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let database = dir.path().join("keel.sqlite3");
-        std::fs::write(&database, "").unwrap();
-        protect_database(&database);
-        protect_database(&database);
-        let protected = protected_paths();
-        let real = std::fs::canonicalize(&database).unwrap();
-        assert_eq!(protected.iter().filter(|path| **path == real).count(), 1);
-        let wal = format!("{}-wal", real.display());
-        assert!(
-            protected.iter().any(|path| path.as_os_str() == wal.as_str()),
-            "{protected:?}"
-        );
-        assert!(protected.iter().all(|path| path.is_absolute()));
     }
 
     #[test]
