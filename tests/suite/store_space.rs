@@ -98,6 +98,10 @@ async fn a_disk_filled_from_outside_leaves_the_store_its_reserve() {
     assert_eq!(std::fs::metadata(&ballast).expect("the ballast").len(), 8 * 1024 * 1024);
     let (status, lines) = server.terminate();
     assert!(status.success(), "{status:?}: {lines:#?}");
+    assert!(
+        lines.iter().any(|line| line.contains("space reserve was released")),
+        "the commit on the full disk used the reserve: {lines:#?}"
+    );
 
     assert_integrity_ok(&db);
     let store = SqliteCheckpoint::new(&db).expect("open the store");
