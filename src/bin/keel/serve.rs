@@ -126,6 +126,8 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let token = text.trim().to_owned();
             anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
             keel::tools::workspace::sandbox::protect(path);
+            // Redacted from everything stored or returned, like a provider key.
+            keel::provider::redact::register(&token);
             Some(token)
         }
         None => None,

@@ -592,6 +592,7 @@ mod chat;
 mod fork;
 mod lifecycle;
 mod postgres;
+mod secrets;
 mod shutdown;
 mod tools;
 
