@@ -98,7 +98,7 @@ fn matcher() -> Option<Arc<Matcher>> {
 /// replaced by `[redacted]`; borrowed when there was nothing to replace.
 pub fn redact(text: &str) -> Cow<'_, str> {
     let spans = matcher()
-        .map(|matcher| matcher.spans(text.as_bytes(), false))
+        .map(|matcher| matcher.spans(text.as_bytes()))
         .unwrap_or_default();
     let text = replace_spans(text, &spans);
     match redact_echoed(&text) {
@@ -146,7 +146,7 @@ pub fn redact_value(value: &mut serde_json::Value) -> bool {
 /// It may say yes where they hold nothing (then nothing changes), never no
 /// where they hold a registered secret or an echoed credential.
 pub fn json_may_need_redaction(json: &str) -> bool {
-    matcher().is_some_and(|matcher| !matcher.spans(json.as_bytes(), true).is_empty())
+    matcher().is_some_and(|matcher| matcher.is_match_json(json.as_bytes()))
         || CREDENTIAL_WORDS.as_ref().is_some_and(|words| words.is_match(json))
 }
 
@@ -221,7 +221,7 @@ impl StreamRedactor {
         let Some(matcher) = matcher() else {
             return redact_owned(text);
         };
-        let spans = matcher.spans(text.as_bytes(), false);
+        let spans = matcher.spans(text.as_bytes());
         let after_last_match = spans.last().map_or(0, |span| span.end);
         let release = matcher
             .pending_start(text.as_bytes(), after_last_match)

@@ -121,19 +121,35 @@ impl Matcher {
     }
 
     /// The stretches of `text` that hold a form, whitespace inside them
-    /// included, in order and merged where they overlap. With `json`, the
-    /// escapes `\n`, `\r`, `\t` and `\f` count as whitespace too (for a
-    /// first look at serialized JSON; matches in it are then looked for in
-    /// its strings).
-    pub(super) fn spans(&self, text: &[u8], json: bool) -> Vec<Span> {
+    /// included, in order and merged where they overlap.
+    pub(super) fn spans(&self, text: &[u8]) -> Vec<Span> {
         let mut spans: Vec<Span> = Vec::new();
+        self.scan(text, false, |end, length| {
+            push_merged(&mut spans, start_of(text, end, length)..end + 1);
+            true
+        });
+        spans
+    }
+
+    /// Whether serialized JSON holds a form in one of its strings, where
+    /// the escapes `\n`, `\r`, `\t` and `\f` count as whitespace too (a
+    /// first look; matches are then looked for in the strings themselves).
+    pub(super) fn is_match_json(&self, json: &[u8]) -> bool {
+        let mut found = false;
+        self.scan(json, true, |_, _| {
+            found = true;
+            false
+        });
+        found
+    }
+
+    /// Runs the automaton over `text`, whitespace skipped, calling
+    /// `on_match(index of the last byte, length of the longest form ending
+    /// there, whitespace not counted)` until it answers false.
+    fn scan(&self, text: &[u8], json: bool, mut on_match: impl FnMut(usize, usize) -> bool) {
         let Ok(mut state) = self.dfa.start_state(Anchored::No) else {
-            return spans;
+            return;
         };
-        // Where each of the last `longest` non-space bytes is in `text`.
-        let ring = self.longest.max(1);
-        let mut positions = vec![0usize; ring];
-        let mut seen = 0usize;
         let mut index = 0;
         while index < text.len() {
             let byte = text[index];
@@ -145,20 +161,18 @@ impl Matcher {
                 index += 2;
                 continue;
             }
-            positions[seen % ring] = index;
-            seen += 1;
             state = self.dfa.next_state(Anchored::No, state, byte);
             if self.dfa.is_special(state) && self.dfa.is_match(state) {
                 let length = (0..self.dfa.match_len(state))
                     .map(|which| self.dfa.pattern_len(self.dfa.match_pattern(state, which)))
                     .max()
                     .unwrap_or(1);
-                let start = positions[(seen - length) % ring];
-                push_merged(&mut spans, start..index + 1);
+                if !on_match(index, length) {
+                    return;
+                }
             }
             index += 1;
         }
-        spans
     }
 
     /// Where the end of `text` that could be the beginning of a form starts,
@@ -192,6 +206,20 @@ impl Matcher {
             .next()
             .is_some_and(|form| form.starts_with(piece))
     }
+}
+
+/// Where a match of `length` non-space bytes that ends at `end` starts
+/// (matches are rare: walking back is cheaper than tracking every byte).
+fn start_of(text: &[u8], end: usize, length: usize) -> usize {
+    let mut remaining = length;
+    let mut index = end + 1;
+    while remaining > 0 && index > 0 {
+        index -= 1;
+        if !is_space(text[index]) {
+            remaining -= 1;
+        }
+    }
+    index
 }
 
 /// Adds `span` to `spans` (in order of their ends), merged with the spans
@@ -232,7 +260,7 @@ mod tests {
                     &URL_SAFE_NO_PAD,
                 ] {
                     let encoded = engine.encode(&data);
-                    let spans = found.spans(encoded.as_bytes(), false);
+                    let spans = found.spans(encoded.as_bytes());
                     assert_eq!(spans.len(), 1, "{prefix:?} {suffix:?} {encoded}");
                     // At most the characters shared with the bytes around it stay.
                     let kept = encoded.len() - spans[0].len();
@@ -246,15 +274,15 @@ mod tests {
     fn whitespace_inside_a_form_is_skipped_and_kept_in_the_span() {
         let found = matcher(&["sk-0123456789"]);
         let text = b"key: sk-01234 56789\n done";
-        assert_eq!(found.spans(text, false), [5..19]);
-        assert_eq!(found.spans(br#"{"a":"sk-0123\n456789"}"#, true), [6..21]);
-        assert!(found.spans(b"sk-0123-456789", false).is_empty());
+        assert_eq!(found.spans(text), [5..19]);
+        assert!(found.is_match_json(br#"{"a":"sk-0123\n456789"}"#));
+        assert!(found.spans(b"sk-0123-456789").is_empty());
     }
 
     #[test]
     fn overlapping_matches_merge() {
         let found = matcher(&["abcdefgh12", "gh12345678"]);
-        assert_eq!(found.spans(b"..abcdefgh12345678..", false), [2..18]);
+        assert_eq!(found.spans(b"..abcdefgh12345678.."), [2..18]);
         let mut spans = vec![0..3, 5..8];
         push_merged(&mut spans, 2..10);
         assert_eq!(spans, [0..10]);
@@ -272,6 +300,6 @@ mod tests {
         );
         assert_eq!(found.pending_start(b"hello sk-01", 8), None);
         assert_eq!(found.pending_start(b"hello world", 0), None);
-        assert_eq!(found.spans(b"-0123456789", false).len(), 1, "the tail after `sk`");
+        assert_eq!(found.spans(b"-0123456789").len(), 1, "the tail after `sk`");
     }
 }
