@@ -26,6 +26,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::protocol::{Event, EventMsg, RecordedEvent};
+
+mod scrub;
 use crate::store::{
     AppendBatch, AppendReceipt, CheckpointStore, CheckpointWrite, EncodedEvent, OpenBatch, QueueChange, StoreError,
 };
@@ -187,6 +189,7 @@ impl EventRecorder {
             delivery,
             max_batch: options.max_batch.max(1),
             lease: options.lease,
+            scrub: scrub::Scrubber::default(),
         };
         tokio::spawn(task.run());
         (Self { commands, shared }, delivered)
@@ -426,6 +429,8 @@ struct RecorderTask {
     delivery: mpsc::Sender<RecordedEvent>,
     max_batch: usize,
     lease: Option<u64>,
+    /// Redacts each command as it is taken from the queue, in order.
+    scrub: scrub::Scrubber,
 }
 
 /// What to do, in order, once a batch is committed.
@@ -536,7 +541,7 @@ impl RecorderTask {
                 if !receiving || self.commands.recv_many(&mut incoming, self.max_batch).await == 0 {
                     break;
                 }
-                waiting.extend(incoming);
+                waiting.extend(incoming.into_iter().map(|command| self.scrub.command(command)));
             }
             let mut batch = Batch::new(self.max_batch, self.lease);
             while let Some(command) = waiting.pop_front() {
@@ -548,7 +553,7 @@ impl RecorderTask {
             // Then everything already queued, while the batch has room.
             while waiting.is_empty() {
                 let Ok(command) = self.commands.try_recv() else { break };
-                waiting.extend(batch.add(command));
+                waiting.extend(batch.add(self.scrub.command(command)));
             }
             match self.write(&mut batch, &mut waiting, &mut receiving).await {
                 Ok(receipt) => self.settle(batch.settles, receipt).await,
@@ -598,7 +603,7 @@ impl RecorderTask {
                 // One at a time: once a command is refused (the batch is
                 // sealed or full) the rest stay in the bounded queue.
                 received = self.commands.recv(), if *receiving && waiting.is_empty() => match received {
-                    Some(command) => waiting.extend(batch.add(command)),
+                    Some(command) => waiting.extend(batch.add(self.scrub.command(command))),
                     None => *receiving = false,
                 },
             }

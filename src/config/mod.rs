@@ -81,9 +81,11 @@
 //! `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL`, then the providers' defaults.
 //! The official endpoints need a key; a model on a custom `base_url` needs
 //! one only if its entry names an `api_key_env`. Keys are never written to
-//! the log, the checkpoint or a log line: every key is registered with
-//! [`crate::provider::redact`], which replaces it (and echoed credential
-//! headers) in stored errors, tool outputs and API errors.
+//! the log, the checkpoint or a log line: as the file is loaded, every key
+//! it names, every `[models]` header and every MCP `env` and `headers`
+//! value is registered with [`crate::provider::redact`], which replaces it
+//! (and echoed credential headers) in everything a session stores and in
+//! API errors, whether or not its model or server is ever used.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -181,8 +183,12 @@ impl KeelConfig {
 
     /// Parses and checks the text of a config file; `path` names it in
     /// errors (nothing is read from it).
+    /// Every secret the file holds (its `[models]` headers, its MCP
+    /// servers' `env` and `headers`) and the API keys it names are
+    /// registered with [`crate::provider::redact`] here, before any model
+    /// is built or server started, so that no session can store one.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        toml::from_str(text).map_err(|error| {
+        let config: Self = toml::from_str(text).map_err(|error| {
             let message = error.message().trim_end();
             // `FILE:LINE:COLUMN: message`, the form editors and terminals
             // jump to.
@@ -203,7 +209,31 @@ impl KeelConfig {
                 }
                 None => Error::Config(format!("{}: {message}", path.display())),
             }
-        })
+        })?;
+        config.register_secrets(&process_env);
+        Ok(config)
+    }
+
+    /// Registers with [`crate::provider::redact`] every secret this config
+    /// holds or names: each `[models]` header value, each entry's API key
+    /// (the variable `api_key_env` names, or its provider's usual one) and
+    /// the usual key variables of every provider, as `env` reads them. The
+    /// MCP servers' `env` and `headers` values were registered as they were
+    /// parsed (see [`McpConfig`]).
+    pub fn register_secrets(&self, env: &dyn Fn(&str) -> Option<String>) {
+        use crate::provider::redact::register;
+        let mut variables: Vec<&str> = PROVIDER_KEY_VARIABLES.to_vec();
+        for entry in self.models.values() {
+            entry.headers.values().for_each(|value| register(value));
+            if let Some(variable) = &entry.api_key_env {
+                variables.push(variable);
+            }
+        }
+        for variable in variables {
+            if let Some(key) = env(variable) {
+                register(&key);
+            }
+        }
     }
 
     /// The config in use: `explicit` if given (it must exist), else
@@ -226,13 +256,15 @@ impl KeelConfig {
                 return Ok((Self::load(&path)?, Some(path)));
             }
         }
-        Ok((Self::default(), None))
+        let config = Self::default();
+        config.register_secrets(&process_env);
+        Ok((config, None))
     }
 
     /// Builds the model named by `spec`, reading keys and endpoints from the
     /// process environment. Fails with a one-line [`Error::Config`].
     pub fn model(&self, spec: &str) -> Result<Arc<dyn Model>> {
-        self.model_with_env(spec, &|name| std::env::var(name).ok().filter(|value| !value.is_empty()))
+        self.model_with_env(spec, &process_env)
     }
 
     /// [`Self::model`] with the environment given as a lookup.
@@ -288,6 +320,14 @@ impl KeelConfig {
         }
         build(&name, &entry, env)
     }
+}
+
+/// The variables the providers read their keys from by default.
+const PROVIDER_KEY_VARIABLES: [&str; 3] = ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OLLAMA_API_KEY"];
+
+/// A variable of the process environment; unset and empty are the same.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
 }
 
 /// The 1-based line and column (in characters) of byte `offset` in `text`.

@@ -1,21 +1,34 @@
 //! Keeping provider keys out of everything Keel stores or returns.
 //!
 //! Every [`Secret`](super::http::Secret) registers its value here when it is
-//! made (values shorter than [`MIN_SECRET_LEN`] are too common to replace
-//! safely and are skipped). [`redact`] replaces every registered value, and
-//! any echoed credential header (`Authorization: Bearer …`, `x-api-key: …`,
-//! `"api_key": "…"`) whatever its value, with `[redacted]`.
+//! made, and so does the configuration as it is loaded (every `[models]`
+//! header, every MCP `env` and `headers` value, the API keys it names) and
+//! `keel serve` for its token. Values shorter than [`MIN_SECRET_LEN`] are
+//! too common to replace safely and are skipped; a value with whitespace
+//! also registers each of its words that long (the token of `Bearer …`).
 //!
-//! It is applied where text that may echo a request leaves the provider or
-//! the tools: provider error messages, the `error` and `warning` events the
-//! agent records, tool outputs, and the API's error messages. Streamed
-//! deltas are not scanned: they are the model's own text and the hot path.
+//! [`redact`] replaces every registered value, as it is or base64-encoded
+//! (see [`forms`]), whitespace inside it ignored, and any echoed credential
+//! header (`Authorization: Bearer …`, `x-api-key: …`, `"api_key": "…"`)
+//! whatever its value, with `[redacted]`. [`StreamRedactor`] does the same
+//! for text that arrives in pieces, holding back a piece's end that could
+//! begin a secret until the next piece shows whether it does.
+//!
+//! The recorder applies it to everything a session commits (every event,
+//! streamed deltas across their boundaries, the history's messages, tool
+//! calls and results, the compaction summary); the provider and the API
+//! apply it to their error messages.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
+use aho_corasick::AhoCorasick;
 use regex::Regex;
+
+mod forms;
+
+use self::forms::{Matcher, Span};
 
 /// What a secret is replaced with.
 pub const REDACTED: &str = "[redacted]";
@@ -26,6 +39,10 @@ pub const MIN_SECRET_LEN: usize = 8;
 
 /// The secret values of this process.
 static SECRETS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// Every form of every secret, compiled into one automaton; rebuilt when a
+/// new secret is registered (rare), read by every redaction (often).
+static MATCHER: RwLock<Option<Arc<Matcher>>> = RwLock::new(None);
 
 /// Credential headers and fields echoed in text, whatever their value: the
 /// name, the separator and an optional scheme are kept, the value (8 or
@@ -41,31 +58,139 @@ static ECHOED: LazyLock<Option<Regex>> = LazyLock::new(|| {
 /// A bare `Bearer <token>`, as in a header list printed without its name.
 static BEARER: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}").ok());
 
-/// Remembers `value` as a secret, so [`redact`] replaces it from now on.
+/// Words without which neither [`ECHOED`] nor [`BEARER`] can match: the
+/// regexes run only on text that has one (one fast scan instead of two).
+static CREDENTIAL_WORDS: LazyLock<Option<AhoCorasick>> = LazyLock::new(|| {
+    AhoCorasick::builder()
+        .ascii_case_insensitive(true)
+        .build(["authorization", "api-key", "api_key", "apikey", "bearer"])
+        .ok()
+});
+
+/// Remembers `value` as a secret, so [`redact`] replaces it from now on,
+/// and each of its whitespace-separated words at least [`MIN_SECRET_LEN`]
+/// long (the token of `Bearer <token>` is a secret on its own).
 pub fn register(value: &str) {
     let value = value.trim();
-    if value.len() < MIN_SECRET_LEN {
-        return;
-    }
     let mut secrets = SECRETS.lock().unwrap_or_else(|poison| poison.into_inner());
-    if !secrets.contains(value) {
-        secrets.insert(value.to_owned());
+    let mut added = false;
+    for candidate in std::iter::once(value).chain(value.split_whitespace()) {
+        if candidate.len() >= MIN_SECRET_LEN && !secrets.contains(candidate) {
+            secrets.insert(candidate.to_owned());
+            added = true;
+        }
     }
+    if added {
+        let forms = secrets.iter().flat_map(|secret| forms::forms_of(secret)).collect();
+        let matcher = Matcher::new(forms).map(Arc::new);
+        // Replaced while the registry is locked, so two registrations
+        // cannot install their automatons out of order.
+        *MATCHER.write().unwrap_or_else(|poison| poison.into_inner()) = matcher;
+    }
+}
+
+/// The automaton of the secrets registered so far, if any are.
+fn matcher() -> Option<Arc<Matcher>> {
+    MATCHER.read().unwrap_or_else(|poison| poison.into_inner()).clone()
 }
 
 /// `text` with every registered secret and every echoed credential header
 /// replaced by `[redacted]`; borrowed when there was nothing to replace.
 pub fn redact(text: &str) -> Cow<'_, str> {
-    let mut text = Cow::Borrowed(text);
-    {
-        let secrets = SECRETS.lock().unwrap_or_else(|poison| poison.into_inner());
-        // Longest first, so a secret containing another is replaced whole.
-        let mut found: Vec<&String> = secrets.iter().filter(|secret| text.contains(secret.as_str())).collect();
-        found.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
-        for secret in found {
-            text = Cow::Owned(text.replace(secret.as_str(), REDACTED));
+    let spans = matcher()
+        .map(|matcher| matcher.spans(text.as_bytes()))
+        .unwrap_or_default();
+    let text = replace_spans(text, &spans);
+    match redact_echoed(&text) {
+        Cow::Borrowed(_) => text,
+        Cow::Owned(replaced) => Cow::Owned(replaced),
+    }
+}
+
+/// [`redact`] into an owned string.
+pub fn redact_owned(text: String) -> String {
+    match redact(&text) {
+        Cow::Borrowed(_) => text,
+        Cow::Owned(redacted) => redacted,
+    }
+}
+
+/// Redacts `text` in place; whether anything was replaced.
+pub fn redact_in_place(text: &mut String) -> bool {
+    match redact(text) {
+        Cow::Borrowed(_) => false,
+        Cow::Owned(redacted) => {
+            *text = redacted;
+            true
         }
     }
+}
+
+/// Redacts every string of `value` (keys stay as they are); whether
+/// anything was replaced.
+pub fn redact_value(value: &mut serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(text) => redact_in_place(text),
+        serde_json::Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, item| redact_value(item) | changed),
+        serde_json::Value::Object(fields) => fields
+            .values_mut()
+            .fold(false, |changed, field| redact_value(field) | changed),
+        _ => false,
+    }
+}
+
+/// Whether serialized JSON may hold something [`redact`] replaces in one of
+/// its strings: a quick look before the strings themselves are redacted.
+/// It may say yes where they hold nothing (then nothing changes), never no
+/// where they hold a registered secret or an echoed credential.
+pub fn json_may_need_redaction(json: &str) -> bool {
+    matcher().is_some_and(|matcher| matcher.is_match_json(json.as_bytes()))
+        || CREDENTIAL_WORDS.as_ref().is_some_and(|words| words.is_match(json))
+}
+
+/// `text` with `spans` (byte ranges on character boundaries, in order)
+/// replaced by [`REDACTED`].
+fn replace_spans<'a>(text: &'a str, spans: &[Span]) -> Cow<'a, str> {
+    if spans.is_empty() {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for span in spans {
+        // A form is ASCII, so its span is on character boundaries; a span
+        // that were not would be widened to them.
+        let start = floor_boundary(text, span.start.max(at));
+        let end = ceil_boundary(text, span.end);
+        out.push_str(&text[at..start]);
+        out.push_str(REDACTED);
+        at = end;
+    }
+    out.push_str(&text[at..]);
+    Cow::Owned(out)
+}
+
+fn floor_boundary(text: &str, mut index: usize) -> usize {
+    while index > 0 && !text.is_char_boundary(index) {
+        index -= 1;
+    }
+    index
+}
+
+fn ceil_boundary(text: &str, mut index: usize) -> usize {
+    while index < text.len() && !text.is_char_boundary(index) {
+        index += 1;
+    }
+    index
+}
+
+/// `text` with echoed credential headers replaced.
+fn redact_echoed(text: &str) -> Cow<'_, str> {
+    if !CREDENTIAL_WORDS.as_ref().is_none_or(|words| words.is_match(text)) {
+        return Cow::Borrowed(text);
+    }
+    let mut text = Cow::Borrowed(text);
     for (pattern, replacement) in [
         (&*ECHOED, format!("${{1}}${{2}}{REDACTED}")),
         (&*BEARER, format!("${{1}}{REDACTED}")),
@@ -78,11 +203,45 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     text
 }
 
-/// [`redact`] into an owned string.
-pub fn redact_owned(text: String) -> String {
-    match redact(&text) {
-        Cow::Borrowed(_) => text,
-        Cow::Owned(redacted) => redacted,
+/// Redacts text that arrives in pieces (a model's streamed deltas), so that
+/// a secret split across pieces is replaced too: the end of a piece that
+/// could begin a secret is held back until the next piece (or
+/// [`Self::finish`]) shows whether it does.
+#[derive(Debug, Default)]
+pub struct StreamRedactor {
+    held: String,
+}
+
+impl StreamRedactor {
+    /// The redacted text that can be released once `piece` arrived; may be
+    /// empty when all of it is held back.
+    pub fn push(&mut self, piece: &str) -> String {
+        let mut text = std::mem::take(&mut self.held);
+        text.push_str(piece);
+        let Some(matcher) = matcher() else {
+            return redact_owned(text);
+        };
+        let spans = matcher.spans(text.as_bytes());
+        let after_last_match = spans.last().map_or(0, |span| span.end);
+        let release = matcher
+            .pending_start(text.as_bytes(), after_last_match)
+            .map_or(text.len(), |start| floor_boundary(&text, start));
+        self.held = text.split_off(release);
+        match replace_spans(&text, &spans) {
+            Cow::Borrowed(_) => redact_echoed(&text).into_owned(),
+            Cow::Owned(replaced) => redact_echoed(&replaced).into_owned(),
+        }
+    }
+
+    /// The text held back, redacted: the stream ended (or the next text is
+    /// not part of it).
+    pub fn finish(&mut self) -> String {
+        redact_owned(std::mem::take(&mut self.held))
+    }
+
+    /// Whether text is held back.
+    pub fn is_holding(&self) -> bool {
+        !self.held.is_empty()
     }
 }
 
@@ -111,6 +270,34 @@ mod tests {
         ] {
             assert_eq!(redact(echo), expected, "{echo}");
         }
+    }
+
+    #[test]
+    fn a_secret_split_across_streamed_pieces_is_replaced_and_nothing_else_is_held() {
+        register("sk-stream-unit-0123456789");
+        let mut stream = StreamRedactor::default();
+        let released: Vec<String> = ["Here: sk-str", "eam-unit-01", "23456789 and ", "more sk-s"]
+            .into_iter()
+            .map(|piece| stream.push(piece))
+            .collect();
+        assert_eq!(released, ["Here: ", "", "[redacted] and ", "more "]);
+        assert!(stream.is_holding());
+        assert_eq!(stream.finish(), "sk-s");
+        assert_eq!(
+            StreamRedactor::default().push("plain text, ends in s"),
+            "plain text, ends in s"
+        );
+    }
+
+    #[test]
+    fn every_string_of_a_json_value_is_redacted_and_json_is_looked_at_first() {
+        register("sk-json-unit-0123456789");
+        let mut value = serde_json::json!({"a": ["x", {"b": "key sk-json-unit-0123456789"}], "n": 1});
+        assert!(redact_value(&mut value));
+        assert_eq!(value, serde_json::json!({"a": ["x", {"b": "key [redacted]"}], "n": 1}));
+        assert!(json_may_need_redaction(r#"{"t":"sk-json-unit-01234\n56789"}"#));
+        assert!(json_may_need_redaction(r#"{"t":"Authorization: x"}"#));
+        assert!(!json_may_need_redaction(r#"{"t":"nothing here"}"#));
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod provider_openai_chat;
 mod provider_openai_responses;
 mod provider_support;
 mod provider_tool_turns;
+mod redaction;
 mod regenerate;
 mod sandbox;
 mod server;

@@ -140,6 +140,8 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let token = text.trim().to_owned();
             anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
             keel::tools::protected::protect(path);
+            // Redacted from everything stored or returned, like a provider key.
+            keel::provider::redact::register(&token);
             Some(token)
         }
         None => None,

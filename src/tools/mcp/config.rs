@@ -127,6 +127,19 @@ impl McpServerConfig {
         }
     }
 
+    /// Registers the values of its `env` and `headers` with
+    /// [`crate::provider::redact`]: they are how tokens reach MCP servers,
+    /// and they are registered as the config is parsed, so that a tool's
+    /// output echoing one is redacted even in a session that never starts
+    /// this server.
+    pub fn register_secrets(&self) {
+        let values = match &self.transport {
+            McpTransport::Stdio { env, .. } => env.values(),
+            McpTransport::Http { headers, .. } => headers.values(),
+        };
+        values.for_each(|value| crate::provider::redact::register(value));
+    }
+
     /// Checks the entry named `name`; the message is one line.
     pub fn check(&self, name: &str) -> std::result::Result<(), String> {
         check_mcp_server_name(name)?;
@@ -260,6 +273,7 @@ fn mcp_server(name: &str, raw: RawMcpServer) -> std::result::Result<McpServerCon
         enabled: raw.enabled.unwrap_or(true),
     };
     server.check(name)?;
+    server.register_secrets();
     Ok(server)
 }
 

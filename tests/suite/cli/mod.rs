@@ -589,6 +589,7 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
 }
 
 mod chat;
+mod configured_secrets;
 mod fork;
 mod lifecycle;
 mod postgres;
