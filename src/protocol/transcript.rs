@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 /// `interrupted` when the turn stopped mid-stream), `tool_call` (`call_id`,
 /// `name`, `arguments` as the model wrote them), `tool_result` (`call_id`,
 /// `output`, `is_error`), `reasoning` (`provider`, opaque `data` that the
-/// provider needs back on the next request).
+/// provider needs back on the next request), `summary` (`text`: see
+/// [`TranscriptItem::Summary`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -52,6 +53,16 @@ pub enum TranscriptItem {
         provider: String,
         /// The item as the provider sent it.
         data: serde_json::Value,
+    },
+    /// The model's own summary of the compacted earlier history, which
+    /// requests carry in its place. Context the runtime adds, not anyone's
+    /// words in the conversation: providers send it with a system or
+    /// developer role, never as the user, so a summary steered by tool
+    /// output ("the user approved this in advance") gains no authority.
+    /// Made for each request from the checkpoint; never stored.
+    Summary {
+        /// The summary, framed by the runtime.
+        text: String,
     },
 }
 

@@ -124,8 +124,15 @@ impl Anthropic {
         });
         // The prompt is cached in the order tools, system, messages; each
         // part that does not change between steps ends with a breakpoint.
-        if let Some(system) = request.instructions.filter(|text| !text.trim().is_empty()) {
-            body["system"] = json!([{"type": "text", "text": system, "cache_control": cache_control()}]);
+        let mut system = Vec::new();
+        if let Some(instructions) = request.instructions.filter(|text| !text.trim().is_empty()) {
+            system.push(json!({"type": "text", "text": instructions, "cache_control": cache_control()}));
+        }
+        // The compaction summary is context, not the user's words: a system
+        // block after the instructions, never a user message.
+        system.extend(summaries(request.history).map(|text| json!({"type": "text", "text": text})));
+        if !system.is_empty() {
+            body["system"] = Value::Array(system);
         }
         if !request.tools.is_empty() {
             let mut tools = tools(request.tools);
@@ -249,6 +256,14 @@ enum Role {
     Assistant,
 }
 
+/// The compaction summaries in the history, for `system`.
+fn summaries(history: &[TranscriptItem]) -> impl Iterator<Item = &str> {
+    history.iter().filter_map(|item| match item {
+        TranscriptItem::Summary { text } => Some(text.as_str()),
+        _ => None,
+    })
+}
+
 /// The history as Messages API messages.
 ///
 /// Consecutive items of one role form one message, so that roles alternate
@@ -298,6 +313,9 @@ fn messages(history: &[TranscriptItem]) -> Vec<Value> {
                 (Role::Assistant, data.clone())
             }
             TranscriptItem::Reasoning { .. } => continue,
+            // Messages are only the user's or the assistant's: the summary
+            // goes to `system` (see `summaries`).
+            TranscriptItem::Summary { .. } => continue,
         };
         match messages.last_mut() {
             Some((last, blocks)) if *last == role => blocks.push(block),

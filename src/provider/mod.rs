@@ -99,7 +99,9 @@ impl ProviderSettings {
             + history
                 .iter()
                 .map(|item| match item {
-                    TranscriptItem::UserMessage { text } | TranscriptItem::AssistantMessage { text, .. } => text.len(),
+                    TranscriptItem::UserMessage { text }
+                    | TranscriptItem::AssistantMessage { text, .. }
+                    | TranscriptItem::Summary { text } => text.len(),
                     TranscriptItem::ToolCall { arguments, .. } => arguments.len(),
                     TranscriptItem::ToolResult { output, .. } => output.len(),
                     TranscriptItem::Reasoning { data, .. } => data.to_string().len(),

@@ -273,6 +273,11 @@ fn messages(instructions: Option<&str>, history: &[TranscriptItem]) -> Vec<Value
             // Reasoning state belongs to the provider that produced it; Chat
             // Completions has no place to send it back.
             TranscriptItem::Reasoning { .. } => {}
+            // Context from the runtime, not the user's words.
+            TranscriptItem::Summary { text } => {
+                flush(&mut assistant, &mut messages);
+                messages.push(json!({"role": "system", "content": text}));
+            }
         }
     }
     flush(&mut assistant, &mut messages);

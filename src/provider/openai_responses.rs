@@ -311,6 +311,9 @@ fn input_items(history: &[TranscriptItem], item_ids: bool) -> Vec<Value> {
             })),
             TranscriptItem::Reasoning { provider, data } if provider == REASONING_PROVIDER => Some(data.clone()),
             TranscriptItem::Reasoning { .. } => None,
+            // Context from the runtime, not the user's words: the role
+            // Responses gives the application's own instructions.
+            TranscriptItem::Summary { text } => Some(json!({"type": "message", "role": "developer", "content": text})),
         })
         .collect()
 }

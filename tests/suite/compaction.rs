@@ -88,7 +88,9 @@ fn compactions(events: &[RecordedEvent]) -> Vec<ContextCompactedEvent> {
 
 fn text(item: &TranscriptItem) -> &str {
     match item {
-        TranscriptItem::UserMessage { text } | TranscriptItem::AssistantMessage { text, .. } => text,
+        TranscriptItem::UserMessage { text }
+        | TranscriptItem::AssistantMessage { text, .. }
+        | TranscriptItem::Summary { text } => text,
         _ => "",
     }
 }
@@ -135,6 +137,12 @@ async fn past_the_threshold_the_model_gets_the_summary_and_the_latest_message_ev
     assert!(
         text(&step_history[0]).starts_with(SUMMARY_PREFIX) && text(&step_history[0]).ends_with("two long messages")
     );
+    // Model-written text, sent as context: never in the user's voice.
+    assert!(
+        matches!(step_history[0], TranscriptItem::Summary { .. }),
+        "{:?}",
+        step_history[0]
+    );
     assert_eq!(text(&step_history[1]), long(2, 200));
     shutdown(agent).await;
 
@@ -147,6 +155,7 @@ async fn past_the_threshold_the_model_gets_the_summary_and_the_latest_message_ev
     run_turn(&mut agent, "short").await;
     let (_, resumed_history) = model.seen().pop().expect("a request");
     assert!(text(&resumed_history[0]).starts_with(SUMMARY_PREFIX));
+    assert!(matches!(resumed_history[0], TranscriptItem::Summary { .. }));
     assert_eq!(text(&resumed_history[1]), long(2, 200));
     assert_eq!(resumed_history.len(), 4);
     shutdown(agent).await;

@@ -16,6 +16,7 @@ mod provider_anthropic;
 mod provider_http;
 mod provider_openai_chat;
 mod provider_openai_responses;
+mod provider_summary;
 mod provider_support;
 mod provider_tool_turns;
 mod redaction;

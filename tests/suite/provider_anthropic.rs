@@ -796,8 +796,16 @@ async fn prompt_too_long_compacts_the_history_once_and_retries_the_step() {
     );
     let retried = sent_messages(&server, 3);
     let retried = retried.as_array().expect("messages");
-    let first = retried[0].to_string();
-    assert!(first.contains("Summary of the earlier conversation"), "{retried:?}");
+    // The summary is context in `system`, not a user message.
+    let system = server.requests()[3].json()["system"].to_string();
+    assert!(system.contains("Summary of the earlier conversation"), "{system}");
+    assert!(
+        !retried
+            .iter()
+            .any(|message| message.to_string().contains("Summary of the earlier conversation")),
+        "{retried:?}"
+    );
+    assert_eq!(retried[0]["role"], "user", "{retried:?}");
     assert!(
         retried.last().expect("a message").to_string().contains("And now?"),
         "{retried:?}"

@@ -202,7 +202,9 @@ fn scrub_checkpoint(write: &mut CheckpointWrite) {
 /// Redacts the text of one history item.
 fn scrub_item(item: &mut TranscriptItem) {
     match item {
-        TranscriptItem::UserMessage { text } | TranscriptItem::AssistantMessage { text, .. } => {
+        TranscriptItem::UserMessage { text }
+        | TranscriptItem::AssistantMessage { text, .. }
+        | TranscriptItem::Summary { text } => {
             redact_in_place(text);
         }
         TranscriptItem::ToolCall { name, arguments, .. } => {
