@@ -424,6 +424,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         context_limits,
         calibration: 1.0,
         lease_owner,
+        store: Arc::clone(&store),
     };
     let task = tokio::spawn(session.run());
     Ok(Agent {

@@ -59,6 +59,9 @@ pub(super) struct Session {
     /// With several nodes, this node's lease on the session: no tool call
     /// starts once it may have lapsed.
     pub(super) lease_owner: Option<super::LeaseOwner>,
+    /// The store, asked before each tool call whether its file system still
+    /// has the room its commits need (see `CheckpointStore::low_on_space`).
+    pub(super) store: std::sync::Arc<dyn crate::store::CheckpointStore>,
 }
 
 impl Session {

@@ -236,11 +236,21 @@ impl Session {
                 Verdict::Refuse(reason) => {
                     running.push_back(futures::future::ready(ToolOutcome::error(reason.clone())).boxed())
                 }
-                _ => {
-                    self.lease_still_held()?;
-                    let sink = ProgressSink::new(call.call_id.clone(), std::sync::Arc::clone(&progress.board));
-                    running.push_back(sink.scope(tools.run(call, &context)).boxed())
-                }
+                // A tool could take the room the log's commits need (a
+                // command filling the disk): none runs while it is short.
+                _ => match self.store.low_on_space() {
+                    Some(why) => running.push_back(
+                        futures::future::ready(ToolOutcome::error(format!(
+                            "not run: {why}; no tool runs until space is freed, so that the session's log can still be written"
+                        )))
+                        .boxed(),
+                    ),
+                    None => {
+                        self.lease_still_held()?;
+                        let sink = ProgressSink::new(call.call_id.clone(), std::sync::Arc::clone(&progress.board));
+                        running.push_back(sink.scope(tools.run(call, &context)).boxed())
+                    }
+                },
             }
             if together {
                 continue;

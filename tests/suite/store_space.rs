@@ -160,3 +160,76 @@ async fn an_immutable_shm_under_a_running_server_is_503_not_sigbus() {
     assert!(status.success(), "{status:?}: {lines:#?}");
     assert_integrity_ok(&db);
 }
+
+/// While the store's file system is below its reserve (a command filled
+/// it), no tool runs: a shell call or a file write could take the room
+/// the log's commits need. The calls are answered "not run" with the
+/// reason, the turn completes, and once space is back tools run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_tool_runs_while_the_store_is_short_of_space() {
+    let test = "no_tool_runs_while_the_store_is_short_of_space";
+    let Some(mount) = or_skip(test, Mount::tmpfs("48m")) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let db = mount.path().join("keel.sqlite3");
+    let server = serve_with(
+        db.as_os_str(),
+        &scratch,
+        &["--store-reserve-mb", "8", "--auto-approve", "*"],
+    );
+    let api = &server.api;
+    let calls = |n: u32| {
+        json!({"tool_calls": [
+            {"id": format!("shell-{n}"), "name": "shell", "arguments": {"command": format!("echo ran > shell-{n}.txt")}},
+            {"id": format!("write-{n}"), "name": "write_file", "arguments": {"path": format!("write-{n}.txt"), "content": "x"}},
+        ]})
+        .to_string()
+    };
+    let (first, second) = (calls(1), calls(2));
+    let model = scratch.script(
+        "s.jsonl",
+        &[&first, r#"{"text": "one"}"#, &second, r#"{"text": "two"}"#],
+    );
+    api.create(json!({"id": "s", "model": model, "approvals": {"default": "auto"}}))
+        .await;
+    let filler = mount.path().join("filler");
+    fill(&filler);
+    readyz_becomes(api, StatusCode::SERVICE_UNAVAILABLE).await;
+    api.say("s", "while full").await;
+    api.wait_idle("s").await;
+    let workspace = scratch.workspaces().join("s");
+    for name in ["shell-1.txt", "write-1.txt"] {
+        assert!(!workspace.join(name).exists(), "{name} was written on a full store");
+    }
+
+    std::fs::remove_file(&filler).expect("remove the filler");
+    readyz_becomes(api, StatusCode::OK).await;
+    api.say("s", "with room").await;
+    api.wait_idle("s").await;
+    for name in ["shell-2.txt", "write-2.txt"] {
+        assert!(
+            workspace.join(name).exists(),
+            "{name} was not written once space was back"
+        );
+    }
+    let (status, lines) = server.terminate();
+    assert!(status.success(), "{status:?}: {lines:#?}");
+    let store = SqliteCheckpoint::new(&db).expect("open the store");
+    let log = stored_events_in(&store, "s").await;
+    store.close().await;
+    let refused: Vec<String> = log
+        .iter()
+        .filter_map(|event| match &event.msg {
+            keel::EventMsg::ToolCallCompleted(done) if done.call_id.ends_with("-1") => Some(done.output.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|output| output.starts_with("not run: ") && output.contains("reserve")),
+        "{refused:?}"
+    );
+}
