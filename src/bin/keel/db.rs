@@ -71,6 +71,9 @@ impl DbArgs {
         match &self.db {
             Some(given) => Ok(match given.to_str() {
                 Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                    // Its Unix socket directory, if it connects through one:
+                    // no sandboxed command may reach the database there.
+                    keel::tools::workspace::sandbox::cover_postgres_sockets(url);
                     Location::Postgres(url.to_owned())
                 }
                 _ => Location::Sqlite(given.clone()),
