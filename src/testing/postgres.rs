@@ -40,6 +40,9 @@ pub struct TestPostgres {
     port: u16,
     /// Whether commands run as the `postgres` user (this process is root).
     as_postgres: bool,
+    /// Directories the server also puts its Unix socket in (see
+    /// [`Self::own_with_sockets_in`]).
+    socket_directories: Vec<PathBuf>,
     /// Numbers the databases of [`Self::fresh_database`].
     next_database: AtomicU64,
     /// The watchdog; its stdin pipe closes when this process ends.
@@ -74,7 +77,7 @@ impl TestPostgres {
                         return None;
                     }
                 };
-                match Self::launch(bin) {
+                match Self::launch(bin, Vec::new()) {
                     Ok(server) => Some(server),
                     Err(why) => panic!("cannot start the test PostgreSQL server: {why}"),
                 }
@@ -87,6 +90,27 @@ impl TestPostgres {
     /// [`Self::shared`]. `None` (after the same `SKIPPED` line) when the
     /// binaries cannot be found; panics as [`Self::shared`] does otherwise.
     pub fn own() -> Option<TestPostgres> {
+        Self::own_with(Vec::new())
+    }
+
+    /// A server of the caller's own (as [`Self::own`]) that also listens on
+    /// a Unix socket in each of `directories`, as a packaged server does in
+    /// `/run/postgresql`: for tests of who can reach those sockets. As root,
+    /// the `postgres` user must be able to write them (directories the test
+    /// created are handed to it; `/run/postgresql` is its own).
+    pub fn own_with_sockets_in(directories: &[PathBuf]) -> Option<TestPostgres> {
+        Self::own_with(directories.to_vec())
+    }
+
+    /// The directories holding the server's Unix socket (`.s.PGSQL.<port>`):
+    /// its own temporary directory first.
+    pub fn socket_directories(&self) -> Vec<PathBuf> {
+        let mut all = vec![self.base.clone()];
+        all.extend(self.socket_directories.iter().cloned());
+        all
+    }
+
+    fn own_with(socket_directories: Vec<PathBuf>) -> Option<TestPostgres> {
         let bin = match find_binaries() {
             Ok(bin) => bin,
             Err(why) if required() => panic!("PostgreSQL tests are required ({REQUIRE_ENV}=1): {why}"),
@@ -95,7 +119,7 @@ impl TestPostgres {
                 return None;
             }
         };
-        match Self::launch(bin) {
+        match Self::launch(bin, socket_directories) {
             Ok(server) => Some(server),
             Err(why) => panic!("cannot start the test PostgreSQL server: {why}"),
         }
@@ -170,7 +194,7 @@ impl TestPostgres {
         self.pg_ctl(&["start", "-w", "-t", "60", "-l", &log.to_string_lossy()]);
     }
 
-    fn launch(bin: PathBuf) -> Result<Self, String> {
+    fn launch(bin: PathBuf, socket_directories: Vec<PathBuf>) -> Result<Self, String> {
         let as_postgres = nix::unistd::geteuid().is_root();
         let base = tempfile::Builder::new()
             .prefix("keel-pg-")
@@ -183,6 +207,13 @@ impl TestPostgres {
                 .ok_or("running as root and there is no `postgres` user to run PostgreSQL as")?;
             nix::unistd::chown(&base, Some(user.uid), Some(user.gid))
                 .map_err(|error| format!("cannot hand {} to postgres: {error}", base.display()))?;
+            for dir in &socket_directories {
+                let owner = std::fs::metadata(dir).map(|metadata| std::os::unix::fs::MetadataExt::uid(&metadata));
+                if owner.is_ok_and(|owner| owner == 0) {
+                    nix::unistd::chown(dir, Some(user.uid), Some(user.gid))
+                        .map_err(|error| format!("cannot hand {} to postgres: {error}", dir.display()))?;
+                }
+            }
         }
         let data = base.join("data");
         let watchdog = start_watchdog(&bin, &data, &base, as_postgres)?;
@@ -192,6 +223,7 @@ impl TestPostgres {
             bin,
             port: 0,
             as_postgres,
+            socket_directories,
             next_database: AtomicU64::new(1),
             watchdog: Mutex::new(watchdog),
         };
@@ -243,11 +275,16 @@ impl TestPostgres {
 
     /// Writes the server's settings (appended last, so they win).
     fn configure(&self) -> Result<(), String> {
+        let sockets: Vec<String> = self
+            .socket_directories()
+            .iter()
+            .map(|dir| dir.display().to_string())
+            .collect();
         let settings = format!(
             "\n# keel test server\nport = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
              fsync = on\nsynchronous_commit = on\nshared_buffers = 16MB\nmax_connections = 200\n",
             self.port,
-            self.base.display()
+            sockets.join(",")
         );
         std::fs::OpenOptions::new()
             .append(true)

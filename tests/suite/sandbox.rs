@@ -18,7 +18,8 @@ use super::mcp::processes_with;
 use super::support::{guard, keel_binary_for};
 use super::workspace_tools::outside_the_temporary_directory;
 
-fn shell(policy: SandboxPolicy, network: bool) -> ShellTool {
+/// The shell under `policy`, launched by the real `keel` binary.
+pub(crate) fn shell(policy: SandboxPolicy, network: bool) -> ShellTool {
     ShellTool::new(ShellConfig {
         sandbox: policy,
         network,
@@ -28,7 +29,7 @@ fn shell(policy: SandboxPolicy, network: bool) -> ShellTool {
 }
 
 /// Runs `command` in `workspace`; the result text whether it failed or not.
-async fn run(tool: &ShellTool, workspace: &Path, command: &str) -> String {
+pub(crate) async fn run(tool: &ShellTool, workspace: &Path, command: &str) -> String {
     let context = ToolContext {
         session_id: "s".into(),
         workspace: workspace.to_path_buf(),
@@ -45,7 +46,7 @@ async fn run(tool: &ShellTool, workspace: &Path, command: &str) -> String {
 
 /// A directory outside the temporary directory (which workspace-write
 /// lets commands write), wherever the checkout is.
-fn outside_scratch() -> tempfile::TempDir {
+pub(crate) fn outside_scratch() -> tempfile::TempDir {
     tempfile::tempdir_in(outside_the_temporary_directory()).expect("scratch dir")
 }
 
@@ -214,8 +215,7 @@ fn hunt_for_secrets(uid: Option<u32>) {
          grep -a -o '[d]b-canary-[0-9a-f]*' data/*.sqlite3* 2>&1; \
          grep -a -o '[h]dr-canary-[0-9a-f]*' keel.toml 2>&1; echo hunted",
     );
-    let call = serde_json::json!({"tool_calls": [{"name": "shell", "arguments": {"command": command}}]});
-    std::fs::write(dir.path().join("s.jsonl"), format!("{call}\n{{\"text\": \"done\"}}\n")).expect("script");
+    std::fs::write(dir.path().join("s.jsonl"), shell_script(&[&command])).expect("script");
     let binary = keel_binary_for(uid, dir.path());
     if let Some(uid) = uid {
         let status = Command::new("chown")
@@ -252,11 +252,9 @@ fn hunt_for_secrets(uid: Option<u32>) {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let result = stdout
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|event| event["msg"]["type"] == "tool_call_completed")
-        .map(|event| event["msg"]["output"].as_str().unwrap_or_default().to_owned())
+    let result = shell_results(&stdout)
+        .into_iter()
+        .next()
         .expect("the shell call's result");
     assert!(result.contains("hunted"), "the hunt did not run: {result}");
     for (what, canary) in [
@@ -283,6 +281,28 @@ fn hunt_for_secrets(uid: Option<u32>) {
         String::from_utf8_lossy(&stored).contains(&message),
         "the message is not stored in plain text, so the hunt proves nothing"
     );
+}
+
+/// A `script:` model that makes one `shell` call per command, in order,
+/// then answers `done`.
+pub(crate) fn shell_script(commands: &[&str]) -> String {
+    let mut script = String::new();
+    for command in commands {
+        let call = serde_json::json!({"tool_calls": [{"name": "shell", "arguments": {"command": command}}]});
+        script.push_str(&format!("{call}\n"));
+    }
+    script.push_str("{\"text\": \"done\"}\n");
+    script
+}
+
+/// The outputs of the tool calls in the `--json` output of `keel run`.
+pub(crate) fn shell_results(stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| event["msg"]["type"] == "tool_call_completed")
+        .map(|event| event["msg"]["output"].as_str().unwrap_or_default().to_owned())
+        .collect()
 }
 
 #[test]
@@ -343,4 +363,42 @@ fn without_namespaces_the_fallback_still_contains_the_command() {
         .flat_map(|marker| processes_with(marker))
         .collect();
     assert!(left.is_empty(), "processes outlived the command: {left:?}");
+}
+
+/// Runs `binary run --json --approve auto --model script:s.jsonl go` in
+/// `cwd` (which holds `s.jsonl`, see [`shell_script`]) with its database
+/// at `db`, as user `uid` when given, with `extra` arguments; the outputs
+/// of its tool calls. The run must succeed.
+pub(crate) fn keel_run(binary: &Path, cwd: &Path, db: &Path, uid: Option<u32>, extra: &[&str]) -> Vec<String> {
+    let mut keel = Command::new(binary);
+    keel.args(["run", "--json", "--approve", "auto", "--model", "script:s.jsonl"])
+        .args(extra)
+        .arg("go")
+        .env("KEEL_DB", db)
+        .env("HOME", cwd)
+        .env_remove("KEEL_MODEL")
+        .env_remove("KEEL_CONFIG")
+        .current_dir(cwd);
+    if let Some(uid) = uid {
+        std::os::unix::process::CommandExt::uid(&mut keel, uid);
+        std::os::unix::process::CommandExt::gid(&mut keel, uid);
+    }
+    let output = keel.output().expect("keel run");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    shell_results(&stdout)
+}
+
+/// Hands `dir` and everything in it to `uid` (for a Keel run as that user).
+pub(crate) fn chown_to(dir: &Path, uid: u32) {
+    let status = Command::new("chown")
+        .args(["-R", &format!("{uid}:{uid}")])
+        .arg(dir)
+        .status()
+        .expect("chown");
+    assert!(status.success());
 }

@@ -117,6 +117,9 @@ impl DbArgs {
             Some(given) => Ok(match given.to_str() {
                 Some(url) if is_postgres(url) => {
                     warn_if_password_in_arguments(url);
+                    // Its Unix socket directory, if it connects through one:
+                    // no sandboxed command may reach the database there.
+                    keel::tools::workspace::sandbox::cover_postgres_sockets(url);
                     Location::Postgres(url.to_owned())
                 }
                 _ => Location::Sqlite(given.clone()),

@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use keel::tools::workspace::sandbox::SandboxPolicy;
 use keel::tools::workspace::sandbox::launcher::{self, Confinement, Launch};
+use keel::tools::workspace::sandbox::{Limits, SandboxPolicy};
 
 /// Arguments of `keel sandbox-exec`.
 #[derive(Args, Debug)]
@@ -34,6 +34,25 @@ pub(crate) struct SandboxExecArgs {
     /// A file or directory the command may not see (repeatable).
     #[arg(long, value_name = "PATH")]
     protect: Vec<PathBuf>,
+    /// A directory holding the database's Unix sockets, to cover (repeatable;
+    /// /run/postgresql and /var/run/postgresql always are).
+    #[arg(long, value_name = "DIR")]
+    cover_sockets: Vec<PathBuf>,
+    /// The most processes the command may run at once.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().processes)]
+    max_processes: u32,
+    /// The most memory the command may use, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().memory)]
+    max_memory: u64,
+    /// The most CPU time each process may use, in seconds [default: no limit].
+    #[arg(long, value_name = "SECS")]
+    max_cpu_secs: Option<u64>,
+    /// The largest file the command may write, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().file_size)]
+    max_file_size: u64,
+    /// The size of the command's private /tmp and /dev/shm, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().tmp_size)]
+    tmp_size: u64,
     /// Do not use namespaces (the fallback of hosts that allow none).
     #[arg(long, hide = true)]
     no_namespaces: bool,
@@ -55,9 +74,12 @@ pub(crate) struct SandboxExecArgs {
     /// Second stage: the supervisor made the mounts read-only.
     #[arg(long, hide = true)]
     read_only_mounts: bool,
-    /// Second stage: how many protected paths the supervisor covered.
-    #[arg(long, hide = true, default_value_t = 0)]
-    covered: usize,
+    /// Second stage: what else the supervisor did to the mounts (repeatable).
+    #[arg(long, hide = true, value_name = "NOTE")]
+    mount_note: Vec<String>,
+    /// Second stage: what the call's cgroup limits (`v1,pids,memory`).
+    #[arg(long, hide = true, value_name = "LIMITS")]
+    cgroup: Option<String>,
     /// Second stage: why no namespaces could be created.
     #[arg(long, hide = true, value_name = "REASON")]
     no_namespaces_because: Option<String>,
@@ -92,18 +114,34 @@ pub(crate) fn sandbox_exec(args: SandboxExecArgs) -> ExitCode {
         workspace,
         network: args.network,
         protected: args.protect,
+        sockets: args.cover_sockets,
+        limits: Limits {
+            processes: args.max_processes,
+            memory: args.max_memory,
+            cpu_time: args.max_cpu_secs.map(std::time::Duration::from_secs),
+            file_size: args.max_file_size,
+            tmp_size: args.tmp_size,
+        },
         namespaces: !args.no_namespaces,
         command: args.command,
     };
     if args.confine {
+        let cgroup = match args.cgroup.as_deref().map(launcher::parse_cgroup_flag).transpose() {
+            Ok(cgroup) => cgroup,
+            Err(error) => {
+                eprintln!("keel sandbox-exec: {error}");
+                return ExitCode::from(126);
+            }
+        };
         let confinement = Confinement {
             namespaces: args.in_namespaces,
             user_namespace: args.user_namespace,
             network_namespace: args.network_namespace,
             read_only_mounts: args.read_only_mounts,
-            covered: args.covered,
+            mount_notes: args.mount_note,
+            cgroup,
         };
-        launcher::confine_and_exec(&launch, confinement, args.no_namespaces_because.as_deref())
+        launcher::confine_and_exec(&launch, &confinement, args.no_namespaces_because.as_deref())
     } else {
         launcher::supervise(&launch)
     }

@@ -199,8 +199,10 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.default_model = default_model;
     config.workspace_root = workspace_root;
     // Shell commands are started through this binary's hidden
-    // `sandbox-exec` command, which applies the sandbox and runs them.
-    config.launcher = std::env::current_exe().ok();
+    // `sandbox-exec` command, which applies the sandbox and runs them:
+    // executed as the running binary itself, never by a path a command
+    // could replace.
+    config.launcher = Some(keel::tools::workspace::sandbox::launcher::SELF_EXE.into());
     config.token = token;
     config.cors_origin = args.cors_origin.clone();
     config.max_live_sessions = args.max_live_sessions;

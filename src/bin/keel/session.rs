@@ -187,8 +187,10 @@ pub(crate) async fn agent_config(
             tools_config.sandbox = policy;
         }
         // The shell's commands are started through this binary's hidden
-        // `sandbox-exec` command, which applies the sandbox and runs them.
-        let launcher = std::env::current_exe().ok();
+        // `sandbox-exec` command, which applies the sandbox and runs them:
+        // executed as the running binary itself, never by a path a command
+        // could replace.
+        let launcher = Some(keel::tools::workspace::sandbox::launcher::SELF_EXE.into());
         keel_config.install_tools(&mut config, &tools_config, launcher).await;
     }
     config

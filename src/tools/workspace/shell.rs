@@ -80,11 +80,13 @@ pub struct ShellConfig {
     pub max_timeout: Duration,
     /// The most bytes kept of each of stdout and stderr; the rest is counted.
     pub output_cap: usize,
+    /// The resource limits of each call (applied by the launcher).
+    pub limits: sandbox::Limits,
 }
 
 impl Default for ShellConfig {
     /// Workspace-write without network, no launcher, 60 s (at most 10
-    /// min), 64 KiB per stream.
+    /// min), 64 KiB per stream, the default [`sandbox::Limits`].
     fn default() -> Self {
         Self {
             sandbox: SandboxPolicy::WorkspaceWrite,
@@ -93,6 +95,7 @@ impl Default for ShellConfig {
             timeout: Duration::from_secs(60),
             max_timeout: Duration::from_secs(600),
             output_cap: 64 * 1024,
+            limits: sandbox::Limits::default(),
         }
     }
 }
@@ -121,16 +124,19 @@ impl ShellTool {
     }
 
     /// The command to spawn, and whether it goes through the launcher.
-    fn command(&self, root: &std::path::Path, command: &str) -> (tokio::process::Command, bool) {
+    fn command(&self, root: &std::path::Path, command: &str, timeout: Duration) -> (tokio::process::Command, bool) {
         let shell_arguments = [OsStr::new("-c"), OsStr::new(command)];
         match &self.config.launcher {
             Some(launcher) => {
                 let protected = sandbox::protected_paths();
+                let sockets = sandbox::socket_directories();
                 let options = sandbox::LaunchOptions {
                     policy: self.config.sandbox,
                     workspace: root,
                     network: self.config.network,
                     protected: &protected,
+                    sockets: &sockets,
+                    limits: self.config.limits.for_timeout(timeout),
                 };
                 let mut spawned = tokio::process::Command::new(launcher);
                 spawned.args(sandbox::launcher_arguments(
@@ -150,7 +156,7 @@ impl ShellTool {
 
     async fn run(&self, command: &str, timeout: Duration, context: &ToolContext) -> Result<String, ToolError> {
         let workspace = Workspace::new(&context.workspace)?;
-        let (mut spawned, launched) = self.command(workspace.root(), command);
+        let (mut spawned, launched) = self.command(workspace.root(), command, timeout);
         spawned
             .current_dir(workspace.root())
             .env_clear()
@@ -217,7 +223,11 @@ impl ShellTool {
             (ended, !drained)
         };
 
-        let status = self.sandbox_status(launched, err.status.take());
+        let confirmed = err.status.take();
+        if launched && confirmed.is_none() {
+            return Err(unconfirmed(self.config.sandbox, &err.kept));
+        }
+        let status = self.sandbox_status(launched, confirmed);
         let mut report = status.line();
         report.push('\n');
         let failed = match &ended {
@@ -305,10 +315,27 @@ impl ShellTool {
                 },
             );
         }
-        reported.unwrap_or_else(|| {
-            SandboxStatus::unrestricted(policy, "the sandbox launcher did not start the command; see stderr")
-        })
+        reported
+            .unwrap_or_else(|| SandboxStatus::unrestricted(policy, "the sandbox launcher did not confirm the sandbox"))
     }
+}
+
+/// The result of a call whose launcher did not report the sandbox it
+/// applied: whatever ran did so unconfirmed (a failed launcher, or not the
+/// launcher at all), so none of its output is returned; its stderr goes
+/// to Keel's log for the operator.
+fn unconfirmed(policy: SandboxPolicy, stderr: &[u8]) -> ToolError {
+    let shown = &stderr[..stderr.len().min(MAX_STATUS_LINE)];
+    tracing::warn!(
+        stderr = %String::from_utf8_lossy(shown),
+        "the sandbox launcher did not confirm the sandbox; the command's output was withheld"
+    );
+    let status = SandboxStatus::unrestricted(policy, "the sandbox launcher did not confirm the sandbox");
+    ToolError::Failed(format!(
+        "{}\n[the command's output is withheld: the launcher did not confirm the sandbox, so it may have run \
+         without one; Keel's log has the launcher's error]\n",
+        status.line()
+    ))
 }
 
 impl Tool for ShellTool {

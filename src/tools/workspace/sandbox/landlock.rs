@@ -69,9 +69,17 @@ impl Applied {
 
 /// Applies `policy` (not full access) to the calling thread and everything
 /// it executes, irreversibly. `writable` are the places the policy lets the
-/// command write; `network` whether it may use the network.
-pub(super) fn restrict_self(policy: SandboxPolicy, writable: &[&Path], network: bool) -> Result<Applied, SandboxError> {
-    let ruleset = build(policy, writable, network)?;
+/// command write; `devices` the device files (or directories of them) it
+/// may write and control besides `/dev/null` (the minimal `/dev`'s
+/// terminals, which are the command's own); `network` whether it may use
+/// the network.
+pub(super) fn restrict_self(
+    policy: SandboxPolicy,
+    writable: &[&Path],
+    devices: &[&Path],
+    network: bool,
+) -> Result<Applied, SandboxError> {
+    let ruleset = build(policy, writable, devices, network)?;
     let status = ruleset
         .restrict_self()
         .map_err(|error| SandboxError::Landlock(error.to_string()))?;
@@ -90,7 +98,7 @@ pub(super) fn restrict_self(policy: SandboxPolicy, writable: &[&Path], network: 
 /// building the ruleset (without any writable place) and dropping it: the
 /// caller is not restricted.
 pub(super) fn can_enforce(policy: SandboxPolicy) -> Result<(), String> {
-    match build(policy, &[], true).map(Option::<std::os::fd::OwnedFd>::from) {
+    match build(policy, &[], &[], true).map(Option::<std::os::fd::OwnedFd>::from) {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err("landlock unavailable on this kernel".into()),
         Err(error) => Err(format!("landlock refused the ruleset: {error}")),
@@ -136,7 +144,12 @@ pub(super) fn unavailable_reason(landlock: LandlockStatus) -> String {
 /// signals to processes outside the sandbox. Best effort: what the
 /// running kernel's Landlock lacks is left out, and the status of
 /// [`restrict_self`] says which ABI applied.
-fn build(policy: SandboxPolicy, writable: &[&Path], network: bool) -> Result<RulesetCreated, SandboxError> {
+fn build(
+    policy: SandboxPolicy,
+    writable: &[&Path],
+    devices: &[&Path],
+    network: bool,
+) -> Result<RulesetCreated, SandboxError> {
     let landlock = |error: landlock::RulesetError| SandboxError::Landlock(error.to_string());
     let mut handled = AccessFs::from_all(FS_ABI);
     if !network {
@@ -166,10 +179,15 @@ fn build(policy: SandboxPolicy, writable: &[&Path], network: bool) -> Result<Rul
         .add_rule(PathBeneath::new(open("/")?, read))
         .map_err(landlock)?;
     // Discarding output (`> /dev/null`) must keep working, even read-only.
-    if let Ok(null) = PathFd::new("/dev/null") {
-        ruleset = ruleset
-            .add_rule(PathBeneath::new(null, AccessFs::from_file(FS_ABI)))
-            .map_err(landlock)?;
+    for device in std::iter::once(Path::new("/dev/null")).chain(devices.iter().copied()) {
+        if let Ok(fd) = PathFd::new(device) {
+            let access = if device.is_dir() {
+                AccessFs::from_file(FS_ABI) | AccessFs::from_read(FS_ABI)
+            } else {
+                AccessFs::from_file(FS_ABI)
+            };
+            ruleset = ruleset.add_rule(PathBeneath::new(fd, access)).map_err(landlock)?;
+        }
     }
     if policy == SandboxPolicy::WorkspaceWrite {
         for place in writable {

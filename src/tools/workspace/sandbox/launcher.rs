@@ -7,25 +7,38 @@
 //! restricts only the calling thread, and a user namespace can only be
 //! entered by a single-threaded process), so the binary dispatches them
 //! before starting its async runtime.
+//!
+//! The supervisor starts the confiner from [`SELF_EXE`], the kernel's
+//! reference to the running binary, never from a path: a command may
+//! write the path the binary was started from (a `keel` inside the
+//! workspace, or under `/tmp`), and must not decide what the next sandbox
+//! runs.
 
 use std::ffi::OsString;
 use std::io::Write as _;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, ExitStatus};
+use std::process::{Command, ExitCode};
 
-use nix::errno::Errno;
-use nix::sys::signal::{Signal, kill, raise};
-use nix::sys::wait::{WaitStatus, waitpid};
-use nix::unistd::{Pid, getpid, getuid};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::{Pid, getuid};
 
+use super::init::{Ended, end_by, exit_as, run_as_init};
 use super::landlock::{self, Applied};
-use super::namespaces::{self, Namespaces};
+use super::limits::{self, Cgroup, CgroupLimits, CgroupVersion, Limits};
+use super::namespaces::{self, MountPlan, Namespaces};
 use super::reaper::{self, Waited};
 use super::{
-    LAUNCHER_SUBCOMMAND, LaunchOptions, NETWORK_BLOCKED, SandboxError, SandboxPolicy, SandboxStatus, option_arguments,
-    privileges, seccomp, status_report_line,
+    LAUNCHER_SUBCOMMAND, LaunchOptions, NETWORK_BLOCKED, SandboxError, SandboxPolicy, SandboxStatus,
+    USUAL_SOCKET_DIRECTORIES, option_arguments, privileges, seccomp, status_report_line,
 };
+
+/// The running binary, as the kernel knows it (`/proc/self/exe`, resolved
+/// by the process that executes it: Keel's child, a copy of Keel). It
+/// names the binary's file itself, so replacing the file at its path (a
+/// rename over it; writing into it is refused while it runs) changes
+/// nothing. Use it as [`ShellConfig::launcher`](crate::tools::workspace::ShellConfig::launcher).
+pub const SELF_EXE: &str = "/proc/self/exe";
 
 /// What the launcher was asked to run, as parsed from its arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +51,11 @@ pub struct Launch {
     pub network: bool,
     /// Paths to cover.
     pub protected: Vec<PathBuf>,
+    /// Directories of database sockets to cover, besides
+    /// [`USUAL_SOCKET_DIRECTORIES`].
+    pub sockets: Vec<PathBuf>,
+    /// The call's resource limits.
+    pub limits: Limits,
     /// Whether to try namespaces at all; without them the launcher uses its
     /// fallback (Landlock, seccomp and a subreaper), as on a host that
     /// allows none.
@@ -47,7 +65,7 @@ pub struct Launch {
 }
 
 /// Where the supervisor put the confiner: the flags it passes on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Confinement {
     /// Whether the confiner runs in new namespaces (PID, mount, maybe
     /// network).
@@ -58,8 +76,11 @@ pub struct Confinement {
     pub network_namespace: bool,
     /// Whether the supervisor made the mounts read-only.
     pub read_only_mounts: bool,
-    /// How many protected paths the supervisor covered.
-    pub covered: usize,
+    /// What else the supervisor did to the mounts, for the status line
+    /// (`3 protected paths covered`, `minimal /dev`, `private /tmp`, …).
+    pub mount_notes: Vec<String>,
+    /// What the call's cgroup limits, if it has one.
+    pub cgroup: Option<CgroupLimits>,
 }
 
 /// The flag that makes the launcher the confiner (second stage).
@@ -72,6 +93,8 @@ impl Launch {
             workspace: &self.workspace,
             network: self.network,
             protected: &self.protected,
+            sockets: &self.sockets,
+            limits: self.limits,
         }
     }
 
@@ -81,21 +104,39 @@ impl Launch {
         self.network || self.policy == SandboxPolicy::FullAccess
     }
 
-    /// The places the command may write.
-    fn writable(&self) -> Vec<PathBuf> {
-        match self.policy {
-            SandboxPolicy::WorkspaceWrite => vec![
-                namespaces::real_path(&self.workspace),
-                namespaces::real_path(&std::env::temp_dir()),
-            ],
-            _ => Vec::new(),
+    /// The places the command may write: under workspace-write the
+    /// workspace and, in namespaces, the call's private `/tmp` and
+    /// `/dev/shm` (without them, the shared temporary directory).
+    fn writable(&self, in_namespaces: bool) -> Vec<PathBuf> {
+        if self.policy != SandboxPolicy::WorkspaceWrite {
+            return Vec::new();
         }
+        let mut places = vec![namespaces::real_path(&self.workspace)];
+        if in_namespaces {
+            places.extend(["/tmp", "/dev/shm"].map(PathBuf::from));
+        } else {
+            places.push(namespaces::real_path(&std::env::temp_dir()));
+        }
+        places
+    }
+
+    /// Every socket directory to cover.
+    fn socket_directories(&self) -> Vec<PathBuf> {
+        let mut all: Vec<PathBuf> = USUAL_SOCKET_DIRECTORIES.iter().map(PathBuf::from).collect();
+        all.extend(self.sockets.iter().cloned());
+        all
     }
 }
 
-/// The first stage: creates the namespaces, starts the confiner in them,
-/// waits for the command and cleans up after it. Returns the command's
-/// exit code (or ends by the signal that killed it).
+/// Refuses to run the command: says why on stderr, exit code 126.
+fn refuse(policy: SandboxPolicy, error: impl std::fmt::Display) -> ExitCode {
+    eprintln!("keel sandbox-exec: cannot apply the {policy} sandbox, so the command was not run: {error}");
+    ExitCode::from(126)
+}
+
+/// The first stage: creates the call's cgroup and the namespaces, starts
+/// the confiner in them, waits for the command and cleans up after it.
+/// Returns the command's exit code (or ends by the signal that killed it).
 pub fn supervise(launch: &Launch) -> ExitCode {
     if launch.command.is_empty() {
         eprintln!("keel sandbox-exec: no command given (put it after --)");
@@ -106,19 +147,24 @@ pub fn supervise(launch: &Launch) -> ExitCode {
             path: launch.workspace.display().to_string(),
             message: error.to_string(),
         };
-        eprintln!(
-            "keel sandbox-exec: cannot apply the {} sandbox, so the command was not run: {error}",
-            launch.policy
-        );
-        return ExitCode::from(126);
+        return refuse(launch.policy, error);
     }
     let signals = reaper::block_stop_signals();
+    // Before the namespaces: its files are opened on the host's mounts,
+    // which stay writable for this process alone.
+    let mut cgroup = match Cgroup::create(&launch.limits) {
+        Ok(cgroup) => Some(cgroup),
+        Err(reason) => {
+            tracing::debug!(%reason, "no cgroup for the call");
+            None
+        }
+    };
     let attempt = if launch.namespaces {
         namespaces::unshare(launch.network_allowed())
     } else {
         Err("turned off".to_owned())
     };
-    let (confinement, fallback_reason) = match attempt {
+    let (mut confinement, fallback_reason) = match attempt {
         Ok(Namespaces { user, network }) => (
             Confinement {
                 namespaces: true,
@@ -130,24 +176,19 @@ pub fn supervise(launch: &Launch) -> ExitCode {
         ),
         Err(reason) => (Confinement::default(), Some(reason)),
     };
+    confinement.cgroup = cgroup.as_ref().map(Cgroup::limits);
     if !confinement.namespaces {
         // Orphans of the command become this process's children, so that
         // it can kill them all at the end.
         let _ = nix::sys::prctl::set_child_subreaper(true);
     }
-    let mut mounts = None;
     if confinement.namespaces {
-        let restricted = launch.policy != SandboxPolicy::FullAccess;
-        let hidden: &[PathBuf] = if restricted { &launch.protected } else { &[] };
-        match namespaces::confine_mounts(restricted, &launch.writable(), hidden) {
-            Ok(report) => mounts = Some(report),
-            Err(error) => {
-                eprintln!(
-                    "keel sandbox-exec: cannot apply the {} sandbox, so the command was not run: {error}",
-                    launch.policy
-                );
-                return ExitCode::from(126);
+        match set_up_mounts(launch) {
+            Ok((read_only, notes)) => {
+                confinement.read_only_mounts = read_only;
+                confinement.mount_notes = notes;
             }
+            Err(error) => return refuse(launch.policy, error),
         }
         // The working directory still points into the mount beneath the
         // writable bind: enter the workspace again through the new one.
@@ -162,20 +203,11 @@ pub fn supervise(launch: &Launch) -> ExitCode {
         eprintln!("keel sandbox-exec: cannot hand the confiner its capabilities: {error}");
         return ExitCode::from(126);
     }
-    let program = match std::env::current_exe() {
-        Ok(program) => program,
-        Err(error) => {
-            eprintln!("keel sandbox-exec: cannot find the keel binary: {error}");
-            return ExitCode::from(126);
-        }
-    };
-    let mut confiner = Command::new(program);
-    confiner.args(confiner_arguments(
-        launch,
-        confinement,
-        mounts.as_ref(),
-        fallback_reason.as_deref(),
-    ));
+    // Outside the command's namespaces, but its descendant: with no other
+    // user, a command of the fallback could otherwise trace this process.
+    let _ = nix::sys::prctl::set_dumpable(false);
+    let mut confiner = Command::new(SELF_EXE);
+    confiner.args(confiner_arguments(launch, &confinement, fallback_reason.as_deref()));
     // In namespaces the confiner stays as PID 1 and tells how the command
     // ended through a pipe given as its standard input (the command gets
     // an empty one), since PID 1 cannot end by the command's signal.
@@ -197,7 +229,17 @@ pub fn supervise(launch: &Launch) -> ExitCode {
     // the shared address space of posix_spawn's vfork across PID
     // namespaces.
     confiner.uid(getuid().as_raw());
+    // The confiner is born in the call's cgroup, so it is counted before
+    // it can start anything.
+    if let Some(group) = &mut cgroup
+        && let Err(error) = group.enter()
+    {
+        return refuse(launch.policy, error);
+    }
     let spawned = confiner.spawn();
+    if let Some(group) = &mut cgroup {
+        group.leave();
+    }
     // The confiner holds the pipe's writing end now; this copy must go, so
     // that reading sees the end once the confiner is gone.
     drop(confiner);
@@ -222,6 +264,9 @@ pub fn supervise(launch: &Launch) -> ExitCode {
     if !confinement.namespaces {
         reaper::kill_descendants();
     }
+    if let Some(group) = cgroup {
+        group.remove();
+    }
     reaper::unblock_stop_signals();
     let ended = report.and_then(|mut reader| {
         let mut text = String::new();
@@ -244,27 +289,69 @@ pub fn supervise(launch: &Launch) -> ExitCode {
     }
 }
 
+/// Sets up the command's mount namespace (see [`namespaces::confine_mounts`]);
+/// returns whether the mounts are read-only, and notes for the status.
+fn set_up_mounts(launch: &Launch) -> Result<(bool, Vec<String>), String> {
+    let restricted = launch.policy != SandboxPolicy::FullAccess;
+    let writable = launch.writable(true);
+    let sockets = launch.socket_directories();
+    let report = namespaces::confine_mounts(&MountPlan {
+        restricted,
+        workspace: &launch.workspace,
+        writable: &writable,
+        hidden: if restricted { &launch.protected } else { &[] },
+        sockets: &sockets,
+        tmp_size: launch.limits.tmp_size,
+    })?;
+    let mut notes = Vec::new();
+    if report.hidden > 0 {
+        notes.push(format!("{} protected paths covered", report.hidden));
+    }
+    if let Some(dev) = report.dev {
+        notes.push(
+            if dev.pts {
+                "minimal /dev"
+            } else {
+                "minimal /dev (no pts)"
+            }
+            .to_owned(),
+        );
+    }
+    if restricted {
+        let mut covered: Vec<String> = Vec::new();
+        if report.private_tmp {
+            notes.push("private /tmp".into());
+            covered.push("private /tmp".into());
+        } else {
+            notes.push("/tmp is the workspace".into());
+        }
+        covered.extend(report.sockets.iter().map(|dir| dir.display().to_string()));
+        notes.push(format!("database sockets covered ({})", covered.join(", ")));
+    }
+    Ok((report.read_only, notes))
+}
+
 /// The confiner's arguments: the same options but the protected paths
 /// (the command can read PID 1's command line), the confinement, the
 /// command.
-fn confiner_arguments(
-    launch: &Launch,
-    confinement: Confinement,
-    mounts: Option<&namespaces::MountReport>,
-    fallback: Option<&str>,
-) -> Vec<OsString> {
+fn confiner_arguments(launch: &Launch, confinement: &Confinement, fallback: Option<&str>) -> Vec<OsString> {
     let mut all: Vec<OsString> = vec![LAUNCHER_SUBCOMMAND.into(), CONFINE_FLAG.into()];
     let options = LaunchOptions {
         protected: &[],
+        sockets: &[],
         ..launch.options()
     };
     all.extend(option_arguments(&options));
-    if let Some(mounts) = mounts {
-        if mounts.read_only {
-            all.push("--read-only-mounts".into());
-        }
-        all.push("--covered".into());
-        all.push(mounts.hidden.to_string().into());
+    if confinement.read_only_mounts {
+        all.push("--read-only-mounts".into());
+    }
+    for note in &confinement.mount_notes {
+        all.push("--mount-note".into());
+        all.push(note.into());
+    }
+    if let Some(cgroup) = confinement.cgroup {
+        all.push("--cgroup".into());
+        all.push(cgroup_flag(cgroup).into());
     }
     if confinement.namespaces {
         all.push("--in-namespaces".into());
@@ -284,13 +371,37 @@ fn confiner_arguments(
     all
 }
 
+/// A cgroup's limits as the confiner's `--cgroup` flag: `v1,pids,memory`.
+fn cgroup_flag(cgroup: CgroupLimits) -> String {
+    let mut parts = vec![cgroup.version.as_str()];
+    if cgroup.pids {
+        parts.push("pids");
+    }
+    if cgroup.memory {
+        parts.push("memory");
+    }
+    parts.join(",")
+}
+
+/// The limits of a `--cgroup` flag, as the supervisor writes it (`v1,pids,memory`).
+pub fn parse_cgroup_flag(flag: &str) -> Result<CgroupLimits, String> {
+    let mut parts = flag.split(',');
+    let version: CgroupVersion = parts.next().unwrap_or_default().parse()?;
+    let rest: Vec<&str> = parts.collect();
+    Ok(CgroupLimits {
+        version,
+        pids: rest.contains(&"pids"),
+        memory: rest.contains(&"memory"),
+    })
+}
+
 /// The second stage: restricts this process as far as it can, reports
 /// what applied on stderr and runs the command: in namespaces as its
-/// child (this process stays as PID 1, see [`run_as_init`]), otherwise by
+/// child (this process stays as PID 1 and reaps orphans), otherwise by
 /// becoming it. Returns when the command ended (in namespaces), or when the
 /// sandbox could not be applied (126) or the command could not run (126,
 /// or 127 when it was not found).
-pub fn confine_and_exec(launch: &Launch, confinement: Confinement, fallback_reason: Option<&str>) -> ExitCode {
+pub fn confine_and_exec(launch: &Launch, confinement: &Confinement, fallback_reason: Option<&str>) -> ExitCode {
     let Some((program, arguments)) = launch.command.split_first() else {
         eprintln!("keel sandbox-exec: no command given (put it after --)");
         return ExitCode::from(126);
@@ -311,13 +422,7 @@ pub fn confine_and_exec(launch: &Launch, confinement: Confinement, fallback_reas
                 return run_as_init(program, arguments, report);
             }
         }
-        Err(error) => {
-            eprintln!(
-                "keel sandbox-exec: cannot apply the {} sandbox, so the command was not run: {error}",
-                launch.policy
-            );
-            return ExitCode::from(126);
-        }
+        Err(error) => return refuse(launch.policy, error),
     }
     let error = Command::new(program).args(arguments).exec();
     eprintln!("keel sandbox-exec: cannot run {}: {error}", program.to_string_lossy());
@@ -330,15 +435,16 @@ pub fn confine_and_exec(launch: &Launch, confinement: Confinement, fallback_reas
 
 /// Applies every layer the policy calls for, in the order each needs:
 /// mounts (which need privileges), then dropping the privileges, then
-/// Landlock and seccomp (which need none).
+/// Landlock and seccomp (which need none), then the rlimits; and makes this
+/// process non-dumpable, so that the command (same user, no capabilities)
+/// cannot trace or stop it.
 fn confine(
     launch: &Launch,
-    confinement: Confinement,
+    confinement: &Confinement,
     fallback_reason: Option<&str>,
 ) -> Result<(SandboxStatus, Option<std::fs::File>), SandboxError> {
     let restricted = launch.policy != SandboxPolicy::FullAccess;
     let mut parts: Vec<String> = Vec::new();
-    let mut read_only_mounts = false;
     let mut report_to = None;
     if confinement.namespaces {
         let private_proc = namespaces::mount_private_proc();
@@ -352,11 +458,11 @@ fn confine(
         .describe();
         let mut text = format!("namespaces ({names})");
         if confinement.read_only_mounts {
-            read_only_mounts = true;
             text.push_str(", read-only mounts");
         }
-        if confinement.covered > 0 {
-            text.push_str(&format!(", {} protected paths covered", confinement.covered));
+        for note in &confinement.mount_notes {
+            text.push_str(", ");
+            text.push_str(note);
         }
         if !private_proc {
             text.push_str(", host /proc visible");
@@ -367,7 +473,8 @@ fn confine(
         parts.push(format!(
             "no namespaces ({reason}): a subreaper ends the command's processes{}",
             if restricted {
-                "; metadata outside the workspace and Keel's files not covered"
+                "; metadata outside the workspace, Keel's files, the host's /dev and /tmp and \
+                 database sockets not covered"
             } else {
                 ""
             }
@@ -378,9 +485,21 @@ fn confine(
     if restricted {
         privileges::drop_all().map_err(SandboxError::Confinement)?;
         parts.push("no capabilities".into());
-        let writable = launch.writable();
+        let writable = launch.writable(confinement.namespaces);
         let writable: Vec<&Path> = writable.iter().map(PathBuf::as_path).collect();
-        let applied = landlock::restrict_self(launch.policy, &writable, launch.network)?;
+        // The minimal /dev's terminals and devices are the command's own;
+        // the host's (without namespaces) are not.
+        let devices: &[&Path] = if confinement.namespaces {
+            &[
+                Path::new("/dev/zero"),
+                Path::new("/dev/full"),
+                Path::new("/dev/tty"),
+                Path::new("/dev/pts"),
+            ]
+        } else {
+            &[]
+        };
+        let applied = landlock::restrict_self(launch.policy, &writable, devices, launch.network)?;
         landlock_enforced = applied.enforced();
         if let Applied::Enforced { features, .. } = &applied
             && features.contains(&"tcp")
@@ -402,6 +521,13 @@ fn confine(
     } else {
         parts.insert(0, "the policy restricts nothing".into());
     }
+    let rlimits = limits::apply_rlimits(&launch.limits).map_err(SandboxError::Confinement)?;
+    parts.push(format!(
+        "limits: {}, {rlimits}",
+        limits::describe_cgroup(confinement.cgroup, &launch.limits)
+    ));
+    nix::sys::prctl::set_dumpable(false)
+        .map_err(|error| SandboxError::Confinement(format!("cannot make the confiner non-dumpable: {error}")))?;
     if network_blocked {
         parts.push(NETWORK_BLOCKED.into());
     } else if launch.network_allowed() {
@@ -411,132 +537,27 @@ fn confine(
     }
     let status = SandboxStatus {
         policy: launch.policy,
-        enforced: restricted && (read_only_mounts || landlock_enforced),
+        enforced: restricted && (confinement.read_only_mounts || landlock_enforced),
         detail: parts.join("; "),
         network_blocked,
     };
     Ok((status, report_to))
 }
 
-/// How the command ended, as the confiner reports it to the supervisor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ended {
-    Code(u8),
-    Signal(Signal),
-}
-
-impl Ended {
-    fn of(status: WaitStatus) -> Option<Self> {
-        match status {
-            WaitStatus::Exited(_, code) => Some(Self::Code(u8::try_from(code).unwrap_or(u8::MAX))),
-            WaitStatus::Signaled(_, signal, _) => Some(Self::Signal(signal)),
-            _ => None,
-        }
-    }
-
-    fn to_text(self) -> String {
-        match self {
-            Self::Code(code) => format!("code {code}"),
-            Self::Signal(signal) => format!("signal {}", signal as i32),
-        }
-    }
-
-    fn parse(text: &str) -> Option<Self> {
-        let (kind, number) = text.trim().split_once(' ')?;
-        match kind {
-            "code" => number.parse().ok().map(Self::Code),
-            "signal" => number
-                .parse::<i32>()
-                .ok()
-                .and_then(|number| Signal::try_from(number).ok())
-                .map(Self::Signal),
-            _ => None,
-        }
-    }
-}
-
-/// PID 1 of the command's namespace: starts the command as its child,
-/// reaps every orphan until the command ends, kills what is left, tells
-/// the supervisor how the command ended and exits; the kernel then ends
-/// the namespace. The command is not PID 1 itself, so that it can be
-/// ended by its own signals as anywhere else.
-fn run_as_init(program: &OsString, arguments: &[OsString], report: Option<std::fs::File>) -> ExitCode {
-    let child = match Command::new(program)
-        .args(arguments)
-        .stdin(std::process::Stdio::null())
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(error) => {
-            eprintln!("keel sandbox-exec: cannot run {}: {error}", program.to_string_lossy());
-            return if error.kind() == std::io::ErrorKind::NotFound {
-                ExitCode::from(127)
-            } else {
-                ExitCode::from(126)
-            };
-        }
-    };
-    let command = i32::try_from(child.id()).ok().map(Pid::from_raw);
-    let ended = loop {
-        match waitpid(None, None) {
-            Ok(status) if status.pid() == command => break Ended::of(status),
-            Ok(_) | Err(Errno::EINTR) => {}
-            Err(_) => break None,
-        }
-    };
-    // Only PID 1 of a PID namespace may do this: it ends every other
-    // process of the namespace, and nothing outside it.
-    if getpid().as_raw() == 1 {
-        let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
-        while waitpid(None, None).is_ok() {}
-    }
-    let ended = ended.unwrap_or(Ended::Code(126));
-    if let Some(mut report) = report {
-        let _ = report.write_all(ended.to_text().as_bytes());
-    }
-    match ended {
-        Ended::Code(code) => ExitCode::from(code),
-        Ended::Signal(signal) => ExitCode::from(u8::try_from(128 + signal as i32).unwrap_or(u8::MAX)),
-    }
-}
-
-/// Ends this process by `signal`: the command's, or the one that asked the
-/// supervisor to stop (`SIGKILL` when it lost its parent).
-fn end_by(signal: Signal) -> ExitCode {
-    let _ = raise(signal);
-    ExitCode::from(u8::try_from(128 + signal as i32).unwrap_or(u8::MAX))
-}
-
-/// Ends this process the way the command ended: with its exit code, or by
-/// the signal that killed it, so Keel reports what happened to the command.
-fn exit_as(status: ExitStatus) -> ExitCode {
-    if let Some(code) = status.code() {
-        return ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
-    }
-    let signal = status.signal().unwrap_or(Signal::SIGKILL as i32);
-    if let Ok(signal) = Signal::try_from(signal) {
-        // Nothing here catches signals, so this ends the process as it
-        // ended the command.
-        let _ = raise(signal);
-    }
-    // The signal is ignored here (Rust ignores SIGPIPE) or does not end a
-    // process: say which it was, as a shell would.
-    ExitCode::from(u8::try_from(128 + signal).unwrap_or(u8::MAX))
-}
-
 /// Probes what the launcher would enforce for `policy`: runs `true` under
 /// it in the temporary directory (this process is the supervisor) and
 /// returns the confiner's report.
 pub fn probe(policy: SandboxPolicy, network: bool) -> Result<SandboxStatus, String> {
-    let program = std::env::current_exe().map_err(|error| format!("cannot find the keel binary: {error}"))?;
     let workspace = std::env::temp_dir();
     let options = LaunchOptions {
         policy,
         workspace: &workspace,
         network,
         protected: &[],
+        sockets: &[],
+        limits: Limits::default(),
     };
-    let output = Command::new(program)
+    let output = Command::new(SELF_EXE)
         .args(super::launcher_arguments(&options, "true".as_ref(), &[]))
         .current_dir(&workspace)
         .output()
@@ -551,19 +572,4 @@ pub fn probe(policy: SandboxPolicy, network: bool) -> Result<SandboxStatus, Stri
                 String::from_utf8_lossy(&output.stderr).trim()
             )
         })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn endings_round_trip_as_text() {
-        for ended in [Ended::Code(0), Ended::Code(143), Ended::Signal(Signal::SIGTERM)] {
-            assert_eq!(Ended::parse(&ended.to_text()), Some(ended));
-        }
-        assert_eq!(Ended::parse(""), None);
-        assert_eq!(Ended::parse("signal 999"), None);
-        assert_eq!(Ended::parse("code x"), None);
-    }
 }

@@ -26,39 +26,50 @@
 //!
 //! What each [`SandboxPolicy`] allows:
 //!
-//! | policy | read and execute | write | network |
-//! |---|---|---|---|
-//! | `read-only` | everywhere but Keel's protected files | only `/dev/null` | only if allowed |
-//! | `workspace-write` | everywhere but Keel's protected files | the workspace, the temporary directory (`/tmp`), `/dev/null` | only if allowed |
-//! | `full-access` | everywhere | everywhere | yes |
+//! | policy | read and execute | write | devices, `/tmp`, database socket | network |
+//! |---|---|---|---|---|
+//! | `read-only` | everywhere but Keel's protected files | only `/dev/null` | minimal `/dev`, private `/tmp` (read-only), socket covered | only if allowed |
+//! | `workspace-write` | everywhere but Keel's protected files | the workspace, the call's private `/tmp` and `/dev/shm`, `/dev/null` | minimal `/dev`, private `/tmp`, socket covered | only if allowed |
+//! | `full-access` | everywhere | everywhere | the host's | yes |
 //!
 //! "Write" covers creating, changing, truncating, renaming and removing
 //! files and directories, and changing their metadata (mode, owner, times,
 //! extended attributes): a read-only mount refuses all of them. Every
 //! policy, `full-access` included, runs the command in its own PID
-//! namespace, so nothing it starts outlives the call or Keel.
+//! namespace, so nothing it starts outlives the call or Keel, and under the
+//! call's resource [`Limits`] (a cgroup where the machine allows one, and
+//! rlimits, see [`limits`]). The minimal `/dev` and the private `/tmp` are
+//! `private_mounts` module's; the launcher is always started from
+//! [`launcher::SELF_EXE`], never from a path a command could replace, and
+//! a call whose launcher does not report the sandbox fails without output.
 //!
 //! Where namespaces cannot be created (a container without
 //! `CAP_SYS_ADMIN` that also filters user namespaces), the launcher falls
 //! back to Landlock for the file system and TCP, seccomp for every other
 //! socket, and a subreaper supervisor that kills every descendant; the
-//! status then says that metadata changes and Keel's protected files are
-//! not covered. Where the kernel has no Landlock either, the file-system
+//! status then says that metadata changes, Keel's protected files, the
+//! host's `/dev` and `/tmp` and database sockets are not covered. Where the kernel has no Landlock either, the file-system
 //! policy is not enforced and the status says `not enforced`. A launcher
 //! that fails to apply what it can for any other reason refuses to run the
 //! command (exit code 126).
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+mod init;
 mod landlock;
 pub mod launcher;
+pub mod limits;
 mod namespaces;
+mod private_mounts;
 mod privileges;
 mod reaper;
 mod seccomp;
+
+pub use self::limits::Limits;
 
 /// What the shell's commands may change.
 ///
@@ -233,6 +244,11 @@ pub struct LaunchOptions<'a> {
     pub network: bool,
     /// Paths the command may not see (see [`protect`]).
     pub protected: &'a [PathBuf],
+    /// Directories that may hold the database's Unix sockets, covered
+    /// besides the usual ones (see [`cover_socket_directory`]).
+    pub sockets: &'a [PathBuf],
+    /// The call's resource limits.
+    pub limits: Limits,
 }
 
 /// The arguments to give the launcher binary (`keel`) so that it runs
@@ -261,7 +277,56 @@ fn option_arguments(options: &LaunchOptions<'_>) -> Vec<OsString> {
         all.push("--protect".into());
         all.push(path.as_os_str().to_os_string());
     }
+    for path in options.sockets {
+        all.push("--cover-sockets".into());
+        all.push(path.as_os_str().to_os_string());
+    }
+    all.extend(options.limits.arguments());
     all
+}
+
+/// Where PostgreSQL puts its Unix sockets when told nothing else (Debian
+/// and most packages; `/tmp`, the upstream default, is private to each
+/// call anyway): covered in every restricted sandbox.
+pub const USUAL_SOCKET_DIRECTORIES: [&str; 2] = ["/run/postgresql", "/var/run/postgresql"];
+
+/// Socket directories registered with [`cover_socket_directory`].
+static SOCKET_DIRECTORIES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Marks `directory` as one that holds the Unix socket of Keel's database
+/// (a PostgreSQL server's): every restricted sandbox covers it, so that no
+/// command connects to the database, whatever its local authentication.
+/// A read-only mount does not stop `connect()` on a socket file, and
+/// Landlock restricts Unix sockets only from ABI 9.
+pub fn cover_socket_directory(directory: &Path) {
+    let directory = std::path::absolute(directory).unwrap_or_else(|_| directory.to_path_buf());
+    if let Ok(mut directories) = SOCKET_DIRECTORIES.lock()
+        && !directories.contains(&directory)
+    {
+        directories.push(directory);
+    }
+}
+
+/// Registers the socket directories a `postgres://` URL connects through
+/// (its `host`s that are paths) with [`cover_socket_directory`]. A URL that
+/// does not parse registers nothing (connecting to it fails anyway).
+pub fn cover_postgres_sockets(url: &str) {
+    let Ok(config) = url.parse::<tokio_postgres::Config>() else {
+        return;
+    };
+    for host in config.get_hosts() {
+        if let tokio_postgres::config::Host::Unix(directory) = host {
+            cover_socket_directory(directory);
+        }
+    }
+}
+
+/// The directories registered with [`cover_socket_directory`].
+pub fn socket_directories() -> Vec<PathBuf> {
+    SOCKET_DIRECTORIES
+        .lock()
+        .map(|directories| directories.clone())
+        .unwrap_or_default()
 }
 
 /// The line the launcher writes to stderr before it runs the command.
@@ -377,6 +442,8 @@ mod tests {
             workspace: Path::new("/w s"),
             network: true,
             protected: &protected,
+            sockets: &[PathBuf::from("/srv/pg")],
+            limits: Limits::default(),
         };
         let arguments = launcher_arguments(
             &options,
@@ -394,6 +461,16 @@ mod tests {
                 "--network",
                 "--protect",
                 "/data/keel.sqlite3",
+                "--cover-sockets",
+                "/srv/pg",
+                "--max-processes",
+                "512",
+                "--max-memory",
+                "2147483648",
+                "--max-file-size",
+                "8589934592",
+                "--tmp-size",
+                "1073741824",
                 "--",
                 "sh",
                 "-c",
@@ -422,6 +499,18 @@ mod tests {
         // Whatever the kernel said, this process can still write.
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("still-writable"), "yes").unwrap();
+    }
+
+    #[test]
+    fn postgres_socket_directories_come_from_the_url() {
+        cover_postgres_sockets("postgres://keel@%2Fsrv%2Fkeel-test-sockets/keel");
+        cover_postgres_sockets("postgresql:///keel?host=/run/keel-test-other");
+        cover_postgres_sockets("postgres://keel@db.example/keel");
+        let directories = socket_directories();
+        for wanted in ["/srv/keel-test-sockets", "/run/keel-test-other"] {
+            assert!(directories.contains(&PathBuf::from(wanted)), "{directories:?}");
+        }
+        assert!(!directories.iter().any(|dir| dir.to_string_lossy().contains("example")));
     }
 
     #[test]

@@ -26,6 +26,8 @@ use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, unshare as unshare_namespaces};
 use nix::unistd::{getgid, getuid};
 
+use super::private_mounts::{self, Dev};
+
 /// The namespaces the supervisor entered for its child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Namespaces {
@@ -91,6 +93,25 @@ pub(super) fn unshare(network: bool) -> Result<Namespaces, String> {
     })
 }
 
+/// What [`confine_mounts`] is to set up.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MountPlan<'a> {
+    /// Whether the policy restricts the command (every policy but full
+    /// access): then every mount but `writable` becomes read-only, `/dev`
+    /// minimal and `/tmp` private.
+    pub(super) restricted: bool,
+    /// The workspace (which may lie under `/tmp`).
+    pub(super) workspace: &'a Path,
+    /// The places the command may write.
+    pub(super) writable: &'a [PathBuf],
+    /// Keel's protected paths, to cover.
+    pub(super) hidden: &'a [PathBuf],
+    /// Directories that may hold the database's Unix sockets, to cover.
+    pub(super) sockets: &'a [PathBuf],
+    /// The size of the private `/tmp` and `/dev/shm`, in bytes.
+    pub(super) tmp_size: u64,
+}
+
 /// What [`confine_mounts`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(super) struct MountReport {
@@ -98,17 +119,27 @@ pub(super) struct MountReport {
     pub(super) read_only: bool,
     /// The protected paths that were covered.
     pub(super) hidden: usize,
+    /// Whether `/dev` is the minimal one, and (then) whether it has a
+    /// `pts` of its own.
+    pub(super) dev: Option<Dev>,
+    /// Whether `/tmp` is private to the call.
+    pub(super) private_tmp: bool,
+    /// The socket directories that were covered (or whose database
+    /// sockets were, when the workspace lies in them).
+    pub(super) sockets: Vec<PathBuf>,
 }
 
 /// Sets up the mount namespace the sandboxed command will share, from the
 /// supervisor (which entered it with [`unshare`]), so that the paths to
 /// cover never appear in a command line the command can read: nothing
-/// propagates back to the host; when `read_only`, every mount becomes
-/// read-only except `writable` (bound onto themselves first, so they stay
-/// writable); every path of `hidden` that exists is covered (a file by
-/// `/dev/null`, a directory by an empty read-only tmpfs). Any error means
-/// the command must not run.
-pub(super) fn confine_mounts(read_only: bool, writable: &[PathBuf], hidden: &[PathBuf]) -> Result<MountReport, String> {
+/// propagates back to the host; when restricted, `/dev` becomes minimal and
+/// `/tmp` private (see [`private_mounts`](super::private_mounts)), every
+/// mount becomes read-only except the writable places (bound onto
+/// themselves first, so they stay writable), and every hidden path and
+/// socket directory that exists is covered (a file by `/dev/null`, a
+/// directory by an empty read-only tmpfs). Any error means the command must
+/// not run.
+pub(super) fn confine_mounts(plan: &MountPlan<'_>) -> Result<MountReport, String> {
     mount(
         None::<&str>,
         "/",
@@ -118,38 +149,79 @@ pub(super) fn confine_mounts(read_only: bool, writable: &[PathBuf], hidden: &[Pa
     )
     .map_err(|error| format!("cannot make the mounts private: {error}"))?;
     let mut report = MountReport::default();
-    if read_only {
-        for place in writable {
-            mount(
-                Some(place),
-                place,
-                None::<&str>,
-                MsFlags::MS_BIND | MsFlags::MS_REC,
-                None::<&str>,
-            )
-            .map_err(|error| format!("cannot bind {}: {error}", place.display()))?;
+    if !plan.restricted {
+        return Ok(report);
+    }
+    // Opened before `/tmp` is replaced, in case it lies there.
+    let workspace = private_mounts::Workspace::open(plan.workspace)?;
+    // First, since the covers below are bound from its `/dev/null`.
+    report.dev = Some(private_mounts::minimal_dev(plan.tmp_size)?);
+    report.private_tmp = private_mounts::private_tmp(&workspace, plan.tmp_size)?;
+    for place in plan.writable {
+        mount(
+            Some(place),
+            place,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|error| format!("cannot bind {}: {error}", place.display()))?;
+    }
+    for path in plan.hidden {
+        if cover(path)? {
+            report.hidden += 1;
         }
     }
-    for path in hidden {
-        match std::fs::metadata(path) {
-            Ok(metadata) if metadata.is_dir() => mount(
-                Some("tmpfs"),
-                path,
-                Some("tmpfs"),
-                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                Some("size=4k,mode=000"),
-            ),
-            Ok(_) => mount(Some("/dev/null"), path, None::<&str>, MsFlags::MS_BIND, None::<&str>),
-            Err(_) => continue,
+    let workspace = real_path(plan.workspace);
+    for directory in plan.sockets {
+        let directory = real_path(directory);
+        let covered = if workspace.starts_with(&directory) {
+            // Covering the directory would hide the workspace: cover the
+            // database's sockets in it instead.
+            cover_database_sockets(&directory)?
+        } else {
+            cover(&directory)?
+        };
+        if covered && !report.sockets.contains(&directory) {
+            report.sockets.push(directory);
         }
-        .map_err(|error| format!("cannot cover {}: {error}", path.display()))?;
-        report.hidden += 1;
     }
-    if read_only {
-        remount_read_only(writable)?;
-        report.read_only = true;
-    }
+    remount_read_only(plan.writable)?;
+    report.read_only = true;
     Ok(report)
+}
+
+/// Covers `path` if it exists: a directory by an empty read-only tmpfs,
+/// anything else by `/dev/null`. Returns whether it existed.
+fn cover(path: &Path) -> Result<bool, String> {
+    match std::fs::metadata(path) {
+        Ok(metadata) if metadata.is_dir() => mount(
+            Some("tmpfs"),
+            path,
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some("size=4k,mode=000"),
+        ),
+        Ok(_) => mount(Some("/dev/null"), path, None::<&str>, MsFlags::MS_BIND, None::<&str>),
+        Err(_) => return Ok(false),
+    }
+    .map_err(|error| format!("cannot cover {}: {error}", path.display()))?;
+    Ok(true)
+}
+
+/// Covers PostgreSQL's socket files (`.s.PGSQL.<port>` and their lock
+/// files) in `directory`. Returns whether there were any.
+fn cover_database_sockets(directory: &Path) -> Result<bool, String> {
+    let Ok(entries) = std::fs::read_dir(directory) else {
+        return Ok(false);
+    };
+    let mut any = false;
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".s.PGSQL.") {
+            any |= cover(&entry.path())?;
+        }
+    }
+    Ok(any)
 }
 
 /// Mounts a `/proc` that shows only the caller's PID namespace (so Keel's
@@ -186,7 +258,9 @@ fn remount_read_only(writable: &[PathBuf]) -> Result<(), String> {
             // A mount point that is gone or hidden under another mount (a
             // stacked mount), or one this process cannot reach: there is
             // nothing there the command could write through.
-            Err(Errno::ENOENT | Errno::EACCES) => {}
+            // EINVAL: nothing is mounted there any more (a mount of the
+            // host's `/dev` under the minimal one).
+            Err(Errno::ENOENT | Errno::EACCES | Errno::EINVAL) => {}
             Err(error) => {
                 return Err(format!(
                     "cannot make {} read-only: {error}",
@@ -245,7 +319,7 @@ fn mount_flags(options: &[u8]) -> MsFlags {
 }
 
 /// Decodes the `\ooo` octal escapes of a mount table field.
-fn unescape(field: &[u8]) -> Vec<u8> {
+pub(super) fn unescape(field: &[u8]) -> Vec<u8> {
     let mut decoded = Vec::with_capacity(field.len());
     let mut index = 0;
     while index < field.len() {
