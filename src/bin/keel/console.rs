@@ -7,6 +7,7 @@ use std::io::{IsTerminal, Write};
 use keel::protocol::{ApprovalDecision, ApprovalRequestedEvent, EventMsg, RecordedEvent};
 
 use crate::print_line;
+use crate::terminal::terminal_safe;
 
 /// How tool calls that need approval are answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -34,20 +35,22 @@ pub(crate) fn decide_without_asking(
         ApproveMode::Ask => {
             eprintln!(
                 "[denied {}: no terminal to ask on; pass --approve auto to allow tool calls]",
-                request.name
+                terminal_safe(&request.name)
             );
             Some(ApprovalDecision::Deny)
         }
     }
 }
 
-/// The question put to the user about a call.
+/// The question put to the user about a call, safe to print (the tool's
+/// name and arguments come from the model).
 pub(crate) fn approval_question(request: &ApprovalRequestedEvent) -> String {
-    format!(
+    let question = format!(
         "Allow {} {}? [y]es / [n]o / [a]lways: ",
         request.name,
         shorten(&request.arguments, 200)
-    )
+    );
+    terminal_safe(&question).into_owned()
 }
 
 /// The decision an answer to [`approval_question`] gives: anything but yes
@@ -136,8 +139,11 @@ impl Printer {
         match &event.msg {
             EventMsg::AssistantContentDelta(delta) => {
                 let mut out = std::io::stdout().lock();
+                // Escaped piece by piece: a control is one character, so
+                // no sequence survives being split across deltas.
+                let safe = terminal_safe(&delta.delta);
                 // A closed pipe only means nobody reads the text any more.
-                let _ = out.write_all(delta.delta.as_bytes()).and_then(|()| out.flush());
+                let _ = out.write_all(safe.as_bytes()).and_then(|()| out.flush());
                 self.line_open = !delta.delta.ends_with('\n');
             }
             EventMsg::AssistantMessage(_) | EventMsg::TurnComplete(_) => self.close_line()?,
@@ -214,9 +220,12 @@ impl Printer {
         Ok(())
     }
 
-    /// A line on stderr, after ending the streamed line.
+    /// A line on stderr, after ending the streamed line. The line is
+    /// escaped ([`terminal_safe`]): notes quote tool calls, their output and
+    /// errors, which the model or a tool wrote.
     pub(crate) fn note(&mut self, tone: Tone, line: &str) -> anyhow::Result<()> {
         self.close_line()?;
+        let line = terminal_safe(line);
         if self.colour {
             let colour = match tone {
                 Tone::Quiet => "\x1b[2m",

@@ -56,9 +56,9 @@ pub(crate) async fn fork(args: ForkArgs) -> anyhow::Result<ExitCode> {
     .await;
     store.close().await;
     let forked = forked?;
-    print_line(&format!(
+    print_line(&crate::terminal::terminal_safe(&format!(
         "forked {} at {} into {id} ({} history items)",
         forked.parent_session_id, forked.at_sequence, forked.history_items
-    ))?;
+    )))?;
     Ok(ExitCode::SUCCESS)
 }

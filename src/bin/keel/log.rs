@@ -12,6 +12,7 @@ use keel::store::{EventPageRequest, StoreError};
 
 use crate::db::DbArgs;
 use crate::print_line;
+use crate::terminal::terminal_safe;
 
 /// Arguments of `keel events`.
 #[derive(Args, Debug)]
@@ -63,7 +64,9 @@ pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<ExitCode> {
         let line = if args.json {
             serde_json::to_string(event)?
         } else {
-            describe(event)
+            // JSON's escapes leave DEL, C1 and bidi controls raw, and
+            // messages are not quoted at all.
+            terminal_safe(&describe(event)).into_owned()
         };
         print_line(&line)?;
     }
@@ -141,7 +144,7 @@ async fn remove(args: RmArgs) -> anyhow::Result<ExitCode> {
     let existed = store.delete_session(&args.session).await?;
     store.close().await;
     if !existed {
-        eprintln!("no session '{}'", args.session);
+        eprintln!("no session '{}'", terminal_safe(&args.session));
         return Ok(ExitCode::FAILURE);
     }
     if let Some((root, name)) = &workspace {
@@ -149,7 +152,7 @@ async fn remove(args: RmArgs) -> anyhow::Result<ExitCode> {
             .and_then(|root| root.remove(name))
             .with_context(|| format!("session '{}' was deleted but its workspace was not", args.session))?;
     }
-    print_line(&format!("deleted {}", args.session))?;
+    print_line(&terminal_safe(&format!("deleted {}", args.session)))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -171,13 +174,14 @@ pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
                 .as_deref()
                 .map(|title| format!("  {}", quote(title)))
                 .unwrap_or_default();
-            format!(
+            let line = format!(
                 "{}  bot={}  events={}  updated={}{running}{title}",
                 session.session_id,
                 session.bot_id,
                 session.last_sequence,
                 timestamp(session.updated_at_ms)
-            )
+            );
+            terminal_safe(&line).into_owned()
         };
         print_line(&line)?;
     }

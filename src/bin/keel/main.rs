@@ -17,6 +17,7 @@ mod run;
 mod sandbox;
 mod serve;
 mod session;
+mod terminal;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -161,7 +162,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", terminal::terminal_safe(&format!("{error:#}")));
             ExitCode::FAILURE
         }
     }

@@ -104,7 +104,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     config.max_steps = args.max_steps;
     let mut agent = create_agent(config).await?;
     if !args.json {
-        eprintln!("session {session_id}");
+        eprintln!("session {}", crate::terminal::terminal_safe(&session_id));
     }
 
     let mut printer = if args.json {

@@ -24,7 +24,7 @@ const PTY_GUARD_MS: u64 = 30_000;
 impl Cli {
     /// `keel chat ARGS` with a home, data and config directory of its own,
     /// so no user's keel.toml or history is read or written.
-    fn chat(&self, args: &[&str]) -> Command {
+    pub(super) fn chat(&self, args: &[&str]) -> Command {
         let mut command = self.command(&["chat"]);
         command
             .args(args)
@@ -130,7 +130,7 @@ impl Pty {
 }
 
 /// `text` as rexpect shows it: one char per byte.
-fn wire(text: &str) -> String {
+pub(super) fn wire(text: &str) -> String {
     text.bytes().map(char::from).collect()
 }
 

@@ -595,6 +595,7 @@ mod lifecycle;
 mod postgres;
 mod secrets;
 mod shutdown;
+mod terminal;
 mod tools;
 
 #[test]

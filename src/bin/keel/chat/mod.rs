@@ -32,6 +32,7 @@ use crate::console::{ApproveMode, decide_without_asking};
 use crate::db::DbArgs;
 use crate::interrupts::{Interrupts, Terminations};
 use crate::session::ToolArgs;
+use crate::terminal::terminal_safe;
 use crate::{ModelArgs, print_line};
 
 /// The bot new chat sessions belong to.
@@ -107,7 +108,7 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
         startup,
         pending,
     } = opened;
-    eprintln!("session {}", session.id());
+    eprintln!("session {}", terminal_safe(session.id()));
     let colour = interactive && std::env::var_os("NO_COLOR").is_none();
     let stderr_terminal = std::io::stderr().is_terminal();
     let mut render = Renderer::new(interactive && stderr_terminal, colour, colour && stderr_terminal);
@@ -438,7 +439,7 @@ impl Chat {
                     continue;
                 }
                 Line::Session => {
-                    print_line(self.session.id())?;
+                    print_line(&terminal_safe(self.session.id()))?;
                     continue;
                 }
                 Line::Compact => {

@@ -11,6 +11,7 @@ use keel::protocol::{ApprovalRequestedEvent, EventMsg, RecordedEvent};
 
 use crate::console::{Printer, Tone};
 use crate::print_line;
+use crate::terminal::terminal_safe;
 
 /// Renders a chat's events.
 pub(super) struct Renderer {
@@ -129,7 +130,7 @@ impl Renderer {
             match &event.msg {
                 EventMsg::SessionForked(_) => self.printer.print(event)?,
                 EventMsg::UserMessage(message) => {
-                    let line = format!("> {}", message.text);
+                    let line = format!("> {}", terminal_safe(&message.text));
                     if self.colour {
                         print_line(&format!("\x1b[1m{line}\x1b[0m"))?;
                     } else {
@@ -141,11 +142,12 @@ impl Renderer {
                 EventMsg::AssistantMessage(message) => {
                     streamed.clear();
                     if !message.text.is_empty() {
-                        print_line(message.text.trim_end_matches('\n'))?;
+                        print_line(&terminal_safe(message.text.trim_end_matches('\n')))?;
                     }
                 }
                 EventMsg::TurnAborted(_) if !streamed.is_empty() => {
-                    print_line(&format!("{} [interrupted]", std::mem::take(&mut streamed).trim_end()))?;
+                    let text = std::mem::take(&mut streamed);
+                    print_line(&format!("{} [interrupted]", terminal_safe(text.trim_end())))?;
                 }
                 _ => {}
             }
