@@ -114,32 +114,24 @@ fn run_shows_escape_sequences_in_model_text_escaped_and_json_keeps_them() {
 #[test]
 fn run_shows_escapes_in_tool_output_arguments_and_errors_escaped() {
     let cli = Cli::new();
-    // The argument itself holds a raw C1 CSI and an override (JSON leaves
-    // them raw); the output a screen clear, a clipboard write, a C1 CSI, an
-    // override and a title change.
-    let command = format!(
-        "printf 'A\\033[2JB\\033]52;c;aGVsbG8=\\007C\\302\\23331mD\\342\\200\\256E\\033]0;title\\007' # {}{}",
-        RAW[3], RAW[4]
-    );
-    let call = serde_json::json!({"tool_calls": [{"id": "c1", "name": "shell", "arguments": {"command": command}}]});
+    // A file in the workspace holds every sequence; `read_file` returns it
+    // as the tool's output (no sandbox status line in front, unlike the
+    // shell's, so it is within the 200 characters a note shows). The shell
+    // call's argument holds a raw C1 CSI and an override (JSON leaves them
+    // raw).
+    std::fs::write(cli.dir.path().join("escapes.txt"), hostile_text()).expect("escapes.txt");
+    let command = format!("true # {}{}", RAW[3], RAW[4]);
+    let call = serde_json::json!({"tool_calls": [
+        {"id": "c1", "name": "read_file", "arguments": {"path": "escapes.txt"}},
+        {"id": "c2", "name": "shell", "arguments": {"command": command}},
+    ]});
     let error = serde_json::json!({"error": format!("down {}", RAW[0])});
     let script = cli.script(
         "s.jsonl",
         &[&call.to_string(), r#"{"text": "done"}"#, &error.to_string()],
     );
     let model = format!("script:{}", script.display());
-    // No sandbox: its status line would fill the 200 characters shown.
-    let output = cli.run(&[
-        "run",
-        "--approve",
-        "auto",
-        "--sandbox",
-        "full-access",
-        "--model",
-        &model,
-        "go",
-        "again",
-    ]);
+    let output = cli.run(&["run", "--approve", "auto", "--model", &model, "go", "again"]);
     assert_eq!(
         output.status.code(),
         Some(1),
@@ -147,7 +139,10 @@ fn run_shows_escapes_in_tool_output_arguments_and_errors_escaped() {
         stderr(&output)
     );
     let notes = stderr(&output);
-    assert!(notes.contains("[stdout] A\\u{1b}[2JB"), "the command ran: {notes}");
+    assert!(
+        notes.contains("A\\u{1b}]52;c;aGVsbG8=\\u{7}B"),
+        "the file was read: {notes}"
+    );
     assert!(
         notes.contains("error: model failed: down \\u{1b}]52;c;aGVsbG8=\\u{7}"),
         "{notes}"
