@@ -470,7 +470,7 @@ fn served() -> (Cli, Scratch, ServeProcess) {
 }
 
 /// The stored log of a session of the server, read by `keel events`.
-fn served_events(cli: &Cli, scratch: &Scratch, session: &str) -> Vec<RecordedEvent> {
+pub(super) fn served_events(cli: &Cli, scratch: &Scratch, session: &str) -> Vec<RecordedEvent> {
     let db = scratch.db().display().to_string();
     let output = cli.run(&[
         "events",

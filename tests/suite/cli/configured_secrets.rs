@@ -111,19 +111,8 @@ fn the_servers_token_is_redacted_from_what_its_sessions_store() {
         .next()
         .and_then(|line| line.strip_prefix("session "))
         .unwrap_or_else(|| panic!("no session line in {err:?}"));
-    let db = scratch.db().display().to_string();
-    let events = cli.run(&[
-        "events",
-        "--db",
-        &db,
-        "--session",
-        session,
-        "--json",
-        "--limit",
-        "10000",
-    ]);
-    assert!(events.status.success(), "{}", stderr(&events));
-    let stored = String::from_utf8_lossy(&events.stdout);
+    let events = super::chat::served_events(&cli, &scratch, session);
+    let stored = serde_json::to_string(&events).expect("events as JSON");
     assert!(stored.contains("the token is [redacted]"), "{stored}");
     assert!(!stored.contains(token), "{stored}");
 }
