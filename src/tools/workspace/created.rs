@@ -47,7 +47,7 @@ use cap_fs_ext::DirExt as _;
 use cap_std::fs::{Dir, MetadataExt as _};
 use serde::{Deserialize, Serialize};
 
-use super::paths::open_file_in;
+use super::open::open_file_in;
 use super::write::atomic_write;
 use crate::tools::protected::{FileId, ProtectedSet, protect};
 

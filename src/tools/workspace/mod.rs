@@ -27,6 +27,7 @@
 mod created;
 mod edit;
 mod list;
+mod open;
 mod paths;
 mod read;
 pub mod sandbox;

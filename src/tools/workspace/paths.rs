@@ -63,8 +63,8 @@ use std::ffi::{OsStr, OsString};
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use cap_fs_ext::{DirExt as _, FollowSymlinks, OpenOptionsFollowExt as _};
-use cap_std::fs::{Dir, File, Metadata, OpenOptions, OpenOptionsExt as _};
+use cap_fs_ext::DirExt as _;
+use cap_std::fs::{Dir, File, Metadata};
 
 use super::created::{check_identity, marker_of};
 use crate::tools::ToolError;
@@ -504,7 +504,7 @@ impl Location {
     /// Opens the target for reading (see [`open_file_in`]).
     pub(super) fn open_file(&self) -> io::Result<File> {
         match self.rest.as_slice() {
-            [name] => open_file_in(&self.dir, name),
+            [name] => super::open::open_file_in(&self.dir, name),
             [] => Err(io::ErrorKind::IsADirectory.into()),
             _ => Err(io::ErrorKind::NotFound.into()),
         }
@@ -561,17 +561,6 @@ pub(super) fn protected_file(path: &str) -> ToolError {
         "'{path}' is one of Keel's protected files (its database, configuration, lock or token); the file tools \
          never read, list, create, replace or change it, whatever the approval"
     ))
-}
-
-/// Opens `name` in `dir` for reading, without following a link there and
-/// without blocking on a FIFO that may have been swapped in.
-pub(super) fn open_file_in(dir: &Dir, name: &OsStr) -> io::Result<File> {
-    let mut options = OpenOptions::new();
-    options
-        .read(true)
-        .follow(FollowSymlinks::No)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
-    dir.open_with(name, &options)
 }
 
 /// Puts a link's target on `pending`, its first component last.

@@ -24,7 +24,8 @@ use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
 use super::list::{shown_child, sorted_entries};
-use super::paths::{dir_identity, open_file_in};
+use super::open::open_file_in;
+use super::paths::dir_identity;
 use super::read::MAX_FILE_BYTES;
 use super::{Arguments, Workspace, blocking, plural};
 use crate::model::{BoxFuture, ToolSpec};

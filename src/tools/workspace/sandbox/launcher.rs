@@ -27,6 +27,7 @@ use super::init::{Ended, end_by, exit_as, run_as_init};
 use super::landlock::{self, Applied};
 use super::limits::{self, Cgroup, CgroupLimits, CgroupVersion, Limits};
 use super::namespaces::{self, MountPlan, Namespaces};
+use super::private_mounts;
 use super::reaper::{self, Waited};
 use super::{
     LAUNCHER_SUBCOMMAND, LaunchOptions, NETWORK_BLOCKED, SandboxError, SandboxPolicy, SandboxStatus,
@@ -111,11 +112,11 @@ impl Launch {
         if self.policy != SandboxPolicy::WorkspaceWrite {
             return Vec::new();
         }
-        let mut places = vec![namespaces::real_path(&self.workspace)];
+        let mut places = vec![private_mounts::real_path(&self.workspace)];
         if in_namespaces {
             places.extend(["/tmp", "/dev/shm"].map(PathBuf::from));
         } else {
-            places.push(namespaces::real_path(&std::env::temp_dir()));
+            places.push(private_mounts::real_path(&std::env::temp_dir()));
         }
         places
     }

@@ -26,7 +26,7 @@ use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, unshare as unshare_namespaces};
 use nix::unistd::{getgid, getuid};
 
-use super::private_mounts::{self, Dev};
+use super::private_mounts::{self, Dev, real_path};
 
 /// The namespaces the supervisor entered for its child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -341,12 +341,6 @@ pub(super) fn unescape(field: &[u8]) -> Vec<u8> {
         }
     }
     decoded
-}
-
-/// `path` made absolute and free of symbolic links where it exists, so
-/// that it can be compared with the mount table's entries.
-pub(super) fn real_path(path: &Path) -> PathBuf {
-    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 #[cfg(test)]

@@ -133,7 +133,7 @@ pub(super) struct Workspace {
 impl Workspace {
     /// Opens `path` (made real) as a directory.
     pub(super) fn open(path: &Path) -> Result<Self, String> {
-        let path = super::namespaces::real_path(path);
+        let path = real_path(path);
         let opened = open_path(&path, true)?;
         Ok(Self { path, opened })
     }
@@ -145,7 +145,7 @@ impl Workspace {
 /// whether `/tmp` is private: not when it is the workspace itself.
 pub(super) fn private_tmp(workspace: &Workspace, size: u64) -> Result<bool, String> {
     let tmp = Path::new("/tmp");
-    if super::namespaces::real_path(tmp) != tmp {
+    if real_path(tmp) != tmp {
         // `/tmp` is a link elsewhere: the tmpfs would go there.
         return Err("/tmp is not a directory of its own".into());
     }
@@ -167,4 +167,10 @@ pub(super) fn private_tmp(workspace: &Workspace, size: u64) -> Result<bool, Stri
         bind(&fd_path(&workspace.opened), &workspace.path)?;
     }
     Ok(true)
+}
+
+/// `path` made absolute and free of symbolic links where it exists, so
+/// that it can be compared with the mount table's entries.
+pub(super) fn real_path(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
 }
