@@ -225,34 +225,9 @@ fn hunt_for_secrets(uid: Option<u32>) {
             .expect("chown");
         assert!(status.success());
     }
-    let mut keel = Command::new(&binary);
-    keel.args([
-        "run",
-        "--json",
-        "--approve",
-        "auto",
-        "--model",
-        "script:s.jsonl",
-        &message,
-    ])
-    .env("KEEL_DB", &db)
-    .env("OPENAI_API_KEY", &secret)
-    .env("HOME", dir.path())
-    .env_remove("KEEL_MODEL")
-    .env_remove("KEEL_CONFIG")
-    .current_dir(dir.path());
-    if let Some(uid) = uid {
-        std::os::unix::process::CommandExt::uid(&mut keel, uid);
-        std::os::unix::process::CommandExt::gid(&mut keel, uid);
-    }
-    let output = keel.output().expect("keel run");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let result = shell_results(&stdout)
+    let mut keel = keel_run_command(&binary, dir.path(), &db, uid);
+    keel.arg(&message).env("OPENAI_API_KEY", &secret);
+    let result = run_for_shell_results(keel)
         .into_iter()
         .next()
         .expect("the shell call's result");
@@ -370,10 +345,17 @@ fn without_namespaces_the_fallback_still_contains_the_command() {
 /// at `db`, as user `uid` when given, with `extra` arguments; the outputs
 /// of its tool calls. The run must succeed.
 pub(crate) fn keel_run(binary: &Path, cwd: &Path, db: &Path, uid: Option<u32>, extra: &[&str]) -> Vec<String> {
+    let mut keel = keel_run_command(binary, cwd, db, uid);
+    keel.args(extra).arg("go");
+    run_for_shell_results(keel)
+}
+
+/// `binary run --json --approve auto --model script:s.jsonl` in `cwd`
+/// with its database at `db`, as user `uid` when given; the caller adds
+/// the prompt.
+pub(crate) fn keel_run_command(binary: &Path, cwd: &Path, db: &Path, uid: Option<u32>) -> Command {
     let mut keel = Command::new(binary);
     keel.args(["run", "--json", "--approve", "auto", "--model", "script:s.jsonl"])
-        .args(extra)
-        .arg("go")
         .env("KEEL_DB", db)
         .env("HOME", cwd)
         .env_remove("KEEL_MODEL")
@@ -383,6 +365,12 @@ pub(crate) fn keel_run(binary: &Path, cwd: &Path, db: &Path, uid: Option<u32>, e
         std::os::unix::process::CommandExt::uid(&mut keel, uid);
         std::os::unix::process::CommandExt::gid(&mut keel, uid);
     }
+    keel
+}
+
+/// Runs a `keel run` made by [`keel_run_command`], which must succeed;
+/// the outputs of its tool calls.
+fn run_for_shell_results(mut keel: Command) -> Vec<String> {
     let output = keel.output().expect("keel run");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
