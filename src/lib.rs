@@ -1,40 +1,48 @@
 //! Keel: a durable agent runtime.
 //!
 //! Every session is a durable log. Clients submit [`Op`]s through a bounded
-//! queue; the runtime drives turns (model steps, streamed text); every
-//! [`Event`] it produces is written to the session's store *before* any client
-//! sees it, under a gap-free per-session sequence.
+//! queue; the runtime drives turns (model steps, streamed text, tool calls);
+//! every [`Event`] it produces is written to the session's store *before* any
+//! client sees it, under a gap-free per-session sequence.
 //!
-//! The crate is organised by concept:
+//! This crate is the front door: it re-exports the workspace's crates under
+//! one name and holds the `keel` command. Embed the runtime with
+//! `default-features = false` and you get the agent, the SQLite store, the
+//! model providers and the tools, without an HTTP server, a terminal or
+//! PostgreSQL:
 //!
-//! | module | owns |
-//! |---|---|
-//! | [`protocol`] | the wire types: ops in, events out, transcript items |
-//! | [`store`] | the [`CheckpointStore`] trait and its SQLite implementation |
-//! | [`model`] | the [`Model`] trait, its streaming sink, the scripted model |
-//! | [`provider`] | models over HTTP: OpenAI Chat, OpenAI Responses, Anthropic |
-//! | [`config`] | `keel.toml` and model specs |
-//! | [`tools`] | the [`tools::Tool`] trait, tool sets, built-in tools |
-//! | [`agent`] | submission queue, event recorder, turn loop, [`Agent`] |
-//! | [`server`] | `keel serve`: the HTTP API, multi-session hosting, event fan-out |
-//! | [`bench`] | the workloads behind `keel bench` and `cargo bench` |
+//! | module | crate | owns |
+//! |---|---|---|
+//! | [`protocol`] | `keel-protocol` | the wire types (ops in, events out, transcript items) and the errors |
+//! | [`secrets`] | `keel-secrets` | the secrets registry and redaction |
+//! | [`store`] | `keel-store` | the [`CheckpointStore`] contract, its SQLite backend and (feature `postgres`) its PostgreSQL one |
+//! | [`model`] | `keel-model` | the [`Model`] trait, its streaming sink, the scripted model |
+//! | [`provider`] | `keel-providers` | models over HTTP: OpenAI Chat, OpenAI Responses, Anthropic |
+//! | [`tools`] | `keel-tools` | the tool trait, tool sets, workspace tools, the sandbox, MCP |
+//! | [`agent`] | `keel-agent` | submission queue, event recorder, turn loop, [`Agent`] |
+//! | [`config`] | `keel-config` | `keel.toml` and model specs |
+//! | [`server`] | `keel-server` | `keel serve` (feature `server`): the HTTP API, hosting, fan-out |
+//! | [`bench`], [`chaos`] | `keel-bench`, `keel-chaos` | `keel bench` and `keel chaos` (feature `cli`) |
+//!
+//! Features: `server` (the HTTP API), `postgres` (the PostgreSQL store) and
+//! `cli` (the `keel` command, with both; the default).
 
-pub mod agent;
-pub mod bench;
-pub mod chaos;
-pub mod config;
-mod error;
-pub mod model;
-pub mod protocol;
-pub mod provider;
-pub mod server;
-pub mod store;
-#[doc(hidden)]
-pub mod testing;
-pub mod tools;
+pub use keel_agent as agent;
+#[cfg(feature = "cli")]
+pub use keel_bench as bench;
+#[cfg(feature = "cli")]
+pub use keel_chaos as chaos;
+pub use keel_config as config;
+pub use keel_model as model;
+pub use keel_protocol as protocol;
+pub use keel_providers as provider;
+pub use keel_secrets as secrets;
+#[cfg(feature = "server")]
+pub use keel_server as server;
+pub use keel_store as store;
+pub use keel_tools as tools;
 
-pub use agent::{Agent, AgentConfig, create_agent};
-pub use error::{Error, Result};
-pub use model::Model;
-pub use protocol::{Event, EventMsg, Op, RecordedEvent};
-pub use store::CheckpointStore;
+pub use keel_agent::{Agent, AgentConfig, create_agent};
+pub use keel_model::Model;
+pub use keel_protocol::{Error, Event, EventMsg, Op, RecordedEvent, Result};
+pub use keel_store::CheckpointStore;

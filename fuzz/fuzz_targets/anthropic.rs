@@ -1,4 +1,4 @@
-//! Fuzz target: `keel::testing::fuzzing::anthropic`.
+//! Fuzz target: `keel_testing::fuzzing::anthropic`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| keel::testing::fuzzing::anthropic(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| keel_testing::fuzzing::anthropic(data));

@@ -1,4 +1,4 @@
-//! Fuzz target: `keel::testing::fuzzing::openai_chat`.
+//! Fuzz target: `keel_testing::fuzzing::openai_chat`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| keel::testing::fuzzing::openai_chat(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| keel_testing::fuzzing::openai_chat(data));

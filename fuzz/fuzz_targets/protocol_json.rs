@@ -1,4 +1,4 @@
-//! Fuzz target: `keel::testing::fuzzing::protocol_json`.
+//! Fuzz target: `keel_testing::fuzzing::protocol_json`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| keel::testing::fuzzing::protocol_json(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| keel_testing::fuzzing::protocol_json(data));

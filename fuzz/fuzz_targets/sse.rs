@@ -1,4 +1,4 @@
-//! Fuzz target: `keel::testing::fuzzing::sse`.
+//! Fuzz target: `keel_testing::fuzzing::sse`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| keel::testing::fuzzing::sse(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| keel_testing::fuzzing::sse(data));

@@ -1,4 +1,4 @@
-//! Fuzz target: `keel::testing::fuzzing::store_codec`.
+//! Fuzz target: `keel_testing::fuzzing::store_codec`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| keel::testing::fuzzing::store_codec(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| keel_testing::fuzzing::store_codec(data));

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use keel::chaos::{ChaosParams, ChaosStore, run_chaos};
-use keel::testing::postgres::TestPostgres;
+use keel::store::postgres::local::TestPostgres;
 
 fn params(store: ChaosStore, sessions: usize, faults: usize, seed: u64) -> ChaosParams {
     ChaosParams {

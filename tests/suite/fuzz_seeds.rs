@@ -1,4 +1,4 @@
-//! The fuzz targets' entry points (`keel::testing::fuzzing`) on the stable
+//! The fuzz targets' entry points (`keel_testing::fuzzing`) on the stable
 //! toolchain: each over its whole seed corpus (`fuzz/corpus/<target>/`,
 //! regression seeds included), then over a few thousand random mutations of
 //! the seeds, from a fixed seed so that a failure repeats. Coverage-guided
@@ -7,7 +7,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 
-use keel::testing::fuzzing::TARGETS;
+use keel_testing::fuzzing::TARGETS;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 

@@ -1,5 +1,5 @@
 //! I/O errors on write and fsync under the SQLite store, injected by
-//! `keel::testing::faulty_vfs` (no root, no special file system needed).
+//! `keel_testing::faulty_vfs` (no root, no special file system needed).
 //!
 //! What the store guarantees, and these tests check:
 //! - a commit that hits an I/O error fails with
@@ -33,8 +33,8 @@ use keel::protocol::{Event, EventMsg, WarningEvent};
 use keel::store::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, EncodedEvent, SqliteCheckpoint, SqliteOptions, StoreError,
 };
-use keel::testing::faulty_vfs::{self, FaultOp, FaultRule};
 use keel::{Agent, Error, RecordedEvent};
+use keel_testing::faulty_vfs::{self, FaultOp, FaultRule};
 
 use super::support::*;
 
@@ -463,11 +463,12 @@ async fn a_checkpoint_whose_writes_fail_loses_nothing() {
     a_failed_checkpoint_loses_nothing(FaultOp::Write).await;
 }
 
-/// `unsafe` is denied crate-wide; only the fault-injecting VFS may allow it.
+/// `unsafe` is denied workspace-wide; only the fault-injecting VFS may allow it.
 #[test]
 fn only_the_fault_injecting_vfs_allows_unsafe_code() {
     let mut allowing = Vec::new();
-    let mut pending = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pending = vec![root.join("src"), root.join("crates")];
     while let Some(dir) = pending.pop() {
         for entry in std::fs::read_dir(&dir).expect("read src") {
             let path = entry.expect("an entry").path();
@@ -486,5 +487,8 @@ fn only_the_fault_injecting_vfs_allows_unsafe_code() {
             }
         }
     }
-    assert_eq!(allowing, [std::path::PathBuf::from("src/testing/faulty_vfs.rs")]);
+    assert_eq!(
+        allowing,
+        [std::path::PathBuf::from("crates/keel-testing/src/faulty_vfs.rs")]
+    );
 }

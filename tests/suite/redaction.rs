@@ -7,7 +7,7 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use keel::agent::StreamingOptions;
 use keel::model::ScriptedModel;
-use keel::provider::redact::register;
+use keel::secrets::register;
 use std::sync::Arc;
 
 use super::support::{TestDb, read_turn, shutdown, start_agent, stored_events, user};

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use keel::testing::postgres::TestPostgres;
+use keel::store::postgres::local::TestPostgres;
 
 use super::sandbox::{keel_run, outside_scratch, shell_script};
 

@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use keel::store::postgres::local::TestPostgres;
 use keel::store::{CheckpointStore, PostgresCheckpoint, PostgresOptions, SqliteCheckpoint};
-use keel::testing::postgres::TestPostgres;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use keel::store::postgres::LogListener;
+use keel::store::NoticeListener;
 use keel::store::{CheckpointStore, ServeLock, SharedHold, SqliteCheckpoint, SqliteOptions, StoreError};
 use keel::store::{PostgresCheckpoint, PostgresHold, PostgresOptions};
 
@@ -119,7 +119,9 @@ impl DbArgs {
                     warn_if_password_in_arguments(url);
                     // Its Unix socket directory, if it connects through one:
                     // no sandboxed command may reach the database there.
-                    keel::tools::workspace::sandbox::cover_postgres_sockets(url);
+                    for directory in keel::store::postgres::socket_directories(url) {
+                        keel::tools::workspace::sandbox::cover_socket_directory(&directory);
+                    }
                     Location::Postgres(url.to_owned())
                 }
                 _ => Location::Sqlite(given.clone()),
@@ -166,7 +168,7 @@ impl DbArgs {
                 // It holds every session's conversation: no sandboxed
                 // command of any session may read it. Nor may one shrink
                 // or delete the space reserve beside it.
-                keel::tools::workspace::sandbox::protect_database(&path);
+                keel::tools::workspace::sandbox::protect_all(keel::store::sqlite::database_files(&path));
                 keel::tools::workspace::sandbox::protect(store.space_reserve().path());
                 Ok(Arc::new(store))
             }
@@ -178,7 +180,7 @@ impl DbArgs {
 
     /// Opens the database for `keel serve`: on PostgreSQL, with the
     /// listener that makes the server one node among several.
-    pub(crate) async fn open_for_serving(&self) -> anyhow::Result<(Arc<dyn CheckpointStore>, Option<LogListener>)> {
+    pub(crate) async fn open_for_serving(&self) -> anyhow::Result<(Arc<dyn CheckpointStore>, Option<NoticeListener>)> {
         match self.location()? {
             Location::Sqlite(_) => Ok((self.open(true).await?, None)),
             Location::Postgres(url) => {

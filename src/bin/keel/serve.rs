@@ -141,7 +141,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
             keel::tools::protected::protect(path);
             // Redacted from everything stored or returned, like a provider key.
-            keel::provider::redact::register(&token);
+            keel::secrets::register(&token);
             Some(token)
         }
         None => None,

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use keel::testing::postgres::TestPostgres;
+use keel::store::postgres::local::TestPostgres;
 use serde_json::json;
 
 use super::{Cli, assert_gap_free, assert_one_line_error, parse_events, session_of, stderr, stdout};

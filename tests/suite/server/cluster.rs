@@ -10,8 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use keel::protocol::{AbortReason, EventMsg, RecordedEvent};
+use keel::store::postgres::local::TestPostgres;
 use keel::store::{PostgresCheckpoint, PostgresOptions};
-use keel::testing::postgres::TestPostgres;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

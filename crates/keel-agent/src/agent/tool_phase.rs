@@ -1,0 +1,413 @@
+//! The tool calls of one model step: policies, approvals, execution.
+//!
+//! Each call is first judged: it runs (policy `auto`, or the tool was
+//! approved for the session), is refused (policy `deny`), or waits for the
+//! user (policy `ask`). Calls that wait are recorded as `approval_requested`
+//! together with the turn's state, so the wait survives a restart; the turn
+//! then waits on the control lane for `approval` ops (an interrupt ends it).
+//! Then the calls run: all at once when every one of them is parallel safe,
+//! otherwise in order. Each call is durable (`tool_call_started`) before it
+//! runs; its result is recorded with the history it joins, in the order of
+//! the calls, whatever order they finish in. While they run, the progress
+//! they report is recorded as `tool_call_progress` events.
+
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
+
+use super::session::Session;
+use super::turn::{Turn, interrupts, reject_stray_control};
+use keel_model::ToolCall;
+use keel_protocol::{
+    ApprovalDecidedEvent, ApprovalDecision, ApprovalRequestedEvent, Event, EventMsg, Op, Submission,
+    ToolCallCompletedEvent, ToolCallProgressEvent, ToolCallStartedEvent, ToolsChangedEvent, TranscriptItem,
+};
+use keel_protocol::{Error, Result};
+use keel_secrets::redact_owned;
+use keel_tools::{ApprovalPolicy, ProgressBoard, ProgressSink, ToolContext, ToolOutcome, ToolProgress};
+
+/// The least time between two recordings of progress: a server reporting
+/// every millisecond must not fill the log. What arrives meanwhile is
+/// coalesced to each call's latest report.
+const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The progress reports of a step's calls, and when they may next be recorded.
+struct ProgressFeed {
+    board: std::sync::Arc<ProgressBoard>,
+    next_at: tokio::time::Instant,
+}
+
+impl ProgressFeed {
+    /// Resolves when reports may be recorded and there are some.
+    async fn ready(&self) {
+        tokio::time::sleep_until(self.next_at).await;
+        self.board.changed().await;
+    }
+}
+
+/// What the user is told when they denied a call (or interrupted the wait).
+const DENIED_BY_USER: &str = "denied by user: the user did not allow this tool call";
+
+/// How the tool calls of a step ended.
+pub(super) enum ToolsEnd {
+    /// Every call has its result; the turn goes on.
+    Done,
+    /// An interrupt stopped them (every call still got a result).
+    Interrupted(Submission),
+}
+
+/// What is to happen to one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    Run,
+    Refuse(String),
+    Ask,
+}
+
+impl Session {
+    /// Takes in the changes of the session's tools (an MCP server's
+    /// `tools/list_changed`) before a model step, and records them.
+    pub(super) async fn refresh_tools(&mut self, turn: &Turn) -> Result<()> {
+        let before = self.tools.names();
+        if !self.tools.refresh().await {
+            return Ok(());
+        }
+        let tools = self.tools.names();
+        if tools == before {
+            return Ok(());
+        }
+        let added = tools.iter().filter(|name| !before.contains(name)).cloned().collect();
+        let removed = before.iter().filter(|name| !tools.contains(name)).cloned().collect();
+        let changed = turn.event(EventMsg::ToolsChanged(ToolsChangedEvent {
+            turn_id: turn.id().to_owned(),
+            tools,
+            added,
+            removed,
+        }));
+        self.recorder.append(vec![changed], None).await
+    }
+
+    /// Decides, runs and records the tool calls of the turn's current step.
+    pub(super) async fn tool_phase(&mut self, turn: &mut Turn, calls: &[ToolCall]) -> Result<ToolsEnd> {
+        let mut verdicts: Vec<Verdict> = calls.iter().map(|call| self.verdict(turn, call)).collect();
+        if verdicts.contains(&Verdict::Ask) {
+            if let Some(interrupt) = self.await_approvals(turn, calls, &verdicts).await? {
+                let interrupted = calls
+                    .iter()
+                    .zip(&verdicts)
+                    .map(|(call, verdict)| match verdict {
+                        Verdict::Ask => (call, ToolOutcome::error(DENIED_BY_USER)),
+                        _ => (call, ToolOutcome::error("not run: the turn was interrupted")),
+                    })
+                    .collect::<Vec<_>>();
+                for (call, outcome) in interrupted {
+                    self.record_started(turn, call).await?;
+                    self.record_result(turn, call, outcome).await?;
+                }
+                return Ok(ToolsEnd::Interrupted(interrupt));
+            }
+            verdicts = calls.iter().map(|call| self.verdict(turn, call)).collect();
+        }
+        self.run_calls(turn, calls, &verdicts).await
+    }
+
+    /// Judges one call from the session's rules and the decisions made.
+    fn verdict(&self, turn: &Turn, call: &ToolCall) -> Verdict {
+        match turn.execution.decisions.get(&call.call_id) {
+            Some(ApprovalDecision::Deny) => return Verdict::Refuse(DENIED_BY_USER.to_owned()),
+            Some(_) => return Verdict::Run,
+            None => {}
+        }
+        // An unknown tool runs, to be answered "unknown tool" by the tool set.
+        let Some(tool) = self.tools.get(&call.name) else {
+            return Verdict::Run;
+        };
+        if self.checkpoint.approved_tools.contains(&call.name) {
+            return Verdict::Run;
+        }
+        match self.approvals.policy(&call.name, tool.read_only()) {
+            ApprovalPolicy::Auto => Verdict::Run,
+            ApprovalPolicy::Ask => Verdict::Ask,
+            ApprovalPolicy::Deny => Verdict::Refuse(format!(
+                "denied by policy: the tool '{}' is not allowed in this session",
+                call.name
+            )),
+        }
+    }
+
+    /// Records the approval requests not recorded yet (a resumed turn has
+    /// them already) and waits until every one is decided. Returns the
+    /// interrupt that ended the wait, if one did.
+    async fn await_approvals(
+        &mut self,
+        turn: &mut Turn,
+        calls: &[ToolCall],
+        verdicts: &[Verdict],
+    ) -> Result<Option<Submission>> {
+        let asking: Vec<&ToolCall> = calls
+            .iter()
+            .zip(verdicts)
+            .filter(|(_, verdict)| **verdict == Verdict::Ask)
+            .map(|(call, _)| call)
+            .collect();
+        let requests: Vec<Event> = asking
+            .iter()
+            .filter(|call| !turn.execution.awaiting_approval.contains(&call.call_id))
+            .map(|call| {
+                turn.event(EventMsg::ApprovalRequested(ApprovalRequestedEvent {
+                    turn_id: turn.id().to_owned(),
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                }))
+            })
+            .collect();
+        turn.execution.awaiting_approval = asking.iter().map(|call| call.call_id.clone()).collect();
+        self.status.set_awaiting_approval(&turn.execution.awaiting_approval);
+        if !requests.is_empty() {
+            // Durable before anyone is asked: a restart finds the turn waiting.
+            let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
+            self.recorder.commit(requests, Some(write)).await?;
+        }
+        while !turn.execution.awaiting_approval.is_empty() {
+            let Some(submission) = self.inbox.recv_control().await else {
+                // Every sender is gone; the runtime is being dropped.
+                return Ok(std::future::pending().await);
+            };
+            match &submission.op {
+                Op::Approval { call_id, decision } if turn.execution.awaiting_approval.contains(call_id) => {
+                    let (call_id, decision) = (call_id.clone(), *decision);
+                    turn.execution.awaiting_approval.retain(|waiting| *waiting != call_id);
+                    self.status.set_awaiting_approval(&turn.execution.awaiting_approval);
+                    turn.execution.decisions.insert(call_id.clone(), decision);
+                    if decision == ApprovalDecision::ApproveForSession
+                        && let Some(call) = calls.iter().find(|call| call.call_id == call_id)
+                    {
+                        self.checkpoint.approved_tools.insert(call.name.clone());
+                    }
+                    let decided = Event {
+                        submission_id: Some(submission.id.clone()),
+                        msg: EventMsg::ApprovalDecided(ApprovalDecidedEvent {
+                            turn_id: turn.id().to_owned(),
+                            call_id,
+                            decision,
+                        }),
+                    };
+                    let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
+                    self.recorder.append(vec![decided], Some(write)).await?;
+                }
+                op if interrupts(op, turn.id()) => {
+                    self.status.set_awaiting_approval(&[]);
+                    return Ok(Some(submission));
+                }
+                Op::Steer { .. } => self.steering.push(submission),
+                _ => reject_stray_control(&self.recorder, submission).await?,
+            }
+        }
+        Ok(None)
+    }
+
+    /// Runs the calls judged `Run` (refused ones get their refusal as the
+    /// result), watching for interrupts, and records every result in order.
+    async fn run_calls(&mut self, turn: &mut Turn, calls: &[ToolCall], verdicts: &[Verdict]) -> Result<ToolsEnd> {
+        let context = ToolContext {
+            session_id: self.session_id.clone(),
+            workspace: self.workspace.clone(),
+        };
+        let tools = self.tools.clone();
+        let runnable: Vec<ToolCall> = calls
+            .iter()
+            .zip(verdicts)
+            .filter(|(_, verdict)| **verdict == Verdict::Run)
+            .map(|(call, _)| call.clone())
+            .collect();
+        let together = runnable.len() > 1 && tools.all_parallel_safe(&runnable);
+        // The calls start in order; running together, they are all started
+        // (and durable) before the first one runs.
+        let mut running = FuturesOrdered::new();
+        let mut interrupted: Option<Submission> = None;
+        let mut control_open = true;
+        let mut progress = ProgressFeed {
+            board: ProgressBoard::new(),
+            next_at: tokio::time::Instant::now(),
+        };
+        for (call, verdict) in calls.iter().zip(verdicts) {
+            self.record_started(turn, call).await?;
+            match verdict {
+                Verdict::Refuse(reason) => {
+                    running.push_back(futures::future::ready(ToolOutcome::error(reason.clone())).boxed())
+                }
+                // A tool could take the room the log's commits need (a
+                // command filling the disk): none runs while it is short.
+                _ => match self.store.low_on_space() {
+                    Some(why) => running.push_back(
+                        futures::future::ready(ToolOutcome::error(format!(
+                            "not run: {why}; no tool runs until space is freed, so that the session's log can still be written"
+                        )))
+                        .boxed(),
+                    ),
+                    None => {
+                        self.lease_still_held()?;
+                        let sink = ProgressSink::new(call.call_id.clone(), std::sync::Arc::clone(&progress.board));
+                        running.push_back(sink.scope(tools.run(call, &context)).boxed())
+                    }
+                },
+            }
+            if together {
+                continue;
+            }
+            // In order: this call finishes (or is interrupted) before the next starts.
+            let outcome = self
+                .next_outcome(turn, &mut running, &mut progress, &mut interrupted, &mut control_open)
+                .await?;
+            self.record_result(turn, call, outcome).await?;
+            if interrupted.is_some() {
+                break;
+            }
+        }
+        if together {
+            for call in calls {
+                let outcome = self
+                    .next_outcome(turn, &mut running, &mut progress, &mut interrupted, &mut control_open)
+                    .await?;
+                self.record_result(turn, call, outcome).await?;
+            }
+        }
+        // Calls left after an interrupt are answered without running.
+        match interrupted {
+            Some(interrupt) => {
+                let done: std::collections::HashSet<String> = self
+                    .transcript
+                    .iter()
+                    .filter_map(|item| match item {
+                        TranscriptItem::ToolResult { call_id, .. } => Some(call_id.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                for call in calls.iter().filter(|call| !done.contains(&call.call_id)) {
+                    self.record_started(turn, call).await?;
+                    self.record_result(turn, call, ToolOutcome::error("not run: the turn was interrupted"))
+                        .await?;
+                }
+                Ok(ToolsEnd::Interrupted(interrupt))
+            }
+            None => Ok(ToolsEnd::Done),
+        }
+    }
+
+    /// With several nodes, refuses to start a tool call once this node's
+    /// lease may have lapsed (the process was paused, renewals stalled):
+    /// another node may hold the session by now. The runtime stops; the
+    /// call stays started but not run, and whoever opens the session next
+    /// closes the turn and tells the model.
+    fn lease_still_held(&self) -> Result<()> {
+        match &self.lease_owner {
+            Some(owner) if !owner.clock.fresh(owner.ttl) => Err(Error::Stopped(format!(
+                "this node's lease on the session was last renewed {} ms ago (time to live {} ms): \
+                 no tool call starts under a lease that may have lapsed",
+                owner.clock.since_renewal().as_millis(),
+                owner.ttl.as_millis()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The next outcome of `running` in call order. An interrupt cancels
+    /// every call still running; each of them then gets an "interrupted"
+    /// result.
+    async fn next_outcome(
+        &mut self,
+        turn: &Turn,
+        running: &mut FuturesOrdered<futures::future::BoxFuture<'_, ToolOutcome>>,
+        progress: &mut ProgressFeed,
+        interrupted: &mut Option<Submission>,
+        control_open: &mut bool,
+    ) -> Result<ToolOutcome> {
+        if interrupted.is_some() {
+            return Ok(ToolOutcome::error("interrupted by the user"));
+        }
+        loop {
+            tokio::select! {
+                biased;
+                control = self.inbox.recv_control(), if *control_open => match control {
+                    Some(submission) if interrupts(&submission.op, turn.id()) => {
+                        *interrupted = Some(submission);
+                        // Dropping the calls' futures cancels them.
+                        *running = FuturesOrdered::new();
+                        return Ok(ToolOutcome::error("interrupted by the user"));
+                    }
+                    Some(submission) if matches!(submission.op, Op::Steer { .. }) => self.steering.push(submission),
+                    Some(submission) => reject_stray_control(&self.recorder, submission).await?,
+                    None => *control_open = false,
+                },
+                () = progress.ready() => {
+                    self.record_progress(turn, progress.board.take()).await?;
+                    progress.next_at = tokio::time::Instant::now() + PROGRESS_INTERVAL;
+                }
+                outcome = running.next() => {
+                    // A call's last report goes before its result.
+                    self.record_progress(turn, progress.board.take()).await?;
+                    return Ok(outcome.unwrap_or_else(|| ToolOutcome::error("not run: the turn was interrupted")));
+                }
+            }
+        }
+    }
+
+    /// Records progress reports as `tool_call_progress` events.
+    async fn record_progress(&mut self, turn: &Turn, reports: Vec<ToolProgress>) -> Result<()> {
+        if reports.is_empty() {
+            return Ok(());
+        }
+        let events = reports
+            .into_iter()
+            .map(|report| {
+                turn.event(EventMsg::ToolCallProgress(ToolCallProgressEvent {
+                    turn_id: turn.id().to_owned(),
+                    call_id: report.call_id,
+                    progress: report.progress,
+                    total: report.total,
+                    message: report.message.map(redact_owned),
+                }))
+            })
+            .collect();
+        self.recorder.append(events, None).await
+    }
+
+    /// Records that `call` starts, durably, before it runs: a restart then
+    /// knows it may have run (and that the calls not listed as started in
+    /// the same write never did).
+    async fn record_started(&mut self, turn: &mut Turn, call: &ToolCall) -> Result<()> {
+        turn.execution
+            .started_calls
+            .get_or_insert_with(Vec::new)
+            .push(call.call_id.clone());
+        let started = turn.event(EventMsg::ToolCallStarted(ToolCallStartedEvent {
+            turn_id: turn.id().to_owned(),
+            call_id: call.call_id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        }));
+        let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
+        self.recorder.commit(vec![started], Some(write)).await.map(drop)
+    }
+
+    /// Records a call's result with the history item it adds.
+    async fn record_result(&mut self, turn: &Turn, call: &ToolCall, mut outcome: ToolOutcome) -> Result<()> {
+        // A command's output (`env`, a config file) may hold a provider key;
+        // neither the log nor the next request carries it.
+        outcome.output = redact_owned(outcome.output);
+        let completed = turn.event(EventMsg::ToolCallCompleted(ToolCallCompletedEvent {
+            turn_id: turn.id().to_owned(),
+            call_id: call.call_id.clone(),
+            output: outcome.output.clone(),
+            is_error: outcome.is_error,
+        }));
+        let result = TranscriptItem::ToolResult {
+            call_id: call.call_id.clone(),
+            output: outcome.output,
+            is_error: outcome.is_error,
+        };
+        self.transcript.push(result.clone());
+        let write = self.checkpoint_write(vec![result], Some(&turn.execution));
+        self.recorder.append(vec![completed], Some(write)).await
+    }
+}

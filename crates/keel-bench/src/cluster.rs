@@ -1,0 +1,559 @@
+//! The server workload across several `keel serve` nodes on one PostgreSQL
+//! database: turns per second per node and in total, and how much later an
+//! event reaches a subscriber on another node than one on its owner.
+//!
+//! N in-process servers (the library's [`serve`], each on a loopback port)
+//! share one database, each with a store and a notice listener of its own,
+//! as `keel serve` nodes do. Each of S sessions is created on a node picked
+//! by a seeded generator, which owns it; each of its T turns is `POST`ed to
+//! a node picked the same way, so about (N−1)/N of them are relayed through
+//! the database (answered `202` once stored) to the owner. Each session has
+//! one subscriber on its owner's `…/events/stream` and, with more than one
+//! node, one on another node, which hears of new events by PostgreSQL
+//! `NOTIFY` and reads them from the store. Both are checked gap-free.
+//!
+//! Delivery is measured two ways for the events of the timed turns: the
+//! difference between the two subscribers' receipt [`Instant`]s (same
+//! process, so µs precision), and from the event's `recorded_at_ms` (the
+//! store's clock when its commit began) to the wall clock at receipt, per
+//! kind of subscriber (ms precision).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use super::serve::{
+    TURN_TIMEOUT, WireEvent, check, create_session, io_error, join_sessions, read_stream, write_script,
+};
+use super::stats::percentile;
+use keel_protocol::{Error, Result};
+use keel_server::{ClusterConfig, DEFAULT_LEASE_TTL, ServeError, ServerConfig, serve};
+use keel_store::{PostgresCheckpoint, PostgresOptions};
+
+/// Parameters of the cluster workload.
+#[derive(Debug, Clone)]
+pub struct ClusterParams {
+    /// Nodes sharing the database (at least 1).
+    pub nodes: usize,
+    /// Concurrent sessions.
+    pub sessions: usize,
+    /// Turns per session, run one after the other.
+    pub turns: usize,
+    /// Text chunks per answer.
+    pub chunks: usize,
+    /// Bytes per chunk.
+    pub chunk_bytes: usize,
+    /// The PostgreSQL database, by URL (it must exist; every run creates
+    /// sessions of its own, so it can be reused).
+    pub url: String,
+    /// Seeds the choice of owners and of the nodes each turn is posted to.
+    pub seed: u64,
+}
+
+/// What one cluster run measured. Latencies are in milliseconds; `None`
+/// where there was nothing to measure (nothing relayed or no second
+/// subscriber with one node).
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterReport {
+    /// Nodes.
+    pub nodes: usize,
+    /// Sessions.
+    pub sessions: usize,
+    /// Timed turns per session.
+    pub turns: usize,
+    /// Sessions each node owned.
+    pub sessions_per_node: Vec<usize>,
+    /// Wall time of the timed part.
+    pub wall_s: f64,
+    /// Completed turns per second, all nodes together.
+    pub turns_per_s: f64,
+    /// Completed turns per second of the sessions each node owned.
+    pub turns_per_s_per_node: Vec<f64>,
+    /// Timed `POST`s sent to the session's owner.
+    pub posts_same: usize,
+    /// Timed `POST`s sent to another node, which relayed them.
+    pub posts_relayed: usize,
+    /// Median time from sending a `POST` to its owner to the `202`.
+    pub accept_same_p50_ms: Option<f64>,
+    /// 99th percentile of the same.
+    pub accept_same_p99_ms: Option<f64>,
+    /// Median time from sending a `POST` to another node to the `202`
+    /// (once the submission is stored for the owner).
+    pub accept_relayed_p50_ms: Option<f64>,
+    /// 99th percentile of the same.
+    pub accept_relayed_p99_ms: Option<f64>,
+    /// Median time from sending a `POST` to `turn_complete` on the
+    /// owner's stream.
+    pub turn_p50_ms: f64,
+    /// Median time from an event's commit (`recorded_at_ms`) to its
+    /// receipt on the owner's stream.
+    pub delivery_same_p50_ms: f64,
+    /// 99th percentile of the same.
+    pub delivery_same_p99_ms: f64,
+    /// Median time from an event's commit to its receipt on the other
+    /// node's stream.
+    pub delivery_cross_p50_ms: Option<f64>,
+    /// 99th percentile of the same.
+    pub delivery_cross_p99_ms: Option<f64>,
+    /// Median of (receipt on the other node's stream − receipt on the
+    /// owner's), per event both received, in µs-precise ms.
+    pub cross_minus_same_p50_ms: Option<f64>,
+    /// 99th percentile of the same.
+    pub cross_minus_same_p99_ms: Option<f64>,
+    /// Timed events compared between the two streams.
+    pub events_compared: usize,
+    /// Events every stream received (each checked gap-free), all sessions
+    /// together.
+    pub events_per_stream: u64,
+    /// Streams on the owner node, checked gap-free.
+    pub streams_same: usize,
+    /// Streams on another node, checked gap-free.
+    pub streams_cross: usize,
+}
+
+/// Runs the workload once: starts the nodes, drives the sessions, stops
+/// the nodes.
+pub async fn run_cluster(params: &ClusterParams) -> Result<ClusterReport> {
+    if params.nodes == 0 || params.sessions == 0 {
+        return Err(Error::Config(
+            "a cluster run needs at least one node and one session".to_owned(),
+        ));
+    }
+    let scratch = tempfile::tempdir().map_err(|error| Error::Config(format!("cannot create a temp dir: {error}")))?;
+    let script = scratch.path().join("answers.jsonl");
+    // One answer per model call; the warm-up turn uses the first.
+    write_script(&script, params.turns + 1, params.chunks, params.chunk_bytes)?;
+    let mut nodes = Vec::with_capacity(params.nodes);
+    let mut started = Ok(());
+    for index in 0..params.nodes {
+        // One at a time: each store checks the schema as it connects.
+        match Node::start(index, &params.url, &script, scratch.path()).await {
+            Ok(node) => nodes.push(node),
+            Err(error) => {
+                started = Err(error);
+                break;
+            }
+        }
+    }
+    let result = match started {
+        Ok(()) => drive(params, &nodes).await,
+        Err(error) => Err(error),
+    };
+    let mut stopped = Ok(());
+    for node in nodes {
+        let outcome = node.stop().await;
+        stopped = stopped.and(outcome);
+    }
+    let report = result?;
+    stopped?;
+    Ok(report)
+}
+
+/// One in-process node.
+struct Node {
+    base: String,
+    store: Arc<PostgresCheckpoint>,
+    stop: oneshot::Sender<()>,
+    server: JoinHandle<std::result::Result<(), ServeError>>,
+}
+
+impl Node {
+    /// Starts node `index` on the database at `url`.
+    async fn start(index: usize, url: &str, script: &Path, workspace_root: &Path) -> Result<Self> {
+        let store = Arc::new(PostgresCheckpoint::connect(url, PostgresOptions::default()).await?);
+        let notices = store.listen().await?;
+        let mut config = ServerConfig::new(store.clone());
+        config.default_model = Some(format!("script:{}", script.display()));
+        config.workspace_root = workspace_root.to_owned();
+        config.cluster = Some(ClusterConfig {
+            node_id: format!("bench-node-{index}"),
+            lease_ttl: DEFAULT_LEASE_TTL,
+            // Sealed, as a cluster serving a token is.
+            relay_key: Some(keel_server::RelayKey::derive(b"keel bench cluster")),
+            listener: notices,
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_error)?;
+        let base = format!("http://{}", listener.local_addr().map_err(io_error)?);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, config, async {
+            let _ = stopped.await;
+        }));
+        Ok(Self {
+            base,
+            store,
+            stop,
+            server,
+        })
+    }
+
+    /// Shuts the server down and closes its store.
+    async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(());
+        let outcome = self.server.await;
+        self.store.close().await;
+        outcome
+            .map_err(|error| Error::stopped(format!("a bench node failed: {error}")))?
+            .map_err(|error| Error::stopped(format!("a bench node failed: {error}")))
+    }
+}
+
+/// Creates the sessions, warms them up, runs the timed turns and shuts the
+/// sessions down; measures.
+async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> {
+    let bases: Vec<String> = nodes.iter().map(|node| node.base.clone()).collect();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(usize::MAX)
+        .build()
+        .map_err(|error| Error::Config(format!("cannot build the HTTP client: {error}")))?;
+    let mut owners = StdRng::seed_from_u64(params.seed);
+    let mut sessions = Vec::with_capacity(params.sessions);
+    for index in 0..params.sessions {
+        let owner = owners.random_range(0..bases.len());
+        let other = (bases.len() > 1).then(|| (owner + 1 + owners.random_range(0..bases.len() - 1)) % bases.len());
+        let rng = StdRng::seed_from_u64(params.seed.wrapping_add(index as u64 + 1));
+        sessions.push(ClusterSession::open(&client, &bases, owner, other, rng).await?);
+    }
+    // Warm-up: one turn per session, outside the timing.
+    for session in &mut sessions {
+        session.turn(&client, &bases, "warm-up").await?;
+        session.timed_after = session.last_sequence();
+    }
+
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (index, mut session) in sessions.into_iter().enumerate() {
+        let (client, bases, turns) = (client.clone(), bases.clone(), params.turns);
+        tasks.spawn(async move {
+            let mut posts = Vec::with_capacity(turns);
+            for turn in 0..turns {
+                let text = format!("message {turn} of session {index}");
+                posts.push(session.turn(&client, &bases, &text).await?);
+            }
+            session.timed_until = session.last_sequence();
+            Ok::<_, Error>((session, posts))
+        });
+    }
+    let (finished, posts) = join_sessions(tasks).await?;
+    let wall = started.elapsed().as_secs_f64();
+
+    let mut sessions_per_node = vec![0; bases.len()];
+    let mut same_delivery = Vec::new();
+    let mut cross_delivery = Vec::new();
+    let mut cross_minus_same = Vec::new();
+    let (mut events_per_stream, mut streams_same, mut streams_cross) = (0, 0, 0);
+    for session in finished {
+        sessions_per_node[session.owner] += 1;
+        let streams = session.finish(&client, &bases).await?;
+        events_per_stream += streams.count;
+        streams_same += 1;
+        let same = streams.timed(&streams.same);
+        same_delivery.extend(same.iter().filter_map(commit_to_receipt_ms));
+        if let Some(cross) = &streams.cross {
+            streams_cross += 1;
+            let cross = streams.timed(cross);
+            cross_delivery.extend(cross.iter().filter_map(commit_to_receipt_ms));
+            cross_minus_same.extend(
+                same.iter()
+                    .zip(cross)
+                    .map(|(same, cross)| signed_ms(cross.received, same.received)),
+            );
+        }
+    }
+
+    let accept = |relayed: bool| {
+        posts
+            .iter()
+            .filter(|post| post.relayed == relayed)
+            .map(|post| post.accept_ms)
+            .collect::<Vec<_>>()
+    };
+    let (accept_same, accept_relayed) = (accept(false), accept(true));
+    let turns_per_s_per_node = sessions_per_node
+        .iter()
+        .map(|owned| (owned * params.turns) as f64 / wall)
+        .collect();
+    Ok(ClusterReport {
+        nodes: bases.len(),
+        sessions: params.sessions,
+        turns: params.turns,
+        sessions_per_node,
+        wall_s: wall,
+        turns_per_s: posts.len() as f64 / wall,
+        turns_per_s_per_node,
+        posts_same: accept_same.len(),
+        posts_relayed: accept_relayed.len(),
+        accept_same_p50_ms: quantile(&accept_same, 50.0),
+        accept_same_p99_ms: quantile(&accept_same, 99.0),
+        accept_relayed_p50_ms: quantile(&accept_relayed, 50.0),
+        accept_relayed_p99_ms: quantile(&accept_relayed, 99.0),
+        turn_p50_ms: percentile(&posts.iter().map(|post| post.turn_ms).collect::<Vec<_>>(), 50.0),
+        delivery_same_p50_ms: percentile(&same_delivery, 50.0),
+        delivery_same_p99_ms: percentile(&same_delivery, 99.0),
+        delivery_cross_p50_ms: quantile(&cross_delivery, 50.0),
+        delivery_cross_p99_ms: quantile(&cross_delivery, 99.0),
+        cross_minus_same_p50_ms: quantile(&cross_minus_same, 50.0),
+        cross_minus_same_p99_ms: quantile(&cross_minus_same, 99.0),
+        events_compared: cross_minus_same.len(),
+        events_per_stream,
+        streams_same,
+        streams_cross,
+    })
+}
+
+/// The percentile `p` of `values`, or `None` when there are none.
+fn quantile(values: &[f64], p: f64) -> Option<f64> {
+    (!values.is_empty()).then(|| percentile(values, p))
+}
+
+/// From an event's commit to its receipt, on the wall clock (ms).
+fn commit_to_receipt_ms(event: &WireEvent) -> Option<f64> {
+    let recorded = event.recorded_at_ms?;
+    Some(event.received_unix_ms as f64 - recorded as f64)
+}
+
+/// `later − earlier` in ms, rounded to the µs, negative if `later` came
+/// first.
+fn signed_ms(later: Instant, earlier: Instant) -> f64 {
+    match later.checked_duration_since(earlier) {
+        Some(after) => after.as_micros() as f64 / 1000.0,
+        None => -(earlier.duration_since(later).as_micros() as f64 / 1000.0),
+    }
+}
+
+/// One timed `POST` and its turn.
+struct Post {
+    /// Whether it went to a node other than the owner.
+    relayed: bool,
+    accept_ms: f64,
+    turn_ms: f64,
+}
+
+/// What a session's streams received, once it was shut down.
+struct Streams {
+    /// Events per stream (all streams agree).
+    count: u64,
+    /// The timed events are those after this sequence …
+    timed_after: usize,
+    /// … up to this one.
+    timed_until: usize,
+    /// The owner's stream, every event in order.
+    same: Vec<WireEvent>,
+    /// The other node's stream, with more than one node.
+    cross: Option<Vec<WireEvent>>,
+}
+
+impl Streams {
+    /// The events of the timed turns among `events`, a whole stream.
+    fn timed<'a>(&self, events: &'a [WireEvent]) -> &'a [WireEvent] {
+        // Gap-free from 1, so event `n` is at index `n - 1`.
+        events.get(self.timed_after..self.timed_until).unwrap_or_default()
+    }
+}
+
+/// A subscriber on another node than the owner: its reader and what it
+/// forwarded.
+struct CrossSubscriber {
+    reader: JoinHandle<Result<u64>>,
+    events: mpsc::UnboundedReceiver<WireEvent>,
+}
+
+/// One session under load.
+struct ClusterSession {
+    id: String,
+    /// The node that created and runs it.
+    owner: usize,
+    /// Picks the node each turn is posted to.
+    rng: StdRng,
+    /// The owner's stream, as it is read.
+    events: mpsc::UnboundedReceiver<WireEvent>,
+    /// What the turns took from `events`, in order.
+    seen: Vec<WireEvent>,
+    /// The owner's stream's reader, ending with its count.
+    reader: JoinHandle<Result<u64>>,
+    cross: Option<CrossSubscriber>,
+    timed_after: usize,
+    timed_until: usize,
+}
+
+impl ClusterSession {
+    /// Creates a session on node `owner` and subscribes to it there and on
+    /// node `other`.
+    async fn open(
+        client: &reqwest::Client,
+        bases: &[String],
+        owner: usize,
+        other: Option<usize>,
+        rng: StdRng,
+    ) -> Result<Self> {
+        let id = create_session(client, &bases[owner]).await?;
+        let subscribe = |node: usize| {
+            let url = format!("{}/v1/sessions/{id}/events/stream?after=0", bases[node]);
+            async move {
+                let response = check(client.get(url).send().await).await?;
+                let (sender, events) = mpsc::unbounded_channel();
+                Ok::<_, Error>((tokio::spawn(read_stream(response, Some(sender))), events))
+            }
+        };
+        let (reader, events) = subscribe(owner).await?;
+        let cross = match other {
+            Some(node) => {
+                let (reader, events) = subscribe(node).await?;
+                Some(CrossSubscriber { reader, events })
+            }
+            None => None,
+        };
+        Ok(Self {
+            id,
+            owner,
+            rng,
+            events,
+            seen: Vec::new(),
+            reader,
+            cross,
+            timed_after: 0,
+            timed_until: 0,
+        })
+    }
+
+    /// The last sequence the owner's stream delivered to the turns.
+    fn last_sequence(&self) -> usize {
+        self.seen.last().map_or(0, |event| event.sequence as usize)
+    }
+
+    /// Posts `text` to a random node and waits for its turn to complete on
+    /// the owner's stream.
+    async fn turn(&mut self, client: &reqwest::Client, bases: &[String], text: &str) -> Result<Post> {
+        let node = self.rng.random_range(0..bases.len());
+        let url = format!("{}/v1/sessions/{}/submissions", bases[node], self.id);
+        let body = json!({"op": {"type": "user_input", "text": text}});
+        let started = Instant::now();
+        check(client.post(url).json(&body).send().await).await?;
+        let accept_ms = started.elapsed().as_secs_f64() * 1000.0;
+        loop {
+            let event = tokio::time::timeout(TURN_TIMEOUT, self.events.recv())
+                .await
+                .map_err(|_| Error::stopped(format!("no bench turn event for {TURN_TIMEOUT:?}")))?
+                .ok_or_else(|| Error::stopped("the bench event stream ended during a turn"))?;
+            let kind = event.kind.clone();
+            let sequence = event.sequence;
+            self.seen.push(event);
+            match kind.as_str() {
+                "turn_complete" => break,
+                "turn_aborted" => return Err(Error::Model(format!("bench turn aborted at {sequence}"))),
+                _ => {}
+            }
+        }
+        Ok(Post {
+            relayed: node != self.owner,
+            accept_ms,
+            turn_ms: started.elapsed().as_secs_f64() * 1000.0,
+        })
+    }
+
+    /// Shuts the session down (on its owner), waits for both streams to
+    /// end with it, and checks that they got the same events.
+    async fn finish(mut self, client: &reqwest::Client, bases: &[String]) -> Result<Streams> {
+        let url = format!("{}/v1/sessions/{}/submissions", bases[self.owner], self.id);
+        check(client.post(url).json(&json!({"op": {"type": "shutdown"}})).send().await).await?;
+        let count = self
+            .reader
+            .await
+            .map_err(|error| Error::stopped(format!("a bench subscriber failed: {error}")))??;
+        while let Ok(event) = self.events.try_recv() {
+            self.seen.push(event);
+        }
+        let cross = match self.cross {
+            Some(mut cross) => {
+                let cross_count = cross
+                    .reader
+                    .await
+                    .map_err(|error| Error::stopped(format!("a bench subscriber failed: {error}")))??;
+                if cross_count != count {
+                    return Err(Error::Model(format!(
+                        "session '{}': {count} events on its owner's stream, {cross_count} on another node's",
+                        self.id
+                    )));
+                }
+                let mut events = Vec::new();
+                while let Ok(event) = cross.events.try_recv() {
+                    events.push(event);
+                }
+                Some(events)
+            }
+            None => None,
+        };
+        let complete = |events: &[WireEvent]| {
+            events.len() as u64 == count
+                && events
+                    .iter()
+                    .enumerate()
+                    .all(|(index, event)| event.sequence == index as u64 + 1)
+        };
+        if !complete(&self.seen) || cross.as_deref().is_some_and(|cross| !complete(cross)) {
+            return Err(Error::Model(format!(
+                "session '{}': a stream's forwarded events do not run 1..={count}",
+                self.id
+            )));
+        }
+        Ok(Streams {
+            count,
+            timed_after: self.timed_after,
+            timed_until: self.timed_until,
+            same: self.seen,
+            cross,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_store::postgres::local::TestPostgres;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tiny_cluster_run_is_sane() {
+        let Some(postgres) = TestPostgres::shared() else { return };
+        let params = ClusterParams {
+            nodes: 2,
+            sessions: 2,
+            turns: 3,
+            chunks: 4,
+            chunk_bytes: 16,
+            url: postgres.fresh_database(),
+            seed: 1,
+        };
+        let report = run_cluster(&params).await.expect("the cluster run");
+        assert_eq!(report.nodes, 2);
+        assert_eq!(report.posts_same + report.posts_relayed, 6, "{report:?}");
+        assert!(report.posts_relayed > 0, "some posts are relayed: {report:?}");
+        assert_eq!(report.sessions_per_node.iter().sum::<usize>(), 2);
+        assert!(report.turns_per_s > 0.0);
+        let per_node: f64 = report.turns_per_s_per_node.iter().sum();
+        assert!((per_node - report.turns_per_s).abs() < 1e-6, "{report:?}");
+        assert_eq!(
+            (report.streams_same, report.streams_cross),
+            (2, 2),
+            "both kinds gap-free"
+        );
+        assert!(report.events_per_stream > 0);
+        assert!(report.events_compared > 0);
+        assert!(report.cross_minus_same_p50_ms.is_some() && report.delivery_cross_p99_ms.is_some());
+        assert!(report.accept_relayed_p50_ms.is_some());
+
+        // The same database again, with one node: fresh sessions, nothing
+        // relayed, no second stream.
+        let single = run_cluster(&ClusterParams { nodes: 1, ..params })
+            .await
+            .expect("the one-node run");
+        assert_eq!((single.posts_same, single.posts_relayed), (6, 0));
+        assert_eq!(single.streams_cross, 0);
+        assert!(single.cross_minus_same_p50_ms.is_none() && single.accept_relayed_p50_ms.is_none());
+    }
+}

@@ -1,0 +1,626 @@
+//! Configuration: `keel.toml`, model specs, tools and MCP servers.
+//!
+//! A model is named by a spec: `script:FILE`, `openai:MODEL` (Chat
+//! Completions), `openai-responses:MODEL`, `anthropic:MODEL`,
+//! `ollama:MODEL` (Chat Completions on `http://localhost:11434/v1`, no key),
+//! or the name of a model defined in `keel.toml`. Any spec may end in
+//! options, `?KEY=VALUE&…` (`max_output_tokens`, `temperature`,
+//! `context_window`, `compact_threshold`, `idle_timeout_secs`, `max_retries`), as in
+//! `openai:gpt-4.1-mini?max_output_tokens=1024`; they override the entry's.
+//!
+//! ```toml
+//! model = "fast"                    # the default spec
+//!
+//! [models.fast]
+//! provider = "openai"               # openai | openai-responses | anthropic | ollama | script
+//! model = "gpt-4.1-mini"
+//! base_url = "https://api.openai.com/v1"
+//! api_key_env = "OPENAI_API_KEY"
+//! headers = { "OpenAI-Organization" = "org-123" }
+//! context_window = 128000             # tokens (default: known for gpt-4.1, gpt-4o, gpt-5, o3, o4, claude, …)
+//! compact_threshold = 0.8           # compact the history past this share of the window (default 0.8)
+//! max_output_tokens = 4096
+//! temperature = 0.2
+//! idle_timeout_secs = 300           # longest silence in a stream (default 300)
+//! response_timeout_secs = 120       # wait for response headers, per request (default 120)
+//! step_timeout_secs = 1800          # a whole step: all retries and the stream (default 1800)
+//! max_retries = 4                   # before anything was streamed (default 4)
+//! ```
+//!
+//! MCP tool servers are started for each session (see [`keel_tools::mcp`]);
+//! each is a child process spoken to over stdio, or a streamable-HTTP URL:
+//!
+//! ```toml
+//! [mcp.servers.files]               # tools are named files__<tool>
+//! command = "npx"                   # run as a child process (stdio)
+//! args = ["-y", "@modelcontextprotocol/server-filesystem", "."]
+//! env = { LOG_LEVEL = "warn" }      # added to PATH, HOME, … (nothing else is inherited)
+//! cwd = "."                         # relative to the session's workspace (the default)
+//! timeout_secs = 60                 # per call (default 60)
+//! startup_timeout_secs = 30         # start, handshake, tool list (default 30)
+//!
+//! [mcp.servers.search]
+//! url = "https://mcp.example.com/mcp"   # streamable HTTP instead of `command`
+//! headers = { Authorization = "Bearer …" }
+//! enabled = false                   # keep the entry, start nothing (default true)
+//! ```
+//!
+//! The built-in tools, the shell's sandbox and the approval policies:
+//!
+//! ```toml
+//! [tools]
+//! builtin = true                    # clock and the reading workspace tools (default true)
+//! write = true                      # write_file, edit_file (default true)
+//! shell = true                      # shell (default true)
+//! sandbox = "workspace-write"       # read-only | workspace-write | full-access
+//! shell_timeout_secs = 60           # per command unless the call asks for more
+//! shell_max_timeout_secs = 600      # the most a call may ask for
+//! network = false                   # whether shell commands may use the network (default false)
+//!
+//! [approvals]
+//! default = "ask"                   # auto | ask | deny; unset: reading tools auto, others ask
+//! tools = { shell = "ask", write_file = "auto", files__read_file = "auto" }
+//! ```
+//!
+//! What API clients of `keel serve` may ask for when they create a session
+//! (the ceiling; `keel serve` flags override each key). The operator's own
+//! `[tools]`, `[approvals]` and models are not limited by it; a client may
+//! not turn on a tool `[tools]` turned off. A request beyond it is refused
+//! with `403`:
+//!
+//! ```toml
+//! [server]
+//! max_sandbox = "workspace-write"   # the loosest `tools.sandbox` a client may ask for (--max-sandbox)
+//! auto_approve = ["clock", "read_file", "list_dir", "search"]  # tools a client may set to auto; "*" for all (--auto-approve)
+//! allow_network = false             # whether a client may turn `tools.network` on (--allow-network)
+//! script_dir = "scripts"            # `script:` models from clients only from here (--script-dir); unset: none
+//! ```
+//!
+//! Keys come from the environment (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, or
+//! the entry's `api_key_env`); endpoints from the entry, then
+//! `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL`, then the providers' defaults.
+//! The official endpoints need a key; a model on a custom `base_url` needs
+//! one only if its entry names an `api_key_env`. Keys are never written to
+//! the log, the checkpoint or a log line: as the file is loaded, every key
+//! it names, every `[models]` header and every MCP `env` and `headers`
+//! value is registered with [`keel_secrets`], which replaces it
+//! (and echoed credential headers) in everything a session stores and in
+//! API errors, whether or not its model or server is ever used.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use keel_model::{Model, ScriptedModel};
+use keel_protocol::{Error, Result};
+use keel_providers::http::Secret;
+use keel_providers::{ProviderSettings, anthropic, openai_chat, openai_responses};
+use keel_tools::ApprovalRules;
+
+mod server;
+mod session;
+
+pub use self::server::{READING_TOOLS, ServerPolicy};
+pub use keel_tools::ToolsConfig;
+pub use keel_tools::mcp::{
+    DEFAULT_MCP_CALL_TIMEOUT, DEFAULT_MCP_STARTUP_TIMEOUT, MAX_MCP_SERVER_NAME, McpConfig, McpServerConfig,
+    McpTransport, check_mcp_server_name,
+};
+
+const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
+const OLLAMA_BASE_URL: &str = "http://localhost:11434/v1";
+
+/// The contents of `keel.toml`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeelConfig {
+    /// The model spec used when none is given.
+    pub model: Option<String>,
+    /// Named models.
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelEntry>,
+    /// MCP tool servers (`[mcp.servers.NAME]`).
+    #[serde(default)]
+    pub mcp: McpConfig,
+    /// The built-in tools and the shell's sandbox (`[tools]`).
+    #[serde(default)]
+    pub tools: ToolsConfig,
+    /// Which tool calls run at once, ask the user, or are refused
+    /// (`[approvals]`).
+    #[serde(default)]
+    pub approvals: ApprovalRules,
+    /// What API clients of `keel serve` may ask for (`[server]`).
+    #[serde(default)]
+    pub server: ServerPolicy,
+}
+
+/// A named model in `keel.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// `openai`, `openai-responses`, `anthropic`, `ollama` or `script`.
+    pub provider: String,
+    /// The provider's model name (or, for `script`, the script file).
+    pub model: String,
+    /// The API's base URL.
+    pub base_url: Option<String>,
+    /// The environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The model's context window, in tokens.
+    pub context_window: Option<u32>,
+    /// The share of the context window (above 0, at most 1) past which the
+    /// history is compacted before a request.
+    pub compact_threshold: Option<f64>,
+    /// The most tokens to generate per request.
+    pub max_output_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Longest silence in a streamed response, in seconds.
+    pub idle_timeout_secs: Option<u64>,
+    /// Longest wait for the response headers of one request, in seconds.
+    pub response_timeout_secs: Option<u64>,
+    /// Longest a model step may take, every retry and the whole stream
+    /// included, in seconds.
+    pub step_timeout_secs: Option<u64>,
+    /// Retries of a failed request (before anything was streamed).
+    pub max_retries: Option<u32>,
+}
+
+impl KeelConfig {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| Error::Config(format!("cannot read {}: {error}", path.display())))?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and checks the text of a config file; `path` names it in
+    /// errors (nothing is read from it).
+    /// Every secret the file holds (its `[models]` headers, its MCP
+    /// servers' `env` and `headers`) and the API keys it names are
+    /// registered with [`keel_secrets`] here, before any model
+    /// is built or server started, so that no session can store one.
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        let config: Self = toml::from_str(text).map_err(|error| {
+            let message = error.message().trim_end();
+            // `FILE:LINE:COLUMN: message`, the form editors and terminals
+            // jump to.
+            match error.span() {
+                Some(span) => {
+                    let (line, column) = line_and_column(text, span.start);
+                    // The line itself, since serde's messages do not always
+                    // name the key ("invalid type: string, expected f64").
+                    let source: String = text
+                        .lines()
+                        .nth(line - 1)
+                        .unwrap_or_default()
+                        .trim()
+                        .chars()
+                        .take(80)
+                        .collect();
+                    Error::Config(format!("{}:{line}:{column}: {message} (in `{source}`)", path.display()))
+                }
+                None => Error::Config(format!("{}: {message}", path.display())),
+            }
+        })?;
+        config.register_secrets(&process_env);
+        Ok(config)
+    }
+
+    /// Registers with [`keel_secrets`] every secret this config
+    /// holds or names: each `[models]` header value, each entry's API key
+    /// (the variable `api_key_env` names, or its provider's usual one) and
+    /// the usual key variables of every provider, as `env` reads them. The
+    /// MCP servers' `env` and `headers` values were registered as they were
+    /// parsed (see [`McpConfig`]).
+    pub fn register_secrets(&self, env: &dyn Fn(&str) -> Option<String>) {
+        use keel_secrets::register;
+        let mut variables: Vec<&str> = PROVIDER_KEY_VARIABLES.to_vec();
+        for entry in self.models.values() {
+            entry.headers.values().for_each(|value| register(value));
+            if let Some(variable) = &entry.api_key_env {
+                variables.push(variable);
+            }
+        }
+        for variable in variables {
+            if let Some(key) = env(variable) {
+                register(&key);
+            }
+        }
+    }
+
+    /// The config in use: `explicit` if given (it must exist), else
+    /// `KEEL_CONFIG`, else `./keel.toml`, else `<config dir>/keel/keel.toml`,
+    /// else an empty one. Returns where it came from.
+    pub fn discover(explicit: Option<&Path>) -> Result<(Self, Option<PathBuf>)> {
+        if let Some(path) = explicit {
+            return Ok((Self::load(path)?, Some(path.to_path_buf())));
+        }
+        if let Some(path) = std::env::var_os("KEEL_CONFIG") {
+            let path = PathBuf::from(path);
+            return Ok((Self::load(&path)?, Some(path)));
+        }
+        let candidates = [
+            Some(PathBuf::from("keel.toml")),
+            dirs::config_dir().map(|dir| dir.join("keel/keel.toml")),
+        ];
+        for path in candidates.into_iter().flatten() {
+            if path.is_file() {
+                return Ok((Self::load(&path)?, Some(path)));
+            }
+        }
+        let config = Self::default();
+        config.register_secrets(&process_env);
+        Ok((config, None))
+    }
+
+    /// Builds the model named by `spec`, reading keys and endpoints from the
+    /// process environment. Fails with a one-line [`Error::Config`].
+    pub fn model(&self, spec: &str) -> Result<Arc<dyn Model>> {
+        self.model_with_env(spec, &process_env)
+    }
+
+    /// [`Self::model`] with the environment given as a lookup.
+    pub fn model_with_env(&self, spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn Model>> {
+        // Options after `?` apply to any spec, so that an `openai:` spec can
+        // be capped without a keel.toml entry.
+        let (spec, options) = match spec.split_once('?') {
+            Some((base, options)) => (base, Some(options)),
+            None => (spec, None),
+        };
+        let (name, mut entry) = match spec.split_once(':') {
+            Some((provider, model)) => {
+                if model.is_empty() {
+                    return Err(Error::Config(format!(
+                        "model spec '{spec}' names no model after '{provider}:'"
+                    )));
+                }
+                let entry = ModelEntry {
+                    provider: provider.to_owned(),
+                    model: model.to_owned(),
+                    base_url: None,
+                    api_key_env: None,
+                    headers: BTreeMap::new(),
+                    context_window: None,
+                    compact_threshold: None,
+                    max_output_tokens: None,
+                    temperature: None,
+                    idle_timeout_secs: None,
+                    response_timeout_secs: None,
+                    step_timeout_secs: None,
+                    max_retries: None,
+                };
+                (provider.to_owned(), entry)
+            }
+            None => match self.models.get(spec) {
+                Some(entry) => (spec.to_owned(), entry.clone()),
+                None => {
+                    let known: Vec<&str> = self.models.keys().map(String::as_str).collect();
+                    let known = if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    };
+                    return Err(Error::Config(format!(
+                        "unknown model '{spec}': write provider:model (openai, openai-responses, anthropic, ollama, \
+                         script) or a model named in keel.toml (known: {known})"
+                    )));
+                }
+            },
+        };
+        if let Some(options) = options {
+            apply_options(&mut entry, options)?;
+        }
+        build(&name, &entry, env)
+    }
+}
+
+/// The variables the providers read their keys from by default.
+const PROVIDER_KEY_VARIABLES: [&str; 3] = ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OLLAMA_API_KEY"];
+
+/// A variable of the process environment; unset and empty are the same.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
+}
+
+/// The 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |index| index + 1);
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
+}
+
+/// The options a spec may carry after `?`, as `KEY=VALUE` joined with `&`.
+const SPEC_OPTIONS: &str =
+    "max_output_tokens, temperature, context_window, compact_threshold, idle_timeout_secs, max_retries";
+
+/// Sets the options of a spec (`max_output_tokens=1024&temperature=0.2`) on
+/// `entry`, over what a keel.toml entry says.
+fn apply_options(entry: &mut ModelEntry, options: &str) -> Result<()> {
+    if entry.provider == "script" {
+        return Err(Error::Config("a script: model takes no options".to_owned()));
+    }
+    fn number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
+        value
+            .parse()
+            .map_err(|_| Error::Config(format!("model option {key}={value:?} is not a valid number")))
+    }
+    for option in options.split('&').filter(|option| !option.is_empty()) {
+        let Some((key, value)) = option.split_once('=') else {
+            return Err(Error::Config(format!(
+                "model option '{option}' has no value: write KEY=VALUE ({SPEC_OPTIONS})"
+            )));
+        };
+        match key {
+            "max_output_tokens" => entry.max_output_tokens = Some(number(key, value)?),
+            "temperature" => entry.temperature = Some(number(key, value)?),
+            "context_window" => entry.context_window = Some(number(key, value)?),
+            "compact_threshold" => entry.compact_threshold = Some(number(key, value)?),
+            "idle_timeout_secs" => entry.idle_timeout_secs = Some(number(key, value)?),
+            "max_retries" => entry.max_retries = Some(number(key, value)?),
+            other => {
+                return Err(Error::Config(format!(
+                    "unknown model option '{other}' (known: {SPEC_OPTIONS})"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Builds a model from an entry.
+fn build(name: &str, entry: &ModelEntry, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn Model>> {
+    let (default_base, base_env, key_env, needs_key) = match entry.provider.as_str() {
+        "script" => return Ok(Arc::new(ScriptedModel::load(&entry.model)?)),
+        "openai" | "openai-responses" => (OPENAI_BASE_URL, Some("OPENAI_BASE_URL"), "OPENAI_API_KEY", true),
+        "anthropic" => (
+            ANTHROPIC_BASE_URL,
+            Some("ANTHROPIC_BASE_URL"),
+            "ANTHROPIC_API_KEY",
+            true,
+        ),
+        "ollama" => (OLLAMA_BASE_URL, None, "OLLAMA_API_KEY", false),
+        other => {
+            return Err(Error::Config(format!(
+                "unknown model provider '{other}' (known: openai, openai-responses, anthropic, ollama, script)"
+            )));
+        }
+    };
+    let custom_base = entry.base_url.clone().or_else(|| base_env.and_then(env));
+    let base_url = custom_base.clone().unwrap_or_else(|| default_base.to_owned());
+    let key_variable = entry.api_key_env.clone().unwrap_or_else(|| key_env.to_owned());
+    let api_key = env(&key_variable).map(Secret::new);
+    // The official endpoints always need a key; elsewhere only if asked for.
+    let key_required = (needs_key && custom_base.is_none()) || entry.api_key_env.is_some();
+    if api_key.is_none() && key_required {
+        return Err(Error::Config(format!(
+            "model '{name}' needs an API key: set {key_variable}"
+        )));
+    }
+    let mut settings = ProviderSettings::new(name, &entry.model, base_url);
+    settings.api_key = api_key;
+    settings.headers = entry
+        .headers
+        .iter()
+        .map(|(key, value)| (key.clone(), Secret::new(value.clone())))
+        .collect();
+    settings.max_output_tokens = entry.max_output_tokens;
+    settings.temperature = entry.temperature;
+    settings.context_window = entry.context_window;
+    if let Some(threshold) = entry.compact_threshold {
+        if !(threshold > 0.0 && threshold <= 1.0) {
+            return Err(Error::Config(format!(
+                "model '{name}': compact_threshold is a share of the context window, above 0 and at most 1 (got {threshold})"
+            )));
+        }
+        settings.compact_threshold = threshold;
+    }
+    if let Some(seconds) = entry.idle_timeout_secs {
+        settings.http.idle_timeout = Duration::from_secs(seconds);
+    }
+    if let Some(seconds) = entry.response_timeout_secs {
+        settings.http.response_timeout = Duration::from_secs(seconds);
+    }
+    if let Some(seconds) = entry.step_timeout_secs {
+        settings.http.step_timeout = Duration::from_secs(seconds);
+    }
+    if let Some(retries) = entry.max_retries {
+        settings.http.retry.max_retries = retries;
+    }
+    Ok(match entry.provider.as_str() {
+        "openai-responses" => Arc::new(openai_responses::OpenAiResponses::new(settings)?),
+        "anthropic" => Arc::new(anthropic::Anthropic::new(settings)?),
+        _ => Arc::new(openai_chat::OpenAiChat::new(settings)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        }
+    }
+
+    fn error(result: Result<Arc<dyn Model>>) -> String {
+        match result {
+            Ok(model) => panic!("expected an error, got {}", model.name()),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn specs_pick_provider_endpoint_and_key() {
+        let config = KeelConfig::default();
+        let keys = env(&[("OPENAI_API_KEY", "sk-test"), ("ANTHROPIC_API_KEY", "sk-ant")]);
+        for spec in [
+            "openai:gpt-4.1-mini",
+            "openai-responses:gpt-4.1-mini",
+            "anthropic:claude-sonnet-4-5",
+            "ollama:llama3.2",
+        ] {
+            let model = config
+                .model_with_env(spec, &keys)
+                .unwrap_or_else(|error| panic!("{spec}: {error}"));
+            assert!(
+                model
+                    .name()
+                    .contains(spec.split_once(':').map_or(spec, |(_, name)| name)),
+                "{}",
+                model.name()
+            );
+        }
+        assert!(
+            config.model_with_env("ollama:llama3.2", &env(&[])).is_ok(),
+            "ollama needs no key"
+        );
+    }
+
+    #[test]
+    fn context_limits_come_from_the_entry_the_spec_or_the_known_model() {
+        let config: KeelConfig = toml::from_str(
+            r#"
+            [models.small]
+            provider = "openai"
+            model = "qwen"
+            base_url = "http://127.0.0.1:8000/v1"
+            context_window = 8000
+            compact_threshold = 0.5
+            "#,
+        )
+        .expect("parse");
+        let limits = |spec: &str| {
+            let model = config
+                .model_with_env(spec, &env(&[("OPENAI_API_KEY", "k"), ("ANTHROPIC_API_KEY", "k")]))
+                .unwrap_or_else(|error| panic!("{spec}: {error}"));
+            model.context_limits().map(|limits| (limits.window, limits.threshold))
+        };
+        assert_eq!(limits("small"), Some((8000, 0.5)));
+        assert_eq!(limits("small?compact_threshold=0.9"), Some((8000, 0.9)));
+        assert_eq!(limits("anthropic:claude-sonnet-4-5"), Some((200_000, 0.8)));
+        assert_eq!(limits("openai:some-unknown-model"), None);
+        assert!(error(config.model_with_env("small?compact_threshold=1.5", &env(&[]))).contains("compact_threshold"));
+    }
+
+    #[test]
+    fn missing_keys_and_unknown_names_are_one_line_errors() {
+        let config = KeelConfig::default();
+        let missing = error(config.model_with_env("openai:gpt-4.1-mini", &env(&[])));
+        assert_eq!(
+            missing,
+            "invalid configuration: model 'openai' needs an API key: set OPENAI_API_KEY"
+        );
+        assert!(error(config.model_with_env("anthropic:claude", &env(&[]))).contains("ANTHROPIC_API_KEY"));
+        assert!(error(config.model_with_env("gemini:pro", &env(&[]))).contains("unknown model provider 'gemini'"));
+        assert!(error(config.model_with_env("fast", &env(&[]))).contains("unknown model 'fast'"));
+        assert!(error(config.model_with_env("openai:", &env(&[]))).contains("names no model"));
+        assert!(!missing.contains('\n'));
+    }
+
+    #[test]
+    fn a_custom_endpoint_needs_a_key_only_when_the_entry_names_one() {
+        let config: KeelConfig = toml::from_str(
+            r#"
+            model = "local"
+            [models.local]
+            provider = "openai"
+            model = "qwen"
+            base_url = "http://127.0.0.1:8000/v1"
+
+            [models.proxy]
+            provider = "openai"
+            model = "gpt"
+            base_url = "http://127.0.0.1:4000"
+            api_key_env = "PROXY_KEY"
+            headers = { "X-Team" = "keel" }
+            max_output_tokens = 1024
+            temperature = 0.5
+            "#,
+        )
+        .expect("config");
+        assert_eq!(config.model.as_deref(), Some("local"));
+        assert!(config.model_with_env("local", &env(&[])).is_ok());
+        assert!(error(config.model_with_env("proxy", &env(&[]))).contains("set PROXY_KEY"));
+        assert!(config.model_with_env("proxy", &env(&[("PROXY_KEY", "k")])).is_ok());
+        // OPENAI_BASE_URL moves `openai:` specs to another endpoint, keyless.
+        assert!(
+            config
+                .model_with_env("openai:m", &env(&[("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")]))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn positions_count_lines_and_characters_from_one() {
+        let text = "a = 1\nbé = \"x\"\n";
+        assert_eq!(line_and_column(text, 0), (1, 1));
+        assert_eq!(line_and_column(text, 6), (2, 1));
+        assert_eq!(line_and_column(text, 10), (2, 4), "é is one character of two bytes");
+        assert_eq!(line_and_column(text, text.len() + 5), (3, 1));
+    }
+
+    #[test]
+    fn spec_options_are_checked() {
+        let config = KeelConfig::default();
+        let keyless = env(&[("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")]);
+        assert!(
+            config
+                .model_with_env("ollama:llama3.2:3b?max_output_tokens=64&temperature=0", &keyless)
+                .is_ok()
+        );
+        assert!(error(config.model_with_env("openai:m?max_output_tokens=-1", &keyless)).contains("max_output_tokens"));
+        assert!(error(config.model_with_env("openai:m?seed=1", &keyless)).contains("unknown model option 'seed'"));
+        assert!(error(config.model_with_env("openai:m?max_output_tokens", &keyless)).contains("no value"));
+        assert!(error(config.model_with_env("script:x.jsonl?temperature=1", &keyless)).contains("no options"));
+    }
+
+    #[test]
+    fn the_request_deadlines_are_per_model_settings() {
+        let config: KeelConfig = toml::from_str(
+            "[models.local]\nprovider = \"openai\"\nmodel = \"m\"\nbase_url = \"http://127.0.0.1:8080/v1\"\n\
+             response_timeout_secs = 15\nstep_timeout_secs = 600\n",
+        )
+        .expect("parse");
+        let entry = &config.models["local"];
+        assert_eq!(
+            (entry.response_timeout_secs, entry.step_timeout_secs),
+            (Some(15), Some(600))
+        );
+        assert!(config.model_with_env("local", &env(&[])).is_ok());
+    }
+
+    #[test]
+    fn unknown_fields_in_the_file_are_errors() {
+        let bad = toml::from_str::<KeelConfig>("[models.x]\nprovider = \"openai\"\nmodel = \"m\"\nkey = \"sk\"\n");
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn a_bad_mcp_entry_fails_loading_the_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("keel.toml");
+        std::fs::write(&path, "[mcp.servers.x]\ncommand = \"a\"\nurl = \"http://h/mcp\"\n").expect("write");
+        let message = KeelConfig::load(&path).expect_err("invalid").to_string();
+        assert_eq!(
+            message,
+            format!(
+                "invalid configuration: {}:1:2: [mcp.servers.x]: give either `command` or `url`, not both (in `[mcp.servers.x]`)",
+                path.display()
+            )
+        );
+    }
+}

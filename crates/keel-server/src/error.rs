@@ -1,0 +1,337 @@
+//! API errors: one status, one machine code and one human message each.
+//!
+//! Every error answers `{"error": {"code": "…", "message": "…"}}`. Messages
+//! never carry a key or a token: they come from the runtime's and the
+//! store's errors, which never hold them either, and are redacted on the way
+//! out anyway (see [`keel_secrets`]) in case an upstream echoed one.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use keel_protocol::Error;
+use keel_store::StoreError;
+use keel_tools::workspace::WorkspaceError;
+
+/// An error answered by the API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    /// Malformed JSON, unknown fields, bad values, an invalid op (400).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// A missing or wrong bearer token (401).
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// A request beyond what the operator lets API clients ask for (403);
+    /// `code` names the setting (`sandbox_over_ceiling`, …) and the message
+    /// the `keel.toml` key or `keel serve` flag that would allow it.
+    #[error("{message}")]
+    Forbidden {
+        /// The machine code.
+        code: &'static str,
+        /// What was refused and how the operator could allow it.
+        message: String,
+    },
+    /// A request from a browser page of another origin (403), refused so
+    /// no web page can drive the server.
+    #[error("{0}")]
+    ForbiddenOrigin(String),
+    /// An unknown session or route (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// A route that does not take this method (405).
+    #[error("this route does not take that method")]
+    MethodNotAllowed,
+    /// The session's submission queue is full (409).
+    #[error("the session's submission queue is full; retry later")]
+    QueueFull,
+    /// `on_busy: reject` while the session is busy (409).
+    #[error("{0}")]
+    SessionBusy(String),
+    /// The resource exists already (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// A session's workspace is not a directory Keel created for it (409):
+    /// `workspace_exists` when a new session's workspace name is taken,
+    /// `workspace_not_keels` when a stored session's workspace was
+    /// replaced or may not be adopted, `workspace_not_removable` when a
+    /// delete would remove what Keel did not create or its own files.
+    /// Nothing was created, loaded or deleted.
+    #[error("{message}")]
+    Workspace {
+        /// The machine code.
+        code: &'static str,
+        /// What was found, and what the operator can do.
+        message: String,
+    },
+    /// The session runs on another node sharing the database (409). A node
+    /// relays submissions to the owner instead; a client sees this only
+    /// where relaying cannot help.
+    #[error("{0}")]
+    Elsewhere(String),
+    /// An `Idempotency-Key` sent again with another body (422): answering
+    /// it as a duplicate would drop the new request silently.
+    #[error("{0}")]
+    KeyReused(String),
+    /// The request body did not arrive within the body timeout (408); the
+    /// connection is closed with the answer.
+    #[error("{0}")]
+    RequestTimeout(String),
+    /// The body or the message is over its limit (413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// A JSON body sent with another content type (415): a browser can send
+    /// `text/plain` cross-site without asking, `application/json` it cannot.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// A `Host` the server does not answer for (421): DNS rebinding.
+    #[error("{0}")]
+    MisdirectedRequest(String),
+    /// No live session can be unloaded to make room (503).
+    #[error("{0}")]
+    TooManySessions(String),
+    /// The server is shutting down, or the session stopped (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The database cannot be reached (503): nothing was stored; retry once
+    /// it is back (`/readyz` says when).
+    #[error("{0}")]
+    StoreUnavailable(String),
+    /// The disk, or the database's size cap, is full (503): nothing was
+    /// stored; retry once space is freed.
+    #[error("{0}")]
+    StoreFull(String),
+    /// A store failure or another server fault (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::QueueFull
+            | Self::SessionBusy(_)
+            | Self::Conflict(_)
+            | Self::Workspace { .. }
+            | Self::Elsewhere(_) => StatusCode::CONFLICT,
+            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::KeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::MisdirectedRequest(_) => StatusCode::MISDIRECTED_REQUEST,
+            Self::TooManySessions(_) | Self::Unavailable(_) | Self::StoreUnavailable(_) | Self::StoreFull(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The machine code of the body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden { code, .. } => code,
+            Self::ForbiddenOrigin(_) => "forbidden_origin",
+            Self::NotFound(_) => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::QueueFull => "queue_full",
+            Self::SessionBusy(_) => "session_busy",
+            Self::Conflict(_) => "conflict",
+            Self::Workspace { code, .. } => code,
+            Self::Elsewhere(_) => "session_elsewhere",
+            Self::RequestTimeout(_) => "request_timeout",
+            Self::TooLarge(_) => "too_large",
+            Self::KeyReused(_) => "idempotency_key_reused",
+            Self::UnsupportedMediaType(_) => "unsupported_media_type",
+            Self::MisdirectedRequest(_) => "misdirected_request",
+            Self::TooManySessions(_) => "too_many_sessions",
+            Self::Unavailable(_) => "unavailable",
+            Self::StoreUnavailable(_) => "store_unavailable",
+            Self::StoreFull(_) => "store_full",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// An unknown session.
+    pub(crate) fn unknown_session(session_id: &str) -> Self {
+        Self::NotFound(format!("no session '{session_id}'"))
+    }
+
+    /// The body of the error, also sent in WebSocket replies.
+    pub(crate) fn body(&self) -> ErrorBody {
+        ErrorBody {
+            code: self.code(),
+            message: keel_secrets::redact_owned(self.to_string()),
+        }
+    }
+}
+
+/// `{"code": …, "message": …}`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ErrorBody {
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+}
+
+#[derive(Serialize)]
+struct Envelope {
+    error: ErrorBody,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let Self::Internal(message) = &self {
+            let message = keel_secrets::redact(message);
+            tracing::error!(%message, "request failed");
+        }
+        let mut response = (self.status(), Json(Envelope { error: self.body() })).into_response();
+        if self == Self::Unauthorized {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::UnknownSession(id) => Self::unknown_session(&id),
+            exists @ StoreError::Exists(_) => Self::Conflict(exists.to_string()),
+            owned @ StoreError::Owned { .. } => Self::Elsewhere(owned.to_string()),
+            StoreError::Invalid(message) => Self::InvalidRequest(message),
+            StoreError::Closed => Self::Unavailable("the store is closed".to_owned()),
+            replaced @ StoreError::Replaced(_) => Self::Unavailable(replaced.to_string()),
+            unreachable @ StoreError::Unavailable(_) => Self::StoreUnavailable(unreachable.to_string()),
+            // A full disk is the operator's to fix, not a fault of the
+            // server's: the client is told to come back, as for an outage.
+            full @ StoreError::Full(_) => Self::StoreFull(full.to_string()),
+            other => Self::Internal(format!("store failed: {other}")),
+        }
+    }
+}
+
+impl From<WorkspaceError> for ApiError {
+    fn from(error: WorkspaceError) -> Self {
+        let code = match &error {
+            WorkspaceError::Exists { .. } => "workspace_exists",
+            WorkspaceError::Replaced { .. } => "workspace_not_keels",
+            WorkspaceError::NotRemovable { .. } => "workspace_not_removable",
+            WorkspaceError::Io { .. } => return Self::Internal(error.to_string()),
+        };
+        Self::Workspace {
+            code,
+            message: error.to_string(),
+        }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::InvalidInput(message) => Self::InvalidRequest(message),
+            Error::Busy(_) => Self::QueueFull,
+            Error::SessionBusy(message) => Self::SessionBusy(message),
+            Error::KeyReused(message) => Self::KeyReused(message),
+            Error::Stopped(reason) => Self::Unavailable(format!("the session stopped: {reason}")),
+            Error::Checkpoint(store) => store.into(),
+            Error::Config(message) => Self::InvalidRequest(message),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_its_status_and_code() {
+        let cases = [
+            (ApiError::InvalidRequest("x".into()), 400, "invalid_request"),
+            (ApiError::Unauthorized, 401, "unauthorized"),
+            (
+                ApiError::Forbidden {
+                    code: "sandbox_over_ceiling",
+                    message: "x".into(),
+                },
+                403,
+                "sandbox_over_ceiling",
+            ),
+            (ApiError::ForbiddenOrigin("x".into()), 403, "forbidden_origin"),
+            (ApiError::NotFound("x".into()), 404, "not_found"),
+            (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
+            (ApiError::QueueFull, 409, "queue_full"),
+            (ApiError::SessionBusy("x".into()), 409, "session_busy"),
+            (ApiError::KeyReused("x".into()), 422, "idempotency_key_reused"),
+            (ApiError::Conflict("x".into()), 409, "conflict"),
+            (ApiError::Elsewhere("x".into()), 409, "session_elsewhere"),
+            (ApiError::RequestTimeout("x".into()), 408, "request_timeout"),
+            (
+                ApiError::Workspace {
+                    code: "workspace_exists",
+                    message: "x".into(),
+                },
+                409,
+                "workspace_exists",
+            ),
+            (ApiError::TooLarge("x".into()), 413, "too_large"),
+            (
+                ApiError::UnsupportedMediaType("x".into()),
+                415,
+                "unsupported_media_type",
+            ),
+            (ApiError::MisdirectedRequest("x".into()), 421, "misdirected_request"),
+            (ApiError::TooManySessions("x".into()), 503, "too_many_sessions"),
+            (ApiError::Unavailable("x".into()), 503, "unavailable"),
+            (ApiError::StoreUnavailable("x".into()), 503, "store_unavailable"),
+            (ApiError::StoreFull("x".into()), 503, "store_full"),
+            (ApiError::Internal("x".into()), 500, "internal"),
+        ];
+        for (error, status, code) in cases {
+            assert_eq!((error.status().as_u16(), error.code()), (status, code));
+        }
+        assert_eq!(
+            ApiError::from(Error::Checkpoint(StoreError::UnknownSession("s".into()))),
+            ApiError::NotFound("no session 's'".into())
+        );
+        for (error, code) in [
+            (WorkspaceError::Exists { path: "/w/a".into() }, "workspace_exists"),
+            (
+                WorkspaceError::Replaced {
+                    path: "/w/a".into(),
+                    why: "x".into(),
+                },
+                "workspace_not_keels",
+            ),
+            (
+                WorkspaceError::NotRemovable {
+                    path: "/w/a".into(),
+                    why: "x".into(),
+                },
+                "workspace_not_removable",
+            ),
+        ] {
+            let error = ApiError::from(error);
+            assert_eq!((error.status().as_u16(), error.code()), (409, code));
+        }
+        let full = ApiError::from(StoreError::Full("database or disk is full".into()));
+        assert_eq!((full.status().as_u16(), full.code()), (503, "store_full"));
+        let unreachable = ApiError::from(StoreError::Unavailable("disk I/O error".into()));
+        assert_eq!(
+            (unreachable.status().as_u16(), unreachable.code()),
+            (503, "store_unavailable")
+        );
+    }
+}

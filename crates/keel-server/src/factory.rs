@@ -1,0 +1,234 @@
+//! How a server session is assembled from its settings.
+//!
+//! What a client may ask for is bounded by the operator's ceiling (see
+//! `ceiling`): checked at creation and again at every load. Settings that
+//! no longer fit, or no longer parse, keep the session from loading rather
+//! than loading it with defaults (which could turn a tool back on).
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::ceiling::{ScriptDir, check_overrides, resolve_script};
+use super::error::ApiError;
+use super::metrics::{MeteredModel, Metrics};
+use super::settings::{SessionSettings, merge_approvals};
+use keel_agent::{AgentConfig, SessionContext};
+use keel_config::KeelConfig;
+use keel_model::Model;
+use keel_store::CheckpointStore;
+use keel_tools::workspace::{WorkspaceError, WorkspaceRoot};
+/// Builds the agents of server sessions.
+pub(crate) struct SessionFactory {
+    pub(crate) keel: Arc<KeelConfig>,
+    /// Where API clients' `script:` models may come from (`[server]
+    /// script_dir`, resolved).
+    pub(crate) script_dir: Option<ScriptDir>,
+    /// The model of sessions that name none.
+    pub(crate) default_model: Option<String>,
+    /// Each session works in a directory of its own under this one.
+    pub(crate) workspace_root: PathBuf,
+    /// The `keel` binary that runs shell commands under the sandbox.
+    pub(crate) launcher: Option<PathBuf>,
+    pub(crate) store: Arc<dyn CheckpointStore>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) max_steps: u32,
+    pub(crate) submission_capacity: usize,
+}
+
+impl SessionFactory {
+    /// The model spec a session with `settings` uses.
+    pub(crate) fn model_spec(&self, settings: &SessionSettings) -> Option<String> {
+        settings.model.clone().or_else(|| self.default_model.clone())
+    }
+
+    /// Checks that a new session's settings fit the operator's ceiling
+    /// (`403`) and can be built (`400`); returns the model spec.
+    pub(crate) async fn check(&self, settings: &SessionSettings) -> Result<String, ApiError> {
+        check_overrides(&self.keel, settings.tools.as_ref(), settings.approvals.as_ref())?;
+        let spec = self.model_spec(settings).ok_or_else(|| {
+            ApiError::InvalidRequest(
+                "no model: name one in `model`, or start the server with --model or a keel.toml `model`".to_owned(),
+            )
+        })?;
+        self.load_model(&spec).await?;
+        Ok(spec)
+    }
+
+    /// Whether the operator chose `spec`: the server's default model or one
+    /// named in `keel.toml`.
+    fn operator_model(&self, spec: &str) -> bool {
+        self.default_model.as_deref() == Some(spec) || self.keel.models.contains_key(spec)
+    }
+
+    /// Builds the model of `spec` on a blocking thread (a script is a file
+    /// read). A `script:` spec the operator did not choose must name a file
+    /// in the script directory (`403` otherwise); a spec that cannot be
+    /// built is `400`.
+    async fn load_model(&self, spec: &str) -> Result<Arc<dyn Model>, ApiError> {
+        let spec = match spec.strip_prefix("script:") {
+            Some(path) if !self.operator_model(spec) => {
+                let resolved = resolve_script(self.script_dir.as_ref(), spec, path).await?;
+                format!("script:{}", resolved.display())
+            }
+            _ => spec.to_owned(),
+        };
+        let keel = Arc::clone(&self.keel);
+        tokio::task::spawn_blocking(move || keel.model(&spec))
+            .await
+            .map_err(|error| ApiError::Internal(format!("building the model failed: {error}")))?
+            .map_err(|error| ApiError::InvalidRequest(error.to_string()))
+    }
+
+    /// The configuration that opens `session_id` with `settings`. For a new
+    /// session, `context` is stored with it.
+    pub(crate) async fn agent_config(
+        &self,
+        session_id: &str,
+        settings: &SessionSettings,
+        context: SessionContext,
+    ) -> Result<AgentConfig, ApiError> {
+        // The ceiling may have been lowered since the session was created.
+        let refused = |error: ApiError| match error {
+            ApiError::Forbidden { code, message } => ApiError::Forbidden {
+                code,
+                message: format!(
+                    "session '{session_id}' is not loaded: its settings are beyond this server's ceiling: {message}"
+                ),
+            },
+            other => ApiError::Internal(format!("cannot load session '{session_id}': {other}")),
+        };
+        check_overrides(&self.keel, settings.tools.as_ref(), settings.approvals.as_ref()).map_err(refused)?;
+        let spec = self.model_spec(settings).ok_or_else(|| {
+            ApiError::Internal(format!(
+                "session '{session_id}' names no model and the server has no default model"
+            ))
+        })?;
+        let model = self.load_model(&spec).await.map_err(refused)?;
+        let provider = self.keel.provider_of(&spec).unwrap_or_else(|| "unknown".to_owned());
+        let bot = context.bot_id.clone();
+        let model = Arc::new(MeteredModel::new(model, provider, bot, Arc::clone(&self.metrics)));
+        // A stored session's workspace: the directory Keel created for it,
+        // checked by identity (or made, or adopted, see `created.rs`).
+        let workspace = self
+            .with_workspaces(session_id, |root, name| root.open_existing(name))
+            .await?;
+        let mut config = AgentConfig::new(session_id, Arc::clone(&self.store), model);
+        config.workspace = workspace;
+        config.session_context = context;
+        config.instructions = settings.instructions.clone();
+        config.max_steps = self.max_steps;
+        config.submission_capacity = self.submission_capacity;
+        config.approvals = match &settings.approvals {
+            Some(overrides) => merge_approvals(&self.keel.approvals, overrides),
+            None => self.keel.approvals.clone(),
+        };
+        let tools = match &settings.tools {
+            Some(overrides) => overrides.apply(&self.keel.tools),
+            None => self.keel.tools.clone(),
+        };
+        self.keel
+            .install_tools(&mut config, &tools, self.launcher.clone())
+            .await;
+        Ok(config)
+    }
+}
+
+impl SessionFactory {
+    /// Makes the workspace of the new session `session_id` with `mkdir`:
+    /// `409 workspace_exists` when anything has its name already (an
+    /// operator's directory, a link, a workspace left by a deleted session).
+    pub(crate) async fn create_workspace(&self, session_id: &str) -> Result<(), ApiError> {
+        self.with_workspaces(session_id, |root, name| root.create(name))
+            .await
+            .map(drop)
+    }
+
+    /// Undoes [`Self::create_workspace`] when the session could not be
+    /// created, so that the id stays usable.
+    pub(crate) async fn discard_workspace(&self, session_id: &str) {
+        let discarded = self
+            .with_workspaces(session_id, |root, name| {
+                root.discard(name);
+                Ok(())
+            })
+            .await;
+        if let Err(error) = discarded {
+            tracing::warn!(session_id, %error, "a workspace made for a session that was not created stays");
+        }
+    }
+
+    /// Refuses (`409 workspace_not_removable`) to remove a workspace Keel
+    /// did not create, one that was replaced, or one holding Keel's own
+    /// files; removes nothing.
+    pub(crate) async fn check_workspace_removable(&self, session_id: &str) -> Result<(), ApiError> {
+        self.with_workspaces(session_id, |root, name| root.check_removable(name).map(drop))
+            .await
+    }
+
+    /// Removes the workspace of `session_id` (checked again), following no
+    /// link inside it.
+    pub(crate) async fn remove_workspace(&self, session_id: &str) -> Result<(), ApiError> {
+        self.with_workspaces(session_id, |root, name| root.remove(name)).await
+    }
+
+    /// Runs `work` on the workspace root and the name of `session_id`'s
+    /// workspace in it, on a blocking thread (it is file-system work).
+    async fn with_workspaces<T: Send + 'static>(
+        &self,
+        session_id: &str,
+        work: impl FnOnce(&WorkspaceRoot, &OsStr) -> Result<T, WorkspaceError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let root = self.workspace_root.clone();
+        let dir = workspace_dir(&root, session_id);
+        tokio::task::spawn_blocking(move || {
+            let name = dir.file_name().unwrap_or_default();
+            let workspaces = WorkspaceRoot::open(&root)?;
+            work(&workspaces, name)
+        })
+        .await
+        .map_err(|error| ApiError::Internal(format!("the workspace work failed: {error}")))?
+        .map_err(ApiError::from)
+    }
+}
+
+/// The workspace of a session: `root/<id>` when the id is a plain name
+/// (letters, digits, `-`, `_`, `.`, not starting with `.`), otherwise
+/// `root/~<UUID v5 of the id>`, so no id can name a path outside `root`
+/// and two ids never share a directory. Public so that `keel sessions rm`
+/// finds the directory the server used.
+pub fn workspace_dir(root: &Path, session_id: &str) -> PathBuf {
+    let plain = !session_id.is_empty()
+        && !session_id.starts_with('.')
+        && session_id
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.'));
+    if plain {
+        root.join(session_id)
+    } else {
+        let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, session_id.as_bytes());
+        root.join(format!("~{id}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_ids_name_their_directory_and_others_are_hashed() {
+        let root = Path::new("/srv/keel");
+        assert_eq!(workspace_dir(root, "my-session_1.a"), root.join("my-session_1.a"));
+        for id in ["..", ".hidden", "a/b", "../../etc", "with space", "ü"] {
+            let dir = workspace_dir(root, id);
+            assert_eq!(dir.parent(), Some(root), "{id}");
+            assert!(
+                dir.file_name()
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| name.starts_with('~'))
+            );
+        }
+        assert_ne!(workspace_dir(root, "a/b"), workspace_dir(root, "a\\b"));
+        assert_eq!(workspace_dir(root, "a/b"), workspace_dir(root, "a/b"), "stable");
+    }
+}

@@ -1,0 +1,260 @@
+//! Fan-out of a session's events to any number of subscribers.
+//!
+//! Each session id has a [`Hub`] while it is live or watched. The live
+//! session's pump publishes every event it reads from the agent into the
+//! hub's `broadcast` channel, which never waits: the agent is never slowed
+//! by a subscriber. A [`Subscription`] remembers the last sequence it
+//! handed out. It starts by reading the store after its resume point, then
+//! follows the channel; when it lags behind the channel, or sees a gap, it
+//! reads the missing range from the store and goes on. Every event is
+//! committed before it is published, so the store always has what the
+//! channel dropped: a subscriber never misses an event, never sees one
+//! twice, and is never disconnected for being slow.
+//!
+//! A session that runs on another node (several nodes on one database) has
+//! no local publisher: the node's log notices [`Hubs::poke`] its hub with
+//! the newest stored sequence instead, and each subscription behind it
+//! reads the rest from the store.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::{broadcast, watch};
+
+use super::error::ApiError;
+use super::metrics::Metrics;
+use keel_protocol::RecordedEvent;
+use keel_store::CheckpointStore;
+
+/// Events read from the store per catch-up request.
+const CATCH_UP_PAGE: usize = 256;
+
+/// An event serialized once for every subscriber.
+#[derive(Debug)]
+pub(crate) struct LiveEvent {
+    pub(crate) sequence: u64,
+    /// The `type` of the event's `msg`.
+    pub(crate) kind: &'static str,
+    /// The recorded event's JSON.
+    pub(crate) json: String,
+}
+
+impl LiveEvent {
+    pub(crate) fn new(event: &RecordedEvent) -> Self {
+        Self {
+            sequence: event.sequence,
+            kind: event.msg.kind(),
+            json: serde_json::to_string(event).unwrap_or_default(),
+        }
+    }
+}
+
+/// The live events of one session.
+#[derive(Debug)]
+pub(crate) struct Hub {
+    session_id: String,
+    sender: broadcast::Sender<Arc<LiveEvent>>,
+    subscribers: AtomicUsize,
+    /// The newest sequence known stored by another node's commit.
+    stored: watch::Sender<u64>,
+}
+
+impl Hub {
+    /// Hands `event` to the current subscribers. Never waits.
+    pub(crate) fn publish(&self, event: &RecordedEvent) {
+        // No receiver is not an error: the event is in the store.
+        let _ = self.sender.send(Arc::new(LiveEvent::new(event)));
+    }
+
+    /// How many subscriptions are open.
+    pub(crate) fn subscribers(&self) -> usize {
+        self.subscribers.load(Ordering::Relaxed)
+    }
+}
+
+/// The hubs of the sessions that are live or watched, by session id.
+pub(crate) struct Hubs {
+    hubs: Mutex<HashMap<String, Weak<Hub>>>,
+    capacity: usize,
+}
+
+impl Hubs {
+    /// Hubs whose channels keep up to `capacity` events for slow receivers.
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            hubs: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// The hub of `session_id`, created if nobody holds it.
+    pub(crate) fn get(&self, session_id: &str) -> Arc<Hub> {
+        let mut hubs = self.hubs.lock().unwrap_or_else(|poison| poison.into_inner());
+        if let Some(hub) = hubs.get(session_id).and_then(Weak::upgrade) {
+            return hub;
+        }
+        // Forget the hubs nobody holds any more while we are here.
+        hubs.retain(|_, hub| hub.strong_count() > 0);
+        let hub = Arc::new(Hub {
+            session_id: session_id.to_owned(),
+            sender: broadcast::channel(self.capacity).0,
+            subscribers: AtomicUsize::new(0),
+            stored: watch::Sender::new(0),
+        });
+        hubs.insert(session_id.to_owned(), Arc::downgrade(&hub));
+        hub
+    }
+}
+
+impl Hubs {
+    /// Tells the subscribers of `session_id`, if any, that its log holds
+    /// events up to `last_sequence` (committed by another node): those
+    /// behind it read them from the store.
+    pub(crate) fn poke(&self, session_id: &str, last_sequence: u64) {
+        let hub = {
+            let hubs = self.hubs.lock().unwrap_or_else(|poison| poison.into_inner());
+            hubs.get(session_id).and_then(Weak::upgrade)
+        };
+        if let Some(hub) = hub {
+            hub.stored.send_replace(last_sequence);
+        }
+    }
+
+    /// [`Self::poke`] for every watched session, without a sequence: after
+    /// notices were missed, every subscriber looks at the store again.
+    pub(crate) fn poke_all(&self) {
+        let hubs: Vec<Arc<Hub>> = {
+            let hubs = self.hubs.lock().unwrap_or_else(|poison| poison.into_inner());
+            hubs.values().filter_map(Weak::upgrade).collect()
+        };
+        for hub in hubs {
+            hub.stored.send_replace(u64::MAX);
+        }
+    }
+}
+
+/// One subscriber's view of a session's events, from a resume point on.
+pub(crate) struct Subscription {
+    hub: Arc<Hub>,
+    receiver: broadcast::Receiver<Arc<LiveEvent>>,
+    /// Pokes from other nodes' commits.
+    stored: watch::Receiver<u64>,
+    store: Arc<dyn CheckpointStore>,
+    metrics: Arc<Metrics>,
+    /// The last sequence handed out.
+    last_sent: u64,
+    /// Events read from the store, not yet handed out.
+    backlog: VecDeque<Arc<LiveEvent>>,
+    /// The store may hold events after `last_sent` that the channel will
+    /// not deliver.
+    behind: bool,
+    /// Set when the server shuts down.
+    closing: watch::Receiver<bool>,
+}
+
+impl Subscription {
+    /// A subscription to `hub` handing out the events after `after`.
+    pub(crate) fn new(
+        hub: Arc<Hub>,
+        after: u64,
+        store: Arc<dyn CheckpointStore>,
+        metrics: Arc<Metrics>,
+        closing: watch::Receiver<bool>,
+    ) -> Self {
+        // Subscribe before the first store read: whatever is published from
+        // now on is in the channel, and whatever was published before is in
+        // the store.
+        let receiver = hub.sender.subscribe();
+        let mut stored = hub.stored.subscribe();
+        stored.mark_unchanged();
+        hub.subscribers.fetch_add(1, Ordering::Relaxed);
+        Self {
+            hub,
+            receiver,
+            stored,
+            store,
+            metrics,
+            last_sent: after,
+            backlog: VecDeque::new(),
+            behind: true,
+            closing,
+        }
+    }
+
+    /// The next event, in sequence order; `None` once the server is
+    /// shutting down. Cancel-safe: dropping the future loses nothing.
+    pub(crate) async fn next(&mut self) -> Result<Option<Arc<LiveEvent>>, ApiError> {
+        loop {
+            if *self.closing.borrow() {
+                return Ok(None);
+            }
+            if let Some(event) = self.backlog.pop_front() {
+                self.last_sent = event.sequence;
+                return Ok(Some(event));
+            }
+            if self.behind {
+                self.catch_up().await?;
+                continue;
+            }
+            let received = tokio::select! {
+                received = self.receiver.recv() => received,
+                changed = self.closing.changed() => match changed {
+                    Ok(()) => continue,
+                    Err(_) => return Ok(None),
+                },
+                Ok(()) = self.stored.changed() => {
+                    if *self.stored.borrow_and_update() > self.last_sent {
+                        self.behind = true;
+                    }
+                    continue;
+                }
+            };
+            match received {
+                Ok(event) if event.sequence <= self.last_sent => {}
+                Ok(event) if event.sequence == self.last_sent + 1 => {
+                    self.last_sent = event.sequence;
+                    return Ok(Some(event));
+                }
+                // A gap (the session was reloaded while we were not
+                // listening) or a lag: the store has the rest.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    self.behind = true;
+                    self.metrics.catch_ups.inc();
+                }
+                // The hub keeps its sender while we hold it.
+                Err(broadcast::error::RecvError::Closed) => return Ok(None),
+            }
+        }
+    }
+
+    /// Reads the next page after `last_sent` from the store.
+    async fn catch_up(&mut self) -> Result<(), ApiError> {
+        let events = self
+            .store
+            .events_after(&self.hub.session_id, self.last_sent, CATCH_UP_PAGE)
+            .await?;
+        if events.len() < CATCH_UP_PAGE {
+            // Caught up with the store: what comes next comes through the
+            // channel (possibly again; duplicates are skipped).
+            self.behind = false;
+        }
+        for (expected, event) in (self.last_sent + 1..).zip(&events) {
+            if event.sequence != expected {
+                return Err(ApiError::Internal(format!(
+                    "the log of session '{}' has a gap before sequence {}",
+                    self.hub.session_id, event.sequence
+                )));
+            }
+        }
+        self.backlog
+            .extend(events.iter().map(|event| Arc::new(LiveEvent::new(event))));
+        Ok(())
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.hub.subscribers.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,430 @@
+//! Several nodes on one database: what a host does besides running its own
+//! sessions.
+//!
+//! - **Ownership.** A session is loaded only under a lease this node
+//!   claimed ([`Host::claim`], before the session is assembled, so a
+//!   session another live node holds costs one statement and is
+//!   [`ApiError::Elsewhere`]; `create_agent` claims it again as its owner). [`Host::keep_leases`] renews the leases of
+//!   the loaded sessions every third of their time to live and stops a
+//!   session whose lease was lost (the node paused past it and another node
+//!   took over); the store fences the lost runtime's writes meanwhile.
+//! - **Relaying.** A submission for a session another node runs is stored
+//!   ([`CheckpointStore::relay`]) before the client hears `202`; the owner,
+//!   woken by the notice, queues it under the same id ([`Host::take_relayed`]).
+//! - **Taking over.** [`Host::take_over`] claims the sessions with work that
+//!   no live node holds (a node died, or released them at shutdown): at
+//!   each notice of a released session, and every half lease as a safety
+//!   net.
+//! - **Streams.** [`Host::follow`] turns the log notices of sessions that
+//!   run elsewhere into pokes of their hubs, so subscribers on this node
+//!   read the new events from the store.
+//!
+//! [`CheckpointStore::relay`]: keel_store::CheckpointStore::relay
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{CloseMode, Host, LiveSession, SessionLease};
+use crate::error::ApiError;
+use crate::settings::SessionSettings;
+use keel_agent::{Accepted, BusyPolicy, SubmitOptions, check_same_body, key_reused};
+use keel_protocol::{Op, new_id};
+use keel_store::{LogNotice, NoticeListener};
+use keel_store::{Relayed, RelayedSubmission, StoreError};
+
+/// Relayed submissions read per store call.
+const RELAY_PAGE: usize = 64;
+
+/// Sessions read per take-over page.
+const TAKE_OVER_PAGE: usize = 100;
+
+impl Host {
+    /// Stores `op` for `session_id`, which another node runs, so that node
+    /// queues it; answers as a local submission would, except that
+    /// `sequence` is the log's end when it was relayed (its events come
+    /// after it) and a refusal by the owner (`on_busy: reject`, a full
+    /// queue there) is recorded in the log rather than answered.
+    pub(super) async fn relay(
+        &self,
+        session_id: &str,
+        op: Op,
+        on_busy: Option<BusyPolicy>,
+        idempotency_key: Option<String>,
+    ) -> Result<Accepted, ApiError> {
+        let summary = self
+            .store
+            .session_summary(session_id)
+            .await?
+            .ok_or_else(|| ApiError::unknown_session(session_id))?;
+        let on_busy = match on_busy {
+            Some(policy) => policy,
+            None => SessionSettings::stored(session_id, &summary.context)?.on_busy,
+        };
+        if let Some(key) = &idempotency_key
+            && let Some(earlier) = self.store.keyed_submission(session_id, key).await?
+        {
+            check_same_body(self.store.as_ref(), session_id, key, &earlier, &op, on_busy).await?;
+            return Ok(Accepted {
+                submission_id: earlier.submission_id,
+                sequence: earlier.sequence,
+                duplicate: true,
+            });
+        }
+        let submission = RelayedSubmission {
+            relay_id: 0,
+            submission_id: new_id(),
+            op,
+            on_busy: Some(on_busy),
+            idempotency_key,
+            seal: None,
+        };
+        let submission = RelayedSubmission {
+            seal: self
+                .relay_key
+                .as_ref()
+                .and_then(|key| key.seal(session_id, &submission)),
+            ..submission
+        };
+        let capacity = self.factory.submission_capacity;
+        match self.store.relay(session_id, &submission, capacity).await? {
+            Relayed::New { last_sequence } => {
+                self.metrics.relayed_submissions.inc();
+                Ok(Accepted {
+                    submission_id: submission.submission_id,
+                    sequence: last_sequence,
+                    duplicate: false,
+                })
+            }
+            Relayed::Duplicate(earlier) => {
+                if (&earlier.op, earlier.on_busy) != (&submission.op, submission.on_busy) {
+                    let key = earlier.idempotency_key.unwrap_or_default();
+                    return Err(key_reused(&key, &earlier.submission_id).into());
+                }
+                Ok(Accepted {
+                    submission_id: earlier.submission_id,
+                    // Still waiting: its events come after the log's end.
+                    sequence: summary.last_sequence,
+                    duplicate: true,
+                })
+            }
+            Relayed::Full => Err(ApiError::QueueFull),
+        }
+    }
+
+    /// With several nodes, claims `session_id` for this node: `Ok(None)`
+    /// on a single node; [`ApiError::Elsewhere`] when another live node
+    /// holds it.
+    pub(super) async fn claim(&self, session_id: &str) -> Result<Option<u64>, ApiError> {
+        let Some(owner) = &self.cluster else { return Ok(None) };
+        Ok(Some(self.store.claim(session_id, &owner.node, owner.ttl).await?))
+    }
+
+    /// With several nodes, gives up this node's lease on `session_id` at
+    /// `epoch` (nothing if it was lost meanwhile), so another node may
+    /// take the session at once.
+    pub(super) async fn release(&self, session_id: &str, epoch: u64) {
+        let Some(owner) = &self.cluster else { return };
+        match self.store.release(session_id, &owner.node, epoch).await {
+            Ok(()) | Err(StoreError::UnknownSession(_)) => {}
+            Err(error) => tracing::warn!(%session_id, %error, "cannot release a session's lease; it expires"),
+        }
+    }
+
+    /// Queues, in order, the submissions relayed to `session_id` if it is
+    /// loaded here; otherwise takes it over if no live node runs it.
+    pub(super) async fn take_relayed(&self, session_id: &str) {
+        match self.loaded(session_id).await {
+            Some(session) => self.queue_relayed(&session).await,
+            None => self.take_over_one(session_id).await,
+        }
+    }
+
+    /// Loads `session_id` here if it is worth it and no live node holds it
+    /// (a claim: one statement when another node does).
+    async fn take_over_one(&self, session_id: &str) {
+        if self.is_closing() || !self.worth_taking(session_id).await {
+            return;
+        }
+        match self.acquire(session_id).await {
+            Ok(_session) => {
+                tracing::info!(%session_id, "took over a session with work");
+                self.metrics.sessions_taken_over.inc();
+            }
+            // Another node runs it, or it is gone.
+            Err(ApiError::Elsewhere(_) | ApiError::NotFound(_)) => {}
+            Err(error) => tracing::warn!(%session_id, %error, "cannot take over a session"),
+        }
+    }
+
+    /// The live session `session_id` if this node runs it; never loads it.
+    async fn loaded(&self, session_id: &str) -> Option<SessionLease> {
+        let slot = self.lock_slots().get(session_id).cloned()?;
+        let live = slot.live.lock().await;
+        live.as_ref()
+            .filter(|session| !session.stopped())
+            .map(|session| session.lease())
+    }
+
+    /// Queues the submissions relayed to a live session, each under the id
+    /// its client was given and a key, so one queued twice (a crash before
+    /// it was forgotten) is a duplicate: the client's key, or one made from
+    /// the id. One left for later when the queue is full.
+    pub(super) async fn queue_relayed(&self, session: &LiveSession) {
+        let session_id = session.handle.session_id();
+        let _one_at_a_time = session.relaying.lock().await;
+        loop {
+            let waiting = match self.store.relayed(session_id, RELAY_PAGE).await {
+                Ok(waiting) => waiting,
+                Err(error) => {
+                    tracing::warn!(%session_id, %error, "cannot read the submissions relayed to a session");
+                    return;
+                }
+            };
+            let mut done = Vec::with_capacity(waiting.len());
+            let mut blocked = false;
+            for relayed in &waiting {
+                if let Some(relay_key) = &self.relay_key
+                    && !relay_key.verify(session_id, relayed)
+                {
+                    // Not sealed by a node of this cluster: nobody
+                    // authenticated sent it. Dropped, never queued.
+                    tracing::warn!(
+                        %session_id,
+                        submission_id = %relayed.submission_id,
+                        "refused a relayed submission whose seal does not verify"
+                    );
+                    self.metrics.relayed_refused.inc();
+                    done.push(relayed.relay_id);
+                    continue;
+                }
+                let key = relayed
+                    .idempotency_key
+                    .clone()
+                    .unwrap_or_else(|| format!("relayed-{}", relayed.submission_id));
+                let options = SubmitOptions {
+                    on_busy: relayed.on_busy.unwrap_or(session.settings.on_busy),
+                    idempotency_key: Some(key),
+                    submission_id: Some(relayed.submission_id.clone()),
+                };
+                match session.handle.submit_durable(relayed.op.clone(), options).await {
+                    // Refused by `on_busy: reject`: recorded as such.
+                    Ok(_) | Err(keel_protocol::Error::SessionBusy(_)) => done.push(relayed.relay_id),
+                    Err(keel_protocol::Error::Busy(_)) => {
+                        // The queue is full: the rest waits for the next round.
+                        blocked = true;
+                        break;
+                    }
+                    Err(error @ (keel_protocol::Error::KeyReused(_) | keel_protocol::Error::InvalidInput(_))) => {
+                        tracing::warn!(%session_id, %error, "a relayed submission was refused");
+                        done.push(relayed.relay_id);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%session_id, %error, "cannot queue a relayed submission yet");
+                        blocked = true;
+                        break;
+                    }
+                }
+            }
+            if let Err(error) = self.store.relay_done(session_id, &done).await {
+                // They are queued; taken up again, their keys make them duplicates.
+                tracing::warn!(%session_id, %error, "cannot forget relayed submissions");
+                return;
+            }
+            if blocked || waiting.len() < RELAY_PAGE {
+                return;
+            }
+        }
+    }
+
+    /// Renews the leases of the loaded sessions every third of their time
+    /// to live and stops the sessions whose leases were lost. Runs until
+    /// aborted: leases are kept while a shutdown lets turns finish. It does
+    /// nothing else, so that no other work can delay a renewal.
+    pub(crate) async fn keep_leases(self: &Arc<Self>) {
+        let Some(owner) = self.cluster.clone() else { return };
+        let every = owner.ttl / 3;
+        loop {
+            tokio::time::sleep(every).await;
+            let sessions: Vec<Arc<LiveSession>> = self
+                .live_sessions()
+                .into_iter()
+                .filter(|session| !session.stopped())
+                .collect();
+            let held: Vec<(String, u64)> = sessions
+                .iter()
+                .map(|session| (session.handle.session_id().to_owned(), session.lease))
+                .collect();
+            let sent = Instant::now();
+            match tokio::time::timeout(every, self.store.renew(&owner.node, owner.ttl, &held)).await {
+                Ok(Ok(lost)) => {
+                    for session in &sessions {
+                        if let Some(clock) = &session.clock
+                            && !lost.iter().any(|id| id == session.handle.session_id())
+                        {
+                            clock.renewed_at(sent);
+                        }
+                    }
+                    for session_id in lost {
+                        let host = Arc::clone(self);
+                        tokio::spawn(async move { host.drop_lost(&session_id).await });
+                    }
+                }
+                Ok(Err(error)) => tracing::warn!(%error, "cannot renew this node's leases"),
+                Err(_) => tracing::warn!("renewing this node's leases took longer than a third of their time to live"),
+            }
+        }
+    }
+
+    /// Takes up, every third of a lease until the server shuts down, the
+    /// relayed submissions of this node's sessions whose wake-up was
+    /// missed (a lost notice, a full queue).
+    pub(crate) async fn retry_relayed(&self) {
+        let Some(owner) = self.cluster.clone() else { return };
+        let every = owner.ttl / 3;
+        let mut closing = self.closing.subscribe();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                _ = closing.wait_for(|closing| *closing) => return,
+            }
+            match self.store.sessions_with_relayed(&owner.node).await {
+                Ok(sessions) => {
+                    for session_id in sessions {
+                        self.take_relayed(&session_id).await;
+                    }
+                }
+                Err(error) => tracing::debug!(%error, "cannot look for relayed submissions"),
+            }
+        }
+    }
+
+    /// The live sessions, as they are now.
+    fn live_sessions(&self) -> Vec<Arc<LiveSession>> {
+        let slots: Vec<_> = self.lock_slots().values().cloned().collect();
+        slots
+            .iter()
+            .filter_map(|slot| slot.live.try_lock().ok()?.as_ref().map(Arc::clone))
+            .collect()
+    }
+
+    /// Stops a session whose lease another node took: it must not run here.
+    async fn drop_lost(&self, session_id: &str) {
+        let Some(slot) = self.lock_slots().get(session_id).cloned() else {
+            return;
+        };
+        let mut live = slot.live.lock().await;
+        if let Some(session) = live.take() {
+            tracing::warn!(%session_id, "this node lost the session's lease; stopping it here");
+            self.metrics.leases_lost.inc();
+            // Its writes are fenced off already; nothing to finish.
+            self.unload(session, Some(CloseMode::Abort)).await;
+        }
+        drop(live);
+        self.forget_slot(session_id, slot);
+    }
+
+    /// Claims and loads, until the server shuts down, the sessions with
+    /// work that no live node holds: when woken ([`Self::follow`], a
+    /// restart) and every half lease.
+    pub(crate) async fn take_over(&self) {
+        let Some(owner) = self.cluster.clone() else { return };
+        let every = owner.ttl / 2;
+        let mut closing = self.closing.subscribe();
+        loop {
+            self.sweep_once().await;
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = self.sweep.notified() => {}
+                _ = closing.wait_for(|closing| *closing) => return,
+            }
+        }
+    }
+
+    /// One pass of [`Self::take_over`].
+    async fn sweep_once(&self) {
+        let mut after: Option<String> = None;
+        loop {
+            let page = match self.store.sessions_to_take_over(after.as_deref(), TAKE_OVER_PAGE).await {
+                Ok(page) => page,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot list sessions to take over");
+                    return;
+                }
+            };
+            for session_id in &page {
+                if self.is_closing() {
+                    return;
+                }
+                if self.status(session_id).is_some() {
+                    continue;
+                }
+                if self.live_count.load(Ordering::SeqCst) >= self.limits.max_live {
+                    tracing::warn!("more sessions have work than may be live here; the rest wait");
+                    return;
+                }
+                self.take_over_one(session_id).await;
+            }
+            if page.len() < TAKE_OVER_PAGE {
+                return;
+            }
+            after = page.last().cloned();
+        }
+    }
+
+    /// Whether a session without a live owner should be loaded: not one
+    /// whose turn waits for approval with nothing relayed to it (that wait
+    /// is durable; whoever receives the decision loads it).
+    async fn worth_taking(&self, session_id: &str) -> bool {
+        match self.store.session_summary(session_id).await {
+            Ok(Some(summary)) if summary.awaiting_approval.is_empty() => true,
+            Ok(Some(_)) => self
+                .store
+                .relayed(session_id, 1)
+                .await
+                .is_ok_and(|relayed| !relayed.is_empty()),
+            Ok(None) => false,
+            Err(error) => {
+                tracing::warn!(%session_id, %error, "cannot read a session to take over");
+                false
+            }
+        }
+    }
+
+    /// Acts on the database's notices until the server shuts down: pokes
+    /// the hubs of sessions that run elsewhere, takes up relayed
+    /// submissions, and wakes the take-over sweep.
+    pub(crate) async fn follow(self: &Arc<Self>, mut listener: NoticeListener) {
+        let mut closing = self.closing.subscribe();
+        loop {
+            let notice = tokio::select! {
+                notice = listener.recv() => notice,
+                _ = closing.wait_for(|closing| *closing) => return,
+            };
+            match notice {
+                None => return,
+                Some(LogNotice::Log {
+                    session_id,
+                    last_sequence,
+                }) => {
+                    // A local session's subscribers hear from its pump.
+                    if self.status(&session_id).is_none() {
+                        self.hubs.poke(&session_id, last_sequence);
+                    }
+                }
+                Some(LogNotice::Relay { session_id, owner }) => {
+                    // Another live node's relay is none of this node's business.
+                    let mine = self.cluster.as_ref().map(|cluster| cluster.node.as_str());
+                    if owner.is_none() || owner.as_deref() == mine {
+                        let host = Arc::clone(self);
+                        tokio::spawn(async move { host.take_relayed(&session_id).await });
+                    }
+                }
+                Some(LogNotice::Resync) => {
+                    self.hubs.poke_all();
+                    self.sweep.notify_one();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Seals on relayed submissions, so that a row in the database decides
+//! nothing no node accepted from an authenticated client.
+//!
+//! A node that relays a submission stores it in the database for the
+//! session's owner ([`keel_store::CheckpointStore::relay`]). Whoever can
+//! write that table (a leaked database password, a process reaching the
+//! database's socket) could otherwise insert an `approval` for another
+//! session's pending call and have the owner act on it. So the accepting
+//! node seals each row with an HMAC-SHA256 over everything the owner acts
+//! on (the session, the submission's id and key, the op and its busy
+//! policy), under a key the nodes share and the database never holds
+//! (`--cluster-key-file`, or derived from the API token every node
+//! checks); the owner refuses a row whose seal does not verify.
+//!
+//! Not covered: a sealed row copied back in after it was taken up runs
+//! again only if it has no idempotency key (a keyed one is a duplicate);
+//! a node given no key seals nothing and checks nothing, which is only
+//! sound when the API itself asks for no token (loopback, no
+//! authentication: anyone who could write the row could send the request).
+
+use std::fmt;
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+use keel_store::RelayedSubmission;
+
+/// Binds a key to this use, and a seal to the layout of its message.
+const KEY_LABEL: &[u8] = b"keel relayed submissions v1";
+
+/// The key relayed submissions are sealed with, shared by every node of a
+/// database and kept out of it.
+#[derive(Clone)]
+pub struct RelayKey([u8; 32]);
+
+impl RelayKey {
+    /// The key derived from a shared secret: the contents of
+    /// `--cluster-key-file`, or the API token every node checks.
+    pub fn derive(secret: &[u8]) -> Self {
+        Self(mac(secret, &[KEY_LABEL]))
+    }
+
+    /// The seal of `submission` for `session_id`, as stored with it.
+    pub(crate) fn seal(&self, session_id: &str, submission: &RelayedSubmission) -> Option<String> {
+        let message = sealed_message(session_id, submission)?;
+        Some(to_hex(&mac(&self.0, &[&message])))
+    }
+
+    /// Whether `submission` carries a seal that this key made for it and
+    /// `session_id`; compared in constant time.
+    pub(crate) fn verify(&self, session_id: &str, submission: &RelayedSubmission) -> bool {
+        let (Some(seal), Some(message)) = (&submission.seal, sealed_message(session_id, submission)) else {
+            return false;
+        };
+        let Some(tag) = from_hex(seal) else { return false };
+        let Ok(mut check) = Hmac::<Sha256>::new_from_slice(&self.0) else {
+            return false;
+        };
+        check.update(&message);
+        check.verify_slice(&tag).is_ok()
+    }
+}
+
+impl fmt::Debug for RelayKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RelayKey([redacted])")
+    }
+}
+
+/// What a seal covers: everything the owner acts on, in one unambiguous
+/// encoding (a JSON array: strings are quoted, so no field can run into
+/// the next).
+fn sealed_message(session_id: &str, submission: &RelayedSubmission) -> Option<Vec<u8>> {
+    serde_json::to_vec(&(
+        session_id,
+        &submission.submission_id,
+        &submission.idempotency_key,
+        &submission.op,
+        &submission.on_busy,
+    ))
+    .ok()
+}
+
+/// HMAC-SHA256 of the concatenated `parts` under `key`.
+fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    // HMAC takes keys of any length; this cannot fail.
+    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(key) else {
+        return [0; 32];
+    };
+    for part in parts {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().into()
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn from_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_protocol::{ApprovalDecision, Op};
+
+    fn approval(call_id: &str) -> RelayedSubmission {
+        RelayedSubmission {
+            relay_id: 7,
+            submission_id: "sub-1".into(),
+            op: Op::Approval {
+                call_id: call_id.into(),
+                decision: ApprovalDecision::Approve,
+            },
+            on_busy: None,
+            idempotency_key: Some("key-1".into()),
+            seal: None,
+        }
+    }
+
+    #[test]
+    fn a_seal_verifies_only_for_what_it_sealed_under_its_key() {
+        let key = RelayKey::derive(b"the token");
+        let mut sealed = approval("call-1");
+        sealed.seal = key.seal("s", &sealed);
+        assert!(key.verify("s", &sealed));
+        // The store's own id is not sealed: the row may be renumbered.
+        assert!(key.verify(
+            "s",
+            &RelayedSubmission {
+                relay_id: 8,
+                ..sealed.clone()
+            }
+        ));
+
+        let other_key = RelayKey::derive(b"another token");
+        assert!(!other_key.verify("s", &sealed), "another cluster's key");
+        assert!(!key.verify("t", &sealed), "moved to another session");
+        let mut changed = approval("call-2");
+        changed.seal = sealed.seal.clone();
+        assert!(!key.verify("s", &changed), "another call decided");
+        let mut rekeyed = sealed.clone();
+        rekeyed.idempotency_key = None;
+        assert!(!key.verify("s", &rekeyed), "its key dropped");
+        let mut renamed = sealed.clone();
+        renamed.submission_id = "sub-2".into();
+        assert!(!key.verify("s", &renamed), "another submission id");
+        for forged in [None, Some(String::new()), Some("zz".into()), Some("00".repeat(32))] {
+            let row = RelayedSubmission {
+                seal: forged.clone(),
+                ..sealed.clone()
+            };
+            assert!(!key.verify("s", &row), "{forged:?}");
+        }
+    }
+
+    #[test]
+    fn keys_never_print() {
+        let key = RelayKey::derive(b"secret material");
+        assert_eq!(format!("{key:?}"), "RelayKey([redacted])");
+    }
+}

@@ -1,0 +1,399 @@
+//! `keel serve`: the HTTP API of `docs/http-api.md` over a store of sessions.
+//!
+//! [`serve`] answers on a listener until its shutdown future resolves, then
+//! stops accepting, gives running turns a grace period, interrupts the ones
+//! still running and shuts every live session down. Inside, one job per
+//! module:
+//!
+//! - `host`: which sessions are loaded; loading on first use, unloading
+//!   when idle, the bound on live sessions, shutdown;
+//! - `fanout`: each live session's events, published to any number of
+//!   subscribers without gaps, duplicates or back-pressure on the agent;
+//! - `conn`: accepting connections and bounding what each may hold before
+//!   it is authenticated; `front`: the `Host`, `Origin` and body-size
+//!   checks that keep other sites' pages out;
+//! - `routes`, `sse`, `ws`: the endpoints; `auth`: the bearer token;
+//!   `error`: the JSON errors; `settings`: per-session settings;
+//!   `ceiling`: what API clients may ask for (`keel.toml`'s `[server]`);
+//!   `factory`: how a session is assembled from its settings; `metrics`:
+//!   Prometheus metrics; `ui`: the web UI.
+
+mod auth;
+mod ceiling;
+mod conn;
+mod error;
+mod extract;
+mod factory;
+mod fanout;
+mod front;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
+mod host;
+mod metrics;
+pub(crate) mod routes;
+mod settings;
+mod sse;
+mod ui;
+mod ws;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::HeaderValue;
+use tokio::net::TcpListener;
+
+pub use self::conn::{
+    DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES, raise_open_file_limit,
+};
+pub use self::error::ApiError;
+use self::factory::SessionFactory;
+pub use self::factory::workspace_dir;
+pub use self::front::DEFAULT_BODY_TIMEOUT;
+pub use self::host::RelayKey;
+use self::host::{Host, HostLimits};
+use self::metrics::{MeteredStore, Metrics};
+use keel_agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};
+use keel_agent::{LeaseClock, LeaseOwner};
+use keel_config::KeelConfig;
+use keel_store::CheckpointStore;
+use keel_store::NoticeListener;
+
+/// The default limit on a request body.
+pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// The largest connection bound accepted (far above any open-file limit).
+const MAX_CONNECTIONS_BOUND: usize = 1 << 20;
+
+/// Everything a server needs.
+pub struct ServerConfig {
+    /// Where the sessions live.
+    pub store: Arc<dyn CheckpointStore>,
+    /// `keel.toml`: named models, `[tools]`, `[approvals]`, `[mcp]`, and
+    /// `[server]`, the ceiling on what API clients may ask for.
+    pub keel: KeelConfig,
+    /// The model of sessions created without one.
+    pub default_model: Option<String>,
+    /// Each session works in a directory of its own under this one.
+    pub workspace_root: PathBuf,
+    /// The `keel` binary whose hidden `sandbox-exec` command runs shell
+    /// commands under the sandbox; without it the shell is not sandboxed.
+    pub launcher: Option<PathBuf>,
+    /// The bearer token every `/v1/…` request must carry; required unless
+    /// the listener is on loopback.
+    pub token: Option<String>,
+    /// The one origin allowed to call the API from a browser (CORS).
+    pub cors_origin: Option<String>,
+    /// The most sessions loaded at once.
+    pub max_live_sessions: usize,
+    /// How long an idle session stays loaded.
+    pub idle_unload: Duration,
+    /// How long running turns get to finish at shutdown before they are
+    /// interrupted.
+    pub shutdown_grace: Duration,
+    /// The largest request body (and WebSocket message).
+    pub body_limit: usize,
+    /// Events kept per session for subscribers that fall behind before
+    /// they are served from the store instead.
+    pub live_buffer: usize,
+    /// How often an idle event stream sends a keep-alive comment.
+    pub keep_alive: Duration,
+    /// The most model calls one turn may make.
+    pub max_steps: u32,
+    /// Queued submissions a session holds.
+    pub submission_capacity: usize,
+    /// Host names the server answers for besides its listen address,
+    /// `localhost`, `127.0.0.1` and `[::1]` (on any port); requests for any
+    /// other `Host` are `421`, which defeats DNS rebinding.
+    pub allowed_hosts: Vec<String>,
+    /// How long a connection gets to send a complete request head, counted
+    /// from when it opens or finished its previous request: also how long
+    /// an idle kept-alive connection stays open.
+    pub header_timeout: Duration,
+    /// How long a request body gets to arrive whole once its head has; a
+    /// body still incomplete then is `408` and its connection is closed.
+    pub body_timeout: Duration,
+    /// The most connections open at once (kept below the open-file limit);
+    /// further ones wait to be accepted.
+    pub max_connections: usize,
+    /// The largest request head (request line and headers); larger is
+    /// `431` and the connection is closed.
+    pub max_header_bytes: usize,
+    /// How often sessions past `[server] retention_days` are looked for.
+    pub retention_sweep: Duration,
+    /// Several nodes on one (PostgreSQL) database: this node's part in it.
+    /// `None` for the only node (SQLite's mode).
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// A node's settings when several share one database.
+#[derive(Debug)]
+pub struct ClusterConfig {
+    /// This node's id, unique among the live nodes (it owns leases).
+    pub node_id: String,
+    /// How long a session's lease lasts without a renewal: how soon the
+    /// other nodes take over the sessions of a node that died.
+    pub lease_ttl: Duration,
+    /// The key relayed submissions are sealed with, the same on every node
+    /// (see [`RelayKey`]); `None` derives it from `token` when there is
+    /// one, and otherwise nothing is sealed or checked.
+    pub relay_key: Option<RelayKey>,
+    /// The database's notices (log commits, relayed submissions, released
+    /// sessions), listened to from before the server starts.
+    pub listener: NoticeListener,
+}
+
+/// The lease time to live of a node by default.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+impl ServerConfig {
+    /// A configuration with the defaults: no default model, sessions'
+    /// workspaces under the current directory, no token, 256 live sessions
+    /// unloaded after 5 minutes idle, 10 s of grace at shutdown; no extra
+    /// host names, 10 s to send a request head and 30 s for its body, at
+    /// most 1024 connections and 32 KiB request heads.
+    pub fn new(store: Arc<dyn CheckpointStore>) -> Self {
+        Self {
+            store,
+            keel: KeelConfig::default(),
+            default_model: None,
+            workspace_root: PathBuf::from("."),
+            launcher: None,
+            token: None,
+            cors_origin: None,
+            max_live_sessions: 256,
+            idle_unload: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(10),
+            body_limit: DEFAULT_BODY_LIMIT,
+            live_buffer: 256,
+            keep_alive: sse::DEFAULT_KEEP_ALIVE,
+            max_steps: DEFAULT_MAX_STEPS,
+            submission_capacity: DEFAULT_SUBMISSION_CAPACITY,
+            allowed_hosts: Vec::new(),
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            retention_sweep: Duration::from_secs(3600),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            cluster: None,
+        }
+    }
+}
+
+/// Why a server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// Listening beyond loopback without a token.
+    #[error("refusing to listen on {0} without a token (one is required off loopback)")]
+    TokenRequired(SocketAddr),
+    /// The configuration is unusable; the text says why.
+    #[error("invalid server configuration: {0}")]
+    Config(String),
+    /// The listener failed.
+    #[error("the server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What the handlers share.
+pub(crate) struct Server {
+    host: Arc<Host>,
+    metrics: Arc<Metrics>,
+    token: Option<auth::Token>,
+    cors_origin: Option<HeaderValue>,
+    front: front::FrontDoor,
+    body_limit: usize,
+    keep_alive: Duration,
+}
+
+/// Serves the API on `listener` until `shutdown` resolves, then shuts down
+/// gracefully: stops accepting, ends the event streams, lets running turns
+/// reach a safe point (interrupting those still running after the grace
+/// period) and shuts every live session down.
+pub async fn serve(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let address = listener.local_addr()?;
+    let token = match config.token.as_deref().map(str::trim) {
+        Some("") => return Err(ServeError::Config("the token is empty".to_owned())),
+        Some(token) => Some(auth::Token::new(token)),
+        None if !address.ip().is_loopback() => return Err(ServeError::TokenRequired(address)),
+        None => None,
+    };
+    let cors_origin = config
+        .cors_origin
+        .as_deref()
+        .map(|origin| {
+            HeaderValue::from_str(origin).map_err(|_| ServeError::Config(format!("invalid CORS origin '{origin}'")))
+        })
+        .transpose()?;
+    if config.body_timeout.is_zero() {
+        return Err(ServeError::Config("the body timeout must not be zero".to_owned()));
+    }
+    let front = front::FrontDoor::new(
+        address,
+        &config.allowed_hosts,
+        cors_origin.clone(),
+        config.body_limit,
+        config.body_timeout,
+    )
+    .map_err(|error| ServeError::Config(error.to_string()))?;
+    if !(1..=MAX_CONNECTIONS_BOUND).contains(&config.max_connections) {
+        return Err(ServeError::Config(format!(
+            "the connection bound must be between 1 and {MAX_CONNECTIONS_BOUND}"
+        )));
+    }
+    if config.header_timeout.is_zero() {
+        return Err(ServeError::Config("the header timeout must not be zero".to_owned()));
+    }
+    let connection_limits = conn::ConnectionLimits {
+        header_timeout: config.header_timeout,
+        max_connections: config.max_connections,
+        max_header_bytes: config.max_header_bytes,
+    };
+    if config.max_live_sessions == 0 {
+        return Err(ServeError::Config(
+            "the live-session bound must be at least 1".to_owned(),
+        ));
+    }
+    let metrics = Arc::new(Metrics::new());
+    let store: Arc<dyn CheckpointStore> = Arc::new(MeteredStore::new(config.store, Arc::clone(&metrics)));
+    let script_dir = config
+        .keel
+        .server
+        .script_dir
+        .as_deref()
+        .map(ceiling::ScriptDir::new)
+        .transpose()
+        .map_err(ServeError::Config)?;
+    let retention = config
+        .keel
+        .server
+        .retention_days
+        .map(|days| Duration::from_secs(u64::from(days) * 24 * 3600));
+    let factory = SessionFactory {
+        keel: Arc::new(config.keel),
+        script_dir,
+        default_model: config.default_model,
+        workspace_root: config.workspace_root,
+        launcher: config.launcher,
+        store: Arc::clone(&store),
+        metrics: Arc::clone(&metrics),
+        max_steps: config.max_steps,
+        submission_capacity: config.submission_capacity,
+    };
+    let (cluster, notices) = match config.cluster {
+        Some(cluster) => {
+            if cluster.node_id.is_empty()
+                || cluster.node_id.chars().any(char::is_control)
+                || cluster.lease_ttl < Duration::from_millis(300)
+            {
+                return Err(ServeError::Config(
+                    "a node needs an id without control characters and a lease of at least 300 ms".to_owned(),
+                ));
+            }
+            // Each session loaded gets a clock of its own (see `Host::spawn`).
+            let owner = LeaseOwner {
+                node: cluster.node_id,
+                ttl: cluster.lease_ttl,
+                clock: LeaseClock::default(),
+            };
+            // Without a key of its own, a cluster whose API asks for a
+            // token seals with a key derived from it: every node checks it.
+            let relay_key = cluster.relay_key.or_else(|| {
+                let token = config.token.as_deref().map(str::trim);
+                token.map(|token| RelayKey::derive(token.as_bytes()))
+            });
+            if relay_key.is_none() {
+                tracing::warn!(
+                    "relayed submissions are not sealed: this node has no --token-file or --cluster-key-file"
+                );
+            }
+            (Some((owner, relay_key)), Some(cluster.listener))
+        }
+        None => (None, None),
+    };
+    let limits = HostLimits {
+        max_live: config.max_live_sessions,
+        idle_unload: config.idle_unload,
+        shutdown_grace: config.shutdown_grace,
+    };
+    let host = Arc::new(Host::new(
+        store,
+        factory,
+        Arc::clone(&metrics),
+        limits,
+        config.live_buffer,
+        cluster,
+    ));
+    let server = Arc::new(Server {
+        host: Arc::clone(&host),
+        metrics,
+        token,
+        cors_origin,
+        front,
+        body_limit: config.body_limit,
+        keep_alive: config.keep_alive,
+    });
+    let app = routes::router(server);
+
+    let reaper = tokio::spawn({
+        let host = Arc::clone(&host);
+        async move { host.reap().await }
+    });
+    let retainer = retention.map(|max_idle| {
+        let host = Arc::clone(&host);
+        let every = config.retention_sweep;
+        tokio::spawn(async move { host.retain(max_idle, every).await })
+    });
+    let recovery = tokio::spawn({
+        let host = Arc::clone(&host);
+        async move { host.recover().await }
+    });
+    // Several nodes: renewals, take-overs and the database's notices.
+    let renewals = tokio::spawn({
+        let host = Arc::clone(&host);
+        async move { host.keep_leases().await }
+    });
+    let takeovers = tokio::spawn({
+        let host = Arc::clone(&host);
+        async move { host.take_over().await }
+    });
+    let retries = tokio::spawn({
+        let host = Arc::clone(&host);
+        async move { host.retry_relayed().await }
+    });
+    let follower = notices.map(|notices| {
+        let host = Arc::clone(&host);
+        tokio::spawn(async move { host.follow(notices).await })
+    });
+    let stopping = {
+        let host = Arc::clone(&host);
+        async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            // Streams end now, so the connections can drain.
+            host.begin_shutdown();
+        }
+    };
+    conn::serve_connections(listener, app, connection_limits, stopping).await;
+    host.begin_shutdown();
+    recovery.abort();
+    let _ = reaper.await;
+    if let Some(retainer) = retainer {
+        let _ = retainer.await;
+    }
+    takeovers.abort();
+    retries.abort();
+    if let Some(follower) = follower {
+        follower.abort();
+    }
+    host.close_all().await;
+    // Leases were kept while turns finished; the sessions are released now.
+    renewals.abort();
+    Ok(())
+}

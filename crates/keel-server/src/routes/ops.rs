@@ -1,0 +1,55 @@
+//! `/healthz`, `/readyz`, `/metrics`.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use crate::Server;
+use crate::error::ApiError;
+
+/// `200 ok` while the process runs.
+pub(crate) async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// `200 ready` when the store answers, has room for its commits and the
+/// server is not shutting down; otherwise `503` with the reason as an API
+/// error (`unavailable`, `store_unavailable`, `store_full`).
+pub(crate) async fn readyz(State(server): State<Arc<Server>>) -> Response {
+    if server.host.is_closing() {
+        return ApiError::Unavailable("the server is shutting down".to_owned()).into_response();
+    }
+    if let Err(error) = server.host.store.list_sessions_page(None, 1, None).await {
+        tracing::warn!(%error, "not ready: the store does not answer");
+        let refusal = match ApiError::from(error) {
+            full @ ApiError::StoreFull(_) => full,
+            other => ApiError::StoreUnavailable(format!("the store does not answer: {other}")),
+        };
+        return refusal.into_response();
+    }
+    if let Some(why) = server.host.store.low_on_space() {
+        tracing::warn!(%why, "not ready: the store is short of space");
+        return ApiError::StoreFull(why).into_response();
+    }
+    "ready".into_response()
+}
+
+/// The metrics in the Prometheus text format.
+pub(crate) async fn metrics(State(server): State<Arc<Server>>) -> impl IntoResponse {
+    let queued = server.host.queued_total();
+    server
+        .metrics
+        .queued_submissions
+        .set(i64::try_from(queued).unwrap_or(i64::MAX));
+    let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+    server.metrics.alive_tasks.set(i64::try_from(tasks).unwrap_or(i64::MAX));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        server.metrics.render(),
+    )
+}

@@ -1,0 +1,195 @@
+//! Log notifications: every commit that appends events to a session sends
+//! `pg_notify('keel_log', '<session id> <last sequence>')` in its own
+//! transaction (see `writer.rs`), so PostgreSQL delivers it at commit and
+//! never for a rolled-back write. [`start`] receives them on a
+//! connection of its own, behind the store's [`NoticeListener`].
+//!
+//! A notification carries a session id and a sequence, never events: a
+//! consumer reads the events from the log. Notifications can be missed (the
+//! connection was lost, the consumer fell behind); the listener then yields
+//! [`LogNotice::Resync`], after which the consumer re-reads what it follows.
+
+use std::future::poll_fn;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
+
+use crate::StoreError;
+use crate::notice::{LogNotice, NoticeListener};
+
+/// The channel log notifications are sent on.
+pub const LOG_CHANNEL: &str = "keel_log";
+
+/// The channel that announces a session with submissions relayed to its
+/// owner, or a session released with work left (payload: the session id, a
+/// newline, and its live owner's id, empty when it has none).
+pub const RELAY_CHANNEL: &str = "keel_relay";
+
+/// How many notices wait for the consumer, by default, before the listener
+/// drops them (and yields [`LogNotice::Resync`] once there is room again).
+pub const NOTICE_BUFFER: usize = 1024;
+
+/// The longest wait between two attempts to reconnect.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Connects and listens; returns once the server has registered the
+/// `LISTEN`, so every commit after this call is noticed.
+pub(super) async fn start(config: Config, capacity: usize) -> Result<NoticeListener, StoreError> {
+    let (client, connection) = listening(&config).await?;
+    let (sender, notices) = mpsc::channel(capacity.max(1));
+    let task = tokio::spawn(run(config, client, connection, sender));
+    Ok(NoticeListener::new(notices, task))
+}
+
+type Conn = Connection<Socket, NoTlsStream>;
+
+/// Opens a connection and runs `LISTEN` on it, driving the connection
+/// meanwhile.
+async fn listening(config: &Config) -> Result<(Client, Conn), StoreError> {
+    let (client, mut connection) = config.connect(NoTls).await.map_err(super::connect_error)?;
+    let statement = format!("LISTEN {LOG_CHANNEL}; LISTEN {RELAY_CHANNEL}");
+    {
+        let listen = client.batch_execute(&statement);
+        tokio::pin!(listen);
+        loop {
+            tokio::select! {
+                done = &mut listen => {
+                    done.map_err(super::pg_error)?;
+                    break;
+                }
+                message = poll_fn(|cx| connection.poll_message(cx)) => match message {
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => return Err(super::pg_error(error)),
+                    None => return Err(StoreError::Unavailable("the listening connection closed".to_owned())),
+                },
+            }
+        }
+    }
+    Ok((client, connection))
+}
+
+/// Parses a notification on `channel`; `None` for a malformed one.
+fn notice(channel: &str, payload: &str) -> Option<LogNotice> {
+    match channel {
+        LOG_CHANNEL => parse(payload),
+        RELAY_CHANNEL => {
+            // Neither ids nor node ids hold control characters.
+            let (session_id, owner) = payload.split_once('\n').unwrap_or((payload, ""));
+            (!session_id.is_empty()).then(|| LogNotice::Relay {
+                session_id: session_id.to_owned(),
+                owner: (!owner.is_empty()).then(|| owner.to_owned()),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Parses a payload, `<session id> <last sequence>`.
+fn parse(payload: &str) -> Option<LogNotice> {
+    let (session_id, sequence) = payload.rsplit_once(' ')?;
+    Some(LogNotice::Log {
+        session_id: session_id.to_owned(),
+        last_sequence: sequence.parse().ok()?,
+    })
+}
+
+/// Forwards notifications until the consumer goes away, reconnecting after
+/// a lost connection.
+async fn run(config: Config, mut client: Client, mut connection: Conn, sender: mpsc::Sender<LogNotice>) {
+    // Whether notices were dropped since the last `Resync`.
+    let mut missed = false;
+    loop {
+        loop {
+            tokio::select! {
+                message = poll_fn(|cx| connection.poll_message(cx)) => match message {
+                    Some(Ok(AsyncMessage::Notification(notification))) => {
+                        if missed {
+                            continue;
+                        }
+                        let Some(notice) = notice(notification.channel(), notification.payload()) else {
+                            tracing::warn!(payload = notification.payload(), "malformed log notification");
+                            continue;
+                        };
+                        match sender.try_send(notice) {
+                            Ok(()) => {}
+                            Err(TrySendError::Full(_)) => missed = true,
+                            Err(TrySendError::Closed(_)) => return,
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "the log listener's connection failed; reconnecting");
+                        break;
+                    }
+                    None => {
+                        tracing::warn!("the log listener's connection closed; reconnecting");
+                        break;
+                    }
+                },
+                permit = sender.reserve(), if missed => match permit {
+                    Ok(permit) => {
+                        permit.send(LogNotice::Resync);
+                        missed = false;
+                    }
+                    Err(_) => return,
+                },
+                () = sender.closed() => return,
+            }
+        }
+        drop(client);
+        let mut backoff = Duration::from_millis(50);
+        (client, connection) = loop {
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = sender.closed() => return,
+            }
+            match listening(&config).await {
+                Ok(listening) => break listening,
+                Err(error) => {
+                    tracing::debug!(%error, "the log listener cannot reconnect yet");
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        };
+        tracing::info!("the log listener reconnected");
+        // Whatever was committed while it was away was not noticed.
+        missed = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_parse_to_notices() {
+        assert_eq!(
+            parse("a b 12"),
+            Some(LogNotice::Log {
+                session_id: "a b".to_owned(),
+                last_sequence: 12
+            })
+        );
+        assert_eq!(parse("nosequence"), None);
+        assert_eq!(parse("s x"), None);
+        assert_eq!(
+            notice(RELAY_CHANNEL, "a b\nnode-1"),
+            Some(LogNotice::Relay {
+                session_id: "a b".to_owned(),
+                owner: Some("node-1".to_owned())
+            })
+        );
+        assert_eq!(
+            notice(RELAY_CHANNEL, "a b\n"),
+            Some(LogNotice::Relay {
+                session_id: "a b".to_owned(),
+                owner: None
+            })
+        );
+        assert_eq!(notice(RELAY_CHANNEL, ""), None);
+        assert_eq!(notice("other", "a 1"), None);
+    }
+}

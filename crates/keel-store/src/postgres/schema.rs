@@ -1,0 +1,142 @@
+//! The PostgreSQL schema, its version and its migrations.
+//!
+//! The version is the one row of `keel_schema`. Migrations run in one
+//! transaction under a transaction-scoped advisory lock, so two processes
+//! opening one database at once migrate it once: the second waits, then
+//! finds it up to date.
+
+use tokio_postgres::Client;
+
+use crate::StoreError;
+
+/// The schema this build writes.
+pub(super) const SCHEMA_VERSION: i32 = 2;
+
+/// The advisory lock key migrations hold (`keel` in ASCII, then `schema`).
+const MIGRATION_LOCK: i64 = 0x6b65_656c_5343_4d41;
+
+/// Version 1: the SQLite store's layout (at its version 5), in one step.
+///
+/// - `sessions`: one row per session: its checkpoint, its turn in flight,
+///   the counters a write updates (`last_sequence`, `transcript_len`), the
+///   lease (`lease` is the epoch `acquire` and `claim` bump; `lease_owner`
+///   and `lease_expires_at`, both set or both null, are the owned lease of
+///   `claim`/`renew`/`release`), the bot and the title.
+/// - `log`: one row per committed batch: the JSON array of its events and
+///   the history items it added (after cutting the history back to
+///   `history_cut`, when set), indexed by `(session_key, first_sequence)`.
+///   One row per batch keeps a group commit to one index entry per session.
+/// - `queued_submissions` and `submission_keys`: the durable queue and the
+///   idempotency keys, written from the events that queue and settle them.
+///
+/// Ids compare in the "C" collation (bytewise, as Rust and SQLite compare
+/// strings), so paging by id does not depend on the server's locale.
+const SCHEMA_V1: &str = r#"
+CREATE TABLE sessions (
+    key              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id               TEXT COLLATE "C" NOT NULL UNIQUE,
+    bot_id           TEXT COLLATE "C" NOT NULL DEFAULT '',
+    created_at_ms    BIGINT NOT NULL,
+    updated_at_ms    BIGINT NOT NULL,
+    last_sequence    BIGINT NOT NULL DEFAULT 0,
+    transcript_len   BIGINT NOT NULL DEFAULT 0,
+    lease            BIGINT NOT NULL DEFAULT 0,
+    lease_owner      TEXT,
+    lease_expires_at TIMESTAMPTZ,
+    title            TEXT,
+    checkpoint       BYTEA NOT NULL,
+    execution        BYTEA
+);
+CREATE INDEX sessions_by_bot ON sessions (bot_id, key);
+CREATE TABLE log (
+    id             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_key    BIGINT NOT NULL,
+    first_sequence BIGINT NOT NULL,
+    last_sequence  BIGINT NOT NULL,
+    recorded_at_ms BIGINT NOT NULL,
+    history_cut    BIGINT,
+    history        BYTEA,
+    events         BYTEA NOT NULL
+);
+CREATE INDEX log_by_session ON log (session_key, first_sequence);
+CREATE TABLE queued_submissions (
+    session_key BIGINT NOT NULL,
+    id          TEXT COLLATE "C" NOT NULL,
+    sequence    BIGINT NOT NULL,
+    submission  BYTEA NOT NULL,
+    PRIMARY KEY (session_key, id)
+);
+CREATE TABLE submission_keys (
+    session_key   BIGINT NOT NULL,
+    key           TEXT COLLATE "C" NOT NULL,
+    submission_id TEXT NOT NULL,
+    sequence      BIGINT NOT NULL,
+    PRIMARY KEY (session_key, key)
+);
+"#;
+
+/// Version 2: `relayed_submissions`, the submissions a node accepted for a
+/// session another node runs, until the owner queues them (see
+/// `relay.rs`). A client's idempotency key is unique per session here too.
+const SCHEMA_V2: &str = r#"
+CREATE TABLE relayed_submissions (
+    id              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_key     BIGINT NOT NULL,
+    submission_id   TEXT COLLATE "C" NOT NULL,
+    idempotency_key TEXT COLLATE "C",
+    submission      BYTEA NOT NULL,
+    relayed_at_ms   BIGINT NOT NULL
+);
+CREATE INDEX relayed_by_session ON relayed_submissions (session_key, id);
+CREATE UNIQUE INDEX relayed_by_key ON relayed_submissions (session_key, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+"#;
+
+/// Brings the database's schema up to [`SCHEMA_VERSION`], or refuses one
+/// written by a newer Keel with [`StoreError::SchemaTooNew`] (changing
+/// nothing).
+pub(super) async fn migrate(client: &mut Client) -> Result<(), StoreError> {
+    let tx = client.transaction().await.map_err(super::pg_error)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(super::pg_error)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS keel_schema (
+             one     BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+             version INTEGER NOT NULL
+         )",
+    )
+    .await
+    .map_err(super::pg_error)?;
+    let found: i32 = tx
+        .query_opt("SELECT version FROM keel_schema", &[])
+        .await
+        .map_err(super::pg_error)?
+        .map(|row| row.try_get(0))
+        .transpose()
+        .map_err(super::pg_error)?
+        .unwrap_or(0);
+    if found > SCHEMA_VERSION {
+        // Dropping the transaction rolls it back.
+        return Err(StoreError::SchemaTooNew {
+            found: i64::from(found),
+            supported: i64::from(SCHEMA_VERSION),
+        });
+    }
+    if found < 1 {
+        tracing::info!("creating the keel schema (version {SCHEMA_VERSION})");
+        tx.batch_execute(SCHEMA_V1).await.map_err(super::pg_error)?;
+    }
+    if found < 2 {
+        tx.batch_execute(SCHEMA_V2).await.map_err(super::pg_error)?;
+    }
+    if found < SCHEMA_VERSION {
+        tx.execute(
+            "INSERT INTO keel_schema (version) VALUES ($1) ON CONFLICT (one) DO UPDATE SET version = excluded.version",
+            &[&SCHEMA_VERSION],
+        )
+        .await
+        .map_err(super::pg_error)?;
+    }
+    tx.commit().await.map_err(super::pg_error)
+}

@@ -1,0 +1,70 @@
+//! Turning what a backend read back into the store's types, the same way
+//! for every backend: a stored JSON value, a log row's events, and the
+//! history rebuilt from its rows. A damaged value is
+//! [`StoreError::Corrupt`], naming its row, never a failed query.
+
+use serde::de::DeserializeOwned;
+
+use super::StoreError;
+use keel_protocol::{Event, TranscriptItem};
+
+/// A stored JSON value as read: its JSON bytes, or why they could not be
+/// had (see [`super::codec::decode`]), kept until it is decoded so that the
+/// error can name its row.
+pub(crate) type StoredJson = Result<Vec<u8>, String>;
+
+/// Decodes a stored value; `what` names it in the error.
+pub(crate) fn decode<T: DeserializeOwned>(json: &StoredJson, what: impl FnOnce() -> String) -> Result<T, StoreError> {
+    json.as_deref()
+        .map_err(Clone::clone)
+        .and_then(|bytes| serde_json::from_slice(bytes).map_err(|error| error.to_string()))
+        .map_err(|detail| StoreError::Corrupt { what: what(), detail })
+}
+
+/// The events of a log row holding `first..=last`, each with its sequence,
+/// checked against the row's bounds.
+pub(crate) fn decode_batch(
+    session_id: &str,
+    first: u64,
+    last: u64,
+    json: &StoredJson,
+) -> Result<Vec<(u64, Event)>, StoreError> {
+    let what = || format!("events {first} to {last} of session '{session_id}'");
+    let batch: Vec<Event> = decode(json, what)?;
+    // Checked: damaged bounds (a `last` of `u64::MAX`, or before `first`)
+    // are a corrupt row, not an overflow.
+    let count = last.checked_add(1).and_then(|end| end.checked_sub(first));
+    if count != Some(batch.len() as u64) {
+        return Err(StoreError::Corrupt {
+            what: what(),
+            detail: format!("the row holds {} events", batch.len()),
+        });
+    }
+    Ok((first..=last).zip(batch).collect())
+}
+
+/// Applies one log row to a history being rebuilt: its cut, then its items.
+pub(crate) fn apply_history_row(
+    transcript: &mut Vec<TranscriptItem>,
+    session_id: &str,
+    first_sequence: u64,
+    cut: Option<u64>,
+    items: Option<StoredJson>,
+) -> Result<(), StoreError> {
+    let what = || format!("history recorded at event {first_sequence} of session '{session_id}'");
+    if let Some(cut) = cut {
+        let cut = usize::try_from(cut).unwrap_or(usize::MAX);
+        if cut > transcript.len() {
+            return Err(StoreError::Corrupt {
+                what: what(),
+                detail: format!("a cut to {cut} items of a history of {}", transcript.len()),
+            });
+        }
+        transcript.truncate(cut);
+    }
+    if let Some(items) = items {
+        let items: Vec<TranscriptItem> = decode(&items, what)?;
+        transcript.extend(items);
+    }
+    Ok(())
+}

@@ -1,0 +1,475 @@
+//! Reads: a small pool of read-only connections, used from blocking threads.
+//!
+//! WAL mode lets these read while the writer commits.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::rows::{StoredJson, apply_history_row, decode, decode_batch};
+use crate::{
+    Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
+    SessionState, SessionSummary, StoreError, TurnExecution,
+};
+use keel_protocol::{RecordedEvent, TranscriptItem};
+
+/// Idle read connections kept for reuse.
+const MAX_IDLE_READERS: usize = 4;
+
+/// Hands out read connections, opening more on demand.
+pub(super) struct ReaderPool {
+    path: PathBuf,
+    /// The VFS the connections open with (`None`: SQLite's default).
+    vfs: Option<String>,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl ReaderPool {
+    pub(super) fn new(path: PathBuf, vfs: Option<String>) -> Self {
+        Self {
+            path,
+            vfs,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Runs `read` on a pooled connection. Blocking: call from a blocking thread.
+    pub(super) fn with<T>(&self, read: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let pooled = self.idle.lock().unwrap_or_else(|poison| poison.into_inner()).pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => super::schema::open_reader(&self.path, self.vfs.as_deref())?,
+        };
+        let result = read(&conn);
+        let mut idle = self.idle.lock().unwrap_or_else(|poison| poison.into_inner());
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+        result
+    }
+
+    /// Closes the idle connections.
+    pub(super) fn clear(&self) {
+        self.idle.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
+    }
+}
+
+pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<SessionState>, StoreError> {
+    // One read transaction, so that the row and the history come from the
+    // same commit (each statement alone would take its own snapshot). Dropping
+    // it ends the read.
+    let _snapshot = conn.unchecked_transaction().map_err(super::sqlite_error)?;
+    let row: Option<(i64, StoredJson, Option<StoredJson>, u64, u64)> = conn
+        .prepare_cached("SELECT key, checkpoint, execution, last_sequence, transcript_len FROM sessions WHERE id = ?1")
+        .and_then(|mut select| {
+            select
+                .query_row(params![session_id], |row| {
+                    Ok((
+                        row.get(0)?,
+                        stored_json(row, 1)?,
+                        stored_optional_json(row, 2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                    ))
+                })
+                .optional()
+        })
+        .map_err(super::sqlite_error)?;
+    let Some((key, checkpoint, execution, last_sequence, transcript_len)) = row else {
+        return Ok(None);
+    };
+    let what = || format!("checkpoint of session '{session_id}'");
+    let checkpoint: Checkpoint = decode(&checkpoint, what)?;
+    let execution: Option<TurnExecution> = execution.map(|json| decode(&json, what)).transpose()?;
+    let mut select = conn
+        .prepare_cached(
+            "SELECT first_sequence, history_cut, history FROM log
+             WHERE session_key = ?1 AND (history IS NOT NULL OR history_cut IS NOT NULL)
+             ORDER BY first_sequence, id",
+        )
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![key], |row| {
+            Ok((row.get::<_, u64>(0)?, row.get(1)?, stored_optional_json(row, 2)?))
+        })
+        .map_err(super::sqlite_error)?;
+    let mut transcript = Vec::new();
+    for row in rows {
+        let (first_sequence, cut, items) = row.map_err(super::sqlite_error)?;
+        apply_history_row(&mut transcript, session_id, first_sequence, cut, items)?;
+    }
+    if transcript.len() as u64 != transcript_len {
+        return Err(StoreError::Corrupt {
+            what: format!("history of session '{session_id}'"),
+            detail: format!("{} items stored, {transcript_len} expected", transcript.len()),
+        });
+    }
+    let queued = queued_submissions(conn, key, session_id)?;
+    Ok(Some(SessionState {
+        checkpoint,
+        transcript,
+        execution,
+        last_sequence,
+        queued,
+    }))
+}
+
+/// The history of the batches that end at or before `at_sequence`.
+pub(super) fn history_until(
+    conn: &Connection,
+    session_id: &str,
+    at_sequence: u64,
+) -> Result<Option<Vec<TranscriptItem>>, StoreError> {
+    let _snapshot = conn.unchecked_transaction().map_err(super::sqlite_error)?;
+    let row: Option<(i64, u64)> = conn
+        .prepare_cached("SELECT key, last_sequence FROM sessions WHERE id = ?1")
+        .and_then(|mut select| {
+            select
+                .query_row(params![session_id], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()
+        })
+        .map_err(super::sqlite_error)?;
+    let Some((key, last_sequence)) = row else {
+        return Ok(None);
+    };
+    if at_sequence > last_sequence {
+        return Err(StoreError::Invalid(format!(
+            "session '{session_id}' has {last_sequence} events, not {at_sequence}"
+        )));
+    }
+    // Rows that only extended the history (no events) have an empty range
+    // (`first_sequence` one past `last_sequence`, the log's length when
+    // they were written): they belong to the history from that length on.
+    // Candidates start at most one past `at_sequence`.
+    let mut select = conn
+        .prepare_cached(
+            "SELECT first_sequence, last_sequence, history_cut, history FROM log
+             WHERE session_key = ?1 AND (history IS NOT NULL OR history_cut IS NOT NULL)
+                 AND first_sequence <= ?2 + 1
+             ORDER BY first_sequence, id",
+        )
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![key, at_sequence], |row| {
+            Ok((
+                row.get::<_, u64>(0)?,
+                row.get::<_, u64>(1)?,
+                row.get(2)?,
+                stored_optional_json(row, 3)?,
+            ))
+        })
+        .map_err(super::sqlite_error)?;
+    let mut transcript = Vec::new();
+    for row in rows {
+        let (first_sequence, last, cut, items) = row.map_err(super::sqlite_error)?;
+        if last > at_sequence && first_sequence > at_sequence {
+            // A batch written after the point.
+            continue;
+        }
+        if last > at_sequence {
+            return Err(StoreError::Invalid(format!(
+                "event {at_sequence} of session '{session_id}' was written with events {first_sequence} to {last}, \
+                 whose history cannot be split; fork at {} or {last}",
+                first_sequence.saturating_sub(1)
+            )));
+        }
+        apply_history_row(&mut transcript, session_id, first_sequence, cut, items)?;
+    }
+    Ok(Some(transcript))
+}
+
+/// The session's stored submission queue, oldest first.
+fn queued_submissions(conn: &Connection, key: i64, session_id: &str) -> Result<Vec<QueuedSubmission>, StoreError> {
+    let mut select = conn
+        .prepare_cached("SELECT id, submission FROM queued_submissions WHERE session_key = ?1 ORDER BY sequence")
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![key], |row| Ok((row.get::<_, String>(0)?, stored_json(row, 1)?)))
+        .map_err(super::sqlite_error)?;
+    let mut queued = Vec::new();
+    for row in rows {
+        let (id, json) = row.map_err(super::sqlite_error)?;
+        queued.push(decode(&json, || {
+            format!("queued submission {id} of session '{session_id}'")
+        })?);
+    }
+    Ok(queued)
+}
+
+/// The events after `after`, oldest first, at most `limit`.
+pub(super) fn events_after(
+    conn: &Connection,
+    session_id: &str,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let limit = limit.min(MAX_EVENT_PAGE);
+    let key = session_key(conn, session_id)?.ok_or_else(|| StoreError::UnknownSession(session_id.to_owned()))?;
+    // Past i64::MAX nothing is newer.
+    let Ok(after_sql) = i64::try_from(after) else {
+        return Ok(Vec::new());
+    };
+    let mut select = conn
+        .prepare_cached(
+            "SELECT first_sequence, last_sequence, recorded_at_ms, events FROM log
+             WHERE session_key = ?1 AND last_sequence > ?2 AND last_sequence >= first_sequence
+             ORDER BY first_sequence, id",
+        )
+        .map_err(super::sqlite_error)?;
+    let mut rows = select.query(params![key, after_sql]).map_err(super::sqlite_error)?;
+    let mut events = Vec::with_capacity(limit.min(1024));
+    while let Some(row) = rows.next().map_err(super::sqlite_error)? {
+        let first: u64 = row.get(0).map_err(super::sqlite_error)?;
+        let last: u64 = row.get(1).map_err(super::sqlite_error)?;
+        let recorded_at_ms: u64 = row.get(2).map_err(super::sqlite_error)?;
+        let json = stored_json(row, 3).map_err(super::sqlite_error)?;
+        for (sequence, event) in decode_batch(session_id, first, last, &json)? {
+            if sequence <= after {
+                continue;
+            }
+            if events.len() == limit {
+                return Ok(events);
+            }
+            events.push(RecordedEvent {
+                sequence,
+                recorded_at_ms,
+                event,
+            });
+        }
+    }
+    Ok(events)
+}
+
+/// The submission stored under `idempotency_key`, if any.
+pub(super) fn keyed_submission(
+    conn: &Connection,
+    session_id: &str,
+    idempotency_key: &str,
+) -> Result<Option<KeyedSubmission>, StoreError> {
+    conn.prepare_cached(
+        "SELECT k.submission_id, k.sequence FROM submission_keys k JOIN sessions s ON s.key = k.session_key
+         WHERE s.id = ?1 AND k.key = ?2",
+    )
+    .and_then(|mut select| {
+        select
+            .query_row(params![session_id, idempotency_key], |row| {
+                Ok(KeyedSubmission {
+                    submission_id: row.get(0)?,
+                    sequence: row.get(1)?,
+                })
+            })
+            .optional()
+    })
+    .map_err(super::sqlite_error)
+}
+
+/// Up to `limit` ids after `after` (in id order) of the sessions with
+/// submissions queued or a turn in flight.
+pub(super) fn sessions_with_work(
+    conn: &Connection,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    conn.prepare_cached(
+        "SELECT id FROM sessions
+         WHERE (?1 IS NULL OR id > ?1)
+           AND (execution IS NOT NULL
+                OR EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = sessions.key))
+         ORDER BY id LIMIT ?2",
+    )
+    .and_then(|mut select| {
+        select
+            .query_map(params![after, limit], |row| row.get(0))?
+            .collect::<Result<Vec<String>, _>>()
+    })
+    .map_err(super::sqlite_error)
+}
+
+pub(super) fn event_page(
+    conn: &Connection,
+    session_id: &str,
+    request: EventPageRequest,
+) -> Result<EventPage, StoreError> {
+    let limit = request.limit.min(MAX_EVENT_PAGE);
+    // Sequences are SQLite integers, so any bound past i64::MAX means "all".
+    let before = request
+        .before_sequence
+        .map_or(i64::MAX, |before| i64::try_from(before).unwrap_or(i64::MAX));
+    let key = session_key(conn, session_id)?.ok_or_else(|| StoreError::UnknownSession(session_id.to_owned()))?;
+    let mut select = conn
+        .prepare_cached(
+            "SELECT first_sequence, last_sequence, recorded_at_ms, events FROM log
+             WHERE session_key = ?1 AND first_sequence < ?2 ORDER BY first_sequence DESC, id DESC",
+        )
+        .map_err(super::sqlite_error)?;
+    let mut rows = select.query(params![key, before]).map_err(super::sqlite_error)?;
+    // Newest first while collecting; reversed at the end.
+    let mut events = Vec::with_capacity(limit.min(1024));
+    let mut has_more = false;
+    'batches: while let Some(row) = rows.next().map_err(super::sqlite_error)? {
+        let first: u64 = row.get(0).map_err(super::sqlite_error)?;
+        let last: u64 = row.get(1).map_err(super::sqlite_error)?;
+        if last + 1 == first {
+            // A batch that only extended the history.
+            continue;
+        }
+        if events.len() == limit {
+            has_more = true;
+            break;
+        }
+        let recorded_at_ms: u64 = row.get(2).map_err(super::sqlite_error)?;
+        let json = stored_json(row, 3).map_err(super::sqlite_error)?;
+        for (sequence, event) in decode_batch(session_id, first, last, &json)?.into_iter().rev() {
+            if sequence >= before as u64 {
+                continue;
+            }
+            if events.len() == limit {
+                has_more = true;
+                break 'batches;
+            }
+            events.push(RecordedEvent {
+                sequence,
+                recorded_at_ms,
+                event,
+            });
+        }
+    }
+    events.reverse();
+    Ok(EventPage { events, has_more })
+}
+
+pub(super) fn list_sessions(conn: &Connection, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
+    let mut select = conn
+        .prepare_cached(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM sessions ORDER BY updated_at_ms DESC, id LIMIT ?1"
+        ))
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], summary_row)
+        .map_err(super::sqlite_error)?;
+    rows.map(|row| row.map_err(super::sqlite_error).and_then(SummaryRow::decode))
+        .collect()
+}
+
+/// Sessions newest created first, from `cursor` (a session key, exclusive),
+/// only those of `bot_id` when given.
+pub(super) fn list_sessions_page(
+    conn: &Connection,
+    cursor: Option<&str>,
+    limit: usize,
+    bot_id: Option<&str>,
+) -> Result<SessionListPage, StoreError> {
+    let limit = limit.clamp(1, MAX_EVENT_PAGE);
+    let before: i64 = match cursor {
+        None => i64::MAX,
+        Some(cursor) => cursor
+            .parse()
+            .map_err(|_| StoreError::Invalid(format!("'{cursor}' is not a session list cursor")))?,
+    };
+    let mut select = conn
+        .prepare_cached(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM sessions WHERE key < ?1 AND (?3 IS NULL OR bot_id = ?3)
+             ORDER BY key DESC LIMIT ?2"
+        ))
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![before, limit as i64 + 1, bot_id], summary_row)
+        .map_err(super::sqlite_error)?;
+    let mut rows: Vec<SummaryRow> = rows.collect::<Result<_, _>>().map_err(super::sqlite_error)?;
+    let next_cursor = if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last().map(|row| row.key.to_string())
+    } else {
+        None
+    };
+    let sessions = rows.into_iter().map(SummaryRow::decode).collect::<Result<_, _>>()?;
+    Ok(SessionListPage { sessions, next_cursor })
+}
+
+/// One session's summary.
+pub(super) fn session_summary(conn: &Connection, session_id: &str) -> Result<Option<SessionSummary>, StoreError> {
+    conn.prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM sessions WHERE id = ?1"))
+        .and_then(|mut select| select.query_row(params![session_id], summary_row).optional())
+        .map_err(super::sqlite_error)?
+        .map(SummaryRow::decode)
+        .transpose()
+}
+
+/// The columns [`summary_row`] reads.
+const SUMMARY_COLUMNS: &str = "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence, title";
+
+/// A `sessions` row as read for a summary.
+struct SummaryRow {
+    key: i64,
+    session_id: String,
+    checkpoint: StoredJson,
+    execution: Option<StoredJson>,
+    created_at_ms: u64,
+    updated_at_ms: u64,
+    last_sequence: u64,
+    title: Option<String>,
+}
+
+fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
+    Ok(SummaryRow {
+        key: row.get(0)?,
+        session_id: row.get(1)?,
+        checkpoint: stored_json(row, 2)?,
+        execution: stored_optional_json(row, 3)?,
+        created_at_ms: row.get(4)?,
+        updated_at_ms: row.get(5)?,
+        last_sequence: row.get(6)?,
+        title: row.get(7)?,
+    })
+}
+
+impl SummaryRow {
+    fn decode(self) -> Result<SessionSummary, StoreError> {
+        let session_id = self.session_id;
+        let what = || format!("checkpoint of session '{session_id}'");
+        let checkpoint: Checkpoint = decode(&self.checkpoint, what)?;
+        let execution: Option<TurnExecution> = self.execution.map(|json| decode(&json, what)).transpose()?;
+        let (running_turn_id, awaiting_approval) = match execution {
+            Some(execution) => (Some(execution.turn_id), execution.awaiting_approval),
+            None => (None, Vec::new()),
+        };
+        Ok(SessionSummary {
+            bot_id: checkpoint.session_context.bot_id.clone(),
+            session_id,
+            created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
+            last_sequence: self.last_sequence,
+            running_turn_id,
+            context: checkpoint.session_context,
+            usage: checkpoint.usage,
+            turns_completed: checkpoint.turns_completed,
+            awaiting_approval,
+            title: self.title,
+        })
+    }
+}
+
+/// The integer key the log and the history use for `session_id`.
+fn session_key(conn: &Connection, session_id: &str) -> Result<Option<i64>, StoreError> {
+    conn.prepare_cached("SELECT key FROM sessions WHERE id = ?1")
+        .and_then(|mut select| select.query_row(params![session_id], |row| row.get(0)).optional())
+        .map_err(super::sqlite_error)
+}
+
+/// Reads a JSON column without interpreting it, so that a damaged value (a
+/// blob, a number, text that is not UTF-8) reaches [`decode`] and is reported
+/// as [`StoreError::Corrupt`], naming its row, instead of failing the query.
+fn stored_json(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<StoredJson> {
+    Ok(super::codec::decode(row.get_ref(index)?))
+}
+
+/// [`stored_json`] for a nullable column.
+fn stored_optional_json(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Option<StoredJson>> {
+    match row.get_ref(index)? {
+        ValueRef::Null => Ok(None),
+        _ => stored_json(row, index).map(Some),
+    }
+}
