@@ -14,7 +14,7 @@ impl Tool for Clock {
         ToolSpec {
             name: "clock".into(),
             description: "Returns the current date and time in UTC (RFC 3339) and as Unix milliseconds.".into(),
-            parameters: serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            parameters: crate::object_schema(serde_json::json!({}), &[]),
         }
     }
 

@@ -283,6 +283,18 @@ impl ToolSet {
     }
 }
 
+/// The JSON schema of a tool's arguments: an object with `properties`, of
+/// which `required` must be present, and no other property. Every built-in
+/// tool refuses arguments it does not know, so the schema says so once here.
+pub fn object_schema(properties: serde_json::Value, required: &[&str]) -> serde_json::Value {
+    let mut schema = serde_json::json!({"type": "object", "properties": properties});
+    if !required.is_empty() {
+        schema["required"] = serde_json::json!(required);
+    }
+    schema["additionalProperties"] = serde_json::Value::Bool(false);
+    schema
+}
+
 /// `output` cut to [`MAX_TOOL_OUTPUT_BYTES`] (on a character boundary), with
 /// a marker saying how much was left out.
 pub fn bounded(mut output: String) -> String {

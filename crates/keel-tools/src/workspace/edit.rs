@@ -24,17 +24,15 @@ impl Tool for EditFile {
                           read_file's output without the line numbers), and must occur exactly once unless \
                           replace_all is true; include surrounding lines to make it unique. The write is atomic."
                 .into(),
-            parameters: serde_json::json!({
-                "type": "object",
-                "properties": {
+            parameters: crate::object_schema(
+                serde_json::json!({
                     "path": {"type": "string", "description": "The file, relative to the workspace root."},
                     "old_string": {"type": "string", "minLength": 1, "description": "The exact text to replace."},
                     "new_string": {"type": "string", "description": "The text to put in its place."},
                     "replace_all": {"type": "boolean", "description": "Replace every occurrence instead of requiring exactly one; default false."}
-                },
-                "required": ["path", "old_string", "new_string"],
-                "additionalProperties": false
-            }),
+                }),
+                &["path", "old_string", "new_string"],
+            ),
         }
     }
 

@@ -40,14 +40,13 @@ impl Tool for ListDir {
                  up to {MAX_DEPTH} also lists subdirectories (never inside .git). At most {MAX_ENTRIES} entries \
                  are shown."
             ),
-            parameters: serde_json::json!({
-                "type": "object",
-                "properties": {
+            parameters: crate::object_schema(
+                serde_json::json!({
                     "path": {"type": "string", "description": "The directory, relative to the workspace root; default: the root."},
                     "depth": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH, "description": "How many levels to list; default 1."}
-                },
-                "additionalProperties": false
-            }),
+                }),
+                &[],
+            ),
         }
     }
 

@@ -39,16 +39,14 @@ impl Tool for ReadFile {
                  root.",
                 MAX_FILE_BYTES / (1024 * 1024)
             ),
-            parameters: serde_json::json!({
-                "type": "object",
-                "properties": {
+            parameters: crate::object_schema(
+                serde_json::json!({
                     "path": {"type": "string", "description": "The file, relative to the workspace root."},
                     "offset": {"type": "integer", "minimum": 1, "description": "The first line to return (1-based); default 1."},
                     "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LINES, "description": format!("How many lines to return; default and maximum {MAX_LINES}.")}
-                },
-                "required": ["path"],
-                "additionalProperties": false
-            }),
+                }),
+                &["path"],
+            ),
         }
     }
 

@@ -56,16 +56,14 @@ impl Tool for Search {
                  example `*.rs`, or `src/**/*.rs` to match the path from the workspace root).",
                 MAX_FILE_BYTES / (1024 * 1024)
             ),
-            parameters: serde_json::json!({
-                "type": "object",
-                "properties": {
+            parameters: crate::object_schema(
+                serde_json::json!({
                     "pattern": {"type": "string", "description": "The regular expression, for example `fn \\w+_test` or `(?i)todo`."},
                     "path": {"type": "string", "description": "A directory or file to search, relative to the workspace root; default: the whole workspace."},
                     "glob": {"type": "string", "description": "Only files whose name matches (`*.rs`), or whose path from the workspace root matches when the glob has a `/` (`src/**/*.rs`)."}
-                },
-                "required": ["pattern"],
-                "additionalProperties": false
-            }),
+                }),
+                &["pattern"],
+            ),
         }
     }
 

@@ -361,15 +361,13 @@ impl Tool for ShellTool {
                 self.config.max_timeout.as_secs(),
                 SHELL_PASSED_ENV.join(", "),
             ),
-            parameters: serde_json::json!({
-                "type": "object",
-                "properties": {
+            parameters: crate::object_schema(
+                serde_json::json!({
                     "command": {"type": "string", "minLength": 1, "description": "The shell command line, run with `sh -c`."},
                     "timeout_ms": {"type": "integer", "minimum": 1, "maximum": self.max_timeout_ms(), "description": "How long the command may run, in milliseconds."}
-                },
-                "required": ["command"],
-                "additionalProperties": false
-            }),
+                }),
+                &["command"],
+            ),
         }
     }
 

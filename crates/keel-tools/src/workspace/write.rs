@@ -27,15 +27,13 @@ impl Tool for WriteFile {
                           the new content, never a mix. To change part of an existing file prefer edit_file. Paths \
                           are relative to the workspace root."
                 .into(),
-            parameters: serde_json::json!({
-                "type": "object",
-                "properties": {
+            parameters: crate::object_schema(
+                serde_json::json!({
                     "path": {"type": "string", "description": "The file, relative to the workspace root."},
                     "content": {"type": "string", "description": "The complete new content of the file."}
-                },
-                "required": ["path", "content"],
-                "additionalProperties": false
-            }),
+                }),
+                &["path", "content"],
+            ),
         }
     }
 
