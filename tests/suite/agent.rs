@@ -17,7 +17,7 @@ use keel::store::{
 use keel::{CheckpointStore, Error};
 use tokio::sync::Notify;
 
-use super::support::*;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 const SESSION: &str = "session-1";
 

@@ -36,7 +36,7 @@ use keel::store::{
 use keel::testing::faulty_vfs::{self, FaultOp, FaultRule};
 use keel::{Agent, Error, RecordedEvent};
 
-use super::support::*;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 /// Sessions running turns at once (their commits share fsyncs).
 const SESSIONS: usize = 4;

@@ -22,8 +22,9 @@ use keel::tools::mcp::{McpConfig, McpError, McpServer, McpServerConfig, McpTrans
 use keel::tools::{ToolContext, ToolOutcome, ToolSet};
 use keel::{CheckpointStore, Model};
 
-use super::skip;
-use super::support::*;
+use crate::suite::support::server::free_port;
+use crate::suite::support::skip;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 /// Where the npm packages are, installed or not.
 fn node_modules_dir() -> PathBuf {
@@ -1069,11 +1070,6 @@ impl HttpEverything {
     async fn stop(mut self) {
         self.child.kill().await.expect("stop the HTTP server");
     }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("address").port()
 }
 
 #[tokio::test]

@@ -15,8 +15,9 @@ use keel::tools::workspace::{ShellConfig, ShellTool};
 use keel::tools::{Tool, ToolContext, ToolError};
 
 use super::mcp::processes_with;
-use super::support::{guard, keel_binary_for};
 use super::workspace_tools::outside_the_temporary_directory;
+use crate::suite::support::process::keel_binary_for;
+use crate::suite::support::wait::guard;
 
 /// The shell under `policy`, launched by the real `keel` binary.
 pub(crate) fn shell(policy: SandboxPolicy, network: bool) -> ShellTool {

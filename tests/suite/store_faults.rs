@@ -29,9 +29,10 @@ use keel::testing::postgres::TestPostgres;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use crate::suite::server::support::{Api, Scratch, ServeProcess};
-use crate::suite::skip;
-use crate::suite::support::{assert_integrity_ok, stored_events_in};
+use crate::suite::support::api::Api;
+use crate::suite::support::server::{Scratch, ServeProcess};
+use crate::suite::support::skip;
+use crate::suite::support::store::{assert_integrity_ok, stored_events_in};
 
 /// Makes a missing permission to mount a failure instead of a skip.
 const REQUIRE: &str = "KEEL_REQUIRE_FAULT_TESTS";

@@ -11,9 +11,10 @@ use keel::store::sqlite::SpaceReserve;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::suite::server::support::{Api, Scratch};
 use crate::suite::store_faults::{Mount, fill, or_skip, run, serve_with};
-use crate::suite::support::{assert_integrity_ok, stored_events_in};
+use crate::suite::support::api::Api;
+use crate::suite::support::server::Scratch;
+use crate::suite::support::store::{assert_integrity_ok, stored_events_in};
 
 /// Text that LZ4 cannot shrink, so that storing it needs new pages.
 fn incompressible(bytes: usize) -> String {

@@ -10,7 +10,7 @@ use keel::tools::{ApprovalRules, Tool, ToolContext, ToolError, ToolSet};
 use keel::{CheckpointStore, Op};
 use tokio::sync::Notify;
 
-use super::support::*;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 const SESSION: &str = "tools-session";
 

@@ -9,7 +9,7 @@
 //! Without node, playwright-core or Chromium these tests fail and say how
 //! to install them. For local development without a browser,
 //! `KEEL_SKIP_BROWSER_TESTS=1` makes them pass with a `SKIPPED` line on the
-//! terminal instead (see [`super::skip`]);
+//! terminal instead (see [`crate::suite::support::skip`]);
 //! CI (`CI` or `KEEL_REQUIRE_BROWSER_TESTS` set, as `.ci/run` does) never
 //! skips them.
 
@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::server::support::{Api, Scratch, ServeProcess};
-use super::skip;
+use crate::suite::support::api::Api;
+use crate::suite::support::server::{Scratch, ServeProcess};
+use crate::suite::support::skip;
 
 /// One browser at a time: Chromium is heavy on a two-core machine, and the
 /// scenarios watch text stream in.

@@ -10,7 +10,7 @@ use keel::tools::workspace::sandbox::{self, SandboxPolicy, SandboxStatus};
 use keel::tools::workspace::{ShellConfig, WorkspaceToolsConfig, tools};
 use keel::tools::{ToolContext, ToolOutcome, ToolSet};
 
-use super::support::guard;
+use crate::suite::support::wait::guard;
 
 /// A workspace directory inside a scratch directory, with `outside/`
 /// (holding `secret.txt`) beside it.

@@ -7,8 +7,9 @@ use std::process::Command;
 use keel::testing::postgres::TestPostgres;
 use serde_json::json;
 
-use super::{Cli, assert_gap_free, assert_one_line_error, parse_events, session_of, stderr, stdout};
-use crate::suite::server::support::{ServeProcess, ends_turn};
+use crate::suite::support::events::{assert_gapless, ends_turn};
+use crate::suite::support::process::{Cli, assert_one_line_error, parse_events, session_of, stderr, stdout};
+use crate::suite::support::server::ServeProcess;
 
 /// `keel serve` on the database at `url`, on a free loopback port, with
 /// the scripts and workspaces in `cli`'s directory.
@@ -62,7 +63,7 @@ fn run_events_sessions_fork_and_rm_work_on_postgresql() {
     ]);
     assert!(logged.status.success(), "{}", stderr(&logged));
     let log = parse_events(&logged.stdout);
-    assert_gap_free(&log);
+    assert_gapless(&log, 1);
     assert_eq!(log.iter().filter(|event| event.msg.ends_turn()).count(), 2);
 
     let listed = cli.run(&["sessions", "--db", &url, "--json"]);
@@ -103,7 +104,7 @@ async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
     server.api.create(json!({"id": "served", "model": model})).await;
     let mut stream = server
         .api
-        .stream("served", crate::suite::server::support::Resume::Start)
+        .stream("served", crate::suite::support::api::Resume::Start)
         .await;
     server.api.say("served", "hi").await;
     let turn = stream.until(ends_turn).await;
@@ -133,7 +134,7 @@ async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
         "1000",
     ]);
     assert!(logged.status.success(), "{}", stderr(&logged));
-    assert_gap_free(&parse_events(&logged.stdout));
+    assert_gapless(&parse_events(&logged.stdout), 1);
 }
 
 /// PostgreSQL stops under a running server: requests get `503
@@ -199,7 +200,7 @@ async fn a_postgresql_outage_is_503_and_the_server_recovers_by_itself() {
     let logged = cli.run(&["events", "--db", &url, "--session", "s", "--json", "--limit", "1000"]);
     assert!(logged.status.success(), "{}", stderr(&logged));
     let log = parse_events(&logged.stdout);
-    assert_gap_free(&log);
+    assert_gapless(&log, 1);
     let messages: Vec<String> = log
         .iter()
         .filter_map(|event| match &event.msg {

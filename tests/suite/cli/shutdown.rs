@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use keel::protocol::{AbortReason, EventMsg};
 use nix::sys::signal::Signal;
 
-use super::{Cli, Running};
 use crate::suite::mcp::{marker, processes_with};
+use crate::suite::support::process::{Cli, Running};
+use crate::suite::support::server::{Scratch, ServeProcess};
 
 /// An MCP server (newline-delimited JSON-RPC on stdio) that notes in the
 /// file given as its first argument how it was ended: `stdin closed` (after
@@ -149,7 +150,6 @@ fn sighup_to_keel_run_interrupts_the_turn_closes_the_session_and_stops_the_mcp_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_keel_serve_shutdown_stops_the_sessions_mcp_servers_the_graceful_way() {
-    use crate::suite::server::support::{Scratch, ServeProcess};
     let scratch = Scratch::new();
     let cli = Cli {
         dir: tempfile::tempdir_in(scratch.dir.path()).expect("temp dir"),

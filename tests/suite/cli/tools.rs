@@ -8,9 +8,9 @@ use keel::protocol::{AbortReason, ApprovalDecision, EventMsg, RecordedEvent};
 use keel::tools::workspace::SandboxPolicy;
 use keel::tools::workspace::sandbox::probe;
 
-use super::{Cli, Running, assert_gap_free, parse_events, session_of, stderr, stdout};
 use crate::suite::mcp::{marker, mcp_skipped, node_modules, processes_with};
-use crate::suite::support::tool_results;
+use crate::suite::support::events::{assert_gapless, tool_results};
+use crate::suite::support::process::{Cli, Running, parse_events, session_of, stderr, stdout};
 
 /// A script that calls one tool and then answers `done`.
 fn one_call(cli: &Cli, name: &str, arguments: serde_json::Value) -> String {
@@ -314,7 +314,7 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
     // Exactly one execution of the side effect.
     assert_eq!(std::fs::read_to_string(&counter).expect("counter"), "ran\n");
     let events = cli.events(&session);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(
         events[..seen.len()],
         seen[..],
@@ -399,7 +399,7 @@ fn a_runtime_killed_during_the_first_of_two_calls_answers_the_second_not_run() {
         "the second call never runs"
     );
     let events = cli.events(&session);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(count(&events, "tool_call_started"), 1, "only the first call started");
     let results = tool_results(&events);
     assert_eq!(results.len(), 2, "{results:?}");

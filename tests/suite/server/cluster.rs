@@ -15,8 +15,10 @@ use keel::testing::postgres::TestPostgres;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::support::{Api, Reply, Resume, Scratch, ServeProcess, SseStream, slow_chunks};
-use crate::suite::support::{guard, stored_events_in};
+use crate::suite::support::api::{Api, Reply, Resume, SseStream};
+use crate::suite::support::server::{Scratch, ServeProcess, slow_chunks};
+use crate::suite::support::store::stored_events_in;
+use crate::suite::support::wait::guard;
 
 /// Nodes' lease time to live in these tests: short, so take-overs after a
 /// death are quick.

@@ -7,8 +7,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::support::{Reply, Resume, TestServer, slow_chunks};
-use crate::suite::support::guard;
+use crate::suite::support::api::{Reply, Resume};
+use crate::suite::support::server::{TestServer, slow_chunks};
+use crate::suite::support::wait::guard;
 
 /// Asserts an error reply: status, code, and a message.
 fn assert_error(reply: &Reply, status: StatusCode, code: &str) {

@@ -13,8 +13,9 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-use super::support::{Reply, Resume, Scratch, ServeProcess, TestServer};
-use crate::suite::support::guard;
+use crate::suite::support::api::{Reply, Resume};
+use crate::suite::support::server::{Scratch, ServeProcess, TestServer};
+use crate::suite::support::wait::guard;
 
 /// Far longer than any timeout under test: reaching it is a failure, not a
 /// measurement.

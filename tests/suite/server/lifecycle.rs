@@ -6,10 +6,10 @@ use std::time::Duration;
 use keel::protocol::{AbortReason, EventMsg, RecordedEvent};
 use serde_json::json;
 
-use super::support::{
-    Resume, Scratch, ServeProcess, TestServer, ends_turn, kinds, sequences, slow_chunks, started_turn_id,
-};
-use crate::suite::support::guard;
+use crate::suite::support::api::Resume;
+use crate::suite::support::events::{ends_turn, kinds, sequences, started_turn_id};
+use crate::suite::support::server::{Scratch, ServeProcess, TestServer, slow_chunks};
+use crate::suite::support::wait::guard;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_unloads_and_reloads_on_use() {

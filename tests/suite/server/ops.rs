@@ -3,7 +3,9 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Resume, TestServer, ends_turn};
+use crate::suite::support::api::Resume;
+use crate::suite::support::events::ends_turn;
+use crate::suite::support::server::TestServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics_say_what_happened() {

@@ -7,7 +7,9 @@ use keel::protocol::RecordedEvent;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::support::{Resume, SseStream, TestServer, ends_turn, kinds, slow_chunks, started_turn_id};
+use crate::suite::support::api::{Resume, SseStream};
+use crate::suite::support::events::{ends_turn, kinds, started_turn_id};
+use crate::suite::support::server::{TestServer, slow_chunks};
 
 /// The JSON of an event's `msg`.
 fn msg(event: &RecordedEvent) -> Value {

@@ -5,7 +5,8 @@ use keel::store::{CheckpointStore, SqliteCheckpoint};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Resume, TestServer, slow_chunks};
+use crate::suite::support::api::Resume;
+use crate::suite::support::server::{TestServer, slow_chunks};
 
 /// Rows left in the tables that hold a session's data, for the session
 /// with this id (`0` for every table once it is gone).

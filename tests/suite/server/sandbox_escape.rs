@@ -7,13 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::support::{Scratch, ServeProcess};
-
-/// A free loopback port (bound, then released for the server to take).
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("address").port()
-}
+use crate::suite::support::server::{Scratch, ServeProcess, free_port};
 
 #[tokio::test]
 async fn a_read_only_shell_reaches_neither_its_own_server_nor_the_token() {

@@ -5,7 +5,9 @@ use keel::store::{CheckpointStore, SqliteCheckpoint};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Resume, TestServer, ends_turn, kinds};
+use crate::suite::support::api::Resume;
+use crate::suite::support::events::{ends_turn, kinds};
+use crate::suite::support::server::TestServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_created_session_keeps_its_settings_and_shows_only_its_context() {

@@ -8,8 +8,10 @@ use keel::provider::sse::SseParser;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::support::{Resume, TestServer, ends_turn, sequences, slow_chunks};
-use crate::suite::support::guard;
+use crate::suite::support::api::Resume;
+use crate::suite::support::events::{ends_turn, sequences};
+use crate::suite::support::server::{TestServer, slow_chunks};
+use crate::suite::support::wait::guard;
 
 /// Asserts `events` are exactly the sequences `first..=last`.
 fn assert_exactly(events: &[RecordedEvent], first: u64, last: u64) {

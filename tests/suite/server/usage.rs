@@ -3,7 +3,7 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::TestServer;
+use crate::suite::support::server::TestServer;
 
 /// Every turn of the script reports the same usage.
 const STEP: &str = r#"{"text": "Hi.", "usage": {"input_tokens": 7, "cached_input_tokens": 5, "output_tokens": 3}}"#;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Scratch, ServeProcess};
+use crate::suite::support::server::{Scratch, ServeProcess};
 
 /// Runs `command` to its end, failing the test if it is still running
 /// after `limit`; returns its status and stderr.
@@ -152,7 +152,7 @@ async fn a_read_only_shm_file_is_refused_at_start_with_a_message_naming_it() {
     let scratch = Scratch::new();
     // Root writes through any mode: the server runs as nobody then.
     let unprivileged = nix::unistd::geteuid().is_root().then_some(65534);
-    let binary = crate::suite::support::keel_binary_for(unprivileged, scratch.dir.path());
+    let binary = crate::suite::support::process::keel_binary_for(unprivileged, scratch.dir.path());
     let start = |scratch: &Scratch| {
         let mut command = ServeProcess::command_of(&binary, scratch, &[]);
         if let Some(uid) = unprivileged {
@@ -193,7 +193,7 @@ async fn a_read_only_shm_file_is_refused_at_start_with_a_message_naming_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keel_serve_refuses_to_start_while_keel_run_has_a_session_open_on_the_database() {
     let scratch = Scratch::new();
-    let slow = super::support::slow_chunks(200, 100);
+    let slow = crate::suite::support::server::slow_chunks(200, 100);
     let model = scratch.script("slow.jsonl", &[&slow]);
     let mut run = Command::new(env!("CARGO_BIN_EXE_keel"));
     run.args(["run", "--json", "--no-tools", "--model", &model, "--db"])
