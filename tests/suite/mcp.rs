@@ -204,12 +204,7 @@ impl Watched {
 
     /// Waits until the process has exited and been reaped.
     async fn gone(self) {
-        guard("the process is reaped", async {
-            while self.lingers() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
+        wait_until_async("the process is reaped", HANG_GUARD, async || !self.lingers()).await;
     }
 }
 
@@ -942,12 +937,7 @@ async fn an_abandoned_call_is_cancelled_on_the_server() {
     let abandoned = tokio::time::timeout(Duration::from_millis(300), run(&tools, "fake__hang", "{}")).await;
     assert!(abandoned.is_err(), "{abandoned:?}");
     let seen = std::env::temp_dir().join(format!("cancelled-{marker}"));
-    guard("the server sees the cancellation", async {
-        while !seen.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_until_async("the server to see the cancellation", HANG_GUARD, async || seen.exists()).await;
     let _ = std::fs::remove_file(&seen);
     assert_eq!(run(&tools, "fake__chatty", "{}").await, ok("said things"));
     assert_eq!(server.starts(), 1);
@@ -1014,14 +1004,9 @@ async fn server_log_messages_are_logged_through_tracing_with_the_server_name() {
     let server = start("fake", &fake("dynamic", &marker())).await;
     let tools = tool_set(&server);
     assert_eq!(run(&tools, "fake__chatty", "{}").await, ok("said things"));
-    let logged = guard("the log lines", async {
-        loop {
-            let text = String::from_utf8_lossy(&captured.0.lock().expect("buffer")).into_owned();
-            if text.contains("cache") {
-                return text;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let logged = wait_for_async("the log lines", HANG_GUARD, async || {
+        let text = String::from_utf8_lossy(&captured.0.lock().expect("buffer")).into_owned();
+        text.contains("cache").then_some(text)
     })
     .await;
     let warning = logged
@@ -1058,10 +1043,8 @@ impl HttpEverything {
             .kill_on_drop(true)
             .spawn()
             .expect("start the HTTP server");
-        guard("the HTTP server listens", async {
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+        wait_until_async("the HTTP server to listen", HANG_GUARD, async || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
         })
         .await;
         Self { port, child }

@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keel::tools::workspace::sandbox::SandboxPolicy;
 use keel::tools::workspace::{ShellConfig, ShellTool};
@@ -17,7 +17,7 @@ use keel::tools::{Tool, ToolContext, ToolError};
 use super::mcp::processes_with;
 use super::workspace_tools::outside_the_temporary_directory;
 use crate::suite::support::process::keel_binary_for;
-use crate::suite::support::wait::guard;
+use crate::suite::support::wait::{guard, poll_for};
 
 /// The shell under `policy`, launched by the real `keel` binary.
 pub(crate) fn shell(policy: SandboxPolicy, network: bool) -> ShellTool {
@@ -111,18 +111,15 @@ async fn no_process_a_call_starts_outlives_it_under_any_policy() {
         );
         let output = run(&shell(policy, false), workspace.path(), &command).await;
         assert!(output.contains("[stdout]\nstarted\n"), "{policy}: {output}");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let left: Vec<u32> = markers.iter().flat_map(|marker| processes_with(marker)).collect();
-            if left.is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{policy}: processes of a finished call are still running: {left:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut left: Vec<u32> = Vec::new();
+        let ended = poll_for(Duration::from_secs(5), || {
+            left = markers.iter().flat_map(|marker| processes_with(marker)).collect();
+            left.is_empty().then_some(())
+        });
+        assert!(
+            ended.is_some(),
+            "{policy}: processes of a finished call are still running: {left:?}"
+        );
     }
 }
 

@@ -3,14 +3,13 @@
 //! the shell's process handling, environment and sandbox reporting.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use keel::model::ToolCall;
 use keel::tools::workspace::sandbox::{self, SandboxPolicy, SandboxStatus};
 use keel::tools::workspace::{ShellConfig, WorkspaceToolsConfig, tools};
 use keel::tools::{ToolContext, ToolOutcome, ToolSet};
 
-use crate::suite::support::wait::guard;
+use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 
 /// A workspace directory inside a scratch directory, with `outside/`
 /// (holding `secret.txt`) beside it.
@@ -427,20 +426,13 @@ fn ended(pid: i32) -> bool {
 /// Waits (bounded by the hang guard) until the process in `pid_file` ended.
 async fn assert_ends(pid_file: &Path) {
     let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
-    guard(&format!("process {pid} to end"), async {
-        while !ended(pid) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_until_async(&format!("process {pid} to end"), HANG_GUARD, async || ended(pid)).await;
 }
 
 /// Waits (bounded by the hang guard) until `path` holds a line.
 async fn wait_for_line(path: &Path) {
-    guard(&format!("{} to be written", path.display()), async {
-        while !std::fs::read_to_string(path).is_ok_and(|text| text.ends_with('\n')) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    wait_until_async(&format!("{} to be written", path.display()), HANG_GUARD, async || {
+        std::fs::read_to_string(path).is_ok_and(|text| text.ends_with('\n'))
     })
     .await;
 }

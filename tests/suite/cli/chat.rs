@@ -14,7 +14,7 @@ use rexpect::process::{Signal, WaitStatus};
 use rexpect::session::{Options, PtySession, spawn_with_options};
 
 use crate::suite::support::events::{assert_gapless, user_messages};
-use crate::suite::support::process::{Cli, assert_one_line_error, stderr, stdout};
+use crate::suite::support::process::{Cli, assert_one_line_error, stderr, stdout, wait_exit};
 use crate::suite::support::server::{Scratch, ServeProcess};
 
 /// How long one expectation on the terminal may wait before the test fails.
@@ -256,13 +256,9 @@ fn piped_chat_answers_a_step_of_more_approvals_than_the_control_lane_holds() {
         .write_all(b"write 40 files\n")
         .expect("write stdin");
     // A decision lost to a full lane leaves the turn waiting for ever.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while child.try_wait().expect("wait").is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("keel chat hung: an approval decision was lost");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    if wait_exit(&mut child, std::time::Duration::from_secs(60)).is_none() {
+        let _ = child.kill();
+        panic!("keel chat hung: an approval decision was lost");
     }
     let output = child.wait_with_output().expect("keel chat output");
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));

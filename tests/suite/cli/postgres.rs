@@ -10,6 +10,7 @@ use serde_json::json;
 use crate::suite::support::events::{assert_gapless, ends_turn};
 use crate::suite::support::process::{Cli, assert_one_line_error, parse_events, session_of, stderr, stdout};
 use crate::suite::support::server::ServeProcess;
+use crate::suite::support::wait::{HANG_GUARD, wait_until_async};
 
 /// `keel serve` on the database at `url`, on a free loopback port, with
 /// the scripts and workspaces in `cli`'s directory.
@@ -169,30 +170,23 @@ async fn a_postgresql_outage_is_503_and_the_server_recovers_by_itself() {
 
     postgres.start();
     // Back without a restart of keel: ready again, and the session serves.
-    let mut ready = false;
-    for _ in 0..200 {
+    wait_until_async("/readyz to say ready again", HANG_GUARD, async || {
         let reply = reqwest::get(server.api.url("/readyz")).await.expect("readyz");
-        if reply.status().is_success() {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(ready, "/readyz never said ready again");
-    let mut accepted = None;
-    for _ in 0..200 {
+        reply.status().is_success()
+    })
+    .await;
+    wait_until_async("the server to take a submission again", HANG_GUARD, async || {
         let reply = server
             .api
             .submit("s", json!({"op": {"type": "user_input", "text": "after"}}))
             .await;
         if reply.status.as_u16() == 202 {
-            accepted = Some(reply.body);
-            break;
+            return true;
         }
         assert_eq!(reply.status.as_u16(), 503, "{}", reply.body);
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(accepted.is_some(), "the server never took a submission again");
+        false
+    })
+    .await;
     server.api.wait_idle("s").await;
     let (status, _) = server.terminate();
     assert!(status.success(), "{status:?}");

@@ -2,7 +2,7 @@
 //! shell's sandbox, MCP servers from `keel.toml`, and a process killed in the
 //! middle of a side-effecting tool call.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keel::protocol::{AbortReason, ApprovalDecision, EventMsg, RecordedEvent};
 use keel::tools::workspace::SandboxPolicy;
@@ -11,6 +11,7 @@ use keel::tools::workspace::sandbox::probe;
 use crate::suite::mcp::{marker, mcp_skipped, node_modules, processes_with};
 use crate::suite::support::events::{assert_gapless, tool_results};
 use crate::suite::support::process::{Cli, Running, parse_events, session_of, stderr, stdout};
+use crate::suite::support::wait::{HANG_GUARD, poll_for, wait_until};
 
 /// A script that calls one tool and then answers `done`.
 fn one_call(cli: &Cli, name: &str, arguments: serde_json::Value) -> String {
@@ -278,11 +279,7 @@ fn crash_during_first_call_then_resume(
         &["run", "--json", "--approve", "auto", "--model", &model, message],
         |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !counter.exists() {
-        assert!(Instant::now() < deadline, "the command never ran");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the command to run", HANG_GUARD, || counter.exists());
     let seen = running.crash();
     kill_processes_in(cli.dir.path());
     let session = session_of(&seen);
@@ -450,30 +447,21 @@ fn killed_during_a_shell_call(policy: &str, marker: usize) {
         |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
     );
     let running_now = || -> Vec<u32> { markers.iter().flat_map(|marker| processes_with(marker)).collect() };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let pids = loop {
-        let pids = running_now();
-        if pids.len() == 2 {
-            break pids;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{policy}: the command never started: {pids:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut pids = Vec::new();
+    let started = poll_for(HANG_GUARD, || {
+        pids = running_now();
+        (pids.len() == 2).then_some(())
+    });
+    assert!(started.is_some(), "{policy}: the command never started: {pids:?}");
     running.crash();
     // Nobody is left to kill them but the launcher watching its parent.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = running_now();
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{policy}: the shell call's processes outlived the runtime: {left:?} (were {pids:?})"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut left = Vec::new();
+    let ended = poll_for(Duration::from_secs(10), || {
+        left = running_now();
+        left.is_empty().then_some(())
+    });
+    assert!(
+        ended.is_some(),
+        "{policy}: the shell call's processes outlived the runtime: {left:?} (were {pids:?})"
+    );
 }

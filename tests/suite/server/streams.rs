@@ -1,8 +1,6 @@
 //! Event streams: resuming after a disconnect, and many subscribers with
 //! one that stops reading.
 
-use std::time::Duration;
-
 use keel::protocol::RecordedEvent;
 use keel::provider::sse::SseParser;
 use serde_json::json;
@@ -11,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::suite::support::api::Resume;
 use crate::suite::support::events::{ends_turn, sequences};
 use crate::suite::support::server::{TestServer, slow_chunks};
-use crate::suite::support::wait::guard;
+use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 
 /// Asserts `events` are exactly the sequences `first..=last`.
 fn assert_exactly(events: &[RecordedEvent], first: u64, last: u64) {
@@ -146,7 +144,11 @@ async fn nine_subscribers_get_everything_while_a_tenth_stalls_and_it_still_gets_
         "the stalled subscriber was served from the store:\n{metrics}"
     );
     drop(stalled);
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Until the server has seen it go: nine streams are left open.
+    wait_until_async("the server to drop the stalled stream", HANG_GUARD, async || {
+        metric_value(&server.api.metrics().await, "keel_sse_subscribers") < 10.0
+    })
+    .await;
     server.stop().await;
 }
 

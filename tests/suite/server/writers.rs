@@ -5,11 +5,12 @@
 
 use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
 
+use crate::suite::support::process::wait_exit;
 use crate::suite::support::server::{Scratch, ServeProcess};
 
 /// Runs `command` to its end, failing the test if it is still running
@@ -20,17 +21,10 @@ fn run_to_end(mut command: Command, limit: Duration) -> (std::process::ExitStatu
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn keel");
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for keel") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the command was still running after {limit:?}: {command:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = wait_exit(&mut child, limit) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the command was still running after {limit:?}: {command:?}");
     };
     let mut stderr = String::new();
     child

@@ -230,3 +230,35 @@ pub(crate) fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("address").port()
 }
+
+/// The bytes that the loopback sockets on server `port` were sent and the
+/// server has not read yet (the kernel's receive queues, from
+/// `/proc/net/tcp`); only the connection from client port `peer` if given.
+/// `None` when there is no such socket (any more).
+pub(crate) fn unread_by_server(port: u16, peer: Option<u16>) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    let port_of = |address: &str| {
+        address
+            .rsplit_once(':')
+            .and_then(|(_, port)| u16::from_str_radix(port, 16).ok())
+    };
+    let mut found = None;
+    for line in table.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [_, local, remote, _, queues, ..] = fields[..] else {
+            continue;
+        };
+        // A listening socket has remote port 0 and nothing to read.
+        let remote_port = port_of(remote);
+        if port_of(local) != Some(port) || remote_port == Some(0) || peer.is_some_and(|peer| remote_port != Some(peer))
+        {
+            continue;
+        }
+        let unread = queues
+            .split_once(':')
+            .and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok())
+            .expect("a receive queue");
+        *found.get_or_insert(0) += unread;
+    }
+    found
+}

@@ -36,9 +36,42 @@ impl Backoff {
     }
 }
 
+/// A poll loop written out by its caller, where a closure will not do
+/// (a task that must be `Send` and awaits borrowed state, say): call
+/// [`Patience::pause`] between two looks.
+pub(crate) struct Patience {
+    what: String,
+    timeout: Duration,
+    deadline: Instant,
+    backoff: Backoff,
+}
+
+impl Patience {
+    /// Patience for `what`, running out after `timeout`.
+    pub(crate) fn new(what: impl Into<String>, timeout: Duration) -> Self {
+        Self {
+            what: what.into(),
+            timeout,
+            deadline: Instant::now() + timeout,
+            backoff: Backoff::new(),
+        }
+    }
+
+    /// Pauses before the next look; fails the test once time is up.
+    pub(crate) async fn pause(&mut self) {
+        assert!(
+            Instant::now() < self.deadline,
+            "timed out after {:?} waiting for {}",
+            self.timeout,
+            self.what
+        );
+        tokio::time::sleep(self.backoff.next()).await;
+    }
+}
+
 /// Calls `check` until it gives a value or `timeout` has passed (then
 /// `None`), blocking the thread in between. For a caller that must clean
-/// up before it fails; otherwise a bounded wait that fails the test.
+/// up before it fails; otherwise [`wait_for`].
 pub(crate) fn poll_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     let mut backoff = Backoff::new();
@@ -51,6 +84,17 @@ pub(crate) fn poll_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T
         }
         std::thread::sleep(backoff.next());
     }
+}
+
+/// Calls `check` until it gives a value, blocking the thread in between;
+/// fails the test naming `what` after `timeout`.
+pub(crate) fn wait_for<T>(what: &str, timeout: Duration, check: impl FnMut() -> Option<T>) -> T {
+    poll_for(timeout, check).unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// Blocks until `ready` holds; fails the test naming `what` after `timeout`.
+pub(crate) fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
+    wait_for(what, timeout, || ready().then_some(()));
 }
 
 /// [`poll_for`] for a check that awaits: `None` once `timeout` has passed.
@@ -78,6 +122,14 @@ pub(crate) async fn wait_for_async<T>(what: &str, timeout: Duration, check: impl
 /// [`wait_until`] for a condition that awaits.
 pub(crate) async fn wait_until_async(what: &str, timeout: Duration, mut ready: impl AsyncFnMut() -> bool) {
     wait_for_async(what, timeout, async || ready().await.then_some(())).await;
+}
+
+/// Waits until the wall clock in milliseconds (the one stores stamp rows
+/// with) has moved past its value now: what is stamped after this returns
+/// is strictly later than what was stamped before it was called.
+pub(crate) fn next_millisecond() {
+    let now = keel::protocol::now_ms();
+    wait_until("the clock to tick", HANG_GUARD, || keel::protocol::now_ms() > now);
 }
 
 /// Waits until `flag` is set, yielding to the runtime in between; fails
