@@ -22,6 +22,7 @@ use keel::tools::mcp::{McpConfig, McpError, McpServer, McpServerConfig, McpTrans
 use keel::tools::{ToolContext, ToolOutcome, ToolSet};
 use keel::{CheckpointStore, Model};
 
+use crate::suite::support::process::{marker, processes_with};
 use crate::suite::support::server::free_port;
 use crate::suite::support::skip;
 use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
@@ -81,12 +82,6 @@ pub(super) fn mcp_skipped(test: &str, packages: bool) -> bool {
     );
     skip::announce(test, &format!("{missing}, so MCP is NOT tested here; {how}"));
     true
-}
-
-/// A word no other process has on its command line, to find this test's
-/// server processes among all of the machine's.
-pub(super) fn marker() -> String {
-    format!("keel-mcp-test-{}", uuid::Uuid::now_v7())
 }
 
 /// The everything server over stdio, tagged with `marker` (it ignores
@@ -152,24 +147,6 @@ fn ok(output: &str) -> ToolOutcome {
         output: output.into(),
         is_error: false,
     }
-}
-
-/// The processes whose command line has `marker` as an argument.
-pub(super) fn processes_with(marker: &str) -> Vec<u32> {
-    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let pid = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            cmdline
-                .split(|byte| *byte == 0)
-                .any(|arg| arg == marker.as_bytes())
-                .then_some(pid)
-        })
-        .collect();
-    pids.sort_unstable();
-    pids
 }
 
 /// A process, told apart from a later one with the same id by its start

@@ -9,8 +9,8 @@ use std::time::Duration;
 use keel::tools::workspace::sandbox::{Limits, SandboxPolicy};
 use keel::tools::workspace::{ShellConfig, ShellTool};
 
-use super::mcp::processes_with;
-use super::sandbox::{run, shell};
+use crate::suite::support::process::processes_with;
+use crate::suite::support::sandbox::{run, shell};
 use crate::suite::support::wait::wait_until;
 
 /// The shell under workspace-write with `limits`.

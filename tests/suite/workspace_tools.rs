@@ -9,6 +9,7 @@ use keel::tools::workspace::sandbox::{self, SandboxPolicy, SandboxStatus};
 use keel::tools::workspace::{ShellConfig, WorkspaceToolsConfig, tools};
 use keel::tools::{ToolContext, ToolOutcome, ToolSet};
 
+use crate::suite::support::sandbox::outside_the_temporary_directory;
 use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 
 /// A workspace directory inside a scratch directory, with `outside/`
@@ -319,23 +320,6 @@ async fn read_only_commands_cannot_write_where_the_sandbox_is_enforced() {
 /// Landlock (permission denied) or by a read-only mount.
 fn refused_write(output: &str) -> bool {
     output.contains("Permission denied") || output.contains("Read-only file system")
-}
-
-/// A writable directory that is not under the temporary directory (which
-/// the workspace-write policy lets commands write): the build's scratch
-/// directory unless the checkout itself lives under `/tmp`, else `$HOME`.
-pub(super) fn outside_the_temporary_directory() -> std::path::PathBuf {
-    let temporary = std::env::temp_dir().canonicalize().unwrap();
-    let candidates = [
-        Some(std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))),
-        std::env::var_os("HOME").map(std::path::PathBuf::from),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .filter_map(|dir| dir.canonicalize().ok())
-        .find(|dir| !dir.starts_with(&temporary) && tempfile::tempdir_in(dir).is_ok())
-        .expect("a writable directory outside the temporary directory (the target dir or $HOME)")
 }
 
 #[tokio::test]

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use keel::protocol::{AbortReason, EventMsg};
 use nix::sys::signal::Signal;
 
-use crate::suite::mcp::{marker, processes_with};
 use crate::suite::support::process::{Cli, Running, wait_exit};
+use crate::suite::support::process::{marker, processes_with};
 use crate::suite::support::server::{Scratch, ServeProcess};
 use crate::suite::support::wait::{HANG_GUARD, wait_until};
 

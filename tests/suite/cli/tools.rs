@@ -8,9 +8,10 @@ use keel::protocol::{AbortReason, ApprovalDecision, EventMsg, RecordedEvent};
 use keel::tools::workspace::SandboxPolicy;
 use keel::tools::workspace::sandbox::probe;
 
-use crate::suite::mcp::{marker, mcp_skipped, node_modules, processes_with};
+use crate::suite::mcp::{mcp_skipped, node_modules};
 use crate::suite::support::events::{assert_gapless, tool_results};
 use crate::suite::support::process::{Cli, Running, parse_events, session_of, stderr, stdout};
+use crate::suite::support::process::{marker, processes_with};
 use crate::suite::support::wait::{HANG_GUARD, poll_for, wait_until};
 
 /// A script that calls one tool and then answers `done`.

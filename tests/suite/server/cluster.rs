@@ -15,7 +15,7 @@ use keel::testing::postgres::TestPostgres;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::suite::support::api::{Api, Reply, Resume, SseStream};
+use crate::suite::support::api::{Api, Reply, Resume, SseStream, metric};
 use crate::suite::support::server::{Scratch, ServeProcess, slow_chunks};
 use crate::suite::support::store::stored_events_in;
 use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
@@ -177,10 +177,7 @@ fn aborted_for(event: &RecordedEvent, reason: AbortReason) -> bool {
 
 /// A counter's value in a node's metrics text (0 when absent).
 fn counter(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0.0)
+    metric(text, name).unwrap_or(0.0)
 }
 
 /// Three nodes: a session created on one takes messages sent to any node

@@ -6,7 +6,7 @@ use keel::provider::sse::SseParser;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::suite::support::api::Resume;
+use crate::suite::support::api::{Resume, metric_value};
 use crate::suite::support::events::{ends_turn, sequences};
 use crate::suite::support::server::{TestServer, slow_chunks};
 use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
@@ -150,13 +150,6 @@ async fn nine_subscribers_get_everything_while_a_tenth_stalls_and_it_still_gets_
     })
     .await;
     server.stop().await;
-}
-
-/// The value of an unlabelled metric in Prometheus text.
-pub(super) fn metric_value(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -210,3 +210,15 @@ impl SseStream {
         .await
     }
 }
+
+/// The value of the unlabelled metric `name` in Prometheus text, if it is
+/// there.
+pub(crate) fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// [`metric`], which must be there.
+pub(crate) fn metric_value(text: &str, name: &str) -> f64 {
+    metric(text, name).unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}

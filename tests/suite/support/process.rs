@@ -158,3 +158,27 @@ pub(crate) fn keel_binary_for(uid: Option<u32>, dir: &Path) -> PathBuf {
     std::fs::copy(&binary, &copy).expect("copy the keel binary");
     copy
 }
+
+/// A word no other process has on its command line, to find this test's
+/// server processes among all of the machine's.
+pub(crate) fn marker() -> String {
+    format!("keel-mcp-test-{}", uuid::Uuid::now_v7())
+}
+
+/// The processes whose command line has `marker` as an argument.
+pub(crate) fn processes_with(marker: &str) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            cmdline
+                .split(|byte| *byte == 0)
+                .any(|arg| arg == marker.as_bytes())
+                .then_some(pid)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
