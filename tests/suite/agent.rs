@@ -17,7 +17,7 @@ use keel::store::{
 use keel::{CheckpointStore, Error};
 use tokio::sync::Notify;
 
-use super::support::*;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 const SESSION: &str = "session-1";
 
@@ -992,6 +992,7 @@ async fn back_pressure(streaming: StreamingOptions, delta: &'static str) {
     let plateau = guard("the model stops being polled", async {
         let (mut last, mut unchanged) = (0, 0);
         loop {
+            // Kept: proving the model is no longer polled takes a window in which nothing may change.
             tokio::time::sleep(Duration::from_millis(20)).await;
             let now = calls.load(Ordering::SeqCst);
             if now == last && now > 0 {
@@ -1321,6 +1322,7 @@ async fn a_store_failing_mid_turn_stops_the_session_with_a_typed_error_and_keeps
     let model = TestModel::new(|call| {
         Box::pin(async move {
             for chunk in ["one ", "two ", "three ", "four "] {
+                // Kept: the model's pace is the point, so that the turn spans several recorder batches.
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 (call.sink)(ModelEvent::TextDelta(chunk.to_owned()))?;
             }

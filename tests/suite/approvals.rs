@@ -12,7 +12,7 @@ use keel::tools::{ApprovalPolicy, ApprovalRules, Tool, ToolContext, ToolError, T
 use keel::{Agent, Op};
 use tokio::sync::{Notify, Semaphore};
 
-use super::support::*;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 const SESSION: &str = "approvals-session";
 

@@ -15,7 +15,7 @@ use keel::store::SqliteCheckpoint;
 use keel::{Agent, CheckpointStore, Model};
 use tokio::sync::Notify;
 
-use super::support::*;
+use crate::suite::support::{agent::*, store::*, wait::*};
 
 const SESSION: &str = "compaction-session";
 

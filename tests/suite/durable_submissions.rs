@@ -11,7 +11,7 @@ use keel::store::SqliteCheckpoint;
 use keel::{Agent, CheckpointStore, Error};
 use tokio::sync::Notify;
 
-use super::support::*;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 const SESSION: &str = "durable";
 
@@ -363,10 +363,11 @@ async fn many_concurrent_messages_are_each_stored_before_anything_they_cause() {
             for message in 0..MESSAGES / 4 {
                 let text = format!("message {message} of sender {sender}");
                 // The queue holds a few at a time: wait for room when full.
+                let mut patience = Patience::new("room in the queue", HANG_GUARD);
                 loop {
                     match handle.submit_durable(user(&text), options(BusyPolicy::Queue)).await {
                         Ok(done) => break accepted.push(done),
-                        Err(Error::Busy(_)) => tokio::time::sleep(std::time::Duration::from_millis(2)).await,
+                        Err(Error::Busy(_)) => patience.pause().await,
                         Err(error) => panic!("submit: {error}"),
                     }
                 }

@@ -36,7 +36,7 @@ use keel::store::{
 use keel::{Agent, Error, RecordedEvent};
 use keel_testing::faulty_vfs::{self, FaultOp, FaultRule};
 
-use super::support::*;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 /// Sessions running turns at once (their commits share fsyncs).
 const SESSIONS: usize = 4;
@@ -197,10 +197,8 @@ async fn run_into_fault(db: &TestDb, store: &Arc<SqliteCheckpoint>, rule: FaultR
         drivers.push((session, tokio::spawn(drive(agent, name, Arc::clone(turns)))));
     }
     // The fault comes in while every session is busy.
-    guard("turns before the fault", async {
-        while turns.iter().any(|turns| turns.load(Ordering::SeqCst) < 2) {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+    wait_until_async("turns before the fault", HANG_GUARD, async || {
+        turns.iter().all(|turns| turns.load(Ordering::SeqCst) >= 2)
     })
     .await;
     let armed = faulty_vfs::arm(rule);

@@ -22,8 +22,10 @@ use keel::tools::mcp::{McpConfig, McpError, McpServer, McpServerConfig, McpTrans
 use keel::tools::{ToolContext, ToolOutcome, ToolSet};
 use keel::{CheckpointStore, Model};
 
-use super::skip;
-use super::support::*;
+use crate::suite::support::process::{marker, processes_with};
+use crate::suite::support::server::free_port;
+use crate::suite::support::skip;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 /// Where the npm packages are, installed or not.
 fn node_modules_dir() -> PathBuf {
@@ -80,12 +82,6 @@ pub(super) fn mcp_skipped(test: &str, packages: bool) -> bool {
     );
     skip::announce(test, &format!("{missing}, so MCP is NOT tested here; {how}"));
     true
-}
-
-/// A word no other process has on its command line, to find this test's
-/// server processes among all of the machine's.
-pub(super) fn marker() -> String {
-    format!("keel-mcp-test-{}", uuid::Uuid::now_v7())
 }
 
 /// The everything server over stdio, tagged with `marker` (it ignores
@@ -153,24 +149,6 @@ fn ok(output: &str) -> ToolOutcome {
     }
 }
 
-/// The processes whose command line has `marker` as an argument.
-pub(super) fn processes_with(marker: &str) -> Vec<u32> {
-    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let pid = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            cmdline
-                .split(|byte| *byte == 0)
-                .any(|arg| arg == marker.as_bytes())
-                .then_some(pid)
-        })
-        .collect();
-    pids.sort_unstable();
-    pids
-}
-
 /// A process, told apart from a later one with the same id by its start
 /// time.
 #[derive(Debug, Clone, Copy)]
@@ -203,12 +181,7 @@ impl Watched {
 
     /// Waits until the process has exited and been reaped.
     async fn gone(self) {
-        guard("the process is reaped", async {
-            while self.lingers() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
+        wait_until_async("the process is reaped", HANG_GUARD, async || !self.lingers()).await;
     }
 }
 
@@ -941,12 +914,7 @@ async fn an_abandoned_call_is_cancelled_on_the_server() {
     let abandoned = tokio::time::timeout(Duration::from_millis(300), run(&tools, "fake__hang", "{}")).await;
     assert!(abandoned.is_err(), "{abandoned:?}");
     let seen = std::env::temp_dir().join(format!("cancelled-{marker}"));
-    guard("the server sees the cancellation", async {
-        while !seen.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_until_async("the server to see the cancellation", HANG_GUARD, async || seen.exists()).await;
     let _ = std::fs::remove_file(&seen);
     assert_eq!(run(&tools, "fake__chatty", "{}").await, ok("said things"));
     assert_eq!(server.starts(), 1);
@@ -1013,14 +981,9 @@ async fn server_log_messages_are_logged_through_tracing_with_the_server_name() {
     let server = start("fake", &fake("dynamic", &marker())).await;
     let tools = tool_set(&server);
     assert_eq!(run(&tools, "fake__chatty", "{}").await, ok("said things"));
-    let logged = guard("the log lines", async {
-        loop {
-            let text = String::from_utf8_lossy(&captured.0.lock().expect("buffer")).into_owned();
-            if text.contains("cache") {
-                return text;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let logged = wait_for_async("the log lines", HANG_GUARD, async || {
+        let text = String::from_utf8_lossy(&captured.0.lock().expect("buffer")).into_owned();
+        text.contains("cache").then_some(text)
     })
     .await;
     let warning = logged
@@ -1057,10 +1020,8 @@ impl HttpEverything {
             .kill_on_drop(true)
             .spawn()
             .expect("start the HTTP server");
-        guard("the HTTP server listens", async {
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+        wait_until_async("the HTTP server to listen", HANG_GUARD, async || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
         })
         .await;
         Self { port, child }
@@ -1069,11 +1030,6 @@ impl HttpEverything {
     async fn stop(mut self) {
         self.child.kill().await.expect("stop the HTTP server");
     }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("address").port()
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use keel::protocol::RecordedEvent;
 use serde_json::{Value, json};
 
-use super::support::tool_results;
+use crate::suite::support::events::tool_results;
 
 /// What only `keel.toml` holds; seeing it in a result is a leak.
 const CANARY: &str = "hdr-canary-7f3a";

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use keel::agent::{ModelEvent, ModelOutput, ModelRequest};
 use keel::model::ToolSpec;
-use keel::protocol::{AbortReason, TokenUsage, TranscriptItem};
+use keel::protocol::{AbortReason, TranscriptItem};
 use keel::provider::anthropic::Anthropic;
 use keel::provider::http::{RetryPolicy, Secret};
 use keel::provider::{ProviderError, ProviderSettings};
@@ -16,9 +16,8 @@ use keel::store::SqliteCheckpoint;
 use keel::{Agent, CheckpointStore, Error, EventMsg, Model, Op};
 use serde_json::{Value, json};
 
-use super::http_server::{Part, Reply, ScriptedServer};
-use super::provider_support::*;
-use super::support::*;
+use crate::suite::support::http_server::{Part, Reply, ScriptedServer};
+use crate::suite::support::{agent::*, events::*, model::*, provider::*, store::*, wait::*};
 
 const SESSION: &str = "anthropic-session";
 const KEY: &str = "sk-ant-api03-keel-test-key-do-not-show";
@@ -122,15 +121,6 @@ async fn load(store: &SqliteCheckpoint) -> keel::store::SessionState {
         .await
         .expect("load")
         .expect("the session exists")
-}
-
-fn usage(input: u64, cached: u64, output: u64) -> TokenUsage {
-    TokenUsage {
-        input_tokens: input,
-        cached_input_tokens: cached,
-        output_tokens: output,
-        reasoning_tokens: 0,
-    }
 }
 
 // 1. Streams.

@@ -9,8 +9,8 @@ use keel::Error;
 use keel::provider::ProviderError;
 use keel::provider::http::{AttemptError, HttpClient, HttpSettings, RetryPolicy, with_retries};
 
-use super::http_server::{Part, Reply, ScriptedServer};
-use super::support::guard;
+use crate::suite::support::http_server::{Part, Reply, ScriptedServer};
+use crate::suite::support::wait::guard;
 
 fn quick_settings() -> HttpSettings {
     HttpSettings {
@@ -193,13 +193,16 @@ async fn dropping_the_agent_cancels_its_model_request_at_once() {
     settings.http = quick_settings();
     settings.http.idle_timeout = Duration::from_secs(60);
     let model = Arc::new(OpenAiChat::new(settings).expect("model"));
-    let db = super::support::TestDb::new();
+    let db = crate::suite::support::store::TestDb::new();
     let store: Arc<dyn keel::CheckpointStore> = db.open();
     let mut config = AgentConfig::new("s", store, model);
     config.streaming = keel::agent::StreamingOptions::per_delta();
-    let mut agent = super::support::start_with(config).await;
-    agent.sender().submit(super::support::user("hi")).expect("submit");
-    super::support::read_until(&mut agent, |event| event.msg.kind() == "assistant_content_delta").await;
+    let mut agent = crate::suite::support::agent::start_with(config).await;
+    agent
+        .sender()
+        .submit(crate::suite::support::agent::user("hi"))
+        .expect("submit");
+    crate::suite::support::agent::read_until(&mut agent, |event| event.msg.kind() == "assistant_content_delta").await;
     assert_eq!(server.abandoned(), 0);
     drop(agent);
     guard("the request is cancelled", server.wait_abandoned(1)).await;
@@ -236,9 +239,9 @@ fn adapters(server: &ScriptedServer, http: &HttpSettings) -> Vec<(&'static str, 
 }
 
 async fn ask(model: &dyn keel::Model) -> (keel::Result<keel::agent::ModelOutput>, Vec<keel::agent::ModelEvent>) {
-    let history = [super::support::user_item("What time is it?")];
+    let history = [crate::suite::support::model::user_item("What time is it?")];
     let request = keel::agent::ModelRequest::new("s", "t", &history, 0);
-    super::provider_support::call_model(model, request).await
+    crate::suite::support::provider::call_model(model, request).await
 }
 
 #[tokio::test]
@@ -272,7 +275,11 @@ async fn a_complete_json_answer_to_a_streamed_request_is_read_as_the_answer() {
         let (result, events) = ask(&*model).await;
         let output = result.unwrap_or_else(|error| panic!("{name}: {error}"));
         assert_eq!(output.text, "It is noon.", "{name}");
-        assert_eq!(super::provider_support::text_deltas(&events), ["It is noon."], "{name}");
+        assert_eq!(
+            crate::suite::support::provider::text_deltas(&events),
+            ["It is noon."],
+            "{name}"
+        );
         let calls: Vec<(&str, &str, &str)> = output
             .tool_calls
             .iter()

@@ -19,9 +19,8 @@ use keel::tools::ToolSet;
 use keel::{Agent, CheckpointStore, Error, EventMsg, Model, Op, RecordedEvent};
 use serde_json::{Value, json};
 
-use super::http_server::{Part, Reply, Request, ScriptedServer};
-use super::provider_support::*;
-use super::support::*;
+use crate::suite::support::http_server::{Part, Reply, Request, ScriptedServer};
+use crate::suite::support::{agent::*, events::*, model::*, provider::*, store::*, wait::*};
 
 const SESSION: &str = "openai-responses-session";
 const KEY: &str = "sk-test-responses-0123456789abcdef9xyz";

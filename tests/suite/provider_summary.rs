@@ -13,8 +13,8 @@ use keel::provider::openai_chat::OpenAiChat;
 use keel::provider::openai_responses::OpenAiResponses;
 use serde_json::Value;
 
-use super::http_server::{Reply, ScriptedServer};
-use super::provider_support::call_model;
+use crate::suite::support::http_server::{Reply, ScriptedServer};
+use crate::suite::support::provider::call_model;
 
 const CHAT_TEXT: &[u8] = include_bytes!("../fixtures/openai-chat/llama-server-text.sse");
 const RESPONSES_TEXT: &[u8] = include_bytes!("../fixtures/openai-responses/text.sse");

@@ -23,9 +23,9 @@ use keel::tools::{ApprovalRules, ToolSet};
 use keel::{Agent, CheckpointStore, EventMsg, Model, Op, RecordedEvent};
 use serde_json::{Value, json};
 
-use super::http_server::{Reply, Request, ScriptedServer};
-use super::provider_support::token_usages;
-use super::support::*;
+use crate::suite::support::http_server::{Reply, Request, ScriptedServer};
+use crate::suite::support::provider::{token_usages, usage};
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 const SESSION: &str = "provider-tool-turns";
 const INSTRUCTIONS: &str = "You work on the files of the workspace.";
@@ -328,15 +328,6 @@ fn check_requests(turn: &ToolTurn, path: &str, names: impl Fn(&Value) -> Vec<Str
     for request in &turn.requests {
         assert_eq!((request.method.as_str(), request.path.as_str()), ("POST", path));
         assert_eq!(names(&request.json()), TOOL_NAMES);
-    }
-}
-
-fn usage(input: u64, cached: u64, output: u64) -> TokenUsage {
-    TokenUsage {
-        input_tokens: input,
-        cached_input_tokens: cached,
-        output_tokens: output,
-        reasoning_tokens: 0,
     }
 }
 

@@ -10,7 +10,8 @@ use keel::model::ScriptedModel;
 use keel::secrets::register;
 use std::sync::Arc;
 
-use super::support::{TestDb, read_turn, shutdown, start_agent, stored_events, user};
+use crate::suite::support::agent::{read_turn, shutdown, start_agent, user};
+use crate::suite::support::store::{TestDb, stored_events};
 
 /// Runs one turn of a script model answering with `lines`, streaming every
 /// delta on its own, and returns everything the store holds for the

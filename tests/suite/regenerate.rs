@@ -11,7 +11,7 @@ use keel::store::SqliteCheckpoint;
 use keel::{Agent, CheckpointStore};
 use tokio::sync::Notify;
 
-use super::support::*;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 const SESSION: &str = "regenerate";
 

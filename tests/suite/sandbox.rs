@@ -6,49 +6,18 @@
 use std::io::Read as _;
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keel::tools::workspace::sandbox::SandboxPolicy;
-use keel::tools::workspace::{ShellConfig, ShellTool};
-use keel::tools::{Tool, ToolContext, ToolError};
 
-use super::mcp::processes_with;
-use super::support::{guard, keel_binary_for};
-use super::workspace_tools::outside_the_temporary_directory;
-
-/// The shell under `policy`, launched by the real `keel` binary.
-pub(crate) fn shell(policy: SandboxPolicy, network: bool) -> ShellTool {
-    ShellTool::new(ShellConfig {
-        sandbox: policy,
-        network,
-        launcher: Some(PathBuf::from(env!("CARGO_BIN_EXE_keel"))),
-        ..ShellConfig::default()
-    })
-}
-
-/// Runs `command` in `workspace`; the result text whether it failed or not.
-pub(crate) async fn run(tool: &ShellTool, workspace: &Path, command: &str) -> String {
-    let context = ToolContext {
-        session_id: "s".into(),
-        workspace: workspace.to_path_buf(),
-    };
-    let serde_json::Value::Object(arguments) = serde_json::json!({"command": command}) else {
-        unreachable!()
-    };
-    match guard(command, tool.call(arguments, &context)).await {
-        Ok(output) => output,
-        Err(ToolError::Failed(output)) => output,
-        Err(other) => panic!("{command}: {other:?}"),
-    }
-}
-
-/// A directory outside the temporary directory (which workspace-write
-/// lets commands write), wherever the checkout is.
-pub(crate) fn outside_scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in(outside_the_temporary_directory()).expect("scratch dir")
-}
+use crate::suite::support::process::keel_binary_for;
+use crate::suite::support::process::processes_with;
+use crate::suite::support::sandbox::{
+    keel_run_command, outside_scratch, run, run_for_shell_results, shell, shell_script,
+};
+use crate::suite::support::wait::poll_for;
 
 /// A perl one-liner (perl is part of every Debian system) that connects
 /// to `port` on loopback and says whether it could.
@@ -110,18 +79,15 @@ async fn no_process_a_call_starts_outlives_it_under_any_policy() {
         );
         let output = run(&shell(policy, false), workspace.path(), &command).await;
         assert!(output.contains("[stdout]\nstarted\n"), "{policy}: {output}");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let left: Vec<u32> = markers.iter().flat_map(|marker| processes_with(marker)).collect();
-            if left.is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{policy}: processes of a finished call are still running: {left:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut left: Vec<u32> = Vec::new();
+        let ended = poll_for(Duration::from_secs(5), || {
+            left = markers.iter().flat_map(|marker| processes_with(marker)).collect();
+            left.is_empty().then_some(())
+        });
+        assert!(
+            ended.is_some(),
+            "{policy}: processes of a finished call are still running: {left:?}"
+        );
     }
 }
 
@@ -258,28 +224,6 @@ fn hunt_for_secrets(uid: Option<u32>) {
     );
 }
 
-/// A `script:` model that makes one `shell` call per command, in order,
-/// then answers `done`.
-pub(crate) fn shell_script(commands: &[&str]) -> String {
-    let mut script = String::new();
-    for command in commands {
-        let call = serde_json::json!({"tool_calls": [{"name": "shell", "arguments": {"command": command}}]});
-        script.push_str(&format!("{call}\n"));
-    }
-    script.push_str("{\"text\": \"done\"}\n");
-    script
-}
-
-/// The outputs of the tool calls in the `--json` output of `keel run`.
-pub(crate) fn shell_results(stdout: &str) -> Vec<String> {
-    stdout
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|event| event["msg"]["type"] == "tool_call_completed")
-        .map(|event| event["msg"]["output"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
 #[test]
 fn a_command_sees_neither_keels_environment_nor_its_files() {
     hunt_for_secrets(None);
@@ -338,55 +282,4 @@ fn without_namespaces_the_fallback_still_contains_the_command() {
         .flat_map(|marker| processes_with(marker))
         .collect();
     assert!(left.is_empty(), "processes outlived the command: {left:?}");
-}
-
-/// Runs `binary run --json --approve auto --model script:s.jsonl go` in
-/// `cwd` (which holds `s.jsonl`, see [`shell_script`]) with its database
-/// at `db`, as user `uid` when given, with `extra` arguments; the outputs
-/// of its tool calls. The run must succeed.
-pub(crate) fn keel_run(binary: &Path, cwd: &Path, db: &Path, uid: Option<u32>, extra: &[&str]) -> Vec<String> {
-    let mut keel = keel_run_command(binary, cwd, db, uid);
-    keel.args(extra).arg("go");
-    run_for_shell_results(keel)
-}
-
-/// `binary run --json --approve auto --model script:s.jsonl` in `cwd`
-/// with its database at `db`, as user `uid` when given; the caller adds
-/// the prompt.
-pub(crate) fn keel_run_command(binary: &Path, cwd: &Path, db: &Path, uid: Option<u32>) -> Command {
-    let mut keel = Command::new(binary);
-    keel.args(["run", "--json", "--approve", "auto", "--model", "script:s.jsonl"])
-        .env("KEEL_DB", db)
-        .env("HOME", cwd)
-        .env_remove("KEEL_MODEL")
-        .env_remove("KEEL_CONFIG")
-        .current_dir(cwd);
-    if let Some(uid) = uid {
-        std::os::unix::process::CommandExt::uid(&mut keel, uid);
-        std::os::unix::process::CommandExt::gid(&mut keel, uid);
-    }
-    keel
-}
-
-/// Runs a `keel run` made by [`keel_run_command`], which must succeed;
-/// the outputs of its tool calls.
-fn run_for_shell_results(mut keel: Command) -> Vec<String> {
-    let output = keel.output().expect("keel run");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    shell_results(&stdout)
-}
-
-/// Hands `dir` and everything in it to `uid` (for a Keel run as that user).
-pub(crate) fn chown_to(dir: &Path, uid: u32) {
-    let status = Command::new("chown")
-        .args(["-R", &format!("{uid}:{uid}")])
-        .arg(dir)
-        .status()
-        .expect("chown");
-    assert!(status.success());
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use keel::store::postgres::local::TestPostgres;
 
-use super::sandbox::{keel_run, outside_scratch, shell_script};
+use crate::suite::support::sandbox::{keel_run, outside_scratch, shell_script};
 
 /// `psql` asking the server behind the socket in `dir` for a number the
 /// command line does not hold.

@@ -9,9 +9,9 @@ use std::process::Command;
 
 use keel::tools::workspace::sandbox::{self, SandboxPolicy};
 
-use super::sandbox::{chown_to, keel_run, outside_scratch, run, shell, shell_script};
-use super::skip;
-use super::support::keel_binary_for;
+use crate::suite::support::process::keel_binary_for;
+use crate::suite::support::sandbox::{chown_to, keel_run, outside_scratch, run, shell, shell_script};
+use crate::suite::support::skip;
 
 /// Makes a missing loop device or root a failure instead of a skip.
 const REQUIRE: &str = "KEEL_REQUIRE_FAULT_TESTS";

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use keel::tools::workspace::sandbox::SandboxPolicy;
 use keel::tools::workspace::{ShellConfig, ShellTool};
 
-use super::sandbox::{keel_run, outside_scratch, run, shell, shell_script};
+use crate::suite::support::sandbox::{keel_run, outside_scratch, run, shell, shell_script};
 
 #[test]
 fn a_command_that_replaces_the_keel_binary_does_not_run_the_next_call_unsandboxed() {

@@ -9,8 +9,9 @@ use std::time::Duration;
 use keel::tools::workspace::sandbox::{Limits, SandboxPolicy};
 use keel::tools::workspace::{ShellConfig, ShellTool};
 
-use super::mcp::processes_with;
-use super::sandbox::{run, shell};
+use crate::suite::support::process::processes_with;
+use crate::suite::support::sandbox::{run, shell};
+use crate::suite::support::wait::wait_until;
 
 /// The shell under workspace-write with `limits`.
 fn limited(limits: Limits) -> ShellTool {
@@ -38,11 +39,9 @@ async fn a_call_that_starts_thousands_of_processes_is_held_to_the_limit() {
     assert!(started < 512, "{started} processes started: {output}");
     assert!(output.contains("pids 512") || output.contains("nproc 512"), "{output}");
     // The host is fine: the processes are gone, and new ones start.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !processes_with("4311").is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the call's processes outlived it");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("the call's processes to end", Duration::from_secs(10), || {
+        processes_with("4311").is_empty()
+    });
     let after = run(
         &shell(SandboxPolicy::WorkspaceWrite, false),
         workspace.path(),

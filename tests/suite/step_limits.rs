@@ -10,7 +10,8 @@ use keel::protocol::{AbortReason, TranscriptItem};
 use keel::store::CheckpointStore;
 use keel::{EventMsg, Model, RecordedEvent};
 
-use super::support::{TestDb, read_turn, shutdown, start_agent, user};
+use crate::suite::support::agent::{read_turn, shutdown, start_agent, user};
+use crate::suite::support::store::TestDb;
 
 const MIB: usize = 1024 * 1024;
 
@@ -95,7 +96,7 @@ async fn a_step_over_the_byte_budget_aborts_its_turn_and_the_session_goes_on() {
     let store = db.open();
     let model = Arc::new(OversizedModel::default());
     let mut agent = start_agent(&db, &store, "big", model.clone(), StreamingOptions::default()).await;
-    super::support::next(&mut agent).await; // session_started
+    crate::suite::support::agent::next(&mut agent).await; // session_started
 
     // A tool call with 10 MiB of arguments: not run, not recorded.
     agent

@@ -29,9 +29,11 @@ use keel::store::{CheckpointStore, PostgresCheckpoint, PostgresOptions, SqliteCh
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use crate::suite::server::support::{Api, Scratch, ServeProcess};
-use crate::suite::skip;
-use crate::suite::support::{assert_integrity_ok, stored_events_in};
+use crate::suite::support::api::Api;
+use crate::suite::support::server::{Scratch, ServeProcess};
+use crate::suite::support::skip;
+use crate::suite::support::store::{assert_integrity_ok, stored_events_in};
+use crate::suite::support::wait::poll_for_async;
 
 /// Makes a missing permission to mount a failure instead of a skip.
 const REQUIRE: &str = "KEEL_REQUIRE_FAULT_TESTS";
@@ -303,6 +305,7 @@ impl Load {
                                 tally.samples.entry(key).or_insert(reply.body);
                             }
                         }
+                        // Kept: the pace of the load, not a wait for anything.
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                 })
@@ -336,18 +339,15 @@ impl Load {
 
     /// Waits until `ready` holds, or panics after `timeout` saying `what`.
     async fn wait(&self, what: &str, timeout: Duration, ready: impl Fn(&Self) -> bool) {
-        let deadline = Instant::now() + timeout;
-        while !ready(self) {
-            assert!(
-                Instant::now() < deadline,
-                "{what} within {timeout:?}; refusals so far: {:?}",
-                self.tally
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .samples
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let met = poll_for_async(timeout, async || ready(self).then_some(())).await;
+        assert!(
+            met.is_some(),
+            "{what} within {timeout:?}; refusals so far: {:?}",
+            self.tally
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .samples
+        );
     }
 
     async fn stop(self) -> Tally {
@@ -381,24 +381,22 @@ fn assert_refusals_are_clear(tally: &Tally) {
 /// until then it may only answer a store `503` (or a full queue).
 async fn assert_serves_again(api: &Api) {
     for session in SESSIONS {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        let mut last = Value::Null;
+        let served = poll_for_async(Duration::from_secs(30), async || {
             let reply = api
                 .submit(session, json!({"op": {"type": "user_input", "text": "after"}}))
                 .await;
             if reply.status.as_u16() == 202 {
-                break;
+                return Some(());
             }
             let clear =
                 (reply.status.as_u16() == 503 && STORE_CODES.contains(&reply.code())) || reply.code() == "queue_full";
             assert!(clear, "{session}: {} {}", reply.status, reply.body);
-            assert!(
-                Instant::now() < deadline,
-                "{session} never served again: {}",
-                reply.body
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            last = reply.body;
+            None
+        })
+        .await;
+        assert!(served.is_some(), "{session} never served again: {last}");
     }
     for session in SESSIONS {
         api.wait_idle(session).await;

@@ -4,16 +4,18 @@
 //! Real file systems (a tmpfs, ext4 on a loop device), mounted as root;
 //! without the permission they skip like `store_faults`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keel::store::SqliteCheckpoint;
 use keel::store::sqlite::SpaceReserve;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::suite::server::support::{Api, Scratch};
 use crate::suite::store_faults::{Mount, fill, or_skip, run, serve_with};
-use crate::suite::support::{assert_integrity_ok, stored_events_in};
+use crate::suite::support::api::Api;
+use crate::suite::support::server::Scratch;
+use crate::suite::support::store::{assert_integrity_ok, stored_events_in};
+use crate::suite::support::wait::poll_for_async;
 
 /// Text that LZ4 cannot shrink, so that storing it needs new pages.
 fn incompressible(bytes: usize) -> String {
@@ -30,20 +32,17 @@ fn incompressible(bytes: usize) -> String {
 
 /// Waits until `/readyz` answers `status`; returns its body.
 async fn readyz_becomes(api: &Api, status: StatusCode) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let mut last = None;
+    let body = poll_for_async(Duration::from_secs(30), async || {
         let reply = api.get("/readyz").await;
         if reply.status == status {
-            return reply.body;
+            return Some(reply.body);
         }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz never answered {status}: {} {}",
-            reply.status,
-            reply.body
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        last = Some((reply.status, reply.body));
+        None
+    })
+    .await;
+    body.unwrap_or_else(|| panic!("/readyz never answered {status}: {last:?}"))
 }
 
 /// The finding: `dd` from a sandboxed command filled the database's file

@@ -10,7 +10,7 @@ use keel::tools::{ApprovalRules, Tool, ToolContext, ToolError, ToolSet};
 use keel::{CheckpointStore, Op};
 use tokio::sync::Notify;
 
-use super::support::*;
+use crate::suite::support::{agent::*, events::*, model::*, store::*, wait::*};
 
 const SESSION: &str = "tools-session";
 
@@ -469,6 +469,7 @@ async fn no_tool_call_starts_under_a_lease_that_may_have_lapsed() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "a call runs under a fresh lease");
 
     // Nothing renews the lease for longer than three quarters of it.
+    // Kept: the test is about the lease running out with time.
     tokio::time::sleep(ttl).await;
     agent.sender().submit(user("count again")).expect("submit");
     let events = read_to_end(&mut agent).await;

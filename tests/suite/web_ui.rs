@@ -9,7 +9,7 @@
 //! Without node, playwright-core or Chromium these tests fail and say how
 //! to install them. For local development without a browser,
 //! `KEEL_SKIP_BROWSER_TESTS=1` makes them pass with a `SKIPPED` line on the
-//! terminal instead (see [`super::skip`]);
+//! terminal instead (see [`crate::suite::support::skip`]);
 //! CI (`CI` or `KEEL_REQUIRE_BROWSER_TESTS` set, as `.ci/run` does) never
 //! skips them.
 
@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::server::support::{Api, Scratch, ServeProcess};
-use super::skip;
+use crate::suite::support::api::Api;
+use crate::suite::support::server::{Scratch, ServeProcess};
+use crate::suite::support::skip;
+use crate::suite::support::wait::{next_millisecond, wait_until_async};
 
 /// One browser at a time: Chromium is heavy on a two-core machine, and the
 /// scenarios watch text stream in.
@@ -265,7 +267,7 @@ async fn web_ui_lists_sessions_newest_first_page_by_page() {
     for id in &ids {
         server.api.create(json!({"id": id})).await;
         // Distinct creation times, so "newest first" has one answer.
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        next_millisecond();
     }
     let listed = server.api.get("/v1/sessions?limit=5").await;
     let newest_first: Vec<&str> = listed.body["sessions"]
@@ -486,11 +488,11 @@ async fn web_ui_resumes_its_stream_after_a_server_restart() {
     // The page asks for the restart by writing a file; the same address and
     // database come back, and a file says so.
     let restart = async {
-        let deadline = Instant::now() + SCENARIO_TIMEOUT;
-        while !signals.join("restart").exists() {
-            assert!(Instant::now() < deadline, "the page never asked for the restart");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let asked = signals.join("restart");
+        wait_until_async("the page to ask for the restart", SCENARIO_TIMEOUT, async || {
+            asked.exists()
+        })
+        .await;
         let (status, stderr) = tokio::task::block_in_place(|| server.terminate());
         assert!(status.success(), "keel serve exited with {status}: {stderr:#?}");
         let again = tokio::task::block_in_place(|| serve(&scratch, &model, &["--listen", &listen]));

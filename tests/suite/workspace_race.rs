@@ -11,7 +11,7 @@ use keel::tools::workspace::{WorkspaceToolsConfig, tools};
 use keel::tools::{Tool, ToolContext};
 use rustix::fs::RenameFlags;
 
-use super::support::guard;
+use crate::suite::support::wait::guard;
 
 /// Rounds of calls (one of each tool per round), and a time bound so the
 /// test stays short on a slow machine.

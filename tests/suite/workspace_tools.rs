@@ -3,14 +3,14 @@
 //! the shell's process handling, environment and sandbox reporting.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use keel::model::ToolCall;
 use keel::tools::workspace::sandbox::{self, SandboxPolicy, SandboxStatus};
 use keel::tools::workspace::{ShellConfig, WorkspaceToolsConfig, tools};
 use keel::tools::{ToolContext, ToolOutcome, ToolSet};
 
-use super::support::guard;
+use crate::suite::support::sandbox::outside_the_temporary_directory;
+use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 
 /// A workspace directory inside a scratch directory, with `outside/`
 /// (holding `secret.txt`) beside it.
@@ -322,23 +322,6 @@ fn refused_write(output: &str) -> bool {
     output.contains("Permission denied") || output.contains("Read-only file system")
 }
 
-/// A writable directory that is not under the temporary directory (which
-/// the workspace-write policy lets commands write): the build's scratch
-/// directory unless the checkout itself lives under `/tmp`, else `$HOME`.
-pub(super) fn outside_the_temporary_directory() -> std::path::PathBuf {
-    let temporary = std::env::temp_dir().canonicalize().unwrap();
-    let candidates = [
-        Some(std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))),
-        std::env::var_os("HOME").map(std::path::PathBuf::from),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .filter_map(|dir| dir.canonicalize().ok())
-        .find(|dir| !dir.starts_with(&temporary) && tempfile::tempdir_in(dir).is_ok())
-        .expect("a writable directory outside the temporary directory (the target dir or $HOME)")
-}
-
 #[tokio::test]
 async fn workspace_write_commands_write_only_in_the_workspace_where_enforced() {
     let scratch = Scratch::new();
@@ -427,20 +410,13 @@ fn ended(pid: i32) -> bool {
 /// Waits (bounded by the hang guard) until the process in `pid_file` ended.
 async fn assert_ends(pid_file: &Path) {
     let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
-    guard(&format!("process {pid} to end"), async {
-        while !ended(pid) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_until_async(&format!("process {pid} to end"), HANG_GUARD, async || ended(pid)).await;
 }
 
 /// Waits (bounded by the hang guard) until `path` holds a line.
 async fn wait_for_line(path: &Path) {
-    guard(&format!("{} to be written", path.display()), async {
-        while !std::fs::read_to_string(path).is_ok_and(|text| text.ends_with('\n')) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    wait_until_async(&format!("{} to be written", path.display()), HANG_GUARD, async || {
+        std::fs::read_to_string(path).is_ok_and(|text| text.ends_with('\n'))
     })
     .await;
 }

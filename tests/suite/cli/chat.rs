@@ -13,10 +13,9 @@ use keel::protocol::{AbortReason, ApprovalDecision, EventMsg, RecordedEvent};
 use rexpect::process::{Signal, WaitStatus};
 use rexpect::session::{Options, PtySession, spawn_with_options};
 
-use super::{Cli, assert_gap_free, assert_one_line_error, stderr, stdout};
-
-use crate::suite::server::support::{Scratch, ServeProcess};
-use crate::suite::support::user_messages;
+use crate::suite::support::events::{assert_gapless, user_messages};
+use crate::suite::support::process::{Cli, assert_one_line_error, stderr, stdout, wait_exit};
+use crate::suite::support::server::{Scratch, ServeProcess};
 
 /// How long one expectation on the terminal may wait before the test fails.
 const PTY_GUARD_MS: u64 = 30_000;
@@ -202,7 +201,7 @@ fn piped_lines_are_one_turn_each_with_plain_text_out() {
     );
 
     let events = cli.events(&session_line(&output));
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(user_messages(&events), ["hi", "count"], "a blank line is no message");
     assert_eq!(turn_ends(&events), ["turn_complete", "turn_complete"]);
 }
@@ -257,13 +256,9 @@ fn piped_chat_answers_a_step_of_more_approvals_than_the_control_lane_holds() {
         .write_all(b"write 40 files\n")
         .expect("write stdin");
     // A decision lost to a full lane leaves the turn waiting for ever.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while child.try_wait().expect("wait").is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("keel chat hung: an approval decision was lost");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    if wait_exit(&mut child, std::time::Duration::from_secs(60)).is_none() {
+        let _ = child.kill();
+        panic!("keel chat hung: an approval decision was lost");
     }
     let output = child.wait_with_output().expect("keel chat output");
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
@@ -293,7 +288,7 @@ fn resuming_a_session_prints_its_history_and_continues_its_log() {
     assert_eq!(stdout(&second), "> one\nfirst answer\nsecond answer\n");
 
     let events = cli.events(&session);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(events[..before.len()], before[..], "the earlier log is unchanged");
     assert_eq!(user_messages(&events), ["one", "two"]);
     assert_eq!(turn_ends(&events), ["turn_complete", "turn_complete"]);
@@ -353,7 +348,7 @@ fn ctrl_c_interrupts_the_turn_and_a_second_at_the_prompt_leaves() {
     assert_eq!(pty.exit_code(), 0);
 
     let events = cli.events(&id);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(aborts(&events), [AbortReason::Interrupted]);
     assert_eq!(turn_ends(&events), ["turn_aborted", "turn_complete"]);
     assert_eq!(user_messages(&events), ["tell me a story", "are you there?"]);
@@ -505,7 +500,7 @@ fn against_a_server_piped_lines_are_turns_and_a_session_resumes() {
     assert_eq!(stdout(&again), "> hi\nHello there.\n> count\nOne, two.\nThree.\n");
 
     let events = served_events(&cli, &scratch, &session);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(user_messages(&events), ["hi", "count", "more"]);
     assert_eq!(turn_ends(&events), ["turn_complete", "turn_complete", "turn_complete"]);
 }
@@ -570,7 +565,7 @@ fn a_question_left_unanswered_is_asked_again_when_the_session_resumes() {
         "the write approved on resume ran"
     );
     let events = cli.events(&id);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(decisions(&events), [ApprovalDecision::Approve]);
     assert_eq!(turn_ends(&events), ["turn_complete"]);
 }
@@ -636,7 +631,7 @@ fn sigint_ends_a_piped_chat_after_interrupting_its_turn() {
     );
 
     let events = cli.events(&session_line(&output));
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(aborts(&events), [AbortReason::Interrupted]);
     assert_eq!(
         user_messages(&events),
@@ -774,7 +769,7 @@ fn slash_compact_compacts_the_history_locally_and_against_a_server() {
     );
     assert!(err.contains("[history compacted"), "{err}");
     let events = cli.events(&session_line(&local));
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(compactions(&events), [("they said hi and there".to_owned(), 2)]);
     assert_eq!(
         user_messages(&events),
@@ -825,7 +820,7 @@ fn slash_retry_answers_again_and_slash_edit_goes_on_in_a_fork_locally_and_agains
     );
     let parent = session_line(&local);
     let events = cli.events(&parent);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(rolled_back_turns(&events), 1);
     assert_eq!(user_messages(&events), ["hi", "hi"], "the log keeps the undone turn");
     let fork = edited_fork(&local);

@@ -6,8 +6,8 @@
 use std::io::Write;
 use std::process::Stdio;
 
-use super::{Cli, session_of, stderr};
-use crate::suite::server::support::{Scratch, ServeProcess};
+use crate::suite::support::process::{Cli, session_of, stderr};
+use crate::suite::support::server::{Scratch, ServeProcess};
 
 const HEADER: &str = "hdr-secret-0123456789abcdef";
 const NAMED_KEY: &str = "sk-named-0123456789abcdef";

@@ -3,7 +3,8 @@
 use keel::protocol::{EventMsg, TranscriptItem};
 use keel::store::{CheckpointStore, SqliteCheckpoint};
 
-use super::{Cli, assert_gap_free, assert_one_line_error, parse_events, session_of, stderr, stdout};
+use crate::suite::support::events::assert_gapless;
+use crate::suite::support::process::{Cli, assert_one_line_error, parse_events, session_of, stderr, stdout};
 
 #[test]
 fn fork_starts_a_session_from_the_history_at_a_sequence() {
@@ -60,7 +61,7 @@ fn fork_starts_a_session_from_the_history_at_a_sequence() {
     let on_fork = cli.run(&["run", "--session", "child", "--model", &model, "three"]);
     assert!(on_fork.status.success(), "{}", stderr(&on_fork));
     let events = cli.events("child");
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     match &events[0].msg {
         EventMsg::SessionForked(forked) => {
             assert_eq!(forked.parent_session_id, session);

@@ -1,8 +1,8 @@
 //! `keel sessions rm` and `keel backup`: a session's data leaves the
 //! database for good; a copy of the database can be taken.
 
-use super::{Cli, stderr, stdout};
-use crate::suite::server::support::{Scratch, ServeProcess};
+use crate::suite::support::process::{Cli, stderr, stdout};
+use crate::suite::support::server::{Scratch, ServeProcess};
 
 #[test]
 fn sessions_rm_deletes_the_session_and_optionally_its_workspace() {

@@ -1,134 +1,11 @@
 //! The `keel` binary, run as a user would: real processes, real database files.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use keel::protocol::{AbortReason, EventMsg, RecordedEvent};
 
-/// A scratch directory with a database path and helpers to run `keel` in it.
-struct Cli {
-    dir: tempfile::TempDir,
-}
-
-impl Cli {
-    fn new() -> Self {
-        Self {
-            dir: tempfile::tempdir().expect("temp dir"),
-        }
-    }
-
-    fn db(&self) -> PathBuf {
-        self.dir.path().join("keel.sqlite3")
-    }
-
-    fn script(&self, name: &str, lines: &[&str]) -> PathBuf {
-        let path = self.dir.path().join(name);
-        std::fs::write(&path, lines.join("\n")).expect("write script");
-        path
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
-        command
-            .args(args)
-            .env("KEEL_DB", self.db())
-            .env_remove("KEEL_MODEL")
-            .current_dir(self.dir.path());
-        command
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.command(args).output().expect("run keel")
-    }
-
-    fn events(&self, session: &str) -> Vec<RecordedEvent> {
-        let output = self.run(&["events", "--session", session, "--json", "--limit", "10000"]);
-        assert!(output.status.success(), "keel events failed: {}", stderr(&output));
-        parse_events(&output.stdout)
-    }
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn parse_events(bytes: &[u8]) -> Vec<RecordedEvent> {
-    String::from_utf8_lossy(bytes)
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|error| panic!("bad event line {line:?}: {error}")))
-        .collect()
-}
-
-fn session_of(events: &[RecordedEvent]) -> String {
-    match &events[0].msg {
-        EventMsg::SessionStarted(started) => started.session_id.clone(),
-        other => panic!("first event is {other:?}, not session_started"),
-    }
-}
-
-/// `keel run --json …` started in the background, read up to and including
-/// the first event that `stop_at` picks (printed only once it is durable).
-struct Running {
-    child: std::process::Child,
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-    seen: Vec<RecordedEvent>,
-}
-
-impl Running {
-    #[expect(clippy::zombie_processes, reason = "the caller reaps the child it is given")]
-    fn start(cli: &Cli, args: &[&str], stop_at: impl Fn(&EventMsg) -> bool) -> Self {
-        let mut child = cli
-            .command(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn keel");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let mut seen = Vec::new();
-        loop {
-            let line = lines.next().expect("keel ended early").expect("read line");
-            let event: RecordedEvent = serde_json::from_str(&line).expect("event json");
-            let stop = stop_at(&event.msg);
-            seen.push(event);
-            if stop {
-                return Self { child, lines, seen };
-            }
-        }
-    }
-
-    /// Kills the process (SIGKILL: a crash) and reaps it.
-    fn crash(mut self) -> Vec<RecordedEvent> {
-        self.child.kill().expect("kill keel");
-        self.child.wait().expect("reap keel");
-        self.seen
-    }
-}
-
-fn assert_gap_free(events: &[RecordedEvent]) {
-    let sequences: Vec<u64> = events.iter().map(|event| event.sequence).collect();
-    let expected: Vec<u64> = (1..=events.len() as u64).collect();
-    assert_eq!(sequences, expected, "the log must be 1..n without gaps or duplicates");
-}
-
-/// Asserts a failed command printed exactly one line of error, naming `needle`.
-fn assert_one_line_error(output: &Output, needle: &str) {
-    assert!(
-        !output.status.success(),
-        "expected failure, got success: {}",
-        stdout(output)
-    );
-    let err = stderr(output);
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "expected one line on stderr, got {err:?}");
-    assert!(lines[0].starts_with("error: "), "{err:?}");
-    assert!(lines[0].contains(needle), "{err:?} should mention {needle:?}");
-    assert!(!err.contains("panicked"), "{err:?}");
-}
+use crate::suite::support::events::assert_gapless;
+use crate::suite::support::process::{Cli, Running, assert_one_line_error, parse_events, session_of, stderr, stdout};
 
 #[test]
 fn run_streams_each_answer_and_exits_zero() {
@@ -159,7 +36,7 @@ fn run_json_prints_every_recorded_event_in_order() {
     ]);
     assert!(output.status.success(), "{}", stderr(&output));
     let events = parse_events(&output.stdout);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     let kinds: Vec<&str> = events.iter().map(|event| event.msg.kind()).collect();
     assert_eq!(kinds[0], "session_started");
     assert_eq!(kinds[1..4], ["turn_started", "user_message", "model_step_started"]);
@@ -194,7 +71,7 @@ fn a_second_process_resumes_the_session_and_the_script_position() {
     assert!(second.status.success(), "{}", stderr(&second));
     assert_eq!(stdout(&second), "second answer\n");
     let events = cli.events(&session);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     let resumed: Vec<bool> = events
         .iter()
         .filter_map(|event| match &event.msg {
@@ -231,7 +108,7 @@ fn a_killed_process_leaves_a_turn_that_the_next_process_closes() {
     assert_eq!(stdout(&after), "after the crash\n");
 
     let events = cli.events(&session);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     // Everything delivered before the kill is in the log, unchanged.
     assert_eq!(events[..seen.len()], seen[..]);
     let closing: Vec<&EventMsg> = events
@@ -635,7 +512,7 @@ fn a_session_keeps_its_model_and_can_be_created_under_a_chosen_id() {
     assert!(third.status.success(), "{}", stderr(&third));
     assert!(stdout(&third).contains("third answer"), "{}", stdout(&third));
     let events = cli.events("demo");
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(session_of(&events), "demo");
 
     // The id is taken now: a second --new-session is refused, naming it.
@@ -647,7 +524,7 @@ fn a_session_keeps_its_model_and_can_be_created_under_a_chosen_id() {
 }
 
 /// A streamed Chat Completions answer saying `text`.
-fn chat_completion_reply(text: &str) -> crate::suite::http_server::Reply {
+fn chat_completion_reply(text: &str) -> crate::suite::support::http_server::Reply {
     let delta = serde_json::json!({
         "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
         "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": null}],
@@ -657,12 +534,12 @@ fn chat_completion_reply(text: &str) -> crate::suite::http_server::Reply {
         "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
     });
     let body = format!("data: {delta}\n\ndata: {finish}\n\ndata: [DONE]\n\n");
-    crate::suite::http_server::Reply::sse_in_pieces(body.as_bytes(), 1 << 16)
+    crate::suite::support::http_server::Reply::sse_in_pieces(body.as_bytes(), 1 << 16)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_spec_caps_output_and_chat_takes_a_system_prompt() {
-    use crate::suite::http_server::ScriptedServer;
+    use crate::suite::support::http_server::ScriptedServer;
     let server = ScriptedServer::start(vec![
         chat_completion_reply("capped"),
         chat_completion_reply("brief"),

@@ -7,8 +7,10 @@ use std::process::Command;
 use keel::store::postgres::local::TestPostgres;
 use serde_json::json;
 
-use super::{Cli, assert_gap_free, assert_one_line_error, parse_events, session_of, stderr, stdout};
-use crate::suite::server::support::{ServeProcess, ends_turn};
+use crate::suite::support::events::{assert_gapless, ends_turn};
+use crate::suite::support::process::{Cli, assert_one_line_error, parse_events, session_of, stderr, stdout};
+use crate::suite::support::server::ServeProcess;
+use crate::suite::support::wait::{HANG_GUARD, wait_until_async};
 
 /// `keel serve` on the database at `url`, on a free loopback port, with
 /// the scripts and workspaces in `cli`'s directory.
@@ -62,7 +64,7 @@ fn run_events_sessions_fork_and_rm_work_on_postgresql() {
     ]);
     assert!(logged.status.success(), "{}", stderr(&logged));
     let log = parse_events(&logged.stdout);
-    assert_gap_free(&log);
+    assert_gapless(&log, 1);
     assert_eq!(log.iter().filter(|event| event.msg.ends_turn()).count(), 2);
 
     let listed = cli.run(&["sessions", "--db", &url, "--json"]);
@@ -103,7 +105,7 @@ async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
     server.api.create(json!({"id": "served", "model": model})).await;
     let mut stream = server
         .api
-        .stream("served", crate::suite::server::support::Resume::Start)
+        .stream("served", crate::suite::support::api::Resume::Start)
         .await;
     server.api.say("served", "hi").await;
     let turn = stream.until(ends_turn).await;
@@ -133,7 +135,7 @@ async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
         "1000",
     ]);
     assert!(logged.status.success(), "{}", stderr(&logged));
-    assert_gap_free(&parse_events(&logged.stdout));
+    assert_gapless(&parse_events(&logged.stdout), 1);
 }
 
 /// PostgreSQL stops under a running server: requests get `503
@@ -168,30 +170,23 @@ async fn a_postgresql_outage_is_503_and_the_server_recovers_by_itself() {
 
     postgres.start();
     // Back without a restart of keel: ready again, and the session serves.
-    let mut ready = false;
-    for _ in 0..200 {
+    wait_until_async("/readyz to say ready again", HANG_GUARD, async || {
         let reply = reqwest::get(server.api.url("/readyz")).await.expect("readyz");
-        if reply.status().is_success() {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(ready, "/readyz never said ready again");
-    let mut accepted = None;
-    for _ in 0..200 {
+        reply.status().is_success()
+    })
+    .await;
+    wait_until_async("the server to take a submission again", HANG_GUARD, async || {
         let reply = server
             .api
             .submit("s", json!({"op": {"type": "user_input", "text": "after"}}))
             .await;
         if reply.status.as_u16() == 202 {
-            accepted = Some(reply.body);
-            break;
+            return true;
         }
         assert_eq!(reply.status.as_u16(), 503, "{}", reply.body);
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(accepted.is_some(), "the server never took a submission again");
+        false
+    })
+    .await;
     server.api.wait_idle("s").await;
     let (status, _) = server.terminate();
     assert!(status.success(), "{status:?}");
@@ -199,7 +194,7 @@ async fn a_postgresql_outage_is_503_and_the_server_recovers_by_itself() {
     let logged = cli.run(&["events", "--db", &url, "--session", "s", "--json", "--limit", "1000"]);
     assert!(logged.status.success(), "{}", stderr(&logged));
     let log = parse_events(&logged.stdout);
-    assert_gap_free(&log);
+    assert_gapless(&log, 1);
     let messages: Vec<String> = log
         .iter()
         .filter_map(|event| match &event.msg {

@@ -3,7 +3,7 @@
 //! command warns that a password on its command line is visible to every
 //! local user.
 
-use super::{Cli, stderr, stdout};
+use crate::suite::support::process::{Cli, stderr, stdout};
 
 /// The finding: `keel backup --db 'postgres://…?password=…'` printed the
 /// password in its error. None of the forms a password takes is printed,

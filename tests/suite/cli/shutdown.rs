@@ -5,13 +5,14 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use keel::protocol::{AbortReason, EventMsg};
 use nix::sys::signal::Signal;
 
-use super::{Cli, Running};
-use crate::suite::mcp::{marker, processes_with};
+use crate::suite::support::process::{Cli, Running, wait_exit};
+use crate::suite::support::process::{marker, processes_with};
+use crate::suite::support::server::{Scratch, ServeProcess};
+use crate::suite::support::wait::{HANG_GUARD, wait_until};
 
 /// An MCP server (newline-delimited JSON-RPC on stdio) that notes in the
 /// file given as its first argument how it was ended: `stdin closed` (after
@@ -110,14 +111,8 @@ fn signal_mid_call(signal: Signal, code: i32) {
     );
     let pid = nix::unistd::Pid::from_raw(i32::try_from(running.child.id()).expect("pid"));
     nix::sys::signal::kill(pid, signal).expect("signal keel");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = running.child.try_wait().expect("wait for keel") {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "keel run did not end after {signal}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status =
+        wait_exit(&mut running.child, HANG_GUARD).unwrap_or_else(|| panic!("keel run did not end after {signal}"));
     assert_eq!(status.signal(), None, "keel run was killed by {signal}");
     assert_eq!(status.code(), Some(code));
     for line in running.lines.by_ref() {
@@ -149,7 +144,6 @@ fn sighup_to_keel_run_interrupts_the_turn_closes_the_session_and_stops_the_mcp_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_keel_serve_shutdown_stops_the_sessions_mcp_servers_the_graceful_way() {
-    use crate::suite::server::support::{Scratch, ServeProcess};
     let scratch = Scratch::new();
     let cli = Cli {
         dir: tempfile::tempdir_in(scratch.dir.path()).expect("temp dir"),
@@ -208,14 +202,7 @@ impl Chat {
     }
 
     fn wait(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait for keel chat") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "keel chat did not end");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_exit(&mut self.child, HANG_GUARD).expect("keel chat did not end")
     }
 
     fn signal(&self, signal: Signal) {
@@ -232,15 +219,11 @@ fn sigterm_to_keel_chat_mid_call_interrupts_the_turn_and_closes_the_session() {
     let (model, notes_file) = setup(&cli, &tag, "wait");
     let mut chat = Chat::start(&cli, &model);
     writeln!(chat.stdin, "wait for it").expect("write a line");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cli
-        .events(&chat.session)
-        .iter()
-        .any(|event| event.msg.kind() == "tool_call_started")
-    {
-        assert!(Instant::now() < deadline, "the call never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("the call to start", HANG_GUARD, || {
+        cli.events(&chat.session)
+            .iter()
+            .any(|event| event.msg.kind() == "tool_call_started")
+    });
     chat.signal(Signal::SIGTERM);
     let status = chat.wait();
     assert_eq!(status.signal(), None, "keel chat was killed by SIGTERM");
@@ -262,13 +245,12 @@ fn sighup_to_keel_chat_at_its_prompt_closes_the_session() {
     let tag = marker();
     let (model, notes_file) = setup(&cli, &tag, "ping");
     let mut chat = Chat::start(&cli, &model);
-    // Waiting for a line (stdin stays open) once the session is open.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while processes_with(&tag).is_empty() || cli.events(&chat.session).is_empty() {
-        assert!(Instant::now() < deadline, "the session never opened");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    // Waiting for a line (stdin stays open) once the session is open. The
+    // chat listens for SIGHUP before it opens the session, so one sent from
+    // here on is handled at the prompt, however soon.
+    wait_until("the session to open", HANG_GUARD, || {
+        !processes_with(&tag).is_empty() && !cli.events(&chat.session).is_empty()
+    });
     chat.signal(Signal::SIGHUP);
     let status = chat.wait();
     assert_eq!(status.signal(), None, "keel chat was killed by SIGHUP");

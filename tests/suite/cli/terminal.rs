@@ -5,7 +5,7 @@
 use rexpect::session::{Options, spawn_with_options};
 
 use super::chat::wire;
-use super::{Cli, parse_events, session_of, stderr, stdout};
+use crate::suite::support::process::{Cli, parse_events, session_of, stderr, stdout};
 use keel::protocol::EventMsg;
 
 /// Escape sequences a terminal acts on: an OSC 52 clipboard write, a title

@@ -2,15 +2,17 @@
 //! shell's sandbox, MCP servers from `keel.toml`, and a process killed in the
 //! middle of a side-effecting tool call.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keel::protocol::{AbortReason, ApprovalDecision, EventMsg, RecordedEvent};
 use keel::tools::workspace::SandboxPolicy;
 use keel::tools::workspace::sandbox::probe;
 
-use super::{Cli, Running, assert_gap_free, parse_events, session_of, stderr, stdout};
-use crate::suite::mcp::{marker, mcp_skipped, node_modules, processes_with};
-use crate::suite::support::tool_results;
+use crate::suite::mcp::{mcp_skipped, node_modules};
+use crate::suite::support::events::{assert_gapless, tool_results};
+use crate::suite::support::process::{Cli, Running, parse_events, session_of, stderr, stdout};
+use crate::suite::support::process::{marker, processes_with};
+use crate::suite::support::wait::{HANG_GUARD, poll_for, wait_until};
 
 /// A script that calls one tool and then answers `done`.
 fn one_call(cli: &Cli, name: &str, arguments: serde_json::Value) -> String {
@@ -278,11 +280,7 @@ fn crash_during_first_call_then_resume(
         &["run", "--json", "--approve", "auto", "--model", &model, message],
         |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !counter.exists() {
-        assert!(Instant::now() < deadline, "the command never ran");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the command to run", HANG_GUARD, || counter.exists());
     let seen = running.crash();
     kill_processes_in(cli.dir.path());
     let session = session_of(&seen);
@@ -314,7 +312,7 @@ fn a_runtime_killed_during_a_tool_call_never_runs_it_twice_and_answers_it_on_res
     // Exactly one execution of the side effect.
     assert_eq!(std::fs::read_to_string(&counter).expect("counter"), "ran\n");
     let events = cli.events(&session);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(
         events[..seen.len()],
         seen[..],
@@ -399,7 +397,7 @@ fn a_runtime_killed_during_the_first_of_two_calls_answers_the_second_not_run() {
         "the second call never runs"
     );
     let events = cli.events(&session);
-    assert_gap_free(&events);
+    assert_gapless(&events, 1);
     assert_eq!(count(&events, "tool_call_started"), 1, "only the first call started");
     let results = tool_results(&events);
     assert_eq!(results.len(), 2, "{results:?}");
@@ -450,30 +448,21 @@ fn killed_during_a_shell_call(policy: &str, marker: usize) {
         |msg| matches!(msg, EventMsg::ToolCallStarted(_)),
     );
     let running_now = || -> Vec<u32> { markers.iter().flat_map(|marker| processes_with(marker)).collect() };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let pids = loop {
-        let pids = running_now();
-        if pids.len() == 2 {
-            break pids;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{policy}: the command never started: {pids:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut pids = Vec::new();
+    let started = poll_for(HANG_GUARD, || {
+        pids = running_now();
+        (pids.len() == 2).then_some(())
+    });
+    assert!(started.is_some(), "{policy}: the command never started: {pids:?}");
     running.crash();
     // Nobody is left to kill them but the launcher watching its parent.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = running_now();
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{policy}: the shell call's processes outlived the runtime: {left:?} (were {pids:?})"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut left = Vec::new();
+    let ended = poll_for(Duration::from_secs(10), || {
+        left = running_now();
+        left.is_empty().then_some(())
+    });
+    assert!(
+        ended.is_some(),
+        "{policy}: the shell call's processes outlived the runtime: {left:?} (were {pids:?})"
+    );
 }

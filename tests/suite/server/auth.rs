@@ -7,8 +7,8 @@ use keel::store::{CheckpointStore, SqliteCheckpoint};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Scratch, ServeProcess, TestServer};
-use crate::suite::http_server::{Reply as HttpReply, ScriptedServer};
+use crate::suite::support::http_server::{Reply as HttpReply, ScriptedServer};
+use crate::suite::support::server::{Scratch, ServeProcess, TestServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_refuses_to_listen_off_loopback_without_a_token() {
@@ -154,8 +154,8 @@ async fn neither_the_provider_key_nor_the_token_appears_in_responses_events_metr
 
     let created = api.create(json!({"id": "keyed", "model": "openai:gpt-4.1-mini"})).await;
     api.say("keyed", "Hello").await;
-    let mut stream = api.stream("keyed", super::support::Resume::Start).await;
-    let events = stream.until(super::support::ends_turn).await;
+    let mut stream = api.stream("keyed", crate::suite::support::api::Resume::Start).await;
+    let events = stream.until(crate::suite::support::events::ends_turn).await;
     assert_eq!(
         events.last().map(|event| event.msg.kind()),
         Some("turn_aborted"),

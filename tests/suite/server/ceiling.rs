@@ -13,9 +13,11 @@ use keel::tools::workspace::SandboxPolicy;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::support::{Api, Reply, Scratch, ServeProcess, TestServer};
-use crate::suite::http_server::{Reply as Upstream, ScriptedServer};
-use crate::suite::support::{guard, shutdown, start_with};
+use crate::suite::support::agent::{shutdown, start_with};
+use crate::suite::support::api::{Api, Reply};
+use crate::suite::support::http_server::{Reply as Upstream, ScriptedServer};
+use crate::suite::support::server::{Scratch, ServeProcess, TestServer};
+use crate::suite::support::wait::guard;
 
 const ANSWER: &str = r#"{"text": "hi"}"#;
 

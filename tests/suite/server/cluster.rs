@@ -15,8 +15,10 @@ use keel::store::{PostgresCheckpoint, PostgresOptions};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::support::{Api, Reply, Resume, Scratch, ServeProcess, SseStream, slow_chunks};
-use crate::suite::support::{guard, stored_events_in};
+use crate::suite::support::api::{Api, Reply, Resume, SseStream, metric};
+use crate::suite::support::server::{Scratch, ServeProcess, slow_chunks};
+use crate::suite::support::store::stored_events_in;
+use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 
 /// Nodes' lease time to live in these tests: short, so take-overs after a
 /// death are quick.
@@ -175,10 +177,7 @@ fn aborted_for(event: &RecordedEvent, reason: AbortReason) -> bool {
 
 /// A counter's value in a node's metrics text (0 when absent).
 fn counter(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0.0)
+    metric(text, name).unwrap_or(0.0)
 }
 
 /// Three nodes: a session created on one takes messages sent to any node
@@ -270,11 +269,10 @@ async fn any_node_accepts_any_request_and_streams_any_session() {
 /// Waits until a resumed node has stopped the session it lost: its next
 /// write was fenced off, or its next renewal found the lease gone.
 async fn wait_unloaded(api: &Api) {
-    let deadline = Instant::now() + TAKE_OVER_BOUND;
-    while counter(&api.metrics().await, "keel_live_sessions") > 0.0 {
-        assert!(Instant::now() < deadline, "the resumed node never let the session go");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_async("the resumed node to let the session go", TAKE_OVER_BOUND, async || {
+        counter(&api.metrics().await, "keel_live_sessions") == 0.0
+    })
+    .await;
 }
 
 /// Sends a signal to a node.
@@ -463,17 +461,15 @@ async fn two_nodes_ride_out_a_postgresql_restart() {
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE, "{}", refused.body);
     assert_eq!(refused.code(), "store_unavailable");
     postgres.start();
-    let mut accepted = None;
-    for _ in 0..300 {
+    wait_until_async("node 1 to serve again", HANG_GUARD, async || {
         let reply = submit_keyed(cluster.api(1), "r", user_input("after"), "after-restart").await;
         if reply.status == StatusCode::ACCEPTED {
-            accepted = Some(reply.body);
-            break;
+            return true;
         }
         assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", reply.body);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(accepted.is_some(), "node 1 never served again");
+        false
+    })
+    .await;
     let mut watch = cluster.api(1).stream("r", Resume::Start).await;
     let events = guard("the turn after the restart", watch.turns(2)).await;
     let log = cluster.log("r").await;
@@ -506,7 +502,7 @@ async fn a_tool_call_cut_by_a_pause_runs_once() {
         let node = ServeProcess::spawn(cluster.command(index, &["--config", &config]));
         cluster.nodes.push(Some(node));
     }
-    let call = json!({"tool_calls": [{"id": "once", "name": "shell", "arguments": {"command": "echo ran >> count.txt; sleep 3; echo finished"}}]});
+    let call = json!({"tool_calls": [{"id": "once", "name": "shell", "arguments": {"command": "echo ran >> count.txt; sleep 3; echo finished; : > finished.txt"}}]});
     let model = cluster
         .scratch
         .script("tool.jsonl", &[&call.to_string(), r#"{"text": "After."}"#]);
@@ -521,11 +517,7 @@ async fn a_tool_call_cut_by_a_pause_runs_once() {
     // the node only once the command runs, or a loaded machine pauses it
     // in between and the command, rightly, never runs at all.
     let count_file = cluster.scratch.workspaces().join("tool").join("count.txt");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !count_file.exists() {
-        assert!(Instant::now() < deadline, "the command never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until_async("the command to start", HANG_GUARD, async || count_file.exists()).await;
     let paused = cluster.nodes[0].as_ref().expect("node 0");
     signal(paused, nix::sys::signal::Signal::SIGSTOP);
     seen.extend(
@@ -536,7 +528,8 @@ async fn a_tool_call_cut_by_a_pause_runs_once() {
     );
     // The command finishes meanwhile (it is not the node's own process);
     // the resumed node tries to record its result.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let finished = cluster.scratch.workspaces().join("tool").join("finished.txt");
+    wait_until_async("the command to finish", HANG_GUARD, async || finished.exists()).await;
     signal(paused, nix::sys::signal::Signal::SIGCONT);
     wait_unloaded(cluster.api(0)).await;
     cluster.api(1).say("tool", "and now?").await;
@@ -607,6 +600,7 @@ async fn approvals_reach_the_owner_from_any_node_and_wait_through_its_death() {
     .await;
     cluster.take(0).crash();
     // Past the lease, and a few sweeps: the wait alone is not taken over.
+    // Kept: the test proves nothing happens within this window.
     tokio::time::sleep(Duration::from_millis(3 * SHORT_LEASE_MS)).await;
     for index in 1..3 {
         assert_eq!(
@@ -686,24 +680,20 @@ async fn a_relayed_row_no_node_sealed_decides_nothing() {
         .execute("SELECT pg_notify('keel_relay', $1)", &[&"forge\nnode-0"])
         .await
         .expect("notify");
-    let deadline = Instant::now() + TAKE_OVER_BOUND;
-    while counter(&cluster.api(0).metrics().await, "keel_relayed_refused_total") < 1.0 {
-        assert!(Instant::now() < deadline, "the owner never looked at the forged row");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_async("the owner to look at the forged row", TAKE_OVER_BOUND, async || {
+        counter(&cluster.api(0).metrics().await, "keel_relayed_refused_total") >= 1.0
+    })
+    .await;
     // Counted as it is refused, deleted once the page is done.
-    loop {
+    wait_until_async("the refused row to be deleted", TAKE_OVER_BOUND, async || {
         let left: i64 = client
             .query_one("SELECT count(*) FROM relayed_submissions", &[])
             .await
             .expect("count")
             .get(0);
-        if left == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the refused row is kept to be tried again");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        left == 0
+    })
+    .await;
     let shown = cluster.api(0).session("forge").await;
     assert_eq!(shown["state"], "awaiting_approval", "{shown}");
     let written = cluster.scratch.workspaces().join("forge").join("decided.txt");

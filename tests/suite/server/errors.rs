@@ -7,8 +7,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::support::{Reply, Resume, TestServer, slow_chunks};
-use crate::suite::support::guard;
+use crate::suite::support::api::{Reply, Resume};
+use crate::suite::support::server::{TestServer, slow_chunks, unread_by_server};
+use crate::suite::support::wait::{HANG_GUARD, guard, wait_for_async, wait_until, wait_until_async};
 
 /// Asserts an error reply: status, code, and a message.
 fn assert_error(reply: &Reply, status: StatusCode, code: &str) {
@@ -253,18 +254,16 @@ async fn no_room_for_another_live_session_is_503_too_many_sessions() {
     server.api.wait_idle("running").await;
     drop(stream);
     // Room is made once the server has noticed the stream is gone.
-    let created = guard("room for another session", async {
-        loop {
-            let reply = server
-                .api
-                .post("/v1/sessions", &json!({"id": "other", "model": quick}))
-                .await;
-            if reply.status == StatusCode::CREATED {
-                return reply.body;
-            }
-            assert_error(&reply, StatusCode::SERVICE_UNAVAILABLE, "too_many_sessions");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    let created = wait_for_async("room for another session", HANG_GUARD, async || {
+        let reply = server
+            .api
+            .post("/v1/sessions", &json!({"id": "other", "model": quick}))
+            .await;
+        if reply.status == StatusCode::CREATED {
+            return Some(reply.body);
         }
+        assert_error(&reply, StatusCode::SERVICE_UNAVAILABLE, "too_many_sessions");
+        None
     })
     .await;
     assert_eq!(created["live"], true);
@@ -289,9 +288,20 @@ async fn a_request_that_arrives_while_the_server_shuts_down_is_503_unavailable()
         body.len()
     );
     socket.write_all(head.as_bytes()).await.expect("send the head");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let server_port = socket.peer_addr().expect("server address").port();
+    let client_port = socket.local_addr().expect("client address").port();
+    wait_until("the server to read the head", HANG_GUARD, || {
+        unread_by_server(server_port, Some(client_port)) == Some(0)
+    });
     let stopping = server.begin_stop();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Closing shows on `/readyz` (503), then the listener goes (refused).
+    let readyz = server.api.url("/readyz");
+    wait_until_async("the server to begin its shutdown", HANG_GUARD, async || {
+        reqwest::get(&readyz)
+            .await
+            .map_or(true, |reply| reply.status() == StatusCode::SERVICE_UNAVAILABLE)
+    })
+    .await;
     socket.write_all(rest.as_bytes()).await.expect("send the rest");
     let mut response = Vec::new();
     guard("the response", socket.read_to_end(&mut response))

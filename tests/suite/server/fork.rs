@@ -5,7 +5,9 @@ use keel::store::{CheckpointStore, SqliteCheckpoint};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Resume, Scratch, SseStream, TestServer, ends_turn, started_turn_id};
+use crate::suite::support::api::{Resume, SseStream};
+use crate::suite::support::events::{ends_turn, started_turn_id};
+use crate::suite::support::server::{Scratch, TestServer};
 
 fn user(text: &str) -> TranscriptItem {
     TranscriptItem::UserMessage { text: text.to_owned() }

@@ -10,7 +10,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::front_door::{BOUND, address, closed_by_server, exchange, raw_error_code};
-use super::support::TestServer;
+use crate::suite::support::server::TestServer;
 
 /// RFC 9112 §3.2: a request with more than one `Host` is answered `400`,
 /// whichever of them names the server; so is one whose `Content-Length`s

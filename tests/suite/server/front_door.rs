@@ -13,8 +13,9 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-use super::support::{Reply, Resume, Scratch, ServeProcess, TestServer};
-use crate::suite::support::guard;
+use crate::suite::support::api::{Reply, Resume};
+use crate::suite::support::server::{Scratch, ServeProcess, TestServer, unread_by_server};
+use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 
 /// Far longer than any timeout under test: reaching it is a failure, not a
 /// measurement.
@@ -404,6 +405,23 @@ async fn a_slow_request_head_is_cut_off_after_the_header_timeout() {
     server.stop().await;
 }
 
+/// A connection that made one request (its response read) and is kept
+/// alive, idle from now on.
+async fn kept_alive(address: &str) -> TcpStream {
+    let mut kept = TcpStream::connect(address).await.expect("connect");
+    kept.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {address}\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut head = Vec::new();
+    while !head.windows(4).any(|window| window == b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        guard("the response", kept.read_exact(&mut byte)).await.expect("read");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    kept
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_kept_alive_connection_is_closed_but_streams_are_not() {
     let server = TestServer::start(|config, _| config.header_timeout = Duration::from_secs(1)).await;
@@ -422,17 +440,7 @@ async fn an_idle_kept_alive_connection_is_closed_but_streams_are_not() {
     api.create(json!({"id": "s", "model": model})).await;
 
     // One request on a kept-alive connection, then silence.
-    let mut kept = TcpStream::connect(&address).await.expect("connect");
-    kept.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {address}\r\n\r\n").as_bytes())
-        .await
-        .expect("send");
-    let mut head = Vec::new();
-    while !head.windows(4).any(|window| window == b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        guard("the response", kept.read_exact(&mut byte)).await.expect("read");
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    let mut kept = kept_alive(&address).await;
     closed_by_server(&mut kept).await;
 
     // An event stream and a WebSocket outlive the timeout: they are inside
@@ -442,11 +450,14 @@ async fn an_idle_kept_alive_connection_is_closed_but_streams_are_not() {
     let (mut socket, _) = guard("WebSocket", tokio_tungstenite::connect_async(ws_url))
         .await
         .expect("WebSocket");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Until the timeout has passed since: a connection kept alive from now
+    // on is closed for it.
+    closed_by_server(&mut kept_alive(&address).await).await;
     api.say("s", "hello").await;
     let events = stream.turns(1).await;
     assert_eq!(events.last().map(|event| event.msg.kind()), Some("turn_complete"));
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // And again, the stream and the socket idle since the turn ended.
+    closed_by_server(&mut kept_alive(&address).await).await;
     socket
         .send(Message::text(
             json!({"op": {"type": "user_input", "text": "again"}, "request_id": "r"}).to_string(),
@@ -505,8 +516,12 @@ fn over_a_thousand_idle_connections_leave_room_for_a_real_request() {
         for _ in 0..1100 {
             idle.push(TcpStream::connect(&address).await.expect("connect"));
         }
-        // Let the server accept them all.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Until the server has accepted them all.
+        let pid = process.pid();
+        wait_until_async("the server to accept 1,100 connections", HANG_GUARD, async || {
+            open_sockets(pid) >= 1100
+        })
+        .await;
         let answered = tokio::time::timeout(BOUND, api.client.get(api.url("/v1/sessions")).send())
             .await
             .expect("a request among 1,100 idle connections is answered")
@@ -514,6 +529,15 @@ fn over_a_thousand_idle_connections_leave_room_for_a_real_request() {
         assert_eq!(answered.status(), StatusCode::OK);
         drop(idle);
     });
+}
+
+/// How many sockets process `pid` has open.
+fn open_sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc fd")
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
 }
 
 /// The resident memory of a process, in KiB.
@@ -554,7 +578,17 @@ fn hundreds_of_half_sent_large_headers_keep_memory_bounded() {
         for sender in senders {
             sockets.push(sender.await.expect("sender"));
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Until the server has taken in (or refused) every byte sent.
+        let port = api
+            .base
+            .rsplit(':')
+            .next()
+            .and_then(|port| port.parse().ok())
+            .expect("port");
+        wait_until_async("the server to read what it was sent", HANG_GUARD, async || {
+            unread_by_server(port, None).is_none_or(|unread| unread == 0)
+        })
+        .await;
         let after = resident_kib(pid);
         let grown_mib = after.saturating_sub(before) / 1024;
         assert!(

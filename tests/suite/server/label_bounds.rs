@@ -5,7 +5,7 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::TestServer;
+use crate::suite::support::server::TestServer;
 
 /// Every turn of the script reports usage, so each bot is counted.
 const STEP: &str = r#"{"text": "Hi.", "usage": {"input_tokens": 7, "output_tokens": 3}}"#;

@@ -6,10 +6,10 @@ use std::time::Duration;
 use keel::protocol::{AbortReason, EventMsg, RecordedEvent};
 use serde_json::json;
 
-use super::support::{
-    Resume, Scratch, ServeProcess, TestServer, ends_turn, kinds, sequences, slow_chunks, started_turn_id,
-};
-use crate::suite::support::guard;
+use crate::suite::support::api::Resume;
+use crate::suite::support::events::{ends_turn, kinds, sequences, started_turn_id};
+use crate::suite::support::server::{Scratch, ServeProcess, TestServer, slow_chunks};
+use crate::suite::support::wait::{HANG_GUARD, wait_until_async};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_unloads_and_reloads_on_use() {
@@ -24,21 +24,17 @@ async fn an_idle_session_unloads_and_reloads_on_use() {
     let mut stream = server.api.stream("napper", Resume::Start).await;
     server.api.say("napper", "first").await;
     stream.until(ends_turn).await;
-    // A subscriber keeps it loaded.
+    // A subscriber keeps it loaded. Kept: the test proves it is not
+    // unloaded within three idle timeouts.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(server.api.session("napper").await["live"], true);
     drop(stream);
     // `live` turns false as the unload begins; the unload is over once its
     // `shutdown_complete` is stored.
-    guard("the session to unload", async {
-        loop {
-            let live = server.api.session("napper").await["live"] == true;
-            let newest = server.api.get("/v1/sessions/napper/events?limit=1").await.body;
-            if !live && newest["events"][0]["msg"]["type"] == "shutdown_complete" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    wait_until_async("the session to unload", HANG_GUARD, async || {
+        let live = server.api.session("napper").await["live"] == true;
+        let newest = server.api.get("/v1/sessions/napper/events?limit=1").await.body;
+        !live && newest["events"][0]["msg"]["type"] == "shutdown_complete"
     })
     .await;
     let shown = server.api.session("napper").await;
@@ -83,6 +79,8 @@ async fn loading_one_more_session_than_the_bound_unloads_the_longest_idle() {
     let model = server.scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
     for id in ["a", "b"] {
         server.api.create(json!({"id": id, "model": model})).await;
+        // Kept: "the longest idle" needs idle times that differ clearly,
+        // past whatever each session does just after it opens.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     server.api.create(json!({"id": "c", "model": model})).await;
@@ -334,10 +332,8 @@ async fn a_turn_waiting_for_approval_unloads_and_the_decision_completes_it_after
     assert_eq!(shown["pending_approvals"], json!(["call-1"]));
     // Nobody watches: the waiting session is at rest, so it unloads.
     drop(stream);
-    guard("the waiting session to unload", async {
-        while server.api.session("asker").await["live"] == true {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    wait_until_async("the waiting session to unload", HANG_GUARD, async || {
+        server.api.session("asker").await["live"] == false
     })
     .await;
     let shown = server.api.session("asker").await;

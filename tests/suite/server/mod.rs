@@ -17,7 +17,6 @@ mod retire;
 mod sandbox_escape;
 mod sessions;
 mod streams;
-pub(super) mod support;
 mod usage;
 mod workspaces;
 mod writers;

@@ -3,7 +3,9 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Resume, TestServer, ends_turn};
+use crate::suite::support::api::{Resume, metric_value};
+use crate::suite::support::events::ends_turn;
+use crate::suite::support::server::TestServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics_say_what_happened() {
@@ -41,7 +43,7 @@ async fn health_readiness_and_metrics_say_what_happened() {
     ] {
         assert!(metrics.contains(expected), "no {expected:?} in\n{metrics}");
     }
-    let recorded = super::streams::metric_value(&metrics, "keel_events_recorded_total");
+    let recorded = metric_value(&metrics, "keel_events_recorded_total");
     assert!(recorded >= 10.0, "{metrics}");
     assert!(
         !metrics.contains("/v1/sessions/m"),

@@ -7,7 +7,10 @@ use keel::protocol::RecordedEvent;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::support::{Resume, SseStream, TestServer, ends_turn, kinds, slow_chunks, started_turn_id};
+use crate::suite::support::api::{Resume, SseStream};
+use crate::suite::support::events::{ends_turn, kinds, started_turn_id};
+use crate::suite::support::server::{TestServer, slow_chunks};
+use crate::suite::support::wait::{HANG_GUARD, wait_until_async};
 
 /// The JSON of an event's `msg`.
 fn msg(event: &RecordedEvent) -> Value {
@@ -182,16 +185,10 @@ async fn a_retried_post_with_the_same_key_is_answered_once() {
     server.api.wait_idle("s").await;
 
     // Still a duplicate after the session was unloaded and reloaded.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let mut unloaded = false;
-    for _ in 0..100 {
-        if server.api.session("s").await["live"] == false {
-            unloaded = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(unloaded, "the session unloads when idle");
+    wait_until_async("the session to unload when idle", HANG_GUARD, async || {
+        server.api.session("s").await["live"] == false
+    })
+    .await;
     let later = post("order-42", "hello").await;
     assert_eq!(later.body["duplicate"], true, "{}", later.body);
     assert_eq!(later.body["submission_id"], first.body["submission_id"]);

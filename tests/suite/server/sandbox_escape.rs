@@ -7,13 +7,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::support::{Scratch, ServeProcess};
-
-/// A free loopback port (bound, then released for the server to take).
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("address").port()
-}
+use crate::suite::support::server::{Scratch, ServeProcess, free_port};
+use crate::suite::support::wait::wait_for_async;
 
 #[tokio::test]
 async fn a_read_only_shell_reaches_neither_its_own_server_nor_the_token() {
@@ -60,8 +55,7 @@ async fn a_read_only_shell_reaches_neither_its_own_server_nor_the_token() {
     server.api.token = Some(token.clone());
     server.api.create(json!({"id": "victim"})).await;
     server.api.say("victim", "go").await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let output = loop {
+    let output = wait_for_async("the shell call to complete", Duration::from_secs(60), async || {
         let events = server.api.get("/v1/sessions/victim/events?limit=1000").await;
         let completed = events.body["events"].as_array().and_then(|events| {
             events
@@ -69,12 +63,9 @@ async fn a_read_only_shell_reaches_neither_its_own_server_nor_the_token() {
                 .find(|event| event["msg"]["type"] == "tool_call_completed")
                 .cloned()
         });
-        if let Some(event) = completed {
-            break event["msg"]["output"].as_str().unwrap_or_default().to_owned();
-        }
-        assert!(std::time::Instant::now() < deadline, "the shell call never completed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        completed.map(|event| event["msg"]["output"].as_str().unwrap_or_default().to_owned())
+    })
+    .await;
     assert!(output.contains("attacked"), "the attack did not run: {output}");
     assert!(output.starts_with("[sandbox: read-only, enforced: "), "{output}");
     assert!(!output.contains(&token), "the command read the token: {output}");

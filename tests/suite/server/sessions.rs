@@ -5,7 +5,10 @@ use keel::store::{CheckpointStore, SqliteCheckpoint};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Resume, TestServer, ends_turn, kinds};
+use crate::suite::support::api::Resume;
+use crate::suite::support::events::{ends_turn, kinds};
+use crate::suite::support::server::TestServer;
+use crate::suite::support::wait::next_millisecond;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_created_session_keeps_its_settings_and_shows_only_its_context() {
@@ -97,7 +100,7 @@ async fn sessions_are_listed_newest_first_page_by_page() {
     for id in ["first", "second", "third"] {
         server.api.create(json!({"id": id, "model": model})).await;
         // Creation times differ by at least a millisecond.
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        next_millisecond();
     }
     let page = server.api.get("/v1/sessions?limit=2").await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);

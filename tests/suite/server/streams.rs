@@ -1,15 +1,15 @@
 //! Event streams: resuming after a disconnect, and many subscribers with
 //! one that stops reading.
 
-use std::time::Duration;
-
 use keel::protocol::RecordedEvent;
 use keel::provider::sse::SseParser;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::support::{Resume, TestServer, ends_turn, sequences, slow_chunks};
-use crate::suite::support::guard;
+use crate::suite::support::api::{Resume, metric_value};
+use crate::suite::support::events::{ends_turn, sequences};
+use crate::suite::support::server::{TestServer, slow_chunks};
+use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 
 /// Asserts `events` are exactly the sequences `first..=last`.
 fn assert_exactly(events: &[RecordedEvent], first: u64, last: u64) {
@@ -144,15 +144,12 @@ async fn nine_subscribers_get_everything_while_a_tenth_stalls_and_it_still_gets_
         "the stalled subscriber was served from the store:\n{metrics}"
     );
     drop(stalled);
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Until the server has seen it go: nine streams are left open.
+    wait_until_async("the server to drop the stalled stream", HANG_GUARD, async || {
+        metric_value(&server.api.metrics().await, "keel_sse_subscribers") < 10.0
+    })
+    .await;
     server.stop().await;
-}
-
-/// The value of an unlabelled metric in Prometheus text.
-pub(super) fn metric_value(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,8 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::TestServer;
+use crate::suite::support::server::TestServer;
+use crate::suite::support::wait::next_millisecond;
 
 /// Every turn of the script reports the same usage.
 const STEP: &str = r#"{"text": "Hi.", "usage": {"input_tokens": 7, "cached_input_tokens": 5, "output_tokens": 3}}"#;
@@ -60,7 +61,7 @@ async fn usage_is_summed_per_session_and_per_bot_with_cached_input_over_the_api_
     assert_eq!(alpha.body["sessions"].as_array().map(Vec::len), Some(2));
 
     // A window opened now holds nothing until the next turn, then only it.
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    next_millisecond();
     let since = keel::protocol::now_ms();
     let empty = server.api.get(&format!("/v1/usage?since={since}")).await;
     assert_eq!(empty.status, StatusCode::OK, "{}", empty.body);

@@ -10,7 +10,8 @@ use std::process::Command;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::support::{Api, Scratch, ServeProcess, TestServer};
+use crate::suite::support::api::Api;
+use crate::suite::support::server::{Scratch, ServeProcess, TestServer};
 
 /// A script of one step making `calls`, then answering `done`.
 fn calls_script(scratch: &Scratch, name: &str, calls: &[Value]) -> String {
@@ -55,7 +56,7 @@ async fn tool_results(api: &Api, session_id: &str) -> Vec<(String, bool)> {
         .unwrap_or_default()
 }
 
-async fn delete(api: &Api, session_id: &str, workspace: bool) -> super::support::Reply {
+async fn delete(api: &Api, session_id: &str, workspace: bool) -> crate::suite::support::api::Reply {
     let query = if workspace { "?workspace=true" } else { "" };
     api.send(api.client.delete(api.url(&format!("/v1/sessions/{session_id}{query}"))))
         .await

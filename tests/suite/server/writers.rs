@@ -5,12 +5,13 @@
 
 use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::support::{Scratch, ServeProcess};
+use crate::suite::support::process::wait_exit;
+use crate::suite::support::server::{Scratch, ServeProcess};
 
 /// Runs `command` to its end, failing the test if it is still running
 /// after `limit`; returns its status and stderr.
@@ -20,17 +21,10 @@ fn run_to_end(mut command: Command, limit: Duration) -> (std::process::ExitStatu
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn keel");
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for keel") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the command was still running after {limit:?}: {command:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = wait_exit(&mut child, limit) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the command was still running after {limit:?}: {command:?}");
     };
     let mut stderr = String::new();
     child
@@ -152,7 +146,7 @@ async fn a_read_only_shm_file_is_refused_at_start_with_a_message_naming_it() {
     let scratch = Scratch::new();
     // Root writes through any mode: the server runs as nobody then.
     let unprivileged = nix::unistd::geteuid().is_root().then_some(65534);
-    let binary = crate::suite::support::keel_binary_for(unprivileged, scratch.dir.path());
+    let binary = crate::suite::support::process::keel_binary_for(unprivileged, scratch.dir.path());
     let start = |scratch: &Scratch| {
         let mut command = ServeProcess::command_of(&binary, scratch, &[]);
         if let Some(uid) = unprivileged {
@@ -193,7 +187,7 @@ async fn a_read_only_shm_file_is_refused_at_start_with_a_message_naming_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keel_serve_refuses_to_start_while_keel_run_has_a_session_open_on_the_database() {
     let scratch = Scratch::new();
-    let slow = super::support::slow_chunks(200, 100);
+    let slow = crate::suite::support::server::slow_chunks(200, 100);
     let model = scratch.script("slow.jsonl", &[&slow]);
     let mut run = Command::new(env!("CARGO_BIN_EXE_keel"));
     run.args(["run", "--json", "--no-tools", "--model", &model, "--db"])

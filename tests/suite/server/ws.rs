@@ -5,8 +5,9 @@ use keel::protocol::RecordedEvent;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-use super::support::{TestServer, sequences, slow_chunks};
-use crate::suite::support::guard;
+use crate::suite::support::events::sequences;
+use crate::suite::support::server::{TestServer, slow_chunks};
+use crate::suite::support::wait::guard;
 
 type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -127,7 +128,10 @@ async fn two_clients_drive_one_session_and_every_watcher_sees_the_same_log() {
         &[&slow_chunks(10, 20), r#"{"text": "second"}"#, r#"{"text": "third"}"#],
     );
     server.api.create(json!({"id": "shared", "model": model})).await;
-    let mut watcher = server.api.stream("shared", super::support::Resume::Start).await;
+    let mut watcher = server
+        .api
+        .stream("shared", crate::suite::support::api::Resume::Start)
+        .await;
 
     // One client over the WebSocket, another over HTTP, while a turn runs.
     let mut socket = connect(&server, "shared", 0).await;

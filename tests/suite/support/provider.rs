@@ -8,7 +8,9 @@ use keel::store::SqliteCheckpoint;
 use keel::tools::ToolSet;
 use keel::{Agent, EventMsg, Model, RecordedEvent};
 
-use super::support::{TestDb, guard, session_config, start_session};
+use super::agent::{session_config, start_session};
+use super::store::TestDb;
+use super::wait::guard;
 
 /// Calls `model` once with `request`, directly; returns its result and
 /// everything it streamed into the sink.
@@ -76,4 +78,14 @@ pub(crate) async fn provider_agent(
     config.instructions = Some(instructions.to_owned());
     config.streaming = StreamingOptions::per_delta();
     start_session(config).await
+}
+
+/// A token usage without reasoning tokens, as most providers report it.
+pub(crate) fn usage(input: u64, cached: u64, output: u64) -> TokenUsage {
+    TokenUsage {
+        input_tokens: input,
+        cached_input_tokens: cached,
+        output_tokens: output,
+        reasoning_tokens: 0,
+    }
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::wait::{HANG_GUARD, wait_until_async};
+
 /// One piece of a scripted response body.
 #[derive(Debug, Clone)]
 pub(crate) enum Part {
@@ -162,9 +164,8 @@ impl ScriptedServer {
 
     /// Waits until the client has abandoned `count` responses.
     pub(crate) async fn wait_abandoned(&self, count: usize) {
-        while self.abandoned() < count {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let what = format!("the client to abandon {count} responses");
+        wait_until_async(&what, HANG_GUARD, async || self.abandoned() >= count).await;
     }
 }
 
@@ -279,6 +280,7 @@ async fn wait_while_connected(socket: &mut TcpStream, pause: Option<Duration>) -
     match pause {
         Some(pause) => tokio::select! {
             () = closed => false,
+            // The scripted pause is the point: an upstream that stalls for it.
             () = tokio::time::sleep(pause) => true,
         },
         None => {
