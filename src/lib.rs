@@ -22,10 +22,16 @@
 //! | [`agent`] | `keel-agent` | submission queue, event recorder, turn loop, [`Agent`] |
 //! | [`config`] | `keel-config` | `keel.toml` and model specs |
 //! | [`server`] | `keel-server` | `keel serve` (feature `server`): the HTTP API, hosting, fan-out |
-//! | [`bench`], [`chaos`] | `keel-bench`, `keel-chaos` | `keel bench` and `keel chaos` (feature `cli`) |
+//! | [`bench`](mod@bench), [`chaos`] | `keel-bench`, `keel-chaos` | `keel bench` and `keel chaos` (feature `cli`) |
 //!
 //! Features: `server` (the HTTP API), `postgres` (the PostgreSQL store) and
 //! `cli` (the `keel` command, with both; the default).
+//!
+//! The facade holds no logic of its own: each layer's rules live in its
+//! crate, and a layer's "never" is a dependency its crate does not have.
+//! `examples/embed.rs` shows the library in use: a session on SQLite, a
+//! tool call approved in code, events streamed as they are stored, and the
+//! session resumed after a restart.
 
 pub use keel_agent as agent;
 #[cfg(feature = "cli")]

@@ -6,6 +6,7 @@ mod chaos;
 mod cli;
 mod compaction;
 mod durable_submissions;
+mod examples;
 mod fuzz_seeds;
 mod io_faults;
 mod log_paging;

@@ -15,6 +15,9 @@
 //! `synchronous=FULL`, PostgreSQL's `synchronous_commit = on`), because
 //! the commit to disk is what they measure: a temporary SQLite file by
 //! default, or a PostgreSQL database given by URL ([`BenchDatabase`]).
+//!
+//! Nothing but the `keel` command and the benches depends on this crate: the
+//! runtime must not know it is measured.
 
 pub mod cluster;
 mod database;

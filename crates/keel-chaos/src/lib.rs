@@ -17,6 +17,10 @@
 //!
 //! A soak (`soak`) runs the same load without faults for a long while,
 //! sampling the server's memory, descriptors and live tasks.
+//!
+//! Nothing but the `keel` command depends on this crate. It must not reach
+//! into the server: it drives `keel serve` over HTTP as separate processes,
+//! and reads the store only to check it at the end.
 
 mod check;
 mod clients;

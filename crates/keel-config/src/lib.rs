@@ -86,6 +86,11 @@
 //! value is registered with [`keel_secrets`], which replaces it
 //! (and echoed credential headers) in everything a session stores and in
 //! API errors, whether or not its model or server is ever used.
+//!
+//! This crate turns a file into the values the other crates take (models,
+//! tool sets, approval rules, the server's ceiling); it must not know HTTP or
+//! the store (no dependency on `keel-server` or `keel-store`), and the crates
+//! below it must not know it: each tool owns the types of its own table.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -5,6 +5,11 @@
 //! [`ModelOutput`]. The sink is synchronous and never blocks: the runtime
 //! coalesces and records what it receives, and applies back-pressure by not
 //! polling the model's future while the recorder is congested.
+//! [`ScriptedModel`] plays answers back from a file, for tests, examples and
+//! demos without a network.
+//!
+//! It must not know providers, the store or the recorder (no dependency on
+//! `keel-providers` or `keel-store`): a model sees a history and a sink.
 
 mod script;
 

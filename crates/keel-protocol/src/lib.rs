@@ -1,11 +1,13 @@
 //! The wire protocol: what goes into a session and what comes out.
 //!
-//! These are plain serde types with a stable JSON shape, spoken by the CLI
-//! and (later) the HTTP server. Nothing here knows about storage, async
-//! runtimes or models.
+//! Plain serde types with a stable JSON shape: [`Op`]s in, [`Event`]s and
+//! [`RecordedEvent`]s out, [`TranscriptItem`]s for the history, and the errors
+//! every layer shares ([`Error`], [`StoreError`], [`ProviderError`]). The
+//! CLI, the HTTP API, the store and the runtime all speak them.
 //!
-//! **Architecture invariant:** this module depends on serde only; behaviour
-//! lives elsewhere.
+//! It must not know storage, async runtimes, models or HTTP: it depends on
+//! serde, `thiserror` and `uuid` only, and holds no behaviour beyond
+//! validating limits.
 
 pub mod error;
 mod event;

@@ -160,7 +160,7 @@ impl ProviderError {
 /// Responses: "Your input exceeds the context window of this model"),
 /// Anthropic's `invalid_request_error` "prompt is too long: N tokens > M
 /// maximum", llama.cpp's `exceed_context_size_error`, and Keel's own refusal
-/// in [`super::ProviderSettings::check_context`].
+/// in `keel_providers::ProviderSettings::check_context`.
 pub fn mentions_context_length(message: &str) -> bool {
     let message = message.to_ascii_lowercase();
     [

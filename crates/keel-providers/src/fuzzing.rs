@@ -89,7 +89,7 @@ thread_local! {
 }
 
 /// The OpenAI Chat Completions stream decoder over `data` (see
-/// [`read_body`] for how the bytes are the body).
+/// `read_body` for how the bytes are the body).
 pub fn openai_chat(data: &[u8]) {
     CHAT.with(|model| {
         if let Some(model) = model {

@@ -11,11 +11,12 @@
 //! arrives, assembles tool calls, and reports failures as [`ProviderError`]s
 //! that name the provider, the HTTP status and the provider's own message.
 //! [`http`] holds what they share: the client, timeouts, bounded bodies and
-//! retries (only while nothing has been streamed yet). [`keel_secrets`] keeps the
-//! keys out of every text Keel stores or returns.
+//! retries (only while nothing has been streamed yet). [`keel_secrets`] keeps
+//! the keys out of every text Keel stores or returns.
 //!
-//! **Architecture invariant:** providers know the `Model` trait and the
-//! protocol types, nothing of the store or the recorder.
+//! It must not know the store, the recorder or `keel.toml`: it implements the
+//! `Model` trait over the protocol types, with no dependency on `keel-store`,
+//! `keel-agent` or `keel-config`.
 
 pub mod anthropic;
 #[cfg(feature = "fuzzing")]

@@ -1,23 +1,24 @@
-//! Keeping provider keys out of everything Keel stores or returns.
+//! Keeping secrets (provider keys, configured headers, the server's token)
+//! out of everything Keel stores or returns.
 //!
-//! Every [`Secret`](super::http::Secret) registers its value here when it is
-//! made, and so does the configuration as it is loaded (every `[models]`
-//! header, every MCP `env` and `headers` value, the API keys it names) and
-//! `keel serve` for its token. Values shorter than [`MIN_SECRET_LEN`] are
-//! too common to replace safely and are skipped; a value with whitespace
-//! also registers each of its words that long (the token of `Bearer …`).
+//! Every provider key registers its value here when it is made, and so does
+//! the configuration as it is loaded (every `[models]` header, every MCP `env`
+//! and `headers` value, the API keys it names) and `keel serve` for its token.
+//! Values shorter than [`MIN_SECRET_LEN`] are too common to replace safely and
+//! are skipped; a value with whitespace also registers each of its words that
+//! long (the token of `Bearer …`).
 //!
-//! [`redact`] replaces every registered value, as it is or base64-encoded
-//! (see [`forms`]), whitespace inside it ignored, and any echoed credential
-//! header (`Authorization: Bearer …`, `x-api-key: …`, `"api_key": "…"`)
-//! whatever its value, with `[redacted]`. [`StreamRedactor`] does the same
-//! for text that arrives in pieces, holding back a piece's end that could
-//! begin a secret until the next piece shows whether it does.
+//! [`redact`] replaces every registered value, as it is or base64-encoded,
+//! whitespace inside it ignored, and any echoed credential header
+//! (`Authorization: Bearer …`, `x-api-key: …`, `"api_key": "…"`) whatever its
+//! value, with `[redacted]`. [`StreamRedactor`] does the same for text that
+//! arrives in pieces, holding back a piece's end that could begin a secret
+//! until the next piece shows whether it does.
 //!
-//! The recorder applies it to everything a session commits (every event,
-//! streamed deltas across their boundaries, the history's messages, tool
-//! calls and results, the compaction summary); the provider and the API
-//! apply it to their error messages.
+//! The recorder applies it to everything a session commits; providers, the
+//! configuration and the API apply it to their error messages. It must not
+//! know any other Keel crate (it depends on none), which is what lets them all
+//! redact without naming each other.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;

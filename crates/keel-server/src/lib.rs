@@ -6,7 +6,8 @@
 //! module:
 //!
 //! - `host`: which sessions are loaded; loading on first use, unloading
-//!   when idle, the bound on live sessions, shutdown;
+//!   when idle, the bound on live sessions, shutdown, and (on several nodes)
+//!   leases, take-over and relaying;
 //! - `fanout`: each live session's events, published to any number of
 //!   subscribers without gaps, duplicates or back-pressure on the agent;
 //! - `conn`: accepting connections and bounding what each may hold before
@@ -17,6 +18,10 @@
 //!   `ceiling`: what API clients may ask for (`keel.toml`'s `[server]`);
 //!   `factory`: how a session is assembled from its settings; `metrics`:
 //!   Prometheus metrics; `ui`: the web UI.
+//!
+//! It must not know which store backend it runs on (no dependency on
+//! `tokio-postgres`: it sees the store's neutral notices), which provider a
+//! model talks to (no dependency on `keel-providers`), or terminals.
 
 mod auth;
 mod ceiling;

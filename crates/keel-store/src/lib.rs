@@ -1,16 +1,19 @@
 //! Durable session state: checkpoints, history and the event log.
 //!
-//! [`CheckpointStore`] is the one interface the runtime persists through.
-//! [`SqliteCheckpoint`] is the embedded default; `PostgresCheckpoint` (feature `postgres`) keeps
-//! the same guarantees in a PostgreSQL database. A store keeps, per session:
+//! [`CheckpointStore`] is the interface the runtime persists through.
+//! [`SqliteCheckpoint`] is the embedded default; `PostgresCheckpoint`
+//! (feature `postgres`) keeps the same guarantees in a PostgreSQL database,
+//! for several nodes on one database. A store keeps, per session:
 //!
 //! - a [`Checkpoint`]: the small, rewritten-in-place state (context, counters);
 //! - the transcript: history items, appended as deltas and never rewritten;
 //! - the turn [`TurnExecution`] in flight, if any, so a restart can close it;
 //! - the event log, with a gap-free sequence starting at 1.
 //!
-//! **Architecture invariant:** a batch of events and the checkpoint write that
-//! goes with it are committed atomically, or not at all.
+//! A batch of events and the checkpoint write that goes with it are committed
+//! atomically, or not at all. The store must not know agents, turns, models
+//! or tools (no dependency on `keel-model`, `keel-tools` or `keel-agent`): it
+//! stores what it is given.
 
 pub(crate) mod codec;
 #[cfg(test)]

@@ -5,7 +5,14 @@
 //! [`ToolSet`] is the per-session collection the turn loop offers to the
 //! model; it turns every failure (unknown tool, arguments that are not a JSON
 //! object, a tool error, a panic) into an error result for the model, so a
-//! bad call never ends the turn.
+//! bad call never ends the turn. [`workspace`] holds the file tools and the
+//! sandboxed shell, [`mcp`] the MCP servers' tools, [`ApprovalRules`] which
+//! calls wait for the user.
+//!
+//! It must not know turns, events, the store or `keel.toml` as a file (no
+//! dependency on `keel-agent`, `keel-store` or `keel-config`): a tool returns
+//! text or an error, and each tool owns the types of its own table in
+//! `keel.toml`.
 
 mod approval;
 mod clock;

@@ -22,7 +22,7 @@ const RESERVED_MCP_HEADERS: [&str; 4] = ["accept", "mcp-session-id", "mcp-protoc
 
 /// `[mcp]` in `keel.toml`: the MCP tool servers each session starts.
 ///
-/// Parsing checks every entry, so a bad one fails [`KeelConfig::load`] with
+/// Parsing checks every entry, so a bad one fails `KeelConfig::load` with
 /// a one-line message naming the server.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(try_from = "RawMcpConfig")]

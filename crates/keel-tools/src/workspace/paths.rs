@@ -241,7 +241,7 @@ impl Workspace {
 
     /// Resolves `path` (as the model wrote it) to its real location inside
     /// the workspace. The empty path and `.` are the root. What it returns
-    /// is a report; the tools use [`Workspace::locate`], whose handles keep
+    /// is a report; the tools use `Workspace::locate`, whose handles keep
     /// the answer true while they act.
     pub fn resolve(&self, path: &str) -> Result<Resolved, ToolError> {
         let location = self.locate(path)?;
