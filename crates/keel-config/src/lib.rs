@@ -102,7 +102,7 @@ use serde::Deserialize;
 use keel_model::{Model, ScriptedModel};
 use keel_protocol::{Error, Result};
 use keel_providers::http::Secret;
-use keel_providers::{ProviderSettings, anthropic, openai_chat, openai_responses};
+use keel_providers::{ProviderKind, ProviderSettings};
 use keel_tools::ApprovalRules;
 
 mod server;
@@ -114,10 +114,6 @@ pub use keel_tools::mcp::{
     DEFAULT_MCP_CALL_TIMEOUT, DEFAULT_MCP_STARTUP_TIMEOUT, MAX_MCP_SERVER_NAME, McpConfig, McpServerConfig,
     McpTransport, check_mcp_server_name,
 };
-
-const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
-const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
-const OLLAMA_BASE_URL: &str = "http://localhost:11434/v1";
 
 /// The contents of `keel.toml`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -227,7 +223,7 @@ impl KeelConfig {
     /// parsed (see [`McpConfig`]).
     pub fn register_secrets(&self, env: &dyn Fn(&str) -> Option<String>) {
         use keel_secrets::register;
-        let mut variables: Vec<&str> = PROVIDER_KEY_VARIABLES.to_vec();
+        let mut variables: Vec<&str> = ProviderKind::key_variables();
         for entry in self.models.values() {
             entry.headers.values().for_each(|value| register(value));
             if let Some(variable) = &entry.api_key_env {
@@ -314,21 +310,26 @@ impl KeelConfig {
                         known.join(", ")
                     };
                     return Err(Error::Config(format!(
-                        "unknown model '{spec}': write provider:model (openai, openai-responses, anthropic, ollama, \
-                         script) or a model named in keel.toml (known: {known})"
+                        "unknown model '{spec}': write provider:model ({}, script) or a model named in keel.toml \
+                         (known: {known})",
+                        ProviderKind::names()
                     )));
                 }
             },
         };
+        // Parsed once here; an unknown provider is reported after what is
+        // wrong with the options.
+        let source = Source::parse(&entry.provider);
         if let Some(options) = options {
-            apply_options(&mut entry, options)?;
+            apply_options(
+                &mut entry,
+                source.as_ref().is_ok_and(|source| *source == Source::Script),
+                options,
+            )?;
         }
-        build(&name, &entry, env)
+        build(&name, &entry, source?, env)
     }
 }
-
-/// The variables the providers read their keys from by default.
-const PROVIDER_KEY_VARIABLES: [&str; 3] = ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OLLAMA_API_KEY"];
 
 /// A variable of the process environment; unset and empty are the same.
 fn process_env(name: &str) -> Option<String> {
@@ -350,8 +351,8 @@ const SPEC_OPTIONS: &str =
 
 /// Sets the options of a spec (`max_output_tokens=1024&temperature=0.2`) on
 /// `entry`, over what a keel.toml entry says.
-fn apply_options(entry: &mut ModelEntry, options: &str) -> Result<()> {
-    if entry.provider == "script" {
+fn apply_options(entry: &mut ModelEntry, script: bool, options: &str) -> Result<()> {
+    if script {
         return Err(Error::Config("a script: model takes no options".to_owned()));
     }
     fn number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
@@ -382,30 +383,48 @@ fn apply_options(entry: &mut ModelEntry, options: &str) -> Result<()> {
     Ok(())
 }
 
-/// Builds a model from an entry.
-fn build(name: &str, entry: &ModelEntry, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn Model>> {
-    let (default_base, base_env, key_env, needs_key) = match entry.provider.as_str() {
-        "script" => return Ok(Arc::new(ScriptedModel::load(&entry.model)?)),
-        "openai" | "openai-responses" => (OPENAI_BASE_URL, Some("OPENAI_BASE_URL"), "OPENAI_API_KEY", true),
-        "anthropic" => (
-            ANTHROPIC_BASE_URL,
-            Some("ANTHROPIC_BASE_URL"),
-            "ANTHROPIC_API_KEY",
-            true,
-        ),
-        "ollama" => (OLLAMA_BASE_URL, None, "OLLAMA_API_KEY", false),
-        other => {
-            return Err(Error::Config(format!(
-                "unknown model provider '{other}' (known: openai, openai-responses, anthropic, ollama, script)"
-            )));
+/// Where a model comes from: a script file, or a provider's API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// `script:FILE`, replayed by [`ScriptedModel`].
+    Script,
+    /// A provider over HTTP.
+    Provider(ProviderKind),
+}
+
+impl Source {
+    /// The source an entry's `provider` names: the one place it is parsed.
+    fn parse(provider: &str) -> Result<Self> {
+        if provider == "script" {
+            return Ok(Source::Script);
         }
+        provider.parse().map(Source::Provider).map_err(|_| {
+            Error::Config(format!(
+                "unknown model provider '{provider}' (known: {}, script)",
+                ProviderKind::names()
+            ))
+        })
+    }
+}
+
+/// Builds a model from an entry.
+fn build(
+    name: &str,
+    entry: &ModelEntry,
+    source: Source,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Arc<dyn Model>> {
+    let kind = match source {
+        Source::Script => return Ok(Arc::new(ScriptedModel::load(&entry.model)?)),
+        Source::Provider(kind) => kind,
     };
-    let custom_base = entry.base_url.clone().or_else(|| base_env.and_then(env));
-    let base_url = custom_base.clone().unwrap_or_else(|| default_base.to_owned());
-    let key_variable = entry.api_key_env.clone().unwrap_or_else(|| key_env.to_owned());
+    let profile = kind.profile();
+    let custom_base = entry.base_url.clone().or_else(|| profile.base_url_env.and_then(env));
+    let base_url = custom_base.clone().unwrap_or_else(|| profile.base_url.to_owned());
+    let key_variable = entry.api_key_env.clone().unwrap_or_else(|| profile.key_env.to_owned());
     let api_key = env(&key_variable).map(Secret::new);
     // The official endpoints always need a key; elsewhere only if asked for.
-    let key_required = (needs_key && custom_base.is_none()) || entry.api_key_env.is_some();
+    let key_required = (profile.needs_key && custom_base.is_none()) || entry.api_key_env.is_some();
     if api_key.is_none() && key_required {
         return Err(Error::Config(format!(
             "model '{name}' needs an API key: set {key_variable}"
@@ -441,11 +460,7 @@ fn build(name: &str, entry: &ModelEntry, env: &dyn Fn(&str) -> Option<String>) -
     if let Some(retries) = entry.max_retries {
         settings.http.retry.max_retries = retries;
     }
-    Ok(match entry.provider.as_str() {
-        "openai-responses" => Arc::new(openai_responses::OpenAiResponses::new(settings)?),
-        "anthropic" => Arc::new(anthropic::Anthropic::new(settings)?),
-        _ => Arc::new(openai_chat::OpenAiChat::new(settings)?),
-    })
+    kind.build(settings)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::http::{EventStream, HttpSettings};
 use crate::openai_chat::OpenAiChat;
 use crate::openai_responses::OpenAiResponses;
 use crate::sse::{SseError, SseEvent, SseParser};
-use crate::{Emitter, ProviderSettings, ReadStream};
+use crate::{Emitter, HttpModel, ProviderSettings, WireFormat};
 
 /// The SSE parser over `data`, whole and in pieces, with a small and a
 /// large event bound: the events (and the error, if any) must be the same
@@ -123,7 +123,7 @@ pub fn anthropic(data: &[u8]) {
 /// that depends on the input: the step's output, what was streamed while
 /// it ran, and whether it failed must not depend on where the network cut
 /// the bytes.
-fn read_body(reader: &impl ReadStream, provider: &str, data: &[u8]) {
+fn read_body<W: WireFormat>(reader: &HttpModel<W>, provider: &str, data: &[u8]) {
     let settings = fuzz_settings(provider).http;
     if data.trim_ascii_start().starts_with(b"{") {
         // The HTTP layer refuses a JSON answer that does not parse.
@@ -157,7 +157,7 @@ struct Read {
     reasoned: String,
 }
 
-fn read_once(reader: &impl ReadStream, stream: EventStream) -> Option<Read> {
+fn read_once<W: WireFormat>(reader: &HttpModel<W>, stream: EventStream) -> Option<Read> {
     let seen = Arc::new(std::sync::Mutex::new((String::new(), String::new())));
     let sink: ModelEventSink = {
         let seen = Arc::clone(&seen);
@@ -173,7 +173,7 @@ fn read_once(reader: &impl ReadStream, stream: EventStream) -> Option<Read> {
     let mut emitter = Emitter::new(sink);
     RUNTIME.with(|runtime| {
         let runtime = runtime.as_ref()?;
-        let mut output = runtime.block_on(reader.read_stream(stream, &mut emitter)).ok();
+        let mut output = runtime.block_on(reader.read(stream, &mut emitter)).ok();
         // A call the provider sent without an id gets a fresh one each time.
         for call in output.iter_mut().flat_map(|output| output.tool_calls.iter_mut()) {
             let generated = call

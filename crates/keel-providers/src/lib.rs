@@ -6,32 +6,40 @@
 //! - [`openai_responses`]: OpenAI Responses (`POST {base}/responses`);
 //! - [`anthropic`]: Anthropic Messages (`POST {base}/v1/messages`).
 //!
-//! Each adapter turns Keel's history and tool specs into its provider's
-//! request, streams the response through [`sse`], forwards text as it
-//! arrives, assembles tool calls, and reports failures as [`ProviderError`]s
-//! that name the provider, the HTTP status and the provider's own message.
-//! [`http`] holds what they share: the client, timeouts, bounded bodies and
-//! retries (only while nothing has been streamed yet). [`keel_secrets`] keeps
-//! the keys out of every text Keel stores or returns.
+//! Each is a [`WireFormat`]: it turns Keel's history and tool specs into its
+//! provider's request and decodes the events of the response, assembling
+//! tool calls. [`HttpModel`] (in [`frame`]) is the one frame they plug into:
+//! it sends the request, streams the response through [`sse`], forwards text
+//! as it arrives, and reports failures as [`ProviderError`]s that name the
+//! provider, the HTTP status and the provider's own message. [`http`] holds
+//! the client, timeouts, bounded bodies and retries (only while nothing has
+//! been streamed yet). [`ProviderKind`] names the providers a configuration
+//! may choose, with their endpoints and keys. [`keel_secrets`] keeps the keys
+//! out of every text Keel stores or returns.
+//!
+//! A fourth provider is a module with a `WireFormat` and a variant of
+//! [`ProviderKind`] with its arm in [`ProviderKind::profile`].
 //!
 //! It must not know the store, the recorder or `keel.toml`: it implements the
 //! `Model` trait over the protocol types, with no dependency on `keel-store`,
 //! `keel-agent` or `keel-config`.
 
 pub mod anthropic;
+pub mod frame;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+mod kind;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod sse;
 
 use self::http::{HttpSettings, Secret};
-use keel_model::ModelEvent;
-use keel_model::ModelEventSink;
+pub use frame::{Decoded, Emitter, HttpModel, ReadError, StreamDecoder, WireFormat};
 pub use keel_model::{ProviderError, mentions_context_length};
 use keel_protocol::TranscriptItem;
+pub use kind::{ProviderKind, ProviderProfile};
 
 /// What one provider endpoint needs: where, which model, how to authenticate.
 #[derive(Debug, Clone)]
@@ -77,6 +85,11 @@ impl ProviderSettings {
             compact_threshold: keel_model::DEFAULT_COMPACT_THRESHOLD,
             http: HttpSettings::default(),
         }
+    }
+
+    /// The model's name in messages and logs: `provider:model`.
+    pub fn display_name(&self) -> String {
+        format!("{}:{}", self.name, self.model)
     }
 
     /// The limits the runtime compacts the history by: the configured
@@ -151,110 +164,6 @@ pub(crate) fn is_openai_itself(base_url: &str) -> bool {
     reqwest::Url::parse(base_url)
         .ok()
         .is_some_and(|url| url.host_str() == Some("api.openai.com"))
-}
-
-/// Why reading a response stream stopped early.
-#[derive(Debug)]
-pub(crate) enum ReadError {
-    /// The provider failed (retryable or not, as the error says).
-    Provider(ProviderError),
-    /// Something no retry can fix, such as a closed sink: the step is over.
-    Fatal(keel_protocol::Error),
-}
-
-impl From<ProviderError> for ReadError {
-    fn from(error: ProviderError) -> Self {
-        ReadError::Provider(error)
-    }
-}
-
-impl From<keel_protocol::Error> for ReadError {
-    fn from(error: keel_protocol::Error) -> Self {
-        ReadError::Fatal(error)
-    }
-}
-
-/// How a provider reads its event stream, for [`attempt`].
-pub(crate) trait ReadStream: Sync {
-    /// Reads `stream` up to its terminator, forwarding output through
-    /// `emitter`, and returns the assembled output.
-    fn read_stream(
-        &self,
-        stream: http::EventStream,
-        emitter: &mut Emitter,
-    ) -> impl Future<Output = Result<keel_model::ModelOutput, ReadError>> + Send;
-}
-
-/// One request: send `body` to `url`, stream the answer into `sink` with
-/// `reader`, return the assembled output. A failure says whether anything
-/// was streamed (then it is not retried).
-pub(crate) async fn attempt(
-    http: &http::HttpClient,
-    reader: &impl ReadStream,
-    url: &str,
-    headers: &[(String, http::Secret)],
-    body: &serde_json::Value,
-    sink: ModelEventSink,
-) -> Result<keel_model::ModelOutput, http::AttemptError> {
-    let mut emitter = Emitter::new(sink);
-    let stream = http
-        .post_events(url, headers, body)
-        .await
-        .map_err(|error| http::AttemptError::Provider { error, streamed: false })?;
-    reader
-        .read_stream(stream, &mut emitter)
-        .await
-        .map_err(|error| error.into_attempt(&emitter))
-}
-
-impl ReadError {
-    /// The attempt's failure, given what `emitter` already streamed: a
-    /// provider failure after streamed output is never retried.
-    pub(crate) fn into_attempt(self, emitter: &Emitter) -> http::AttemptError {
-        match self {
-            ReadError::Provider(error) => http::AttemptError::Provider {
-                error,
-                streamed: emitter.emitted(),
-            },
-            ReadError::Fatal(error) => http::AttemptError::Fatal(error),
-        }
-    }
-}
-
-/// Forwards streamed output to the sink and remembers whether any reached
-/// it, which decides whether a failed request may be retried.
-pub(crate) struct Emitter {
-    sink: ModelEventSink,
-    emitted: bool,
-}
-
-impl Emitter {
-    pub(crate) fn new(sink: ModelEventSink) -> Self {
-        Self { sink, emitted: false }
-    }
-
-    /// Streams text to the sink.
-    pub(crate) fn text(&mut self, text: &str) -> keel_protocol::Result<()> {
-        self.send(ModelEvent::TextDelta(text.to_owned()), text)
-    }
-
-    /// Streams reasoning text to the sink.
-    pub(crate) fn reasoning(&mut self, text: &str) -> keel_protocol::Result<()> {
-        self.send(ModelEvent::ReasoningDelta(text.to_owned()), text)
-    }
-
-    fn send(&mut self, event: ModelEvent, text: &str) -> keel_protocol::Result<()> {
-        if text.is_empty() {
-            return Ok(());
-        }
-        self.emitted = true;
-        (self.sink)(event)
-    }
-
-    /// Whether anything reached the sink.
-    pub(crate) fn emitted(&self) -> bool {
-        self.emitted
-    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ mod sandbox;
 mod serve;
 mod session;
 mod terminal;
+mod turn;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

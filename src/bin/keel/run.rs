@@ -7,13 +7,14 @@ use anyhow::{Context, bail};
 use clap::Args;
 use keel::agent::SubmissionSender;
 use keel::agent::create_agent;
-use keel::protocol::{EventMsg, Op};
+use keel::protocol::Op;
 
 use crate::ModelArgs;
 use crate::console::{ApproveMode, Printer, decide};
 use crate::db::DbArgs;
 use crate::interrupts::{Interrupts, Terminations};
 use crate::session::{Opening, StoredSettings, ToolArgs, agent_config};
+use crate::turn::{Outcome, Step, TurnTracker, Until};
 
 /// Arguments of `keel run`.
 #[derive(Args, Debug)]
@@ -120,7 +121,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut control = VecDeque::new();
     for message in args.messages {
         let submitted = agent.sender().submit_wait(Op::UserInput { text: message }).await?;
-        let mut turn_id: Option<String> = None;
+        let mut turn = TurnTracker::new(Until::TurnOf(submitted.id));
         loop {
             let event = tokio::select! {
                 event = agent.next_event() => event,
@@ -131,7 +132,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     }
                     // Like Ctrl-C; no further message runs after it.
                     interrupted = true;
-                    control.push_front(Op::Interrupt { turn_id: turn_id.clone() });
+                    control.push_front(Op::Interrupt { turn_id: turn.ours().map(str::to_owned) });
                     send_control(agent.sender(), &mut control)?;
                     continue;
                 }
@@ -145,7 +146,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     // Interrupt the running turn; its abort event ends the loop.
                     // It goes ahead of decisions still waiting for room.
                     interrupted = true;
-                    control.push_front(Op::Interrupt { turn_id: turn_id.clone() });
+                    control.push_front(Op::Interrupt { turn_id: turn.ours().map(str::to_owned) });
                     send_control(agent.sender(), &mut control)?;
                     continue;
                 }
@@ -154,22 +155,20 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 bail!("the session stopped before the turn ended");
             };
             printer.print(&event)?;
-            let ours = event.submission_id.as_deref() == Some(submitted.id.as_str());
-            match &event.msg {
-                EventMsg::TurnStarted(started) if ours => turn_id = Some(started.turn_id.clone()),
-                EventMsg::ApprovalRequested(request) => {
+            match turn.observe(&event) {
+                Step::Approval(request) => {
                     let decision = decide(args.approve, request).await;
                     control.push_back(Op::Approval {
                         call_id: request.call_id.clone(),
                         decision,
                     });
                 }
-                EventMsg::SubmissionRejected(rejected) if ours => bail!("message rejected: {}", rejected.reason),
-                msg if msg.ends_turn() && msg.turn_id() == turn_id.as_deref() && turn_id.is_some() => {
-                    all_completed &= matches!(msg, EventMsg::TurnComplete(_));
+                Step::Rejected(reason) => bail!("message rejected: {reason}"),
+                Step::Ended(outcome) => {
+                    all_completed &= outcome == Outcome::Completed;
                     break;
                 }
-                _ => {}
+                Step::Nothing | Step::Claimed(_) | Step::OtherTurnEnded => {}
             }
             send_control(agent.sender(), &mut control)?;
         }

@@ -47,35 +47,35 @@
 //! group, then reaped, so nothing is left behind, zombies included. A
 //! command ends with [`stop_all_servers`], so that this graceful stop runs
 //! before the async runtime ends (which would kill the groups outright).
+//!
+//! Here: the servers of a session and their calls. `connection`: starting
+//! a server and the handshake, how it stopped, its notifications;
+//! `tools`: its tools as Keel tools and a result as text; `process`: the
+//! child process; `naming`: tool names and schemas; `config`: `[mcp]`.
 
 mod config;
+mod connection;
 mod naming;
 mod process;
+mod tools;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-// Logging is deprecated by SEP-2577, but servers in use still send it.
-use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam, ClientCapabilities,
-    ClientConfig, ClientRequest, ContentBlock, Implementation, ProgressNotificationParam, ProgressToken,
-    ProtocolVersion, RequestId, ResourceContents, ServerResult,
-};
-#[allow(deprecated)]
-use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
-use rmcp::service::{ClientInitializeError, NotificationContext, Peer, PeerRequestOptions, RunningService};
-use rmcp::transport::streamable_http_client::{StreamableHttpClientTransportConfig, StreamableHttpError};
-use rmcp::transport::{DynamicTransportError, StreamableHttpClientTransport};
-use rmcp::{ClientHandler, RoleClient, ServiceError};
+use rmcp::ServiceError;
+use rmcp::model::{CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, ServerResult};
+use rmcp::service::PeerRequestOptions;
 use tokio::time::Instant;
 
 pub use self::config::*;
+use self::connection::{CancelOnDrop, Connection, Notices, ProgressRoute};
 use self::process::ServerProcess;
-use super::{ProgressSink, Tool, ToolContext, ToolError, ToolSource};
-use keel_model::{BoxFuture, ToolSpec};
+use self::tools::{McpTool, RemoteTool, list_tools, render};
+use super::{Tool, ToolError, ToolSource};
+use keel_model::BoxFuture;
 
 /// Stops every MCP server process this process still runs, the graceful
 /// way (stdin closed, then `SIGTERM`, then `SIGKILL` to its process
@@ -86,17 +86,6 @@ use keel_model::{BoxFuture, ToolSpec};
 pub async fn stop_all_servers(limit: Duration) -> usize {
     process::stop_all(limit).await
 }
-
-/// How long to wait, after the connection to a process was lost, for the
-/// process to end, so the error can say how it ended. It is dead already
-/// in all but odd cases (it closed its stdout and lives on).
-const EXIT_NOTICE: Duration = Duration::from_secs(5);
-
-/// The stderr lines quoted in the error of a call cut short by a crash.
-const CRASH_STDERR_LINES: usize = 3;
-
-/// The longest server log message logged, in bytes; the rest is cut.
-const MAX_LOG_MESSAGE_BYTES: usize = 4096;
 
 /// Why an MCP server could not be started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -210,15 +199,6 @@ pub async fn start_servers(config: &McpConfig, workspace: &Path) -> McpServers {
         tools,
         failures,
     }
-}
-
-/// A remote tool as the model sees it.
-#[derive(Debug)]
-struct RemoteTool {
-    /// The server's name for it.
-    remote: String,
-    spec: ToolSpec,
-    read_only: bool,
 }
 
 /// One MCP server of a session: its connection (restarted when it stops)
@@ -499,440 +479,5 @@ impl ToolSource for Source {
 
     fn refresh(&self) -> BoxFuture<'_, bool> {
         Box::pin(self.0.refresh_tools())
-    }
-}
-
-/// Lists the tools of the server `name` on `connection`, before `deadline`
-/// (`within` is the time that gave, for the error), as the model sees them.
-async fn list_tools(
-    name: &str,
-    connection: &Connection,
-    deadline: Instant,
-    within: Duration,
-) -> Result<Vec<Arc<RemoteTool>>, String> {
-    let listed = match tokio::time::timeout_at(deadline, connection.service.peer().list_all_tools()).await {
-        Ok(Ok(listed)) => listed,
-        Ok(Err(error)) => return Err(format!("listing its tools failed: {error}")),
-        Err(_) => {
-            return Err(format!(
-                "it did not list its tools within {}",
-                humantime::format_duration(within)
-            ));
-        }
-    };
-    let mut tools: Vec<Arc<RemoteTool>> = Vec::with_capacity(listed.len());
-    for tool in listed {
-        let spec_name = naming::tool_name(name, &tool.name);
-        if tools.iter().any(|known| known.spec.name == spec_name) {
-            tracing::warn!(server = name, tool = %tool.name, "the MCP server lists this tool twice; the first is kept");
-            continue;
-        }
-        let (parameters, problem) = naming::parameters(&tool.input_schema);
-        if let Some(problem) = problem {
-            tracing::warn!(server = name, tool = %tool.name, "{problem}");
-        }
-        let description = tool
-            .description
-            .as_deref()
-            .filter(|text| !text.trim().is_empty())
-            .map(str::to_owned)
-            .or_else(|| tool.title.clone())
-            .unwrap_or_else(|| format!("The tool '{}' of the MCP server '{name}'.", tool.name));
-        let read_only = tool
-            .annotations
-            .as_ref()
-            .and_then(|annotations| annotations.read_only_hint)
-            .unwrap_or(false);
-        tools.push(Arc::new(RemoteTool {
-            remote: tool.name.into_owned(),
-            spec: ToolSpec {
-                name: spec_name,
-                description,
-                parameters,
-            },
-            read_only,
-        }));
-    }
-    Ok(tools)
-}
-
-/// What a server tells its client outside answers: progress of calls,
-/// log messages, a changed tool list. Shared by the server's connections.
-struct Notices {
-    server: String,
-    /// Where each running call's progress goes, by its token.
-    progress: Mutex<HashMap<ProgressToken, ProgressSink>>,
-    /// Set by `tools/list_changed` (or a restart); cleared by a listing.
-    tools_stale: AtomicBool,
-}
-
-impl Notices {
-    fn new(server: &str) -> Self {
-        Self {
-            server: server.to_owned(),
-            progress: Mutex::new(HashMap::new()),
-            tools_stale: AtomicBool::new(false),
-        }
-    }
-}
-
-/// The route of one call's progress, removed when the call ends.
-struct ProgressRoute<'a> {
-    notices: &'a Notices,
-    token: ProgressToken,
-}
-
-impl<'a> ProgressRoute<'a> {
-    fn new(notices: &'a Notices, token: ProgressToken) -> Self {
-        if let Some(sink) = ProgressSink::current() {
-            notices
-                .progress
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(token.clone(), sink);
-        }
-        Self { notices, token }
-    }
-}
-
-impl Drop for ProgressRoute<'_> {
-    fn drop(&mut self) {
-        self.notices
-            .progress
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.token);
-    }
-}
-
-/// Tells the server a call was abandoned (the turn was interrupted and the
-/// call's future dropped), unless disarmed by clearing `peer`.
-struct CancelOnDrop {
-    peer: Option<Peer<RoleClient>>,
-    id: RequestId,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        let Some(peer) = self.peer.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let params = CancelledNotificationParam::new(Some(self.id.clone()), Some("the call was abandoned".to_owned()));
-        runtime.spawn(async move {
-            // The server may be gone already; nothing to do then.
-            let _ = peer.notify_cancelled(params).await;
-        });
-    }
-}
-
-/// Keel as an MCP client: its introduction, and what it does with the
-/// server's notifications.
-#[derive(Clone)]
-struct Client {
-    notices: Arc<Notices>,
-}
-
-impl ClientHandler for Client {
-    fn get_info(&self) -> ClientConfig {
-        client_config()
-    }
-
-    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
-        let sink = self
-            .notices
-            .progress
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&params.progress_token)
-            .cloned();
-        match sink {
-            Some(sink) => sink.report(params.progress, params.total, params.message),
-            None => {
-                tracing::debug!(server = %self.notices.server, progress = params.progress, "progress for no running call")
-            }
-        }
-    }
-
-    // Deprecated by SEP-2577, yet what servers in use send.
-    #[allow(deprecated)]
-    async fn on_logging_message(
-        &self,
-        params: LoggingMessageNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        let server = &self.notices.server;
-        let logger = params.logger.as_deref().unwrap_or("");
-        let mut message = match &params.data {
-            serde_json::Value::String(text) => text.clone(),
-            other => other.to_string(),
-        };
-        // The server decides the size; a log line stays a line.
-        if message.len() > MAX_LOG_MESSAGE_BYTES {
-            let mut end = MAX_LOG_MESSAGE_BYTES;
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            message.truncate(end);
-            message.push('…');
-        }
-        match params.level {
-            LoggingLevel::Debug => tracing::debug!(%server, logger, "MCP server log: {message}"),
-            LoggingLevel::Info | LoggingLevel::Notice => tracing::info!(%server, logger, "MCP server log: {message}"),
-            LoggingLevel::Warning => tracing::warn!(%server, logger, "MCP server log: {message}"),
-            _ => tracing::error!(%server, logger, level = ?params.level, "MCP server log: {message}"),
-        }
-    }
-
-    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        tracing::debug!(server = %self.notices.server, "the MCP server's tool list changed");
-        self.notices.tools_stale.store(true, Ordering::SeqCst);
-    }
-}
-
-/// A remote tool, as a Keel tool.
-struct McpTool {
-    server: Arc<McpServer>,
-    tool: Arc<RemoteTool>,
-}
-
-impl Tool for McpTool {
-    fn spec(&self) -> ToolSpec {
-        self.tool.spec.clone()
-    }
-
-    fn read_only(&self) -> bool {
-        self.tool.read_only
-    }
-
-    fn call<'a>(
-        &'a self,
-        arguments: serde_json::Map<String, serde_json::Value>,
-        _context: &'a ToolContext,
-    ) -> BoxFuture<'a, Result<String, ToolError>> {
-        Box::pin(self.server.call(&self.tool, arguments))
-    }
-}
-
-/// One started server: the MCP session, and the process behind it for stdio.
-struct Connection {
-    service: RunningService<RoleClient, Client>,
-    process: Option<ServerProcess>,
-}
-
-impl Connection {
-    /// Starts the server and does the handshake, before `deadline`.
-    async fn open(
-        server: &str,
-        config: &McpServerConfig,
-        workspace: &Path,
-        deadline: Instant,
-        notices: &Arc<Notices>,
-    ) -> Result<Self, String> {
-        let client = Client {
-            notices: Arc::clone(notices),
-        };
-        let within = humantime::format_duration(config.startup_timeout);
-        match &config.transport {
-            McpTransport::Stdio {
-                command,
-                args,
-                env,
-                cwd,
-            } => {
-                let cwd = cwd
-                    .as_ref()
-                    .map_or_else(|| workspace.to_path_buf(), |dir| workspace.join(dir));
-                let (process, stdout, stdin) = ServerProcess::spawn(server, command, args, env, &cwd)
-                    .map_err(|error| format!("cannot run '{command}' (in {}): {error}", cwd.display()))?;
-                let handshake = tokio::time::timeout_at(deadline, rmcp::serve_client(client.clone(), (stdout, stdin)));
-                let mut message = match handshake.await {
-                    Ok(Ok(service)) => {
-                        return Ok(Self {
-                            service,
-                            process: Some(process),
-                        });
-                    }
-                    Ok(Err(error)) => {
-                        let mut message = format!("the MCP handshake failed: {}", handshake_error(&error));
-                        // Most often the process ended; say how.
-                        if let Some(ended) = process.wait_ended(EXIT_NOTICE).await {
-                            message.push_str(&format!("; the process ended ({ended})"));
-                        }
-                        message
-                    }
-                    Err(_) => format!("no answer to the MCP handshake within {within}"),
-                };
-                process.stop().await;
-                if let Some(tail) = process.stderr_tail(usize::MAX) {
-                    message.push_str(&format!("; its stderr ended with: {tail}"));
-                }
-                Err(message)
-            }
-            McpTransport::Http { url, headers } => {
-                let mut custom = HashMap::with_capacity(headers.len());
-                for (name, value) in headers {
-                    let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
-                        .map_err(|error| format!("invalid header name '{name}': {error}"))?;
-                    let mut value = reqwest::header::HeaderValue::from_str(value)
-                        .map_err(|error| format!("invalid value for header '{name}': {error}"))?;
-                    value.set_sensitive(true);
-                    custom.insert(name, value);
-                }
-                let transport = StreamableHttpClientTransport::from_config(
-                    StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom),
-                );
-                match tokio::time::timeout_at(deadline, rmcp::serve_client(client.clone(), transport)).await {
-                    Ok(Ok(service)) => Ok(Self { service, process: None }),
-                    Ok(Err(error)) => Err(format!(
-                        "the MCP handshake with {url} failed: {}",
-                        handshake_error(&error)
-                    )),
-                    Err(_) => Err(format!("{url} did not answer the MCP handshake within {within}")),
-                }
-            }
-        }
-    }
-
-    /// Why the connection can no longer be used, if it cannot.
-    fn stopped(&self) -> Option<String> {
-        if let Some(ended) = self.process.as_ref().and_then(ServerProcess::ended) {
-            return Some(format!("the process ended ({ended})"));
-        }
-        (self.service.is_closed() || self.service.peer().is_transport_closed())
-            .then(|| "the connection closed".to_owned())
-    }
-
-    /// Why a call lost the connection with `error`.
-    async fn why_stopped(&self, error: &ServiceError) -> String {
-        if let Some(process) = &self.process
-            && let Some(ended) = process.wait_ended(EXIT_NOTICE).await
-        {
-            return match process.stderr_tail(CRASH_STDERR_LINES) {
-                Some(tail) => format!("the process ended ({ended}); its stderr ended with: {tail}"),
-                None => format!("the process ended ({ended})"),
-            };
-        }
-        match error {
-            ServiceError::TransportSend(error) => error_text(error),
-            _ => "the connection closed".to_owned(),
-        }
-    }
-
-    /// Ends the MCP session and, for stdio, waits until the process is gone.
-    async fn close(&self) {
-        // The service loop then closes the transport: the child's stdin.
-        self.service.cancellation_token().cancel();
-        if let Some(process) = &self.process {
-            process.stop().await;
-        }
-    }
-}
-
-/// How Keel introduces itself: no optional client capabilities (no
-/// sampling, roots or elicitation), and the `initialize` handshake.
-fn client_config() -> ClientConfig {
-    ClientConfig::new(
-        ClientCapabilities::default(),
-        Implementation::new("keel", env!("CARGO_PKG_VERSION")),
-    )
-    .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
-}
-
-/// Why a handshake failed, without the transport's type name.
-fn handshake_error(error: &ClientInitializeError) -> String {
-    match error {
-        ClientInitializeError::TransportError { error, context } => format!("{context}: {}", error_text(error)),
-        other => other.to_string(),
-    }
-}
-
-/// An error and its sources, `: `-separated, each said once, without
-/// the transport's type name.
-fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut current = Some(error);
-    while let Some(error) = current {
-        if let Some(transport) = error.downcast_ref::<DynamicTransportError>() {
-            current = Some(transport.error.as_ref());
-            continue;
-        }
-        // The HTTP client's error does not name its cause as a source.
-        if let Some(StreamableHttpError::Client(client)) = error.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
-            current = Some(client);
-            continue;
-        }
-        let text = error.to_string();
-        if !parts.iter().any(|part| part.contains(&text)) {
-            parts.push(text);
-        }
-        current = error.source();
-    }
-    parts.join(": ")
-}
-
-/// A tool result as text for the model; an `isError` result is a failure.
-fn render(result: CallToolResult, server: &str, tool: &str) -> Result<String, ToolError> {
-    let mut parts: Vec<String> = result.content.iter().map(describe).collect();
-    if parts.is_empty()
-        && let Some(structured) = &result.structured_content
-    {
-        parts.push(structured.to_string());
-    }
-    let text = parts.join("\n");
-    if result.is_error == Some(true) {
-        return Err(ToolError::Failed(if text.is_empty() {
-            format!("the MCP server '{server}' reported that '{tool}' failed, without a message")
-        } else {
-            text
-        }));
-    }
-    if text.is_empty() {
-        return Ok("(the tool returned no content)".to_owned());
-    }
-    Ok(text)
-}
-
-/// One content block as text: text as it is, the rest as a placeholder line.
-fn describe(block: &ContentBlock) -> String {
-    match block {
-        ContentBlock::Text(text) => text.text.clone(),
-        ContentBlock::Image(image) => format!("[image: {}, {} bytes]", image.mime_type, decoded_len(&image.data)),
-        ContentBlock::Audio(audio) => format!("[audio: {}, {} bytes]", audio.mime_type, decoded_len(&audio.data)),
-        ContentBlock::Resource(resource) => match &resource.resource {
-            ResourceContents::TextResourceContents { uri, text, .. } => format!("[resource: {uri}]\n{text}"),
-            ResourceContents::BlobResourceContents {
-                uri, mime_type, blob, ..
-            } => format!(
-                "[resource: {uri}, {}, {} bytes]",
-                mime_type.as_deref().unwrap_or("binary"),
-                decoded_len(blob)
-            ),
-            _ => "[resource of an unknown kind]".to_owned(),
-        },
-        ContentBlock::ResourceLink(link) => format!("[resource link: {} ({})]", link.uri, link.name),
-        _ => "[content of an unknown type]".to_owned(),
-    }
-}
-
-/// The size of base64 `data` once decoded.
-fn decoded_len(data: &str) -> usize {
-    let digits = data.bytes().filter(|byte| !byte.is_ascii_whitespace()).count();
-    let padding = data.trim_end().bytes().rev().take_while(|byte| *byte == b'=').count();
-    (digits * 3 / 4).saturating_sub(padding)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn base64_sizes_are_counted_once_decoded() {
-        assert_eq!(decoded_len(""), 0);
-        assert_eq!(decoded_len("aGk="), 2);
-        assert_eq!(decoded_len("aGVsbG8="), 5);
-        assert_eq!(decoded_len("aGVs\nbG8h"), 6);
     }
 }

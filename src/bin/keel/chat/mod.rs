@@ -10,12 +10,18 @@
 //! - `local`: a session on the SQLite database, in this process;
 //! - `remote`: a session of a server, over its HTTP API;
 //! - `render`: printing events (the spinner, the history of a resumed session);
-//! - `input`: the line editor with its history, or plain lines from stdin.
+//! - `input`: the line editor with its history, or plain lines from stdin;
+//! - `line`: what a typed line asks for (a message or a `/` command);
+//! - `session`: one interface over a local and a remote session.
+//!
+//! Following a turn's events is [`crate::turn`]'s, shared with `keel run`.
 
 mod input;
+mod line;
 mod local;
 mod remote;
 mod render;
+mod session;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -24,15 +30,18 @@ use std::time::Duration;
 
 use anyhow::bail;
 use clap::Args;
-use keel::protocol::{AbortReason, ApprovalDecision, ApprovalRequestedEvent, EventMsg, Op, RecordedEvent};
+use keel::protocol::{ApprovalDecision, ApprovalRequestedEvent, EventMsg, Op, RecordedEvent};
 
 use self::input::{Input, Read};
+use self::line::{HELP, Line};
 use self::render::Renderer;
+use self::session::Session;
 use crate::console::{ApproveMode, decide_without_asking};
 use crate::db::DbArgs;
 use crate::interrupts::{Interrupts, Terminations};
 use crate::session::ToolArgs;
 use crate::terminal::terminal_safe;
+use crate::turn::{Outcome, Step, TurnTracker, Until};
 use crate::{ModelArgs, print_line};
 
 /// The bot new chat sessions belong to.
@@ -189,181 +198,6 @@ pub(super) struct Opened {
     /// Approval requests of a turn that was waiting for them.
     pub(super) pending: Vec<ApprovalRequestedEvent>,
 }
-
-/// Where the session lives.
-pub(super) enum Session {
-    /// On the local database, run by this process.
-    Local(Box<local::LocalSession>),
-    /// On a server, over HTTP.
-    Remote(remote::RemoteSession),
-}
-
-impl Session {
-    /// The session's id.
-    fn id(&self) -> &str {
-        match self {
-            Session::Local(session) => session.id(),
-            Session::Remote(session) => session.id(),
-        }
-    }
-
-    /// Submits a message durably; returns its submission id.
-    async fn submit(&mut self, text: String) -> anyhow::Result<String> {
-        match self {
-            Session::Local(session) => session.submit(text).await,
-            Session::Remote(session) => session.submit(text).await,
-        }
-    }
-
-    /// Queues an op that is neither a message nor a control; returns its
-    /// submission id.
-    async fn submit_op(&mut self, op: Op) -> anyhow::Result<String> {
-        match self {
-            Session::Local(session) => session.submit_op(op).await,
-            Session::Remote(session) => session.submit_op(op).await,
-        }
-    }
-
-    /// Forks the session just before turn `turn_id`; the fork's id.
-    async fn fork_before(&mut self, turn_id: &str) -> anyhow::Result<String> {
-        match self {
-            Session::Local(session) => session.fork_before(turn_id).await,
-            Session::Remote(session) => session.fork_before(turn_id).await,
-        }
-    }
-
-    /// Submits a control op (an interrupt or an approval).
-    async fn control(&mut self, op: Op) -> anyhow::Result<()> {
-        match self {
-            Session::Local(session) => session.control(op).await,
-            Session::Remote(session) => session.control(op).await,
-        }
-    }
-
-    /// The next event, in sequence; an error when the session is gone.
-    async fn next_event(&mut self) -> anyhow::Result<RecordedEvent> {
-        match self {
-            Session::Local(session) => session.next_event().await,
-            Session::Remote(session) => session.next_event().await,
-        }
-    }
-
-    /// Whether a turn runs or messages wait.
-    async fn busy(&mut self) -> anyhow::Result<bool> {
-        match self {
-            Session::Local(session) => Ok(session.busy()),
-            Session::Remote(session) => session.busy().await,
-        }
-    }
-
-    /// Lets go of the session: a local one is shut down after what is
-    /// queued; a remote one stays on its server.
-    async fn close(self) -> anyhow::Result<()> {
-        match self {
-            Session::Local(session) => session.close().await,
-            Session::Remote(session) => {
-                session.close();
-                Ok(())
-            }
-        }
-    }
-}
-
-/// What to follow the session's events until.
-enum Until {
-    /// The end of the turn that takes up this submission.
-    TurnOf(String),
-    /// The end of this turn.
-    Turn(String),
-    /// No turn running and nothing queued.
-    Idle,
-    /// The compaction this `compact` submission asked for (recorded, or
-    /// refused).
-    Compaction(String),
-    /// The turn this `regenerate` submission runs (or its refusal).
-    Regeneration(String),
-}
-
-/// How following a turn ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    /// The turn completed (or, following until idle, the session is idle).
-    Completed,
-    /// The turn was interrupted by Ctrl-C.
-    Interrupted,
-    /// The turn failed, or the message was refused.
-    Failed,
-    /// A second Ctrl-C: leave at once.
-    Leave,
-}
-
-/// What a line typed at the prompt asks for.
-#[derive(Debug, PartialEq, Eq)]
-enum Line {
-    /// Nothing but blanks: ignored.
-    Empty,
-    /// A message for the model.
-    Message(String),
-    /// `/exit` or `/quit`.
-    Exit,
-    /// `/help`.
-    Help,
-    /// `/session`: print the session id.
-    Session,
-    /// `/compact`: compact the history now.
-    Compact,
-    /// `/retry`: roll the last answer back and answer again.
-    Retry,
-    /// `/edit TEXT`: replace the last message with TEXT, in a fork.
-    Edit(String),
-    /// A `/word` that is no command.
-    Unknown(String),
-}
-
-impl Line {
-    /// What `line` asks for; `//` escapes a message that starts with `/`.
-    fn parse(line: &str) -> Self {
-        let trimmed = line.trim();
-        if trimmed.is_empty() {
-            return Line::Empty;
-        }
-        if let Some(escaped) = line.trim_start().strip_prefix("//") {
-            return Line::Message(format!("/{escaped}"));
-        }
-        if !trimmed.starts_with('/') {
-            return Line::Message(line.to_owned());
-        }
-        match trimmed.split_whitespace().next().unwrap_or(trimmed) {
-            "/exit" | "/quit" => Line::Exit,
-            "/help" | "/?" => Line::Help,
-            "/session" => Line::Session,
-            "/compact" => Line::Compact,
-            "/retry" => Line::Retry,
-            "/edit" => Line::Edit(
-                trimmed
-                    .strip_prefix("/edit")
-                    .map(str::trim)
-                    .unwrap_or_default()
-                    .to_owned(),
-            ),
-            other => Line::Unknown(other.to_owned()),
-        }
-    }
-}
-
-/// What `/help` prints.
-const HELP: &str = "\
-Each line is a message; the answer streams as it arrives.
-  /session     print this session's id (resume it with keel chat --session ID)
-  /compact     replace the older history, for the model, with its summary
-  /retry       roll the last answer back and answer the last message again
-  /edit TEXT   send TEXT in place of the last message, in a fork of this
-               session (the session as it was stays as it is)
-  /help        this help
-  /exit        leave (also Ctrl-D, or Ctrl-C at an empty prompt)
-  //text       send a message that starts with '/'
-Ctrl-C during an answer interrupts the turn; a second Ctrl-C leaves.
-Up and Down recall earlier lines.";
 
 /// A chat under way.
 struct Chat {
@@ -558,15 +392,11 @@ impl Chat {
     /// Renders the session's events until `until`, answering approval
     /// requests and turning Ctrl-C into an interrupt (a second one leaves).
     async fn follow(&mut self, until: Until) -> anyhow::Result<Outcome> {
-        let mut ours: Option<String> = match &until {
-            Until::Turn(turn_id) => Some(turn_id.clone()),
-            _ => None,
-        };
-        let mut running = ours.clone();
+        let mut turn = TurnTracker::new(until);
         let mut interrupted = false;
         let mut poll = tokio::time::interval(Duration::from_millis(200));
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let idle_wait = matches!(until, Until::Idle);
+        let idle_wait = matches!(turn.until(), Until::Idle);
         loop {
             let event = tokio::select! {
                 event = self.session.next_event() => event?,
@@ -578,7 +408,7 @@ impl Chat {
                         return Ok(Outcome::Leave);
                     }
                     interrupted = true;
-                    self.interrupt(ours.clone().or_else(|| running.clone())).await?;
+                    self.interrupt(turn.interrupt_target()).await?;
                     continue;
                 }
                 () = self.interrupts.next() => {
@@ -588,35 +418,30 @@ impl Chat {
                         return Ok(Outcome::Leave);
                     }
                     interrupted = true;
-                    self.interrupt(ours.clone().or_else(|| running.clone())).await?;
+                    self.interrupt(turn.interrupt_target()).await?;
                     continue;
                 }
                 _ = poll.tick(), if idle_wait => {
-                    if running.is_none() && !self.session.busy().await? {
+                    if turn.none_running() && !self.session.busy().await? {
                         return Ok(Outcome::Completed);
                     }
                     continue;
                 }
             };
             self.render.event(&event)?;
-            match &event.msg {
-                EventMsg::TurnStarted(started) => {
-                    running = Some(started.turn_id.clone());
-                    self.last_turn = Some(started.turn_id.clone());
-                }
-                EventMsg::UserMessage(message) => {
-                    if let Until::TurnOf(submission) | Until::Regeneration(submission) = &until
-                        && event.submission_id.as_deref() == Some(submission.as_str())
-                    {
-                        ours = Some(message.turn_id.clone());
-                        // Ctrl-C came while the message waited in the queue:
-                        // it meant this turn.
-                        if interrupted {
-                            self.interrupt(ours.clone()).await?;
-                        }
+            if let EventMsg::TurnStarted(started) = &event.msg {
+                self.last_turn = Some(started.turn_id.clone());
+            }
+            match turn.observe(&event) {
+                Step::Nothing => {}
+                // Ctrl-C came while the message waited in the queue: it
+                // meant this turn.
+                Step::Claimed(turn_id) => {
+                    if interrupted {
+                        self.interrupt(Some(turn_id)).await?;
                     }
                 }
-                EventMsg::ApprovalRequested(request) => match self.decide(request).await? {
+                Step::Approval(request) => match self.decide(request).await? {
                     Some(decision) => self.answer(request, decision).await?,
                     // Ctrl-C at the question interrupts the turn.
                     None if interrupted => return Ok(Outcome::Leave),
@@ -625,50 +450,26 @@ impl Chat {
                         self.interrupt(Some(request.turn_id.clone())).await?;
                     }
                 },
-                EventMsg::SubmissionRejected(rejected) => {
-                    if let Until::TurnOf(submission) | Until::Compaction(submission) | Until::Regeneration(submission) =
-                        &until
-                        && event.submission_id.as_deref() == Some(submission.as_str())
-                    {
-                        self.render.end_turn()?;
-                        let what = match until {
-                            Until::Compaction(_) => "not compacted",
-                            Until::Regeneration(_) => "not regenerated",
-                            _ => "message refused",
-                        };
-                        self.render.problem(&format!("{what}: {}", rejected.reason))?;
-                        return Ok(Outcome::Failed);
-                    }
+                Step::Rejected(reason) => {
+                    self.render.end_turn()?;
+                    let what = match turn.until() {
+                        Until::Compaction(_) => "not compacted",
+                        Until::Regeneration(_) => "not regenerated",
+                        _ => "message refused",
+                    };
+                    self.render.problem(&format!("{what}: {reason}"))?;
+                    return Ok(Outcome::Failed);
                 }
-                EventMsg::ContextCompacted(_) => {
-                    if let Until::Compaction(submission) = &until
-                        && event.submission_id.as_deref() == Some(submission.as_str())
-                    {
-                        self.render.end_turn()?;
-                        return Ok(Outcome::Completed);
-                    }
+                Step::Ended(outcome) => {
+                    self.render.end_turn()?;
+                    return Ok(outcome);
                 }
-                msg if msg.ends_turn() => {
-                    let ended = msg.turn_id();
-                    if running.as_deref() == ended {
-                        running = None;
-                    }
-                    if ours.is_some() && ours.as_deref() == ended {
-                        self.render.end_turn()?;
-                        return Ok(match msg {
-                            EventMsg::TurnComplete(_) => Outcome::Completed,
-                            EventMsg::TurnAborted(aborted) if aborted.reason == AbortReason::Interrupted => {
-                                Outcome::Interrupted
-                            }
-                            _ => Outcome::Failed,
-                        });
-                    }
+                Step::OtherTurnEnded => {
                     if idle_wait && !self.session.busy().await? {
                         self.render.end_turn()?;
                         return Ok(Outcome::Completed);
                     }
                 }
-                _ => {}
             }
         }
     }
@@ -693,28 +494,5 @@ impl Chat {
             // As Ctrl-C at the question: the turn is interrupted.
             _ = self.terminations.next() => Ok(None),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Line;
-
-    #[test]
-    fn lines_are_messages_unless_they_are_commands() {
-        assert_eq!(Line::parse("  "), Line::Empty);
-        assert_eq!(Line::parse("hello /exit"), Line::Message("hello /exit".to_owned()));
-        assert_eq!(Line::parse(" /exit "), Line::Exit);
-        assert_eq!(Line::parse("/quit"), Line::Exit);
-        assert_eq!(Line::parse("/session"), Line::Session);
-        assert_eq!(Line::parse("/help me"), Line::Help);
-        assert_eq!(Line::parse("/nope"), Line::Unknown("/nope".to_owned()));
-        assert_eq!(Line::parse("/retry"), Line::Retry);
-        assert_eq!(
-            Line::parse(" /edit  say it again "),
-            Line::Edit("say it again".to_owned())
-        );
-        assert_eq!(Line::parse("/edit"), Line::Edit(String::new()));
-        assert_eq!(Line::parse("//etc/hosts?"), Line::Message("/etc/hosts?".to_owned()));
     }
 }
