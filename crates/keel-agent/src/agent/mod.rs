@@ -6,8 +6,14 @@
 //!
 //! - [`submission`]: the bounded submission queue and its cutoff;
 //! - [`recorder`]: persist-then-deliver, with group commit and back-pressure;
-//! - the session task (`session`, `turn`, `stream`): runs turns, streams the
-//!   model's output through a coalescing sink.
+//! - the session task: runs turns, streams the model's output through a
+//!   coalescing sink (`stream`).
+//!
+//! The session task's modules depend on each other in one direction only:
+//! `task` (the loop) → `turn` → `tool_phase`, `compaction` → `session` (the
+//! state they share: `Session`, `Turn`) → `control` (what an interrupt, a
+//! steered message or an approval does, for every place that waits).
+//! `recovery` closes what a stopped runtime left when the session is opened.
 
 mod compaction;
 mod control;
