@@ -2,7 +2,7 @@
 //!
 //! One recorder task runs per session. Producers queue events through an
 //! [`EventRecorder`] handle. The task takes everything queued, hands it to
-//! the store as an [`OpenBatch`], and keeps adding what producers queue
+//! the store as an [`OpenBatch`](keel_store::OpenBatch), and keeps adding what producers queue
 //! meanwhile until the store's writer seals the batch (the writer is usually
 //! busy with the previous group commit, so a turn's events tend to land in
 //! one commit, shared with other sessions'). Only after the commit does it
