@@ -12,15 +12,16 @@
 //! threshold, on the `compact` op, and once when the provider refuses a
 //! request as too long for its context (the step is then tried again).
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::session::Session;
-use super::turn::{Turn, interrupts, reject_stray_control};
-use keel_model::{ModelEventSink, ModelRequest, RequestPurpose, ToolSpec};
+use super::control::{ControlLane, During, Wake};
+use super::session::{Session, Turn};
+use keel_model::{ModelEventSink, ModelOutput, ModelRequest, RequestPurpose, ToolSpec};
 use keel_protocol::Result;
-use keel_protocol::{CompactionReason, ContextCompactedEvent, Event, EventMsg, Op, Submission, TranscriptItem};
+use keel_protocol::{CompactionReason, ContextCompactedEvent, Event, EventMsg, Submission, TranscriptItem};
 use keel_store::Compaction;
 
 /// The prompt that asks the model for a summary. It is the last message of
@@ -112,21 +113,7 @@ impl Session {
         submission_id: Option<String>,
         reason: CompactionReason,
     ) -> Result<CompactEnd> {
-        let replaced_from = self
-            .checkpoint
-            .compaction
-            .as_ref()
-            .map_or(0, |compaction| compaction.replaced_to as usize)
-            .min(self.transcript.len());
-        // Cut before the latest user message, so the model keeps the request
-        // it is working on word for word, and no tool call is parted from
-        // its result (every call before a user message has one).
-        let Some(cut) = self
-            .transcript
-            .iter()
-            .rposition(|item| matches!(item, TranscriptItem::UserMessage { .. }))
-            .filter(|cut| *cut > replaced_from)
-        else {
+        let Some(cut) = self.compaction_cut() else {
             return Ok(CompactEnd::NotDone("there is no older history to compact".to_owned()));
         };
         let tools = self.tools.specs();
@@ -142,33 +129,10 @@ impl Session {
             .compaction
             .as_ref()
             .map_or(0, |compaction| compaction.count);
-        let turn_id = turn.map(|turn| turn.id().to_owned());
-        let mut request = ModelRequest::new(
-            &self.session_id,
-            turn_id.as_deref().unwrap_or(""),
-            &request_history,
-            count,
-        );
-        request.purpose = RequestPurpose::Summary;
-        // The summary is not part of the conversation: nothing of it streams.
-        let discard: ModelEventSink = Arc::new(|_| Ok(()));
         let started = Instant::now();
-        let mut response = self.model.respond(request, discard);
-        let (inbox, recorder, steering) = (&mut self.inbox, &self.recorder, &mut self.steering);
-        let mut control_open = true;
-        let result = loop {
-            tokio::select! {
-                biased;
-                control = inbox.recv_control(), if control_open => match control {
-                    Some(submission) if turn.map_or(matches!(submission.op, Op::Interrupt { turn_id: None }), |turn| interrupts(&submission.op, turn.id())) => {
-                        return Ok(CompactEnd::Interrupted(submission));
-                    }
-                    Some(submission) if turn.is_some() && matches!(submission.op, Op::Steer { .. }) => steering.push(submission),
-                    Some(submission) => reject_stray_control(recorder, submission).await?,
-                    None => control_open = false,
-                },
-                result = &mut response => break result,
-            }
+        let result = match self.summarize(turn, &request_history, count).await? {
+            ControlFlow::Continue(result) => result,
+            ControlFlow::Break(by) => return Ok(CompactEnd::Interrupted(by)),
         };
         let (summary, usage) = match result {
             Ok(output) if !output.text.trim().is_empty() => (output.text.trim().to_owned(), output.usage),
@@ -215,6 +179,57 @@ impl Session {
         let write = self.checkpoint_write(Vec::new(), turn.map(|turn| &turn.execution));
         self.recorder.append(vec![event], Some(write)).await?;
         Ok(CompactEnd::Done)
+    }
+
+    /// Where the history is cut: before the latest user message, so the
+    /// model keeps the request it is working on word for word, and no tool
+    /// call is parted from its result (every call before a user message has
+    /// one). `None` when nothing past the last compaction is before it.
+    fn compaction_cut(&self) -> Option<usize> {
+        let replaced_from = self
+            .checkpoint
+            .compaction
+            .as_ref()
+            .map_or(0, |compaction| compaction.replaced_to as usize)
+            .min(self.transcript.len());
+        self.transcript
+            .iter()
+            .rposition(|item| matches!(item, TranscriptItem::UserMessage { .. }))
+            .filter(|cut| *cut > replaced_from)
+    }
+
+    /// Asks the model for the summary of `history` (which ends with the
+    /// prompt), watching the control lane: the model's answer, or the
+    /// interrupt that stopped it.
+    async fn summarize(
+        &mut self,
+        turn: Option<&Turn>,
+        history: &[TranscriptItem],
+        count: u64,
+    ) -> Result<ControlFlow<Submission, Result<ModelOutput>>> {
+        let turn_id = turn.map(|turn| turn.id().to_owned());
+        let mut request = ModelRequest::new(&self.session_id, turn_id.as_deref().unwrap_or(""), history, count);
+        request.purpose = RequestPurpose::Summary;
+        // The summary is not part of the conversation: nothing of it streams.
+        let discard: ModelEventSink = Arc::new(|_| Ok(()));
+        let mut response = self.model.respond(request, discard);
+        let during = turn.map_or(During::Compaction, |turn| During::Turn(turn.id()));
+        let mut lane = ControlLane {
+            inbox: &mut self.inbox,
+            steering: &mut self.steering,
+            recorder: &self.recorder,
+        };
+        loop {
+            tokio::select! {
+                biased;
+                submission = lane.recv() => {
+                    if let Some(Wake::Interrupted(by)) = lane.settle(submission, during).await? {
+                        return Ok(ControlFlow::Break(by));
+                    }
+                }
+                result = &mut response => return Ok(ControlFlow::Continue(result)),
+            }
+        }
     }
 }
 

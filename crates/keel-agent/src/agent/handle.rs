@@ -120,18 +120,7 @@ impl SessionHandle {
             validate_idempotency_key(key).map_err(Error::InvalidInput)?;
         }
         if !op.is_stored_ahead() {
-            let submitted = match options.submission_id {
-                Some(id) => {
-                    let reservation = self.sender.reserve(&op)?;
-                    self.sender.send_reserved(reservation, id, op)
-                }
-                None => self.sender.submit(op)?,
-            };
-            return Ok(Accepted {
-                submission_id: submitted.id,
-                sequence: self.recorder.last_sequence(),
-                duplicate: false,
-            });
+            return self.submit_now(op, options.submission_id);
         }
         let _keyed = match &options.idempotency_key {
             Some(key) => {
@@ -202,6 +191,23 @@ impl SessionHandle {
         Ok(Accepted {
             submission_id: id,
             sequence,
+            duplicate: false,
+        })
+    }
+
+    /// Submits an op that is not stored ahead (a control op, shutdown)
+    /// straight to the queue, under `submission_id` if one is given.
+    fn submit_now(&self, op: Op, submission_id: Option<String>) -> Result<Accepted> {
+        let submitted = match submission_id {
+            Some(id) => {
+                let reservation = self.sender.reserve(&op)?;
+                self.sender.send_reserved(reservation, id, op)
+            }
+            None => self.sender.submit(op)?,
+        };
+        Ok(Accepted {
+            submission_id: submitted.id,
+            sequence: self.recorder.last_sequence(),
             duplicate: false,
         })
     }

@@ -6,18 +6,27 @@
 //!
 //! - [`submission`]: the bounded submission queue and its cutoff;
 //! - [`recorder`]: persist-then-deliver, with group commit and back-pressure;
-//! - the session task (`session`, `turn`, `stream`): runs turns, streams the
-//!   model's output through a coalescing sink.
+//! - the session task: runs turns, streams the model's output through a
+//!   coalescing sink (`stream`).
+//!
+//! The session task's modules depend on each other in one direction only:
+//! `task` (the loop) → `turn` → `tool_phase`, `compaction` → `session` (the
+//! state they share: `Session`, `Turn`) → `control` (what an interrupt, a
+//! steered message or an approval does, for every place that waits).
+//! `recovery` closes what a stopped runtime left when the session is opened.
 
 mod compaction;
+mod control;
 mod fork;
 mod handle;
 mod lease;
 pub mod recorder;
+mod recovery;
 mod session;
 mod status;
 mod stream;
 pub mod submission;
+mod task;
 mod tool_phase;
 mod turn;
 
@@ -41,6 +50,7 @@ pub use self::handle::{check_same_body, key_reused};
 use self::lease::take_lease;
 pub use self::lease::{LeaseClock, LeaseOwner};
 pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};
+use self::recovery::InFlight;
 use self::session::Session;
 pub use self::status::SessionStatus;
 use self::status::StatusCell;
@@ -219,69 +229,21 @@ impl Drop for Agent {
 /// Opens the session named in `config`, creating it if needed, and starts
 /// its task. A turn left in flight by a runtime that stopped is closed with
 /// a `turn_aborted` event (reason `runtime_stopped`) before anything else.
-pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
-    let AgentConfig {
-        session_id,
-        store,
-        model,
+pub async fn create_agent(mut config: AgentConfig) -> Result<Agent> {
+    check_ids(&config.session_id, &config.session_context.bot_id)?;
+    let store = Arc::clone(&config.store);
+    let session_id = config.session_id.clone();
+    let session_context = std::mem::take(&mut config.session_context);
+    let (lease, state, resumed) = open_state(
+        store.as_ref(),
+        &session_id,
         session_context,
-        workspace,
-        submission_capacity,
-        streaming,
-        tools,
-        approvals,
-        instructions,
-        max_steps,
-        sandbox,
-        startup_warnings,
-        context_limits,
-        lease_owner,
-    } = config;
-    let context_limits = context_limits.or_else(|| model.context_limits());
-    if session_id.is_empty() || session_id.len() > MAX_SESSION_ID_BYTES || session_id.chars().any(char::is_control) {
-        return Err(Error::InvalidInput(format!(
-            "session id must be 1 to {MAX_SESSION_ID_BYTES} bytes without control characters"
-        )));
-    }
-    let bot_id = &session_context.bot_id;
-    if bot_id.len() > MAX_BOT_ID_BYTES || bot_id.chars().any(char::is_control) {
-        return Err(Error::InvalidInput(format!(
-            "bot id must be at most {MAX_BOT_ID_BYTES} bytes without control characters"
-        )));
-    }
-    // Take the session over before reading it: from here on, a runtime that
-    // still holds it (one that was dropped and is finishing its queue, or
-    // another process) cannot write into it, so what is read stays true.
-    let (lease, state, resumed) = match take_lease(store.as_ref(), &session_id, lease_owner.as_ref()).await {
-        Ok(lease) => {
-            let state = store.load(&session_id).await?;
-            let state = state.ok_or_else(|| Error::Checkpoint(StoreError::UnknownSession(session_id.clone())))?;
-            (lease, state, true)
-        }
-        Err(StoreError::UnknownSession(_)) => {
-            let checkpoint = Checkpoint {
-                session_context,
-                ..Checkpoint::empty(session_id.clone())
-            };
-            store.save(&checkpoint, &[], None).await?;
-            let lease = take_lease(store.as_ref(), &session_id, lease_owner.as_ref()).await?;
-            (
-                lease,
-                SessionState {
-                    checkpoint,
-                    transcript: Vec::new(),
-                    execution: None,
-                    last_sequence: 0,
-                    queued: Vec::new(),
-                },
-                false,
-            )
-        }
-        Err(error) => return Err(error.into()),
-    };
+        config.lease_owner.as_ref(),
+    )
+    .await?;
     let SessionState {
         checkpoint,
-        transcript,
+        mut transcript,
         execution,
         queued,
         ..
@@ -291,142 +253,48 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         ..RecorderOptions::default()
     };
     let (recorder, events) = EventRecorder::spawn_with(Arc::clone(&store), session_id.clone(), options);
-    // A turn that was waiting for the user's approval goes on waiting; any
-    // other turn left in flight is closed.
-    let (resume, execution) = match execution {
-        Some(execution) if !execution.awaiting_approval.is_empty() => (Some(execution), None),
-        other => (None, other),
+    let in_flight = InFlight::sort(execution);
+    let started = SessionStartedEvent {
+        session_id: session_id.clone(),
+        bot_id: checkpoint.session_context.bot_id.clone(),
+        resumed,
+        history_items: transcript.len() as u64,
+        pending_approvals: in_flight
+            .resume
+            .as_ref()
+            .map(|turn| turn.awaiting_approval.clone())
+            .unwrap_or_default(),
+        sandbox: config.sandbox.take(),
+        tools: config.tools.names(),
     };
-    let mut startup = vec![Event {
-        submission_id: None,
-        msg: EventMsg::SessionStarted(SessionStartedEvent {
-            session_id: session_id.clone(),
-            bot_id: checkpoint.session_context.bot_id.clone(),
-            resumed,
-            history_items: transcript.len() as u64,
-            pending_approvals: resume
-                .as_ref()
-                .map(|turn| turn.awaiting_approval.clone())
-                .unwrap_or_default(),
-            sandbox: sandbox.clone(),
-            tools: tools.names(),
-        }),
-    }];
-    startup.extend(startup_warnings.iter().map(|message| Event {
-        submission_id: None,
-        msg: EventMsg::Warning(WarningEvent {
-            // An MCP server's failure may echo its headers.
-            message: keel_secrets::redact_owned(message.clone()),
-        }),
-    }));
+    let mut startup = startup_events(started, &config.startup_warnings);
     let mut closing_write = None;
-    let mut transcript = transcript;
-    if let Some(execution) = execution {
-        tracing::warn!(%session_id, turn_id = %execution.turn_id, "closing a turn left in flight by a stopped runtime");
-        let submission_id = execution.submission_ids.first().cloned();
-        // A tool call that has no recorded result gets one, so the history
-        // sent to the provider stays well formed. One whose start was
-        // committed may have run; one that never started did not, and the
-        // model is told which (an older checkpoint does not say: may have).
-        let unanswered = turn::unanswered_calls(&transcript);
-        let mut results = Vec::with_capacity(unanswered.len());
-        for ToolCall { call_id, .. } in unanswered {
-            let never_started = execution
-                .started_calls
-                .as_ref()
-                .is_some_and(|started| !started.contains(&call_id));
-            let output = if never_started {
-                "not run: the runtime stopped before this call started"
-            } else {
-                "interrupted: the runtime stopped during this call; the tool may or may not have completed"
-            };
-            startup.push(Event {
-                submission_id: submission_id.clone(),
-                msg: EventMsg::ToolCallCompleted(ToolCallCompletedEvent {
-                    turn_id: execution.turn_id.clone(),
-                    call_id: call_id.clone(),
-                    output: output.to_owned(),
-                    is_error: true,
-                }),
-            });
-            results.push(TranscriptItem::ToolResult {
-                call_id,
-                output: output.to_owned(),
-                is_error: true,
-            });
-        }
-        // Text streamed before the stop was seen by the user: the model
-        // sees it too, marked cut, as after an interrupt.
-        let cut = turn::streamed_before_stop(store.as_ref(), &session_id, &execution.turn_id).await?;
-        results.extend(cut.map(|text| TranscriptItem::AssistantMessage {
-            text,
-            interrupted: true,
-        }));
-        transcript.extend(results.iter().cloned());
-        startup.push(Event {
-            submission_id,
-            msg: EventMsg::TurnAborted(TurnAbortedEvent {
-                turn_id: execution.turn_id,
-                reason: AbortReason::RuntimeStopped,
-                message: "the runtime stopped while this turn was running (process exit or crash); \
-                          it was closed when the session was reopened"
-                    .to_owned(),
-            }),
-        });
-        closing_write = Some(CheckpointWrite {
-            checkpoint: checkpoint.clone(),
-            transcript_delta: results,
-            execution: None,
-            history_cut: None,
-        });
+    if let Some(stale) = in_flight.stale {
+        let closing =
+            recovery::close_stale_turn(store.as_ref(), &session_id, &checkpoint, &mut transcript, stale).await?;
+        startup.extend(closing.events);
+        closing_write = Some(closing.write);
     }
     recorder.append(startup, closing_write).await?;
-
-    // Messages stored durably but not taken up before the runtime stopped
-    // are queued again, first, under their ids; they kept their places when
-    // accepted, so the queue has room for them (unless it was made smaller).
-    let (sender, inbox) = submission_channel(submission_capacity.max(queued.len()));
-    for stored in queued {
-        let op = match stored.op {
-            Op::Steer { text } => Op::UserInput { text },
-            op => op,
-        };
-        let reservation = sender.reserve(&op)?;
-        recorder.expect_settlement(stored.id.clone());
-        sender.send_reserved(reservation, stored.id, op);
-    }
+    let (sender, inbox) = recovery::requeue(queued, config.submission_capacity, &recorder)?;
     let status = Arc::new(StatusCell::default());
     let handle = SessionHandle {
         session_id: session_id.clone(),
         sender: sender.clone(),
         recorder: recorder.downgrade(),
-        store: Arc::clone(&store),
+        store,
         status: Arc::clone(&status),
         keyed: Arc::default(),
     };
-    let session = Session {
-        session_id: session_id.clone(),
-        model,
+    let opened = Opened {
         recorder,
         inbox,
         checkpoint,
         transcript,
-        streaming,
-        tools,
-        approvals,
-        resume,
-        instructions,
-        max_steps: max_steps.max(1),
-        workspace,
-        deferred: None,
-        steering: Vec::new(),
+        resume: in_flight.resume,
         status,
-        context_limits,
-        calibration: 1.0,
-        lease_owner,
-        store: Arc::clone(&store),
     };
-    let task = tokio::spawn(session.run());
+    let task = tokio::spawn(session(config, opened).run());
     Ok(Agent {
         session_id,
         sender,
@@ -435,4 +303,111 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         handle,
         lease,
     })
+}
+
+/// What opening the session made, for its task.
+struct Opened {
+    recorder: EventRecorder,
+    inbox: Inbox,
+    checkpoint: Checkpoint,
+    transcript: Vec<TranscriptItem>,
+    resume: Option<keel_store::TurnExecution>,
+    status: Arc<StatusCell>,
+}
+
+/// The session task's state, from the configuration and what opening made.
+fn session(config: AgentConfig, opened: Opened) -> Session {
+    let context_limits = config.context_limits.or_else(|| config.model.context_limits());
+    Session {
+        session_id: config.session_id,
+        model: config.model,
+        recorder: opened.recorder,
+        inbox: opened.inbox,
+        checkpoint: opened.checkpoint,
+        transcript: opened.transcript,
+        streaming: config.streaming,
+        tools: config.tools,
+        approvals: config.approvals,
+        resume: opened.resume,
+        instructions: config.instructions,
+        max_steps: config.max_steps.max(1),
+        workspace: config.workspace,
+        deferred: None,
+        steering: Vec::new(),
+        status: opened.status,
+        context_limits,
+        calibration: 1.0,
+        lease_owner: config.lease_owner,
+        store: config.store,
+    }
+}
+
+/// Refuses a session id or bot id that breaks the limits on them.
+fn check_ids(session_id: &str, bot_id: &str) -> Result<()> {
+    if session_id.is_empty() || session_id.len() > MAX_SESSION_ID_BYTES || session_id.chars().any(char::is_control) {
+        return Err(Error::InvalidInput(format!(
+            "session id must be 1 to {MAX_SESSION_ID_BYTES} bytes without control characters"
+        )));
+    }
+    if bot_id.len() > MAX_BOT_ID_BYTES || bot_id.chars().any(char::is_control) {
+        return Err(Error::InvalidInput(format!(
+            "bot id must be at most {MAX_BOT_ID_BYTES} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Takes the session's lease and reads the session, creating it (for
+/// `session_context`) if the store does not have it: the lease epoch, the
+/// state, and whether an existing session was reopened.
+async fn open_state(
+    store: &dyn CheckpointStore,
+    session_id: &str,
+    session_context: SessionContext,
+    lease_owner: Option<&LeaseOwner>,
+) -> Result<(u64, SessionState, bool)> {
+    // Take the session over before reading it: from here on, a runtime that
+    // still holds it (one that was dropped and is finishing its queue, or
+    // another process) cannot write into it, so what is read stays true.
+    match take_lease(store, session_id, lease_owner).await {
+        Ok(lease) => {
+            let state = store.load(session_id).await?;
+            let state = state.ok_or_else(|| Error::Checkpoint(StoreError::UnknownSession(session_id.to_owned())))?;
+            Ok((lease, state, true))
+        }
+        Err(StoreError::UnknownSession(_)) => {
+            let checkpoint = Checkpoint {
+                session_context,
+                ..Checkpoint::empty(session_id.to_owned())
+            };
+            store.save(&checkpoint, &[], None).await?;
+            let lease = take_lease(store, session_id, lease_owner).await?;
+            let state = SessionState {
+                checkpoint,
+                transcript: Vec::new(),
+                execution: None,
+                last_sequence: 0,
+                queued: Vec::new(),
+            };
+            Ok((lease, state, false))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The events a session's task records first: `session_started`, then the
+/// startup warnings.
+fn startup_events(started: SessionStartedEvent, warnings: &[String]) -> Vec<Event> {
+    let mut startup = vec![Event {
+        submission_id: None,
+        msg: EventMsg::SessionStarted(started),
+    }];
+    startup.extend(warnings.iter().map(|message| Event {
+        submission_id: None,
+        msg: EventMsg::Warning(WarningEvent {
+            // An MCP server's failure may echo its headers.
+            message: keel_secrets::redact_owned(message.clone()),
+        }),
+    }));
+    startup
 }

@@ -1,24 +1,25 @@
-//! The session task: takes submissions off the inbox and runs turns.
+//! The state a session task owns, and the identity of a running turn.
 //!
 //! One task per live session. It owns the inbox, the in-memory checkpoint
 //! and transcript, and a recorder handle. Everything it decides is recorded
 //! through the recorder, in order, together with the checkpoint writes, so
 //! the store always holds a consistent prefix of the session's history.
+//! The modules that run the session (`task`, `turn`, `tool_phase`,
+//! `compaction`) share these types; this module names none of them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::compaction::CompactEnd;
+use super::control::{self, ControlLane};
+use super::lease::LeaseOwner;
 use super::recorder::EventRecorder;
 use super::status::StatusCell;
 use super::stream::StreamingOptions;
 use super::submission::Inbox;
 use keel_model::{ContextLimits, Model};
 use keel_protocol::Result;
-use keel_protocol::{
-    CompactionReason, Event, EventMsg, Op, ShutdownCompleteEvent, Submission, SubmissionRejectedEvent, TranscriptItem,
-};
-use keel_store::{Checkpoint, CheckpointWrite, TurnExecution};
+use keel_protocol::{Event, EventMsg, Submission, TranscriptItem};
+use keel_store::{Checkpoint, CheckpointStore, CheckpointWrite, TurnExecution};
 use keel_tools::{ApprovalRules, ToolSet};
 
 /// The state a session task owns.
@@ -58,99 +59,47 @@ pub(super) struct Session {
     pub(super) calibration: f64,
     /// With several nodes, this node's lease on the session: no tool call
     /// starts once it may have lapsed.
-    pub(super) lease_owner: Option<super::LeaseOwner>,
+    pub(super) lease_owner: Option<LeaseOwner>,
     /// The store, asked before each tool call whether its file system still
     /// has the room its commits need (see `CheckpointStore::low_on_space`).
-    pub(super) store: std::sync::Arc<dyn keel_store::CheckpointStore>,
+    pub(super) store: Arc<dyn CheckpointStore>,
+}
+
+/// The identity and durable state of a running turn.
+pub(super) struct Turn {
+    pub(super) execution: TurnExecution,
+    /// The submission that started it; the turn's events carry its id.
+    pub(super) submission_id: String,
+}
+
+impl Turn {
+    /// The turn's id.
+    pub(super) fn id(&self) -> &str {
+        &self.execution.turn_id
+    }
+
+    /// An event of the turn: it carries the id of the submission that started it.
+    pub(super) fn event(&self, msg: EventMsg) -> Event {
+        Event {
+            submission_id: Some(self.submission_id.clone()),
+            msg,
+        }
+    }
 }
 
 impl Session {
-    /// Runs until shutdown, or until every sender is gone. Fails only when the
-    /// recorder fails (the store is broken); then nothing more can be recorded.
-    pub(super) async fn run(mut self) -> Result<()> {
-        if let Some(execution) = self.resume.take() {
-            self.status.set_working(true);
-            self.resume_turn(execution).await?;
-            self.status.end_turn();
+    /// The control lane, for a wait that holds nothing else of the session.
+    pub(super) fn control_lane(&mut self) -> ControlLane<'_> {
+        ControlLane {
+            inbox: &mut self.inbox,
+            steering: &mut self.steering,
+            recorder: &self.recorder,
         }
-        loop {
-            let Some(submission) = self.next_submission().await? else {
-                return self.stop(None).await;
-            };
-            self.status.set_working(true);
-            if let Some(shutdown) = self.handle(submission).await? {
-                return self.stop(Some(shutdown)).await;
-            }
-        }
-    }
-
-    /// The next submission to act on: a deferred one, a steered message the
-    /// last turn did not take, or the next from the inbox; `None` once
-    /// every sender is gone. Before waiting for one, everything recorded is
-    /// made durable and the session shows as idle: a host that sees it idle
-    /// finds all it did in the store.
-    async fn next_submission(&mut self) -> Result<Option<Submission>> {
-        if let Some(submission) = self.deferred.take() {
-            return Ok(Some(submission));
-        }
-        if !self.steering.is_empty() {
-            return Ok(Some(self.steering.remove(0)));
-        }
-        if let Some(submission) = self.inbox.try_recv_any() {
-            return Ok(Some(submission));
-        }
-        self.recorder.flush().await?;
-        self.status.set_idle(self.inbox.last_sequence);
-        tokio::select! {
-            next = self.inbox.recv_any() => Ok(next),
-            // A recorder that stopped (the store failed, or the session was
-            // taken over) ends the session now, rather than at its next
-            // submission.
-            () = self.recorder.stopped() => Err(self.recorder.stop_error()),
-        }
-    }
-
-    /// Acts on one submission; hands a shutdown back, for [`Self::run`]
-    /// to stop the session with.
-    async fn handle(&mut self, submission: Submission) -> Result<Option<Submission>> {
-        match &submission.op {
-            Op::UserInput { .. } | Op::Steer { .. } => {
-                self.run_turn(submission).await?;
-                self.status.end_turn();
-            }
-            Op::Regenerate => {
-                self.regenerate(submission).await?;
-                self.status.end_turn();
-            }
-            Op::Compact => {
-                match self
-                    .compact(None, Some(submission.id.clone()), CompactionReason::Requested)
-                    .await?
-                {
-                    CompactEnd::Done => {}
-                    CompactEnd::NotDone(why) => self.reject(&submission, &why).await?,
-                    CompactEnd::Interrupted(_) => self.reject(&submission, "interrupted by the user").await?,
-                }
-            }
-            Op::Interrupt { .. } => self.reject(&submission, "no turn is running").await?,
-            Op::Approval { call_id, .. } => {
-                let reason = format!("no tool call {call_id} is waiting for approval");
-                self.reject(&submission, &reason).await?;
-            }
-            Op::Shutdown => return Ok(Some(submission)),
-        }
-        Ok(None)
     }
 
     /// Records that `submission` will not be acted on.
     pub(super) async fn reject(&self, submission: &Submission, reason: &str) -> Result<()> {
-        let event = Event {
-            submission_id: Some(submission.id.clone()),
-            msg: EventMsg::SubmissionRejected(SubmissionRejectedEvent {
-                reason: reason.to_owned(),
-            }),
-        };
-        self.recorder.append(vec![event], None).await
+        control::refuse(&self.recorder, submission, reason).await
     }
 
     /// A checkpoint write of the current state plus `transcript_delta`.
@@ -165,26 +114,5 @@ impl Session {
             execution: execution.cloned(),
             history_cut: None,
         }
-    }
-
-    /// Refuses new submissions, records the ones still queued as rejected,
-    /// records the final event and waits until everything is durable.
-    async fn stop(mut self, shutdown: Option<Submission>) -> Result<()> {
-        self.inbox.close();
-        while let Some(late) = self.inbox.try_recv() {
-            self.reject(&late, "the session is shutting down").await?;
-        }
-        while let Some(late) = self.inbox.try_recv_control() {
-            self.reject(&late, "the session is shutting down").await?;
-        }
-        for late in std::mem::take(&mut self.steering) {
-            self.reject(&late, "the session is shutting down").await?;
-        }
-        let last = Event {
-            submission_id: shutdown.map(|submission| submission.id),
-            msg: EventMsg::ShutdownComplete(ShutdownCompleteEvent {}),
-        };
-        self.recorder.commit(vec![last], None).await?;
-        Ok(())
     }
 }

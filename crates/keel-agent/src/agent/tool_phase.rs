@@ -14,11 +14,12 @@
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
 
-use super::session::Session;
-use super::turn::{Turn, interrupts, reject_stray_control};
+use super::control::{ControlLane, During, Wake};
+use super::recorder::EventRecorder;
+use super::session::{Session, Turn};
 use keel_model::ToolCall;
 use keel_protocol::{
-    ApprovalDecidedEvent, ApprovalDecision, ApprovalRequestedEvent, Event, EventMsg, Op, Submission,
+    ApprovalDecidedEvent, ApprovalDecision, ApprovalRequestedEvent, Event, EventMsg, Submission,
     ToolCallCompletedEvent, ToolCallProgressEvent, ToolCallStartedEvent, ToolsChangedEvent, TranscriptItem,
 };
 use keel_protocol::{Error, Result};
@@ -169,41 +170,53 @@ impl Session {
             self.recorder.commit(requests, Some(write)).await?;
         }
         while !turn.execution.awaiting_approval.is_empty() {
-            let Some(submission) = self.inbox.recv_control().await else {
-                // Every sender is gone; the runtime is being dropped.
-                return Ok(std::future::pending().await);
+            let during = During::Approval {
+                turn_id: turn.id(),
+                calls: &turn.execution.awaiting_approval,
             };
-            match &submission.op {
-                Op::Approval { call_id, decision } if turn.execution.awaiting_approval.contains(call_id) => {
-                    let (call_id, decision) = (call_id.clone(), *decision);
-                    turn.execution.awaiting_approval.retain(|waiting| *waiting != call_id);
-                    self.status.set_awaiting_approval(&turn.execution.awaiting_approval);
-                    turn.execution.decisions.insert(call_id.clone(), decision);
-                    if decision == ApprovalDecision::ApproveForSession
-                        && let Some(call) = calls.iter().find(|call| call.call_id == call_id)
-                    {
-                        self.checkpoint.approved_tools.insert(call.name.clone());
-                    }
-                    let decided = Event {
-                        submission_id: Some(submission.id.clone()),
-                        msg: EventMsg::ApprovalDecided(ApprovalDecidedEvent {
-                            turn_id: turn.id().to_owned(),
-                            call_id,
-                            decision,
-                        }),
-                    };
-                    let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
-                    self.recorder.append(vec![decided], Some(write)).await?;
-                }
-                op if interrupts(op, turn.id()) => {
+            match self.control_lane().wake(during).await? {
+                Wake::Decided {
+                    submission,
+                    call_id,
+                    decision,
+                } => self.decide(turn, calls, submission, call_id, decision).await?,
+                Wake::Interrupted(submission) => {
                     self.status.set_awaiting_approval(&[]);
                     return Ok(Some(submission));
                 }
-                Op::Steer { .. } => self.steering.push(submission),
-                _ => reject_stray_control(&self.recorder, submission).await?,
             }
         }
         Ok(None)
+    }
+
+    /// Takes in the user's decision on a call waiting for approval, and
+    /// records it with the turn's state.
+    async fn decide(
+        &mut self,
+        turn: &mut Turn,
+        calls: &[ToolCall],
+        submission: Submission,
+        call_id: String,
+        decision: ApprovalDecision,
+    ) -> Result<()> {
+        turn.execution.awaiting_approval.retain(|waiting| *waiting != call_id);
+        self.status.set_awaiting_approval(&turn.execution.awaiting_approval);
+        turn.execution.decisions.insert(call_id.clone(), decision);
+        if decision == ApprovalDecision::ApproveForSession
+            && let Some(call) = calls.iter().find(|call| call.call_id == call_id)
+        {
+            self.checkpoint.approved_tools.insert(call.name.clone());
+        }
+        let decided = Event {
+            submission_id: Some(submission.id),
+            msg: EventMsg::ApprovalDecided(ApprovalDecidedEvent {
+                turn_id: turn.id().to_owned(),
+                call_id,
+                decision,
+            }),
+        };
+        let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
+        self.recorder.append(vec![decided], Some(write)).await
     }
 
     /// Runs the calls judged `Run` (refused ones get their refusal as the
@@ -225,7 +238,6 @@ impl Session {
         // (and durable) before the first one runs.
         let mut running = FuturesOrdered::new();
         let mut interrupted: Option<Submission> = None;
-        let mut control_open = true;
         let mut progress = ProgressFeed {
             board: ProgressBoard::new(),
             next_at: tokio::time::Instant::now(),
@@ -257,7 +269,7 @@ impl Session {
             }
             // In order: this call finishes (or is interrupted) before the next starts.
             let outcome = self
-                .next_outcome(turn, &mut running, &mut progress, &mut interrupted, &mut control_open)
+                .next_outcome(turn, &mut running, &mut progress, &mut interrupted)
                 .await?;
             self.record_result(turn, call, outcome).await?;
             if interrupted.is_some() {
@@ -267,31 +279,37 @@ impl Session {
         if together {
             for call in calls {
                 let outcome = self
-                    .next_outcome(turn, &mut running, &mut progress, &mut interrupted, &mut control_open)
+                    .next_outcome(turn, &mut running, &mut progress, &mut interrupted)
                     .await?;
                 self.record_result(turn, call, outcome).await?;
             }
         }
-        // Calls left after an interrupt are answered without running.
         match interrupted {
             Some(interrupt) => {
-                let done: std::collections::HashSet<String> = self
-                    .transcript
-                    .iter()
-                    .filter_map(|item| match item {
-                        TranscriptItem::ToolResult { call_id, .. } => Some(call_id.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                for call in calls.iter().filter(|call| !done.contains(&call.call_id)) {
-                    self.record_started(turn, call).await?;
-                    self.record_result(turn, call, ToolOutcome::error("not run: the turn was interrupted"))
-                        .await?;
-                }
+                self.answer_not_run(turn, calls).await?;
                 Ok(ToolsEnd::Interrupted(interrupt))
             }
             None => Ok(ToolsEnd::Done),
         }
+    }
+
+    /// Answers the calls of `calls` left without a result after an
+    /// interrupt, without running them.
+    async fn answer_not_run(&mut self, turn: &mut Turn, calls: &[ToolCall]) -> Result<()> {
+        let done: std::collections::HashSet<String> = self
+            .transcript
+            .iter()
+            .filter_map(|item| match item {
+                TranscriptItem::ToolResult { call_id, .. } => Some(call_id.clone()),
+                _ => None,
+            })
+            .collect();
+        for call in calls.iter().filter(|call| !done.contains(&call.call_id)) {
+            self.record_started(turn, call).await?;
+            self.record_result(turn, call, ToolOutcome::error("not run: the turn was interrupted"))
+                .await?;
+        }
+        Ok(())
     }
 
     /// With several nodes, refuses to start a tool call once this node's
@@ -320,56 +338,38 @@ impl Session {
         running: &mut FuturesOrdered<futures::future::BoxFuture<'_, ToolOutcome>>,
         progress: &mut ProgressFeed,
         interrupted: &mut Option<Submission>,
-        control_open: &mut bool,
     ) -> Result<ToolOutcome> {
         if interrupted.is_some() {
             return Ok(ToolOutcome::error("interrupted by the user"));
         }
+        let recorder = &self.recorder;
+        let mut lane = ControlLane {
+            inbox: &mut self.inbox,
+            steering: &mut self.steering,
+            recorder,
+        };
         loop {
             tokio::select! {
                 biased;
-                control = self.inbox.recv_control(), if *control_open => match control {
-                    Some(submission) if interrupts(&submission.op, turn.id()) => {
-                        *interrupted = Some(submission);
+                submission = lane.recv() => {
+                    if let Some(Wake::Interrupted(by)) = lane.settle(submission, During::Turn(turn.id())).await? {
+                        *interrupted = Some(by);
                         // Dropping the calls' futures cancels them.
                         *running = FuturesOrdered::new();
                         return Ok(ToolOutcome::error("interrupted by the user"));
                     }
-                    Some(submission) if matches!(submission.op, Op::Steer { .. }) => self.steering.push(submission),
-                    Some(submission) => reject_stray_control(&self.recorder, submission).await?,
-                    None => *control_open = false,
-                },
+                }
                 () = progress.ready() => {
-                    self.record_progress(turn, progress.board.take()).await?;
+                    record_progress(recorder, turn, progress.board.take()).await?;
                     progress.next_at = tokio::time::Instant::now() + PROGRESS_INTERVAL;
                 }
                 outcome = running.next() => {
                     // A call's last report goes before its result.
-                    self.record_progress(turn, progress.board.take()).await?;
+                    record_progress(recorder, turn, progress.board.take()).await?;
                     return Ok(outcome.unwrap_or_else(|| ToolOutcome::error("not run: the turn was interrupted")));
                 }
             }
         }
-    }
-
-    /// Records progress reports as `tool_call_progress` events.
-    async fn record_progress(&mut self, turn: &Turn, reports: Vec<ToolProgress>) -> Result<()> {
-        if reports.is_empty() {
-            return Ok(());
-        }
-        let events = reports
-            .into_iter()
-            .map(|report| {
-                turn.event(EventMsg::ToolCallProgress(ToolCallProgressEvent {
-                    turn_id: turn.id().to_owned(),
-                    call_id: report.call_id,
-                    progress: report.progress,
-                    total: report.total,
-                    message: report.message.map(redact_owned),
-                }))
-            })
-            .collect();
-        self.recorder.append(events, None).await
     }
 
     /// Records that `call` starts, durably, before it runs: a restart then
@@ -410,4 +410,24 @@ impl Session {
         let write = self.checkpoint_write(vec![result], Some(&turn.execution));
         self.recorder.append(vec![completed], Some(write)).await
     }
+}
+
+/// Records progress reports as `tool_call_progress` events.
+async fn record_progress(recorder: &EventRecorder, turn: &Turn, reports: Vec<ToolProgress>) -> Result<()> {
+    if reports.is_empty() {
+        return Ok(());
+    }
+    let events = reports
+        .into_iter()
+        .map(|report| {
+            turn.event(EventMsg::ToolCallProgress(ToolCallProgressEvent {
+                turn_id: turn.id().to_owned(),
+                call_id: report.call_id,
+                progress: report.progress,
+                total: report.total,
+                message: report.message.map(redact_owned),
+            }))
+        })
+        .collect();
+    recorder.append(events, None).await
 }

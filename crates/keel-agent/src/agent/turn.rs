@@ -9,7 +9,6 @@
 //! interrupted in the middle of the calls.
 
 use std::collections::BTreeMap;
-use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
@@ -17,40 +16,20 @@ use futures::FutureExt;
 use tokio::time::Instant;
 
 use super::compaction::CompactEnd;
-use super::session::Session;
-use super::stream::{
-    CloseOnDrop, ClosedStream, MAX_STEP_OUTPUT_BYTES, MAX_STREAMED_TEXT_BYTES, StepStream, json_len, step_too_large,
-};
+use super::control::{ControlLane, During, Wake};
+use super::recovery::unanswered_calls;
+use super::session::{Session, Turn};
+use super::stream::{CloseOnDrop, ClosedStream, MAX_STEP_OUTPUT_BYTES, StepStream, json_len, step_too_large};
 use super::tool_phase::ToolsEnd;
-use keel_model::{ModelOutput, ModelRequest, ToolCall};
+use keel_model::{ModelOutput, ModelRequest};
 use keel_protocol::Result;
 use keel_protocol::{
     AbortReason, AssistantMessageEvent, CompactionReason, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, Op,
-    Submission, SubmissionRejectedEvent, TokenUsageEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent,
-    TurnRolledBackEvent, TurnStartedEvent, UserMessageEvent, WarningEvent, new_id, now_ms,
+    Submission, TokenUsageEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent, TurnRolledBackEvent,
+    TurnStartedEvent, UserMessageEvent, WarningEvent, new_id, now_ms,
 };
 use keel_secrets::{redact, redact_owned};
-use keel_store::{CheckpointStore, LastTurn, TurnExecution, walk_back};
-
-/// The identity and durable state of a running turn.
-pub(super) struct Turn {
-    pub(super) execution: TurnExecution,
-    /// The submission that started it; the turn's events carry its id.
-    pub(super) submission_id: String,
-}
-
-impl Turn {
-    pub(super) fn id(&self) -> &str {
-        &self.execution.turn_id
-    }
-
-    pub(super) fn event(&self, msg: EventMsg) -> Event {
-        Event {
-            submission_id: Some(self.submission_id.clone()),
-            msg,
-        }
-    }
-}
+use keel_store::{LastTurn, TurnExecution};
 
 /// How a model step ended.
 enum StepEnd {
@@ -337,16 +316,7 @@ impl Session {
     /// Calls the model once, streaming into a fresh sink, while watching for
     /// interrupts, flush deadlines and recorder congestion.
     async fn model_step(&mut self, turn: &Turn, step: u32) -> Result<(StepEnd, ClosedStream)> {
-        self.refresh_tools(turn).await?;
-        let call_index = self.checkpoint.model_calls;
-        self.checkpoint.model_calls += 1;
-        let started = turn.event(EventMsg::ModelStepStarted(ModelStepStartedEvent {
-            turn_id: turn.id().to_owned(),
-            step,
-        }));
-        let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
-        self.recorder.append(vec![started], Some(write)).await?;
-
+        let call_index = self.begin_step(turn, step).await?;
         let stream = StepStream::new(
             self.recorder.clone(),
             turn.id().to_owned(),
@@ -366,19 +336,22 @@ impl Session {
                 Ok(future) => AssertUnwindSafe(future).catch_unwind().boxed(),
                 Err(panic) => futures::future::ready(Err(panic)).boxed(),
             };
-        let (inbox, recorder, steering) = (&mut self.inbox, &self.recorder, &mut self.steering);
-        let mut control_open = true;
+        let recorder = &self.recorder;
+        let mut lane = ControlLane {
+            inbox: &mut self.inbox,
+            steering: &mut self.steering,
+            recorder,
+        };
         let end = loop {
             let congested = recorder.is_congested();
             let deadline = stream.flush_deadline();
             tokio::select! {
                 biased;
-                control = inbox.recv_control(), if control_open => match control {
-                    Some(submission) if interrupts(&submission.op, turn.id()) => break StepEnd::Interrupted(submission),
-                    Some(submission) if matches!(submission.op, Op::Steer { .. }) => steering.push(submission),
-                    Some(submission) => reject_stray_control(recorder, submission).await?,
-                    None => control_open = false,
-                },
+                submission = lane.recv() => {
+                    if let Some(Wake::Interrupted(by)) = lane.settle(submission, During::Turn(turn.id())).await? {
+                        break StepEnd::Interrupted(by);
+                    }
+                }
                 () = stream.woken() => {
                     if let Some(reason) = stream.saturation() {
                         break StepEnd::Saturated(reason);
@@ -418,6 +391,21 @@ impl Session {
             other => other,
         };
         Ok((end, closed))
+    }
+
+    /// Takes in the tools' changes and records that model step `step`
+    /// starts; returns the index of its model call.
+    async fn begin_step(&mut self, turn: &Turn, step: u32) -> Result<u64> {
+        self.refresh_tools(turn).await?;
+        let call_index = self.checkpoint.model_calls;
+        self.checkpoint.model_calls += 1;
+        let started = turn.event(EventMsg::ModelStepStarted(ModelStepStartedEvent {
+            turn_id: turn.id().to_owned(),
+            step,
+        }));
+        let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
+        self.recorder.append(vec![started], Some(write)).await?;
+        Ok(call_index)
     }
 
     /// Records what a completed model step produced. The last step (no tool
@@ -546,74 +534,6 @@ impl Session {
     }
 }
 
-/// The tool calls at the end of `transcript` that have no result yet, in
-/// order: those of the step a turn was in when it stopped.
-pub(super) fn unanswered_calls(transcript: &[TranscriptItem]) -> Vec<ToolCall> {
-    let answered: std::collections::HashSet<&str> = transcript
-        .iter()
-        .filter_map(|item| match item {
-            TranscriptItem::ToolResult { call_id, .. } => Some(call_id.as_str()),
-            _ => None,
-        })
-        .collect();
-    transcript
-        .iter()
-        .filter_map(|item| match item {
-            TranscriptItem::ToolCall {
-                call_id,
-                name,
-                arguments,
-            } if !answered.contains(call_id.as_str()) => Some(ToolCall {
-                call_id: call_id.clone(),
-                name: name.clone(),
-                arguments: arguments.clone(),
-            }),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The text the last model step of turn `turn_id` streamed before the
-/// runtime stopped, rebuilt from its recorded deltas, so that what the user
-/// saw joins the history (marked interrupted) like after an interrupt.
-/// `None` when that step completed (its text is in the history already),
-/// streamed nothing, or streamed more than a step keeps in memory.
-pub(super) async fn streamed_before_stop(
-    store: &dyn CheckpointStore,
-    session_id: &str,
-    turn_id: &str,
-) -> Result<Option<String>> {
-    // Newest first: the deltas after the turn's last `model_step_started`.
-    let mut parts: Vec<String> = Vec::new();
-    let mut bytes = 0usize;
-    let mut text = None;
-    walk_back(store, session_id, |event| {
-        if event.msg.turn_id() != Some(turn_id) {
-            return ControlFlow::Continue(());
-        }
-        match &event.msg {
-            EventMsg::AssistantContentDelta(delta) => {
-                bytes = bytes.saturating_add(delta.delta.len());
-                if bytes > MAX_STREAMED_TEXT_BYTES {
-                    return ControlFlow::Break(());
-                }
-                parts.push(delta.delta.clone());
-                ControlFlow::Continue(())
-            }
-            EventMsg::ModelStepStarted(_) => {
-                parts.reverse();
-                let joined = parts.concat();
-                text = (!joined.is_empty()).then_some(joined);
-                ControlFlow::Break(())
-            }
-            EventMsg::AssistantMessage(_) | EventMsg::TurnStarted(_) => ControlFlow::Break(()),
-            _ => ControlFlow::Continue(()),
-        }
-    })
-    .await?;
-    Ok(text)
-}
-
 /// The size of a step's output as JSON: its text, its reasoning items and
 /// its tool calls (ids, names, arguments).
 fn output_bytes(output: &ModelOutput) -> usize {
@@ -645,40 +565,12 @@ impl std::io::Write for ByteCount {
     }
 }
 
-/// Records that a control op aimed at another turn will not be acted on.
-pub(super) async fn reject_stray_control(
-    recorder: &super::recorder::EventRecorder,
-    submission: Submission,
-) -> Result<()> {
-    let reason = match &submission.op {
-        Op::Approval { call_id, .. } => format!("no tool call {call_id} is waiting for approval"),
-        op => format!("turn {} is not running", interrupt_target(op)),
-    };
-    let rejected = Event {
-        submission_id: Some(submission.id),
-        msg: EventMsg::SubmissionRejected(SubmissionRejectedEvent { reason }),
-    };
-    recorder.append(vec![rejected], None).await
-}
-
 /// An `error` event; its text is redacted (see [`keel_secrets`]).
 fn error_msg(turn_id: &str, message: &str) -> EventMsg {
     EventMsg::Error(ErrorEvent {
         turn_id: Some(turn_id.to_owned()),
         message: redact(message).into_owned(),
     })
-}
-
-/// Whether an op interrupts the turn `turn_id`.
-pub(super) fn interrupts(op: &Op, turn_id: &str) -> bool {
-    matches!(op, Op::Interrupt { turn_id: None }) || matches!(op, Op::Interrupt { turn_id: Some(id) } if id == turn_id)
-}
-
-fn interrupt_target(op: &Op) -> &str {
-    match op {
-        Op::Interrupt { turn_id: Some(id) } => id,
-        _ => "(none)",
-    }
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {

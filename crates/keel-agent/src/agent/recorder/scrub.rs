@@ -17,7 +17,7 @@
 //! Only a `submission_queued` event is stored as it is: it is the client's
 //! submission, replayed after a crash, and must run as it was sent.
 
-use super::{Command, PendingEvent};
+use super::command::{Command, PendingEvent};
 use keel_protocol::{AssistantContentDeltaEvent, Event, EventMsg, ReasoningDeltaEvent, TranscriptItem};
 use keel_secrets::{StreamRedactor, json_may_need_redaction, redact_in_place, redact_value};
 use keel_store::{CheckpointWrite, EncodedEvent};
