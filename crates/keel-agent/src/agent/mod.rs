@@ -55,8 +55,8 @@ pub use keel_model::{
 pub use keel_protocol::*;
 pub use keel_protocol::{Error, Result};
 pub use keel_store::{
-    Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, SessionContext, SessionState,
-    SqliteCheckpoint, StoreError,
+    Checkpoint, CheckpointStore, CheckpointStoreExt, CheckpointWrite, EventPage, EventPageRequest, Lease, LeaseStore,
+    SessionContext, SessionState, SqliteCheckpoint, StoreError,
 };
 use keel_tools::{ApprovalRules, ToolSet};
 
@@ -112,6 +112,10 @@ pub struct AgentConfig {
     /// session; a session another node holds is then refused with
     /// [`StoreError::Owned`]. `None` takes the session over whoever held it.
     pub lease_owner: Option<LeaseOwner>,
+    /// The session's lease when the host claimed it already: the session
+    /// writes under it and claims nothing (`lease_owner` then only says who
+    /// renews it). `None` takes one as `lease_owner` says.
+    pub lease: Option<Lease>,
 }
 
 impl AgentConfig {
@@ -133,6 +137,7 @@ impl AgentConfig {
             startup_warnings: Vec::new(),
             context_limits: None,
             lease_owner: None,
+            lease: None,
         }
     }
 }
@@ -147,13 +152,13 @@ pub struct Agent {
     events: mpsc::Receiver<RecordedEvent>,
     task: JoinHandle<Result<()>>,
     handle: SessionHandle,
-    lease: u64,
+    lease: Lease,
 }
 
 impl Agent {
-    /// The lease epoch the session writes under: what a node renews.
-    pub fn lease(&self) -> u64 {
-        self.lease
+    /// The lease the session writes under: what a node renews.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
     }
 
     /// The session's id.
@@ -236,6 +241,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         startup_warnings,
         context_limits,
         lease_owner,
+        lease: held_lease,
     } = config;
     let context_limits = context_limits.or_else(|| model.context_limits());
     if session_id.is_empty() || session_id.len() > MAX_SESSION_ID_BYTES || session_id.chars().any(char::is_control) {
@@ -252,33 +258,34 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
     // Take the session over before reading it: from here on, a runtime that
     // still holds it (one that was dropped and is finishing its queue, or
     // another process) cannot write into it, so what is read stays true.
-    let (lease, state, resumed) = match take_lease(store.as_ref(), &session_id, lease_owner.as_ref()).await {
-        Ok(lease) => {
-            let state = store.load(&session_id).await?;
-            let state = state.ok_or_else(|| Error::Checkpoint(StoreError::UnknownSession(session_id.clone())))?;
-            (lease, state, true)
-        }
-        Err(StoreError::UnknownSession(_)) => {
-            let checkpoint = Checkpoint {
-                session_context,
-                ..Checkpoint::empty(session_id.clone())
-            };
-            store.save(&checkpoint, &[], None).await?;
-            let lease = take_lease(store.as_ref(), &session_id, lease_owner.as_ref()).await?;
-            (
-                lease,
-                SessionState {
-                    checkpoint,
-                    transcript: Vec::new(),
-                    execution: None,
-                    last_sequence: 0,
-                    queued: Vec::new(),
-                },
-                false,
-            )
-        }
-        Err(error) => return Err(error.into()),
-    };
+    let (lease, state, resumed) =
+        match take_lease(store.as_ref(), &session_id, held_lease.as_ref(), lease_owner.as_ref()).await {
+            Ok(lease) => {
+                let state = store.load(&session_id).await?;
+                let state = state.ok_or_else(|| Error::Checkpoint(StoreError::UnknownSession(session_id.clone())))?;
+                (lease, state, true)
+            }
+            Err(StoreError::UnknownSession(_)) => {
+                let checkpoint = Checkpoint {
+                    session_context,
+                    ..Checkpoint::empty(session_id.clone())
+                };
+                store.save(&checkpoint, &[], None).await?;
+                let lease = take_lease(store.as_ref(), &session_id, held_lease.as_ref(), lease_owner.as_ref()).await?;
+                (
+                    lease,
+                    SessionState {
+                        checkpoint,
+                        transcript: Vec::new(),
+                        execution: None,
+                        last_sequence: 0,
+                        queued: Vec::new(),
+                    },
+                    false,
+                )
+            }
+            Err(error) => return Err(error.into()),
+        };
     let SessionState {
         checkpoint,
         transcript,
@@ -287,7 +294,7 @@ pub async fn create_agent(config: AgentConfig) -> Result<Agent> {
         ..
     } = state;
     let options = RecorderOptions {
-        lease: Some(lease),
+        lease: Some(lease.epoch),
         ..RecorderOptions::default()
     };
     let (recorder, events) = EventRecorder::spawn_with(Arc::clone(&store), session_id.clone(), options);
