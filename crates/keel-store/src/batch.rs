@@ -64,7 +64,7 @@ pub struct AppendBatch {
     /// A checkpoint write, for a session that must already exist.
     pub checkpoint: Option<CheckpointWrite>,
     /// The lease of the writer (see [`crate::CheckpointStore::acquire`]); when set,
-    /// the batch is refused with [`StoreError::Fenced`] if the session has
+    /// the batch is refused with [`crate::StoreError::Fenced`] if the session has
     /// been taken over since.
     pub lease: Option<u64>,
 }

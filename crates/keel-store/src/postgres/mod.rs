@@ -139,18 +139,18 @@ impl PostgresCheckpoint {
     }
 
     /// Listens for log notifications on a connection of its own: one
-    /// [`LogNotice::Log`] (session id and newest sequence, never events)
+    /// [`crate::LogNotice::Log`] (session id and newest sequence, never events)
     /// for each commit that appends to a session, made by any store on this
     /// database, in any process. Returns once listening, so any commit after
     /// this call is noticed. The listener reconnects by itself after a lost
-    /// connection and then yields [`LogNotice::Resync`].
+    /// connection and then yields [`crate::LogNotice::Resync`].
     pub async fn listen(&self) -> Result<NoticeListener, StoreError> {
         self.listen_with_capacity(NOTICE_BUFFER).await
     }
 
     /// [`Self::listen`] with room for `capacity` notices (at least 1)
     /// waiting for the consumer: past that, notices are dropped and the
-    /// listener yields [`LogNotice::Resync`] once there is room again.
+    /// listener yields [`crate::LogNotice::Resync`] once there is room again.
     pub async fn listen_with_capacity(&self, capacity: usize) -> Result<NoticeListener, StoreError> {
         if self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).is_none() {
             return Err(StoreError::Closed);
