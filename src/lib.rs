@@ -51,4 +51,4 @@ pub use keel_tools as tools;
 pub use keel_agent::{Agent, AgentConfig, create_agent};
 pub use keel_model::Model;
 pub use keel_protocol::{Error, Event, EventMsg, Op, RecordedEvent, Result};
-pub use keel_store::CheckpointStore;
+pub use keel_store::{CheckpointStore, CheckpointStoreExt};

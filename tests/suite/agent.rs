@@ -11,7 +11,7 @@ use keel::agent::{AgentConfig, ModelEvent, ModelOutput, StreamingOptions};
 use keel::agent::{BoxFuture, EventPageRequest};
 use keel::protocol::*;
 use keel::store::{
-    AppendBatch, AppendReceipt, Checkpoint, EventPage, KeyedSubmission, SessionListPage, SessionState, SessionSummary,
+    AppendReceipt, Checkpoint, EventPage, KeyedSubmission, SessionListPage, SessionState, SessionSummary,
     SqliteCheckpoint, StoreError, TurnExecution,
 };
 use keel::{CheckpointStore, Error};
@@ -1256,15 +1256,15 @@ impl CheckpointStore for FailingStore {
         self.inner.load(session_id)
     }
 
-    fn append<'a>(
+    fn append_open<'a>(
         &'a self,
         session_id: &'a str,
-        batch: AppendBatch,
+        batch: Arc<keel::store::OpenBatch>,
     ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
         if self.appends.fetch_add(1, Ordering::SeqCst) >= self.fail_after {
             return Box::pin(async { Err(StoreError::Full("injected: no space left on device".into())) });
         }
-        self.inner.append(session_id, batch)
+        self.inner.append_open(session_id, batch)
     }
 
     fn acquire<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
@@ -1279,9 +1279,6 @@ impl CheckpointStore for FailingStore {
         self.inner.event_page(session_id, request)
     }
 
-    fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionSummary>, StoreError>> {
-        self.inner.list_sessions(limit)
-    }
     fn list_sessions_page<'a>(
         &'a self,
         cursor: Option<&'a str>,
@@ -1310,6 +1307,47 @@ impl CheckpointStore for FailingStore {
         idempotency_key: &'a str,
     ) -> BoxFuture<'a, Result<Option<KeyedSubmission>, StoreError>> {
         self.inner.keyed_submission(session_id, idempotency_key)
+    }
+
+    fn low_on_space(&self) -> Option<String> {
+        self.inner.low_on_space()
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        CheckpointStore::close(self.inner.as_ref())
+    }
+
+    fn create<'a>(
+        &'a self,
+        checkpoint: &'a keel::store::Checkpoint,
+        history: &'a [keel::protocol::TranscriptItem],
+        events: Vec<keel::store::EncodedEvent>,
+    ) -> BoxFuture<'a, Result<keel::store::AppendReceipt, StoreError>> {
+        self.inner.create(checkpoint, history, events)
+    }
+
+    fn history_until<'a>(
+        &'a self,
+        session_id: &'a str,
+        at_sequence: u64,
+    ) -> BoxFuture<'a, Result<Option<Vec<keel::protocol::TranscriptItem>>, StoreError>> {
+        self.inner.history_until(session_id, at_sequence)
+    }
+
+    fn sessions_with_work<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.sessions_with_work(after, limit)
+    }
+
+    fn edit_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        edit: keel::store::SessionEdit<'a>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.edit_session(session_id, edit)
     }
 }
 

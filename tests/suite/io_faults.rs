@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use keel::agent::SubmitOptions;
 use keel::protocol::{Event, EventMsg, WarningEvent};
+use keel::store::CheckpointStoreExt;
 use keel::store::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, EncodedEvent, SqliteCheckpoint, SqliteOptions, StoreError,
 };

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use keel::protocol::{Event, EventMsg, WarningEvent};
+use keel::store::CheckpointStoreExt;
 use keel::store::{
     AppendBatch, Checkpoint, CheckpointStore, EncodedEvent, EventPageRequest, MAX_EVENT_PAGE, SqliteCheckpoint,
 };

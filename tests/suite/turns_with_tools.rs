@@ -461,6 +461,7 @@ async fn no_tool_call_starts_under_a_lease_that_may_have_lapsed() {
         node: "node-a".into(),
         ttl,
         clock: clock.clone(),
+        leases: store.clone(),
     });
     let mut agent = start_with(config.clone()).await;
     agent.sender().submit(user("count")).expect("submit");
@@ -499,6 +500,7 @@ async fn no_tool_call_starts_under_a_lease_that_may_have_lapsed() {
         node: "node-a".into(),
         ttl,
         clock: keel::agent::LeaseClock::new(),
+        leases: store.clone(),
     });
     let mut agent = start_with(reopened).await;
     let events = read_turn(&mut agent).await;

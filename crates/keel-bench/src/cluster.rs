@@ -177,6 +177,7 @@ impl Node {
             lease_ttl: DEFAULT_LEASE_TTL,
             // Sealed, as a cluster serving a token is.
             relay_key: Some(keel_server::RelayKey::derive(b"keel bench cluster")),
+            store: store.clone(),
             listener: notices,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_error)?;

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use keel_protocol::{Error, Result};
-use keel_store::{
-    CheckpointStore, PostgresCheckpoint, PostgresOptions, SqliteCheckpoint, SqliteOptions, Synchronous, WriterStats,
-};
+use keel_store::{Backend, CheckpointStore, Location, OpenOptions, StoreError, Synchronous, WriterStats};
 
 use super::stats::sqlite_bytes_on_disk;
 
@@ -26,13 +24,12 @@ pub enum BenchDatabase {
 }
 
 impl BenchDatabase {
-    /// A `postgres://` or `postgresql://` URL is PostgreSQL; any other
-    /// value a SQLite file.
+    /// What the store names it ([`Location::parse`]): a PostgreSQL URL or
+    /// connection string, or else a SQLite file.
     pub fn parse(value: &str) -> Self {
-        if value.starts_with("postgres://") || value.starts_with("postgresql://") {
-            Self::Postgres(value.to_owned())
-        } else {
-            Self::SqliteFile(PathBuf::from(value))
+        match Location::parse(value) {
+            Location::Postgres(url) => Self::Postgres(url),
+            Location::Sqlite(path) => Self::SqliteFile(path),
         }
     }
 
@@ -59,13 +56,10 @@ pub(crate) enum Grouping {
 pub(crate) struct BenchStore {
     store: Arc<dyn CheckpointStore>,
     backend: Backend,
+    /// The SQLite file, for its size on disk.
+    path: Option<PathBuf>,
     /// Holds the temporary SQLite file until the run ends.
     _scratch: Option<tempfile::TempDir>,
-}
-
-enum Backend {
-    Sqlite(Arc<SqliteCheckpoint>, PathBuf),
-    Postgres(Arc<PostgresCheckpoint>),
 }
 
 impl BenchStore {
@@ -76,37 +70,33 @@ impl BenchStore {
         synchronous: Synchronous,
         grouping: Grouping,
     ) -> Result<Self> {
-        let (path, scratch) = match database {
-            BenchDatabase::Postgres(url) => {
-                let options = PostgresOptions {
-                    per_event: grouping == Grouping::OneJobPerTransaction,
-                    ..PostgresOptions::default()
-                };
-                let postgres = Arc::new(PostgresCheckpoint::connect(url, options).await?);
-                return Ok(Self {
-                    store: postgres.clone(),
-                    backend: Backend::Postgres(postgres),
-                    _scratch: None,
-                });
-            }
-            BenchDatabase::SqliteFile(path) => (path.clone(), None),
+        let (location, scratch) = match database {
+            BenchDatabase::Postgres(url) => (Location::Postgres(url.clone()), None),
+            BenchDatabase::SqliteFile(path) => (Location::Sqlite(path.clone()), None),
             BenchDatabase::Sqlite => {
                 let scratch =
                     tempfile::tempdir().map_err(|error| Error::Config(format!("cannot create a temp dir: {error}")))?;
-                (scratch.path().join(name), Some(scratch))
+                (Location::Sqlite(scratch.path().join(name)), Some(scratch))
             }
         };
-        let mut options = SqliteOptions {
-            synchronous,
-            ..SqliteOptions::default()
-        };
-        if grouping == Grouping::OneJobPerTransaction {
-            options.max_jobs_per_commit = 1;
+        let one_per_transaction = grouping == Grouping::OneJobPerTransaction;
+        let mut options = OpenOptions::default();
+        options.sqlite.synchronous = synchronous;
+        if one_per_transaction {
+            options.sqlite.max_jobs_per_commit = 1;
         }
-        let sqlite = Arc::new(SqliteCheckpoint::open(&path, options).await?);
+        options.postgres.per_event = one_per_transaction;
+        let opened = keel_store::open_at(&location, options)
+            .await
+            .map_err(StoreError::from)?;
+        let path = match location {
+            Location::Sqlite(path) => Some(path),
+            Location::Postgres(_) => None,
+        };
         Ok(Self {
-            store: sqlite.clone(),
-            backend: Backend::Sqlite(sqlite, path),
+            store: opened.store,
+            backend: opened.backend,
+            path,
             _scratch: scratch,
         })
     }
@@ -119,7 +109,7 @@ impl BenchStore {
     /// The writer's counters so far.
     pub(crate) fn stats(&self) -> WriterStats {
         match &self.backend {
-            Backend::Sqlite(sqlite, _) => sqlite.writer_stats(),
+            Backend::Sqlite(sqlite) => sqlite.writer_stats(),
             Backend::Postgres(postgres) => postgres.stats(),
         }
     }
@@ -127,10 +117,7 @@ impl BenchStore {
     /// Bytes the SQLite database takes on disk (its WAL included); 0 for
     /// PostgreSQL, whose files are the server's.
     pub(crate) fn bytes_on_disk(&self) -> u64 {
-        match &self.backend {
-            Backend::Sqlite(_, path) => sqlite_bytes_on_disk(path),
-            Backend::Postgres(_) => 0,
-        }
+        self.path.as_deref().map_or(0, sqlite_bytes_on_disk)
     }
 
     /// Closes the store once the run is over.

@@ -46,7 +46,7 @@ use self::nodes::{Addresses, Node, NodeSpec, keep, setup};
 use keel_protocol::RecordedEvent;
 use keel_protocol::Result;
 use keel_store::postgres::local::TestPostgres;
-use keel_store::{CheckpointStore, MAX_EVENT_PAGE, PostgresCheckpoint, PostgresOptions, SqliteCheckpoint};
+use keel_store::{CheckpointStore, MAX_EVENT_PAGE, StoreError};
 
 /// How long, after the last fault, every acknowledged submission gets to be
 /// acted on before it counts as stranded.
@@ -504,14 +504,11 @@ async fn terminate_connections(url: &str) -> Result<()> {
     Ok(())
 }
 
-async fn open_store(db: &str) -> Result<Box<dyn CheckpointStore>> {
-    if db.starts_with("postgres://") {
-        Ok(Box::new(
-            PostgresCheckpoint::connect(db, PostgresOptions::default()).await?,
-        ))
-    } else {
-        Ok(Box::new(SqliteCheckpoint::new(db)?))
-    }
+async fn open_store(db: &str) -> Result<Arc<dyn CheckpointStore>> {
+    let opened = keel_store::open(db, keel_store::OpenOptions::default())
+        .await
+        .map_err(StoreError::from)?;
+    Ok(opened.store)
 }
 
 /// A session's whole stored log.

@@ -64,7 +64,7 @@ use keel_agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};
 use keel_agent::{LeaseClock, LeaseOwner};
 use keel_config::KeelConfig;
 use keel_store::CheckpointStore;
-use keel_store::NoticeListener;
+use keel_store::{ClusterStore, NoticeListener};
 
 /// The default limit on a request body.
 pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
@@ -134,7 +134,6 @@ pub struct ServerConfig {
 }
 
 /// A node's settings when several share one database.
-#[derive(Debug)]
 pub struct ClusterConfig {
     /// This node's id, unique among the live nodes (it owns leases).
     pub node_id: String,
@@ -145,9 +144,23 @@ pub struct ClusterConfig {
     /// (see [`RelayKey`]); `None` derives it from `token` when there is
     /// one, and otherwise nothing is sealed or checked.
     pub relay_key: Option<RelayKey>,
+    /// The store's several-node part, on the database of
+    /// [`ServerConfig::store`] (the same store, seen as shared).
+    pub store: Arc<dyn ClusterStore>,
     /// The database's notices (log commits, relayed submissions, released
     /// sessions), listened to from before the server starts.
     pub listener: NoticeListener,
+}
+
+impl std::fmt::Debug for ClusterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterConfig")
+            .field("node_id", &self.node_id)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("relay_key", &self.relay_key)
+            .field("listener", &self.listener)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The lease time to live of a node by default.
@@ -306,6 +319,7 @@ pub async fn serve(
                 node: cluster.node_id,
                 ttl: cluster.lease_ttl,
                 clock: LeaseClock::default(),
+                leases: cluster.store.clone(),
             };
             // Without a key of its own, a cluster whose API asks for a
             // token seals with a key derived from it: every node checks it.
@@ -318,7 +332,12 @@ pub async fn serve(
                     "relayed submissions are not sealed: this node has no --token-file or --cluster-key-file"
                 );
             }
-            (Some((owner, relay_key)), Some(cluster.listener))
+            let node = host::Node {
+                owner,
+                store: cluster.store,
+                relay_key,
+            };
+            (Some(node), Some(cluster.listener))
         }
         None => (None, None),
     };

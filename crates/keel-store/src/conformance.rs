@@ -18,9 +18,9 @@ use std::time::Duration;
 use futures::future::join_all;
 
 use crate::{
-    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage,
-    EventPageRequest, MAX_EVENT_PAGE, SessionContext, SessionListPage, SessionState, SessionSummary, StoreError,
-    TurnExecution,
+    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointStoreExt, CheckpointWrite, EncodedEvent,
+    EventPage, EventPageRequest, LeaseStore, MAX_EVENT_PAGE, SessionContext, SessionListPage, SessionState,
+    SessionSummary, StoreError, TurnExecution,
 };
 use keel_protocol::{
     AbortReason, AssistantContentDeltaEvent, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, RecordedEvent,
@@ -45,7 +45,7 @@ pub(crate) trait StoreFactory {
     /// temporary directory, a database on a test server).
     type Database;
     /// The store under test.
-    type Store: CheckpointStore;
+    type Store: CheckpointStore + LeaseStore;
 
     /// Whether the backend can be tested here. A backend that needs a
     /// server it cannot start says so (loudly) and returns `false`; its

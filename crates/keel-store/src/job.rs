@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::{AppendReceipt, CheckpointWrite, EncodedEvent, OpenBatch, StoreError};
+use super::{AppendReceipt, CheckpointWrite, EncodedEvent, OpenBatch, SessionEdit, StoreError};
 
 /// A write waiting for a writer.
 pub(crate) enum Job {
@@ -37,6 +37,30 @@ pub(crate) enum Job {
         title: String,
         reply: Reply,
     },
+}
+
+impl Job {
+    /// The job that applies `edit` to `session_id`.
+    pub(crate) fn edit(session_id: &str, edit: SessionEdit<'_>, reply: Reply) -> Self {
+        let session_id = session_id.to_owned();
+        match edit {
+            SessionEdit::Rename { title } => Job::Rename {
+                session_id,
+                title: title.to_owned(),
+                reply,
+            },
+            SessionEdit::Delete => Job::Delete { session_id, reply },
+        }
+    }
+}
+
+/// What an edit's outcome says: whether the session existed.
+pub(crate) fn existed(outcome: Result<Written, StoreError>) -> Result<bool, StoreError> {
+    match outcome {
+        Ok(_) => Ok(true),
+        Err(StoreError::UnknownSession(_)) => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 /// Where a job's outcome goes.

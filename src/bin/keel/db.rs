@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use keel::store::NoticeListener;
-use keel::store::{CheckpointStore, ServeLock, SharedHold, SqliteCheckpoint, SqliteOptions, StoreError};
-use keel::store::{PostgresCheckpoint, PostgresHold, PostgresOptions};
+pub(crate) use keel::store::Location;
+use keel::store::{Backend, CheckpointStore, ClusterStore, NoticeListener, OpenOptions, SqliteOptions};
+use keel::store::{PostgresHold, ServeLock, SharedHold, StoreError};
 
 /// Where the database is.
 #[derive(Args, Debug, Clone)]
@@ -29,41 +29,6 @@ pub(crate) struct DbArgs {
     #[arg(long, env = "KEEL_STORE_RESERVE_MB", value_name = "MIB",
           default_value_t = keel::store::sqlite::DEFAULT_RESERVE_BYTES / (1024 * 1024))]
     store_reserve_mb: u64,
-}
-
-/// A database, by kind.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Location {
-    /// A SQLite file.
-    Sqlite(PathBuf),
-    /// A PostgreSQL connection URL.
-    Postgres(String),
-}
-
-impl std::fmt::Display for Location {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Location::Sqlite(path) => write!(f, "{}", path.display()),
-            // The URL may carry a password.
-            Location::Postgres(url) => write!(f, "{}", keel::store::redact_postgres_url(url)),
-        }
-    }
-}
-
-/// libpq's keywords that start a `key=value` connection string.
-const POSTGRES_KEYWORDS: [&str; 7] = ["host", "hostaddr", "port", "dbname", "user", "password", "service"];
-
-/// Whether `given` names a PostgreSQL database: a `postgres://` or
-/// `postgresql://` URL, or a `key=value` string whose first key is one of
-/// libpq's (`host=… dbname=…`); anything else is a SQLite file.
-fn is_postgres(given: &str) -> bool {
-    if given.starts_with("postgres://") || given.starts_with("postgresql://") {
-        return true;
-    }
-    given
-        .trim_start()
-        .split_once('=')
-        .is_some_and(|(key, _)| POSTGRES_KEYWORDS.contains(&key.trim()))
 }
 
 /// Warns, once, when the PostgreSQL connection string carrying a password
@@ -114,17 +79,18 @@ impl DbArgs {
     /// PostgreSQL, anything else a SQLite file.
     pub(crate) fn location(&self) -> anyhow::Result<Location> {
         match &self.db {
-            Some(given) => Ok(match given.to_str() {
-                Some(url) if is_postgres(url) => {
-                    warn_if_password_in_arguments(url);
+            Some(given) => Ok(match given.to_str().map(Location::parse) {
+                Some(Location::Postgres(url)) => {
+                    warn_if_password_in_arguments(&url);
                     // Its Unix socket directory, if it connects through one:
                     // no sandboxed command may reach the database there.
-                    for directory in keel::store::postgres::socket_directories(url) {
+                    for directory in keel::store::postgres::socket_directories(&url) {
                         keel::tools::workspace::sandbox::cover_socket_directory(&directory);
                     }
-                    Location::Postgres(url.to_owned())
+                    Location::Postgres(url)
                 }
-                _ => Location::Sqlite(given.clone()),
+                Some(sqlite) => sqlite,
+                None => Location::Sqlite(given.clone()),
             }),
             None => {
                 let data = dirs::data_dir().context("no per-user data directory; pass --db or set KEEL_DB")?;
@@ -149,46 +115,57 @@ impl DbArgs {
     /// `create` is set. A PostgreSQL database must exist; its schema is
     /// created or brought up to date.
     pub(crate) async fn open(&self, create: bool) -> anyhow::Result<Arc<dyn CheckpointStore>> {
-        match self.location()? {
-            Location::Sqlite(path) => {
-                if !path.exists() {
-                    if !create {
-                        anyhow::bail!("no database at {}", path.display());
-                    }
-                    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-                        std::fs::create_dir_all(parent)
-                            .with_context(|| format!("cannot create {}", parent.display()))?;
-                    }
-                }
-                let options = SqliteOptions {
-                    reserve_bytes: self.store_reserve_mb.saturating_mul(1024 * 1024),
-                    ..SqliteOptions::default()
-                };
-                let store = SqliteCheckpoint::open(&path, options).await?;
-                // It holds every session's conversation: no sandboxed
-                // command of any session may read it. Nor may one shrink
-                // or delete the space reserve beside it.
-                keel::tools::workspace::sandbox::protect_all(keel::store::sqlite::database_files(&path));
-                keel::tools::workspace::sandbox::protect(store.space_reserve().path());
-                Ok(Arc::new(store))
-            }
-            Location::Postgres(url) => Ok(Arc::new(
-                PostgresCheckpoint::connect(&url, PostgresOptions::default()).await?,
-            )),
-        }
+        Ok(self.open_store(create).await?.store)
     }
 
-    /// Opens the database for `keel serve`: on PostgreSQL, with the
-    /// listener that makes the server one node among several.
-    pub(crate) async fn open_for_serving(&self) -> anyhow::Result<(Arc<dyn CheckpointStore>, Option<NoticeListener>)> {
-        match self.location()? {
-            Location::Sqlite(_) => Ok((self.open(true).await?, None)),
-            Location::Postgres(url) => {
-                let store = PostgresCheckpoint::connect(&url, PostgresOptions::default()).await?;
-                let listener = store.listen().await?;
-                Ok((Arc::new(store), Some(listener)))
+    async fn open_store(&self, create: bool) -> anyhow::Result<keel::store::OpenedStore> {
+        let location = self.location()?;
+        if let Location::Sqlite(path) = &location
+            && !path.exists()
+        {
+            if !create {
+                anyhow::bail!("no database at {}", path.display());
+            }
+            if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
             }
         }
+        let options = OpenOptions {
+            sqlite: SqliteOptions {
+                reserve_bytes: self.store_reserve_mb.saturating_mul(1024 * 1024),
+                ..SqliteOptions::default()
+            },
+            ..OpenOptions::default()
+        };
+        let opened = keel::store::open_at(&location, options).await?;
+        if let (Location::Sqlite(path), Backend::Sqlite(store)) = (&location, &opened.backend) {
+            // It holds every session's conversation: no sandboxed
+            // command of any session may read it. Nor may one shrink
+            // or delete the space reserve beside it.
+            keel::tools::workspace::sandbox::protect_all(keel::store::sqlite::database_files(path));
+            keel::tools::workspace::sandbox::protect(store.space_reserve().path());
+        }
+        Ok(opened)
+    }
+
+    /// Opens the database for `keel serve`: on a database several nodes
+    /// share (PostgreSQL), with its several-node part and the listener
+    /// that makes the server one node among several.
+    pub(crate) async fn open_for_serving(
+        &self,
+    ) -> anyhow::Result<(
+        Arc<dyn CheckpointStore>,
+        Option<(Arc<dyn ClusterStore>, NoticeListener)>,
+    )> {
+        let opened = self.open_store(true).await?;
+        let cluster = match opened.cluster {
+            Some(cluster) => {
+                let listener = cluster.listen().await?;
+                Some((cluster, listener))
+            }
+            None => None,
+        };
+        Ok((opened.store, cluster))
     }
 
     /// A shared hold on the database for a command that opens sessions

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use keel::protocol::{EventMsg, RecordedEvent};
-use keel::store::{EventPageRequest, StoreError};
+use keel::store::{CheckpointStoreExt, EventPageRequest, StoreError};
 
 use crate::db::DbArgs;
 use crate::print_line;

@@ -183,15 +183,16 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "refusing to listen on {address} without a token: pass --token-file FILE (or listen on 127.0.0.1)"
         );
     }
-    let (store, notices) = args.db.open_for_serving().await?;
+    let (store, cluster) = args.db.open_for_serving().await?;
 
     let mut config = ServerConfig::new(store);
-    if let Some(listener) = notices {
+    if let Some((cluster_store, listener)) = cluster {
         eprintln!("keel serve is node {node_id} (leases of {} ms)", args.lease_ttl_ms);
         config.cluster = Some(ClusterConfig {
             node_id,
             lease_ttl: Duration::from_millis(args.lease_ttl_ms),
             relay_key,
+            store: cluster_store,
             listener,
         });
     }

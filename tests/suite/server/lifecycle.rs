@@ -238,6 +238,7 @@ async fn an_accepted_submission_survives_kill_9_and_runs_after_the_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_stored_for_an_idle_session_runs_at_the_next_start_without_a_request() {
     use keel::protocol::{Event, Op, SubmissionQueuedEvent};
+    use keel::store::CheckpointStoreExt;
     use keel::store::{AppendBatch, CheckpointStore, EncodedEvent, SqliteCheckpoint};
 
     let scratch = Scratch::new();

@@ -1,5 +1,6 @@
-//! A node's lease on a session, when several nodes share one database: who
-//! claims it, for how long, and when it was last known to be renewed.
+//! How a session's runtime comes by its [`Lease`]: handed down by the host
+//! that claimed it, claimed here for a node, or taken over in one process;
+//! and, with several nodes, who renews it and when it was last renewed.
 //!
 //! Writes are fenced by the store (a stale epoch is refused in the
 //! committing transaction), but a tool's side effect is not a write: a node
@@ -11,12 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use keel_store::{CheckpointStore, StoreError};
+use keel_store::{CheckpointStore, Lease, LeaseStore, StoreError};
 
-/// A node's claim on the sessions it runs: the session is taken with an
-/// owned lease ([`CheckpointStore::claim`]) that the node renews, instead
-/// of unconditionally ([`CheckpointStore::acquire`]).
-#[derive(Debug, Clone)]
+/// The node that holds a session's [`Lease`] and renews it: a session it
+/// creates is claimed for it ([`LeaseStore::claim`]) instead of taken over
+/// unconditionally ([`CheckpointStore::acquire`]), and no tool call starts
+/// once the lease may have lapsed.
+#[derive(Clone)]
 pub struct LeaseOwner {
     /// The node's id, unique among the live nodes.
     pub node: String,
@@ -25,6 +27,18 @@ pub struct LeaseOwner {
     /// When this session's lease was last known to be renewed; the node
     /// that renews it moves it on ([`LeaseClock::renewed_at`]).
     pub clock: LeaseClock,
+    /// Where the node's leases are claimed: the store the session is in.
+    pub leases: Arc<dyn LeaseStore>,
+}
+
+impl std::fmt::Debug for LeaseOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseOwner")
+            .field("node", &self.node)
+            .field("ttl", &self.ttl)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Of a lease's time to live, the part within which a tool call may still
@@ -77,15 +91,22 @@ impl Default for LeaseClock {
     }
 }
 
-/// Takes the session over: claimed for `owner`, or acquired.
+/// The session's lease: the one its host claimed and handed down (`held`),
+/// or else claimed here for `owner`, or else taken over in one process.
 pub(super) async fn take_lease(
     store: &dyn CheckpointStore,
     session_id: &str,
+    held: Option<&Lease>,
     owner: Option<&LeaseOwner>,
-) -> Result<u64, StoreError> {
-    match owner {
-        Some(owner) => store.claim(session_id, &owner.node, owner.ttl).await,
-        None => store.acquire(session_id).await,
+) -> Result<Lease, StoreError> {
+    match (held, owner) {
+        (Some(lease), _) if lease.session_id == session_id => Ok(lease.clone()),
+        (Some(lease), _) => Err(StoreError::Invalid(format!(
+            "a lease on session '{}' was handed to session '{session_id}'",
+            lease.session_id
+        ))),
+        (None, Some(owner)) => Lease::claim(owner.leases.as_ref(), session_id, &owner.node, owner.ttl).await,
+        (None, None) => Lease::take_over(store, session_id).await,
     }
 }
 

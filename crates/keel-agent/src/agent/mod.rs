@@ -65,8 +65,8 @@ pub use keel_model::{
 pub use keel_protocol::*;
 pub use keel_protocol::{Error, Result};
 pub use keel_store::{
-    Checkpoint, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, SessionContext, SessionState,
-    SqliteCheckpoint, StoreError,
+    Checkpoint, CheckpointStore, CheckpointStoreExt, CheckpointWrite, EventPage, EventPageRequest, Lease, LeaseStore,
+    SessionContext, SessionState, SqliteCheckpoint, StoreError,
 };
 use keel_tools::{ApprovalRules, ToolSet};
 
@@ -122,6 +122,10 @@ pub struct AgentConfig {
     /// session; a session another node holds is then refused with
     /// [`StoreError::Owned`]. `None` takes the session over whoever held it.
     pub lease_owner: Option<LeaseOwner>,
+    /// The session's lease when the host claimed it already: the session
+    /// writes under it and claims nothing (`lease_owner` then only says who
+    /// renews it). `None` takes one as `lease_owner` says.
+    pub lease: Option<Lease>,
 }
 
 impl AgentConfig {
@@ -143,6 +147,7 @@ impl AgentConfig {
             startup_warnings: Vec::new(),
             context_limits: None,
             lease_owner: None,
+            lease: None,
         }
     }
 }
@@ -157,13 +162,13 @@ pub struct Agent {
     events: mpsc::Receiver<RecordedEvent>,
     task: JoinHandle<Result<()>>,
     handle: SessionHandle,
-    lease: u64,
+    lease: Lease,
 }
 
 impl Agent {
-    /// The lease epoch the session writes under: what a node renews.
-    pub fn lease(&self) -> u64 {
-        self.lease
+    /// The lease the session writes under: what a node renews.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
     }
 
     /// The session's id.
@@ -238,6 +243,7 @@ pub async fn create_agent(mut config: AgentConfig) -> Result<Agent> {
         store.as_ref(),
         &session_id,
         session_context,
+        config.lease.as_ref(),
         config.lease_owner.as_ref(),
     )
     .await?;
@@ -249,7 +255,7 @@ pub async fn create_agent(mut config: AgentConfig) -> Result<Agent> {
         ..
     } = state;
     let options = RecorderOptions {
-        lease: Some(lease),
+        lease: Some(lease.epoch),
         ..RecorderOptions::default()
     };
     let (recorder, events) = EventRecorder::spawn_with(Arc::clone(&store), session_id.clone(), options);
@@ -364,12 +370,13 @@ async fn open_state(
     store: &dyn CheckpointStore,
     session_id: &str,
     session_context: SessionContext,
+    held: Option<&Lease>,
     lease_owner: Option<&LeaseOwner>,
-) -> Result<(u64, SessionState, bool)> {
+) -> Result<(Lease, SessionState, bool)> {
     // Take the session over before reading it: from here on, a runtime that
     // still holds it (one that was dropped and is finishing its queue, or
     // another process) cannot write into it, so what is read stays true.
-    match take_lease(store, session_id, lease_owner).await {
+    match take_lease(store, session_id, held, lease_owner).await {
         Ok(lease) => {
             let state = store.load(session_id).await?;
             let state = state.ok_or_else(|| Error::Checkpoint(StoreError::UnknownSession(session_id.to_owned())))?;
@@ -381,7 +388,7 @@ async fn open_state(
                 ..Checkpoint::empty(session_id.to_owned())
             };
             store.save(&checkpoint, &[], None).await?;
-            let lease = take_lease(store, session_id, lease_owner).await?;
+            let lease = take_lease(store, session_id, held, lease_owner).await?;
             let state = SessionState {
                 checkpoint,
                 transcript: Vec::new(),

@@ -4,12 +4,13 @@
 //! - **Ownership.** A session is loaded only under a lease this node
 //!   claimed ([`Host::claim`], before the session is assembled, so a
 //!   session another live node holds costs one statement and is
-//!   [`ApiError::Elsewhere`]; `create_agent` claims it again as its owner). [`Host::keep_leases`] renews the leases of
+//!   [`ApiError::Elsewhere`]; the [`Lease`] claimed is handed to the
+//!   session's runtime, which claims nothing more). [`Host::keep_leases`] renews the leases of
 //!   the loaded sessions every third of their time to live and stops a
 //!   session whose lease was lost (the node paused past it and another node
 //!   took over); the store fences the lost runtime's writes meanwhile.
 //! - **Relaying.** A submission for a session another node runs is stored
-//!   ([`CheckpointStore::relay`]) before the client hears `202`; the owner,
+//!   ([`ClusterStore::relay`]) before the client hears `202`; the owner,
 //!   woken by the notice, queues it under the same id ([`Host::take_relayed`]).
 //! - **Taking over.** [`Host::take_over`] claims the sessions with work that
 //!   no live node holds (a node died, or released them at shutdown): at
@@ -19,19 +20,30 @@
 //!   run elsewhere into pokes of their hubs, so subscribers on this node
 //!   read the new events from the store.
 //!
-//! [`CheckpointStore::relay`]: keel_store::CheckpointStore::relay
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{CloseMode, Host, LiveSession, SessionLease};
+use super::{CloseMode, Host, LiveSession, RelayKey, SessionInUse};
 use crate::error::ApiError;
 use crate::settings::SessionSettings;
-use keel_agent::{Accepted, BusyPolicy, SubmitOptions, check_same_body, key_reused};
+use keel_agent::{Accepted, BusyPolicy, LeaseOwner, SubmitOptions, check_same_body, key_reused};
 use keel_protocol::{Op, new_id};
+use keel_store::{ClusterStore, Lease, Relayed, RelayedSubmission, StoreError};
 use keel_store::{LogNotice, NoticeListener};
-use keel_store::{Relayed, RelayedSubmission, StoreError};
+
+/// A host's part among several nodes on one database.
+pub(crate) struct Node {
+    /// This node, whose leases the sessions it loads are claimed under.
+    pub(crate) owner: LeaseOwner,
+    /// The store's several-node part (relaying, take-over), on the
+    /// database the host's store is on.
+    pub(crate) store: Arc<dyn ClusterStore>,
+    /// Seals the submissions this node relays and checks those it takes
+    /// up; `None`: neither.
+    pub(crate) relay_key: Option<RelayKey>,
+}
 
 /// Relayed submissions read per store call.
 const RELAY_PAGE: usize = 64;
@@ -87,7 +99,7 @@ impl Host {
             ..submission
         };
         let capacity = self.factory.submission_capacity;
-        match self.store.relay(session_id, &submission, capacity).await? {
+        match self.shared()?.relay(session_id, &submission, capacity).await? {
             Relayed::New { last_sequence } => {
                 self.metrics.relayed_submissions.inc();
                 Ok(Accepted {
@@ -115,20 +127,29 @@ impl Host {
     /// With several nodes, claims `session_id` for this node: `Ok(None)`
     /// on a single node; [`ApiError::Elsewhere`] when another live node
     /// holds it.
-    pub(super) async fn claim(&self, session_id: &str) -> Result<Option<u64>, ApiError> {
+    pub(super) async fn claim(&self, session_id: &str) -> Result<Option<Lease>, ApiError> {
         let Some(owner) = &self.cluster else { return Ok(None) };
-        Ok(Some(self.store.claim(session_id, &owner.node, owner.ttl).await?))
+        Ok(Some(
+            Lease::claim(owner.leases.as_ref(), session_id, &owner.node, owner.ttl).await?,
+        ))
     }
 
-    /// With several nodes, gives up this node's lease on `session_id` at
-    /// `epoch` (nothing if it was lost meanwhile), so another node may
-    /// take the session at once.
-    pub(super) async fn release(&self, session_id: &str, epoch: u64) {
+    /// With several nodes, gives up this node's `lease` (nothing if it was
+    /// lost meanwhile), so another node may take the session at once.
+    pub(super) async fn release(&self, lease: &Lease) {
         let Some(owner) = &self.cluster else { return };
-        match self.store.release(session_id, &owner.node, epoch).await {
+        let session_id = lease.session_id.as_str();
+        match owner.leases.release(session_id, &owner.node, lease.epoch).await {
             Ok(()) | Err(StoreError::UnknownSession(_)) => {}
             Err(error) => tracing::warn!(%session_id, %error, "cannot release a session's lease; it expires"),
         }
+    }
+
+    /// The store's several-node part; only a host of several nodes has it.
+    fn shared(&self) -> Result<&dyn ClusterStore, StoreError> {
+        self.shared
+            .as_deref()
+            .ok_or_else(|| StoreError::Invalid("this node runs alone: its store relays nothing".to_owned()))
     }
 
     /// Queues, in order, the submissions relayed to `session_id` if it is
@@ -158,12 +179,12 @@ impl Host {
     }
 
     /// The live session `session_id` if this node runs it; never loads it.
-    async fn loaded(&self, session_id: &str) -> Option<SessionLease> {
+    async fn loaded(&self, session_id: &str) -> Option<SessionInUse> {
         let slot = self.lock_slots().get(session_id).cloned()?;
         let live = slot.live.lock().await;
         live.as_ref()
             .filter(|session| !session.stopped())
-            .map(|session| session.lease())
+            .map(|session| session.in_use())
     }
 
     /// Queues the submissions relayed to a live session, each under the id
@@ -174,7 +195,7 @@ impl Host {
         let session_id = session.handle.session_id();
         let _one_at_a_time = session.relaying.lock().await;
         loop {
-            let waiting = match self.store.relayed(session_id, RELAY_PAGE).await {
+            let waiting = match async { self.shared()?.relayed(session_id, RELAY_PAGE).await }.await {
                 Ok(waiting) => waiting,
                 Err(error) => {
                     tracing::warn!(%session_id, %error, "cannot read the submissions relayed to a session");
@@ -226,7 +247,7 @@ impl Host {
                     }
                 }
             }
-            if let Err(error) = self.store.relay_done(session_id, &done).await {
+            if let Err(error) = async { self.shared()?.relay_done(session_id, &done).await }.await {
                 // They are queued; taken up again, their keys make them duplicates.
                 tracing::warn!(%session_id, %error, "cannot forget relayed submissions");
                 return;
@@ -253,10 +274,10 @@ impl Host {
                 .collect();
             let held: Vec<(String, u64)> = sessions
                 .iter()
-                .map(|session| (session.handle.session_id().to_owned(), session.lease))
+                .map(|session| (session.handle.session_id().to_owned(), session.lease.epoch))
                 .collect();
             let sent = Instant::now();
-            match tokio::time::timeout(every, self.store.renew(&owner.node, owner.ttl, &held)).await {
+            match tokio::time::timeout(every, owner.leases.renew(&owner.node, owner.ttl, &held)).await {
                 Ok(Ok(lost)) => {
                     for session in &sessions {
                         if let Some(clock) = &session.clock
@@ -288,7 +309,7 @@ impl Host {
                 () = tokio::time::sleep(every) => {}
                 _ = closing.wait_for(|closing| *closing) => return,
             }
-            match self.store.sessions_with_relayed(&owner.node).await {
+            match async { self.shared()?.sessions_with_relayed(&owner.node).await }.await {
                 Ok(sessions) => {
                     for session_id in sessions {
                         self.take_relayed(&session_id).await;
@@ -343,9 +364,14 @@ impl Host {
 
     /// One pass of [`Self::take_over`].
     async fn sweep_once(&self) {
+        let Some(owner) = &self.cluster else { return };
         let mut after: Option<String> = None;
         loop {
-            let page = match self.store.sessions_to_take_over(after.as_deref(), TAKE_OVER_PAGE).await {
+            let page = match owner
+                .leases
+                .sessions_to_take_over(after.as_deref(), TAKE_OVER_PAGE)
+                .await
+            {
                 Ok(page) => page,
                 Err(error) => {
                     tracing::warn!(%error, "cannot list sessions to take over");
@@ -378,9 +404,7 @@ impl Host {
     async fn worth_taking(&self, session_id: &str) -> bool {
         match self.store.session_summary(session_id).await {
             Ok(Some(summary)) if summary.awaiting_approval.is_empty() => true,
-            Ok(Some(_)) => self
-                .store
-                .relayed(session_id, 1)
+            Ok(Some(_)) => async { self.shared()?.relayed(session_id, 1).await }
                 .await
                 .is_ok_and(|relayed| !relayed.is_empty()),
             Ok(None) => false,

@@ -19,6 +19,7 @@
 mod cluster;
 mod relay_seal;
 
+pub(crate) use cluster::Node;
 pub use relay_seal::RelayKey;
 
 use std::collections::HashMap;
@@ -39,7 +40,7 @@ use keel_agent::{
     Agent, LeaseClock, LeaseOwner, SessionContext, SessionHandle, SessionStatus, SubmitOptions, create_agent,
 };
 use keel_protocol::Op;
-use keel_store::CheckpointStore;
+use keel_store::{CheckpointStore, CheckpointStoreExt, ClusterStore, Lease};
 
 /// How long a session may take to stop once asked before it is dropped.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,6 +79,8 @@ pub(crate) struct Host {
     /// With several nodes on one database: this node, whose leases the
     /// sessions it loads are claimed under.
     cluster: Option<LeaseOwner>,
+    /// The store's relaying and notices (several nodes only).
+    shared: Option<Arc<dyn ClusterStore>>,
     /// Wakes the take-over sweep (several nodes only).
     sweep: tokio::sync::Notify,
     /// Seals the submissions this node relays and checks those it takes
@@ -116,8 +119,8 @@ pub(crate) struct LiveSession {
     pump: Mutex<Option<JoinHandle<()>>>,
     /// The sequence of the last event published.
     published: watch::Receiver<u64>,
-    /// The lease epoch the session writes under.
-    lease: u64,
+    /// The lease the session writes under, claimed once when it was loaded.
+    lease: Lease,
     /// With several nodes, when the lease was last known to be extended.
     clock: Option<LeaseClock>,
     /// Serializes taking up relayed submissions (several nodes only).
@@ -153,9 +156,9 @@ impl LiveSession {
         self.users.load(Ordering::SeqCst) == 0 && self.hub.subscribers() == 0 && at_rest(&status)
     }
 
-    fn lease(self: &Arc<Self>) -> SessionLease {
+    fn in_use(self: &Arc<Self>) -> SessionInUse {
         self.users.fetch_add(1, Ordering::SeqCst);
-        SessionLease { live: Arc::clone(self) }
+        SessionInUse { live: Arc::clone(self) }
     }
 }
 
@@ -165,12 +168,12 @@ fn at_rest(status: &SessionStatus) -> bool {
     !status.busy || (!status.awaiting_approval.is_empty() && status.queued == 0)
 }
 
-/// A live session in use by a request; it is not unloaded while leased.
-pub(crate) struct SessionLease {
+/// A live session in use by a request; it is not unloaded while in use.
+pub(crate) struct SessionInUse {
     live: Arc<LiveSession>,
 }
 
-impl std::ops::Deref for SessionLease {
+impl std::ops::Deref for SessionInUse {
     type Target = LiveSession;
 
     fn deref(&self) -> &LiveSession {
@@ -178,7 +181,7 @@ impl std::ops::Deref for SessionLease {
     }
 }
 
-impl Drop for SessionLease {
+impl Drop for SessionInUse {
     fn drop(&mut self) {
         *self
             .live
@@ -196,9 +199,12 @@ impl Host {
         metrics: Arc<Metrics>,
         limits: HostLimits,
         live_buffer: usize,
-        cluster: Option<(LeaseOwner, Option<RelayKey>)>,
+        node: Option<Node>,
     ) -> Self {
-        let (cluster, relay_key) = cluster.map_or((None, None), |(owner, key)| (Some(owner), key));
+        let (cluster, shared, relay_key) = match node {
+            Some(node) => (Some(node.owner), Some(node.store), node.relay_key),
+            None => (None, None, None),
+        };
         Self {
             store,
             factory,
@@ -209,6 +215,7 @@ impl Host {
             limits,
             closing: watch::Sender::new(false),
             cluster,
+            shared,
             sweep: tokio::sync::Notify::new(),
             relay_key,
         }
@@ -228,7 +235,7 @@ impl Host {
 
     /// The live session `session_id`, loaded if it is not; `404` if the
     /// store does not have it.
-    pub(crate) async fn acquire(&self, session_id: &str) -> Result<SessionLease, ApiError> {
+    pub(crate) async fn acquire(&self, session_id: &str) -> Result<SessionInUse, ApiError> {
         self.check_open()?;
         let slot = self.slot(session_id);
         let mut loaded_now = false;
@@ -237,7 +244,7 @@ impl Host {
             self.check_open()?;
             if let Some(session) = live.as_ref() {
                 if !session.stopped() {
-                    return Ok(session.lease());
+                    return Ok(session.in_use());
                 }
                 if let Some(stale) = live.take() {
                     self.unload(stale, Some(CloseMode::Abort)).await;
@@ -250,18 +257,21 @@ impl Host {
                 .ok_or_else(|| ApiError::unknown_session(session_id))?;
             let settings = SessionSettings::stored(session_id, &summary.context)?;
             // With several nodes, the lease first: a session another node
-            // runs costs one statement here, not a session's assembly.
+            // runs costs one statement here, not a session's assembly. Its
+            // clock starts before the claim: the lease lasts from there.
+            let clock = LeaseClock::new();
             let claimed = self.claim(session_id).await?;
-            let session = match self.start(session_id, settings, summary.context).await {
+            let held = claimed.clone().map(|lease| (lease, clock));
+            let session = match self.start(session_id, settings, summary.context, held).await {
                 Ok(session) => session,
                 Err(error) => {
-                    if let Some(epoch) = claimed {
-                        self.release(session_id, epoch).await;
+                    if let Some(lease) = &claimed {
+                        self.release(lease).await;
                     }
                     return Err(error);
                 }
             };
-            let lease = session.lease();
+            let lease = session.in_use();
             *live = Some(session);
             loaded_now = true;
             Ok(lease)
@@ -283,7 +293,7 @@ impl Host {
         session_id: &str,
         settings: SessionSettings,
         context: SessionContext,
-    ) -> Result<SessionLease, ApiError> {
+    ) -> Result<SessionInUse, ApiError> {
         self.check_open()?;
         let slot = self.slot(session_id);
         let result = async {
@@ -296,14 +306,14 @@ impl Host {
             }
             // A directory Keel makes for it, never one that was there.
             self.factory.create_workspace(session_id).await?;
-            let session = match self.start(session_id, settings, context).await {
+            let session = match self.start(session_id, settings, context, None).await {
                 Ok(session) => session,
                 Err(error) => {
                     self.factory.discard_workspace(session_id).await;
                     return Err(error);
                 }
             };
-            let lease = session.lease();
+            let lease = session.in_use();
             *live = Some(session);
             Ok(lease)
         }
@@ -641,7 +651,7 @@ impl Host {
     /// several nodes, then gives up its lease so another node may take it.
     async fn close(&self, session: Arc<LiveSession>, mode: CloseMode) {
         self.stop_pump(&session, mode).await;
-        self.release(session.handle.session_id(), session.lease).await;
+        self.release(&session.lease).await;
     }
 
     async fn stop_pump(&self, session: &LiveSession, mode: CloseMode) {
@@ -659,15 +669,18 @@ impl Host {
         }
     }
 
-    /// Loads a session, making room for it first.
+    /// Loads a session, making room for it first; under `held`, the lease
+    /// this node claimed for it and the clock its renewals move on, or one
+    /// the session takes itself (a new session, or a single node).
     async fn start(
         &self,
         session_id: &str,
         settings: SessionSettings,
         context: SessionContext,
+        held: Option<(Lease, LeaseClock)>,
     ) -> Result<Arc<LiveSession>, ApiError> {
         self.reserve().await?;
-        let started = self.spawn(session_id, settings, context).await;
+        let started = self.spawn(session_id, settings, context, held).await;
         if started.is_err() {
             self.released();
         }
@@ -679,14 +692,15 @@ impl Host {
         session_id: &str,
         settings: SessionSettings,
         context: SessionContext,
+        held: Option<(Lease, LeaseClock)>,
     ) -> Result<Arc<LiveSession>, ApiError> {
         let mut config = self.factory.agent_config(session_id, &settings, context).await?;
-        // A clock of the session's own, started before its claim: the
-        // renewals that include it move it on.
-        config.lease_owner = self.cluster.clone().map(|owner| LeaseOwner {
-            clock: LeaseClock::new(),
-            ..owner
-        });
+        // A clock of the session's own, started before its claim (the
+        // host's, or the session's own for a new one): the renewals that
+        // include it move it on.
+        let (lease, clock) = held.map_or_else(|| (None, LeaseClock::new()), |(lease, clock)| (Some(lease), clock));
+        config.lease_owner = self.cluster.clone().map(|owner| LeaseOwner { clock, ..owner });
+        config.lease = lease;
         let clock = config.lease_owner.as_ref().map(|owner| owner.clock.clone());
         let agent = create_agent(config).await?;
         let (close, close_rx) = oneshot::channel();
@@ -701,7 +715,7 @@ impl Host {
             close: Mutex::new(Some(close)),
             pump: Mutex::new(None),
             published: published_rx,
-            lease: agent.lease(),
+            lease: agent.lease().clone(),
             clock,
             relaying: tokio::sync::Mutex::new(()),
         });

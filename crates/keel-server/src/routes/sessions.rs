@@ -19,7 +19,7 @@ use keel_agent::{
     point_before_turn,
 };
 use keel_protocol::{Op, TokenUsage, new_id};
-use keel_store::{MAX_TITLE_CHARS, SessionSummary};
+use keel_store::{CheckpointStoreExt, MAX_TITLE_CHARS, SessionSummary};
 use keel_tools::ApprovalRules;
 
 /// The bot a session belongs to when the request names none.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use deadpool_postgres::Object;
 
 use super::pg_error;
-use super::writer::{int, uint};
+use super::statements::{int, uint};
 use crate::{StoreError, ttl_ms};
 
 /// Takes the session when it is free, expired or already `owner`'s; bumps

@@ -20,6 +20,7 @@
 //! does not run a session relays submissions to its owner through the
 //! `relayed_submissions` table, announced on `keel_relay` (see `relay.rs`).
 
+mod apply;
 mod hold;
 mod lease;
 mod listen;
@@ -27,6 +28,7 @@ pub mod local;
 mod reader;
 mod relay;
 mod schema;
+mod statements;
 mod writer;
 
 pub use hold::{PostgresHold, redact_postgres_url, socket_directories};
@@ -47,11 +49,11 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, NoTls};
 
 use self::writer::{WriterConnection, WriterCounters};
-use super::job::{Job, Reply, Written};
+use super::job::{Job, Reply, Written, existed};
 use super::{
-    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage,
-    EventPageRequest, KeyedSubmission, OpenBatch, Relayed, RelayedSubmission, SessionListPage, SessionState,
-    SessionSummary, StoreError, TurnExecution, WriterStats,
+    AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, ClusterStore, EncodedEvent, EventPage,
+    EventPageRequest, KeyedSubmission, LeaseStore, OpenBatch, Relayed, RelayedSubmission, SessionEdit, SessionListPage,
+    SessionState, SessionSummary, StoreError, TurnExecution, WriterStats,
 };
 use futures::future::BoxFuture;
 use keel_protocol::{RecordedEvent, TranscriptItem};
@@ -213,6 +215,12 @@ impl PostgresCheckpoint {
 }
 
 impl CheckpointStore for PostgresCheckpoint {
+    /// Never low: the database server keeps its own disk, and no reserve
+    /// is kept here.
+    fn low_on_space(&self) -> Option<String> {
+        None
+    }
+
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(PostgresCheckpoint::close(self))
     }
@@ -266,14 +274,6 @@ impl CheckpointStore for PostgresCheckpoint {
         Box::pin(async move { reader::load(&mut self.reader().await?, session_id).await })
     }
 
-    fn append<'a>(
-        &'a self,
-        session_id: &'a str,
-        batch: AppendBatch,
-    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
-        self.append_open(session_id, Arc::new(OpenBatch::new(batch)))
-    }
-
     fn append_open<'a>(
         &'a self,
         session_id: &'a str,
@@ -300,71 +300,12 @@ impl CheckpointStore for PostgresCheckpoint {
         })
     }
 
-    fn claim<'a>(
-        &'a self,
-        session_id: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move { lease::claim(&self.leaser().await?, session_id, owner, ttl).await })
-    }
-
-    fn renew<'a>(
-        &'a self,
-        owner: &'a str,
-        ttl: Duration,
-        sessions: &'a [(String, u64)],
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        Box::pin(async move { lease::renew(&self.leaser().await?, owner, ttl, sessions).await })
-    }
-
-    fn release<'a>(&'a self, session_id: &'a str, owner: &'a str, epoch: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { lease::release(&self.leaser().await?, session_id, owner, epoch).await })
-    }
-
-    fn sessions_to_take_over<'a>(
-        &'a self,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        Box::pin(async move { lease::sessions_to_take_over(&self.reader().await?, after, limit).await })
-    }
-
-    fn relay<'a>(
-        &'a self,
-        session_id: &'a str,
-        submission: &'a RelayedSubmission,
-        max_waiting: usize,
-    ) -> BoxFuture<'a, Result<Relayed, StoreError>> {
-        Box::pin(async move { relay::relay(&self.reader().await?, session_id, submission, max_waiting).await })
-    }
-
-    fn relayed<'a>(
-        &'a self,
-        session_id: &'a str,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<RelayedSubmission>, StoreError>> {
-        Box::pin(async move { relay::relayed(&self.reader().await?, session_id, limit).await })
-    }
-
-    fn relay_done<'a>(&'a self, session_id: &'a str, relay_ids: &'a [u64]) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { relay::relay_done(&self.reader().await?, session_id, relay_ids).await })
-    }
-
-    fn sessions_with_relayed<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        Box::pin(async move { relay::sessions_with_relayed(&self.reader().await?, owner).await })
-    }
-
     fn event_page<'a>(
         &'a self,
         session_id: &'a str,
         request: EventPageRequest,
     ) -> BoxFuture<'a, Result<EventPage, StoreError>> {
         Box::pin(async move { reader::event_page(&self.reader().await?, session_id, request).await })
-    }
-
-    fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionSummary>, StoreError>> {
-        Box::pin(async move { reader::list_sessions(&self.reader().await?, limit).await })
     }
 
     fn list_sessions_page<'a>(
@@ -413,33 +354,75 @@ impl CheckpointStore for PostgresCheckpoint {
         Box::pin(async move { reader::sessions_with_work(&self.reader().await?, after, limit).await })
     }
 
-    fn rename_session<'a>(&'a self, session_id: &'a str, title: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let (session_id, title) = (session_id.to_owned(), title.to_owned());
-        Box::pin(async move {
-            match self
-                .write(move |reply| Job::Rename {
-                    session_id,
-                    title,
-                    reply,
-                })
-                .await
-            {
-                Ok(_) => Ok(true),
-                Err(StoreError::UnknownSession(_)) => Ok(false),
-                Err(error) => Err(error),
-            }
-        })
+    fn edit_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        edit: SessionEdit<'a>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move { existed(self.write(|reply| Job::edit(session_id, edit, reply)).await) })
+    }
+}
+
+impl LeaseStore for PostgresCheckpoint {
+    fn claim<'a>(
+        &'a self,
+        session_id: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move { lease::claim(&self.leaser().await?, session_id, owner, ttl).await })
     }
 
-    fn delete_session<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let session_id = session_id.to_owned();
-        Box::pin(async move {
-            match self.write(move |reply| Job::Delete { session_id, reply }).await {
-                Ok(_) => Ok(true),
-                Err(StoreError::UnknownSession(_)) => Ok(false),
-                Err(error) => Err(error),
-            }
-        })
+    fn renew<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: Duration,
+        sessions: &'a [(String, u64)],
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move { lease::renew(&self.leaser().await?, owner, ttl, sessions).await })
+    }
+
+    fn release<'a>(&'a self, session_id: &'a str, owner: &'a str, epoch: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { lease::release(&self.leaser().await?, session_id, owner, epoch).await })
+    }
+
+    fn sessions_to_take_over<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move { lease::sessions_to_take_over(&self.reader().await?, after, limit).await })
+    }
+}
+
+impl ClusterStore for PostgresCheckpoint {
+    fn relay<'a>(
+        &'a self,
+        session_id: &'a str,
+        submission: &'a RelayedSubmission,
+        max_waiting: usize,
+    ) -> BoxFuture<'a, Result<Relayed, StoreError>> {
+        Box::pin(async move { relay::relay(&self.reader().await?, session_id, submission, max_waiting).await })
+    }
+
+    fn relayed<'a>(
+        &'a self,
+        session_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<RelayedSubmission>, StoreError>> {
+        Box::pin(async move { relay::relayed(&self.reader().await?, session_id, limit).await })
+    }
+
+    fn relay_done<'a>(&'a self, session_id: &'a str, relay_ids: &'a [u64]) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { relay::relay_done(&self.reader().await?, session_id, relay_ids).await })
+    }
+
+    fn sessions_with_relayed<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move { relay::sessions_with_relayed(&self.reader().await?, owner).await })
+    }
+
+    fn listen(&self) -> BoxFuture<'_, Result<NoticeListener, StoreError>> {
+        Box::pin(PostgresCheckpoint::listen(self))
     }
 }
 

@@ -10,7 +10,7 @@ use tokio_postgres::IsolationLevel;
 use tokio_postgres::Row;
 
 use super::pg_error;
-use super::writer::{int, uint};
+use super::statements::{int, uint};
 use crate::codec;
 use crate::rows::{StoredJson, apply_history_row, decode, decode_batch};
 use crate::{
@@ -327,19 +327,6 @@ pub(super) async fn sessions_with_work(
 
 /// The columns [`SummaryRow::read`] reads.
 const SUMMARY_COLUMNS: &str = "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence, title";
-
-pub(super) async fn list_sessions(client: &Object, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
-    let select = client
-        .prepare_cached(&format!(
-            "SELECT {SUMMARY_COLUMNS} FROM sessions ORDER BY updated_at_ms DESC, id LIMIT $1"
-        ))
-        .await
-        .map_err(pg_error)?;
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = client.query(&select, &[&limit]).await.map_err(pg_error)?;
-    rows.iter().map(|row| SummaryRow::read(row)?.decode()).collect()
-}
-
 /// Sessions newest created first, from `cursor` (a session key, exclusive),
 /// only those of `bot_id` when given.
 pub(super) async fn list_sessions_page(

@@ -13,7 +13,7 @@
 use deadpool_postgres::Object;
 
 use super::pg_error;
-use super::writer::{int, uint};
+use super::statements::{int, uint};
 use crate::codec;
 use crate::rows::{StoredJson, decode};
 use crate::{Relayed, RelayedSubmission, StoreError};

@@ -16,8 +16,9 @@ use futures::future::join_all;
 use super::{PostgresCheckpoint, PostgresOptions, schema};
 use crate::postgres::local::TestPostgres;
 use crate::{
-    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPageRequest,
-    KeyedSubmission, MAX_EVENT_PAGE, OpenBatch, QueueChange, SessionContext, StoreError, TurnExecution,
+    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointStoreExt, CheckpointWrite, ClusterStore,
+    EncodedEvent, EventPageRequest, KeyedSubmission, LeaseStore, MAX_EVENT_PAGE, OpenBatch, QueueChange,
+    SessionContext, StoreError, TurnExecution,
 };
 use keel_protocol::{
     AssistantContentDeltaEvent, BusyPolicy, Event, EventMsg, Op, RecordedEvent, SubmissionQueuedEvent, TokenUsage,

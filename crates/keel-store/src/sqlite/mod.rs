@@ -37,10 +37,10 @@ pub use self::lock::{LOCK_SUFFIX, ServeLock, SharedHold, database_files};
 use self::reader::ReaderPool;
 pub use self::reserve::{DEFAULT_RESERVE_BYTES, SpaceReserve};
 use self::writer::WriterCounters;
-use super::job::{Job, Reply, Written};
+use super::job::{Job, Reply, Written, existed};
 use super::{
-    AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage,
-    EventPageRequest, KeyedSubmission, OpenBatch, SessionListPage, SessionState, SessionSummary, StoreError,
+    AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage, EventPageRequest,
+    KeyedSubmission, LeaseStore, OpenBatch, SessionEdit, SessionListPage, SessionState, SessionSummary, StoreError,
     TurnExecution,
 };
 use futures::future::BoxFuture;
@@ -342,14 +342,6 @@ impl CheckpointStore for SqliteCheckpoint {
         Box::pin(self.read(move |conn| reader::load(conn, &session_id)))
     }
 
-    fn append<'a>(
-        &'a self,
-        session_id: &'a str,
-        batch: AppendBatch,
-    ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
-        self.append_open(session_id, Arc::new(OpenBatch::new(batch)))
-    }
-
     fn append_open<'a>(
         &'a self,
         session_id: &'a str,
@@ -376,40 +368,6 @@ impl CheckpointStore for SqliteCheckpoint {
         })
     }
 
-    fn claim<'a>(
-        &'a self,
-        session_id: &'a str,
-        owner: &'a str,
-        ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let (session_id, owner) = (session_id.to_owned(), owner.to_owned());
-        Box::pin(self.lease(move |conn| lease::claim(conn, &session_id, &owner, ttl)))
-    }
-
-    fn renew<'a>(
-        &'a self,
-        owner: &'a str,
-        ttl: std::time::Duration,
-        sessions: &'a [(String, u64)],
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        let (owner, sessions) = (owner.to_owned(), sessions.to_vec());
-        Box::pin(self.lease(move |conn| lease::renew(conn, &owner, ttl, &sessions)))
-    }
-
-    fn release<'a>(&'a self, session_id: &'a str, owner: &'a str, epoch: u64) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (session_id, owner) = (session_id.to_owned(), owner.to_owned());
-        Box::pin(self.lease(move |conn| lease::release(conn, &session_id, &owner, epoch)))
-    }
-
-    fn sessions_to_take_over<'a>(
-        &'a self,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        let after = after.map(str::to_owned);
-        Box::pin(self.read(move |conn| lease::sessions_to_take_over(conn, after.as_deref(), limit)))
-    }
-
     fn event_page<'a>(
         &'a self,
         session_id: &'a str,
@@ -417,10 +375,6 @@ impl CheckpointStore for SqliteCheckpoint {
     ) -> BoxFuture<'a, Result<EventPage, StoreError>> {
         let session_id = session_id.to_owned();
         Box::pin(self.read(move |conn| reader::event_page(conn, &session_id, request)))
-    }
-
-    fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionSummary>, StoreError>> {
-        Box::pin(self.read(move |conn| reader::list_sessions(conn, limit)))
     }
 
     fn list_sessions_page<'a>(
@@ -475,33 +429,48 @@ impl CheckpointStore for SqliteCheckpoint {
         Box::pin(self.read(move |conn| reader::sessions_with_work(conn, after.as_deref(), limit)))
     }
 
-    fn rename_session<'a>(&'a self, session_id: &'a str, title: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let (session_id, title) = (session_id.to_owned(), title.to_owned());
-        Box::pin(async move {
-            match self
-                .write(move |reply| Job::Rename {
-                    session_id,
-                    title,
-                    reply,
-                })
-                .await
-            {
-                Ok(_) => Ok(true),
-                Err(StoreError::UnknownSession(_)) => Ok(false),
-                Err(error) => Err(error),
-            }
-        })
+    fn edit_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        edit: SessionEdit<'a>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move { existed(self.write(|reply| Job::edit(session_id, edit, reply)).await) })
+    }
+}
+
+impl LeaseStore for SqliteCheckpoint {
+    fn claim<'a>(
+        &'a self,
+        session_id: &'a str,
+        owner: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let (session_id, owner) = (session_id.to_owned(), owner.to_owned());
+        Box::pin(self.lease(move |conn| lease::claim(conn, &session_id, &owner, ttl)))
     }
 
-    fn delete_session<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let session_id = session_id.to_owned();
-        Box::pin(async move {
-            match self.write(move |reply| Job::Delete { session_id, reply }).await {
-                Ok(_) => Ok(true),
-                Err(StoreError::UnknownSession(_)) => Ok(false),
-                Err(error) => Err(error),
-            }
-        })
+    fn renew<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: std::time::Duration,
+        sessions: &'a [(String, u64)],
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let (owner, sessions) = (owner.to_owned(), sessions.to_vec());
+        Box::pin(self.lease(move |conn| lease::renew(conn, &owner, ttl, &sessions)))
+    }
+
+    fn release<'a>(&'a self, session_id: &'a str, owner: &'a str, epoch: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (session_id, owner) = (session_id.to_owned(), owner.to_owned());
+        Box::pin(self.lease(move |conn| lease::release(conn, &session_id, &owner, epoch)))
+    }
+
+    fn sessions_to_take_over<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let after = after.map(str::to_owned);
+        Box::pin(self.read(move |conn| lease::sessions_to_take_over(conn, after.as_deref(), limit)))
     }
 }
 

@@ -340,20 +340,6 @@ pub(super) fn event_page(
     events.reverse();
     Ok(EventPage { events, has_more })
 }
-
-pub(super) fn list_sessions(conn: &Connection, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
-    let mut select = conn
-        .prepare_cached(&format!(
-            "SELECT {SUMMARY_COLUMNS} FROM sessions ORDER BY updated_at_ms DESC, id LIMIT ?1"
-        ))
-        .map_err(super::sqlite_error)?;
-    let rows = select
-        .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], summary_row)
-        .map_err(super::sqlite_error)?;
-    rows.map(|row| row.map_err(super::sqlite_error).and_then(SummaryRow::decode))
-        .collect()
-}
-
 /// Sessions newest created first, from `cursor` (a session key, exclusive),
 /// only those of `bot_id` when given.
 pub(super) fn list_sessions_page(

@@ -27,8 +27,8 @@ use crate::conformance::{
     store_conformance_tests, unknown_session_targets, user, whole_log,
 };
 use crate::{
-    AppendBatch, CheckpointStore, CheckpointWrite, EventPage, EventPageRequest, MAX_EVENT_PAGE, SessionState,
-    StoreError,
+    AppendBatch, CheckpointStore, CheckpointStoreExt, CheckpointWrite, EventPage, EventPageRequest, MAX_EVENT_PAGE,
+    SessionState, StoreError,
 };
 use keel_protocol::{AssistantContentDeltaEvent, Event, EventMsg, TranscriptItem};
 

@@ -2,7 +2,7 @@
 
 use super::*;
 use keel_protocol::{EventMsg, WarningEvent};
-use keel_store::{AppendBatch, AppendReceipt, Checkpoint, OpenBatch, SqliteCheckpoint, StoreError};
+use keel_store::{AppendReceipt, Checkpoint, OpenBatch, SqliteCheckpoint, StoreError};
 
 fn warning(index: usize) -> Event {
     Event {
@@ -69,14 +69,6 @@ impl CheckpointStore for GatedStore {
         self.inner.load(session_id)
     }
 
-    fn append<'a>(
-        &'a self,
-        session_id: &'a str,
-        batch: AppendBatch,
-    ) -> keel_model::BoxFuture<'a, std::result::Result<AppendReceipt, StoreError>> {
-        self.append_open(session_id, Arc::new(OpenBatch::new(batch)))
-    }
-
     fn append_open<'a>(
         &'a self,
         session_id: &'a str,
@@ -87,7 +79,9 @@ impl CheckpointStore for GatedStore {
             let sealed = batch.seal();
             let _permit = self.gate.acquire().await.map_err(|_| StoreError::Closed)?;
             tokio::time::sleep(self.delay).await;
-            self.inner.append(session_id, sealed).await
+            self.inner
+                .append_open(session_id, Arc::new(OpenBatch::new(sealed)))
+                .await
         })
     }
 
@@ -101,13 +95,6 @@ impl CheckpointStore for GatedStore {
         request: keel_store::EventPageRequest,
     ) -> keel_model::BoxFuture<'a, std::result::Result<keel_store::EventPage, StoreError>> {
         self.inner.event_page(session_id, request)
-    }
-
-    fn list_sessions(
-        &self,
-        limit: usize,
-    ) -> keel_model::BoxFuture<'_, std::result::Result<Vec<keel_store::SessionSummary>, StoreError>> {
-        self.inner.list_sessions(limit)
     }
 
     fn list_sessions_page<'a>(
@@ -141,6 +128,47 @@ impl CheckpointStore for GatedStore {
         idempotency_key: &'a str,
     ) -> keel_model::BoxFuture<'a, std::result::Result<Option<keel_store::KeyedSubmission>, StoreError>> {
         self.inner.keyed_submission(session_id, idempotency_key)
+    }
+
+    fn low_on_space(&self) -> Option<String> {
+        self.inner.low_on_space()
+    }
+
+    fn close(&self) -> keel_model::BoxFuture<'_, ()> {
+        CheckpointStore::close(self.inner.as_ref())
+    }
+
+    fn create<'a>(
+        &'a self,
+        checkpoint: &'a keel_store::Checkpoint,
+        history: &'a [keel_protocol::TranscriptItem],
+        events: Vec<keel_store::EncodedEvent>,
+    ) -> keel_model::BoxFuture<'a, std::result::Result<keel_store::AppendReceipt, StoreError>> {
+        self.inner.create(checkpoint, history, events)
+    }
+
+    fn history_until<'a>(
+        &'a self,
+        session_id: &'a str,
+        at_sequence: u64,
+    ) -> keel_model::BoxFuture<'a, std::result::Result<Option<Vec<keel_protocol::TranscriptItem>>, StoreError>> {
+        self.inner.history_until(session_id, at_sequence)
+    }
+
+    fn sessions_with_work<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> keel_model::BoxFuture<'a, std::result::Result<Vec<String>, StoreError>> {
+        self.inner.sessions_with_work(after, limit)
+    }
+
+    fn edit_session<'a>(
+        &'a self,
+        session_id: &'a str,
+        edit: keel_store::SessionEdit<'a>,
+    ) -> keel_model::BoxFuture<'a, std::result::Result<bool, StoreError>> {
+        self.inner.edit_session(session_id, edit)
     }
 }
 

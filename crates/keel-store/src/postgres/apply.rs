@@ -1,0 +1,516 @@
+//! What each write job does in the writer's transaction: sealing and
+//! serializing a job before the transaction starts, then applying it with
+//! the prepared [`Statements`] (one appends to many sessions at once, the
+//! others one job each), and finding why a write matched no row.
+
+use std::collections::HashMap;
+
+use futures::future::join_all;
+use tokio_postgres::Transaction;
+use tokio_postgres::types::ToSql;
+
+use super::statements::{Statements, int, uint};
+use crate::codec::{self, json_array};
+use crate::job::{Job, JobError, Mode, Written, check_addressed, encode};
+use crate::{AppendReceipt, CheckpointWrite, EncodedEvent, QueueChange, QueuedSubmission, StoreError};
+
+/// A job sealed and serialized: everything it writes, fixed before the
+/// transaction starts, so that encoding errors fail the job cleanly.
+pub(super) struct Write {
+    pub(super) session_id: String,
+    pub(super) mode: Mode,
+    /// How many events.
+    pub(super) count: u64,
+    /// The events' JSON array, stored.
+    pub(super) events: Vec<u8>,
+    /// What the events do to the queue, by offset in the batch.
+    pub(super) queue: Vec<(u64, QueueChange)>,
+    /// The title the first user message gives, or a rename's title.
+    pub(super) title: Option<String>,
+    pub(super) checkpoint: Option<EncodedWrite>,
+}
+
+/// A checkpoint write, serialized.
+pub(super) struct EncodedWrite {
+    pub(super) checkpoint: Vec<u8>,
+    /// The checkpoint's bot, kept in a column of its own for listing.
+    pub(super) bot_id: String,
+    pub(super) execution: Option<Vec<u8>>,
+    /// The history items added, as a stored JSON array (`None`: none).
+    pub(super) history: Option<Vec<u8>>,
+    pub(super) added: u64,
+    /// The history's length to cut back to before the items are added.
+    pub(super) history_cut: Option<u64>,
+}
+
+/// What a job writes, serialized. Seals an append's open batch: from here
+/// on the producer's additions go to its next job.
+pub(super) fn seal(job: &Job) -> Result<Write, StoreError> {
+    let sealed = job.seal();
+    let write = Write {
+        session_id: sealed.session_id.to_owned(),
+        mode: sealed.mode,
+        count: 0,
+        events: Vec::new(),
+        queue: Vec::new(),
+        title: sealed.title.map(str::to_owned),
+        checkpoint: None,
+    };
+    match sealed.mode {
+        Mode::Acquire | Mode::Delete | Mode::Rename => Ok(write),
+        Mode::Append { .. } | Mode::Save | Mode::Create => {
+            with_events(write, &sealed.events, sealed.checkpoint.as_deref())
+        }
+    }
+}
+
+/// Fills in a write's events and checkpoint, serialized.
+pub(super) fn with_events(
+    mut write: Write,
+    events: &[EncodedEvent],
+    checkpoint: Option<&CheckpointWrite>,
+) -> Result<Write, StoreError> {
+    write.count = events.len() as u64;
+    write.events = stored(json_array(events.iter().map(|event| event.json.as_str())));
+    write.queue = events
+        .iter()
+        .enumerate()
+        .filter_map(|(offset, event)| event.queue.clone().map(|change| (offset as u64, change)))
+        .collect();
+    write.title = events.iter().find_map(|event| event.title.clone());
+    write.checkpoint = checkpoint
+        .map(|checkpoint| encode_write(&write.session_id, checkpoint))
+        .transpose()?;
+    Ok(write)
+}
+
+/// Writes appends to distinct sessions with one statement ([`APPEND_MANY`]),
+/// then their queue changes, and finds why each append that matched no row
+/// was refused; returns each job's outcome by its index in the group.
+pub(super) async fn append_all(
+    tx: &Transaction<'_>,
+    st: &Statements,
+    appends: &[Indexed<'_>],
+    now: u64,
+) -> Vec<(usize, Result<Written, JobError>)> {
+    if appends.is_empty() {
+        return Vec::new();
+    }
+    let writes: Vec<&Write> = appends.iter().map(|(_, write)| *write).collect();
+    fn checkpoint<'w>(write: &&'w Write) -> Option<&'w EncodedWrite> {
+        write.checkpoint.as_ref()
+    }
+    let ids: Vec<&str> = writes.iter().map(|write| write.session_id.as_str()).collect();
+    let counts: Vec<i64> = writes.iter().map(|write| int(write.count)).collect();
+    let checkpoints: Vec<Option<&[u8]>> = writes
+        .iter()
+        .map(|write| checkpoint(write).map(|write| write.checkpoint.as_slice()))
+        .collect();
+    let executions: Vec<Option<&[u8]>> = writes
+        .iter()
+        .map(|write| checkpoint(write).and_then(|write| write.execution.as_deref()))
+        .collect();
+    let added: Vec<i64> = writes
+        .iter()
+        .map(|write| int(checkpoint(write).map_or(0, |write| write.added)))
+        .collect();
+    let leases: Vec<Option<i64>> = writes
+        .iter()
+        .map(|write| match write.mode {
+            Mode::Append { lease } => lease.map(int),
+            _ => None,
+        })
+        .collect();
+    let bots: Vec<Option<&str>> = writes
+        .iter()
+        .map(|write| checkpoint(write).map(|write| write.bot_id.as_str()))
+        .collect();
+    let cuts: Vec<Option<i64>> = writes
+        .iter()
+        .map(|write| checkpoint(write).and_then(|write| write.history_cut).map(int))
+        .collect();
+    let titles: Vec<Option<&str>> = writes.iter().map(|write| write.title.as_deref()).collect();
+    let histories: Vec<Option<&[u8]>> = writes
+        .iter()
+        .map(|write| checkpoint(write).and_then(|write| write.history.as_deref()))
+        .collect();
+    let events: Vec<&[u8]> = writes.iter().map(|write| write.events.as_slice()).collect();
+    let logged: Vec<bool> = writes
+        .iter()
+        .map(|write| {
+            write.count > 0
+                || checkpoint(write).is_some_and(|write| write.history.is_some() || write.history_cut.is_some())
+        })
+        .collect();
+    let ords: Vec<i32> = (0..writes.len())
+        .map(|ord| i32::try_from(ord).unwrap_or(i32::MAX))
+        .collect();
+    let now_sql = int(now);
+    let params: [&(dyn ToSql + Sync); 14] = [
+        &ids,
+        &counts,
+        &checkpoints,
+        &executions,
+        &added,
+        &leases,
+        &bots,
+        &cuts,
+        &titles,
+        &histories,
+        &events,
+        &logged,
+        &ords,
+        &now_sql,
+    ];
+    let rows = match tx.query(&st.append_many, &params).await {
+        Ok(rows) => rows,
+        Err(error) => {
+            let error = super::pg_error(error);
+            return appends
+                .iter()
+                .map(|&(index, _)| (index, Err(JobError::Dirty(error.clone()))))
+                .collect();
+        }
+    };
+    let mut written: Vec<Option<(i64, u64, u64)>> = vec![None; writes.len()];
+    for row in &rows {
+        let read = (|| -> Result<(usize, (i64, u64, u64)), tokio_postgres::Error> {
+            let ord: i32 = row.try_get(0)?;
+            Ok((
+                usize::try_from(ord).unwrap_or(usize::MAX),
+                (row.try_get(1)?, uint(row.try_get(2)?), uint(row.try_get(3)?)),
+            ))
+        })();
+        match read {
+            Ok((ord, values)) if ord < written.len() => written[ord] = Some(values),
+            Ok(_) => {}
+            Err(error) => {
+                let error = super::pg_error(error);
+                return appends
+                    .iter()
+                    .map(|&(index, _)| (index, Err(JobError::Dirty(error.clone()))))
+                    .collect();
+            }
+        }
+    }
+    join_all(
+        appends
+            .iter()
+            .zip(written)
+            .map(|(&(index, write), written)| async move {
+                let Some((key, last_sequence, lease)) = written else {
+                    let refused = match refusal(tx, st, &write.session_id, write).await {
+                        Ok(error) => JobError::Clean(error),
+                        Err(error) => error,
+                    };
+                    return (index, Err(refused));
+                };
+                let first_sequence = last_sequence + 1 - write.count;
+                if !write.queue.is_empty()
+                    && let Err(error) = apply_queue_changes(tx, st, key, first_sequence, &write.queue).await
+                {
+                    return (index, Err(error));
+                }
+                let receipt = AppendReceipt {
+                    first_sequence,
+                    recorded_at_ms: now,
+                };
+                (index, Ok(Written { receipt, lease }))
+            }),
+    )
+    .await
+}
+
+/// Applies one job on its own. The group's appends go through
+/// [`append_all`] instead; one given here is written by [`WRITE`], with the
+/// same effect.
+pub(super) async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, now: u64) -> Result<Written, JobError> {
+    let session_id = write.session_id.as_str();
+    let now_sql = int(now);
+    let lease = match write.mode {
+        Mode::Acquire => return acquire(tx, st, session_id, now).await,
+        Mode::Delete => return delete(tx, st, session_id, now).await,
+        Mode::Rename => return rename(tx, st, session_id, write.title.as_deref().unwrap_or_default(), now).await,
+        Mode::Append { lease } => lease.map(int),
+        Mode::Save | Mode::Create => None,
+    };
+    let checkpoint = write.checkpoint.as_ref();
+    let history_cut = checkpoint.and_then(|write| write.history_cut).map(int);
+    let count = int(write.count);
+    let added = int(checkpoint.map_or(0, |write| write.added));
+    let write_log =
+        write.count > 0 || checkpoint.is_some_and(|write| write.history.is_some() || write.history_cut.is_some());
+    let params: [&(dyn ToSql + Sync); 13] = [
+        &count,
+        &now_sql,
+        &checkpoint.map(|write| write.checkpoint.as_slice()),
+        &checkpoint.and_then(|write| write.execution.as_deref()),
+        &added,
+        &session_id,
+        &lease,
+        &checkpoint.map(|write| write.bot_id.as_str()),
+        &history_cut,
+        &write.title,
+        &checkpoint.and_then(|write| write.history.as_deref()),
+        &write.events.as_slice(),
+        &write_log,
+    ];
+    let row = match write.mode {
+        Mode::Create => {
+            let created = tx
+                .query_opt(&st.insert_session, &[&session_id, &now_sql])
+                .await
+                .map_err(dirty)?;
+            if created.is_none() {
+                return Err(JobError::Clean(StoreError::Exists(session_id.to_owned())));
+            }
+            tx.query_opt(&st.write, &params).await.map_err(dirty)?
+        }
+        Mode::Save => {
+            // Both sent at once: the insert runs first, the write sees it.
+            let insert: [&(dyn ToSql + Sync); 2] = [&session_id, &now_sql];
+            let (_, row) = futures::try_join!(
+                tx.query_opt(&st.insert_session, &insert),
+                tx.query_opt(&st.write, &params),
+            )
+            .map_err(dirty)?;
+            row
+        }
+        _ => tx.query_opt(&st.write, &params).await.map_err(dirty)?,
+    };
+    let Some(row) = row else {
+        return Err(JobError::Clean(refusal(tx, st, session_id, write).await?));
+    };
+    let key: i64 = row.try_get(0).map_err(dirty)?;
+    let last_sequence = uint(row.try_get(1).map_err(dirty)?);
+    let lease = uint(row.try_get(2).map_err(dirty)?);
+    let first_sequence = last_sequence + 1 - write.count;
+    if !write.queue.is_empty() {
+        apply_queue_changes(tx, st, key, first_sequence, &write.queue).await?;
+    }
+    Ok(Written {
+        receipt: AppendReceipt {
+            first_sequence,
+            recorded_at_ms: now,
+        },
+        lease,
+    })
+}
+
+/// Applies a batch's queue changes: the submissions it queued join the
+/// queue (with their idempotency keys), the ones it settled leave it.
+///
+/// Applied in order, changes to one submission leave only the last one in
+/// force, and of two uses of one idempotency key the first one stands; so
+/// the batch's net changes are computed here, and sent as at most three
+/// statements whose order does not matter (pipelined).
+async fn apply_queue_changes(
+    tx: &Transaction<'_>,
+    st: &Statements,
+    key: i64,
+    first_sequence: u64,
+    changes: &[(u64, QueueChange)],
+) -> Result<(), JobError> {
+    let mut last: HashMap<&str, (u64, &QueueChange)> = HashMap::new();
+    let mut keys: Vec<(&str, &str, u64)> = Vec::new();
+    for (offset, change) in changes {
+        let sequence = first_sequence + offset;
+        let id = match change {
+            QueueChange::Queued {
+                submission,
+                idempotency_key,
+            } => {
+                if let Some(idempotency_key) = idempotency_key
+                    && !keys.iter().any(|(known, _, _)| known == idempotency_key)
+                {
+                    keys.push((idempotency_key, &submission.id, sequence));
+                }
+                submission.id.as_str()
+            }
+            QueueChange::Settled(id) => id.as_str(),
+        };
+        last.insert(id, (sequence, change));
+    }
+    let (mut queued_ids, mut queued_sequences, mut queued_json, mut settled) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (id, (sequence, change)) in last {
+        match change {
+            QueueChange::Queued { submission, .. } => {
+                let stored = QueuedSubmission {
+                    sequence,
+                    ..(**submission).clone()
+                };
+                let json = serde_json::to_string(&stored)
+                    .map_err(|error| JobError::Dirty(StoreError::Encode(error.to_string())))?;
+                queued_ids.push(id.to_owned());
+                queued_sequences.push(int(sequence));
+                queued_json.push(codec::encode(json).into_bytes());
+            }
+            QueueChange::Settled(_) => settled.push(id.to_owned()),
+        }
+    }
+    let key_names: Vec<&str> = keys.iter().map(|(name, _, _)| *name).collect();
+    let key_ids: Vec<&str> = keys.iter().map(|(_, id, _)| *id).collect();
+    let key_sequences: Vec<i64> = keys.iter().map(|(_, _, sequence)| int(*sequence)).collect();
+    let upsert = async {
+        if queued_ids.is_empty() {
+            return Ok(0);
+        }
+        tx.execute(&st.queue_upsert, &[&key, &queued_ids, &queued_sequences, &queued_json])
+            .await
+    };
+    let delete = async {
+        if settled.is_empty() {
+            return Ok(0);
+        }
+        tx.execute(&st.queue_delete, &[&key, &settled]).await
+    };
+    let remember = async {
+        if key_names.is_empty() {
+            return Ok(0);
+        }
+        tx.execute(&st.key_insert, &[&key, &key_names, &key_ids, &key_sequences])
+            .await
+    };
+    futures::try_join!(upsert, delete, remember).map_err(dirty)?;
+    Ok(())
+}
+
+/// Why a write matched no row: the session is unknown, the cut is longer
+/// than its history, or another holder took it over.
+async fn refusal(
+    tx: &Transaction<'_>,
+    st: &Statements,
+    session_id: &str,
+    write: &Write,
+) -> Result<StoreError, JobError> {
+    let Some(row) = tx.query_opt(&st.refusal, &[&session_id]).await.map_err(dirty)? else {
+        return Ok(StoreError::UnknownSession(session_id.to_owned()));
+    };
+    let lease = uint(row.try_get(0).map_err(dirty)?);
+    let length = uint(row.try_get(1).map_err(dirty)?);
+    if let Some(cut) = write.checkpoint.as_ref().and_then(|write| write.history_cut)
+        && cut > length
+    {
+        return Ok(StoreError::Invalid(format!(
+            "cannot cut the history of session '{session_id}' to {cut} items: it has {length}"
+        )));
+    }
+    Ok(match write.mode {
+        Mode::Append { lease: Some(held) } if held != lease => StoreError::Fenced {
+            session_id: session_id.to_owned(),
+            lease,
+        },
+        // Not reachable: the row exists and nothing else refuses.
+        _ => StoreError::UnknownSession(session_id.to_owned()),
+    })
+}
+
+/// Takes the session over for a new holder.
+pub(super) async fn acquire(
+    tx: &Transaction<'_>,
+    st: &Statements,
+    session_id: &str,
+    now: u64,
+) -> Result<Written, JobError> {
+    let row = tx
+        .query_opt(&st.acquire, &[&int(now), &session_id])
+        .await
+        .map_err(dirty)?
+        .ok_or_else(|| JobError::Clean(StoreError::UnknownSession(session_id.to_owned())))?;
+    let lease = uint(row.try_get(0).map_err(dirty)?);
+    let last_sequence = uint(row.try_get(1).map_err(dirty)?);
+    Ok(Written {
+        receipt: AppendReceipt {
+            first_sequence: last_sequence + 1,
+            recorded_at_ms: now,
+        },
+        lease,
+    })
+}
+
+/// Sets a session's title.
+pub(super) async fn rename(
+    tx: &Transaction<'_>,
+    st: &Statements,
+    session_id: &str,
+    title: &str,
+    now: u64,
+) -> Result<Written, JobError> {
+    tx.query_opt(&st.rename, &[&session_id, &title])
+        .await
+        .map_err(dirty)?
+        .ok_or_else(|| JobError::Clean(StoreError::UnknownSession(session_id.to_owned())))?;
+    Ok(Written {
+        receipt: AppendReceipt {
+            first_sequence: 0,
+            recorded_at_ms: now,
+        },
+        lease: 0,
+    })
+}
+
+/// Deletes a session's rows: the session, its log, its queue (stored and
+/// relayed) and its idempotency keys, all in the group's transaction.
+pub(super) async fn delete(
+    tx: &Transaction<'_>,
+    st: &Statements,
+    session_id: &str,
+    now: u64,
+) -> Result<Written, JobError> {
+    let row = tx
+        .query_opt(&st.delete_session, &[&session_id])
+        .await
+        .map_err(dirty)?
+        .ok_or_else(|| JobError::Clean(StoreError::UnknownSession(session_id.to_owned())))?;
+    let key: i64 = row.try_get(0).map_err(dirty)?;
+    let by_key: [&(dyn ToSql + Sync); 1] = [&key];
+    futures::try_join!(
+        tx.execute(&st.delete_log, &by_key),
+        tx.execute(&st.delete_queue, &by_key),
+        tx.execute(&st.delete_keys, &by_key),
+    )
+    .map_err(dirty)?;
+    Ok(Written {
+        receipt: AppendReceipt {
+            first_sequence: 0,
+            recorded_at_ms: now,
+        },
+        lease: 0,
+    })
+}
+
+/// Checks and serializes a checkpoint write for `session_id`.
+fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrite, StoreError> {
+    check_addressed(session_id, write)?;
+    let history = if write.transcript_delta.is_empty() {
+        None
+    } else {
+        let items = write
+            .transcript_delta
+            .iter()
+            .map(encode)
+            .collect::<Result<Vec<_>, _>>()?;
+        Some(stored(json_array(items.iter().map(String::as_str))))
+    };
+    Ok(EncodedWrite {
+        checkpoint: stored(encode(&write.checkpoint)?),
+        bot_id: write.checkpoint.session_context.bot_id.clone(),
+        execution: write.execution.as_ref().map(encode).transpose()?.map(stored),
+        history,
+        added: write.transcript_delta.len() as u64,
+        history_cut: write.history_cut,
+    })
+}
+
+/// The stored bytes of `json` (see [`codec`]).
+fn stored(json: String) -> Vec<u8> {
+    codec::encode(json).into_bytes()
+}
+
+pub(super) fn dirty(error: tokio_postgres::Error) -> JobError {
+    JobError::Dirty(super::pg_error(error))
+}
+
+/// A job's write and its index in the group.
+pub(super) type Indexed<'a> = (usize, &'a Write);

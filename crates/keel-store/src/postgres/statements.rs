@@ -1,0 +1,190 @@
+//! The statements the PostgreSQL writer runs, as SQL and prepared once per
+//! connection, and how counters cross into PostgreSQL's `bigint`.
+
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Statement};
+
+/// The statements the writer runs, prepared once per connection.
+pub(super) struct Statements {
+    pub(super) insert_session: Statement,
+    pub(super) write: Statement,
+    pub(super) append_many: Statement,
+    pub(super) refusal: Statement,
+    pub(super) queue_upsert: Statement,
+    pub(super) queue_delete: Statement,
+    pub(super) key_insert: Statement,
+    pub(super) acquire: Statement,
+    pub(super) rename: Statement,
+    pub(super) delete_session: Statement,
+    pub(super) delete_log: Statement,
+    pub(super) delete_queue: Statement,
+    pub(super) delete_keys: Statement,
+}
+
+/// Creates a session row if the id is free; returns its key if it did.
+pub(super) const INSERT_SESSION: &str = "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint)
+     VALUES ($1, $2, $2, '\\x'::bytea) ON CONFLICT (id) DO NOTHING RETURNING key";
+
+/// One statement takes the sequences, rewrites the checkpoint, extends the
+/// history, sets a first title, adds the log row and, when it appends
+/// events, notifies `keel_log` with the session id and its new last
+/// sequence (delivered at commit; see `listen.rs`); matching no row (an
+/// unknown session, a stale lease, a cut longer than the history) writes
+/// nothing. The row lock the update takes orders concurrent writers of one
+/// session (in any process): the second waits, then numbers its events
+/// after the first's.
+pub(super) const WRITE: &str = "WITH s AS (
+         UPDATE sessions SET
+             last_sequence = last_sequence + $1,
+             updated_at_ms = $2,
+             checkpoint = coalesce($3, checkpoint),
+             execution = CASE WHEN $3 IS NULL THEN execution ELSE $4 END,
+             transcript_len = coalesce($9, transcript_len) + $5,
+             bot_id = coalesce($8, bot_id),
+             title = coalesce(title, $10)
+         WHERE id = $6 AND ($7 IS NULL OR lease = $7) AND ($9 IS NULL OR $9 <= transcript_len)
+         RETURNING key, last_sequence, lease
+     ), logged AS (
+         INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history_cut, history, events)
+         SELECT key, last_sequence - $1 + 1, last_sequence, $2, $9, $11, $12 FROM s WHERE $13
+     )
+     SELECT key, last_sequence, lease,
+            CASE WHEN $1 > 0 THEN pg_notify('keel_log', $6 || ' ' || last_sequence) END
+     FROM s";
+
+/// [`WRITE`] for appends to many sessions (one each) in one statement: each
+/// array holds one value per append; `ord` numbers them, and the result
+/// has a row for each append that was written. It notifies as [`WRITE`]
+/// does, in the same statement: no round trip is added.
+pub(super) const APPEND_MANY: &str = "WITH input AS (
+         SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[], $5::int8[], $6::int8[],
+                              $7::text[], $8::int8[], $9::text[], $10::bytea[], $11::bytea[], $12::bool[], $13::int4[])
+             AS i (id, count, checkpoint, execution, added, lease, bot_id, cut, title, history, events, logged, ord)
+     ), s AS (
+         UPDATE sessions SET
+             last_sequence = sessions.last_sequence + i.count,
+             updated_at_ms = $14,
+             checkpoint = coalesce(i.checkpoint, sessions.checkpoint),
+             execution = CASE WHEN i.checkpoint IS NULL THEN sessions.execution ELSE i.execution END,
+             transcript_len = coalesce(i.cut, sessions.transcript_len) + i.added,
+             bot_id = coalesce(i.bot_id, sessions.bot_id),
+             title = coalesce(sessions.title, i.title)
+         FROM input i
+         WHERE sessions.id = i.id
+           AND (i.lease IS NULL OR sessions.lease = i.lease)
+           AND (i.cut IS NULL OR i.cut <= sessions.transcript_len)
+         RETURNING i.ord, sessions.key, sessions.last_sequence, sessions.lease, sessions.id, i.count
+     ), logged AS (
+         INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history_cut, history, events)
+         SELECT s.key, s.last_sequence - i.count + 1, s.last_sequence, $14, i.cut, i.history, i.events
+         FROM s JOIN input i ON i.ord = s.ord
+         WHERE i.logged
+         ORDER BY i.ord
+     )
+     SELECT ord, key, last_sequence, lease,
+            CASE WHEN count > 0 THEN pg_notify('keel_log', id || ' ' || last_sequence) END
+     FROM s";
+
+pub(super) const APPEND_MANY_TYPES: [Type; 14] = [
+    Type::TEXT_ARRAY,
+    Type::INT8_ARRAY,
+    Type::BYTEA_ARRAY,
+    Type::BYTEA_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT8_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::INT8_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::BYTEA_ARRAY,
+    Type::BYTEA_ARRAY,
+    Type::BOOL_ARRAY,
+    Type::INT4_ARRAY,
+    Type::INT8,
+];
+
+pub(super) const WRITE_TYPES: [Type; 13] = [
+    Type::INT8,
+    Type::INT8,
+    Type::BYTEA,
+    Type::BYTEA,
+    Type::INT8,
+    Type::TEXT,
+    Type::INT8,
+    Type::TEXT,
+    Type::INT8,
+    Type::TEXT,
+    Type::BYTEA,
+    Type::BYTEA,
+    Type::BOOL,
+];
+
+impl Statements {
+    pub(super) async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
+        let (insert_session, write, refusal, queue_upsert, queue_delete, key_insert) = futures::try_join!(
+            client.prepare_typed(INSERT_SESSION, &[Type::TEXT, Type::INT8]),
+            client.prepare_typed(WRITE, &WRITE_TYPES),
+            client.prepare_typed("SELECT lease, transcript_len FROM sessions WHERE id = $1", &[Type::TEXT]),
+            client.prepare_typed(
+                "INSERT INTO queued_submissions (session_key, id, sequence, submission)
+                 SELECT $1, * FROM unnest($2::text[], $3::int8[], $4::bytea[])
+                 ON CONFLICT (session_key, id) DO UPDATE SET sequence = excluded.sequence, submission = excluded.submission",
+                &[Type::INT8, Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::BYTEA_ARRAY],
+            ),
+            client.prepare_typed(
+                "DELETE FROM queued_submissions WHERE session_key = $1 AND id = ANY($2)",
+                &[Type::INT8, Type::TEXT_ARRAY],
+            ),
+            client.prepare_typed(
+                "INSERT INTO submission_keys (session_key, key, submission_id, sequence)
+                 SELECT $1, * FROM unnest($2::text[], $3::text[], $4::int8[]) ON CONFLICT DO NOTHING",
+                &[Type::INT8, Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY],
+            ),
+        )?;
+        let append_many = client.prepare_typed(APPEND_MANY, &APPEND_MANY_TYPES).await?;
+        let (acquire, rename, delete_session, delete_log, delete_queue, delete_keys) = futures::try_join!(
+            client.prepare_typed(
+                "UPDATE sessions SET lease = lease + 1, updated_at_ms = $1 WHERE id = $2 RETURNING lease, last_sequence",
+                &[Type::INT8, Type::TEXT],
+            ),
+            client.prepare_typed(
+                "UPDATE sessions SET title = $2 WHERE id = $1 RETURNING key",
+                &[Type::TEXT, Type::TEXT]
+            ),
+            client.prepare_typed("DELETE FROM sessions WHERE id = $1 RETURNING key", &[Type::TEXT]),
+            client.prepare_typed("DELETE FROM log WHERE session_key = $1", &[Type::INT8]),
+            // The relayed submissions go with the queue.
+            client.prepare_typed(
+                "WITH relayed AS (DELETE FROM relayed_submissions WHERE session_key = $1)
+                 DELETE FROM queued_submissions WHERE session_key = $1",
+                &[Type::INT8]
+            ),
+            client.prepare_typed("DELETE FROM submission_keys WHERE session_key = $1", &[Type::INT8]),
+        )?;
+        Ok(Self {
+            insert_session,
+            write,
+            append_many,
+            refusal,
+            queue_upsert,
+            queue_delete,
+            key_insert,
+            acquire,
+            rename,
+            delete_session,
+            delete_log,
+            delete_queue,
+            delete_keys,
+        })
+    }
+}
+
+/// A u64 as a PostgreSQL `bigint` (values past `i64::MAX` saturate; no
+/// counter gets there).
+pub(super) fn int(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A `bigint` read back as the u64 it was written from.
+pub(super) fn uint(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
