@@ -25,7 +25,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{CloseMode, Host, LiveSession, SessionLease};
+use super::Host;
+use super::live::{LiveSession, SessionLease};
+use super::pump::CloseMode;
 use crate::error::ApiError;
 use crate::settings::SessionSettings;
 use keel_agent::{Accepted, BusyPolicy, SubmitOptions, check_same_body, key_reused};
@@ -159,7 +161,7 @@ impl Host {
 
     /// The live session `session_id` if this node runs it; never loads it.
     async fn loaded(&self, session_id: &str) -> Option<SessionLease> {
-        let slot = self.lock_slots().get(session_id).cloned()?;
+        let slot = self.find_slot(session_id)?;
         let live = slot.live.lock().await;
         live.as_ref()
             .filter(|session| !session.stopped())
@@ -301,7 +303,7 @@ impl Host {
 
     /// The live sessions, as they are now.
     fn live_sessions(&self) -> Vec<Arc<LiveSession>> {
-        let slots: Vec<_> = self.lock_slots().values().cloned().collect();
+        let slots = self.slots_now();
         slots
             .iter()
             .filter_map(|slot| slot.live.try_lock().ok()?.as_ref().map(Arc::clone))
@@ -310,7 +312,7 @@ impl Host {
 
     /// Stops a session whose lease another node took: it must not run here.
     async fn drop_lost(&self, session_id: &str) {
-        let Some(slot) = self.lock_slots().get(session_id).cloned() else {
+        let Some(slot) = self.find_slot(session_id) else {
             return;
         };
         let mut live = slot.live.lock().await;
