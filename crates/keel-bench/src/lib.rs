@@ -18,6 +18,7 @@
 
 pub mod cluster;
 mod database;
+mod http;
 pub mod recorder;
 pub mod serve;
 mod stats;
