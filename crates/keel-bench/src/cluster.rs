@@ -2,7 +2,7 @@
 //! database: turns per second per node and in total, and how much later an
 //! event reaches a subscriber on another node than one on its owner.
 //!
-//! N in-process servers (the library's [`serve`], each on a loopback port)
+//! N in-process servers (the library's [`serve`](keel_server::serve), each on a loopback port)
 //! share one database, each with a store and a notice listener of its own,
 //! as `keel serve` nodes do. Each of S sessions is created on a node picked
 //! by a seeded generator, which owns it; each of its T turns is `POST`ed to
@@ -26,15 +26,16 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use serde_json::json;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::serve::{
-    TURN_TIMEOUT, WireEvent, check, create_session, io_error, join_sessions, read_stream, write_script,
+use super::http::{
+    BenchServer, WireEvent, check, create_session, events_read, http_client, join_sessions, next_turn_event,
+    read_stream, write_script,
 };
 use super::stats::percentile;
 use keel_protocol::{Error, Result};
-use keel_server::{ClusterConfig, DEFAULT_LEASE_TTL, ServeError, ServerConfig, serve};
+use keel_server::{ClusterConfig, DEFAULT_LEASE_TTL, ServerConfig};
 use keel_store::{PostgresCheckpoint, PostgresOptions};
 
 /// Parameters of the cluster workload.
@@ -158,10 +159,8 @@ pub async fn run_cluster(params: &ClusterParams) -> Result<ClusterReport> {
 
 /// One in-process node.
 struct Node {
-    base: String,
+    server: BenchServer,
     store: Arc<PostgresCheckpoint>,
-    stop: oneshot::Sender<()>,
-    server: JoinHandle<std::result::Result<(), ServeError>>,
 }
 
 impl Node {
@@ -180,39 +179,23 @@ impl Node {
             store: store.clone(),
             listener: notices,
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_error)?;
-        let base = format!("http://{}", listener.local_addr().map_err(io_error)?);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, config, async {
-            let _ = stopped.await;
-        }));
-        Ok(Self {
-            base,
-            store,
-            stop,
-            server,
-        })
+        let server = BenchServer::start(config).await?;
+        Ok(Self { server, store })
     }
 
     /// Shuts the server down and closes its store.
     async fn stop(self) -> Result<()> {
-        let _ = self.stop.send(());
-        let outcome = self.server.await;
+        let outcome = self.server.stop("a bench node").await;
         self.store.close().await;
         outcome
-            .map_err(|error| Error::stopped(format!("a bench node failed: {error}")))?
-            .map_err(|error| Error::stopped(format!("a bench node failed: {error}")))
     }
 }
 
 /// Creates the sessions, warms them up, runs the timed turns and shuts the
 /// sessions down; measures.
 async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> {
-    let bases: Vec<String> = nodes.iter().map(|node| node.base.clone()).collect();
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(usize::MAX)
-        .build()
-        .map_err(|error| Error::Config(format!("cannot build the HTTP client: {error}")))?;
+    let bases: Vec<String> = nodes.iter().map(|node| node.server.base.clone()).collect();
+    let client = http_client()?;
     let mut owners = StdRng::seed_from_u64(params.seed);
     let mut sessions = Vec::with_capacity(params.sessions);
     for index in 0..params.sessions {
@@ -438,10 +421,7 @@ impl ClusterSession {
         check(client.post(url).json(&body).send().await).await?;
         let accept_ms = started.elapsed().as_secs_f64() * 1000.0;
         loop {
-            let event = tokio::time::timeout(TURN_TIMEOUT, self.events.recv())
-                .await
-                .map_err(|_| Error::stopped(format!("no bench turn event for {TURN_TIMEOUT:?}")))?
-                .ok_or_else(|| Error::stopped("the bench event stream ended during a turn"))?;
+            let event = next_turn_event(&mut self.events).await?;
             let kind = event.kind.clone();
             let sequence = event.sequence;
             self.seen.push(event);
@@ -463,19 +443,13 @@ impl ClusterSession {
     async fn finish(mut self, client: &reqwest::Client, bases: &[String]) -> Result<Streams> {
         let url = format!("{}/v1/sessions/{}/submissions", bases[self.owner], self.id);
         check(client.post(url).json(&json!({"op": {"type": "shutdown"}})).send().await).await?;
-        let count = self
-            .reader
-            .await
-            .map_err(|error| Error::stopped(format!("a bench subscriber failed: {error}")))??;
+        let count = events_read(self.reader).await?;
         while let Ok(event) = self.events.try_recv() {
             self.seen.push(event);
         }
         let cross = match self.cross {
             Some(mut cross) => {
-                let cross_count = cross
-                    .reader
-                    .await
-                    .map_err(|error| Error::stopped(format!("a bench subscriber failed: {error}")))??;
+                let cross_count = events_read(cross.reader).await?;
                 if cross_count != count {
                     return Err(Error::Model(format!(
                         "session '{}': {count} events on its owner's stream, {cross_count} on another node's",

@@ -21,6 +21,7 @@
 
 pub mod cluster;
 mod database;
+mod http;
 pub mod recorder;
 pub mod serve;
 mod stats;

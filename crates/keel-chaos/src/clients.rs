@@ -83,6 +83,30 @@ pub(super) struct SessionClients {
     pub(super) history: History,
 }
 
+impl SessionClients {
+    /// Records into this session's history.
+    fn record(&self, change: impl FnOnce(&mut SessionHistory)) {
+        record(&self.history, &self.session_id, change);
+    }
+
+    /// Submits `body` (under `key`, if given) to a node `rng` picks and
+    /// records the attempt; its outcome.
+    async fn attempt(&self, rng: &mut StdRng, body: &Value, key: Option<&str>) -> Outcome {
+        let node = rng.random_range(0..addresses_len(&self.addresses));
+        let outcome = submit(&self.http, &self.addresses, node, &self.session_id, body, key).await;
+        self.record(|session| {
+            session.attempts.push(Attempt {
+                session_id: self.session_id.clone(),
+                key: key.map(str::to_owned),
+                op: body.clone(),
+                node,
+                outcome: outcome.clone(),
+            });
+        });
+        outcome
+    }
+}
+
 /// Records into the history.
 fn record(history: &History, session_id: &str, change: impl FnOnce(&mut SessionHistory)) {
     let mut all = history.lock().unwrap_or_else(|poison| poison.into_inner());
@@ -91,12 +115,7 @@ fn record(history: &History, session_id: &str, change: impl FnOnce(&mut SessionH
 
 /// Sends work to one session until `stop` says so.
 pub(super) async fn write(clients: SessionClients, seed: u64, mut stop: watch::Receiver<bool>) {
-    let SessionClients {
-        http: client,
-        addresses,
-        session_id,
-        history,
-    } = clients;
+    let session_id = &clients.session_id;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut sent = 0u64;
     while !*stop.borrow() {
@@ -126,19 +145,9 @@ pub(super) async fn write(clients: SessionClients, seed: u64, mut stop: watch::R
             body["on_busy"] = json!(policy);
         }
         for attempt in 0..ATTEMPTS {
-            let node = rng.random_range(0..addresses_len(&addresses));
-            let outcome = submit(&client, &addresses, node, &session_id, &body, key.as_deref()).await;
+            let outcome = clients.attempt(&mut rng, &body, key.as_deref()).await;
             let answered = matches!(outcome, Outcome::Accepted { .. })
                 || matches!(&outcome, Outcome::Refused { status, .. } if *status != 503 && *status != 500);
-            record(&history, &session_id, |session| {
-                session.attempts.push(Attempt {
-                    session_id: session_id.clone(),
-                    key: key.clone(),
-                    op: body.clone(),
-                    node,
-                    outcome,
-                });
-            });
             // A control op is not retried: it acts at once or not at all.
             if answered || key.is_none() || *stop.borrow() {
                 break;
@@ -356,8 +365,8 @@ pub(super) async fn approve(clients: SessionClients, seed: u64, mut stop: watch:
         http: client,
         addresses,
         session_id,
-        history,
-    } = clients;
+        ..
+    } = &clients;
     let mut rng = StdRng::seed_from_u64(seed);
     while !*stop.borrow() {
         let pause = Duration::from_millis(rng.random_range(100..400));
@@ -365,8 +374,8 @@ pub(super) async fn approve(clients: SessionClients, seed: u64, mut stop: watch:
             () = tokio::time::sleep(pause) => {}
             _ = stop.changed() => return,
         }
-        let node = rng.random_range(0..addresses_len(&addresses));
-        let url = format!("{}/v1/sessions/{session_id}", address(&addresses, node));
+        let node = rng.random_range(0..addresses_len(addresses));
+        let url = format!("{}/v1/sessions/{session_id}", address(addresses, node));
         let Ok(response) = client.get(url).timeout(REQUEST_TIMEOUT).send().await else {
             continue;
         };
@@ -380,17 +389,7 @@ pub(super) async fn approve(clients: SessionClients, seed: u64, mut stop: watch:
         for call_id in pending {
             let decision = if rng.random_range(0..5) == 0 { "deny" } else { "approve" };
             let body = json!({"op": {"type": "approval", "call_id": call_id, "decision": decision}});
-            let node = rng.random_range(0..addresses_len(&addresses));
-            let outcome = submit(&client, &addresses, node, &session_id, &body, None).await;
-            record(&history, &session_id, |session| {
-                session.attempts.push(Attempt {
-                    session_id: session_id.clone(),
-                    key: None,
-                    op: body,
-                    node,
-                    outcome,
-                });
-            });
+            clients.attempt(&mut rng, &body, None).await;
         }
     }
 }

@@ -17,21 +17,21 @@
 //!
 //! A soak (`soak`) runs the same load without faults for a long while,
 //! sampling the server's memory, descriptors and live tasks.
-//!
-//! Nothing but the `keel` command depends on this crate. It must not reach
-//! into the server: it drives `keel serve` over HTTP as separate processes,
-//! and reads the store only to check it at the end.
 
 mod check;
 mod clients;
+mod evidence;
+mod faults;
+mod integrity;
 mod nodes;
 mod soak;
+mod stored;
 
 pub use self::soak::{Sample, svg};
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -40,13 +40,18 @@ use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-use self::clients::History;
-use self::nodes::{Addresses, Node, NodeSpec, keep, setup};
+use self::clients::{History, SessionClients, SessionHistory};
+use self::evidence::{keep_evidence, write_fixtures};
+use self::faults::{inject, pick};
+use self::integrity::{integrity, postgres_integrity};
+use self::nodes::{Addresses, Node, NodeSpec, setup};
+use self::stored::{open_store, stored_log};
 use keel_protocol::RecordedEvent;
 use keel_protocol::Result;
+use keel_store::CheckpointStore;
 use keel_store::postgres::local::TestPostgres;
-use keel_store::{CheckpointStore, MAX_EVENT_PAGE, StoreError};
 
 /// How long, after the last fault, every acknowledged submission gets to be
 /// acted on before it counts as stranded.
@@ -150,28 +155,6 @@ impl ChaosReport {
     }
 }
 
-/// The kinds of fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    Kill,
-    Terminate,
-    Pause,
-    RestartPostgres,
-    TerminateConnections,
-}
-
-impl Fault {
-    fn name(self) -> &'static str {
-        match self {
-            Fault::Kill => "kill -9",
-            Fault::Terminate => "sigterm",
-            Fault::Pause => "sigstop",
-            Fault::RestartPostgres => "postgres restart",
-            Fault::TerminateConnections => "pg_terminate_backend",
-        }
-    }
-}
-
 /// Runs the load, injects the faults, lets the system settle and checks
 /// the invariants. A failed check is a violation in the report, not an
 /// error; an error means the run could not be carried out.
@@ -206,74 +189,19 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
     }
     let addresses: Addresses = Arc::new(RwLock::new(nodes.iter().map(Node::base).collect()));
     let model = format!("script:{}", dir.join("chaos.jsonl").display());
-    let mut session_ids = Vec::with_capacity(params.sessions);
-    let mut asking = Vec::new();
-    for index in 0..params.sessions {
-        let id = format!("chaos-{index}");
-        let base = nodes[index % nodes.len()].base();
-        let mut body = json!({"id": id, "model": model});
-        if index % ASKING_EVERY == ASKING_EVERY - 1 {
-            body["approvals"] = json!({"tools": {"shell": "ask"}});
-            asking.push(id.clone());
-        }
-        let created = client
-            .post(format!("{base}/v1/sessions"))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|error| setup(format!("cannot create a session: {error}")))?;
-        if !created.status().is_success() {
-            return Err(setup(format!("creating a session answered {}", created.status())));
-        }
-        session_ids.push(id);
-    }
-
+    let sessions = Sessions::create(&client, &nodes, &model, params.sessions).await?;
     let history: History = Arc::new(Mutex::new(BTreeMap::new()));
-    let (stop_writers, writers_stop) = watch::channel(false);
-    let (stop_followers, followers_stop) = watch::channel(false);
-    let (mut writers, mut followers) = (Vec::new(), Vec::new());
-    let session_clients = |session_id: &str| clients::SessionClients {
+    let load = Load::start(params, &sessions, |session_id| SessionClients {
         http: client.clone(),
         addresses: Arc::clone(&addresses),
         session_id: session_id.to_owned(),
         history: Arc::clone(&history),
-    };
-    // Approvers run as long as followers do: turns waiting for approval
-    // must close for the run to settle.
-    for (index, session_id) in asking.iter().enumerate() {
-        followers.push(tokio::spawn(clients::approve(
-            session_clients(session_id),
-            params.seed.wrapping_mul(7919).wrapping_add(index as u64),
-            followers_stop.clone(),
-        )));
-    }
-    for (index, session_id) in session_ids.iter().enumerate() {
-        let seed = params.seed.wrapping_mul(1000).wrapping_add(index as u64);
-        writers.push(tokio::spawn(clients::write(
-            session_clients(session_id),
-            seed,
-            writers_stop.clone(),
-        )));
-        followers.push(tokio::spawn(clients::follow(
-            session_clients(session_id),
-            seed ^ 0x5eed,
-            followers_stop.clone(),
-        )));
-    }
+    });
 
     let mut report = ChaosReport::default();
     let mut rng = StdRng::seed_from_u64(params.seed);
     if let Some(duration) = params.soak {
-        let since = Instant::now();
-        let base = nodes[0].base();
-        while since.elapsed() < duration {
-            if let Some(pid) = nodes[0].pid()
-                && let Some(sample) = soak::sample(&client, pid, &base, since).await
-            {
-                report.samples.push(sample);
-            }
-            tokio::time::sleep(soak::SAMPLE_EVERY).await;
-        }
+        report.samples = soak_samples(&client, &nodes[0], duration).await;
     }
     let faults = if params.soak.is_some() { 0 } else { params.faults };
     for _ in 0..faults {
@@ -293,87 +221,19 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
     }
     // The load stops (requests in flight are answered first); whatever was
     // acknowledged must now be acted on.
-    let _ = stop_writers.send(true);
-    for writer in writers {
-        let _ = writer.await;
-    }
+    Load::stop(&load.stop_writers, load.writers).await;
     let store = open_store(&db).await?;
-    let deadline = Instant::now() + SETTLE_BOUND;
-    let mut logs = BTreeMap::new();
-    loop {
-        logs.clear();
-        for session_id in &session_ids {
-            logs.insert(session_id.clone(), stored_log(store.as_ref(), session_id).await?);
-        }
-        let settled = {
-            let all = history.lock().unwrap_or_else(|poison| poison.into_inner());
-            session_ids.iter().all(|session_id| {
-                let log = logs.get(session_id).map(Vec::as_slice).unwrap_or_default();
-                let received = all
-                    .get(session_id)
-                    .and_then(|session| session.received.keys().next_back().copied())
-                    .unwrap_or(0);
-                let caught_up = received >= log.len() as u64;
-                caught_up && all.get(session_id).is_none_or(|session| check::settled(session, log))
-            })
-        };
-        if settled || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let _ = stop_followers.send(true);
-    for follower in followers {
-        let _ = follower.await;
-    }
+    let logs = settle(store.as_ref(), &sessions.ids, &history).await?;
+    Load::stop(&load.stop_followers, load.followers).await;
     for node in &mut nodes {
         node.terminate().await;
     }
 
     let all = std::mem::take(&mut *history.lock().unwrap_or_else(|poison| poison.into_inner()));
-    for session_id in &session_ids {
+    for session_id in &sessions.ids {
         let log = logs.get(session_id).map(Vec::as_slice).unwrap_or_default();
-        let session = all.get(session_id);
-        check::log(session_id, log, &mut report.violations);
-        if let Some(session) = session {
-            check::history(session_id, session, log, &mut report.violations);
-            if !check::settled(session, log) {
-                report.violations.push(format!(
-                    "{session_id}: acknowledged work not done {} s after the last fault",
-                    SETTLE_BOUND.as_secs()
-                ));
-            }
-            report.attempts += session.attempts.len() as u64;
-            report.acknowledged += session
-                .attempts
-                .iter()
-                .filter(|attempt| matches!(attempt.outcome, clients::Outcome::Accepted { .. }))
-                .count() as u64;
-            report.received += session.received.len() as u64;
-            report.resumes += session.resumes;
-            report.websockets += session.websockets;
-        }
-        let mut effects: BTreeMap<String, usize> = BTreeMap::new();
-        if let Ok(text) = std::fs::read_to_string(dir.join("workspaces").join(session_id).join("effects.txt")) {
-            for call_id in text.lines() {
-                *effects.entry(call_id.to_owned()).or_default() += 1;
-            }
-        }
-        check::side_effects(
-            session_id,
-            &effects,
-            log,
-            asking.contains(session_id),
-            &mut report.violations,
-        );
-        check::approvals(session_id, log, &mut report.violations);
-        report.side_effects += effects.values().sum::<usize>() as u64;
-        report.approvals += log
-            .iter()
-            .filter(|event| matches!(event.msg, keel_protocol::EventMsg::ApprovalDecided(_)))
-            .count() as u64;
-        report.stored += log.len() as u64;
-        report.turns += log.iter().filter(|event| event.msg.ends_turn()).count() as u64;
+        let asking = sessions.asking.contains(session_id);
+        check_session(&mut report, &dir, session_id, log, all.get(session_id), asking);
     }
     store.close().await;
     if params.store == ChaosStore::Sqlite {
@@ -397,237 +257,189 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
     Ok(report)
 }
 
-/// The script every session answers from, and the operator's keel.toml.
-fn write_fixtures(dir: &Path) -> Result<()> {
-    let mut script = String::new();
-    for index in 0..4000 {
-        let line = match index % 4 {
-            0 => {
-                json!({"chunks": ["Once ", "upon ", "a ", "time, ", "far ", "away, ", "there ", "was."], "delay_ms": 40})
+/// The sessions under load: every one, and those whose shell calls wait
+/// for approval.
+struct Sessions {
+    ids: Vec<String>,
+    asking: Vec<String>,
+}
+
+impl Sessions {
+    /// Creates `count` sessions answering from `model`, spread over the
+    /// nodes; one in [`ASKING_EVERY`] asks before running a shell call.
+    async fn create(client: &reqwest::Client, nodes: &[Node], model: &str, count: usize) -> Result<Self> {
+        let mut ids = Vec::with_capacity(count);
+        let mut asking = Vec::new();
+        for index in 0..count {
+            let id = format!("chaos-{index}");
+            let base = nodes[index % nodes.len()].base();
+            let mut body = json!({"id": id, "model": model});
+            if index % ASKING_EVERY == ASKING_EVERY - 1 {
+                body["approvals"] = json!({"tools": {"shell": "ask"}});
+                asking.push(id.clone());
             }
-            // The side effect names its call, so a call run twice shows.
-            1 => json!({"tool_calls": [{
-                "id": format!("call-{index}"),
-                "name": "shell",
-                "arguments": {"command": format!("echo call-{index} >> effects.txt")},
-            }]}),
-            2 => json!({"text": "The tool ran."}),
-            _ => json!({"text": "Short."}),
-        };
-        script.push_str(&line.to_string());
-        script.push('\n');
-    }
-    let write = |name: &str, text: &str| {
-        std::fs::write(dir.join(name), text).map_err(|error| setup(format!("cannot write {name}: {error}")))
-    };
-    write("chaos.jsonl", &script)?;
-    write("keel.toml", "[approvals]\ntools = { shell = \"auto\" }\n")
-}
-
-fn pick(rng: &mut StdRng, store: ChaosStore) -> Fault {
-    match store {
-        ChaosStore::Sqlite => {
-            if rng.random_range(0..3) == 0 {
-                Fault::Terminate
-            } else {
-                Fault::Kill
-            }
-        }
-        ChaosStore::Postgres { .. } => match rng.random_range(0..10) {
-            0..=3 => Fault::Kill,
-            4 => Fault::Terminate,
-            5..=6 => Fault::Pause,
-            7 => Fault::RestartPostgres,
-            _ => Fault::TerminateConnections,
-        },
-    }
-}
-
-/// Applies one fault and brings what it broke back.
-async fn inject(
-    fault: Fault,
-    rng: &mut StdRng,
-    nodes: &mut [Node],
-    postgres: Option<&TestPostgres>,
-    db: &str,
-    client: &reqwest::Client,
-    lease_ttl_ms: u64,
-) -> Result<()> {
-    let index = rng.random_range(0..nodes.len());
-    let node = &mut nodes[index];
-    match fault {
-        Fault::Kill => {
-            node.crash();
-            tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
-            node.restart(client).await
-        }
-        Fault::Terminate => {
-            node.terminate().await;
-            node.restart(client).await
-        }
-        Fault::Pause => {
-            node.signal(nix::sys::signal::Signal::SIGSTOP);
-            let past_lease = lease_ttl_ms + rng.random_range(0..lease_ttl_ms);
-            tokio::time::sleep(Duration::from_millis(past_lease)).await;
-            node.signal(nix::sys::signal::Signal::SIGCONT);
-            Ok(())
-        }
-        Fault::RestartPostgres => {
-            if let Some(postgres) = postgres {
-                // pg_ctl waits; this worker waits with it, the others go on.
-                tokio::task::block_in_place(|| postgres.stop());
-                tokio::time::sleep(Duration::from_millis(rng.random_range(0..1000))).await;
-                tokio::task::block_in_place(|| postgres.start());
-            }
-            Ok(())
-        }
-        Fault::TerminateConnections => terminate_connections(db).await,
-    }
-}
-
-/// Ends every connection Keel has to the database.
-async fn terminate_connections(url: &str) -> Result<()> {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .map_err(|error| setup(format!("cannot connect to terminate connections: {error}")))?;
-    let driver = tokio::spawn(connection);
-    let _ = client
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE datname = current_database() AND pid <> pg_backend_pid()
-               AND application_name LIKE 'keel%'",
-            &[],
-        )
-        .await;
-    drop(client);
-    let _ = driver.await;
-    Ok(())
-}
-
-async fn open_store(db: &str) -> Result<Arc<dyn CheckpointStore>> {
-    let opened = keel_store::open(db, keel_store::OpenOptions::default())
-        .await
-        .map_err(StoreError::from)?;
-    Ok(opened.store)
-}
-
-/// A session's whole stored log.
-async fn stored_log(store: &dyn CheckpointStore, session_id: &str) -> Result<Vec<RecordedEvent>> {
-    let mut log: Vec<RecordedEvent> = Vec::new();
-    let deadline = Instant::now() + SETTLE_BOUND;
-    loop {
-        let after = log.last().map_or(0, |event| event.sequence);
-        let page = match store.events_after(session_id, after, MAX_EVENT_PAGE).await {
-            Ok(page) => page,
-            // The database is coming back from a restart.
-            Err(keel_store::StoreError::Unavailable(_)) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            }
-            Err(error) => return Err(error.into()),
-        };
-        let done = page.len() < MAX_EVENT_PAGE;
-        log.extend(page);
-        if done {
-            return Ok(log);
-        }
-    }
-}
-
-/// SQLite's own check of the file.
-fn integrity(path: &Path, violations: &mut Vec<String>) {
-    let verdict = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .and_then(|conn| conn.query_row("PRAGMA integrity_check", [], |row| row.get::<_, String>(0)));
-    match verdict {
-        Ok(verdict) if verdict == "ok" => {}
-        Ok(verdict) => violations.push(format!("the database's integrity check says: {verdict}")),
-        Err(error) => violations.push(format!("the database cannot be checked: {error}")),
-    }
-}
-
-/// PostgreSQL's own checks (`amcheck`): every B-tree index of the database
-/// is consistent and finds every row of its table, and no table has a
-/// corrupt page. A check that cannot run is a violation too.
-async fn postgres_integrity(url: &str, violations: &mut Vec<String>) {
-    const INDEXES: &str = "SELECT c.oid::regclass::text FROM pg_class c
-         JOIN pg_am am ON am.oid = c.relam JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE c.relkind = 'i' AND am.amname = 'btree' AND n.nspname = 'public'";
-    const TABLES: &str = "SELECT c.oid::regclass::text FROM pg_class c
-         JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE c.relkind = 'r' AND n.nspname = 'public'";
-    let checked = async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-        let driver = tokio::spawn(connection);
-        client.batch_execute("CREATE EXTENSION IF NOT EXISTS amcheck").await?;
-        let mut found = Vec::new();
-        for row in client.query(INDEXES, &[]).await? {
-            let index: String = row.try_get(0)?;
-            if let Err(error) = client
-                .execute("SELECT bt_index_check($1::text::regclass, true)", &[&index])
+            let created = client
+                .post(format!("{base}/v1/sessions"))
+                .json(&body)
+                .send()
                 .await
-            {
-                found.push(format!("the index {index} fails its check: {error}"));
+                .map_err(|error| setup(format!("cannot create a session: {error}")))?;
+            if !created.status().is_success() {
+                return Err(setup(format!("creating a session answered {}", created.status())));
             }
+            ids.push(id);
         }
-        let tables = client.query(TABLES, &[]).await?;
-        for row in &tables {
-            let table: String = row.try_get(0)?;
-            for corrupt in client
-                .query(
-                    "SELECT blkno, offnum, msg FROM verify_heapam($1::text::regclass)",
-                    &[&table],
-                )
-                .await?
-            {
-                let (block, offset, message): (i64, Option<i32>, String) =
-                    (corrupt.try_get(0)?, corrupt.try_get(1)?, corrupt.try_get(2)?);
-                found.push(format!(
-                    "the table {table} is corrupt at block {block}, item {offset:?}: {message}"
-                ));
-            }
-        }
-        if tables.is_empty() {
-            found.push("no table of Keel's was found to check".to_owned());
-        }
-        drop(client);
-        let _ = driver.await;
-        Ok::<_, tokio_postgres::Error>(found)
-    };
-    match checked.await {
-        Ok(found) => violations.extend(found),
-        Err(error) => violations.push(format!("the database cannot be checked: {error}")),
+        Ok(Self { ids, asking })
     }
 }
 
-/// Copies the evidence of a failed run into a directory of its own.
-fn keep_evidence(
-    params: &ChaosParams,
+/// The clients under way: the writers, and the followers and approvers,
+/// each group stopped by its own signal.
+struct Load {
+    stop_writers: watch::Sender<bool>,
+    writers: Vec<JoinHandle<()>>,
+    stop_followers: watch::Sender<bool>,
+    followers: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    /// Starts an approver per asking session, and a writer and a follower
+    /// per session, with the clients `clients_of` gives a session.
+    fn start(params: &ChaosParams, sessions: &Sessions, clients_of: impl Fn(&str) -> SessionClients) -> Self {
+        let (stop_writers, writers_stop) = watch::channel(false);
+        let (stop_followers, followers_stop) = watch::channel(false);
+        let (mut writers, mut followers) = (Vec::new(), Vec::new());
+        // Approvers run as long as followers do: turns waiting for approval
+        // must close for the run to settle.
+        for (index, session_id) in sessions.asking.iter().enumerate() {
+            followers.push(tokio::spawn(clients::approve(
+                clients_of(session_id),
+                params.seed.wrapping_mul(7919).wrapping_add(index as u64),
+                followers_stop.clone(),
+            )));
+        }
+        for (index, session_id) in sessions.ids.iter().enumerate() {
+            let seed = params.seed.wrapping_mul(1000).wrapping_add(index as u64);
+            writers.push(tokio::spawn(clients::write(
+                clients_of(session_id),
+                seed,
+                writers_stop.clone(),
+            )));
+            followers.push(tokio::spawn(clients::follow(
+                clients_of(session_id),
+                seed ^ 0x5eed,
+                followers_stop.clone(),
+            )));
+        }
+        Self {
+            stop_writers,
+            writers,
+            stop_followers,
+            followers,
+        }
+    }
+
+    /// Signals a group of clients to stop and waits for them.
+    async fn stop(signal: &watch::Sender<bool>, tasks: Vec<JoinHandle<()>>) {
+        let _ = signal.send(true);
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// A soak's samples of `node`, one every [`soak::SAMPLE_EVERY`] for
+/// `duration`.
+async fn soak_samples(client: &reqwest::Client, node: &Node, duration: Duration) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    let since = Instant::now();
+    let base = node.base();
+    while since.elapsed() < duration {
+        if let Some(pid) = node.pid()
+            && let Some(sample) = soak::sample(client, pid, &base, since).await
+        {
+            samples.push(sample);
+        }
+        tokio::time::sleep(soak::SAMPLE_EVERY).await;
+    }
+    samples
+}
+
+/// Reads every session's stored log until all the acknowledged work is
+/// done and streamed, or [`SETTLE_BOUND`] has passed; the logs as last read.
+async fn settle(
+    store: &dyn CheckpointStore,
+    session_ids: &[String],
+    history: &History,
+) -> Result<BTreeMap<String, Vec<RecordedEvent>>> {
+    let deadline = Instant::now() + SETTLE_BOUND;
+    let mut logs = BTreeMap::new();
+    loop {
+        logs.clear();
+        for session_id in session_ids {
+            logs.insert(session_id.clone(), stored_log(store, session_id).await?);
+        }
+        let settled = {
+            let all = history.lock().unwrap_or_else(|poison| poison.into_inner());
+            session_ids.iter().all(|session_id| {
+                let log = logs.get(session_id).map(Vec::as_slice).unwrap_or_default();
+                let received = all
+                    .get(session_id)
+                    .and_then(|session| session.received.keys().next_back().copied())
+                    .unwrap_or(0);
+                let caught_up = received >= log.len() as u64;
+                caught_up && all.get(session_id).is_none_or(|session| check::settled(session, log))
+            })
+        };
+        if settled || Instant::now() > deadline {
+            return Ok(logs);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Checks one session's invariants against its stored `log` and what its
+/// clients saw, and adds its counts to the report.
+fn check_session(
+    report: &mut ChaosReport,
     dir: &Path,
-    nodes: &[Node],
-    history: &BTreeMap<String, clients::SessionHistory>,
-    report: &ChaosReport,
-) -> Result<PathBuf> {
-    let target = params
-        .evidence
-        .join(format!("chaos-seed-{}-{}", params.seed, keel_protocol::now_ms()));
-    std::fs::create_dir_all(&target).map_err(|error| setup(format!("cannot keep the evidence: {error}")))?;
-    for node in nodes {
-        keep(&node.log_path(), &target);
-    }
-    for name in ["keel.sqlite3", "keel.sqlite3-wal", "chaos.jsonl", "keel.toml"] {
-        keep(&dir.join(name), &target);
-    }
-    let mut file = std::fs::File::create(target.join("history.jsonl"))
-        .map_err(|error| setup(format!("cannot keep the history: {error}")))?;
-    for (session_id, session) in history {
-        for attempt in &session.attempts {
-            let _ = writeln!(file, "{}", serde_json::to_string(attempt).unwrap_or_default());
+    session_id: &str,
+    log: &[RecordedEvent],
+    session: Option<&SessionHistory>,
+    asking: bool,
+) {
+    check::log(session_id, log, &mut report.violations);
+    if let Some(session) = session {
+        check::history(session_id, session, log, &mut report.violations);
+        if !check::settled(session, log) {
+            report.violations.push(format!(
+                "{session_id}: acknowledged work not done {} s after the last fault",
+                SETTLE_BOUND.as_secs()
+            ));
         }
-        for event in session.received.values() {
-            let _ = writeln!(file, "{}", json!({"session_id": session_id, "received": event}));
+        report.attempts += session.attempts.len() as u64;
+        report.acknowledged += session
+            .attempts
+            .iter()
+            .filter(|attempt| matches!(attempt.outcome, clients::Outcome::Accepted { .. }))
+            .count() as u64;
+        report.received += session.received.len() as u64;
+        report.resumes += session.resumes;
+        report.websockets += session.websockets;
+    }
+    let mut effects: BTreeMap<String, usize> = BTreeMap::new();
+    if let Ok(text) = std::fs::read_to_string(dir.join("workspaces").join(session_id).join("effects.txt")) {
+        for call_id in text.lines() {
+            *effects.entry(call_id.to_owned()).or_default() += 1;
         }
     }
-    std::fs::write(target.join("violations.txt"), report.violations.join("\n"))
-        .map_err(|error| setup(format!("cannot keep the violations: {error}")))?;
-    Ok(target)
+    check::side_effects(session_id, &effects, log, asking, &mut report.violations);
+    check::approvals(session_id, log, &mut report.violations);
+    report.side_effects += effects.values().sum::<usize>() as u64;
+    report.approvals += log
+        .iter()
+        .filter(|event| matches!(event.msg, keel_protocol::EventMsg::ApprovalDecided(_)))
+        .count() as u64;
+    report.stored += log.len() as u64;
+    report.turns += log.iter().filter(|event| event.msg.ends_turn()).count() as u64;
 }

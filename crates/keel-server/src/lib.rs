@@ -236,43 +236,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let address = listener.local_addr()?;
-    let token = match config.token.as_deref().map(str::trim) {
-        Some("") => return Err(ServeError::Config("the token is empty".to_owned())),
-        Some(token) => Some(auth::Token::new(token)),
-        None if !address.ip().is_loopback() => return Err(ServeError::TokenRequired(address)),
-        None => None,
-    };
-    let cors_origin = config
-        .cors_origin
-        .as_deref()
-        .map(|origin| {
-            HeaderValue::from_str(origin).map_err(|_| ServeError::Config(format!("invalid CORS origin '{origin}'")))
-        })
-        .transpose()?;
-    if config.body_timeout.is_zero() {
-        return Err(ServeError::Config("the body timeout must not be zero".to_owned()));
-    }
-    let front = front::FrontDoor::new(
-        address,
-        &config.allowed_hosts,
-        cors_origin.clone(),
-        config.body_limit,
-        config.body_timeout,
-    )
-    .map_err(|error| ServeError::Config(error.to_string()))?;
-    if !(1..=MAX_CONNECTIONS_BOUND).contains(&config.max_connections) {
-        return Err(ServeError::Config(format!(
-            "the connection bound must be between 1 and {MAX_CONNECTIONS_BOUND}"
-        )));
-    }
-    if config.header_timeout.is_zero() {
-        return Err(ServeError::Config("the header timeout must not be zero".to_owned()));
-    }
-    let connection_limits = conn::ConnectionLimits {
-        header_timeout: config.header_timeout,
-        max_connections: config.max_connections,
-        max_header_bytes: config.max_header_bytes,
-    };
+    let door = FrontParts::check(address, &config)?;
     if config.max_live_sessions == 0 {
         return Err(ServeError::Config(
             "the live-session bound must be at least 1".to_owned(),
@@ -306,38 +270,8 @@ pub async fn serve(
     };
     let (cluster, notices) = match config.cluster {
         Some(cluster) => {
-            if cluster.node_id.is_empty()
-                || cluster.node_id.chars().any(char::is_control)
-                || cluster.lease_ttl < Duration::from_millis(300)
-            {
-                return Err(ServeError::Config(
-                    "a node needs an id without control characters and a lease of at least 300 ms".to_owned(),
-                ));
-            }
-            // Each session loaded gets a clock of its own (see `Host::spawn`).
-            let owner = LeaseOwner {
-                node: cluster.node_id,
-                ttl: cluster.lease_ttl,
-                clock: LeaseClock::default(),
-                leases: cluster.store.clone(),
-            };
-            // Without a key of its own, a cluster whose API asks for a
-            // token seals with a key derived from it: every node checks it.
-            let relay_key = cluster.relay_key.or_else(|| {
-                let token = config.token.as_deref().map(str::trim);
-                token.map(|token| RelayKey::derive(token.as_bytes()))
-            });
-            if relay_key.is_none() {
-                tracing::warn!(
-                    "relayed submissions are not sealed: this node has no --token-file or --cluster-key-file"
-                );
-            }
-            let node = host::Node {
-                owner,
-                store: cluster.store,
-                relay_key,
-            };
-            (Some(node), Some(cluster.listener))
+            let (node, listener) = cluster_parts(cluster, config.token.as_deref())?;
+            (Some(node), Some(listener))
         }
         None => (None, None),
     };
@@ -357,44 +291,148 @@ pub async fn serve(
     let server = Arc::new(Server {
         host: Arc::clone(&host),
         metrics,
-        token,
-        cors_origin,
-        front,
+        token: door.token,
+        cors_origin: door.cors_origin,
+        front: door.front,
         body_limit: config.body_limit,
         keep_alive: config.keep_alive,
     });
     let app = routes::router(server);
+    let retention = retention.map(|max_idle| (max_idle, config.retention_sweep));
+    run(
+        host,
+        listener,
+        app,
+        door.connection_limits,
+        retention,
+        notices,
+        shutdown,
+    )
+    .await;
+    Ok(())
+}
 
-    let reaper = tokio::spawn({
-        let host = Arc::clone(&host);
-        async move { host.reap().await }
+/// What `serve` checks and builds for the listener side from a
+/// configuration: the token, the CORS origin, the front door and the
+/// bounds on connections.
+struct FrontParts {
+    token: Option<auth::Token>,
+    cors_origin: Option<HeaderValue>,
+    front: front::FrontDoor,
+    connection_limits: conn::ConnectionLimits,
+}
+
+impl FrontParts {
+    /// Checks `config`'s listener settings for a server on `address`.
+    fn check(address: SocketAddr, config: &ServerConfig) -> Result<Self, ServeError> {
+        let token = match config.token.as_deref().map(str::trim) {
+            Some("") => return Err(ServeError::Config("the token is empty".to_owned())),
+            Some(token) => Some(auth::Token::new(token)),
+            None if !address.ip().is_loopback() => return Err(ServeError::TokenRequired(address)),
+            None => None,
+        };
+        let cors_origin = config
+            .cors_origin
+            .as_deref()
+            .map(|origin| {
+                HeaderValue::from_str(origin).map_err(|_| ServeError::Config(format!("invalid CORS origin '{origin}'")))
+            })
+            .transpose()?;
+        if config.body_timeout.is_zero() {
+            return Err(ServeError::Config("the body timeout must not be zero".to_owned()));
+        }
+        let front = front::FrontDoor::new(
+            address,
+            &config.allowed_hosts,
+            cors_origin.clone(),
+            config.body_limit,
+            config.body_timeout,
+        )
+        .map_err(|error| ServeError::Config(error.to_string()))?;
+        if !(1..=MAX_CONNECTIONS_BOUND).contains(&config.max_connections) {
+            return Err(ServeError::Config(format!(
+                "the connection bound must be between 1 and {MAX_CONNECTIONS_BOUND}"
+            )));
+        }
+        if config.header_timeout.is_zero() {
+            return Err(ServeError::Config("the header timeout must not be zero".to_owned()));
+        }
+        let connection_limits = conn::ConnectionLimits {
+            header_timeout: config.header_timeout,
+            max_connections: config.max_connections,
+            max_header_bytes: config.max_header_bytes,
+        };
+        Ok(Self {
+            token,
+            cors_origin,
+            front,
+            connection_limits,
+        })
+    }
+}
+
+/// A node's part in a cluster, checked: the lease owner its sessions are
+/// loaded under, the key relayed submissions are sealed with (from
+/// `token` when the node has none of its own) and the database's notices.
+fn cluster_parts(
+    cluster: ClusterConfig,
+    token: Option<&str>,
+) -> Result<(host::Node, NoticeListener), ServeError> {
+    if cluster.node_id.is_empty()
+        || cluster.node_id.chars().any(char::is_control)
+        || cluster.lease_ttl < Duration::from_millis(300)
+    {
+        return Err(ServeError::Config(
+            "a node needs an id without control characters and a lease of at least 300 ms".to_owned(),
+        ));
+    }
+    // Each session loaded gets a clock of its own (see `Host::spawn`).
+    let owner = LeaseOwner {
+        node: cluster.node_id,
+        ttl: cluster.lease_ttl,
+        clock: LeaseClock::default(),
+        leases: cluster.store.clone(),
+    };
+    // Without a key of its own, a cluster whose API asks for a
+    // token seals with a key derived from it: every node checks it.
+    let relay_key = cluster.relay_key.or_else(|| {
+        let token = token.map(str::trim);
+        token.map(|token| RelayKey::derive(token.as_bytes()))
     });
-    let retainer = retention.map(|max_idle| {
-        let host = Arc::clone(&host);
-        let every = config.retention_sweep;
-        tokio::spawn(async move { host.retain(max_idle, every).await })
-    });
-    let recovery = tokio::spawn({
-        let host = Arc::clone(&host);
-        async move { host.recover().await }
-    });
+    if relay_key.is_none() {
+        tracing::warn!("relayed submissions are not sealed: this node has no --token-file or --cluster-key-file");
+    }
+    let node = host::Node {
+        owner,
+        store: cluster.store,
+        relay_key,
+    };
+    Ok((node, cluster.listener))
+}
+
+/// Runs the host's background work (unloading idle sessions, retention,
+/// recovery and, with several nodes, renewals, take-overs, retries and the
+/// database's notices) while `app` answers on `listener`; once `shutdown`
+/// resolves and the connections have drained, stops it all and shuts the
+/// live sessions down.
+async fn run(
+    host: Arc<Host>,
+    listener: TcpListener,
+    app: axum::Router,
+    connection_limits: conn::ConnectionLimits,
+    retention: Option<(Duration, Duration)>,
+    notices: Option<NoticeListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let reaper = spawn_on(&host, |host| async move { host.reap().await });
+    let retainer =
+        retention.map(|(max_idle, every)| spawn_on(&host, |host| async move { host.retain(max_idle, every).await }));
+    let recovery = spawn_on(&host, |host| async move { host.recover().await });
     // Several nodes: renewals, take-overs and the database's notices.
-    let renewals = tokio::spawn({
-        let host = Arc::clone(&host);
-        async move { host.keep_leases().await }
-    });
-    let takeovers = tokio::spawn({
-        let host = Arc::clone(&host);
-        async move { host.take_over().await }
-    });
-    let retries = tokio::spawn({
-        let host = Arc::clone(&host);
-        async move { host.retry_relayed().await }
-    });
-    let follower = notices.map(|notices| {
-        let host = Arc::clone(&host);
-        tokio::spawn(async move { host.follow(notices).await })
-    });
+    let renewals = spawn_on(&host, |host| async move { host.keep_leases().await });
+    let takeovers = spawn_on(&host, |host| async move { host.take_over().await });
+    let retries = spawn_on(&host, |host| async move { host.retry_relayed().await });
+    let follower = notices.map(|notices| spawn_on(&host, |host| async move { host.follow(notices).await }));
     let stopping = {
         let host = Arc::clone(&host);
         async move {
@@ -419,5 +457,12 @@ pub async fn serve(
     host.close_all().await;
     // Leases were kept while turns finished; the sessions are released now.
     renewals.abort();
-    Ok(())
+}
+
+/// Spawns a task of the host's with a reference of its own.
+fn spawn_on<F>(host: &Arc<Host>, job: impl FnOnce(Arc<Host>) -> F) -> tokio::task::JoinHandle<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(job(Arc::clone(host)))
 }

@@ -19,13 +19,14 @@
 //! - **Streams.** [`Host::follow`] turns the log notices of sessions that
 //!   run elsewhere into pokes of their hubs, so subscribers on this node
 //!   read the new events from the store.
-//!
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{CloseMode, Host, LiveSession, RelayKey, SessionInUse};
+use super::live::{LiveSession, SessionInUse};
+use super::pump::CloseMode;
+use super::{Host, RelayKey};
 use crate::error::ApiError;
 use crate::settings::SessionSettings;
 use keel_agent::{Accepted, BusyPolicy, LeaseOwner, SubmitOptions, check_same_body, key_reused};
@@ -180,7 +181,7 @@ impl Host {
 
     /// The live session `session_id` if this node runs it; never loads it.
     async fn loaded(&self, session_id: &str) -> Option<SessionInUse> {
-        let slot = self.lock_slots().get(session_id).cloned()?;
+        let slot = self.find_slot(session_id)?;
         let live = slot.live.lock().await;
         live.as_ref()
             .filter(|session| !session.stopped())
@@ -322,7 +323,7 @@ impl Host {
 
     /// The live sessions, as they are now.
     fn live_sessions(&self) -> Vec<Arc<LiveSession>> {
-        let slots: Vec<_> = self.lock_slots().values().cloned().collect();
+        let slots = self.slots_now();
         slots
             .iter()
             .filter_map(|slot| slot.live.try_lock().ok()?.as_ref().map(Arc::clone))
@@ -331,7 +332,7 @@ impl Host {
 
     /// Stops a session whose lease another node took: it must not run here.
     async fn drop_lost(&self, session_id: &str) {
-        let Some(slot) = self.lock_slots().get(session_id).cloned() else {
+        let Some(slot) = self.find_slot(session_id) else {
             return;
         };
         let mut live = slot.live.lock().await;

@@ -38,10 +38,7 @@ pub(crate) async fn page(
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<PageQuery>,
 ) -> Result<Json<EventsView>, ApiError> {
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-    if limit == 0 || limit > MAX_PAGE {
-        return Err(ApiError::InvalidRequest(format!("`limit` must be 1 to {MAX_PAGE}")));
-    }
+    let limit = super::page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     let store = &server.host.store;
     if store.session_summary(&id).await?.is_none() {
         return Err(ApiError::unknown_session(&id));

@@ -96,3 +96,13 @@ async fn count_requests(State(server): State<Arc<Server>>, request: Request, nex
     server.metrics.http_request(&route, response.status().as_u16());
     response
 }
+
+/// A page's `limit` query parameter: `default` when not given, `400` when
+/// it is not 1 to `max`.
+pub(crate) fn page_limit(asked: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    let limit = asked.unwrap_or(default);
+    if limit == 0 || limit > max {
+        return Err(ApiError::InvalidRequest(format!("`limit` must be 1 to {max}")));
+    }
+    Ok(limit)
+}

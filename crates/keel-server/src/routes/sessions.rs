@@ -208,10 +208,7 @@ pub(crate) async fn list(
     State(server): State<Arc<Server>>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<SessionList>, ApiError> {
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-    if limit == 0 || limit > MAX_PAGE {
-        return Err(ApiError::InvalidRequest(format!("`limit` must be 1 to {MAX_PAGE}")));
-    }
+    let limit = super::page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     if let Some(bot_id) = &query.bot_id {
         check_bot_id(bot_id)?;
     }

@@ -1,0 +1,211 @@
+//! Prometheus metrics, and the decorators that feed them: [`MeteredStore`]
+//! times the store's commits, [`MeteredModel`] the provider's requests.
+//!
+//! Every label set is bounded, since each distinct value is a series kept
+//! for the life of the process and rendered by every scrape: routes are the
+//! router's patterns, statuses HTTP's, and the values a client chooses (a
+//! session's bot, the provider its model spec names) go through a
+//! [`LabelBudget`]: the first [`MAX_BOT_LABELS`] bots (and
+//! [`MAX_PROVIDER_LABELS`] providers) to use tokens keep their own label,
+//! later ones are counted under `other`.
+
+mod labels;
+mod model;
+mod store;
+
+pub(crate) use self::labels::{LabelBudget, MAX_BOT_LABELS, MAX_PROVIDER_LABELS};
+pub(crate) use self::model::MeteredModel;
+pub(crate) use self::store::MeteredStore;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Metric, Registry};
+
+/// Labels of the per-provider model metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ProviderLabel {
+    provider: String,
+}
+
+/// Labels of `keel_model_tokens_total`: who used the tokens, and which
+/// count of the provider's report (`input` includes `cached_input`,
+/// `output` includes `reasoning`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct TokenLabels {
+    provider: String,
+    bot: String,
+    kind: &'static str,
+}
+
+/// Labels of `keel_http_requests_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct HttpLabels {
+    route: String,
+    status: u16,
+}
+
+/// Builds the model-latency histograms: 10 ms to about 5 min.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ModelBuckets;
+
+impl MetricConstructor<Histogram> for ModelBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(exponential_buckets(0.01, 2.0, 15))
+    }
+}
+
+/// The server's metrics.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    registry: Registry,
+    pub(crate) live_sessions: Gauge,
+    pub(crate) queued_submissions: Gauge,
+    pub(crate) events_recorded: Counter,
+    pub(crate) store_commit: Histogram,
+    pub(crate) model_request: Family<ProviderLabel, Histogram, ModelBuckets>,
+    pub(crate) model_errors: Family<ProviderLabel, Counter>,
+    pub(crate) model_tokens: Family<TokenLabels, Counter>,
+    pub(crate) http_requests: Family<HttpLabels, Counter>,
+    pub(crate) sse_subscribers: Gauge,
+    pub(crate) catch_ups: Counter,
+    pub(crate) relayed_submissions: Counter,
+    pub(crate) relayed_refused: Counter,
+    pub(crate) sessions_taken_over: Counter,
+    pub(crate) leases_lost: Counter,
+    pub(crate) alive_tasks: Gauge,
+    /// The bots with a label of their own.
+    bots: LabelBudget,
+    /// The providers with a label of their own.
+    providers: LabelBudget,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::default();
+        Self {
+            live_sessions: registered(
+                &mut registry,
+                "keel_live_sessions",
+                "Sessions loaded in this server",
+                Gauge::default(),
+            ),
+            queued_submissions: registered(
+                &mut registry,
+                "keel_queued_submissions",
+                "Submissions waiting in the queues of the live sessions",
+                Gauge::default(),
+            ),
+            events_recorded: registered(
+                &mut registry,
+                "keel_events_recorded",
+                "Events recorded by the live sessions",
+                Counter::default(),
+            ),
+            // 100 µs to about 3 s.
+            store_commit: registered(
+                &mut registry,
+                "keel_store_commit_seconds",
+                "Time from handing a batch to the store to its durable commit",
+                Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
+            ),
+            model_request: registered(
+                &mut registry,
+                "keel_model_request_seconds",
+                "Duration of model requests, by provider",
+                Family::new_with_constructor(ModelBuckets),
+            ),
+            model_errors: registered(
+                &mut registry,
+                "keel_model_errors",
+                "Model requests that failed, by provider",
+                Family::default(),
+            ),
+            model_tokens: registered(
+                &mut registry,
+                "keel_model_tokens",
+                "Tokens the providers reported, by provider, bot and kind (input, cached_input, output, reasoning)",
+                Family::default(),
+            ),
+            http_requests: registered(
+                &mut registry,
+                "keel_http_requests",
+                "HTTP requests answered, by route and status",
+                Family::default(),
+            ),
+            sse_subscribers: registered(
+                &mut registry,
+                "keel_sse_subscribers",
+                "Open server-sent event streams",
+                Gauge::default(),
+            ),
+            catch_ups: registered(
+                &mut registry,
+                "keel_subscriber_catch_ups",
+                "Times a stream or WebSocket subscriber read missed events from the store",
+                Counter::default(),
+            ),
+            relayed_submissions: registered(
+                &mut registry,
+                "keel_relayed_submissions",
+                "Submissions this node stored for a session another node runs",
+                Counter::default(),
+            ),
+            relayed_refused: registered(
+                &mut registry,
+                "keel_relayed_refused",
+                "Relayed submissions this node refused to queue because their seal did not verify",
+                Counter::default(),
+            ),
+            sessions_taken_over: registered(
+                &mut registry,
+                "keel_sessions_taken_over",
+                "Sessions with work this node claimed because no live node held them",
+                Counter::default(),
+            ),
+            leases_lost: registered(
+                &mut registry,
+                "keel_leases_lost",
+                "Sessions this node stopped because another node took their lease",
+                Counter::default(),
+            ),
+            alive_tasks: registered(
+                &mut registry,
+                "keel_runtime_alive_tasks",
+                "Tasks alive in the server's async runtime (a leak shows as growth)",
+                Gauge::default(),
+            ),
+            bots: LabelBudget::new(MAX_BOT_LABELS),
+            providers: LabelBudget::new(MAX_PROVIDER_LABELS),
+            registry,
+        }
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub(crate) fn render(&self) -> String {
+        let mut text = String::new();
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::error!(%error, "cannot encode the metrics");
+        }
+        text
+    }
+
+    /// Counts an answered HTTP request.
+    pub(crate) fn http_request(&self, route: &str, status: u16) {
+        self.http_requests
+            .get_or_create(&HttpLabels {
+                route: route.to_owned(),
+                status,
+            })
+            .inc();
+    }
+}
+
+/// Registers `metric` as `name` with its `help` text and hands it back:
+/// the registry and the server share it.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
