@@ -374,10 +374,7 @@ impl FrontParts {
 /// A node's part in a cluster, checked: the lease owner its sessions are
 /// loaded under, the key relayed submissions are sealed with (from
 /// `token` when the node has none of its own) and the database's notices.
-fn cluster_parts(
-    cluster: ClusterConfig,
-    token: Option<&str>,
-) -> Result<(host::Node, NoticeListener), ServeError> {
+fn cluster_parts(cluster: ClusterConfig, token: Option<&str>) -> Result<(host::Node, NoticeListener), ServeError> {
     if cluster.node_id.is_empty()
         || cluster.node_id.chars().any(char::is_control)
         || cluster.lease_ttl < Duration::from_millis(300)
