@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use keel::chaos::{ChaosParams, ChaosStore, run_chaos};
-use keel::store::postgres::local::TestPostgres;
+use keel::store::postgres::local::LocalPostgres;
 
 fn params(store: ChaosStore, sessions: usize, faults: usize, seed: u64) -> ChaosParams {
     ChaosParams {
@@ -47,7 +47,7 @@ async fn a_short_chaos_run_on_sqlite_keeps_every_promise() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_chaos_run_on_three_postgresql_nodes_keeps_every_promise() {
-    if TestPostgres::shared().is_none() {
+    if LocalPostgres::shared().is_none() {
         return;
     }
     run(params(ChaosStore::Postgres { nodes: 3 }, 6, 12, 7)).await;

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use keel::store::postgres::local::TestPostgres;
+use keel::store::postgres::local::LocalPostgres;
 
 use crate::suite::support::sandbox::{keel_run, outside_scratch, shell_script};
 
@@ -35,7 +35,7 @@ fn no_sandboxed_command_reaches_the_database_through_its_unix_socket() {
     if root && usual.is_dir() {
         directories.push(usual);
     }
-    let Some(server) = TestPostgres::own_with_sockets_in(&directories) else {
+    let Some(server) = LocalPostgres::own_with_sockets_in(&directories) else {
         return;
     };
     let url = server.fresh_database();

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keel::store::postgres::local::TestPostgres;
+use keel::store::postgres::local::LocalPostgres;
 use keel::store::{CheckpointStore, PostgresCheckpoint, PostgresOptions, SqliteCheckpoint};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -635,7 +635,9 @@ async fn raw(url: &str) -> tokio_postgres::Client {
 /// again while groups are being committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_postgresql_connections_are_503_and_lose_nothing() {
-    let Some(postgres) = TestPostgres::shared() else { return };
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
     let url = postgres.fresh_database();
     let scratch = Scratch::new();
     let (server, load) = under_load(url.as_ref(), &scratch).await;
@@ -674,7 +676,7 @@ async fn killed_postgresql_connections_are_503_and_lose_nothing() {
 /// starts again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgresql_crash_under_load_is_503_and_clears_by_itself() {
-    let Some(postgres) = TestPostgres::own() else { return };
+    let Some(postgres) = LocalPostgres::own() else { return };
     let url = postgres.fresh_database();
     let scratch = Scratch::new();
     let (server, load) = under_load(url.as_ref(), &scratch).await;

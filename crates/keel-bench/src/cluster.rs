@@ -490,11 +490,13 @@ impl ClusterSession {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keel_store::postgres::local::TestPostgres;
+    use keel_store::postgres::local::LocalPostgres;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tiny_cluster_run_is_sane() {
-        let Some(postgres) = TestPostgres::shared() else { return };
+        let Some(postgres) = LocalPostgres::shared() else {
+            return;
+        };
         let params = ClusterParams {
             nodes: 2,
             sessions: 2,

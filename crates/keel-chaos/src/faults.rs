@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use super::ChaosStore;
 use super::nodes::{Node, setup};
 use keel_protocol::Result;
-use keel_store::postgres::local::TestPostgres;
+use keel_store::postgres::local::LocalPostgres;
 
 /// The kinds of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pub(super) async fn inject(
     fault: Fault,
     rng: &mut StdRng,
     nodes: &mut [Node],
-    postgres: Option<&TestPostgres>,
+    postgres: Option<&LocalPostgres>,
     db: &str,
     client: &reqwest::Client,
     lease_ttl_ms: u64,

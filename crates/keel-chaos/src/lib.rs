@@ -51,7 +51,7 @@ use self::stored::{open_store, stored_log};
 use keel_protocol::RecordedEvent;
 use keel_protocol::Result;
 use keel_store::CheckpointStore;
-use keel_store::postgres::local::TestPostgres;
+use keel_store::postgres::local::LocalPostgres;
 
 /// How long, after the last fault, every acknowledged submission gets to be
 /// acted on before it counts as stranded.
@@ -166,7 +166,7 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
     let postgres = match params.store {
         ChaosStore::Sqlite => None,
         ChaosStore::Postgres { .. } => {
-            Some(TestPostgres::own().ok_or_else(|| setup("PostgreSQL's binaries were not found".to_owned()))?)
+            Some(LocalPostgres::own().ok_or_else(|| setup("PostgreSQL's binaries were not found".to_owned()))?)
         }
     };
     let (db, count) = match (&postgres, params.store) {

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use keel::store::postgres::local::TestPostgres;
+use keel::store::postgres::local::LocalPostgres;
 use serde_json::json;
 
 use crate::suite::support::events::{assert_gapless, ends_turn};
@@ -31,7 +31,7 @@ fn serve(cli: &Cli, url: &str) -> Command {
 
 /// A fresh database's URL; `None` (the harness said why) without PostgreSQL.
 fn database() -> Option<String> {
-    TestPostgres::shared().map(TestPostgres::fresh_database)
+    LocalPostgres::shared().map(LocalPostgres::fresh_database)
 }
 
 #[test]
@@ -143,7 +143,7 @@ async fn serve_runs_on_postgresql_and_holds_the_database_like_a_sqlite_file() {
 /// server serves again by itself and nothing acknowledged is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgresql_outage_is_503_and_the_server_recovers_by_itself() {
-    let Some(postgres) = TestPostgres::own() else { return };
+    let Some(postgres) = LocalPostgres::own() else { return };
     let url = postgres.fresh_database();
     let cli = Cli::new();
     cli.script(

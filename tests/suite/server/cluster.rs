@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use keel::protocol::{AbortReason, EventMsg, RecordedEvent};
-use keel::store::postgres::local::TestPostgres;
+use keel::store::postgres::local::LocalPostgres;
 use keel::store::{PostgresCheckpoint, PostgresOptions};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -38,7 +38,7 @@ struct Cluster {
 
 impl Cluster {
     /// `count` nodes on a fresh database of `postgres`.
-    fn start(postgres: &TestPostgres, count: usize, lease_ms: u64, extra: &[&str]) -> Self {
+    fn start(postgres: &LocalPostgres, count: usize, lease_ms: u64, extra: &[&str]) -> Self {
         let mut cluster = Self {
             url: postgres.fresh_database(),
             scratch: Scratch::new(),
@@ -186,7 +186,9 @@ fn counter(text: &str, name: &str) -> f64 {
 /// node reaches the running turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_node_accepts_any_request_and_streams_any_session() {
-    let Some(postgres) = TestPostgres::shared() else { return };
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
     let cluster = Cluster::start(postgres, 3, SHORT_LEASE_MS, &[]);
     let answers: Vec<String> = (1..=6)
         .map(|n| json!({"text": format!("Answer {n}.")}).to_string())
@@ -330,7 +332,9 @@ async fn taken_over(watch: &mut SseStream, mut seen: Vec<RecordedEvent>) -> Vec<
 /// third node sees all of it, gap-free, exactly as stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_node_s_sessions_are_taken_over_by_the_others() {
-    let Some(postgres) = TestPostgres::shared() else { return };
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
     let mut cluster = Cluster::start(postgres, 3, SHORT_LEASE_MS, &[]);
     let (mut watch, seen) = busy_session_on_node_zero(&cluster, "k").await;
     let killed = Instant::now();
@@ -368,7 +372,9 @@ async fn a_killed_node_s_sessions_are_taken_over_by_the_others() {
 /// cut turn is closed once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_node_is_fenced_off_when_it_resumes() {
-    let Some(postgres) = TestPostgres::shared() else { return };
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
     let cluster = Cluster::start(postgres, 3, SHORT_LEASE_MS, &[]);
     let (mut watch, seen) = busy_session_on_node_zero(&cluster, "p").await;
     let paused = cluster.nodes[0].as_ref().expect("node 0");
@@ -405,7 +411,9 @@ async fn a_paused_node_is_fenced_off_when_it_resumes() {
 /// another node from its `Last-Event-ID`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_hands_a_node_s_sessions_over_at_once() {
-    let Some(postgres) = TestPostgres::shared() else { return };
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
     // Leases long enough that only the hand-off can explain a quick take-over.
     let mut cluster = Cluster::start(postgres, 3, 60_000, &["--shutdown-grace-secs", "0"]);
     let (mut watch, seen) = busy_session_on_node_zero(&cluster, "t").await;
@@ -447,7 +455,7 @@ async fn sigterm_hands_a_node_s_sessions_over_at_once() {
 /// themselves, relaying included, and nothing acknowledged is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_ride_out_a_postgresql_restart() {
-    let Some(postgres) = TestPostgres::own() else { return };
+    let Some(postgres) = LocalPostgres::own() else { return };
     let cluster = Cluster::start(&postgres, 2, SHORT_LEASE_MS, &[]);
     let model = cluster.scratch.script(
         "r.jsonl",
@@ -495,7 +503,9 @@ fn shell_auto(cluster: &Cluster) -> String {
 /// side effect (a line appended to a file) happens once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_call_cut_by_a_pause_runs_once() {
-    let Some(postgres) = TestPostgres::shared() else { return };
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
     let mut cluster = Cluster::start(postgres, 0, SHORT_LEASE_MS, &[]);
     let config = shell_auto(&cluster);
     for index in 0..3 {
@@ -560,7 +570,9 @@ async fn a_tool_call_cut_by_a_pause_runs_once() {
 /// lives, a decision sent to any node reaches it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approvals_reach_the_owner_from_any_node_and_wait_through_its_death() {
-    let Some(postgres) = TestPostgres::shared() else { return };
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
     let mut cluster = Cluster::start(postgres, 3, SHORT_LEASE_MS, &[]);
     let write = |id: &str| {
         json!({"tool_calls": [{"id": id, "name": "write_file", "arguments": {"path": format!("{id}.txt"), "content": id}}]}).to_string()
@@ -634,7 +646,9 @@ async fn approvals_reach_the_owner_from_any_node_and_wait_through_its_death() {
 /// the key both derive from the API token) is taken up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relayed_row_no_node_sealed_decides_nothing() {
-    let Some(postgres) = TestPostgres::shared() else { return };
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
     let mut cluster = Cluster::start(postgres, 0, SHORT_LEASE_MS, &[]);
     let token = "cluster-token-of-this-test-0123456789";
     let token_file = cluster.scratch.dir.path().join("token");

@@ -151,7 +151,7 @@ mod tests {
 
     use super::*;
     use keel_protocol::{BusyPolicy, Op};
-    use keel_store::postgres::local::TestPostgres;
+    use keel_store::postgres::local::LocalPostgres;
     use keel_store::{
         CheckpointStoreExt, ClusterStore, PostgresCheckpoint, PostgresOptions, Relayed, RelayedSubmission,
         SessionContext,
@@ -163,7 +163,9 @@ mod tests {
     /// that part was a set of refusing defaults the wrapper had to forward.
     #[tokio::test]
     async fn the_metered_store_forwards_every_optional_method() {
-        let Some(postgres) = TestPostgres::shared() else { return };
+        let Some(postgres) = LocalPostgres::shared() else {
+            return;
+        };
         let url = postgres.fresh_database();
         let inner = PostgresCheckpoint::connect(&url, PostgresOptions::default())
             .await

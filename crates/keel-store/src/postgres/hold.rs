@@ -254,7 +254,7 @@ fn value_length(text: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::postgres::local::TestPostgres;
+    use crate::postgres::local::LocalPostgres;
 
     #[test]
     fn socket_directories_come_from_the_url() {
@@ -324,7 +324,9 @@ mod tests {
     /// a dropped hold lets go at once.
     #[tokio::test]
     async fn servers_or_local_commands_hold_a_database_never_both() {
-        let Some(postgres) = TestPostgres::shared() else { return };
+        let Some(postgres) = LocalPostgres::shared() else {
+            return;
+        };
         let url = postgres.fresh_database();
         let first = PostgresHold::share(&url).await.expect("a local command");
         let second = PostgresHold::share(&url).await.expect("another local command");

@@ -1,6 +1,8 @@
-//! A real PostgreSQL server for tests: a throwaway cluster per test process.
+//! A throwaway PostgreSQL cluster on this machine, one per process: the
+//! database of the tests, of `keel bench --nodes` and of `keel chaos` when
+//! they are not given one.
 //!
-//! [`TestPostgres::shared`] runs `initdb` in a temporary directory and starts
+//! [`LocalPostgres::shared`] runs `initdb` in a temporary directory and starts
 //! the server with `pg_ctl` on a free loopback port (its unix socket in the
 //! same directory), with trust authentication and `fsync=on`. As root it runs
 //! them as the `postgres` user (PostgreSQL refuses to run as root).
@@ -24,11 +26,12 @@ use std::sync::{Mutex, OnceLock};
 /// sets it): tests must run there, not skip.
 pub const REQUIRE_ENV: &str = "KEEL_REQUIRE_POSTGRES_TESTS";
 
-/// The binaries a test server needs.
+/// The binaries a local server needs.
 const NEEDED: [&str; 3] = ["initdb", "pg_ctl", "postgres"];
 
-/// A PostgreSQL server started for this test process.
-pub struct TestPostgres {
+/// A throwaway PostgreSQL server started by this process (for its tests, a
+/// benchmark or a chaos run), stopped when the process ends.
+pub struct LocalPostgres {
     /// The temporary directory holding the data directory, the socket and
     /// the server log; removed by the watchdog.
     base: PathBuf,
@@ -49,24 +52,24 @@ pub struct TestPostgres {
     watchdog: Mutex<Child>,
 }
 
-impl std::fmt::Debug for TestPostgres {
+impl std::fmt::Debug for LocalPostgres {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestPostgres")
+        f.debug_struct("LocalPostgres")
             .field("data", &self.data)
             .field("port", &self.port)
             .finish_non_exhaustive()
     }
 }
 
-static SHARED: OnceLock<Option<TestPostgres>> = OnceLock::new();
+static SHARED: OnceLock<Option<LocalPostgres>> = OnceLock::new();
 
-impl TestPostgres {
+impl LocalPostgres {
     /// This test process's server, started on first use. `None`, after one
     /// loud `SKIPPED: PostgreSQL tests (…)` line on stderr, when the
     /// PostgreSQL binaries cannot be found; panics instead when
     /// `KEEL_REQUIRE_POSTGRES_TESTS=1`, and whenever the binaries are there
     /// but the server does not start (that is a failure, not a skip).
-    pub fn shared() -> Option<&'static TestPostgres> {
+    pub fn shared() -> Option<&'static LocalPostgres> {
         SHARED
             .get_or_init(|| {
                 let bin = match find_binaries() {
@@ -89,7 +92,7 @@ impl TestPostgres {
     /// tests that stop and start it, which would disturb the other tests on
     /// [`Self::shared`]. `None` (after the same `SKIPPED` line) when the
     /// binaries cannot be found; panics as [`Self::shared`] does otherwise.
-    pub fn own() -> Option<TestPostgres> {
+    pub fn own() -> Option<LocalPostgres> {
         Self::own_with(Vec::new())
     }
 
@@ -98,7 +101,7 @@ impl TestPostgres {
     /// `/run/postgresql`: for tests of who can reach those sockets. As root,
     /// the `postgres` user must be able to write them (directories the test
     /// created are handed to it; `/run/postgresql` is its own).
-    pub fn own_with_sockets_in(directories: &[PathBuf]) -> Option<TestPostgres> {
+    pub fn own_with_sockets_in(directories: &[PathBuf]) -> Option<LocalPostgres> {
         Self::own_with(directories.to_vec())
     }
 
@@ -110,7 +113,7 @@ impl TestPostgres {
         all
     }
 
-    fn own_with(socket_directories: Vec<PathBuf>) -> Option<TestPostgres> {
+    fn own_with(socket_directories: Vec<PathBuf>) -> Option<LocalPostgres> {
         let bin = match find_binaries() {
             Ok(bin) => bin,
             Err(why) if required() => panic!("PostgreSQL tests are required ({REQUIRE_ENV}=1): {why}"),
@@ -322,7 +325,7 @@ impl TestPostgres {
     }
 }
 
-impl Drop for TestPostgres {
+impl Drop for LocalPostgres {
     /// Closes the watchdog's pipe and waits for it: it stops the server and
     /// removes its directory. (The shared server, in a static, is never
     /// dropped; its watchdog acts when the process ends.)

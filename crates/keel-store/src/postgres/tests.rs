@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::future::join_all;
 
 use super::{PostgresCheckpoint, PostgresOptions, schema};
-use crate::postgres::local::TestPostgres;
+use crate::postgres::local::LocalPostgres;
 use crate::{
     AppendBatch, AppendReceipt, Checkpoint, CheckpointStore, CheckpointStoreExt, CheckpointWrite, ClusterStore,
     EncodedEvent, EventPageRequest, KeyedSubmission, LeaseStore, MAX_EVENT_PAGE, OpenBatch, QueueChange,
@@ -34,7 +34,7 @@ impl crate::conformance::StoreFactory for PostgresFactory {
     type Store = PostgresCheckpoint;
 
     fn available(&self) -> bool {
-        TestPostgres::shared().is_some()
+        LocalPostgres::shared().is_some()
     }
 
     async fn database(&self) -> String {
@@ -67,7 +67,7 @@ async fn guarded<T>(test: impl Future<Output = T>) -> T {
 
 /// A new empty database's URL, or `None` when PostgreSQL is not available.
 fn database() -> Option<String> {
-    TestPostgres::shared().map(TestPostgres::fresh_database)
+    LocalPostgres::shared().map(LocalPostgres::fresh_database)
 }
 
 /// A store on a new empty database; returns from the test when PostgreSQL
@@ -1079,7 +1079,7 @@ async fn a_malformed_url_or_an_unreachable_server_is_a_clear_error() {
         assert!(!message.contains('\n'), "{message}");
         assert!(message.contains("refused"), "{message}");
         // A database that does not exist on a live server.
-        let Some(server) = TestPostgres::shared() else { return };
+        let Some(server) = LocalPostgres::shared() else { return };
         let missing = PostgresCheckpoint::connect(&server.url("no_such_database"), PostgresOptions::default()).await;
         let Err(error) = missing else {
             panic!("connected to a database that does not exist")
@@ -1141,7 +1141,7 @@ async fn a_stopped_server_is_unavailable_and_the_store_recovers_once_it_is_back(
     guarded(async {
         // A server of this test's own: stopping the shared one would fail
         // the tests running beside it.
-        let Some(server) = TestPostgres::own() else { return };
+        let Some(server) = LocalPostgres::own() else { return };
         let url = server.fresh_database();
         let store = another_handle(&url).await;
         create(&store, "s").await;
@@ -1380,7 +1380,7 @@ async fn a_listener_resyncs_after_the_server_restarts_then_notices_again() {
     guarded(async {
         // A server of this test's own: stopping the shared one would fail
         // the tests running beside it.
-        let Some(server) = TestPostgres::own() else { return };
+        let Some(server) = LocalPostgres::own() else { return };
         let url = server.fresh_database();
         let store = another_handle(&url).await;
         let mut listener = store.listen().await.expect("listen");
