@@ -21,6 +21,17 @@ pub struct CheckpointWrite {
 }
 
 impl CheckpointWrite {
+    /// A write of `checkpoint` that appends `delta` to the history and
+    /// leaves `execution` as the turn in flight, cutting nothing.
+    pub fn new(checkpoint: &Checkpoint, delta: &[TranscriptItem], execution: Option<&TurnExecution>) -> Self {
+        Self {
+            checkpoint: checkpoint.clone(),
+            transcript_delta: delta.to_vec(),
+            execution: execution.cloned(),
+            history_cut: None,
+        }
+    }
+
     /// Whether `later` can be folded into this write. A cut counts items
     /// from the start of the history, which this write only knows when it
     /// cuts too: a cutting write cannot follow one that does not.

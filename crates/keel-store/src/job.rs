@@ -40,6 +40,23 @@ pub(crate) enum Job {
 }
 
 impl Job {
+    /// The job that writes `write` (creating the session if need be).
+    pub(crate) fn save(write: CheckpointWrite, reply: Reply) -> Self {
+        Job::Save {
+            write: Box::new(write),
+            reply,
+        }
+    }
+
+    /// The job that creates a session with `write` and its first `events`.
+    pub(crate) fn create(write: CheckpointWrite, events: Vec<EncodedEvent>, reply: Reply) -> Self {
+        Job::Create {
+            write: Box::new(write),
+            events,
+            reply,
+        }
+    }
+
     /// The job that applies `edit` to `session_id`.
     pub(crate) fn edit(session_id: &str, edit: SessionEdit<'_>, reply: Reply) -> Self {
         let session_id = session_id.to_owned();
@@ -148,6 +165,29 @@ impl Job {
                 title: Some(title),
                 ..bare(Mode::Rename)
             },
+        }
+    }
+
+    /// Answers every job of a committed group with its own outcome, or all
+    /// of them with the group's failure (`backend` names the store in the
+    /// log line).
+    pub(crate) fn answer_group(
+        group: &mut Vec<Job>,
+        outcome: Result<Vec<Result<Written, StoreError>>, StoreError>,
+        backend: &str,
+    ) {
+        match outcome {
+            Ok(outcomes) => {
+                for (job, outcome) in group.drain(..).zip(outcomes) {
+                    job.answer(outcome);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, jobs = group.len(), "{backend} group commit failed");
+                for job in group.drain(..) {
+                    job.answer(Err(error.clone()));
+                }
+            }
         }
     }
 

@@ -6,6 +6,7 @@
 use serde::de::DeserializeOwned;
 
 use super::StoreError;
+use crate::{Checkpoint, SessionSummary, TurnExecution};
 use keel_protocol::{Event, TranscriptItem};
 
 /// A stored JSON value as read: its JSON bytes, or why they could not be
@@ -67,4 +68,43 @@ pub(crate) fn apply_history_row(
         transcript.extend(items);
     }
     Ok(())
+}
+
+/// A `sessions` row as read for a summary, by either backend.
+pub(crate) struct SummaryRow {
+    pub(crate) key: i64,
+    pub(crate) session_id: String,
+    pub(crate) checkpoint: StoredJson,
+    pub(crate) execution: Option<StoredJson>,
+    pub(crate) created_at_ms: u64,
+    pub(crate) updated_at_ms: u64,
+    pub(crate) last_sequence: u64,
+    pub(crate) title: Option<String>,
+}
+
+impl SummaryRow {
+    /// The summary the row describes.
+    pub(crate) fn decode(self) -> Result<SessionSummary, StoreError> {
+        let session_id = self.session_id;
+        let what = || format!("checkpoint of session '{session_id}'");
+        let checkpoint: Checkpoint = decode(&self.checkpoint, what)?;
+        let execution: Option<TurnExecution> = self.execution.map(|json| decode(&json, what)).transpose()?;
+        let (running_turn_id, awaiting_approval) = match execution {
+            Some(execution) => (Some(execution.turn_id), execution.awaiting_approval),
+            None => (None, Vec::new()),
+        };
+        Ok(SessionSummary {
+            bot_id: checkpoint.session_context.bot_id.clone(),
+            session_id,
+            created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
+            last_sequence: self.last_sequence,
+            running_turn_id,
+            context: checkpoint.session_context,
+            usage: checkpoint.usage,
+            turns_completed: checkpoint.turns_completed,
+            awaiting_approval,
+            title: self.title,
+        })
+    }
 }

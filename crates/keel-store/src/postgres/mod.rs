@@ -231,20 +231,8 @@ impl CheckpointStore for PostgresCheckpoint {
         transcript_delta: &'a [TranscriptItem],
         execution: Option<&'a TurnExecution>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let write = CheckpointWrite {
-            checkpoint: checkpoint.clone(),
-            transcript_delta: transcript_delta.to_vec(),
-            execution: execution.cloned(),
-            history_cut: None,
-        };
-        Box::pin(async move {
-            self.write(|reply| Job::Save {
-                write: Box::new(write),
-                reply,
-            })
-            .await
-            .map(drop)
-        })
+        let write = CheckpointWrite::new(checkpoint, transcript_delta, execution);
+        Box::pin(async move { self.write(|reply| Job::save(write, reply)).await.map(drop) })
     }
 
     fn create<'a>(
@@ -253,20 +241,10 @@ impl CheckpointStore for PostgresCheckpoint {
         history: &'a [TranscriptItem],
         events: Vec<EncodedEvent>,
     ) -> BoxFuture<'a, Result<AppendReceipt, StoreError>> {
-        let write = CheckpointWrite {
-            checkpoint: checkpoint.clone(),
-            transcript_delta: history.to_vec(),
-            execution: None,
-            history_cut: None,
-        };
+        let write = CheckpointWrite::new(checkpoint, history, None);
         Box::pin(async move {
-            self.write(|reply| Job::Create {
-                write: Box::new(write),
-                events,
-                reply,
-            })
-            .await
-            .map(|written| written.receipt)
+            let written = self.write(|reply| Job::create(write, events, reply)).await?;
+            Ok(written.receipt)
         })
     }
 

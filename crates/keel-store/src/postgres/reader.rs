@@ -12,7 +12,7 @@ use tokio_postgres::Row;
 use super::pg_error;
 use super::statements::{int, uint};
 use crate::codec;
-use crate::rows::{StoredJson, apply_history_row, decode, decode_batch};
+use crate::rows::{StoredJson, SummaryRow, apply_history_row, decode, decode_batch};
 use crate::{
     Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
     SessionState, SessionSummary, StoreError, TurnExecution,
@@ -378,18 +378,6 @@ pub(super) async fn session_summary(client: &Object, session_id: &str) -> Result
         .transpose()
 }
 
-/// A `sessions` row as read for a summary.
-struct SummaryRow {
-    key: i64,
-    session_id: String,
-    checkpoint: StoredJson,
-    execution: Option<StoredJson>,
-    created_at_ms: u64,
-    updated_at_ms: u64,
-    last_sequence: u64,
-    title: Option<String>,
-}
-
 impl SummaryRow {
     fn read(row: &Row) -> Result<Self, StoreError> {
         Ok(Self {
@@ -401,30 +389,6 @@ impl SummaryRow {
             updated_at_ms: uint(row.try_get(5).map_err(pg_error)?),
             last_sequence: uint(row.try_get(6).map_err(pg_error)?),
             title: row.try_get(7).map_err(pg_error)?,
-        })
-    }
-
-    fn decode(self) -> Result<SessionSummary, StoreError> {
-        let session_id = self.session_id;
-        let what = || format!("checkpoint of session '{session_id}'");
-        let checkpoint: Checkpoint = decode(&self.checkpoint, what)?;
-        let execution: Option<TurnExecution> = self.execution.map(|json| decode(&json, what)).transpose()?;
-        let (running_turn_id, awaiting_approval) = match execution {
-            Some(execution) => (Some(execution.turn_id), execution.awaiting_approval),
-            None => (None, Vec::new()),
-        };
-        Ok(SessionSummary {
-            bot_id: checkpoint.session_context.bot_id.clone(),
-            session_id,
-            created_at_ms: self.created_at_ms,
-            updated_at_ms: self.updated_at_ms,
-            last_sequence: self.last_sequence,
-            running_turn_id,
-            context: checkpoint.session_context,
-            usage: checkpoint.usage,
-            turns_completed: checkpoint.turns_completed,
-            awaiting_approval,
-            title: self.title,
         })
     }
 }

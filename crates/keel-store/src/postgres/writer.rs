@@ -185,19 +185,7 @@ async fn commit_group(conn: &mut WriterConnection, group: &mut Vec<Job>, counter
         counters.events.fetch_add(events, Ordering::Relaxed);
         counters.commit_micros.fetch_add(micros, Ordering::Relaxed);
     }
-    match outcome {
-        Ok((outcomes, _)) => {
-            for (job, outcome) in group.drain(..).zip(outcomes) {
-                job.answer(outcome);
-            }
-        }
-        Err(error) => {
-            tracing::warn!(%error, jobs = group.len(), "postgres group commit failed");
-            for job in group.drain(..) {
-                job.answer(Err(error.clone()));
-            }
-        }
-    }
+    Job::answer_group(group, outcome.map(|(outcomes, _)| outcomes), "postgres");
     tracing::trace!(micros, "group committed");
 }
 

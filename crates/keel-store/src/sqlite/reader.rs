@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::rows::{StoredJson, apply_history_row, decode, decode_batch};
+use crate::rows::{StoredJson, SummaryRow, apply_history_row, decode, decode_batch};
 use crate::{
     Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
     SessionState, SessionSummary, StoreError, TurnExecution,
@@ -387,18 +387,6 @@ pub(super) fn session_summary(conn: &Connection, session_id: &str) -> Result<Opt
 /// The columns [`summary_row`] reads.
 const SUMMARY_COLUMNS: &str = "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence, title";
 
-/// A `sessions` row as read for a summary.
-struct SummaryRow {
-    key: i64,
-    session_id: String,
-    checkpoint: StoredJson,
-    execution: Option<StoredJson>,
-    created_at_ms: u64,
-    updated_at_ms: u64,
-    last_sequence: u64,
-    title: Option<String>,
-}
-
 fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
     Ok(SummaryRow {
         key: row.get(0)?,
@@ -410,32 +398,6 @@ fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
         last_sequence: row.get(6)?,
         title: row.get(7)?,
     })
-}
-
-impl SummaryRow {
-    fn decode(self) -> Result<SessionSummary, StoreError> {
-        let session_id = self.session_id;
-        let what = || format!("checkpoint of session '{session_id}'");
-        let checkpoint: Checkpoint = decode(&self.checkpoint, what)?;
-        let execution: Option<TurnExecution> = self.execution.map(|json| decode(&json, what)).transpose()?;
-        let (running_turn_id, awaiting_approval) = match execution {
-            Some(execution) => (Some(execution.turn_id), execution.awaiting_approval),
-            None => (None, Vec::new()),
-        };
-        Ok(SessionSummary {
-            bot_id: checkpoint.session_context.bot_id.clone(),
-            session_id,
-            created_at_ms: self.created_at_ms,
-            updated_at_ms: self.updated_at_ms,
-            last_sequence: self.last_sequence,
-            running_turn_id,
-            context: checkpoint.session_context,
-            usage: checkpoint.usage,
-            turns_completed: checkpoint.turns_completed,
-            awaiting_approval,
-            title: self.title,
-        })
-    }
 }
 
 /// The integer key the log and the history use for `session_id`.

@@ -136,19 +136,7 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, context: &Context<'
         counters.commit_micros.fetch_add(micros, Ordering::Relaxed);
     }
     drop(writes);
-    match outcome {
-        Ok((outcomes, _)) => {
-            for (job, outcome) in group.drain(..).zip(outcomes) {
-                job.answer(outcome);
-            }
-        }
-        Err(error) => {
-            tracing::warn!(%error, jobs = group.len(), "sqlite group commit failed");
-            for job in group.drain(..) {
-                job.answer(Err(error.clone()));
-            }
-        }
-    }
+    Job::answer_group(group, outcome.map(|(outcomes, _)| outcomes), "sqlite");
     tracing::trace!(micros, "group committed");
 }
 
