@@ -6,8 +6,8 @@
 use serde::de::DeserializeOwned;
 
 use super::StoreError;
-use crate::{Checkpoint, SessionSummary, TurnExecution};
-use keel_protocol::{Event, TranscriptItem};
+use crate::{Checkpoint, EventPage, SessionSummary, TurnExecution};
+use keel_protocol::{Event, RecordedEvent, TranscriptItem};
 
 /// A stored JSON value as read: its JSON bytes, or why they could not be
 /// had (see [`super::codec::decode`]), kept until it is decoded so that the
@@ -106,5 +106,62 @@ impl SummaryRow {
             awaiting_approval,
             title: self.title,
         })
+    }
+}
+
+/// An event page collected from log rows read newest first, the way every
+/// backend pages back: events before the bound, at most `limit`, and
+/// whether there are more.
+pub(crate) struct PageCollector {
+    /// Newest first while collecting; reversed by [`Self::finish`].
+    events: Vec<RecordedEvent>,
+    limit: usize,
+    before: u64,
+    has_more: bool,
+}
+
+impl PageCollector {
+    /// A page of at most `limit` events with sequences below `before`.
+    pub(crate) fn new(limit: usize, before: u64) -> Self {
+        Self {
+            events: Vec::with_capacity(limit.min(1024)),
+            limit,
+            before,
+            has_more: false,
+        }
+    }
+
+    /// Whether the page is full; it then has more, and needs no more rows.
+    pub(crate) fn full(&mut self) -> bool {
+        self.has_more |= self.events.len() == self.limit;
+        self.has_more
+    }
+
+    /// Takes the events of one row (in sequence order), newest first;
+    /// `false` once the page is full.
+    pub(crate) fn take(&mut self, recorded_at_ms: u64, batch: Vec<(u64, Event)>) -> bool {
+        for (sequence, event) in batch.into_iter().rev() {
+            if sequence >= self.before {
+                continue;
+            }
+            if self.full() {
+                return false;
+            }
+            self.events.push(RecordedEvent {
+                sequence,
+                recorded_at_ms,
+                event,
+            });
+        }
+        true
+    }
+
+    /// The page, oldest first.
+    pub(crate) fn finish(mut self) -> EventPage {
+        self.events.reverse();
+        EventPage {
+            events: self.events,
+            has_more: self.has_more,
+        }
     }
 }

@@ -12,7 +12,7 @@ use tokio_postgres::Row;
 use super::pg_error;
 use super::statements::{int, uint};
 use crate::codec;
-use crate::rows::{StoredJson, SummaryRow, apply_history_row, decode, decode_batch};
+use crate::rows::{PageCollector, StoredJson, SummaryRow, apply_history_row, decode, decode_batch};
 use crate::{
     Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
     SessionState, SessionSummary, StoreError, TurnExecution,
@@ -249,32 +249,17 @@ pub(super) async fn event_page(
     if rows.is_empty() && !exists(client, session_id).await? {
         return Err(StoreError::UnknownSession(session_id.to_owned()));
     }
-    // Newest first while collecting; reversed at the end.
-    let mut events = Vec::with_capacity(limit.min(1024));
-    let mut has_more = false;
-    'batches: for row in &rows {
-        if events.len() == limit {
-            has_more = true;
+    let mut page = PageCollector::new(limit, uint(before));
+    for row in &rows {
+        if page.full() {
             break;
         }
         let (_, _, recorded_at_ms, batch) = log_row(row, session_id)?;
-        for (sequence, event) in batch.into_iter().rev() {
-            if sequence >= uint(before) {
-                continue;
-            }
-            if events.len() == limit {
-                has_more = true;
-                break 'batches;
-            }
-            events.push(RecordedEvent {
-                sequence,
-                recorded_at_ms,
-                event,
-            });
+        if !page.take(recorded_at_ms, batch) {
+            break;
         }
     }
-    events.reverse();
-    Ok(EventPage { events, has_more })
+    Ok(page.finish())
 }
 
 /// The submission stored under `idempotency_key`, if any.

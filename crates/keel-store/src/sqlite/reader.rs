@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::rows::{StoredJson, SummaryRow, apply_history_row, decode, decode_batch};
+use crate::rows::{PageCollector, StoredJson, SummaryRow, apply_history_row, decode, decode_batch};
 use crate::{
     Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
     SessionState, SessionSummary, StoreError, TurnExecution,
@@ -306,39 +306,24 @@ pub(super) fn event_page(
         )
         .map_err(super::sqlite_error)?;
     let mut rows = select.query(params![key, before]).map_err(super::sqlite_error)?;
-    // Newest first while collecting; reversed at the end.
-    let mut events = Vec::with_capacity(limit.min(1024));
-    let mut has_more = false;
-    'batches: while let Some(row) = rows.next().map_err(super::sqlite_error)? {
+    let mut page = PageCollector::new(limit, before as u64);
+    while let Some(row) = rows.next().map_err(super::sqlite_error)? {
         let first: u64 = row.get(0).map_err(super::sqlite_error)?;
         let last: u64 = row.get(1).map_err(super::sqlite_error)?;
         if last + 1 == first {
             // A batch that only extended the history.
             continue;
         }
-        if events.len() == limit {
-            has_more = true;
+        if page.full() {
             break;
         }
         let recorded_at_ms: u64 = row.get(2).map_err(super::sqlite_error)?;
         let json = stored_json(row, 3).map_err(super::sqlite_error)?;
-        for (sequence, event) in decode_batch(session_id, first, last, &json)?.into_iter().rev() {
-            if sequence >= before as u64 {
-                continue;
-            }
-            if events.len() == limit {
-                has_more = true;
-                break 'batches;
-            }
-            events.push(RecordedEvent {
-                sequence,
-                recorded_at_ms,
-                event,
-            });
+        if !page.take(recorded_at_ms, decode_batch(session_id, first, last, &json)?) {
+            break;
         }
     }
-    events.reverse();
-    Ok(EventPage { events, has_more })
+    Ok(page.finish())
 }
 /// Sessions newest created first, from `cursor` (a session key, exclusive),
 /// only those of `bot_id` when given.
