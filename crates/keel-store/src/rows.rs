@@ -6,7 +6,7 @@
 use serde::de::DeserializeOwned;
 
 use super::StoreError;
-use crate::{Checkpoint, EventPage, SessionSummary, TurnExecution};
+use crate::{Checkpoint, EventPage, SessionListPage, SessionSummary, TurnExecution};
 use keel_protocol::{Event, RecordedEvent, TranscriptItem};
 
 /// A stored JSON value as read: its JSON bytes, or why they could not be
@@ -83,6 +83,30 @@ pub(crate) struct SummaryRow {
 }
 
 impl SummaryRow {
+    /// The key a session list page starts below: none for the first page,
+    /// else the cursor the page before it gave.
+    pub(crate) fn cursor_bound(cursor: Option<&str>) -> Result<i64, StoreError> {
+        match cursor {
+            None => Ok(i64::MAX),
+            Some(cursor) => cursor
+                .parse()
+                .map_err(|_| StoreError::Invalid(format!("'{cursor}' is not a session list cursor"))),
+        }
+    }
+
+    /// A session list page from up to `limit + 1` rows read newest first:
+    /// one row more than the page says there is a next page.
+    pub(crate) fn page(mut rows: Vec<SummaryRow>, limit: usize) -> Result<SessionListPage, StoreError> {
+        let next_cursor = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(|row| row.key.to_string())
+        } else {
+            None
+        };
+        let sessions = rows.into_iter().map(SummaryRow::decode).collect::<Result<_, _>>()?;
+        Ok(SessionListPage { sessions, next_cursor })
+    }
+
     /// The summary the row describes.
     pub(crate) fn decode(self) -> Result<SessionSummary, StoreError> {
         let session_id = self.session_id;

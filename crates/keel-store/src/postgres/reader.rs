@@ -312,6 +312,7 @@ pub(super) async fn sessions_with_work(
 
 /// The columns [`SummaryRow::read`] reads.
 const SUMMARY_COLUMNS: &str = "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence, title";
+
 /// Sessions newest created first, from `cursor` (a session key, exclusive),
 /// only those of `bot_id` when given.
 pub(super) async fn list_sessions_page(
@@ -321,12 +322,7 @@ pub(super) async fn list_sessions_page(
     bot_id: Option<&str>,
 ) -> Result<SessionListPage, StoreError> {
     let limit = limit.clamp(1, MAX_EVENT_PAGE);
-    let before: i64 = match cursor {
-        None => i64::MAX,
-        Some(cursor) => cursor
-            .parse()
-            .map_err(|_| StoreError::Invalid(format!("'{cursor}' is not a session list cursor")))?,
-    };
+    let before = SummaryRow::cursor_bound(cursor)?;
     let select = client
         .prepare_cached(&format!(
             "SELECT {SUMMARY_COLUMNS} FROM sessions WHERE key < $1 AND ($3::text IS NULL OR bot_id = $3)
@@ -338,15 +334,8 @@ pub(super) async fn list_sessions_page(
         .query(&select, &[&before, &(limit as i64 + 1), &bot_id])
         .await
         .map_err(pg_error)?;
-    let mut rows: Vec<SummaryRow> = rows.iter().map(SummaryRow::read).collect::<Result<_, _>>()?;
-    let next_cursor = if rows.len() > limit {
-        rows.truncate(limit);
-        rows.last().map(|row| row.key.to_string())
-    } else {
-        None
-    };
-    let sessions = rows.into_iter().map(SummaryRow::decode).collect::<Result<_, _>>()?;
-    Ok(SessionListPage { sessions, next_cursor })
+    let rows: Vec<SummaryRow> = rows.iter().map(SummaryRow::read).collect::<Result<_, _>>()?;
+    SummaryRow::page(rows, limit)
 }
 
 /// One session's summary.

@@ -325,6 +325,7 @@ pub(super) fn event_page(
     }
     Ok(page.finish())
 }
+
 /// Sessions newest created first, from `cursor` (a session key, exclusive),
 /// only those of `bot_id` when given.
 pub(super) fn list_sessions_page(
@@ -334,12 +335,7 @@ pub(super) fn list_sessions_page(
     bot_id: Option<&str>,
 ) -> Result<SessionListPage, StoreError> {
     let limit = limit.clamp(1, MAX_EVENT_PAGE);
-    let before: i64 = match cursor {
-        None => i64::MAX,
-        Some(cursor) => cursor
-            .parse()
-            .map_err(|_| StoreError::Invalid(format!("'{cursor}' is not a session list cursor")))?,
-    };
+    let before = SummaryRow::cursor_bound(cursor)?;
     let mut select = conn
         .prepare_cached(&format!(
             "SELECT {SUMMARY_COLUMNS} FROM sessions WHERE key < ?1 AND (?3 IS NULL OR bot_id = ?3)
@@ -349,15 +345,8 @@ pub(super) fn list_sessions_page(
     let rows = select
         .query_map(params![before, limit as i64 + 1, bot_id], summary_row)
         .map_err(super::sqlite_error)?;
-    let mut rows: Vec<SummaryRow> = rows.collect::<Result<_, _>>().map_err(super::sqlite_error)?;
-    let next_cursor = if rows.len() > limit {
-        rows.truncate(limit);
-        rows.last().map(|row| row.key.to_string())
-    } else {
-        None
-    };
-    let sessions = rows.into_iter().map(SummaryRow::decode).collect::<Result<_, _>>()?;
-    Ok(SessionListPage { sessions, next_cursor })
+    let rows: Vec<SummaryRow> = rows.collect::<Result<_, _>>().map_err(super::sqlite_error)?;
+    SummaryRow::page(rows, limit)
 }
 
 /// One session's summary.
