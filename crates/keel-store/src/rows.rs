@@ -189,3 +189,29 @@ impl PageCollector {
         }
     }
 }
+
+/// Appends the events of one log row (in sequence order) that come after
+/// `after` to `events`, reading forwards, up to `limit` in all; `false`
+/// once `events` is full.
+pub(crate) fn take_after(
+    events: &mut Vec<RecordedEvent>,
+    limit: usize,
+    after: u64,
+    recorded_at_ms: u64,
+    batch: Vec<(u64, Event)>,
+) -> bool {
+    for (sequence, event) in batch {
+        if sequence <= after {
+            continue;
+        }
+        if events.len() == limit {
+            return false;
+        }
+        events.push(RecordedEvent {
+            sequence,
+            recorded_at_ms,
+            event,
+        });
+    }
+    true
+}

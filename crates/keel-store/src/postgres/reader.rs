@@ -12,7 +12,7 @@ use tokio_postgres::Row;
 use super::pg_error;
 use super::statements::{int, uint};
 use crate::codec;
-use crate::rows::{PageCollector, StoredJson, SummaryRow, apply_history_row, decode, decode_batch};
+use crate::rows::{PageCollector, StoredJson, SummaryRow, apply_history_row, decode, decode_batch, take_after};
 use crate::{
     Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
     SessionState, SessionSummary, StoreError, TurnExecution,
@@ -192,21 +192,10 @@ pub(super) async fn events_after(
     }
     let mut events = Vec::with_capacity(limit.min(1024));
     for row in &rows {
-        let (first, last, recorded_at_ms, batch) = log_row(row, session_id)?;
-        for (sequence, event) in batch {
-            if sequence <= after {
-                continue;
-            }
-            if events.len() == limit {
-                return Ok(events);
-            }
-            events.push(RecordedEvent {
-                sequence,
-                recorded_at_ms,
-                event,
-            });
+        let (_, _, recorded_at_ms, batch) = log_row(row, session_id)?;
+        if !take_after(&mut events, limit, after, recorded_at_ms, batch) {
+            return Ok(events);
         }
-        let _ = (first, last);
     }
     Ok(events)
 }

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::rows::{PageCollector, StoredJson, SummaryRow, apply_history_row, decode, decode_batch};
+use crate::rows::{PageCollector, StoredJson, SummaryRow, apply_history_row, decode, decode_batch, take_after};
 use crate::{
     Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
     SessionState, SessionSummary, StoreError, TurnExecution,
@@ -225,18 +225,14 @@ pub(super) fn events_after(
         let last: u64 = row.get(1).map_err(super::sqlite_error)?;
         let recorded_at_ms: u64 = row.get(2).map_err(super::sqlite_error)?;
         let json = stored_json(row, 3).map_err(super::sqlite_error)?;
-        for (sequence, event) in decode_batch(session_id, first, last, &json)? {
-            if sequence <= after {
-                continue;
-            }
-            if events.len() == limit {
-                return Ok(events);
-            }
-            events.push(RecordedEvent {
-                sequence,
-                recorded_at_ms,
-                event,
-            });
+        if !take_after(
+            &mut events,
+            limit,
+            after,
+            recorded_at_ms,
+            decode_batch(session_id, first, last, &json)?,
+        ) {
+            return Ok(events);
         }
     }
     Ok(events)
