@@ -25,7 +25,7 @@
 //! whose message names the server and the tool.
 //!
 //! **Notifications.** Each call carries a progress token: the server's
-//! `notifications/progress` for it go to the call's [`ProgressSink`] (the
+//! `notifications/progress` for it go to the call's [`ProgressSink`](crate::ProgressSink) (the
 //! agent records them as `tool_call_progress` events) and restart the
 //! call's `timeout`, so a long call that keeps reporting is not cut. Log
 //! messages (`notifications/message`) are logged through `tracing` at the
