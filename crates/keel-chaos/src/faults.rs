@@ -85,9 +85,9 @@ pub(super) async fn inject(
         Fault::RestartPostgres => {
             if let Some(postgres) = postgres {
                 // pg_ctl waits; this worker waits with it, the others go on.
-                tokio::task::block_in_place(|| postgres.stop());
+                tokio::task::block_in_place(|| postgres.try_stop()).map_err(setup)?;
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..1000))).await;
-                tokio::task::block_in_place(|| postgres.start());
+                tokio::task::block_in_place(|| postgres.try_start()).map_err(setup)?;
             }
             Ok(())
         }

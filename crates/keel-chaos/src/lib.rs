@@ -166,11 +166,16 @@ pub async fn run_chaos(params: &ChaosParams) -> Result<ChaosReport> {
     let postgres = match params.store {
         ChaosStore::Sqlite => None,
         ChaosStore::Postgres { .. } => {
-            Some(LocalPostgres::own().ok_or_else(|| setup("PostgreSQL's binaries were not found".to_owned()))?)
+            Some(LocalPostgres::launch_own().map_err(|why| setup(format!("cannot start PostgreSQL: {why}")))?)
         }
     };
     let (db, count) = match (&postgres, params.store) {
-        (Some(postgres), ChaosStore::Postgres { nodes }) => (postgres.fresh_database(), nodes.max(1)),
+        (Some(postgres), ChaosStore::Postgres { nodes }) => (
+            postgres
+                .try_fresh_database()
+                .map_err(|why| setup(format!("cannot create the database: {why}")))?,
+            nodes.max(1),
+        ),
         _ => (dir.join("keel.sqlite3").display().to_string(), 1),
     };
     let spec = NodeSpec {

@@ -105,6 +105,13 @@ impl LocalPostgres {
         Self::own_with(directories.to_vec())
     }
 
+    /// A server of the caller's own, as [`Self::own`], for a program rather
+    /// than a test (`keel chaos`): what goes wrong is an error, never a
+    /// panic or a skip.
+    pub fn launch_own() -> Result<LocalPostgres, String> {
+        Self::launch(find_binaries()?, Vec::new())
+    }
+
     /// The directories holding the server's Unix socket (`.s.PGSQL.<port>`):
     /// its own temporary directory first.
     pub fn socket_directories(&self) -> Vec<PathBuf> {
@@ -128,23 +135,28 @@ impl LocalPostgres {
         }
     }
 
-    /// Creates a new empty database (`keel_<n>`) and returns its URL.
+    /// Creates a new empty database (`keel_<n>`) and returns its URL;
+    /// panics if it cannot (for tests; see [`Self::try_fresh_database`]).
     pub fn fresh_database(&self) -> String {
+        self.try_fresh_database().unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// Creates a new empty database (`keel_<n>`) and returns its URL.
+    pub fn try_fresh_database(&self) -> Result<String, String> {
         let number = self.next_database.fetch_add(1, Ordering::Relaxed);
         let name = format!("keel_{number}");
         let output = Command::new(self.bin.join("createdb"))
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", &name])
             .stdin(Stdio::null())
-            .output();
-        match output {
-            Ok(output) if output.status.success() => {}
-            Ok(output) => panic!(
+            .output()
+            .map_err(|error| format!("cannot run createdb: {error}"))?;
+        if !output.status.success() {
+            return Err(format!(
                 "createdb {name} failed: {}",
                 String::from_utf8_lossy(&output.stderr).trim()
-            ),
-            Err(error) => panic!("cannot run createdb: {error}"),
+            ));
         }
-        self.url(&name)
+        Ok(self.url(&name))
     }
 
     /// Writes a plain-SQL dump of the database at `url` (one of this
@@ -180,21 +192,33 @@ impl LocalPostgres {
     /// Stops the server (fast shutdown: connections are closed), for outage
     /// tests. Panics if it does not stop.
     pub fn stop(&self) {
-        self.pg_ctl(&["stop", "-m", "fast", "-w"]);
+        self.try_stop().unwrap_or_else(|why| panic!("{why}"));
+    }
+
+    /// Stops the server (fast shutdown), or says why it did not.
+    pub fn try_stop(&self) -> Result<(), String> {
+        self.pg_ctl(&["stop", "-m", "fast", "-w"])
     }
 
     /// Stops the server abruptly (`pg_ctl stop -m immediate`: no
     /// checkpoint, connections cut, crash recovery at the next start), for
     /// crash tests. Panics if it does not stop.
     pub fn stop_immediate(&self) {
-        self.pg_ctl(&["stop", "-m", "immediate", "-w"]);
+        self.pg_ctl(&["stop", "-m", "immediate", "-w"])
+            .unwrap_or_else(|why| panic!("{why}"));
     }
 
     /// Starts the server again after [`Self::stop`]. Panics if it does not
     /// start.
     pub fn start(&self) {
+        self.try_start().unwrap_or_else(|why| panic!("{why}"));
+    }
+
+    /// Starts the server again after [`Self::try_stop`], or says why it did
+    /// not.
+    pub fn try_start(&self) -> Result<(), String> {
         let log = self.base.join("server.log");
-        self.pg_ctl(&["start", "-w", "-t", "60", "-l", &log.to_string_lossy()]);
+        self.pg_ctl(&["start", "-w", "-t", "60", "-l", &log.to_string_lossy()])
     }
 
     fn launch(bin: PathBuf, socket_directories: Vec<PathBuf>) -> Result<Self, String> {
@@ -296,13 +320,12 @@ impl LocalPostgres {
             .map_err(|error| format!("cannot write postgresql.conf: {error}"))
     }
 
-    fn pg_ctl(&self, args: &[&str]) {
+    fn pg_ctl(&self, args: &[&str]) -> Result<(), String> {
         let data = self.data.to_string_lossy();
         let mut all = vec!["-D", &data];
         all.extend_from_slice(args);
-        if let Err(why) = self.run("pg_ctl", &all) {
-            panic!("pg_ctl {args:?} failed: {why}");
-        }
+        self.run("pg_ctl", &all)
+            .map_err(|why| format!("pg_ctl {args:?} failed: {why}"))
     }
 
     /// Runs one of the PostgreSQL binaries (as `postgres` when root).
