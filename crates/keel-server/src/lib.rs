@@ -66,7 +66,15 @@ use keel_config::KeelConfig;
 use keel_store::CheckpointStore;
 use keel_store::{ClusterStore, NoticeListener};
 
-/// The default limit on a request body.
+/// The version of the HTTP API (the OpenAPI document's `info.version`):
+/// the major changes only with a breaking change to the API.
+pub const API_VERSION: &str = "1.1.0";
+
+/// The response header that carries [`API_VERSION`], so that a client can
+/// refuse a server of another major version before it misreads an answer.
+pub const API_VERSION_HEADER: &str = "keel-api-version";
+
+/// The largest request body, by default.
 pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
 
 /// The largest connection bound accepted (far above any open-file limit).

@@ -48,6 +48,7 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&server), count_requests))
+        .layer(middleware::from_fn(stamp_version))
         .layer(DefaultBodyLimit::max(server.body_limit))
         .layer(
             // The path only: a query may hold an access token.
@@ -83,6 +84,17 @@ async fn not_found() -> ApiError {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
+}
+
+/// Names the API's version on every answer (errors included), so a client
+/// can tell a server it cannot read before it reads the body.
+async fn stamp_version(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    response.headers_mut().insert(
+        HeaderName::from_static(crate::API_VERSION_HEADER),
+        HeaderValue::from_static(crate::API_VERSION),
+    );
+    response
 }
 
 /// Counts each answered request in `keel_http_requests_total`, by the

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 
 use crate::Server;
@@ -62,6 +64,22 @@ pub(crate) struct SessionView {
     usage: TokenUsage,
     turns_completed: u64,
     live: bool,
+}
+
+/// What a session id keeps as it is in a path segment: the unreserved
+/// characters of RFC 3986 (ids may hold spaces, slashes or any text).
+const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// The answer to a request that made a session (`POST /v1/sessions`, a
+/// fork): `201`, the view, and a `Location` naming the new session.
+pub(crate) struct Created(SessionView);
+
+impl IntoResponse for Created {
+    fn into_response(self) -> Response {
+        let id = utf8_percent_encode(&self.0.id, PATH_SEGMENT);
+        let location = format!("/v1/sessions/{id}");
+        (StatusCode::CREATED, [(header::LOCATION, location)], Json(self.0)).into_response()
+    }
 }
 
 impl SessionView {
@@ -144,7 +162,7 @@ pub(crate) fn check_bot_id(bot_id: &str) -> Result<(), ApiError> {
 pub(crate) async fn create(
     State(server): State<Arc<Server>>,
     ApiJson(request): ApiJson<CreateSession>,
-) -> Result<(StatusCode, Json<SessionView>), ApiError> {
+) -> Result<Created, ApiError> {
     let id = request.id.unwrap_or_else(new_id);
     check_id(&id)?;
     if let Some(bot_id) = &request.bot_id {
@@ -180,10 +198,7 @@ pub(crate) async fn create(
         .session_summary(&id)
         .await?
         .ok_or_else(|| ApiError::Internal(format!("session '{id}' was created but cannot be read")))?;
-    Ok((
-        StatusCode::CREATED,
-        Json(SessionView::new(&server, summary, Some(status))),
-    ))
+    Ok(Created(SessionView::new(&server, summary, Some(status))))
 }
 
 /// The query of `GET /v1/sessions`.
@@ -270,7 +285,7 @@ pub(crate) async fn fork(
     State(server): State<Arc<Server>>,
     Path(parent): Path<String>,
     ApiJson(request): ApiJson<ForkSession>,
-) -> Result<(StatusCode, Json<SessionView>), ApiError> {
+) -> Result<Created, ApiError> {
     let id = request.id.unwrap_or_else(new_id);
     check_id(&id)?;
     // A live session may not be stored yet (it is created first).
@@ -318,7 +333,7 @@ pub(crate) async fn fork(
         .await?
         .ok_or_else(|| ApiError::Internal(format!("session '{id}' was forked but cannot be read")))?;
     let live = server.host.status(&id);
-    Ok((StatusCode::CREATED, Json(SessionView::new(&server, summary, live))))
+    Ok(Created(SessionView::new(&server, summary, live)))
 }
 
 /// The query of `DELETE /v1/sessions/{id}`.
