@@ -5,6 +5,7 @@ mod approvals;
 mod chaos;
 mod cli;
 mod compaction;
+mod contract;
 mod durable_submissions;
 mod examples;
 mod fuzz_seeds;
