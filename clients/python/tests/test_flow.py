@@ -21,9 +21,7 @@ def test_the_readme_example_runs_against_a_server(server: KeelServer) -> None:
     assert example is not None, "the README has its ten-line example"
     assert len(example.group(1).strip().splitlines()) <= 12
     env = {**os.environ, "KEEL_URL": server.url, "KEEL_TOKEN": TOKEN}
-    run = subprocess.run(
-        [sys.executable, "-c", example.group(1)], env=env, capture_output=True, text=True, timeout=60
-    )
+    run = subprocess.run([sys.executable, "-c", example.group(1)], env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "Hello from the default script."
@@ -34,7 +32,12 @@ def test_the_readme_example_runs_against_a_server(server: KeelServer) -> None:
 def test_sessions_round_trip_sync(server: KeelServer) -> None:
     with Keel(server.url, token=TOKEN) as keel:
         created = keel.sessions.create("flow-sync", bot_id="bot-a", context={"user": "u-1"}, on_busy="queue")
-        assert (created.id, created.bot_id, created.context, created.state) == ("flow-sync", "bot-a", {"user": "u-1"}, "idle")
+        assert (created.id, created.bot_id, created.context, created.state) == (
+            "flow-sync",
+            "bot-a",
+            {"user": "u-1"},
+            "idle",
+        )
         accepted = keel.submit(created.id, "Hi there")
         assert not accepted.duplicate
         turn = keel.wait_for_turn(created.id, accepted, timeout=30)

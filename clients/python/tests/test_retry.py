@@ -4,6 +4,8 @@ queued once; a request that is not safe to send again is not."""
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 
 import pytest
 from conftest import TOKEN, KeelServer
@@ -58,3 +60,26 @@ def test_a_server_that_is_down_fails_after_the_retries(server: KeelServer) -> No
     server.stop()
     with Keel(server.url, token=TOKEN) as keel, pytest.raises(ConnectionFailed):
         keel.submit("anything", "hello")
+
+
+def test_a_503_is_retried_with_the_same_key_after_its_retry_after(server: KeelServer, proxy_to) -> None:  # type: ignore[no-untyped-def]
+    answers = {"rewritten": 0}
+
+    def first_answer_unavailable(data: bytes) -> bytes:
+        # The server stored the submission; the client is told 503 (and to
+        # come back in a second), as a gateway might answer.
+        if answers["rewritten"] == 0 and data.startswith(b"HTTP/1.1 202 Accepted"):
+            answers["rewritten"] += 1
+            data = data.replace(b"HTTP/1.1 202", b"HTTP/1.1 503", 1)
+            data = re.sub(rb"date: [^\r]*", lambda m: b"retry-after: 1".ljust(len(m.group(0))), data, count=1)
+        return data
+
+    proxy = proxy_to(rewrite=first_answer_unavailable)
+    with Keel(server.url, token=TOKEN) as direct, Keel(proxy.url, token=TOKEN) as keel:
+        session = direct.sessions.create("unavailable").id
+        began = time.monotonic()
+        accepted = keel.submit(session, "once, after a 503")
+        assert answers["rewritten"] == 1
+        assert time.monotonic() - began >= 0.9, "the client waited as Retry-After said"
+        assert accepted.duplicate, "the retry carried the same key"
+        assert len(queued(direct, session)) == 1

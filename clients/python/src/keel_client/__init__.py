@@ -98,6 +98,7 @@ __all__ = [
     "TokenUsage",
     "TooLarge",
     "TooManySessions",
+    "Tools",
     "TurnResult",
     "Unauthorized",
     "Unavailable",

@@ -36,7 +36,11 @@ def _session_path(session_id: str, tail: str = "") -> str:
 
 def _query(**params: Any) -> dict[str, Any]:
     """Query parameters, without those left at ``None`` (booleans as JSON spells them)."""
-    return {key: (str(value).lower() if isinstance(value, bool) else value) for key, value in params.items() if value is not None}
+    return {
+        key: (str(value).lower() if isinstance(value, bool) else value)
+        for key, value in params.items()
+        if value is not None
+    }
 
 
 def _parser(cls: type) -> Any:
@@ -125,9 +129,7 @@ class Calls:
         # again by a retry is recorded as `submission_rejected` (no call waits).
         return self.submit(session_id, Approval(call_id=call_id, decision=decision), None, None)
 
-    def events_page(
-        self, session_id: str, after: int | None, before: int | None, limit: int | None
-    ) -> Flow[EventPage]:
+    def events_page(self, session_id: str, after: int | None, before: int | None, limit: int | None) -> Flow[EventPage]:
         params = _query(after=after, before=before, limit=limit)
         request = Request("GET", _session_path(session_id, "/events"), params=params, resend_after_error=True)
         return call(request, self.retries, _parser(EventPage))

@@ -34,7 +34,7 @@ def _converter(hint: Any) -> Converter:
     if custom is not None:
         return custom
     origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return lambda value: from_json(hint, value)
     if origin in (typing.Union, types.UnionType):
         arms = [arm for arm in typing.get_args(hint) if arm is not type(None)]

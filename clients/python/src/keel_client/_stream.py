@@ -37,7 +37,7 @@ class StreamState:
         self.idle_timeout = idle_timeout
         self.failures = 0
         self.deadline: float | None = None
-        self._data: list[str] = []
+        self._buffer = b""
 
     def request(self) -> Request:
         """The request that (re)opens the stream after `last`."""
@@ -65,23 +65,43 @@ class StreamState:
             raise Reconnect(f"the server answered {response.status_code}")
         raise error_of(response)
 
-    def feed(self, line: str) -> Event | None:
-        """Takes one line of the stream; answers the event it completes, if new."""
-        if line:
-            self.failures = 0
-            if line.startswith("data:"):
-                self._data.append(line[6:] if line.startswith("data: ") else line[5:])
+    def feed(self, chunk: bytes) -> list[Event]:
+        """Takes bytes of the stream as they came; answers the new events they complete."""
+        if not chunk:
+            return []
+        self.failures = 0
+        buffer = self._buffer + chunk
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        found = []
+        start = 0
+        while (end := buffer.find(b"\n\n", start)) >= 0:
+            event = self._message(buffer[start:end])
+            start = end + 2
+            if event is not None:
+                found.append(event)
+        self._buffer = buffer[start:]
+        return found
+
+    def _message(self, block: bytes) -> Event | None:
+        """One SSE message (its lines): its event, if it is new."""
+        data = None
+        for line in block.split(b"\n"):
+            if line.startswith(b"data:"):
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                data = value if data is None else data + b"\n" + value
+        if data is None:
+            return None  # a comment (keep-alive)
+        body = json.loads(data)
+        sequence = body.get("sequence")
+        if not isinstance(sequence, int):
+            raise Reconnect("an event without a sequence")
+        if sequence <= self.last:
             return None
-        if not self._data:
-            return None
-        data = "\n".join(self._data)
-        self._data = []
-        event = event_from_json(json.loads(data))
-        if event.sequence <= self.last:
-            return None
-        if event.sequence != self.last + 1:
-            raise Reconnect(f"the stream skipped from {self.last} to {event.sequence}")
-        self.last = event.sequence
+        if sequence != self.last + 1:
+            raise Reconnect(f"the stream skipped from {self.last} to {sequence}")
+        event = event_from_json(body)
+        self.last = sequence
         return event
 
     def check_deadline(self) -> None:
@@ -92,7 +112,7 @@ class StreamState:
     def broke(self, error: Exception) -> float:
         """A connection ended (`error`): answers how long to wait before the
         next, or raises when the stream must give up."""
-        self._data = []
+        self._buffer = b""
         self.check_deadline()
         if isinstance(error, KeelError):
             raise error

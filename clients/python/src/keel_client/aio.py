@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, TypeVar
+from typing import Any, AsyncGenerator, AsyncIterator, TypeVar
 
 import httpx
 
@@ -181,20 +181,17 @@ class AsyncKeel:
         """The session's events after `after`, live, forever; see `Keel.stream`."""
         return self._stream(StreamState(session_id, after, self._reconnect, self._idle))
 
-    async def _stream(self, state: StreamState) -> AsyncIterator[Event]:
+    async def _stream(self, state: StreamState) -> AsyncGenerator[Event, None]:
         while True:
             request = state.request()
             try:
                 headers = {**self._headers, **request.headers}
-                async with self._http.stream(
-                    "GET", request.path, headers=headers, timeout=state.timeout()
-                ) as response:
+                async with self._http.stream("GET", request.path, headers=headers, timeout=state.timeout()) as response:
                     if response.status_code != 200:
                         await response.aread()
                     state.opened(response)
-                    async for line in response.aiter_lines():
-                        event = state.feed(line)
-                        if event is not None:
+                    async for chunk in response.aiter_bytes():
+                        for event in state.feed(chunk):
                             yield event
                             state.check_deadline()
                 raise Reconnect("the server ended the stream")
@@ -221,5 +218,5 @@ class AsyncKeel:
                 if result is not None:
                     return result
         finally:
-            await events.aclose()  # type: ignore[attr-defined]
+            await events.aclose()
         raise AssertionError("an event stream does not end")

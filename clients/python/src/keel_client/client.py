@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, TypeVar
+from typing import Any, Generator, Iterator, TypeVar
 
 import httpx
 
@@ -207,7 +207,7 @@ class Keel:
         """
         return self._stream(StreamState(session_id, after, self._reconnect, self._idle))
 
-    def _stream(self, state: StreamState) -> Iterator[Event]:
+    def _stream(self, state: StreamState) -> Generator[Event, None, None]:
         while True:
             request = state.request()
             try:
@@ -216,9 +216,8 @@ class Keel:
                     if response.status_code != 200:
                         response.read()
                     state.opened(response)
-                    for line in response.iter_lines():
-                        event = state.feed(line)
-                        if event is not None:
+                    for chunk in response.iter_bytes():
+                        for event in state.feed(chunk):
                             yield event
                             state.check_deadline()
                 raise Reconnect("the server ended the stream")

@@ -338,10 +338,10 @@ EventMsg = Union[
 
 def msg_from_json(value: Any) -> Any:
     """An ``EventMsg`` from its JSON (`UnknownEvent` for an unknown tag)."""
-    tag = value.get("type") if isinstance(value, dict) else None
+    tag = str(value.get("type")) if isinstance(value, dict) else "?"
     cls = EVENT_TYPES.get(tag)
     if cls is None:
-        return UnknownEvent(type=str(tag), data=dict(value) if isinstance(value, dict) else {})
+        return UnknownEvent(type=tag, data=dict(value) if isinstance(value, dict) else {})
     return from_json(cls, value)
 
 

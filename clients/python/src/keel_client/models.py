@@ -94,7 +94,7 @@ OP_TYPES: dict[str, type] = {
 
 def op_from_json(value: Any) -> Any:
     """An op as recorded in a ``submission_queued`` event."""
-    cls = OP_TYPES.get(value.get("type")) if isinstance(value, dict) else None
+    cls = OP_TYPES.get(str(value.get("type"))) if isinstance(value, dict) else None
     if cls is None:
         return value
     return from_json(cls, value)
