@@ -19,9 +19,11 @@ from .models import (
     CreateSession,
     Decision,
     ForkSession,
+    Interrupt,
     Op,
     Session,
     SessionList,
+    Shutdown,
     SubmitRequest,
     Tools,
     UpdateSession,
@@ -41,6 +43,19 @@ def _query(**params: Any) -> dict[str, Any]:
         for key, value in params.items()
         if value is not None
     }
+
+
+def _safe_to_resend(op: Op) -> bool:
+    """Whether `op` may be sent again when its answer was lost.
+
+    Work stored ahead is deduplicated by its key; a decision sent twice is
+    recorded as rejected (no call waits any more), and so is an interrupt of
+    a named turn that ended. An interrupt of whatever runs, or a shutdown,
+    sent twice could stop the work that came after the first: not resent.
+    """
+    if isinstance(op, Interrupt):
+        return op.turn_id is not None
+    return not isinstance(op, Shutdown)
 
 
 def _parser(cls: type) -> Any:
@@ -120,13 +135,11 @@ class Calls:
             _session_path(session_id, "/submissions"),
             json=to_json(SubmitRequest(op=op, on_busy=on_busy)),
             headers={"idempotency-key": key},
-            resend_after_error=True,
+            resend_after_error=_safe_to_resend(op),
         )
         return call(request, self.retries, _parser(Accepted))
 
     def approve(self, session_id: str, call_id: str, decision: Decision) -> Flow[Accepted]:
-        # A decision acts at once and is not deduplicated by its key; one sent
-        # again by a retry is recorded as `submission_rejected` (no call waits).
         return self.submit(session_id, Approval(call_id=call_id, decision=decision), None, None)
 
     def events_page(self, session_id: str, after: int | None, before: int | None, limit: int | None) -> Flow[EventPage]:
