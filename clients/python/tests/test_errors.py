@@ -45,7 +45,7 @@ def test_error_codes_are_typed_errors(server: KeelServer) -> None:
         assert again.duplicate
         with pytest.raises(IdempotencyKeyReused) as reused:
             keel.submit(session, UserInput("another text"), idempotency_key="key-1")
-        assert (reused.value.status, reused.value.code) == (422, "idempotency_key_reused")
+        assert (reused.value.status, reused.value.code) == (409, "idempotency_key_reused")
 
         with pytest.raises(Conflict) as exists:
             keel.sessions.create(session)

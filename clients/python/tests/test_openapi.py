@@ -68,6 +68,13 @@ class Document:
         schema = self.resolve(schema)
         properties = set(schema.get("properties", {}))
         required = set(schema.get("required", []))
+        arms = schema.get("oneOf") or schema.get("anyOf")
+        if arms and not properties:
+            # One of several closed shapes: a field of any of them, required
+            # when every one requires it.
+            shapes = [self.fields(arm) for arm in arms]
+            properties = set().union(*(shape[0] for shape in shapes))
+            required = set.intersection(*(shape[1] for shape in shapes))
         for part in schema.get("allOf", []):
             more, more_required = self.fields(part)
             properties |= more

@@ -50,6 +50,10 @@ class NotFound(KeelError):
     """404 ``not_found``: an unknown session or route."""
 
 
+class ModelNotFound(NotFound):
+    """404 ``model_not_found``: the session's model is one the server cannot build."""
+
+
 class MethodNotAllowed(KeelError):
     """405 ``method_not_allowed``."""
 
@@ -60,6 +64,10 @@ class RequestTimeout(KeelError):
 
 class Conflict(KeelError):
     """409 ``conflict``: a session with that id exists."""
+
+
+class InvalidForkPoint(KeelError):
+    """409 ``invalid_fork_point``: a fork point inside a turn, past the log, or in a write batch."""
 
 
 class SessionBusy(KeelError):
@@ -91,7 +99,7 @@ class MisdirectedRequest(KeelError):
 
 
 class IdempotencyKeyReused(KeelError):
-    """422 ``idempotency_key_reused``: the key was used for another request."""
+    """``idempotency_key_reused`` (409): the key was used for another request; nothing was queued."""
 
 
 class InternalError(KeelError):
@@ -136,9 +144,11 @@ _BY_CODE: dict[str, type[KeelError]] = {
     "script_model_over_ceiling": OverCeiling,
     "forbidden_origin": ForbiddenOrigin,
     "not_found": NotFound,
+    "model_not_found": ModelNotFound,
     "method_not_allowed": MethodNotAllowed,
     "request_timeout": RequestTimeout,
     "conflict": Conflict,
+    "invalid_fork_point": InvalidForkPoint,
     "session_busy": SessionBusy,
     "queue_full": QueueFull,
     "workspace_exists": WorkspaceConflict,

@@ -211,8 +211,8 @@ class Error:
     """Something failed; if it ended a turn, a `TurnAborted` follows."""
 
     TYPE: ClassVar[str] = "error"
-    turn_id: str | None
     message: str
+    turn_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -354,8 +354,8 @@ class Event:
 
     sequence: int
     recorded_at_ms: int
-    submission_id: str | None
     msg: EventMsg
+    submission_id: str | None = None
 
     @property
     def type(self) -> str:

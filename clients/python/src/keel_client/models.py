@@ -3,8 +3,8 @@ hand and checked against the OpenAPI document (docs/openapi.json) by the
 tests: each dataclass's fields, and which of them are required, are the
 schema's.
 
-Fields with a default are the ones the schema does not require; a field
-typed ``X | None`` without a default is always sent, possibly ``null``.
+Fields with a default are the ones the schema does not require (``None``
+stands for a field sent as ``null`` or left out).
 """
 
 from __future__ import annotations
@@ -182,21 +182,21 @@ class Session:
     """A session as the API shows it (`SessionView`)."""
 
     id: str
-    title: str | None
     bot_id: str
     context: dict[str, Any]
-    model: str | None
     on_busy: BusyPolicy
     created_at_ms: int
     updated_at_ms: int
     last_sequence: int
     state: Literal["idle", "running", "awaiting_approval"]
-    running_turn_id: str | None
     queued: int
     pending_approvals: list[str]
     usage: TokenUsage
     turns_completed: int
     live: bool
+    title: str | None = None
+    model: str | None = None
+    running_turn_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ class SessionList:
     """A page of sessions, newest first; pass `next_cursor` back for the next."""
 
     sessions: list[Session]
-    next_cursor: str | None
+    next_cursor: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,11 +238,11 @@ class BotUsage:
 class UsageReport:
     """The answer of ``GET /v1/usage``."""
 
-    bot_id: str | None
-    since: int | None
     total: TokenUsage
     bots: list[BotUsage]
     sessions: list[SessionUsage]
+    bot_id: str | None = None
+    since: int | None = None
 
 
 @dataclass(frozen=True)
