@@ -115,7 +115,8 @@ class Document:
         def walk(node: Any) -> None:
             if isinstance(node, dict):
                 properties = node.get("properties")
-                if isinstance(properties, dict) and {"code", "message"} <= set(properties):
+                # The error bodies' `code`, narrowed per answer to its codes.
+                if isinstance(properties, dict) and "code" in properties:
                     codes.update(self.resolve(properties["code"]).get("enum", []))
                 for value in node.values():
                     walk(value)

@@ -73,7 +73,6 @@ pub(crate) enum Reply {
         /// The frame's `request_id`, when it could be read.
         request_id: Option<String>,
         /// The error.
-        #[schema(inline)]
         error: ErrorBody,
     },
 }

@@ -46,8 +46,8 @@ fn every_route_is_described_with_its_errors_and_the_version() {
     }
     // Each error response names exactly its codes.
     let submit = &doc["paths"]["/v1/sessions/{id}/submissions"]["post"];
-    let codes = &submit["responses"]["409"]["content"]["application/json"]["schema"]["properties"]["error"]["properties"]
-        ["code"]["enum"];
+    let codes = &submit["responses"]["409"]["content"]["application/json"]["schema"]["properties"]["error"]["allOf"][1]
+        ["properties"]["code"]["enum"];
     for code in ["queue_full", "session_busy", "idempotency_key_reused"] {
         assert!(
             codes.as_array().expect("codes").contains(&json!(code)),

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use utoipa::openapi::content::ContentBuilder;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::response::ResponseBuilder;
-use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
-use utoipa::openapi::{RefOr, Response};
+use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, Type};
+use utoipa::openapi::{Ref, RefOr, Response};
 
 /// Every machine code the API answers with, its status and when. The
 /// Errors table of `docs/http-api.md` lists the same (a test compares).
@@ -197,21 +197,13 @@ fn response(status: u16, codes: &[(&str, &str)]) -> Response {
         .map(|(code, when)| format!("`{code}`: {when}"))
         .collect::<Vec<_>>()
         .join(" ");
+    // The shared body, its `code` narrowed to this answer's codes.
     let code = ObjectBuilder::new()
         .schema_type(Type::String)
-        .enum_values(Some(codes.iter().map(|(code, _)| *code)))
-        .description(Some("The machine code: what went wrong, for programs."));
-    let error = ObjectBuilder::new()
-        .schema_type(Type::Object)
-        .property("code", code)
-        .property(
-            "message",
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .description(Some("What went wrong, for people.")),
-        )
-        .required("code")
-        .required("message");
+        .enum_values(Some(codes.iter().map(|(code, _)| *code)));
+    let error = AllOfBuilder::new()
+        .item(Ref::from_schema_name("ErrorBody"))
+        .item(ObjectBuilder::new().schema_type(Type::Object).property("code", code));
     let envelope = ObjectBuilder::new()
         .schema_type(Type::Object)
         .property("error", error)
@@ -310,6 +302,26 @@ mod tests {
     }
 
     #[test]
+    fn the_docs_errors_table_lists_the_catalogue() {
+        let docs = include_str!("../../../../docs/http-api.md");
+        let table: std::collections::BTreeSet<(u16, &str)> = docs
+            .lines()
+            .filter_map(|line| {
+                let mut cells = line.strip_prefix("| ")?.split(" | ");
+                let status = cells.next()?.parse().ok()?;
+                let code = cells.next()?.strip_prefix('`')?.strip_suffix('`')?;
+                Some((status, code))
+            })
+            .collect();
+        let catalogue: std::collections::BTreeSet<(u16, &str)> =
+            CATALOGUE.iter().map(|(code, status, _)| (*status, *code)).collect();
+        assert_eq!(
+            table, catalogue,
+            "docs/http-api.md's Errors table and the catalogue differ"
+        );
+    }
+
+    #[test]
     fn a_route_answers_its_codes_and_the_common_ones_by_status() {
         let responses = responses(&["session_busy", "queue_full", "not_found"]);
         let statuses: Vec<&str> = responses.keys().map(String::as_str).collect();
@@ -318,7 +330,8 @@ mod tests {
             ["400", "401", "403", "404", "408", "409", "413", "421", "500", "503"]
         );
         let json = serde_json::to_value(&responses["409"]).expect("serializes");
-        let codes = &json["content"]["application/json"]["schema"]["properties"]["error"]["properties"]["code"]["enum"];
+        let codes = &json["content"]["application/json"]["schema"]["properties"]["error"]["allOf"][1]["properties"]["code"]
+            ["enum"];
         assert_eq!(codes, &serde_json::json!(["queue_full", "session_busy"]));
     }
 }

@@ -38,6 +38,7 @@ use crate::API_VERSION;
     components(schemas(
         keel_protocol::RecordedEvent,
         keel_protocol::EventMsg,
+        crate::error::ErrorBody,
     )),
     tags(
         (name = "sessions", description = "Create, read, fork, rename and delete sessions."),
