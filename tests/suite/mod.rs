@@ -4,6 +4,7 @@ mod agent;
 mod approvals;
 mod chaos;
 mod cli;
+mod clients;
 mod compaction;
 mod durable_submissions;
 mod examples;
