@@ -8,6 +8,7 @@ use super::op::{BusyPolicy, Op};
 
 /// An event before it is recorded: what happened and which submission caused it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Event {
     /// The submission this event answers, if any.
     pub submission_id: Option<String>,
@@ -21,6 +22,7 @@ pub struct Event {
 /// "submission_id": "…" | null, "msg": {"type": "turn_started", …}}`.
 /// `sequence` starts at 1 and has no gaps within a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RecordedEvent {
     /// Position in the session's log.
     pub sequence: u64,
@@ -44,6 +46,7 @@ impl Deref for RecordedEvent {
 /// What happened. Serialized with a `type` tag in snake case, the payload's
 /// fields beside it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventMsg {
     /// A runtime opened the session (new or resumed).
@@ -172,6 +175,7 @@ impl EventMsg {
 
 /// Payload of [`EventMsg::SessionStarted`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionStartedEvent {
     /// The session's id.
     pub session_id: String,
@@ -198,6 +202,7 @@ pub struct SessionStartedEvent {
 
 /// Payload of [`EventMsg::SessionForked`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionForkedEvent {
     /// The session this one was forked from.
     pub parent_session_id: String,
@@ -211,6 +216,7 @@ pub struct SessionForkedEvent {
 /// [`SessionStartedEvent`]. Each shell result also starts with the status
 /// that applied to that command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxInfo {
     /// The policy asked for: `read-only`, `workspace-write` or `full-access`.
     pub policy: String,
@@ -226,6 +232,7 @@ pub struct SandboxInfo {
 
 /// Payload of [`EventMsg::TurnStarted`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TurnStartedEvent {
     /// The new turn's id.
     pub turn_id: String,
@@ -233,6 +240,7 @@ pub struct TurnStartedEvent {
 
 /// Payload of [`EventMsg::UserMessage`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UserMessageEvent {
     /// The turn the message joined.
     pub turn_id: String,
@@ -242,6 +250,7 @@ pub struct UserMessageEvent {
 
 /// Payload of [`EventMsg::ModelStepStarted`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelStepStartedEvent {
     /// The turn.
     pub turn_id: String,
@@ -251,6 +260,7 @@ pub struct ModelStepStartedEvent {
 
 /// Payload of [`EventMsg::AssistantContentDelta`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AssistantContentDeltaEvent {
     /// The turn.
     pub turn_id: String,
@@ -260,6 +270,7 @@ pub struct AssistantContentDeltaEvent {
 
 /// Payload of [`EventMsg::ReasoningDelta`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReasoningDeltaEvent {
     /// The turn.
     pub turn_id: String,
@@ -269,6 +280,7 @@ pub struct ReasoningDeltaEvent {
 
 /// Payload of [`EventMsg::ApprovalRequested`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ApprovalRequestedEvent {
     /// The turn.
     pub turn_id: String,
@@ -283,6 +295,7 @@ pub struct ApprovalRequestedEvent {
 /// Payload of [`EventMsg::ApprovalDecided`]; the envelope's `submission_id`
 /// is the approval op's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ApprovalDecidedEvent {
     /// The turn.
     pub turn_id: String,
@@ -294,6 +307,7 @@ pub struct ApprovalDecidedEvent {
 
 /// Payload of [`EventMsg::ToolCallStarted`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolCallStartedEvent {
     /// The turn.
     pub turn_id: String,
@@ -307,6 +321,7 @@ pub struct ToolCallStartedEvent {
 
 /// Payload of [`EventMsg::ToolCallCompleted`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolCallCompletedEvent {
     /// The turn.
     pub turn_id: String,
@@ -321,6 +336,7 @@ pub struct ToolCallCompletedEvent {
 /// Payload of [`EventMsg::ToolCallProgress`]. Reports are coalesced: a
 /// call's latest at most every 100 ms, and its last before its result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolCallProgressEvent {
     /// The turn.
     pub turn_id: String,
@@ -338,6 +354,7 @@ pub struct ToolCallProgressEvent {
 
 /// Payload of [`EventMsg::ToolsChanged`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolsChangedEvent {
     /// The turn whose next model step sees the change.
     pub turn_id: String,
@@ -351,6 +368,7 @@ pub struct ToolsChangedEvent {
 
 /// Payload of [`EventMsg::ContextCompacted`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ContextCompactedEvent {
     /// The turn it happened in; `None` when asked for between turns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -380,6 +398,7 @@ pub struct ContextCompactedEvent {
 
 /// Payload of [`EventMsg::TurnRolledBack`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TurnRolledBackEvent {
     /// The turn that was undone (it had ended before).
     pub rolled_back_turn_id: String,
@@ -396,6 +415,7 @@ pub struct TurnRolledBackEvent {
 
 /// Why the history was compacted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum CompactionReason {
     /// The next request would pass the context threshold.
@@ -408,6 +428,7 @@ pub enum CompactionReason {
 
 /// Payload of [`EventMsg::TokenUsage`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TokenUsageEvent {
     /// The turn.
     pub turn_id: String,
@@ -421,6 +442,7 @@ pub struct TokenUsageEvent {
 
 /// Payload of [`EventMsg::AssistantMessage`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AssistantMessageEvent {
     /// The turn.
     pub turn_id: String,
@@ -430,6 +452,7 @@ pub struct AssistantMessageEvent {
 
 /// Payload of [`EventMsg::TurnComplete`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TurnCompleteEvent {
     /// The turn.
     pub turn_id: String,
@@ -442,6 +465,7 @@ pub struct TurnCompleteEvent {
 
 /// Why a turn ended early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum AbortReason {
     /// An interrupt op stopped it.
@@ -458,6 +482,7 @@ pub enum AbortReason {
 
 /// Payload of [`EventMsg::TurnAborted`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TurnAbortedEvent {
     /// The turn.
     pub turn_id: String,
@@ -469,6 +494,7 @@ pub struct TurnAbortedEvent {
 
 /// Payload of [`EventMsg::Warning`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WarningEvent {
     /// What to know.
     pub message: String,
@@ -476,6 +502,7 @@ pub struct WarningEvent {
 
 /// Payload of [`EventMsg::Error`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorEvent {
     /// The turn that failed, if the error belongs to one.
     pub turn_id: Option<String>,
@@ -485,6 +512,7 @@ pub struct ErrorEvent {
 
 /// Payload of [`EventMsg::SubmissionQueued`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmissionQueuedEvent {
     /// The op, as it will run.
     pub op: Op,
@@ -498,6 +526,7 @@ pub struct SubmissionQueuedEvent {
 /// Payload of [`EventMsg::SubmissionRejected`]; the envelope's
 /// `submission_id` names the submission.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmissionRejectedEvent {
     /// Why it will not be acted on.
     pub reason: String,
@@ -505,4 +534,5 @@ pub struct SubmissionRejectedEvent {
 
 /// Payload of [`EventMsg::ShutdownComplete`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ShutdownCompleteEvent {}

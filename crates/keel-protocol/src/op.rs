@@ -14,6 +14,7 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// "approve_for_session" | "deny"}`, `{"type": "steer", "text": "…"}`,
 /// `{"type": "compact"}`, `{"type": "regenerate"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 // Parsed through `OpWire`, which refuses unknown fields: a misspelt field
 // would otherwise be dropped without a word (the API documents them as `400`).
 #[serde(tag = "type", rename_all = "snake_case", from = "OpWire")]
@@ -21,7 +22,8 @@ pub enum Op {
     /// A user message. It starts a turn, or waits for the next one while a
     /// turn runs (every message queued before a turn starts joins that turn).
     UserInput {
-        /// The message text.
+        /// The message text (not only white space).
+        #[cfg_attr(feature = "openapi", schema(pattern = r"\S"))]
         text: String,
     },
     /// Abort the running turn. With a `turn_id`, only that turn is aborted,
@@ -46,7 +48,8 @@ pub enum Op {
     /// model was done). With no turn running it starts one, like
     /// [`Op::UserInput`].
     Steer {
-        /// The message text.
+        /// The message text (not only white space).
+        #[cfg_attr(feature = "openapi", schema(pattern = r"\S"))]
         text: String,
     },
     /// Compact the history now: the model summarizes its older part, which
@@ -102,6 +105,7 @@ impl From<OpWire> for Op {
 /// What a user message does when the session is busy (a turn is running or
 /// messages are queued). With the session idle every policy starts a turn.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BusyPolicy {
     /// Wait for the next turn.
@@ -143,6 +147,7 @@ pub fn validate_idempotency_key(key: &str) -> Result<(), String> {
 
 /// A user's answer to a tool call that needs approval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalDecision {
     /// Run this call.

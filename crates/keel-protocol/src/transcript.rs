@@ -67,6 +67,7 @@ pub enum TranscriptItem {
 
 /// Tokens a model call used, as the provider reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TokenUsage {
     /// Prompt tokens, including cached ones.
     pub input_tokens: u64,

@@ -41,6 +41,15 @@ pub enum ApiError {
     /// An unknown session or route (404).
     #[error("{0}")]
     NotFound(String),
+    /// A model spec this server cannot build (404): an unknown provider or
+    /// model, or a provider without its key. Not a malformed request: the
+    /// server offers no such model.
+    #[error("{0}")]
+    ModelNotFound(String),
+    /// A fork point the parent's history cannot be cut at (409): past the
+    /// end of its log, or inside a turn.
+    #[error("{0}")]
+    InvalidForkPoint(String),
     /// A route that does not take this method (405).
     #[error("this route does not take that method")]
     MethodNotAllowed,
@@ -71,8 +80,9 @@ pub enum ApiError {
     /// where relaying cannot help.
     #[error("{0}")]
     Elsewhere(String),
-    /// An `Idempotency-Key` sent again with another body (422): answering
-    /// it as a duplicate would drop the new request silently.
+    /// An `Idempotency-Key` sent again with another body (409): answering
+    /// it as a duplicate would drop the new request silently. A conflict
+    /// with what the key already names, not a fault of the request itself.
     #[error("{0}")]
     KeyReused(String),
     /// The request body did not arrive within the body timeout (408); the
@@ -116,16 +126,18 @@ impl ApiError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
-            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::NotFound(_) | Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::QueueFull
             | Self::SessionBusy(_)
             | Self::Conflict(_)
+            | Self::KeyReused(_)
+            | Self::InvalidForkPoint(_)
             | Self::Workspace { .. }
             | Self::Elsewhere(_) => StatusCode::CONFLICT,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::KeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
+
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MisdirectedRequest(_) => StatusCode::MISDIRECTED_REQUEST,
             Self::TooManySessions(_) | Self::Unavailable(_) | Self::StoreUnavailable(_) | Self::StoreFull(_) => {
@@ -143,6 +155,8 @@ impl ApiError {
             Self::Forbidden { code, .. } => code,
             Self::ForbiddenOrigin(_) => "forbidden_origin",
             Self::NotFound(_) => "not_found",
+            Self::ModelNotFound(_) => "model_not_found",
+            Self::InvalidForkPoint(_) => "invalid_fork_point",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::QueueFull => "queue_full",
             Self::SessionBusy(_) => "session_busy",
@@ -177,9 +191,12 @@ impl ApiError {
 }
 
 /// `{"code": …, "message": …}`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub(crate) struct ErrorBody {
+    /// The machine code (see the Errors table of the API's docs).
+    #[schema(value_type = String)]
     pub(crate) code: &'static str,
+    /// What went wrong, for people.
     pub(crate) message: String,
 }
 
@@ -274,7 +291,7 @@ mod tests {
             (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
             (ApiError::QueueFull, 409, "queue_full"),
             (ApiError::SessionBusy("x".into()), 409, "session_busy"),
-            (ApiError::KeyReused("x".into()), 422, "idempotency_key_reused"),
+            (ApiError::KeyReused("x".into()), 409, "idempotency_key_reused"),
             (ApiError::Conflict("x".into()), 409, "conflict"),
             (ApiError::Elsewhere("x".into()), 409, "session_elsewhere"),
             (ApiError::RequestTimeout("x".into()), 408, "request_timeout"),

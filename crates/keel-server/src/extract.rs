@@ -84,9 +84,74 @@ where
     }
 }
 
+/// Deserializes an optional sequence or time that must fit in a signed
+/// 64-bit integer: the description says `int64` (the format JSON Schema
+/// tools know), so a larger number is refused rather than read.
+pub(crate) fn int64<'de, D>(deserializer: D) -> Result<Option<u64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let value = <Option<u64> as serde::Deserialize>::deserialize(deserializer)?;
+    match value {
+        Some(number) if i64::try_from(number).is_err() => Err(serde::de::Error::custom(format!(
+            "{number} is over the largest accepted value, {}",
+            i64::MAX
+        ))),
+        other => Ok(other),
+    }
+}
+
+/// [`int64`] for a JSON body: JSON Schema counts `5.0` as the integer 5,
+/// so an integral number in either spelling is read.
+pub(crate) fn json_int64<'de, D>(deserializer: D) -> Result<Option<u64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error as _;
+    let Some(number) = <Option<serde_json::Number> as serde::Deserialize>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    let integral = number.as_u64().or_else(|| {
+        number
+            .as_f64()
+            .filter(|float| float.fract() == 0.0 && (0.0..=i64::MAX as f64).contains(float))
+            .map(|float| float as u64)
+    });
+    match integral {
+        Some(value) if i64::try_from(value).is_ok() => Ok(Some(value)),
+        _ => Err(D::Error::custom(format!(
+            "{number} is not an integer from 0 to {}",
+            i64::MAX
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(serde::Deserialize)]
+    struct Body {
+        #[serde(default, deserialize_with = "json_int64")]
+        at: Option<u64>,
+    }
+
+    #[test]
+    fn a_json_integer_reads_in_either_spelling_and_within_int64() {
+        let read = |json: &str| serde_json::from_str::<Body>(json).map(|body| body.at).ok();
+        assert_eq!(read(r#"{"at": 7}"#), Some(Some(7)));
+        assert_eq!(read(r#"{"at": 7.0}"#), Some(Some(7)));
+        assert_eq!(read(r#"{"at": null}"#), Some(None));
+        assert_eq!(read("{}"), Some(None));
+        for refused in [
+            r#"{"at": 7.5}"#,
+            r#"{"at": -1}"#,
+            r#"{"at": "7"}"#,
+            r#"{"at": 9223372036854775808}"#,
+        ] {
+            assert_eq!(read(refused), None, "{refused}");
+        }
+    }
 
     #[test]
     fn only_json_types_are_json() {

@@ -64,7 +64,7 @@ impl SessionFactory {
     /// Builds the model of `spec` on a blocking thread (a script is a file
     /// read). A `script:` spec the operator did not choose must name a file
     /// in the script directory (`403` otherwise); a spec that cannot be
-    /// built is `400`.
+    /// built is `404 model_not_found`.
     async fn load_model(&self, spec: &str) -> Result<Arc<dyn Model>, ApiError> {
         let spec = match spec.strip_prefix("script:") {
             Some(path) if !self.operator_model(spec) => {
@@ -77,7 +77,7 @@ impl SessionFactory {
         tokio::task::spawn_blocking(move || keel.model(&spec))
             .await
             .map_err(|error| ApiError::Internal(format!("building the model failed: {error}")))?
-            .map_err(|error| ApiError::InvalidRequest(error.to_string()))
+            .map_err(|error| ApiError::ModelNotFound(error.to_string()))
     }
 
     /// The configuration that opens `session_id` with `settings`. For a new

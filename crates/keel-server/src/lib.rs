@@ -36,6 +36,7 @@ mod front;
 pub mod fuzzing;
 mod host;
 mod metrics;
+pub mod openapi;
 pub(crate) mod routes;
 mod settings;
 mod sse;

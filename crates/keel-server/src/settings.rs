@@ -18,15 +18,19 @@ use keel_tools::ApprovalRules;
 use keel_tools::workspace::SandboxPolicy;
 
 /// Overrides of `keel.toml`'s `[tools]` for one session.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ToolsOverrides {
+    /// Whether the built-in tools are offered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) builtin: Option<bool>,
+    /// Whether the tools that write files are offered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) write: Option<bool>,
+    /// Whether the shell is offered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) shell: Option<bool>,
+    /// How the shell's commands are confined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) sandbox: Option<SandboxPolicy>,
     /// Whether the shell may use the network.

@@ -11,19 +11,29 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::Deserialize;
+use utoipa::IntoParams;
 
 use super::Server;
 use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::fanout::Subscription;
 use super::metrics::Metrics;
+use super::openapi::errors::route_errors;
+use keel_protocol::RecordedEvent;
 
 /// The query of the stream (the token is checked by the auth layer).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct StreamQuery {
+    /// The resume point: the events after this sequence (0, the whole log,
+    /// by default). `Last-Event-ID` wins when both are given.
+    #[serde(default, deserialize_with = "super::extract::int64")]
     after: Option<u64>,
+    /// The token, for clients that cannot send headers (browsers'
+    /// `EventSource`).
     #[serde(rename = "access_token")]
+    #[param(rename = "access_token")]
     _access_token: Option<String>,
 }
 
@@ -66,7 +76,43 @@ pub(crate) async fn checked_resume_point(
     Ok(after)
 }
 
+route_errors!(
+    /// What a stream of a session's log can answer instead of opening.
+    StreamErrors: ["invalid_request", "not_found"]
+);
+
 /// `GET /v1/sessions/{id}/events/stream`.
+#[utoipa::path(
+    get,
+    path = "/sessions/{id}/events/stream",
+    tag = "events",
+    operation_id = "stream_events",
+    summary = "Stream a session's log (server-sent events)",
+    description = "The events after the resume point, then new ones as they are stored, without end. Each SSE \
+        event has `id` = the event's sequence (so a reconnecting `EventSource` resumes by itself), `event` = its \
+        `msg.type`, and `data` = the event as JSON: a `RecordedEvent`. OpenAPI 3.1 has no schema for the items \
+        of a stream, so the media type's schema is that of one event's `data`. Comments (`: keep-alive`) \
+        keep an idle stream open.",
+    params(
+        ("id" = String, Path, description = "The session's id."),
+        (
+            "Last-Event-ID" = Option<u64>,
+            Header,
+            description = "The resume point: the last sequence the client saw (wins over `after`)."
+        ),
+        StreamQuery,
+    ),
+    security(("bearer" = []), ("query_token" = [])),
+    responses(
+        (
+            status = 200,
+            description = "The stream: one SSE event per log event, in order, from the resume point on.",
+            content_type = "text/event-stream",
+            body = RecordedEvent,
+        ),
+        StreamErrors,
+    ),
+)]
 pub(crate) async fn stream(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,

@@ -13,51 +13,98 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use super::Server;
 use super::error::{ApiError, ErrorBody};
 use super::extract::ApiQuery;
+use super::openapi::errors::route_errors;
 use super::routes::submissions::submit_op;
 use super::sse::checked_resume_point;
 use keel_agent::BusyPolicy;
 use keel_protocol::Op;
 
 /// The query of the upgrade request.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct WsQuery {
+    /// The resume point, as for the event stream.
+    #[serde(default, deserialize_with = "super::extract::int64")]
     after: Option<u64>,
+    /// The token, for clients that cannot send headers (browsers).
     #[serde(rename = "access_token")]
+    #[param(rename = "access_token")]
     _access_token: Option<String>,
 }
 
-/// A submission frame from the client.
-#[derive(Debug, Deserialize)]
+/// A submission frame from the client: a text frame holding this JSON.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SubmitFrame {
+#[schema(as = WsSubmitFrame)]
+pub(crate) struct SubmitFrame {
+    /// What to do.
     op: Op,
+    /// As for `POST …/submissions`.
     on_busy: Option<BusyPolicy>,
+    /// As the `Idempotency-Key` header of `POST …/submissions`.
     idempotency_key: Option<String>,
+    /// Echoed in the reply, to match it to its frame.
     request_id: Option<String>,
 }
 
-/// The server's answer to a submission frame.
-#[derive(Debug, Serialize)]
+/// The server's answer to a submission frame (event frames are
+/// `RecordedEvent`s).
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
-enum Reply {
+#[schema(as = WsReply)]
+pub(crate) enum Reply {
+    /// The submission was stored, as a `202` would say.
     SubmissionAccepted {
+        /// The frame's `request_id`.
         request_id: Option<String>,
+        /// The submission's id.
         submission_id: String,
+        /// As in a `202`'s body.
         sequence: u64,
+        /// As in a `202`'s body.
         duplicate: bool,
     },
+    /// The submission was refused, as an error answer would say.
     SubmissionError {
+        /// The frame's `request_id`, when it could be read.
         request_id: Option<String>,
+        /// The error.
         error: ErrorBody,
     },
 }
 
+route_errors!(
+    /// What the WebSocket route can answer instead of upgrading.
+    UpgradeErrors: ["invalid_request", "not_found"]
+);
+
 /// `GET /v1/sessions/{id}/ws?after=SEQ`.
+#[utoipa::path(
+    get,
+    path = "/sessions/{id}/ws",
+    tag = "events",
+    operation_id = "connect_websocket",
+    summary = "A session over a WebSocket",
+    description = "Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame \
+        holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each \
+        answered by a `WsReply` frame.",
+    params(
+        ("id" = String, Path, description = "The session's id."),
+        ("Last-Event-ID" = Option<u64>, Header, description = "The resume point (wins over `after`)."),
+        WsQuery,
+    ),
+    security(("bearer" = []), ("query_token" = [])),
+    responses(
+        (status = 101, description = "Switching to the WebSocket protocol."),
+        UpgradeErrors,
+    ),
+)]
 pub(crate) async fn upgrade(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// What happens to a call of a tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalPolicy {
     /// Run without asking.
@@ -24,6 +25,7 @@ pub enum ApprovalPolicy {
 /// overrides that per tool name; `default` overrides it for every tool not
 /// named.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalRules {
     /// The policy for every tool not in `tools`, instead of the default.

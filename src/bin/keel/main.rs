@@ -56,6 +56,9 @@ enum Command {
     /// Run `keel serve` under load, break it at random, and check what
     /// clients were told against the store.
     Chaos(chaos::ChaosArgs),
+    /// Print the HTTP API's OpenAPI 3.1 description (what `keel serve`
+    /// serves at /v1/openapi.json), for client generators.
+    Openapi,
     /// Run a command under a sandbox policy (the shell tool's launcher).
     #[command(hide = true)]
     SandboxExec(sandbox::SandboxExecArgs),
@@ -150,6 +153,10 @@ fn main() -> ExitCode {
             Command::Backup(args) => log::backup(args).await,
             Command::Bench(command) => bench::bench(command).await,
             Command::Chaos(args) => chaos::chaos(args).await,
+            Command::Openapi => {
+                print!("{}", keel::server::openapi::document_json());
+                Ok(ExitCode::SUCCESS)
+            }
             Command::SandboxExec(_) => Err(anyhow::anyhow!("sandbox-exec runs before the async runtime starts")),
         };
         // The MCP servers' graceful stop runs on this runtime: once it is

@@ -218,7 +218,7 @@ async fn any_node_accepts_any_request_and_streams_any_session() {
     assert_eq!(retried.body["duplicate"], true);
     assert_eq!(retried.body["submission_id"], accepted[1]);
     let reused = submit_keyed(cluster.api(0), "s", user_input("another body"), "key-4").await;
-    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", reused.body);
+    assert_eq!(reused.status, StatusCode::CONFLICT, "{}", reused.body);
 
     let first = guard("six turns on node 1", on_one.turns(6)).await;
     let second = guard("six turns on node 2", on_two.turns(6)).await;

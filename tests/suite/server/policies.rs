@@ -210,7 +210,7 @@ async fn a_retried_post_with_the_same_key_is_answered_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_reused_with_another_body_is_422() {
+async fn a_key_reused_with_another_body_is_409() {
     let server = TestServer::start(|_, _| {}).await;
     let model = server
         .scratch
@@ -237,12 +237,7 @@ async fn a_key_reused_with_another_body_is_422() {
         json!({"op": {"type": "user_input", "text": "buy one"}, "on_busy": "reject"}),
     ] {
         let reply = post("order-7", other.clone()).await;
-        assert_eq!(
-            reply.status,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "{other}: {}",
-            reply.body
-        );
+        assert_eq!(reply.status, StatusCode::CONFLICT, "{other}: {}", reply.body);
         assert_eq!(reply.code(), "idempotency_key_reused", "{}", reply.body);
         assert!(
             reply.body["error"]["message"]

@@ -1,6 +1,7 @@
 //! The routes of the API (see `docs/http-api.md`).
 
 pub(crate) mod events;
+pub(crate) mod fork;
 pub(crate) mod ops;
 pub(crate) mod sessions;
 pub(crate) mod submissions;
@@ -13,37 +14,59 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
 use tower_http::cors::CorsLayer;
 use tower_http::trace::TraceLayer;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::error::ApiError;
-use super::{Server, auth, front, sse, ui, ws};
+use super::{Server, auth, front, openapi, sse, ui, ws};
+
+/// The documented routes, by who may call them. The same value makes the
+/// router and the description, so neither can have a route the other lacks.
+pub(crate) struct Documented {
+    /// `/v1/…` behind the token.
+    pub(crate) v1: OpenApiRouter<Arc<Server>>,
+    /// `/v1/…` anyone may call: the description itself.
+    pub(crate) v1_open: OpenApiRouter<Arc<Server>>,
+    /// `/metrics`, behind the token.
+    pub(crate) metrics: OpenApiRouter<Arc<Server>>,
+    /// `/healthz` and `/readyz`, for probes that hold no token.
+    pub(crate) probes: OpenApiRouter<Arc<Server>>,
+}
+
+/// Every documented route.
+pub(crate) fn documented() -> Documented {
+    Documented {
+        v1: OpenApiRouter::new()
+            .routes(routes!(sessions::create, sessions::list))
+            .routes(routes!(sessions::show, sessions::update, sessions::delete))
+            .routes(routes!(fork::fork))
+            .routes(routes!(submissions::submit))
+            .routes(routes!(events::page))
+            .routes(routes!(sse::stream))
+            .routes(routes!(ws::upgrade))
+            .routes(routes!(usage::show)),
+        v1_open: OpenApiRouter::new().routes(routes!(openapi::serve)),
+        metrics: OpenApiRouter::new().routes(routes!(ops::metrics)),
+        probes: OpenApiRouter::new()
+            .routes(routes!(ops::healthz))
+            .routes(routes!(ops::readyz)),
+    }
+}
 
 /// The whole application.
 pub(crate) fn router(server: Arc<Server>) -> Router {
     let require_token = middleware::from_fn_with_state(Arc::clone(&server), auth::require_token);
-    let v1 = Router::new()
-        .route("/sessions", post(sessions::create).get(sessions::list))
-        .route(
-            "/sessions/{id}",
-            get(sessions::show).patch(sessions::update).delete(sessions::delete),
-        )
-        .route("/sessions/{id}/fork", post(sessions::fork))
-        .route("/sessions/{id}/submissions", post(submissions::submit))
-        .route("/sessions/{id}/events", get(events::page))
-        .route("/sessions/{id}/events/stream", get(sse::stream))
-        .route("/sessions/{id}/ws", get(ws::upgrade))
-        .route("/usage", get(usage::show))
-        .route_layer(require_token.clone());
-    let metrics = Router::new()
-        .route("/metrics", get(ops::metrics))
-        .route_layer(require_token);
+    let routes = documented();
+    let v1 = Router::from(routes.v1)
+        .route_layer(require_token.clone())
+        .merge(Router::from(routes.v1_open));
+    let metrics = Router::from(routes.metrics).route_layer(require_token);
     let mut app = Router::new()
         .nest("/v1", v1)
         .merge(metrics)
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
+        .merge(Router::from(routes.probes))
         .merge(ui::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -8,8 +8,23 @@ use axum::response::{IntoResponse, Response};
 
 use crate::Server;
 use crate::error::ApiError;
+use crate::openapi::errors::{NONE, route_errors};
+
+route_errors!(
+    /// What `/readyz` answers when not ready.
+    ReadyErrors: ["unavailable"]
+);
 
 /// `200 ok` while the process runs.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    operation_id = "healthz",
+    summary = "Liveness",
+    security(()),
+    responses((status = 200, description = "`ok` while the process runs.", body = String, content_type = "text/plain")),
+)]
 pub(crate) async fn healthz() -> &'static str {
     "ok"
 }
@@ -17,6 +32,18 @@ pub(crate) async fn healthz() -> &'static str {
 /// `200 ready` when the store answers, has room for its commits and the
 /// server is not shutting down; otherwise `503` with the reason as an API
 /// error (`unavailable`, `store_unavailable`, `store_full`).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    operation_id = "readyz",
+    summary = "Readiness",
+    security(()),
+    responses(
+        (status = 200, description = "`ready`: the store answers and has room.", body = String, content_type = "text/plain"),
+        ReadyErrors,
+    ),
+)]
 pub(crate) async fn readyz(State(server): State<Arc<Server>>) -> Response {
     if server.host.is_closing() {
         return ApiError::Unavailable("the server is shutting down".to_owned()).into_response();
@@ -36,7 +63,28 @@ pub(crate) async fn readyz(State(server): State<Arc<Server>>) -> Response {
     "ready".into_response()
 }
 
+route_errors!(
+    /// What `/metrics` can answer besides `200`.
+    MetricsErrors: NONE
+);
+
 /// The metrics in the Prometheus text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    operation_id = "metrics",
+    summary = "Metrics (OpenMetrics text)",
+    responses(
+        (
+            status = 200,
+            description = "The metrics.",
+            body = String,
+            content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        ),
+        MetricsErrors,
+    ),
+)]
 pub(crate) async fn metrics(State(server): State<Arc<Server>>) -> impl IntoResponse {
     let queued = server.host.queued_total();
     server

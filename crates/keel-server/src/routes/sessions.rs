@@ -1,5 +1,4 @@
 //! `POST /v1/sessions`, `GET /v1/sessions`, `GET /v1/sessions/{id}`,
-//! `POST /v1/sessions/{id}/fork`.
 //! `PATCH /v1/sessions/{id}`, `DELETE /v1/sessions/{id}`.
 
 use std::sync::Arc;
@@ -10,17 +9,15 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use crate::Server;
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiQuery};
-use crate::routes::submissions::{check_op, submit_op};
+use crate::openapi::errors::{BODY, CEILING, LOADING, route_errors};
 use crate::settings::{SessionSettings, ToolsOverrides};
-use keel_agent::{
-    BusyPolicy, ForkError, MAX_BOT_ID_BYTES, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus, fork_session,
-    point_before_turn,
-};
-use keel_protocol::{Op, TokenUsage, new_id};
+use keel_agent::{BusyPolicy, MAX_BOT_ID_BYTES, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus};
+use keel_protocol::{TokenUsage, new_id};
 use keel_store::{CheckpointStoreExt, MAX_TITLE_CHARS, SessionSummary};
 use keel_tools::ApprovalRules;
 
@@ -31,39 +28,79 @@ const DEFAULT_BOT_ID: &str = "keel-server";
 const DEFAULT_PAGE: usize = 50;
 const MAX_PAGE: usize = 500;
 
-/// The body of `POST /v1/sessions`.
-#[derive(Debug, Default, Deserialize)]
+/// The body of `POST /v1/sessions`: every field is optional.
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateSession {
+    /// The session's id; a fresh UUID when absent.
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
     id: Option<String>,
+    /// The model spec (`provider:model`, or a model named in the server's
+    /// keel.toml); the server's default when absent.
+    #[schema(min_length = 1)]
     model: Option<String>,
+    /// The bot the session belongs to (`keel-server` when absent).
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
     bot_id: Option<String>,
+    /// Metadata kept with the session and shown with it.
     context: Option<serde_json::Map<String, serde_json::Value>>,
+    /// A system prompt for the model.
     instructions: Option<String>,
+    /// Overrides of the server's `[tools]`, within its ceiling.
     tools: Option<ToolsOverrides>,
+    /// Approval policies over the server's `[approvals]`, within its ceiling.
     approvals: Option<ApprovalRules>,
+    /// What a message does while the session is busy, by default.
     on_busy: Option<BusyPolicy>,
 }
 
 /// A session as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct SessionView {
+    /// The session's id.
     id: String,
+    /// Its title, once renamed (`PATCH`).
     title: Option<String>,
+    /// The bot it belongs to.
     bot_id: String,
+    /// The metadata it was created with.
     context: serde_json::Map<String, serde_json::Value>,
+    /// Its model spec (`None` when its stored settings no longer parse).
     model: Option<String>,
+    /// What a message does while it is busy, by default.
     on_busy: BusyPolicy,
+    /// When it was created, in milliseconds since the Unix epoch.
     created_at_ms: u64,
+    /// When its log last grew.
     updated_at_ms: u64,
+    /// The sequence of its newest event.
     last_sequence: u64,
-    state: &'static str,
+    /// What it is doing.
+    state: ViewState,
+    /// The turn running, if any.
     running_turn_id: Option<String>,
+    /// Submissions waiting in its queue (loaded sessions only).
     queued: usize,
+    /// The tool calls waiting for a decision.
     pending_approvals: Vec<String>,
+    /// Tokens used, summed over its model steps.
     usage: TokenUsage,
+    /// Turns that ended normally.
     turns_completed: u64,
+    /// Whether its runtime is loaded on the node that answered.
     live: bool,
+}
+
+/// What a session is doing.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ViewState {
+    /// Nothing runs and nothing waits.
+    Idle,
+    /// A turn runs, or a submission is being acted on.
+    Running,
+    /// A turn waits for a decision about a tool call.
+    AwaitingApproval,
 }
 
 /// What a session id keeps as it is in a path segment: the unreserved
@@ -72,7 +109,7 @@ const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remo
 
 /// The answer to a request that made a session (`POST /v1/sessions`, a
 /// fork): `201`, the view, and a `Location` naming the new session.
-pub(crate) struct Created(SessionView);
+pub(crate) struct Created(pub(super) SessionView);
 
 impl IntoResponse for Created {
     fn into_response(self) -> Response {
@@ -84,7 +121,7 @@ impl IntoResponse for Created {
 
 impl SessionView {
     /// The view of a stored session, with the live status when it is loaded.
-    fn new(server: &Server, summary: SessionSummary, live: Option<SessionStatus>) -> Self {
+    pub(super) fn new(server: &Server, summary: SessionSummary, live: Option<SessionStatus>) -> Self {
         // Settings that do not parse show no model (the session will not
         // load; the listing still shows it).
         let settings = SessionSettings::of(&summary.context).ok();
@@ -107,11 +144,11 @@ impl SessionView {
         // A live session that took a submission is `running` from then on,
         // before its turn has an id, until what it did is stored.
         let state = if !pending_approvals.is_empty() {
-            "awaiting_approval"
+            ViewState::AwaitingApproval
         } else if running_turn_id.is_some() || acting {
-            "running"
+            ViewState::Running
         } else {
-            "idle"
+            ViewState::Idle
         };
         Self {
             title: summary.title,
@@ -137,32 +174,72 @@ impl SessionView {
 }
 
 /// Checks a session id the way the runtime does, with an API message.
-fn check_id(id: &str) -> Result<(), ApiError> {
-    if id.is_empty() || id.len() > MAX_SESSION_ID_BYTES || id.chars().any(char::is_control) {
+pub(super) fn check_id(id: &str) -> Result<(), ApiError> {
+    if !printable_ascii(id, MAX_SESSION_ID_BYTES) {
         return Err(ApiError::InvalidRequest(format!(
-            "`id` must be 1 to {MAX_SESSION_ID_BYTES} bytes without control characters"
+            "`id` must be 1 to {MAX_SESSION_ID_BYTES} printable ASCII characters"
         )));
     }
     Ok(())
+}
+
+/// Whether `text` is 1 to `max` printable ASCII characters (space
+/// included): ids go into paths, headers, directory names and metric
+/// labels, and the bound is then the same in bytes and in characters, as
+/// the API's description states it.
+fn printable_ascii(text: &str, max: usize) -> bool {
+    !text.is_empty() && text.len() <= max && text.bytes().all(|byte| (b' '..=b'~').contains(&byte))
 }
 
 /// Checks a bot id (given at creation, or as a filter) against the
 /// runtime's bound, with an API message: it is stored with every checkpoint
 /// and becomes a metric label, so it is short and printable.
 pub(crate) fn check_bot_id(bot_id: &str) -> Result<(), ApiError> {
-    if bot_id.is_empty() || bot_id.len() > MAX_BOT_ID_BYTES || bot_id.chars().any(char::is_control) {
+    if !printable_ascii(bot_id, MAX_BOT_ID_BYTES) {
         return Err(ApiError::InvalidRequest(format!(
-            "`bot_id` must be 1 to {MAX_BOT_ID_BYTES} bytes without control characters"
+            "`bot_id` must be 1 to {MAX_BOT_ID_BYTES} printable ASCII characters"
         )));
     }
     Ok(())
 }
 
+route_errors!(
+    /// What `POST /v1/sessions` can answer besides `201`.
+    CreateErrors: BODY,
+    CEILING,
+    LOADING,
+    ["conflict", "workspace_exists", "model_not_found"]
+);
+
 /// `POST /v1/sessions`.
+#[utoipa::path(
+    post,
+    path = "/sessions",
+    tag = "sessions",
+    operation_id = "create_session",
+    summary = "Create a session",
+    description = "Creates a session with its settings (checked against the server's ceiling before anything is \
+        stored) and loads it.",
+    request_body(
+        content = Option<CreateSession>,
+        description = "The settings; an empty body is `{}`.",
+        content_type = "application/json"
+    ),
+    responses(
+        (
+            status = 201,
+            description = "The session, created and loaded.",
+            body = SessionView,
+            headers(("Location" = String, description = "The new session's path.")),        ),
+        CreateErrors,
+    ),
+)]
 pub(crate) async fn create(
     State(server): State<Arc<Server>>,
-    ApiJson(request): ApiJson<CreateSession>,
+    ApiJson(request): ApiJson<Option<CreateSession>>,
 ) -> Result<Created, ApiError> {
+    // `null` is the empty body, as the description allows.
+    let request = request.unwrap_or_default();
     let id = request.id.unwrap_or_else(new_id);
     check_id(&id)?;
     if let Some(bot_id) = &request.bot_id {
@@ -202,23 +279,46 @@ pub(crate) async fn create(
 }
 
 /// The query of `GET /v1/sessions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
+    /// Sessions per page (50 by default).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<usize>,
+    /// Where the page starts: the `next_cursor` of the page before.
+    #[param(pattern = r"^[0-9]{1,18}$")]
     cursor: Option<String>,
     /// Only the sessions of this bot.
+    #[param(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
     bot_id: Option<String>,
 }
 
-/// A page of sessions.
-#[derive(Debug, Serialize)]
+/// A page of sessions, newest first.
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct SessionList {
+    /// The page.
     sessions: Vec<SessionView>,
+    /// The cursor of the next page; `None` on the last.
     next_cursor: Option<String>,
 }
 
+route_errors!(
+    /// What `GET /v1/sessions` can answer besides `200`.
+    ListErrors: ["invalid_request"]
+);
+
 /// `GET /v1/sessions`.
+#[utoipa::path(
+    get,
+    path = "/sessions",
+    tag = "sessions",
+    operation_id = "list_sessions",
+    summary = "List sessions",
+    description = "Pages through the stored sessions, newest first.",
+    params(ListQuery),
+    responses((status = 200, description = "A page of sessions.", body = SessionList), ListErrors),
+)]
 pub(crate) async fn list(
     State(server): State<Arc<Server>>,
     ApiQuery(query): ApiQuery<ListQuery>,
@@ -226,6 +326,14 @@ pub(crate) async fn list(
     let limit = super::page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     if let Some(bot_id) = &query.bot_id {
         check_bot_id(bot_id)?;
+    }
+    // A cursor is the key of a row, in decimal: refused here, in the form
+    // the description states, rather than by whichever store reads it.
+    let is_cursor = |text: &str| (1..=18).contains(&text.len()) && text.bytes().all(|byte| byte.is_ascii_digit());
+    if query.cursor.as_deref().is_some_and(|cursor| !is_cursor(cursor)) {
+        return Err(ApiError::InvalidRequest(
+            "`cursor` must be the `next_cursor` of a page".to_owned(),
+        ));
     }
     let page = server
         .host
@@ -246,7 +354,22 @@ pub(crate) async fn list(
     }))
 }
 
+route_errors!(
+    /// What a route of one session that reads no body can answer.
+    OneSessionErrors: ["not_found"]
+);
+
 /// `GET /v1/sessions/{id}`.
+#[utoipa::path(
+    get,
+    path = "/sessions/{id}",
+    tag = "sessions",
+    operation_id = "get_session",
+    summary = "Get a session",
+    description = "The session as stored, with its live status when the answering node runs it. Never loads it.",
+    params(("id" = String, Path, description = "The session's id.")),
+    responses((status = 200, description = "The session.", body = SessionView), OneSessionErrors),
+)]
 pub(crate) async fn show(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
@@ -261,92 +384,33 @@ pub(crate) async fn show(
     Ok(Json(SessionView::new(&server, summary, live)))
 }
 
-/// The body of `POST /v1/sessions/{id}/fork`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ForkSession {
-    /// The parent's event the fork starts after.
-    at_sequence: Option<u64>,
-    /// Or the parent's turn the fork starts just before (after the event
-    /// that ended the turn before it).
-    before_turn: Option<String>,
-    /// The new session's id; a fresh one when absent.
-    id: Option<String>,
-    /// A user message submitted to the fork once it exists: with a point
-    /// just before a past message's turn, this edits that message.
-    message: Option<String>,
-}
-
-/// `POST /v1/sessions/{id}/fork`: a new session whose history is the
-/// parent's as it was at `at_sequence` (between turns). Only the history is
-/// copied; the fork's log starts with a `session_forked` event naming its
-/// parent.
-pub(crate) async fn fork(
-    State(server): State<Arc<Server>>,
-    Path(parent): Path<String>,
-    ApiJson(request): ApiJson<ForkSession>,
-) -> Result<Created, ApiError> {
-    let id = request.id.unwrap_or_else(new_id);
-    check_id(&id)?;
-    // A live session may not be stored yet (it is created first).
-    if server.host.status(&id).is_some() {
-        return Err(ApiError::Conflict(format!("session '{id}' already exists")));
-    }
-    // A message the fork would refuse must not leave a fork behind.
-    let message = request.message.map(|text| Op::UserInput { text });
-    if let Some(op) = &message {
-        check_op(op)?;
-    }
-    let store = &server.host.store;
-    let fork_error = |error| match error {
-        ForkError::UnknownParent(parent) => ApiError::unknown_session(&parent),
-        ForkError::Exists(_) => ApiError::Conflict(error.to_string()),
-        ForkError::BadPoint(message) => ApiError::InvalidRequest(message),
-        ForkError::Store(error) => error.into(),
-    };
-    let at_sequence = match (request.at_sequence, request.before_turn) {
-        (Some(at_sequence), None) => at_sequence,
-        (None, Some(turn_id)) => point_before_turn(store.as_ref(), &parent, &turn_id)
-            .await
-            .map_err(fork_error)?,
-        _ => {
-            return Err(ApiError::InvalidRequest(
-                "give one of `at_sequence` and `before_turn`".to_owned(),
-            ));
-        }
-    };
-    // The fork's workspace is made with it, like a new session's (never an
-    // existing directory of that name); it is taken back if the fork fails.
-    if store.session_summary(&id).await?.is_some() {
-        return Err(ApiError::Conflict(format!("session '{id}' already exists")));
-    }
-    server.host.factory.create_workspace(&id).await?;
-    if let Err(error) = fork_session(store.as_ref(), &parent, at_sequence, &id).await {
-        server.host.factory.discard_workspace(&id).await;
-        return Err(fork_error(error));
-    }
-    if let Some(op) = message {
-        submit_op(&server, &id, op, None, None).await?;
-    }
-    let summary = store
-        .session_summary(&id)
-        .await?
-        .ok_or_else(|| ApiError::Internal(format!("session '{id}' was forked but cannot be read")))?;
-    let live = server.host.status(&id);
-    Ok(Created(SessionView::new(&server, summary, live)))
-}
-
 /// The query of `DELETE /v1/sessions/{id}`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct DeleteQuery {
     /// Also remove the session's workspace directory.
     #[serde(default)]
     workspace: bool,
 }
 
+route_errors!(
+    /// What `DELETE /v1/sessions/{id}` can answer besides `204`.
+    DeleteErrors: ["invalid_request", "not_found", "workspace_not_removable", "session_elsewhere", "unavailable"]
+);
+
 /// `DELETE /v1/sessions/{id}`: `204` once the session is gone, `404` if
 /// there was none.
+#[utoipa::path(
+    delete,
+    path = "/sessions/{id}",
+    tag = "sessions",
+    operation_id = "delete_session",
+    summary = "Delete a session",
+    description = "Deletes the session and its log; with `workspace=true` also its workspace directory.",
+    params(("id" = String, Path, description = "The session's id."), DeleteQuery),
+    responses((status = 204, description = "The session is gone."), DeleteErrors),
+)]
 pub(crate) async fn delete(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
@@ -361,20 +425,48 @@ pub(crate) async fn delete(
 }
 
 /// The body of `PATCH /v1/sessions/{id}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UpdateSession {
+    /// The new title: 1 to 200 characters, not all white space, no control
+    /// characters; stored trimmed.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$"
+    )]
     title: String,
 }
 
+route_errors!(
+    /// What `PATCH /v1/sessions/{id}` can answer besides `200`.
+    UpdateErrors: BODY,
+    ["not_found"]
+);
+
 /// `PATCH /v1/sessions/{id}`: renames the session; answers the session.
+#[utoipa::path(
+    patch,
+    path = "/sessions/{id}",
+    tag = "sessions",
+    operation_id = "update_session",
+    summary = "Rename a session",
+    params(("id" = String, Path, description = "The session's id.")),
+    request_body(content = UpdateSession, content_type = "application/json"),
+    responses((status = 200, description = "The session, renamed.", body = SessionView), UpdateErrors),
+)]
 pub(crate) async fn update(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
     ApiJson(request): ApiJson<UpdateSession>,
 ) -> Result<Json<SessionView>, ApiError> {
+    // The length is the title's as sent, so the bound is the one the
+    // description states.
     let title = request.title.trim();
-    if title.is_empty() || title.chars().count() > MAX_TITLE_CHARS || title.chars().any(char::is_control) {
+    if title.is_empty()
+        || request.title.chars().count() > MAX_TITLE_CHARS
+        || request.title.chars().any(char::is_control)
+    {
         return Err(ApiError::InvalidRequest(format!(
             "`title` must be 1 to {MAX_TITLE_CHARS} characters without control characters"
         )));

@@ -7,28 +7,46 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::Server;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
+use crate::openapi::errors::{BODY, LOADING, QUEUEING, route_errors};
 use keel_agent::{Accepted, BusyPolicy};
 use keel_protocol::{MAX_MESSAGE_BYTES, Op, validate_idempotency_key};
 
 /// The body of `POST /v1/sessions/{id}/submissions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SubmitRequest {
+    /// What to do.
     pub(crate) op: Op,
+    /// What a `user_input` does while the session is busy; the session's
+    /// default when absent.
     pub(crate) on_busy: Option<BusyPolicy>,
 }
 
 /// The answer to an accepted submission.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct AcceptedView {
+    /// The submission's id: the `submission_id` of the events it causes.
     pub(crate) submission_id: String,
+    /// The sequence of its `submission_queued` event (for an op acted on at
+    /// once, the log's last sequence when it was accepted).
     pub(crate) sequence: u64,
+    /// Whether this answers a retry of an `Idempotency-Key` already taken:
+    /// nothing new was queued.
     pub(crate) duplicate: bool,
 }
+
+route_errors!(
+    /// What `POST /v1/sessions/{id}/submissions` can answer besides `202`.
+    SubmitErrors: BODY,
+    LOADING,
+    QUEUEING,
+    ["not_found", "idempotency_key_reused", "session_elsewhere"]
+);
 
 impl From<Accepted> for AcceptedView {
     fn from(accepted: Accepted) -> Self {
@@ -41,6 +59,43 @@ impl From<Accepted> for AcceptedView {
 }
 
 /// `POST /v1/sessions/{id}/submissions`: `202` once the submission is stored.
+#[utoipa::path(
+    post,
+    path = "/sessions/{id}/submissions",
+    tag = "submissions",
+    operation_id = "submit",
+    summary = "Submit an op",
+    description = "Submits an op to the session, loading it first if need be; answered `202` once the \
+        submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: \
+        the retry is answered as the first request was, and queues nothing.",
+    params(
+        ("id" = String, Path, description = "The session's id."),
+        (
+            "Idempotency-Key" = Option<String>,
+            Header,
+            description = "Names this request: a retry with the same key is answered as the first request was.",
+            min_length = 1,
+            max_length = 128,
+            pattern = r"^[!-~]+$"
+        ),
+    ),
+    request_body(content = SubmitRequest, content_type = "application/json"),
+    responses(
+        (
+            status = 202,
+            description = "The submission is stored (or was, for a retried key).",
+            body = AcceptedView,
+            links(
+                ("events" = (
+                    operation_id = "list_events",
+                    parameters(("id" = "$request.path.id"), ("after" = "$response.body#/sequence"))
+                )),
+                ("session" = (operation_id = "get_session", parameters(("id" = "$request.path.id")))),
+            )
+        ),
+        SubmitErrors,
+    ),
+)]
 pub(crate) async fn submit(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,

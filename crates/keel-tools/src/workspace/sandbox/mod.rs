@@ -76,6 +76,7 @@ pub use self::limits::Limits;
 /// Serialized in kebab case (`"read-only"`, `"workspace-write"`,
 /// `"full-access"`), the same spelling the launcher's `--policy` takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum SandboxPolicy {
     /// Read and execute anything; write nothing (but `/dev/null`).

@@ -1,0 +1,296 @@
+//! The error answers of the description: every machine code with its
+//! status, and for each route the codes it can answer, grouped by status
+//! into responses whose `code` is an enum of exactly those codes.
+
+use std::collections::BTreeMap;
+
+use utoipa::openapi::content::ContentBuilder;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::{RefOr, Response};
+
+/// Every machine code the API answers with, its status and when. The
+/// Errors table of `docs/http-api.md` lists the same (a test compares).
+pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
+    (
+        "invalid_request",
+        400,
+        "Malformed JSON, unknown fields, bad values or an invalid op.",
+    ),
+    ("unauthorized", 401, "A missing or wrong bearer token."),
+    (
+        "sandbox_over_ceiling",
+        403,
+        "`tools.sandbox` looser than the server allows clients.",
+    ),
+    (
+        "auto_approval_over_ceiling",
+        403,
+        "Approvals that would make a tool `auto` beyond the ceiling.",
+    ),
+    (
+        "network_over_ceiling",
+        403,
+        "`tools.network: true` on a server that does not allow it.",
+    ),
+    ("tool_over_ceiling", 403, "A tool the server's keel.toml turns off."),
+    (
+        "script_model_over_ceiling",
+        403,
+        "A `script:` model outside the server's script directory.",
+    ),
+    ("forbidden_origin", 403, "A browser request from another origin."),
+    ("not_found", 404, "An unknown session or route."),
+    (
+        "model_not_found",
+        404,
+        "A model spec this server cannot build (unknown provider or model, no key).",
+    ),
+    ("method_not_allowed", 405, "A known route with another method."),
+    ("queue_full", 409, "The session's submission queue is full."),
+    (
+        "session_busy",
+        409,
+        "`on_busy: reject` while a turn runs or input is queued.",
+    ),
+    ("conflict", 409, "A session with that id exists."),
+    (
+        "invalid_fork_point",
+        409,
+        "A fork point past the parent's log or inside a turn.",
+    ),
+    (
+        "workspace_exists",
+        409,
+        "The new session's workspace name is taken by something Keel did not create.",
+    ),
+    (
+        "workspace_not_keels",
+        409,
+        "A stored session's workspace is not the directory Keel created.",
+    ),
+    (
+        "workspace_not_removable",
+        409,
+        "A workspace delete that would remove what Keel did not create.",
+    ),
+    (
+        "session_elsewhere",
+        409,
+        "The session runs on another node and the request cannot be handed to it.",
+    ),
+    (
+        "request_timeout",
+        408,
+        "The body did not arrive within the body timeout.",
+    ),
+    ("too_large", 413, "The body or the message is over its limit."),
+    ("unsupported_media_type", 415, "A body not sent as `application/json`."),
+    ("misdirected_request", 421, "A `Host` the server does not answer for."),
+    (
+        "idempotency_key_reused",
+        409,
+        "An `Idempotency-Key` used before on this session for another request.",
+    ),
+    (
+        "too_many_sessions",
+        503,
+        "The live-session bound is reached and none can be unloaded.",
+    ),
+    (
+        "unavailable",
+        503,
+        "The server is shutting down, or the session stopped.",
+    ),
+    (
+        "store_unavailable",
+        503,
+        "The database cannot be reached or written; nothing was stored.",
+    ),
+    (
+        "store_full",
+        503,
+        "The disk or the database's size cap is full; nothing was stored.",
+    ),
+    ("internal", 500, "A store failure or another server fault."),
+];
+
+/// The codes every route under the token can answer: the front door's and
+/// the token's refusals, and the store's and the server's failures.
+const EVERY_ROUTE: &[&str] = &[
+    "unauthorized",
+    "forbidden_origin",
+    "misdirected_request",
+    "store_unavailable",
+    "store_full",
+    "internal",
+];
+
+/// No codes beyond the ones every route can answer.
+pub(crate) const NONE: &[&str] = &[];
+
+/// The codes of a route that reads a JSON body.
+pub(crate) const BODY: &[&str] = &[
+    "invalid_request",
+    "request_timeout",
+    "too_large",
+    "unsupported_media_type",
+];
+
+/// The ceiling's refusals: what a session's settings may not ask for.
+pub(crate) const CEILING: &[&str] = &[
+    "sandbox_over_ceiling",
+    "auto_approval_over_ceiling",
+    "network_over_ceiling",
+    "tool_over_ceiling",
+    "script_model_over_ceiling",
+];
+
+/// The codes of a route that may load a session: no room, the server
+/// stopping, a workspace Keel did not make, settings the ceiling no longer
+/// allows (the ceiling's codes).
+pub(crate) const LOADING: &[&str] = &[
+    "too_many_sessions",
+    "unavailable",
+    "workspace_not_keels",
+    "sandbox_over_ceiling",
+    "auto_approval_over_ceiling",
+    "network_over_ceiling",
+    "tool_over_ceiling",
+    "script_model_over_ceiling",
+];
+
+/// The codes of a route that queues a submission.
+pub(crate) const QUEUEING: &[&str] = &["invalid_request", "too_large", "queue_full", "session_busy"];
+
+/// The error responses of a route that answers `codes` (besides the ones
+/// every route can answer), one per status.
+pub(crate) fn responses(codes: &[&str]) -> BTreeMap<String, RefOr<Response>> {
+    let mut by_status: BTreeMap<u16, Vec<(&str, &str)>> = BTreeMap::new();
+    for &(code, status, when) in CATALOGUE {
+        if codes.contains(&code) || EVERY_ROUTE.contains(&code) {
+            by_status.entry(status).or_default().push((code, when));
+        }
+    }
+    by_status
+        .into_iter()
+        .map(|(status, codes)| (status.to_string(), RefOr::T(response(status, &codes))))
+        .collect()
+}
+
+/// One status's response: the error envelope with `code` one of `codes`.
+fn response(status: u16, codes: &[(&str, &str)]) -> Response {
+    let description = codes
+        .iter()
+        .map(|(code, when)| format!("`{code}`: {when}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let code = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(codes.iter().map(|(code, _)| *code)))
+        .description(Some("The machine code: what went wrong, for programs."));
+    let error = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("code", code)
+        .property(
+            "message",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some("What went wrong, for people.")),
+        )
+        .required("code")
+        .required("message");
+    let envelope = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("error", error)
+        .required("error");
+    let mut builder = ResponseBuilder::new().description(description).content(
+        "application/json",
+        ContentBuilder::new()
+            .schema(Some(Schema::Object(envelope.build())))
+            .build(),
+    );
+    if status == 401 {
+        builder = builder.header(
+            "WWW-Authenticate",
+            HeaderBuilder::new()
+                .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+                .description(Some("`Bearer`: the scheme the token goes in."))
+                .build(),
+        );
+    }
+    builder.build()
+}
+
+/// Declares a route's error answers as a type for `#[utoipa::path]`'s
+/// `responses(...)`, from the codes it can answer.
+macro_rules! route_errors {
+    ($(#[$doc:meta])* $name:ident: $($codes:expr),* $(,)?) => {
+        $(#[$doc])*
+        pub(crate) struct $name;
+
+        impl utoipa::IntoResponses for $name {
+            fn responses() -> std::collections::BTreeMap<
+                String,
+                utoipa::openapi::RefOr<utoipa::openapi::response::Response>,
+            > {
+                let codes: Vec<&str> = [$(&$codes[..]),*].concat();
+                $crate::openapi::errors::responses(&codes)
+            }
+        }
+    };
+}
+pub(crate) use route_errors;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ApiError;
+
+    #[test]
+    fn every_code_of_an_error_is_catalogued_with_its_status() {
+        let errors = [
+            ApiError::InvalidRequest(String::new()),
+            ApiError::Unauthorized,
+            ApiError::ForbiddenOrigin(String::new()),
+            ApiError::NotFound(String::new()),
+            ApiError::ModelNotFound(String::new()),
+            ApiError::InvalidForkPoint(String::new()),
+            ApiError::MethodNotAllowed,
+            ApiError::QueueFull,
+            ApiError::SessionBusy(String::new()),
+            ApiError::Conflict(String::new()),
+            ApiError::Elsewhere(String::new()),
+            ApiError::KeyReused(String::new()),
+            ApiError::RequestTimeout(String::new()),
+            ApiError::TooLarge(String::new()),
+            ApiError::UnsupportedMediaType(String::new()),
+            ApiError::MisdirectedRequest(String::new()),
+            ApiError::TooManySessions(String::new()),
+            ApiError::Unavailable(String::new()),
+            ApiError::StoreUnavailable(String::new()),
+            ApiError::StoreFull(String::new()),
+            ApiError::Internal(String::new()),
+        ];
+        for error in errors {
+            let found = CATALOGUE.iter().find(|(code, _, _)| *code == error.code());
+            assert_eq!(
+                found.map(|(_, status, _)| *status),
+                Some(error.status().as_u16()),
+                "{}",
+                error.code()
+            );
+        }
+    }
+
+    #[test]
+    fn a_route_answers_its_codes_and_the_common_ones_by_status() {
+        let responses = responses(&["session_busy", "queue_full", "not_found"]);
+        let statuses: Vec<&str> = responses.keys().map(String::as_str).collect();
+        assert_eq!(statuses, ["401", "403", "404", "409", "421", "500", "503"]);
+        let json = serde_json::to_value(&responses["409"]).expect("serializes");
+        let codes = &json["content"]["application/json"]["schema"]["properties"]["error"]["properties"]["code"]["enum"];
+        assert_eq!(codes, &serde_json::json!(["queue_full", "session_busy"]));
+    }
+}

@@ -1,0 +1,172 @@
+//! The API's OpenAPI 3.1 description, generated from the code: the paths
+//! from the handlers' `#[utoipa::path]` annotations, collected by the same
+//! router that serves them (so a route cannot be served undocumented), and
+//! the schemas from the wire types themselves. It is served at
+//! `GET /v1/openapi.json` and committed as `docs/openapi.json`; a test fails
+//! when the two differ.
+
+pub(crate) mod errors;
+
+use std::sync::OnceLock;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use utoipa::openapi::link::Link;
+use utoipa::openapi::schema::{AdditionalProperties, Schema};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{OpenApi, RefOr, Server as ApiServer};
+use utoipa::{Modify, OpenApi as _};
+
+use crate::API_VERSION;
+
+/// What the derive cannot know: the version, the security schemes, the
+/// schemas only the prose of a route names (the stream's items, the
+/// WebSocket's frames).
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "Keel HTTP API",
+        description = "Keel is a durable agent runtime: every session is a log of events, written before any \
+            client sees them, under a gap-free sequence. Submit ops, stream events, resume from the last \
+            sequence seen. Every answer carries the `keel-api-version` header; a client refuses a server of \
+            another major version. See docs/http-api.md for the prose.",
+        license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
+    ),
+    security(("bearer" = [])),
+    modifiers(&Additions),
+    components(schemas(
+        keel_protocol::RecordedEvent,
+        keel_protocol::EventMsg,
+        crate::ws::SubmitFrame,
+        crate::ws::Reply,
+        crate::error::ErrorBody,
+    )),
+    tags(
+        (name = "sessions", description = "Create, read, fork, rename and delete sessions."),
+        (name = "submissions", description = "Ops in: messages, interrupts, approvals."),
+        (name = "events", description = "Events out: pages of the log, server-sent events, a WebSocket."),
+        (name = "usage", description = "Token usage."),
+        (name = "operations", description = "Health, readiness, metrics, this description."),
+    ),
+)]
+struct ApiDoc;
+
+/// Sets the version and the security schemes.
+struct Additions;
+
+impl Modify for Additions {
+    fn modify(&self, openapi: &mut OpenApi) {
+        API_VERSION.clone_into(&mut openapi.info.version);
+        openapi.servers = Some(vec![ApiServer::new("http://127.0.0.1:7777")]);
+        link_sessions(openapi);
+        let components = openapi.components.get_or_insert_with(Default::default);
+        for name in CLOSED_ENUMS {
+            if let Some(schema) = components.schemas.get_mut(*name) {
+                close_variants(schema);
+            }
+        }
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("The server's token (`keel serve --token-file`)."))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "query_token",
+            SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
+                "access_token",
+                "The same token as a query parameter, for the event stream and the WebSocket only.",
+            ))),
+        );
+    }
+}
+
+/// The enums whose Rust type refuses unknown fields in every variant
+/// (`Op` is parsed through a type that does); the derive closes only
+/// structs, and a schema that allowed more would promise that a request the
+/// server refuses is valid.
+const CLOSED_ENUMS: &[&str] = &["Op"];
+
+/// Refuses unknown fields in each variant of a `oneOf`.
+fn close_variants(schema: &mut RefOr<Schema>) {
+    if let RefOr::T(Schema::OneOf(one_of)) = schema {
+        for variant in &mut one_of.items {
+            if let RefOr::T(Schema::Object(object)) = variant {
+                object.additional_properties = Some(Box::new(AdditionalProperties::FreeForm(false)));
+            }
+        }
+    }
+}
+
+/// The operations that make a session, and where their answer's `id`
+/// leads: a stateful client (or tester) chains create → submit → events →
+/// fork → delete by these links.
+const SESSION_MAKERS: &[&str] = &["/v1/sessions", "/v1/sessions/{id}/fork"];
+const SESSION_LINKS: &[(&str, &str)] = &[
+    ("get", "get_session"),
+    ("submit", "submit"),
+    ("events", "list_events"),
+    ("rename", "update_session"),
+    ("fork", "fork_session"),
+    ("delete", "delete_session"),
+];
+
+/// Adds [`SESSION_LINKS`] to the `201` of each of [`SESSION_MAKERS`].
+fn link_sessions(openapi: &mut OpenApi) {
+    for path in SESSION_MAKERS {
+        let Some(item) = openapi.paths.paths.get_mut(*path) else {
+            continue;
+        };
+        let Some(RefOr::T(created)) = item
+            .post
+            .as_mut()
+            .and_then(|post| post.responses.responses.get_mut("201"))
+        else {
+            continue;
+        };
+        for (name, operation_id) in SESSION_LINKS {
+            let link = Link::builder()
+                .operation_id(*operation_id)
+                .parameter("id", "$response.body#/id")
+                .build();
+            created.links.insert((*name).to_owned(), RefOr::T(link));
+        }
+    }
+}
+
+/// The whole description.
+pub fn document() -> OpenApi {
+    let routes = crate::routes::documented();
+    let mut doc = ApiDoc::openapi().nest("/v1", routes.v1.merge(routes.v1_open).into_openapi());
+    doc.merge(routes.metrics.into_openapi());
+    doc.merge(routes.probes.into_openapi());
+    doc
+}
+
+/// The description as served and committed: pretty JSON, one trailing
+/// newline.
+pub fn document_json() -> &'static str {
+    static JSON: OnceLock<String> = OnceLock::new();
+    JSON.get_or_init(|| {
+        let mut json = document().to_pretty_json().unwrap_or_default();
+        json.push('\n');
+        json
+    })
+}
+
+/// `GET /v1/openapi.json`.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    operation_id = "get_openapi",
+    summary = "This description",
+    security(()),
+    responses((status = 200, description = "The API's OpenAPI 3.1 description.", body = Object)),
+)]
+pub(crate) async fn serve() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], document_json())
+}

@@ -1,0 +1,188 @@
+//! `POST /v1/sessions/{id}/fork`: a new session from another's history.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use serde::Deserialize;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{
+    AdditionalProperties, KnownFormat, ObjectBuilder, OneOfBuilder, Schema, SchemaFormat, SchemaType, Type,
+};
+use utoipa::{PartialSchema, ToSchema};
+
+use super::sessions::{Created, SessionView, check_id};
+use crate::Server;
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::openapi::errors::{BODY, CEILING, LOADING, QUEUEING, route_errors};
+use crate::routes::submissions::{check_op, submit_op};
+use keel_agent::{ForkError, MAX_SESSION_ID_BYTES, fork_session, point_before_turn};
+use keel_protocol::{Op, new_id};
+
+/// The body of `POST /v1/sessions/{id}/fork`: one of `at_sequence` and
+/// `before_turn`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForkSession {
+    /// The parent's event the fork starts after.
+    #[serde(default, deserialize_with = "crate::extract::json_int64")]
+    at_sequence: Option<u64>,
+    /// Or the parent's turn the fork starts just before (after the event
+    /// that ended the turn before it).
+    before_turn: Option<String>,
+    /// The new session's id; a fresh one when absent.
+    id: Option<String>,
+    /// A user message submitted to the fork once it exists: with a point
+    /// just before a past message's turn, this edits that message. Not only
+    /// white space.
+    message: Option<String>,
+}
+
+/// "Exactly one of `at_sequence` and `before_turn`, `null` being absent" is
+/// beyond the derive: one closed object per way of naming the point, so
+/// that the description accepts exactly the bodies the handler does.
+impl PartialSchema for ForkSession {
+    fn schema() -> RefOr<Schema> {
+        let by_sequence = point(
+            "at_sequence",
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+                .minimum(Some(0))
+                .description(Some("The parent's event the fork starts after.")),
+            "before_turn",
+        );
+        let by_turn = point(
+            "before_turn",
+            ObjectBuilder::new().schema_type(Type::String).description(Some(
+                "The parent's turn the fork starts just before (after the event that ended the turn before it).",
+            )),
+            "at_sequence",
+        );
+        OneOfBuilder::new()
+            .item(by_sequence)
+            .item(by_turn)
+            .description(Some(
+                "The body of `POST /v1/sessions/{id}/fork`: the point (`at_sequence` or `before_turn`), and \
+                 optionally the fork's `id` and a `message` to submit to it.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for ForkSession {}
+
+/// One way of naming the fork point: `named` required, `other` absent or
+/// `null`, with the fields both ways share.
+fn point(named: &str, schema: ObjectBuilder, other: &str) -> Schema {
+    let nullable_string = || ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::String, Type::Null]));
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property(named, schema)
+        .required(named)
+        .property(other, ObjectBuilder::new().schema_type(Type::Null))
+        .property(
+            "id",
+            nullable_string()
+                .min_length(Some(1))
+                .max_length(Some(MAX_SESSION_ID_BYTES))
+                .pattern(Some(r"^[ -~]+$"))
+                .description(Some("The fork's id; a fresh one when absent.")),
+        )
+        .property(
+            "message",
+            nullable_string().pattern(Some(r"\S")).description(Some(
+                "A user message submitted to the fork once it exists (not only white space): with a point just \
+                 before a past message's turn, this edits that message.",
+            )),
+        )
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+        .into()
+}
+
+route_errors!(
+    /// What `POST /v1/sessions/{id}/fork` can answer besides `201`.
+    ForkErrors: BODY,
+    CEILING,
+    LOADING,
+    QUEUEING,
+    ["not_found", "conflict", "workspace_exists", "invalid_fork_point"]
+);
+
+/// `POST /v1/sessions/{id}/fork`: a new session whose history is the
+/// parent's as it was at `at_sequence` (between turns). Only the history is
+/// copied; the fork's log starts with a `session_forked` event naming its
+/// parent.
+#[utoipa::path(
+    post,
+    path = "/sessions/{id}/fork",
+    tag = "sessions",
+    operation_id = "fork_session",
+    summary = "Fork a session",
+    description = "A new session whose history is the parent's at a point between turns; with `message`, a \
+        user message submitted to it (an edit of a past message).",
+    params(("id" = String, Path, description = "The parent session's id.")),
+    request_body(content = ForkSession, content_type = "application/json"),
+    responses(
+        (
+            status = 201,
+            description = "The fork, created.",
+            body = SessionView,
+            headers(("Location" = String, description = "The fork's path.")),        ),
+        ForkErrors,
+    ),
+)]
+pub(crate) async fn fork(
+    State(server): State<Arc<Server>>,
+    Path(parent): Path<String>,
+    ApiJson(request): ApiJson<ForkSession>,
+) -> Result<Created, ApiError> {
+    let id = request.id.unwrap_or_else(new_id);
+    check_id(&id)?;
+    // A live session may not be stored yet (it is created first).
+    if server.host.status(&id).is_some() {
+        return Err(ApiError::Conflict(format!("session '{id}' already exists")));
+    }
+    // A message the fork would refuse must not leave a fork behind.
+    let message = request.message.map(|text| Op::UserInput { text });
+    if let Some(op) = &message {
+        check_op(op)?;
+    }
+    let store = &server.host.store;
+    let fork_error = |error| match error {
+        ForkError::UnknownParent(parent) => ApiError::unknown_session(&parent),
+        ForkError::Exists(_) => ApiError::Conflict(error.to_string()),
+        ForkError::BadPoint(message) => ApiError::InvalidForkPoint(message),
+        ForkError::Store(error) => error.into(),
+    };
+    let at_sequence = match (request.at_sequence, request.before_turn) {
+        (Some(at_sequence), None) => at_sequence,
+        (None, Some(turn_id)) => point_before_turn(store.as_ref(), &parent, &turn_id)
+            .await
+            .map_err(fork_error)?,
+        _ => {
+            return Err(ApiError::InvalidRequest(
+                "give one of `at_sequence` and `before_turn`".to_owned(),
+            ));
+        }
+    };
+    // The fork's workspace is made with it, like a new session's (never an
+    // existing directory of that name); it is taken back if the fork fails.
+    if store.session_summary(&id).await?.is_some() {
+        return Err(ApiError::Conflict(format!("session '{id}' already exists")));
+    }
+    server.host.factory.create_workspace(&id).await?;
+    if let Err(error) = fork_session(store.as_ref(), &parent, at_sequence, &id).await {
+        server.host.factory.discard_workspace(&id).await;
+        return Err(fork_error(error));
+    }
+    if let Some(op) = message {
+        submit_op(&server, &id, op, None, None).await?;
+    }
+    let summary = store
+        .session_summary(&id)
+        .await?
+        .ok_or_else(|| ApiError::Internal(format!("session '{id}' was forked but cannot be read")))?;
+    let live = server.host.status(&id);
+    Ok(Created(SessionView::new(&server, summary, live)))
+}
