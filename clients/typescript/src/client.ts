@@ -15,6 +15,8 @@ import {
   type RecordedEvent,
   type Session,
   type SessionPage,
+  type SubmitRequest,
+  type UpdateSessionRequest,
   type Usage,
   turnOf,
 } from "./types.js";
@@ -95,7 +97,7 @@ export class Sessions {
 
   /** Renames a session. */
   rename(id: string, title: string, options: { signal?: AbortSignal } = {}): Promise<Session> {
-    return this.transport.json({ method: "PATCH", path: path(id), body: { title }, signal: options.signal });
+    return this.transport.json({ method: "PATCH", path: path(id), body: { title } satisfies UpdateSessionRequest, signal: options.signal });
   }
 
   /** Deletes a session for good; with `workspace: true` its workspace directory too. */
@@ -132,7 +134,7 @@ export class Keel {
     return this.transport.json({
       method: "POST",
       path: `${path(sessionId)}/submissions`,
-      body: options.onBusy === undefined ? { op } : { op, on_busy: options.onBusy },
+      body: (options.onBusy === undefined ? { op } : { op, on_busy: options.onBusy }) satisfies SubmitRequest,
       headers: { "Idempotency-Key": key },
       signal: options.signal,
       retry: true,

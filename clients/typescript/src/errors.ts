@@ -44,11 +44,13 @@ export class SessionBusyError extends ConflictError {}
 /** The session's submission queue is full (`queue_full`); retry later. */
 export class QueueFullError extends ConflictError {}
 
+/** An `Idempotency-Key` already used on this session for another request (`idempotency_key_reused`); nothing was queued. */
+export class IdempotencyKeyReusedError extends ConflictError {}
+
 /** A workspace directory that is not the one Keel made (`workspace_exists`, `workspace_not_keels`, `workspace_not_removable`). */
 export class WorkspaceError extends ConflictError {}
 
-/** An `Idempotency-Key` already used on this session for another request (`idempotency_key_reused`); nothing was queued. */
-export class IdempotencyKeyReusedError extends KeelError {}
+
 
 /** The server cannot take the request now (`503`: `unavailable`, `store_unavailable`, `store_full`, `too_many_sessions`). */
 export class UnavailableError extends KeelError {}
@@ -74,8 +76,10 @@ const CLASSES: Record<string, KeelErrorClass> = {
   tool_over_ceiling: CeilingError,
   script_model_over_ceiling: CeilingError,
   not_found: NotFoundError,
+  model_not_found: NotFoundError,
   conflict: ConflictError,
   session_elsewhere: ConflictError,
+  invalid_fork_point: ConflictError,
   session_busy: SessionBusyError,
   queue_full: QueueFullError,
   workspace_exists: WorkspaceError,

@@ -20,6 +20,7 @@ export {
   WorkspaceError,
   errorFromBody,
 } from "./errors.js";
+export type { components, paths } from "./generated/openapi.js";
 export { API_VERSION } from "./generated/version.js";
 export { DEFAULT_RECONNECT, DEFAULT_RETRY, type RetryPolicy, backoffDelay, parseRetryAfter } from "./retry.js";
 export { type SseMessage, SseParser } from "./sse.js";

@@ -7,7 +7,7 @@ import type { components } from "./generated/openapi.js";
 type Schemas = components["schemas"];
 
 /** A recorded event of a session's log: `sequence`, `recorded_at_ms`, `submission_id`, `msg`. */
-export type RecordedEvent = Schemas["Event"];
+export type RecordedEvent = Schemas["RecordedEvent"];
 /** What happened: one of the protocol's event messages, tagged by `type`. */
 export type EventMsg = Schemas["EventMsg"];
 /** The `type` tag of an event message. */
@@ -24,18 +24,24 @@ export type ApprovalDecision = Schemas["ApprovalDecision"];
 export type TokenUsage = Schemas["TokenUsage"];
 /** A session as the server shows it. */
 export type Session = Schemas["SessionView"];
+/** What a session is doing: `idle`, `running` or `awaiting_approval`. */
+export type SessionState = Schemas["ViewState"];
 /** A page of sessions, newest created first. */
 export type SessionPage = Schemas["SessionList"];
 /** The body of `POST /v1/sessions`; every field is optional. */
 export type CreateSessionRequest = Schemas["CreateSession"];
+/** The body of `PATCH /v1/sessions/{id}`. */
+export type UpdateSessionRequest = Schemas["UpdateSession"];
+/** The body of `POST /v1/sessions/{id}/submissions`. */
+export type SubmitRequest = Schemas["SubmitRequest"];
 /** The body of `POST /v1/sessions/{id}/fork`. */
-export type ForkRequest = Schemas["ForkRequest"];
+export type ForkRequest = Schemas["ForkSession"];
 /** The answer to a submission: its id, the sequence of its `submission_queued`, and whether it repeats an earlier one. */
 export type Accepted = Schemas["AcceptedView"];
 /** A page of a session's log. */
-export type EventPage = Schemas["EventPage"];
+export type EventPage = Schemas["EventsView"];
 /** The answer of `GET /v1/usage`. */
-export type Usage = Schemas["UsageView"];
+export type Usage = Schemas["UsageReport"];
 /** An error body's `error`: its machine code and message. */
 export type ErrorBody = Schemas["ErrorBody"];
 

@@ -56,7 +56,7 @@ test("401 unauthorized, with a wrong token or none", async () => {
   await refused(none.sessions.create(), UnauthorizedError, 401, "unauthorized");
 });
 
-test("409 session_busy and conflict, 422 idempotency_key_reused, 400 invalid_request", async () => {
+test("409 session_busy, conflict and idempotency_key_reused, 400 invalid_request", async () => {
   const model = await server.script("busy.jsonl", [
     { tool_calls: [{ id: "hold", name: "write_file", arguments: { path: "held.txt", content: "x" } }] },
     { text: "Done." },
@@ -75,7 +75,7 @@ test("409 session_busy and conflict, 422 idempotency_key_reused, 400 invalid_req
   await refused(
     keel.say(session.id, "Another body", { idempotencyKey: "key-1" }),
     IdempotencyKeyReusedError,
-    422,
+    409,
     "idempotency_key_reused",
   );
 

@@ -2,13 +2,16 @@
 // documented code gets.
 
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import {
   CeilingError,
   ConflictError,
   DEFAULT_RETRY,
+  ForbiddenError,
   IdempotencyKeyReusedError,
+  InternalError,
   InvalidRequestError,
   KeelError,
   NotFoundError,
@@ -58,7 +61,7 @@ test("each documented code has its class; an unknown code the base one", () => {
     ["session_busy", 409, SessionBusyError],
     ["queue_full", 409, QueueFullError],
     ["workspace_exists", 409, WorkspaceError],
-    ["idempotency_key_reused", 422, IdempotencyKeyReusedError],
+    ["idempotency_key_reused", 409, IdempotencyKeyReusedError],
     ["store_unavailable", 503, UnavailableError],
   ];
   for (const [code, status, Class] of cases) {
@@ -76,4 +79,52 @@ test("each documented code has its class; an unknown code the base one", () => {
   assert.equal(shapeless.constructor, KeelError);
   assert.equal(shapeless.code, "unknown");
   assert.ok(errorFromBody(409, { error: { code: "session_busy", message: "" } }) instanceof ConflictError);
+});
+
+/** Every error code the OpenAPI document declares, with the statuses it is declared under. */
+function documentedCodes(): Map<string, Set<string>> {
+  const path = new URL("../../../../docs/openapi.json", import.meta.url);
+  const document = JSON.parse(readFileSync(path, "utf8")) as {
+    paths: Record<string, Record<string, { responses?: Record<string, unknown> }>>;
+  };
+  const codes = new Map<string, Set<string>>();
+  for (const item of Object.values(document.paths)) {
+    for (const operation of Object.values(item)) {
+      for (const [status, response] of Object.entries(operation.responses ?? {})) {
+        const code = (response as any)?.content?.["application/json"]?.schema?.properties?.error?.properties?.code;
+        for (const each of (code?.enum ?? []) as string[]) {
+          codes.set(each, (codes.get(each) ?? new Set()).add(status));
+        }
+      }
+    }
+  }
+  return codes;
+}
+
+test("every code the OpenAPI document declares has a class of its status's family", () => {
+  const families: Record<string, new (...args: never[]) => KeelError> = {
+    "400": InvalidRequestError,
+    "401": UnauthorizedError,
+    "403": ForbiddenError,
+    "404": NotFoundError,
+    "405": InvalidRequestError,
+    "408": InvalidRequestError,
+    "409": ConflictError,
+    "413": InvalidRequestError,
+    "415": InvalidRequestError,
+    "421": InvalidRequestError,
+    "500": InternalError,
+    "503": UnavailableError,
+  };
+  const codes = documentedCodes();
+  assert.ok(codes.size >= 20, `the document declares ${codes.size} codes`);
+  for (const [code, statuses] of codes) {
+    for (const status of statuses) {
+      const error = errorFromBody(Number(status), { error: { code, message: "m" } });
+      assert.notEqual(error.constructor, KeelError, `${code} has a class of its own family`);
+      const family = families[status];
+      assert.ok(family !== undefined, `a family for status ${status} (${code})`);
+      assert.ok(error instanceof family, `${code} (${status}) is a ${family.name}`);
+    }
+  }
 });
