@@ -41,7 +41,6 @@ pub(crate) struct WsQuery {
 /// A submission frame from the client: a text frame holding this JSON.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(as = WsSubmitFrame)]
 pub(crate) struct SubmitFrame {
     /// What to do.
     op: Op,
@@ -57,7 +56,6 @@ pub(crate) struct SubmitFrame {
 /// `RecordedEvent`s).
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
-#[schema(as = WsReply)]
 pub(crate) enum Reply {
     /// The submission was stored, as a `202` would say.
     SubmissionAccepted {
@@ -75,6 +73,7 @@ pub(crate) enum Reply {
         /// The frame's `request_id`, when it could be read.
         request_id: Option<String>,
         /// The error.
+        #[schema(inline)]
         error: ErrorBody,
     },
 }

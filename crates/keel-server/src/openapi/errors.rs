@@ -116,16 +116,21 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
     ("internal", 500, "A store failure or another server fault."),
 ];
 
-/// The codes every route under the token can answer: the front door's and
-/// the token's refusals, and the store's and the server's failures.
-const EVERY_ROUTE: &[&str] = &[
-    "unauthorized",
+/// The codes any request can get, whatever its route: the front door's
+/// refusals (a foreign `Host` or `Origin`, a malformed head, a body too
+/// large or too slow) and the server's fault.
+const FRONT_DOOR: &[&str] = &[
+    "invalid_request",
     "forbidden_origin",
     "misdirected_request",
-    "store_unavailable",
-    "store_full",
+    "request_timeout",
+    "too_large",
     "internal",
 ];
+
+/// The codes every route under the token can answer besides the front
+/// door's: the token's refusal and the store's failures.
+const BEHIND_THE_TOKEN: &[&str] = &["unauthorized", "store_unavailable", "store_full"];
 
 /// No codes beyond the ones every route can answer.
 pub(crate) const NONE: &[&str] = &[];
@@ -164,12 +169,18 @@ pub(crate) const LOADING: &[&str] = &[
 /// The codes of a route that queues a submission.
 pub(crate) const QUEUEING: &[&str] = &["invalid_request", "too_large", "queue_full", "session_busy"];
 
-/// The error responses of a route that answers `codes` (besides the ones
-/// every route can answer), one per status.
+/// The error responses of a route behind the token that answers `codes`
+/// (besides the ones every such route can answer), one per status.
 pub(crate) fn responses(codes: &[&str]) -> BTreeMap<String, RefOr<Response>> {
+    open_responses(&[codes, BEHIND_THE_TOKEN].concat())
+}
+
+/// The error responses of a route anyone may call that answers `codes`
+/// (besides the front door's), one per status.
+pub(crate) fn open_responses(codes: &[&str]) -> BTreeMap<String, RefOr<Response>> {
     let mut by_status: BTreeMap<u16, Vec<(&str, &str)>> = BTreeMap::new();
     for &(code, status, when) in CATALOGUE {
-        if codes.contains(&code) || EVERY_ROUTE.contains(&code) {
+        if codes.contains(&code) || FRONT_DOOR.contains(&code) {
             by_status.entry(status).or_default().push((code, when));
         }
     }
@@ -226,6 +237,20 @@ fn response(status: u16, codes: &[(&str, &str)]) -> Response {
 /// Declares a route's error answers as a type for `#[utoipa::path]`'s
 /// `responses(...)`, from the codes it can answer.
 macro_rules! route_errors {
+    ($(#[$doc:meta])* open $name:ident: $($codes:expr),* $(,)?) => {
+        $(#[$doc])*
+        pub(crate) struct $name;
+
+        impl utoipa::IntoResponses for $name {
+            fn responses() -> std::collections::BTreeMap<
+                String,
+                utoipa::openapi::RefOr<utoipa::openapi::response::Response>,
+            > {
+                let codes: Vec<&str> = [$(&$codes[..]),*].concat();
+                $crate::openapi::errors::open_responses(&codes)
+            }
+        }
+    };
     ($(#[$doc:meta])* $name:ident: $($codes:expr),* $(,)?) => {
         $(#[$doc])*
         pub(crate) struct $name;
@@ -288,7 +313,10 @@ mod tests {
     fn a_route_answers_its_codes_and_the_common_ones_by_status() {
         let responses = responses(&["session_busy", "queue_full", "not_found"]);
         let statuses: Vec<&str> = responses.keys().map(String::as_str).collect();
-        assert_eq!(statuses, ["401", "403", "404", "409", "421", "500", "503"]);
+        assert_eq!(
+            statuses,
+            ["400", "401", "403", "404", "408", "409", "413", "421", "500", "503"]
+        );
         let json = serde_json::to_value(&responses["409"]).expect("serializes");
         let codes = &json["content"]["application/json"]["schema"]["properties"]["error"]["properties"]["code"]["enum"];
         assert_eq!(codes, &serde_json::json!(["queue_full", "session_busy"]));

@@ -11,11 +11,12 @@ use std::sync::OnceLock;
 
 use axum::http::header;
 use axum::response::IntoResponse;
+use utoipa::openapi::extensions::Extensions;
 use utoipa::openapi::link::Link;
 use utoipa::openapi::schema::{AdditionalProperties, Schema};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{OpenApi, RefOr, Server as ApiServer};
-use utoipa::{Modify, OpenApi as _};
+use utoipa::{Modify, OpenApi as _, PartialSchema};
 
 use crate::API_VERSION;
 
@@ -37,9 +38,6 @@ use crate::API_VERSION;
     components(schemas(
         keel_protocol::RecordedEvent,
         keel_protocol::EventMsg,
-        crate::ws::SubmitFrame,
-        crate::ws::Reply,
-        crate::error::ErrorBody,
     )),
     tags(
         (name = "sessions", description = "Create, read, fork, rename and delete sessions."),
@@ -59,6 +57,7 @@ impl Modify for Additions {
         API_VERSION.clone_into(&mut openapi.info.version);
         openapi.servers = Some(vec![ApiServer::new("http://127.0.0.1:7777")]);
         link_sessions(openapi);
+        describe_frames(openapi);
         let components = openapi.components.get_or_insert_with(Default::default);
         for name in CLOSED_ENUMS {
             if let Some(schema) = components.schemas.get_mut(*name) {
@@ -137,6 +136,31 @@ fn link_sessions(openapi: &mut OpenApi) {
     }
 }
 
+/// Describes the WebSocket's frames, which OpenAPI has no field for, in an
+/// extension of its operation: text frames holding a submission frame in,
+/// text frames holding a `RecordedEvent` or a reply out.
+fn describe_frames(openapi: &mut OpenApi) {
+    let Some(get) = openapi
+        .paths
+        .paths
+        .get_mut("/v1/sessions/{id}/ws")
+        .and_then(|item| item.get.as_mut())
+    else {
+        return;
+    };
+    let inline = |schema: RefOr<Schema>| serde_json::to_value(schema).unwrap_or_default();
+    let frames = serde_json::json!({
+        "client": inline(crate::ws::SubmitFrame::schema()),
+        "server": {"oneOf": [
+            {"$ref": "#/components/schemas/RecordedEvent"},
+            inline(crate::ws::Reply::schema()),
+        ]},
+    });
+    get.extensions
+        .get_or_insert_with(Default::default)
+        .merge(Extensions::builder().add("x-websocket-frames", frames).build());
+}
+
 /// The whole description.
 pub fn document() -> OpenApi {
     let routes = crate::routes::documented();
@@ -157,6 +181,12 @@ pub fn document_json() -> &'static str {
     })
 }
 
+errors::route_errors!(
+    /// What `/v1/openapi.json` can answer besides `200`: the front door's
+    /// refusals.
+    open DocErrors: errors::NONE
+);
+
 /// `GET /v1/openapi.json`.
 #[utoipa::path(
     get,
@@ -165,7 +195,7 @@ pub fn document_json() -> &'static str {
     operation_id = "get_openapi",
     summary = "This description",
     security(()),
-    responses((status = 200, description = "The API's OpenAPI 3.1 description.", body = Object)),
+    responses((status = 200, description = "The API's OpenAPI 3.1 description.", body = Object), DocErrors),
 )]
 pub(crate) async fn serve() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], document_json())

@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use serde::Deserialize;
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{
-    AdditionalProperties, KnownFormat, ObjectBuilder, OneOfBuilder, Schema, SchemaFormat, SchemaType, Type,
+    AdditionalProperties, AnyOfBuilder, KnownFormat, ObjectBuilder, Schema, SchemaFormat, SchemaType, Type,
 };
 use utoipa::{PartialSchema, ToSchema};
 
@@ -59,9 +59,12 @@ impl PartialSchema for ForkSession {
             )),
             "at_sequence",
         );
-        OneOfBuilder::new()
+        // `anyOf`: the two shapes exclude each other, which a linter reading
+        // only `required` cannot see.
+        AnyOfBuilder::new()
             .item(by_sequence)
             .item(by_turn)
+            .examples([serde_json::json!({"before_turn": "0193a0c4-5b1e-7c3d-9f00-2a4b6c8d0e1f", "message": "Make it shorter."})])
             .description(Some(
                 "The body of `POST /v1/sessions/{id}/fork`: the point (`at_sequence` or `before_turn`), and \
                  optionally the fork's `id` and a `message` to submit to it.",

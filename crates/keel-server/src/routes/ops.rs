@@ -12,7 +12,12 @@ use crate::openapi::errors::{NONE, route_errors};
 
 route_errors!(
     /// What `/readyz` answers when not ready.
-    ReadyErrors: ["unavailable"]
+    open ReadyErrors: ["unavailable", "store_unavailable", "store_full"]
+);
+
+route_errors!(
+    /// What `/healthz` can answer besides `200`: the front door's refusals.
+    open HealthErrors: NONE
 );
 
 /// `200 ok` while the process runs.
@@ -23,7 +28,10 @@ route_errors!(
     operation_id = "healthz",
     summary = "Liveness",
     security(()),
-    responses((status = 200, description = "`ok` while the process runs.", body = String, content_type = "text/plain")),
+    responses(
+        (status = 200, description = "`ok` while the process runs.", body = String, content_type = "text/plain"),
+        HealthErrors,
+    ),
 )]
 pub(crate) async fn healthz() -> &'static str {
     "ok"

@@ -31,6 +31,12 @@ const MAX_PAGE: usize = 500;
 /// The body of `POST /v1/sessions`: every field is optional.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "bot_id": "support",
+    "context": {"customer": "c-1042"},
+    "instructions": "Answer in one paragraph.",
+    "on_busy": "queue"
+}))]
 pub(crate) struct CreateSession {
     /// The session's id; a fresh UUID when absent.
     #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
@@ -427,6 +433,7 @@ pub(crate) async fn delete(
 /// The body of `PATCH /v1/sessions/{id}`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"title": "Trip to Lisbon"}))]
 pub(crate) struct UpdateSession {
     /// The new title: 1 to 200 characters, not all white space, no control
     /// characters; stored trimmed.

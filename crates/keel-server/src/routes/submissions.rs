@@ -19,6 +19,7 @@ use keel_protocol::{MAX_MESSAGE_BYTES, Op, validate_idempotency_key};
 /// The body of `POST /v1/sessions/{id}/submissions`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"op": {"type": "user_input", "text": "Hello"}, "on_busy": "queue"}))]
 pub(crate) struct SubmitRequest {
     /// What to do.
     pub(crate) op: Op,
@@ -29,6 +30,7 @@ pub(crate) struct SubmitRequest {
 
 /// The answer to an accepted submission.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"submission_id": "0193a0c4-5b1e-7c3d-9f00-2a4b6c8d0e1f", "sequence": 42, "duplicate": false}))]
 pub(crate) struct AcceptedView {
     /// The submission's id: the `submission_id` of the events it causes.
     pub(crate) submission_id: String,
