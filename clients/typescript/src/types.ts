@@ -42,8 +42,15 @@ export type Accepted = Schemas["AcceptedView"];
 export type EventPage = Schemas["EventsView"];
 /** The answer of `GET /v1/usage`. */
 export type Usage = Schemas["UsageReport"];
-/** An error body's `error`: its machine code and message. */
-export type ErrorBody = Schemas["ErrorBody"];
+/**
+ * An error body's `error`: its machine code and message. The document
+ * describes each route's errors inline, with the route's codes as an enum;
+ * this is the shape they all share.
+ */
+export interface ErrorBody {
+  code: string;
+  message: string;
+}
 
 /** Whether `event`'s message is of type `type` (narrows it). */
 export function isEvent<T extends EventType>(

@@ -249,7 +249,14 @@ export interface components {
          * @enum {string}
          */
         AbortReason: "interrupted" | "runtime_stopped" | "model_failed" | "recorder_saturated";
-        /** @description The answer to an accepted submission. */
+        /**
+         * @description The answer to an accepted submission.
+         * @example {
+         *       "duplicate": false,
+         *       "sequence": 42,
+         *       "submission_id": "0193a0c4-5b1e-7c3d-9f00-2a4b6c8d0e1f"
+         *     }
+         */
         AcceptedView: {
             /** @description The submission's id: the `submission_id` of the events it causes. */
             submission_id: string;
@@ -388,7 +395,17 @@ export interface components {
             duration_ms: number;
             usage?: components["schemas"]["TokenUsage"] | null;
         };
-        /** @description The body of `POST /v1/sessions`: every field is optional. */
+        /**
+         * @description The body of `POST /v1/sessions`: every field is optional.
+         * @example {
+         *       "bot_id": "support",
+         *       "context": {
+         *         "customer": "c-1042"
+         *       },
+         *       "instructions": "Answer in one paragraph.",
+         *       "on_busy": "queue"
+         *     }
+         */
         CreateSession: {
             /** @description The session's id; a fresh UUID when absent. */
             id?: string | null;
@@ -408,13 +425,6 @@ export interface components {
             tools?: components["schemas"]["ToolsOverrides"] | null;
             approvals?: components["schemas"]["ApprovalRules"] | null;
             on_busy?: components["schemas"]["BusyPolicy"] | null;
-        };
-        /** @description `{"code": …, "message": …}`. */
-        ErrorBody: {
-            /** @description The machine code (see the Errors table of the API's docs). */
-            code: string;
-            /** @description What went wrong, for people. */
-            message: string;
         };
         /** @description Payload of [`EventMsg::Error`]. */
         ErrorEvent: {
@@ -514,7 +524,13 @@ export interface components {
             /** @description Whether more events lie beyond the page, in its direction. */
             has_more: boolean;
         };
-        /** @description The body of `POST /v1/sessions/{id}/fork`: the point (`at_sequence` or `before_turn`), and optionally the fork's `id` and a `message` to submit to it. */
+        /**
+         * @description The body of `POST /v1/sessions/{id}/fork`: the point (`at_sequence` or `before_turn`), and optionally the fork's `id` and a `message` to submit to it.
+         * @example {
+         *       "before_turn": "0193a0c4-5b1e-7c3d-9f00-2a4b6c8d0e1f",
+         *       "message": "Make it shorter."
+         *     }
+         */
         ForkSession: {
             /**
              * Format: int64
@@ -763,7 +779,16 @@ export interface components {
             /** @description Why it will not be acted on. */
             reason: string;
         };
-        /** @description The body of `POST /v1/sessions/{id}/submissions`. */
+        /**
+         * @description The body of `POST /v1/sessions/{id}/submissions`.
+         * @example {
+         *       "on_busy": "queue",
+         *       "op": {
+         *         "text": "Hello",
+         *         "type": "user_input"
+         *       }
+         *     }
+         */
         SubmitRequest: {
             /** @description What to do. */
             op: components["schemas"]["Op"];
@@ -919,7 +944,12 @@ export interface components {
             /** @description The new turn's id. */
             turn_id: string;
         };
-        /** @description The body of `PATCH /v1/sessions/{id}`. */
+        /**
+         * @description The body of `PATCH /v1/sessions/{id}`.
+         * @example {
+         *       "title": "Trip to Lisbon"
+         *     }
+         */
         UpdateSession: {
             /**
              * @description The new title: 1 to 200 characters, not all white space, no control
@@ -959,42 +989,6 @@ export interface components {
         WarningEvent: {
             /** @description What to know. */
             message: string;
-        };
-        /**
-         * @description The server's answer to a submission frame (event frames are
-         *     `RecordedEvent`s).
-         */
-        WsReply: {
-            /** @description The frame's `request_id`. */
-            request_id?: string | null;
-            /** @description The submission's id. */
-            submission_id: string;
-            /**
-             * Format: int64
-             * @description As in a `202`'s body.
-             */
-            sequence: number;
-            /** @description As in a `202`'s body. */
-            duplicate: boolean;
-            /** @enum {string} */
-            type: "submission_accepted";
-        } | {
-            /** @description The frame's `request_id`, when it could be read. */
-            request_id?: string | null;
-            /** @description The error. */
-            error: components["schemas"]["ErrorBody"];
-            /** @enum {string} */
-            type: "submission_error";
-        };
-        /** @description A submission frame from the client: a text frame holding this JSON. */
-        WsSubmitFrame: {
-            /** @description What to do. */
-            op: components["schemas"]["Op"];
-            on_busy?: components["schemas"]["BusyPolicy"] | null;
-            /** @description As the `Idempotency-Key` header of `POST …/submissions`. */
-            idempotency_key?: string | null;
-            /** @description Echoed in the reply, to match it to its frame. */
-            request_id?: string | null;
         };
     };
     responses: never;
@@ -1083,6 +1077,44 @@ export interface operations {
                              * @enum {string}
                              */
                             code: "forbidden_origin";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
                             /** @description What went wrong, for people. */
                             message: string;
                         };
@@ -1407,6 +1439,25 @@ export interface operations {
                     "application/json": components["schemas"]["SessionView"];
                 };
             };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "invalid_request";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
             /** @description `unauthorized`: A missing or wrong bearer token. */
             401: {
                 headers: {
@@ -1460,6 +1511,44 @@ export interface operations {
                              * @enum {string}
                              */
                             code: "not_found";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
                             /** @description What went wrong, for people. */
                             message: string;
                         };
@@ -1625,6 +1714,25 @@ export interface operations {
                     };
                 };
             };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
             /** @description `workspace_not_removable`: A workspace delete that would remove what Keel did not create. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. */
             409: {
                 headers: {
@@ -1638,6 +1746,25 @@ export interface operations {
                              * @enum {string}
                              */
                             code: "workspace_not_removable" | "session_elsewhere";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
                             /** @description What went wrong, for people. */
                             message: string;
                         };
@@ -2515,6 +2642,44 @@ export interface operations {
                     };
                 };
             };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
             /** @description `misdirected_request`: A `Host` the server does not answer for. */
             421: {
                 headers: {
@@ -2687,6 +2852,44 @@ export interface operations {
                     };
                 };
             };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
             /** @description `misdirected_request`: A `Host` the server does not answer for. */
             421: {
                 headers: {
@@ -2851,6 +3054,44 @@ export interface operations {
                     };
                 };
             };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
             /** @description `misdirected_request`: A `Host` the server does not answer for. */
             421: {
                 headers: {
@@ -2992,6 +3233,44 @@ export interface operations {
                     };
                 };
             };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
             /** @description `misdirected_request`: A `Host` the server does not answer for. */
             421: {
                 headers: {
@@ -3069,6 +3348,120 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "invalid_request";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "forbidden_origin";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "misdirected_request";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "internal";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
         };
     };
     metrics: {
@@ -3087,6 +3480,25 @@ export interface operations {
                 };
                 content: {
                     "application/openmetrics-text; version=1.0.0; charset=utf-8": string;
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "invalid_request";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
                 };
             };
             /** @description `unauthorized`: A missing or wrong bearer token. */
@@ -3123,6 +3535,44 @@ export interface operations {
                              * @enum {string}
                              */
                             code: "forbidden_origin";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
                             /** @description What went wrong, for people. */
                             message: string;
                         };
@@ -3206,6 +3656,120 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "invalid_request";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "forbidden_origin";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "misdirected_request";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "internal";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
         };
     };
     readyz: {
@@ -3226,11 +3790,9 @@ export interface operations {
                     "text/plain": string;
                 };
             };
-            /** @description `unauthorized`: A missing or wrong bearer token. */
-            401: {
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
                 headers: {
-                    /** @description `Bearer`: the scheme the token goes in. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3240,7 +3802,7 @@ export interface operations {
                              * @description The machine code: what went wrong, for programs.
                              * @enum {string}
                              */
-                            code: "unauthorized";
+                            code: "invalid_request";
                             /** @description What went wrong, for people. */
                             message: string;
                         };
@@ -3260,6 +3822,44 @@ export interface operations {
                              * @enum {string}
                              */
                             code: "forbidden_origin";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "request_timeout";
+                            /** @description What went wrong, for people. */
+                            message: string;
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /**
+                             * @description The machine code: what went wrong, for programs.
+                             * @enum {string}
+                             */
+                            code: "too_large";
                             /** @description What went wrong, for people. */
                             message: string;
                         };
