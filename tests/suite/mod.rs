@@ -6,6 +6,7 @@ mod chaos;
 mod cli;
 mod clients;
 mod compaction;
+mod contract;
 mod durable_submissions;
 mod examples;
 mod fuzz_seeds;

@@ -204,7 +204,7 @@ pub(crate) async fn resolve_script(dir: Option<&ScriptDir>, spec: &str, path: &s
     let resolved = tokio::task::spawn_blocking(move || joined.canonicalize())
         .await
         .map_err(|error| ApiError::Internal(format!("resolving a script failed: {error}")))?
-        .map_err(|_| ApiError::InvalidRequest(format!("`model` \"{spec}\": no such script in the script directory")))?;
+        .map_err(|_| ApiError::ModelNotFound(format!("`model` \"{spec}\": no such script in the script directory")))?;
     if !resolved.starts_with(&dir.canonical) {
         return Err(script_refused(spec, "the file leads outside the script directory"));
     }

@@ -1,4 +1,5 @@
-//! The API clients in `clients/`, each tested by its own test runner
-//! against this build's `keel serve`.
+//! The API's clients in `clients/`, each run by its own test suite against
+//! the `keel` binary of this build.
 
+mod python;
 mod typescript;

@@ -197,7 +197,8 @@ async fn script_models_from_clients_come_only_from_the_script_dir() {
     let reply = api
         .post("/v1/sessions", &json!({"model": "script:missing.jsonl"}))
         .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
+    assert_eq!(reply.code(), "model_not_found", "{}", reply.body);
     server.stop().await;
 
     // Without a script directory, clients name no script at all.
@@ -242,7 +243,8 @@ async fn a_fifo_or_a_device_in_the_script_dir_is_refused_without_blocking_the_se
         .collect();
     for attempt in attempts {
         let reply = guard("a FIFO script request", attempt).await.expect("request task");
-        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
+        assert_eq!(reply.code(), "model_not_found", "{}", reply.body);
         assert!(message(&reply).contains("not a regular file"), "{}", reply.body);
     }
     assert_eq!(api.get("/v1/sessions").await.status, StatusCode::OK, "still answering");
@@ -269,7 +271,8 @@ async fn a_malformed_script_is_reported_without_its_contents() {
         .api
         .post("/v1/sessions", &json!({"model": "script:secret.jsonl"}))
         .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
+    assert_eq!(reply.code(), "model_not_found", "{}", reply.body);
     let text = message(&reply);
     assert!(text.contains("line 2"), "{text}");
     assert!(!text.contains(secret) && !text.contains("sk-proj"), "{text}");

@@ -52,7 +52,10 @@ async fn bad_requests_are_400_and_unknown_things_404() {
     for body in [
         json!({"id": "bad\u{7}id", "model": model}),
         json!({"id": "x".repeat(129), "model": model}),
-        json!({"model": "nonsense-provider:x"}),
+        // Ids are printable ASCII: the bound is the same in bytes and in
+        // characters, as the API's description states it.
+        json!({"id": "caf\u{e9}", "model": model}),
+        json!({"model": model, "bot_id": "b\u{f6}t"}),
         json!({"model": model, "tools": {"sandbox": "none"}}),
         json!({"model": model, "colour": "blue"}),
     ] {
@@ -62,6 +65,12 @@ async fn bad_requests_are_400_and_unknown_things_404() {
             "invalid_request",
         );
     }
+    // A model this server cannot build: not a malformed request.
+    assert_error(
+        &api.post("/v1/sessions", &json!({"model": "nonsense-provider:x"})).await,
+        StatusCode::NOT_FOUND,
+        "model_not_found",
+    );
     // No model anywhere: the server has no default.
     assert_error(
         &api.post("/v1/sessions", &json!({})).await,
@@ -72,8 +81,12 @@ async fn bad_requests_are_400_and_unknown_things_404() {
         "/v1/sessions?limit=0",
         "/v1/sessions?limit=501",
         "/v1/sessions/s/events?limit=1001",
-        "/v1/sessions/s/events?before=3&after=1",
         "/v1/sessions/s/events?after=minus-one",
+        "/v1/sessions/s/events?after=9223372036854775808",
+        "/v1/usage?since=9223372036854775808",
+        "/v1/sessions?cursor=",
+        "/v1/sessions?cursor=-5",
+        "/v1/sessions?cursor=1234567890123456789",
         "/v1/sessions/s/events/stream?after=x",
     ] {
         assert_error(&api.get(path).await, StatusCode::BAD_REQUEST, "invalid_request");

@@ -72,12 +72,14 @@ async fn a_fork_starts_from_the_parents_history_at_a_sequence_and_goes_its_own_w
         .api
         .post("/v1/sessions/parent/fork", &json!({"at_sequence": first_start + 1}))
         .await;
-    assert_eq!(inside.status, StatusCode::BAD_REQUEST, "{}", inside.body);
+    assert_eq!(inside.status, StatusCode::CONFLICT, "{}", inside.body);
+    assert_eq!(inside.code(), "invalid_fork_point", "{}", inside.body);
     let past = server
         .api
         .post("/v1/sessions/parent/fork", &json!({"at_sequence": 100_000}))
         .await;
-    assert_eq!(past.status, StatusCode::BAD_REQUEST, "{}", past.body);
+    assert_eq!(past.status, StatusCode::CONFLICT, "{}", past.body);
+    assert_eq!(past.code(), "invalid_fork_point", "{}", past.body);
     let unknown = server
         .api
         .post("/v1/sessions/nobody/fork", &json!({"at_sequence": 1}))
@@ -230,13 +232,16 @@ async fn a_fork_before_a_turn_edits_its_message_and_regenerate_answers_again_ove
     server.api.wait_idle("parent").await;
 
     // Edit "two" (the regenerated turn's message) by naming its turn.
-    for bad in [
-        json!({"before_turn": "no-such-turn"}),
-        json!({"before_turn": regenerated_turn, "at_sequence": 1}),
-        json!({}),
+    for (bad, status) in [
+        (json!({"before_turn": "no-such-turn"}), StatusCode::CONFLICT),
+        (
+            json!({"before_turn": regenerated_turn, "at_sequence": 1}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (json!({}), StatusCode::BAD_REQUEST),
     ] {
         let refused = server.api.post("/v1/sessions/parent/fork", &bad).await;
-        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}: {}", refused.body);
+        assert_eq!(refused.status, status, "{bad}: {}", refused.body);
     }
     let (_scratch, store) = fork_edited_and_stop(
         server,

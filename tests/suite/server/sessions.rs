@@ -214,6 +214,30 @@ async fn the_log_pages_backwards_and_forwards() {
         .await;
     assert_eq!(tail.body["events"].as_array().expect("events").len(), 1);
     assert_eq!(tail.body["has_more"], false);
+    // Both bounds: the window between them, paged forwards.
+    let api = &server.api;
+    let page = async |path: String| {
+        let reply = api.get(&path).await;
+        let sequences: Vec<u64> = reply.body["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .map(|event| event["sequence"].as_u64().expect("sequence"))
+            .collect();
+        (sequences, reply.body["has_more"].clone())
+    };
+    assert_eq!(
+        page("/v1/sessions/paged/events?after=2&before=5".to_owned()).await,
+        (vec![3, 4], json!(false))
+    );
+    assert_eq!(
+        page("/v1/sessions/paged/events?after=2&before=8&limit=2".to_owned()).await,
+        (vec![3, 4], json!(true))
+    );
+    assert_eq!(
+        page("/v1/sessions/paged/events?after=4&before=5".to_owned()).await,
+        (vec![], json!(false))
+    );
     server.stop().await;
 }
 

@@ -165,16 +165,22 @@ impl SseStream {
 
     /// The next event, or `None` when the stream ended.
     pub(crate) async fn next(&mut self) -> Option<RecordedEvent> {
+        let event = self.next_sse().await?;
+        let recorded: RecordedEvent = serde_json::from_str(&event.data).expect("event JSON");
+        assert_eq!(
+            event.event.as_deref(),
+            Some(recorded.msg.kind()),
+            "the SSE event name is the type"
+        );
+        Some(recorded)
+    }
+
+    /// The next SSE event as sent, or `None` when the stream ended.
+    pub(crate) async fn next_sse(&mut self) -> Option<SseEvent> {
         guard("the next streamed event", async {
             loop {
                 if let Some(event) = self.ready.pop_front() {
-                    let recorded: RecordedEvent = serde_json::from_str(&event.data).expect("event JSON");
-                    assert_eq!(
-                        event.event.as_deref(),
-                        Some(recorded.msg.kind()),
-                        "the SSE event name is the type"
-                    );
-                    return Some(recorded);
+                    return Some(event);
                 }
                 let chunk = self.response.chunk().await.ok()??;
                 let mut events = Vec::new();

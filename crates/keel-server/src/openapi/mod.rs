@@ -49,21 +49,15 @@ use crate::API_VERSION;
 )]
 struct ApiDoc;
 
-/// Sets the version and the security schemes.
+/// Sets the version and the security schemes (the routes' paths and
+/// schemas are not in yet: see [`finish`]).
 struct Additions;
 
 impl Modify for Additions {
     fn modify(&self, openapi: &mut OpenApi) {
         API_VERSION.clone_into(&mut openapi.info.version);
         openapi.servers = Some(vec![ApiServer::new("http://127.0.0.1:7777")]);
-        link_sessions(openapi);
-        describe_frames(openapi);
         let components = openapi.components.get_or_insert_with(Default::default);
-        for name in CLOSED_ENUMS {
-            if let Some(schema) = components.schemas.get_mut(*name) {
-                close_variants(schema);
-            }
-        }
         components.add_security_scheme(
             "bearer",
             SecurityScheme::Http(
@@ -167,7 +161,22 @@ pub fn document() -> OpenApi {
     let mut doc = ApiDoc::openapi().nest("/v1", routes.v1.merge(routes.v1_open).into_openapi());
     doc.merge(routes.metrics.into_openapi());
     doc.merge(routes.probes.into_openapi());
+    finish(&mut doc);
     doc
+}
+
+/// What needs the whole description: links between the routes, the
+/// WebSocket's frames, closed variants.
+fn finish(doc: &mut OpenApi) {
+    link_sessions(doc);
+    describe_frames(doc);
+    if let Some(components) = doc.components.as_mut() {
+        for name in CLOSED_ENUMS {
+            if let Some(schema) = components.schemas.get_mut(*name) {
+                close_variants(schema);
+            }
+        }
+    }
 }
 
 /// The description as served and committed: pretty JSON, one trailing
