@@ -64,7 +64,7 @@ export class Sessions {
 
   /** One session. */
   get(id: string, options: { signal?: AbortSignal } = {}): Promise<Session> {
-    return this.transport.json({ method: "GET", path: path(id), signal: options.signal, retry: true });
+    return this.transport.json({ method: "GET", path: path(id), signal: options.signal, resend: true });
   }
 
   /** A page of sessions, newest created first; pass `next_cursor` back as `cursor` for the next. */
@@ -76,7 +76,7 @@ export class Sessions {
       path: "/v1/sessions",
       query: { limit: options.limit, cursor: options.cursor, bot_id: options.botId },
       signal: options.signal,
-      retry: true,
+      resend: true,
     });
   }
 
@@ -127,7 +127,11 @@ export class Keel {
    * `Idempotency-Key` (a fresh UUID unless given) and is retried with the
    * same key on a network error or a `503`, so it is queued once however
    * often it is sent; a retry that the server had already stored answers
-   * `duplicate: true` with the first answer's id and sequence.
+   * `duplicate: true` with the first answer's id and sequence. The one
+   * exception: an `interrupt` without a `turn_id`, or a `shutdown`, whose
+   * answer was lost is not sent again (keys do not cover control ops, and a
+   * second copy could stop the work that came after the first); it throws
+   * `KeelConnectionError`, and the caller, who knows what runs, decides.
    */
   submit(sessionId: string, op: Op, options: SubmitOptions = {}): Promise<Accepted> {
     const key = options.idempotencyKey ?? newKey();
@@ -137,7 +141,7 @@ export class Keel {
       body: (options.onBusy === undefined ? { op } : { op, on_busy: options.onBusy }) satisfies SubmitRequest,
       headers: { "Idempotency-Key": key },
       signal: options.signal,
-      retry: true,
+      resend: safeToResend(op),
     });
   }
 
@@ -181,7 +185,7 @@ export class Keel {
       path: `${path(sessionId)}/events`,
       query: { after: options.after, before: options.before, limit: options.limit },
       signal: options.signal,
-      retry: true,
+      resend: true,
     });
   }
 
@@ -192,7 +196,7 @@ export class Keel {
       path: "/v1/usage",
       query: { bot_id: options.botId, since: options.since },
       signal: options.signal,
-      retry: true,
+      resend: true,
     });
   }
 
@@ -248,6 +252,19 @@ function newKey(): string {
   bytes[8] = ((bytes[8] ?? 0) & 0x3f) | 0x80;
   const hex = [...bytes].map((byte) => byte.toString(16).padStart(2, "0")).join("");
   return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+}
+
+/**
+ * Whether `op` may be sent again when its answer was lost. Work stored
+ * ahead is deduplicated by its key; a decision sent twice finds no call
+ * waiting, and an interrupt of a named turn that ended finds nothing to
+ * stop. An interrupt of whatever runs, or a shutdown, could stop later work.
+ */
+function safeToResend(op: Op): boolean {
+  if (op.type === "interrupt") {
+    return typeof op.turn_id === "string";
+  }
+  return op.type !== "shutdown";
 }
 
 /** The path of session `id`. */

@@ -127,9 +127,13 @@ export class ApiVersionMismatchError extends Error {
 
 /** The server could not be reached (refused, reset, timed out) after the retries allowed. */
 export class KeelConnectionError extends Error {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
+  /** Whether the connection was never made (so the server got nothing, and any request may be sent again). */
+  readonly beforeSending: boolean;
+
+  constructor(message: string, options: { cause?: unknown; beforeSending?: boolean } = {}) {
+    super(message, { cause: options.cause });
     this.name = "KeelConnectionError";
+    this.beforeSending = options.beforeSending ?? false;
   }
 }
 

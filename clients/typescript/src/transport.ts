@@ -31,8 +31,13 @@ export interface RequestSpec {
   body?: unknown;
   headers?: Record<string, string> | undefined;
   signal?: AbortSignal | undefined;
-  /** Whether repeating the request is safe, so network errors and `503`s are retried. */
-  retry?: boolean | undefined;
+  /**
+   * Whether the request may be sent again after a network error that may
+   * have come after the server got it (a cut connection, a lost answer).
+   * Requests that never reached the server (a refused connect) and `503`s
+   * (nothing was done) are retried whatever this says.
+   */
+  resend?: boolean | undefined;
 }
 
 /** Encodes one path segment (a session id may hold any character but control ones). */
@@ -98,9 +103,9 @@ export class Transport {
 
   /**
    * Sends `spec` and returns the answer's JSON (`undefined` for an empty
-   * body). An error answer throws its `KeelError`; with `spec.retry`, a
-   * network error (the body's included) or a `503` is retried by the
-   * client's policy first.
+   * body). An error answer throws its `KeelError`; a `503`, a connect that
+   * failed, and with `spec.resend` any network error (the body's included),
+   * is retried by the client's policy first.
    */
   json<T>(spec: RequestSpec): Promise<T> {
     return this.request(spec, async (response) => {
@@ -122,16 +127,17 @@ export class Transport {
     return this.request(spec, (response) => Promise.resolve(response));
   }
 
-  /** Sends `spec` and reads a successful answer with `read`, retrying both as `spec.retry` allows. */
+  /** Sends `spec` and reads a successful answer with `read`, retrying both as `spec.resend` allows. */
   private async request<T>(spec: RequestSpec, read: (response: Response) => Promise<T>): Promise<T> {
-    const attempts = spec.retry === true ? Math.max(1, this.retry.maxAttempts) : 1;
+    const attempts = Math.max(1, this.retry.maxAttempts);
     for (let attempt = 1; ; attempt++) {
       let retryAfterMs: number | undefined;
       try {
         return await read(await this.once(spec));
       } catch (error) {
         const retryable =
-          error instanceof KeelConnectionError || (error instanceof KeelError && error.status === 503);
+          (error instanceof KeelConnectionError && (error.beforeSending || spec.resend === true)) ||
+          (error instanceof KeelError && error.status === 503);
         if (!retryable || attempt >= attempts || aborted(spec.signal)) {
           throw error;
         }
@@ -156,7 +162,10 @@ export class Transport {
       if (aborted(spec.signal)) {
         throw error;
       }
-      throw new KeelConnectionError(`cannot reach ${this.baseUrl}: ${describe(error)}`, { cause: error });
+      throw new KeelConnectionError(`cannot reach ${this.baseUrl}: ${describe(error)}`, {
+        cause: error,
+        beforeSending: connectFailed(error),
+      });
     }
     checkVersion(response);
     if (response.ok) {
@@ -170,6 +179,26 @@ export class Transport {
     }
     throw errorFromBody(response.status, body, parseRetryAfter(response.headers.get("Retry-After")));
   }
+}
+
+/** Causes (Node's) that mean the connection was never made, so the server got nothing. */
+const CONNECT_FAILURES = new Set([
+  "ECONNREFUSED",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "UND_ERR_CONNECT_TIMEOUT",
+]);
+
+/**
+ * Whether `error` (from `fetch`) says the connection was never made.
+ * Browsers do not say why a fetch failed, so there every failure counts as
+ * one that may have reached the server.
+ */
+function connectFailed(error: unknown): boolean {
+  const cause = error instanceof Error ? (error.cause as { code?: unknown } | undefined) : undefined;
+  return typeof cause?.code === "string" && CONNECT_FAILURES.has(cause.code);
 }
 
 /** A network error's message with its cause (undici hides the reason there). */
