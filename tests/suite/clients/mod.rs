@@ -2,3 +2,4 @@
 //! the `keel` binary of this build.
 
 mod python;
+mod typescript;
