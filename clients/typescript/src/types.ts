@@ -43,14 +43,10 @@ export type EventPage = Schemas["EventsView"];
 /** The answer of `GET /v1/usage`. */
 export type Usage = Schemas["UsageReport"];
 /**
- * An error body's `error`: its machine code and message. The document
- * describes each route's errors inline, with the route's codes as an enum;
- * this is the shape they all share.
+ * An error body's `error`: its machine code and message (each route's
+ * answers narrow `code` to the route's codes).
  */
-export interface ErrorBody {
-  code: string;
-  message: string;
-}
+export type ErrorBody = Schemas["ErrorBody"];
 
 /** Whether `event`'s message is of type `type` (narrows it). */
 export function isEvent<T extends EventType>(

@@ -91,7 +91,10 @@ function documentedCodes(): Map<string, Set<string>> {
   for (const item of Object.values(document.paths)) {
     for (const operation of Object.values(item)) {
       for (const [status, response] of Object.entries(operation.responses ?? {})) {
-        const code = (response as any)?.content?.["application/json"]?.schema?.properties?.error?.properties?.code;
+        // The shared ErrorBody, its `code` narrowed to the answer's codes.
+        const error = (response as any)?.content?.["application/json"]?.schema?.properties?.error;
+        const narrowed = (error?.allOf ?? []).find((part: any) => part?.properties?.code);
+        const code = narrowed?.properties?.code;
         for (const each of (code?.enum ?? []) as string[]) {
           codes.set(each, (codes.get(each) ?? new Set()).add(status));
         }

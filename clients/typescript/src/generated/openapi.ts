@@ -426,6 +426,13 @@ export interface components {
             approvals?: components["schemas"]["ApprovalRules"] | null;
             on_busy?: components["schemas"]["BusyPolicy"] | null;
         };
+        /** @description `{"code": …, "message": …}`. */
+        ErrorBody: {
+            /** @description The machine code (see the Errors table of the API's docs). */
+            code: string;
+            /** @description What went wrong, for people. */
+            message: string;
+        };
         /** @description Payload of [`EventMsg::Error`]. */
         ErrorEvent: {
             /** @description The turn that failed, if the error belongs to one. */
@@ -1031,14 +1038,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -1052,14 +1054,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -1071,14 +1068,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -1090,14 +1082,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -1109,14 +1096,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -1128,14 +1110,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -1147,14 +1124,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -1166,14 +1138,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -1212,14 +1179,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -1233,14 +1195,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -1252,14 +1209,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
                         };
                     };
                 };
@@ -1271,14 +1223,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "model_not_found";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "model_not_found";
                         };
                     };
                 };
@@ -1290,14 +1237,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -1309,14 +1251,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "conflict" | "workspace_exists" | "workspace_not_keels";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "conflict" | "workspace_exists" | "workspace_not_keels";
                         };
                     };
                 };
@@ -1328,14 +1265,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -1347,14 +1279,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unsupported_media_type";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
                         };
                     };
                 };
@@ -1366,14 +1293,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -1385,14 +1307,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -1404,14 +1321,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -1446,14 +1358,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -1467,14 +1374,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -1486,14 +1388,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -1505,14 +1402,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "not_found";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
                         };
                     };
                 };
@@ -1524,14 +1416,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -1543,14 +1430,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -1562,14 +1444,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -1581,14 +1458,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -1600,14 +1472,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -1643,14 +1510,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -1664,14 +1526,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -1683,14 +1540,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -1702,14 +1554,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "not_found";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
                         };
                     };
                 };
@@ -1721,14 +1568,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -1740,14 +1582,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "workspace_not_removable" | "session_elsewhere";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "workspace_not_removable" | "session_elsewhere";
                         };
                     };
                 };
@@ -1759,14 +1596,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -1778,14 +1610,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -1797,14 +1624,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -1816,14 +1638,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unavailable" | "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -1862,14 +1679,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -1883,14 +1695,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -1902,14 +1709,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -1921,14 +1723,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "not_found";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
                         };
                     };
                 };
@@ -1940,14 +1737,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -1959,14 +1751,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -1978,14 +1765,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unsupported_media_type";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
                         };
                     };
                 };
@@ -1997,14 +1779,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -2016,14 +1793,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -2035,14 +1807,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -2083,14 +1850,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -2104,14 +1866,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -2123,14 +1880,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
                         };
                     };
                 };
@@ -2142,14 +1894,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "not_found";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
                         };
                     };
                 };
@@ -2161,14 +1908,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -2180,14 +1922,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "queue_full" | "session_busy" | "conflict" | "invalid_fork_point" | "workspace_exists" | "workspace_not_keels";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "queue_full" | "session_busy" | "conflict" | "invalid_fork_point" | "workspace_exists" | "workspace_not_keels";
                         };
                     };
                 };
@@ -2199,14 +1936,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -2218,14 +1950,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unsupported_media_type";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
                         };
                     };
                 };
@@ -2237,14 +1964,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -2256,14 +1978,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -2275,14 +1992,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -2324,14 +2036,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -2345,14 +2052,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -2364,14 +2066,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
                         };
                     };
                 };
@@ -2383,14 +2080,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "not_found";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
                         };
                     };
                 };
@@ -2402,14 +2094,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -2421,14 +2108,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "queue_full" | "session_busy" | "workspace_not_keels" | "session_elsewhere" | "idempotency_key_reused";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "queue_full" | "session_busy" | "workspace_not_keels" | "session_elsewhere" | "idempotency_key_reused";
                         };
                     };
                 };
@@ -2440,14 +2122,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -2459,14 +2136,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unsupported_media_type";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
                         };
                     };
                 };
@@ -2478,14 +2150,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -2497,14 +2164,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -2516,14 +2178,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -2571,14 +2228,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -2592,14 +2244,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -2611,14 +2258,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -2630,14 +2272,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "not_found";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
                         };
                     };
                 };
@@ -2649,14 +2286,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -2668,14 +2300,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -2687,14 +2314,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -2706,14 +2328,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -2725,14 +2342,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -2781,14 +2393,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -2802,14 +2409,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -2821,14 +2423,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -2840,14 +2437,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "not_found";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
                         };
                     };
                 };
@@ -2859,14 +2451,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -2878,14 +2465,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -2897,14 +2479,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -2916,14 +2493,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -2935,14 +2507,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -2983,14 +2550,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -3004,14 +2566,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -3023,14 +2580,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -3042,14 +2594,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "not_found";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
                         };
                     };
                 };
@@ -3061,14 +2608,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -3080,14 +2622,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -3099,14 +2636,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -3118,14 +2650,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -3137,14 +2664,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -3181,14 +2703,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -3202,14 +2719,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -3221,14 +2733,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -3240,14 +2747,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -3259,14 +2761,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -3278,14 +2775,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -3297,14 +2789,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -3316,14 +2803,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -3355,14 +2837,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -3374,14 +2851,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -3393,14 +2865,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -3412,14 +2879,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -3431,14 +2893,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -3450,14 +2907,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -3489,14 +2941,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -3510,14 +2957,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unauthorized";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
                         };
                     };
                 };
@@ -3529,14 +2971,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -3548,14 +2985,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -3567,14 +2999,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -3586,14 +3013,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -3605,14 +3027,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -3624,14 +3041,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -3663,14 +3075,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -3682,14 +3089,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -3701,14 +3103,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -3720,14 +3117,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -3739,14 +3131,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -3758,14 +3145,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -3797,14 +3179,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "invalid_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
                         };
                     };
                 };
@@ -3816,14 +3193,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "forbidden_origin";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
                         };
                     };
                 };
@@ -3835,14 +3207,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "request_timeout";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
                         };
                     };
                 };
@@ -3854,14 +3221,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "too_large";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
                         };
                     };
                 };
@@ -3873,14 +3235,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "misdirected_request";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
                         };
                     };
                 };
@@ -3892,14 +3249,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "internal";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
                         };
                     };
                 };
@@ -3911,14 +3263,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
-                        error: {
-                            /**
-                             * @description The machine code: what went wrong, for programs.
-                             * @enum {string}
-                             */
-                            code: "unavailable" | "store_unavailable" | "store_full";
-                            /** @description What went wrong, for people. */
-                            message: string;
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
                         };
                     };
                 };
