@@ -337,7 +337,7 @@ mod tests {
         ] {
             assert_eq!(resolve(path.clone()).await, Err("script_model_over_ceiling"), "{path}");
         }
-        assert_eq!(resolve("missing.jsonl".into()).await, Err("invalid_request"));
+        assert_eq!(resolve("missing.jsonl".into()).await, Err("model_not_found"));
         assert_eq!(
             resolve_script(None, "spec", "a.jsonl")
                 .await

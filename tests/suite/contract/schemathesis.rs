@@ -3,17 +3,22 @@
 //! check. Only the two endless routes are left out (they never answer
 //! whole); `streamed.rs` checks them against the description instead.
 
+use std::collections::BTreeSet;
 use std::process::Command;
 
+use reqwest::StatusCode;
+use serde_json::Value;
+
 use super::{committed, outside_tool};
+use crate::suite::support::api::Api;
 use crate::suite::support::server::{Scratch, ServeProcess};
 
 /// How long schemathesis may run, in seconds: its fuzzing and stateful
 /// phases repeat until this is spent.
 const BUDGET_SECS: &str = "150";
 
-#[test]
-fn schemathesis_finds_no_failure_against_a_live_server() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_failure_against_a_live_server() {
     let test = "contract::schemathesis::schemathesis_finds_no_failure_against_a_live_server";
     let Some(schemathesis) = outside_tool(
         test,
@@ -27,7 +32,7 @@ fn schemathesis_finds_no_failure_against_a_live_server() {
     let token_file = scratch.dir.path().join("token");
     std::fs::write(&token_file, token).expect("write the token");
     let model = scratch.script("hello.jsonl", &[r#"{"text": "Hello!"}"#]);
-    let server = ServeProcess::start(
+    let mut server = ServeProcess::start(
         &scratch,
         &[
             "--model",
@@ -47,6 +52,7 @@ fn schemathesis_finds_no_failure_against_a_live_server() {
         .args(["--exclude-operation-id", "connect_websocket"])
         .args(["--max-time", BUDGET_SECS])
         .args(["--workers", "2"])
+        .args(["--report", "har", "--report-har-path", "run.har"])
         .arg("--no-color")
         .env("SCHEMATHESIS_TELEMETRY", "false")
         .env("SCHEMATHESIS_HOOKS", "")
@@ -57,6 +63,19 @@ fn schemathesis_finds_no_failure_against_a_live_server() {
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
+    );
+    // Nothing is stored from a refused request: the sessions stored are
+    // exactly those the `201`s announced, less those a `204` deleted.
+    let har: Value =
+        serde_json::from_slice(&std::fs::read(scratch.dir.path().join("run.har")).expect("the HAR report"))
+            .expect("HAR is JSON");
+    let (expected, made) = sessions_left(&har);
+    assert!(made > 10, "schemathesis made {made} sessions");
+    server.api.token = Some(token.to_owned());
+    let stored = stored_sessions(&server.api).await;
+    assert_eq!(
+        stored, expected,
+        "the stored sessions are not those the answers announced"
     );
     let (status, stderr) = server.terminate();
     // The summary, where a person reading the test output looks for it.
@@ -70,4 +89,61 @@ fn schemathesis_finds_no_failure_against_a_live_server() {
     assert!(!printed.contains("WARNINGS"), "schemathesis warned:\n{printed}");
     assert!(status.success(), "keel serve exited {status}: {stderr:?}");
     assert!(!stderr.iter().any(|line| line.contains("panicked")), "{stderr:?}");
+}
+
+/// The sessions the recorded answers leave, in the order they were sent:
+/// each `201` to a create or a fork adds one, each `204` to a delete takes
+/// one away. Also how many were made.
+fn sessions_left(har: &Value) -> (BTreeSet<String>, usize) {
+    let mut entries: Vec<&Value> = har["log"]["entries"].as_array().expect("HAR entries").iter().collect();
+    entries.sort_by_key(|entry| entry["startedDateTime"].as_str().unwrap_or_default().to_owned());
+    let mut left = BTreeSet::new();
+    let mut made = 0;
+    for entry in entries {
+        let method = entry["request"]["method"].as_str().unwrap_or_default();
+        let url = entry["request"]["url"].as_str().unwrap_or_default();
+        let status = entry["response"]["status"].as_u64().unwrap_or_default();
+        let path = url
+            .split_once("/v1/")
+            .map_or("", |(_, path)| path)
+            .split('?')
+            .next()
+            .unwrap_or_default();
+        match (method, status) {
+            ("POST", 201) => {
+                let body: Value =
+                    serde_json::from_str(entry["response"]["content"]["text"].as_str().unwrap_or("{}")).expect("JSON");
+                left.insert(body["id"].as_str().expect("the made session's id").to_owned());
+                made += 1;
+            }
+            ("DELETE", 204) => {
+                let id = path.strip_prefix("sessions/").expect("a session's path");
+                let id = percent_encoding::percent_decode_str(id).decode_utf8().expect("UTF-8");
+                left.remove(id.as_ref());
+            }
+            _ => {}
+        }
+    }
+    (left, made)
+}
+
+/// Every session the server lists, page by page.
+async fn stored_sessions(api: &Api) -> BTreeSet<String> {
+    let mut stored = BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(cursor) => format!("/v1/sessions?limit=500&cursor={cursor}"),
+            None => "/v1/sessions?limit=500".to_owned(),
+        };
+        let page = api.get(&path).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        for session in page.body["sessions"].as_array().expect("sessions") {
+            stored.insert(session["id"].as_str().expect("an id").to_owned());
+        }
+        match page.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return stored,
+        }
+    }
 }

@@ -227,9 +227,10 @@ fn response(status: u16, codes: &[(&str, &str)]) -> Response {
 }
 
 /// Declares a route's error answers as a type for `#[utoipa::path]`'s
-/// `responses(...)`, from the codes it can answer.
+/// `responses(...)`, from the codes it can answer: `Name: codes…` for a
+/// route behind the token, `open Name: codes…` for one anyone may call.
 macro_rules! route_errors {
-    ($(#[$doc:meta])* open $name:ident: $($codes:expr),* $(,)?) => {
+    (@make $(#[$doc:meta])* $name:ident, $responses:ident, $($codes:expr),*) => {
         $(#[$doc])*
         pub(crate) struct $name;
 
@@ -239,23 +240,15 @@ macro_rules! route_errors {
                 utoipa::openapi::RefOr<utoipa::openapi::response::Response>,
             > {
                 let codes: Vec<&str> = [$(&$codes[..]),*].concat();
-                $crate::openapi::errors::open_responses(&codes)
+                $crate::openapi::errors::$responses(&codes)
             }
         }
     };
+    ($(#[$doc:meta])* open $name:ident: $($codes:expr),* $(,)?) => {
+        $crate::openapi::errors::route_errors!(@make $(#[$doc])* $name, open_responses, $($codes),*);
+    };
     ($(#[$doc:meta])* $name:ident: $($codes:expr),* $(,)?) => {
-        $(#[$doc])*
-        pub(crate) struct $name;
-
-        impl utoipa::IntoResponses for $name {
-            fn responses() -> std::collections::BTreeMap<
-                String,
-                utoipa::openapi::RefOr<utoipa::openapi::response::Response>,
-            > {
-                let codes: Vec<&str> = [$(&$codes[..]),*].concat();
-                $crate::openapi::errors::responses(&codes)
-            }
-        }
+        $crate::openapi::errors::route_errors!(@make $(#[$doc])* $name, responses, $($codes),*);
     };
 }
 pub(crate) use route_errors;
