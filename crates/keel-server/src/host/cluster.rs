@@ -61,9 +61,11 @@ const RELAY_PAGE: usize = 64;
 /// the owner's notice be lost.
 const ANSWER_POLL: Duration = Duration::from_millis(100);
 
-/// How long an answer stays with its relayed submission: longer than any
-/// node waits for one.
-const ANSWER_KEPT: Duration = Duration::from_secs(300);
+/// How long an answer stays with its relayed submission, at least (twice
+/// the relay wait when that is longer): only the waiting node reads it, a
+/// retry of its key is answered from the session's keys. Short, since the
+/// waiting rows are read among the answered ones.
+const ANSWER_KEPT: Duration = Duration::from_secs(60);
 
 /// A submission this node relayed, waiting for the owner's answer.
 struct WaitingRelay<'a> {
@@ -336,7 +338,11 @@ impl Host {
                     }
                 }
             }
-            let answered = async { self.shared()?.answer_relayed(session_id, &answers, ANSWER_KEPT).await };
+            let answered = async {
+                self.shared()?
+                    .answer_relayed(session_id, &answers, ANSWER_KEPT.max(self.relay_wait * 2))
+                    .await
+            };
             if let Err(error) = answered.await {
                 // They are queued; taken up again, their keys make them
                 // duplicates, answered as the first time.
