@@ -1139,7 +1139,10 @@ fn every_event_kind_is_its_wire_type() {
             turn_id: None,
             message: "e".to_owned(),
         }),
-        EventMsg::SubmissionRejected(SubmissionRejectedEvent { reason: "r".to_owned() }),
+        EventMsg::SubmissionRejected(SubmissionRejectedEvent {
+            reason: "r".to_owned(),
+            idempotency_key: None,
+        }),
         EventMsg::ShutdownComplete(ShutdownCompleteEvent {}),
         EventMsg::ToolCallProgress(ToolCallProgressEvent {
             turn_id: turn_id(),

@@ -174,6 +174,7 @@ impl Node {
         config.cluster = Some(ClusterConfig {
             node_id: format!("bench-node-{index}"),
             lease_ttl: DEFAULT_LEASE_TTL,
+            relay_wait: keel_server::DEFAULT_RELAY_WAIT,
             // Sealed, as a cluster serving a token is.
             relay_key: Some(keel_server::RelayKey::derive(b"keel bench cluster")),
             store: store.clone(),

@@ -7,6 +7,7 @@
 //! shell sandbox no looser than `workspace-write`, only the reading tools
 //! auto-approved, no network, no `script:` models.
 
+use std::num::NonZeroU64;
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -39,6 +40,12 @@ pub struct ServerPolicy {
     /// sweeps in the background. `None`, the default, keeps them forever.
     #[serde(default)]
     pub retention_days: Option<u32>,
+    /// With several nodes on one database: milliseconds a submission sent
+    /// to a node that does not run its session waits for the owner's
+    /// answer (`--relay-wait-ms` overrides it); `None`: the server's
+    /// default (5 s).
+    #[serde(default)]
+    pub relay_wait_ms: Option<NonZeroU64>,
 }
 
 fn default_max_sandbox() -> SandboxPolicy {
@@ -57,6 +64,7 @@ impl Default for ServerPolicy {
             allow_network: false,
             script_dir: None,
             retention_days: None,
+            relay_wait_ms: None,
         }
     }
 }

@@ -530,6 +530,10 @@ pub struct SubmissionQueuedEvent {
 pub struct SubmissionRejectedEvent {
     /// Why it will not be acted on.
     pub reason: String,
+    /// The client's idempotency key, when a refused submission carried
+    /// one: the key stays taken, so a retry is refused the same way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 /// Payload of [`EventMsg::ShutdownComplete`].

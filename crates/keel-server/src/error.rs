@@ -105,6 +105,17 @@ pub enum ApiError {
     /// The server is shutting down, or the session stopped (503).
     #[error("{0}")]
     Unavailable(String),
+    /// The node running the session did not take up a submission relayed
+    /// to it in time (503, with `Retry-After`): it is dying or cut off.
+    /// The submission stays relayed; a retry with its `Idempotency-Key`
+    /// gets its real answer, from any node.
+    #[error("{message}")]
+    OwnerUnavailable {
+        /// What happened.
+        message: String,
+        /// Seconds until a retry may find the session taken over.
+        retry_after_secs: u64,
+    },
     /// The database cannot be reached (503): nothing was stored; retry once
     /// it is back (`/readyz` says when).
     #[error("{0}")]
@@ -140,9 +151,11 @@ impl ApiError {
 
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MisdirectedRequest(_) => StatusCode::MISDIRECTED_REQUEST,
-            Self::TooManySessions(_) | Self::Unavailable(_) | Self::StoreUnavailable(_) | Self::StoreFull(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::TooManySessions(_)
+            | Self::Unavailable(_)
+            | Self::OwnerUnavailable { .. }
+            | Self::StoreUnavailable(_)
+            | Self::StoreFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -170,6 +183,7 @@ impl ApiError {
             Self::MisdirectedRequest(_) => "misdirected_request",
             Self::TooManySessions(_) => "too_many_sessions",
             Self::Unavailable(_) => "unavailable",
+            Self::OwnerUnavailable { .. } => "owner_unavailable",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::StoreFull(_) => "store_full",
             Self::Internal(_) => "internal",
@@ -212,6 +226,11 @@ impl IntoResponse for ApiError {
             tracing::error!(%message, "request failed");
         }
         let mut response = (self.status(), Json(Envelope { error: self.body() })).into_response();
+        if let Self::OwnerUnavailable { retry_after_secs, .. } = &self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+        }
         if self == Self::Unauthorized {
             response
                 .headers_mut()
@@ -312,6 +331,14 @@ mod tests {
             (ApiError::MisdirectedRequest("x".into()), 421, "misdirected_request"),
             (ApiError::TooManySessions("x".into()), 503, "too_many_sessions"),
             (ApiError::Unavailable("x".into()), 503, "unavailable"),
+            (
+                ApiError::OwnerUnavailable {
+                    message: "x".into(),
+                    retry_after_secs: 2,
+                },
+                503,
+                "owner_unavailable",
+            ),
             (ApiError::StoreUnavailable("x".into()), 503, "store_unavailable"),
             (ApiError::StoreFull("x".into()), 503, "store_full"),
             (ApiError::Internal("x".into()), 500, "internal"),

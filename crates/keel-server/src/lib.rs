@@ -153,6 +153,11 @@ pub struct ClusterConfig {
     /// (see [`RelayKey`]); `None` derives it from `token` when there is
     /// one, and otherwise nothing is sealed or checked.
     pub relay_key: Option<RelayKey>,
+    /// How long a submission relayed to the node running its session
+    /// waits for that node's answer (the answer the client gets) before it
+    /// is answered `503 owner_unavailable`; [`DEFAULT_RELAY_WAIT`] by
+    /// default.
+    pub relay_wait: Duration,
     /// The store's several-node part, on the database of
     /// [`ServerConfig::store`] (the same store, seen as shared).
     pub store: Arc<dyn ClusterStore>,
@@ -166,6 +171,7 @@ impl std::fmt::Debug for ClusterConfig {
         f.debug_struct("ClusterConfig")
             .field("node_id", &self.node_id)
             .field("lease_ttl", &self.lease_ttl)
+            .field("relay_wait", &self.relay_wait)
             .field("relay_key", &self.relay_key)
             .field("listener", &self.listener)
             .finish_non_exhaustive()
@@ -174,6 +180,9 @@ impl std::fmt::Debug for ClusterConfig {
 
 /// The lease time to live of a node by default.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// How long a relayed submission waits for the owner's answer by default.
+pub const DEFAULT_RELAY_WAIT: Duration = Duration::from_secs(5);
 
 impl ServerConfig {
     /// A configuration with the defaults: no default model, sessions'
@@ -412,6 +421,7 @@ fn cluster_parts(cluster: ClusterConfig, token: Option<&str>) -> Result<(host::N
         owner,
         store: cluster.store,
         relay_key,
+        relay_wait: cluster.relay_wait,
     };
     Ok((node, cluster.listener))
 }

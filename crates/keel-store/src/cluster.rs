@@ -48,11 +48,65 @@ pub enum Relayed {
     New {
         /// The sequence of the session's newest event when it was relayed.
         last_sequence: u64,
+        /// The store's id for it ([`RelayedSubmission::relay_id`]), to
+        /// wait for its answer with ([`ClusterStore::relay_state`]).
+        relay_id: u64,
     },
     /// A submission with the same idempotency key waits already: this one.
     Duplicate(RelayedSubmission),
     /// As many submissions as allowed wait already; nothing was stored.
     Full,
+}
+
+/// What the owner answered to a relayed submission, as it would have
+/// answered the client itself; stored with it so that the node which
+/// relayed it, or any node asked again with its key, answers the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum RelayOutcome {
+    /// Queued (or, for a control op, acted on).
+    Accepted {
+        /// The submission's id.
+        submission_id: String,
+        /// The sequence of its `submission_queued` event (a control op:
+        /// the log's end when it was taken).
+        sequence: u64,
+        /// Whether an earlier submission with its key answered.
+        duplicate: bool,
+    },
+    /// Refused; nothing was queued.
+    Refused {
+        /// Why.
+        refusal: RelayRefusal,
+        /// The owner's message.
+        message: String,
+    },
+}
+
+/// Why the owner refused a relayed submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelayRefusal {
+    /// `on_busy: reject` while the session was busy.
+    SessionBusy,
+    /// The session's submission queue was full.
+    QueueFull,
+    /// Its idempotency key names another request.
+    KeyReused,
+    /// The op breaks the protocol's limits.
+    InvalidRequest,
+}
+
+/// Where a relayed submission is ([`ClusterStore::relay_state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RelayState {
+    /// Its owner has not taken it yet.
+    Waiting,
+    /// Its owner took it and answered.
+    Answered(RelayOutcome),
+    /// Not stored (any more): forgotten unanswered (its seal did not
+    /// verify, its session was deleted) or answered long ago.
+    Gone,
 }
 
 /// Owned leases: a session is claimed by a node for a time to live, renewed,
@@ -123,10 +177,11 @@ pub trait ClusterStore: LeaseStore {
     /// Stores `submission` for `session_id`, which another node runs, and
     /// wakes that node (on PostgreSQL, a notification on `keel_relay`). The
     /// owner takes it up with [`Self::relayed`] and [`Self::relay_done`].
-    /// With an idempotency key that a waiting relayed submission has
-    /// already, it stores nothing and returns that one; with `max_waiting`
-    /// submissions waiting, it stores nothing ([`Relayed::Full`]). An
-    /// unknown session is [`StoreError::UnknownSession`].
+    /// With an idempotency key that a waiting (unanswered) relayed
+    /// submission has already, it stores nothing and returns that one;
+    /// with `max_waiting` submissions waiting, it stores nothing
+    /// ([`Relayed::Full`]). An unknown session is
+    /// [`StoreError::UnknownSession`].
     fn relay<'a>(
         &'a self,
         session_id: &'a str,
@@ -134,7 +189,8 @@ pub trait ClusterStore: LeaseStore {
         max_waiting: usize,
     ) -> BoxFuture<'a, Result<Relayed, StoreError>>;
 
-    /// Up to `limit` submissions relayed to `session_id`, oldest first.
+    /// Up to `limit` submissions relayed to `session_id` and not answered
+    /// yet, oldest first.
     fn relayed<'a>(
         &'a self,
         session_id: &'a str,
@@ -144,6 +200,26 @@ pub trait ClusterStore: LeaseStore {
     /// Forgets relayed submissions the owner has queued (or refused);
     /// unknown ids are ignored.
     fn relay_done<'a>(&'a self, session_id: &'a str, relay_ids: &'a [u64]) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Records the owner's answers to relayed submissions of `session_id`,
+    /// `(relay id, answer)` (`None`: forgets it unanswered), in one
+    /// statement that also forgets the answers recorded more than
+    /// `keep` ago and wakes the nodes waiting for one (on PostgreSQL, a
+    /// notification on `keel_answer`). An answered submission no longer
+    /// waits ([`Self::relayed`]) and frees its idempotency key here: what
+    /// the owner queued or refused under it is in the session's keys
+    /// ([`crate::CheckpointStore::keyed_submission`]). Unknown ids are
+    /// ignored.
+    fn answer_relayed<'a>(
+        &'a self,
+        session_id: &'a str,
+        answers: &'a [(u64, Option<RelayOutcome>)],
+        keep: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Whether relayed submission `relay_id` of `session_id` waits, was
+    /// answered (and how), or is gone.
+    fn relay_state<'a>(&'a self, session_id: &'a str, relay_id: u64) -> BoxFuture<'a, Result<RelayState, StoreError>>;
 
     /// The sessions leased to `owner` with relayed submissions waiting: the
     /// owner's safety net for a wake-up it missed.

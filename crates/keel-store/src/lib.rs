@@ -41,7 +41,7 @@ mod walk;
 
 pub use batch::{AppendBatch, AppendReceipt, CheckpointWrite, OpenBatch};
 pub(crate) use cluster::ttl_ms;
-pub use cluster::{ClusterStore, LeaseStore, Relayed, RelayedSubmission};
+pub use cluster::{ClusterStore, LeaseStore, RelayOutcome, RelayRefusal, RelayState, Relayed, RelayedSubmission};
 pub use contract::{CheckpointStore, CheckpointStoreExt, SessionEdit};
 pub use keel_protocol::StoreError;
 pub use lease::Lease;

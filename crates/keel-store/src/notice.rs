@@ -1,6 +1,7 @@
 //! Notices from the store about work elsewhere: another node appended to a
-//! session's log, or relayed a submission to a session. Backend-neutral, so
-//! the server follows other nodes without naming the backend that tells it.
+//! session's log, relayed a submission to a session, or answered one.
+//! Backend-neutral, so the server follows other nodes without naming the
+//! backend that tells it.
 //!
 //! A notice carries a session id and a sequence, never events: a consumer
 //! reads the events from the log. Notices can be missed (a connection was
@@ -29,6 +30,12 @@ pub enum LogNotice {
         session_id: String,
         /// The node whose live lease it was under; `None` when it had none.
         owner: Option<String>,
+    },
+    /// The owner of a session answered submissions relayed to it: the
+    /// nodes waiting for an answer read it.
+    Answered {
+        /// The session.
+        session_id: String,
     },
     /// Notices may have been missed (the connection was lost and is back,
     /// or the consumer fell behind): re-read from the log whatever is

@@ -147,7 +147,8 @@ pub struct QueuedSubmission {
     pub op: Op,
     /// What it does if the session is busy.
     pub on_busy: BusyPolicy,
-    /// The sequence of its `submission_queued` event.
+    /// The sequence of its `submission_queued` event, or of its
+    /// `submission_rejected` when it was refused (`on_busy: reject`).
     pub sequence: u64,
 }
 
@@ -167,6 +168,15 @@ pub enum QueueChange {
     /// The first event the session recorded for this submission: it was
     /// taken up and leaves the queue.
     Settled(String),
+    /// A `submission_rejected` event of a submission that carried an
+    /// idempotency key: nothing is queued, but the key is remembered (at
+    /// the event's sequence), so a retry is refused the same way.
+    Refused {
+        /// The refused submission's id.
+        submission_id: String,
+        /// The client's idempotency key.
+        idempotency_key: String,
+    },
 }
 
 /// One line of a session listing.
@@ -212,7 +222,8 @@ pub struct SessionListPage {
 pub struct KeyedSubmission {
     /// The submission's id.
     pub submission_id: String,
-    /// The sequence of its `submission_queued` event.
+    /// The sequence of its `submission_queued` event, or of its
+    /// `submission_rejected` when it was refused (`on_busy: reject`).
     pub sequence: u64,
 }
 
@@ -262,6 +273,12 @@ impl EncodedEvent {
                 }),
                 idempotency_key: queued.idempotency_key.clone(),
             }),
+            (EventMsg::SubmissionRejected(rejected), Some(id)) => {
+                rejected.idempotency_key.as_ref().map(|key| QueueChange::Refused {
+                    submission_id: id.clone(),
+                    idempotency_key: key.clone(),
+                })
+            }
             _ => None,
         };
         let title = match &event.msg {

@@ -91,6 +91,12 @@ pub(crate) struct ServeArgs {
     /// soon other nodes take over the sessions of a node that died.
     #[arg(long, default_value_t = keel::server::DEFAULT_LEASE_TTL.as_millis() as u64, value_name = "MS")]
     lease_ttl_ms: u64,
+    /// On PostgreSQL, milliseconds a submission sent to a node that does
+    /// not run its session waits for the owner's answer, which is the
+    /// answer the client gets; past it, 503 owner_unavailable [default:
+    /// the config's `[server] relay_wait_ms`, else 5000].
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    relay_wait_ms: Option<u64>,
     /// On PostgreSQL, a file holding the secret every node seals relayed
     /// submissions with, so that a row written into the database by
     /// anyone else is refused [default: derived from --token-file; without
@@ -184,6 +190,10 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let (store, cluster) = args.db.open_for_serving().await?;
+    let relay_wait = args
+        .relay_wait_ms
+        .or(keel_config.server.relay_wait_ms.map(std::num::NonZeroU64::get))
+        .map_or(keel::server::DEFAULT_RELAY_WAIT, Duration::from_millis);
 
     let mut config = ServerConfig::new(store);
     if let Some((cluster_store, listener)) = cluster {
@@ -191,6 +201,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
         config.cluster = Some(ClusterConfig {
             node_id,
             lease_ttl: Duration::from_millis(args.lease_ttl_ms),
+            relay_wait,
             relay_key,
             store: cluster_store,
             listener,

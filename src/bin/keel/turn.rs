@@ -265,6 +265,7 @@ mod tests {
                 Some(submission),
                 EventMsg::SubmissionRejected(SubmissionRejectedEvent {
                     reason: "queue full".into(),
+                    idempotency_key: None,
                 }),
             )
         };

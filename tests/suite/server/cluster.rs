@@ -20,6 +20,8 @@ use crate::suite::support::server::{Scratch, ServeProcess, slow_chunks};
 use crate::suite::support::store::stored_events_in;
 use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 
+mod answers;
+
 /// Nodes' lease time to live in these tests: short, so take-overs after a
 /// death are quick.
 const SHORT_LEASE_MS: u64 = 2000;

@@ -125,6 +125,44 @@ async fn reject_refuses_with_409_and_the_log_says_so() {
     server.stop().await;
 }
 
+/// A key whose submission was refused (`on_busy: reject` while busy)
+/// stays taken: retried once the session is idle, it is refused the same
+/// way, never queued as a new submission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_key_stays_rejected() {
+    let (server, mut stream, _) = busy_session(&[&slow_chunks(10, 30), r#"{"text": "unused"}"#]).await;
+    let post = |key: &'static str| {
+        let server = &server;
+        async move {
+            let request = server
+                .api
+                .client
+                .post(server.api.url("/v1/sessions/s/submissions"))
+                .header("idempotency-key", key)
+                .json(&json!({"op": {"type": "user_input", "text": "not now"}, "on_busy": "reject"}));
+            server.api.send(request).await
+        }
+    };
+    let first = post("once-only").await;
+    assert_eq!(first.status, StatusCode::CONFLICT, "{}", first.body);
+    assert_eq!(first.code(), "session_busy", "{}", first.body);
+    stream.until(ends_turn).await;
+    server.api.wait_idle("s").await;
+    let again = post("once-only").await;
+    assert_eq!(
+        (again.status, again.body.clone()),
+        (first.status, first.body.clone()),
+        "answered as the first time"
+    );
+    let scratch = server.stop().await;
+    let stored = scratch.stored("s").await;
+    assert!(
+        stored.iter().all(|event| msg(event)["text"] != "not now"),
+        "never queued: {:?}",
+        kinds(&stored)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steer_joins_the_running_turn_before_its_next_step() {
     // The first step streams slowly and calls a tool, so there is a next step.

@@ -137,6 +137,7 @@ pub(super) async fn refuse(recorder: &EventRecorder, submission: &Submission, re
         submission_id: Some(submission.id.clone()),
         msg: EventMsg::SubmissionRejected(SubmissionRejectedEvent {
             reason: reason.to_owned(),
+            idempotency_key: None,
         }),
     };
     recorder.append(vec![event], None).await

@@ -88,15 +88,6 @@ impl SessionHandle {
             .ok_or_else(|| Error::Stopped("the session has stopped".to_owned()))
     }
 
-    /// Refuses a reused idempotency key whose request differs from the one
-    /// it was first sent with: answering it as a duplicate would silently
-    /// drop the new message. The earlier request is read back from its
-    /// `submission_queued` event; if that cannot be found the retry is taken
-    /// as the same request, as before keys were compared.
-    async fn check_same_body(&self, key: &str, earlier: &KeyedSubmission, op: &Op, on_busy: BusyPolicy) -> Result<()> {
-        check_same_body(self.store.as_ref(), &self.session_id, key, earlier, op, on_busy).await
-    }
-
     /// Submits `op` so that, once this returns `Ok`, a crash cannot lose it.
     ///
     /// A user message, `compact` or `regenerate` is stored (a
@@ -126,12 +117,15 @@ impl SessionHandle {
             Some(key) => {
                 let guard = self.keyed.lock().await;
                 if let Some(earlier) = self.store.keyed_submission(&self.session_id, key).await? {
-                    self.check_same_body(key, &earlier, &op, options.on_busy).await?;
-                    return Ok(Accepted {
-                        submission_id: earlier.submission_id,
-                        sequence: earlier.sequence,
-                        duplicate: true,
-                    });
+                    return answer_keyed(
+                        self.store.as_ref(),
+                        &self.session_id,
+                        key,
+                        earlier,
+                        &op,
+                        options.on_busy,
+                    )
+                    .await;
                 }
                 Some(guard)
             }
@@ -147,6 +141,8 @@ impl SessionHandle {
                 submission_id: Some(id),
                 msg: EventMsg::SubmissionRejected(SubmissionRejectedEvent {
                     reason: reason.to_owned(),
+                    // The key stays taken: a retry is refused the same way.
+                    idempotency_key: options.idempotency_key.clone(),
                 }),
             };
             recorder.commit(vec![rejected], None).await?;
@@ -213,32 +209,41 @@ impl SessionHandle {
     }
 }
 
-/// Refuses a reused idempotency key whose request differs from the one it
-/// was first sent with (see [`SessionHandle::submit_durable`]); also used by
-/// a node relaying to another.
-pub async fn check_same_body(
+/// The answer to a submission whose idempotency key is stored already
+/// (`earlier`): what the first one was answered, read back from the event
+/// the key points at. A `submission_queued` is a duplicate receipt, unless
+/// the request differs from the first one ([`Error::KeyReused`]: answering
+/// it as a duplicate would silently drop the new message); a
+/// `submission_rejected` is the same refusal ([`Error::SessionBusy`]), for a
+/// key names one request forever. If the event cannot be found the retry is
+/// taken as the same request, as before keys were compared. Also used by a
+/// node relaying to another.
+pub async fn answer_keyed(
     store: &dyn CheckpointStore,
     session_id: &str,
     key: &str,
-    earlier: &KeyedSubmission,
+    earlier: KeyedSubmission,
     op: &Op,
     on_busy: BusyPolicy,
-) -> Result<()> {
+) -> Result<Accepted> {
     let after = earlier.sequence.saturating_sub(1);
     let events = store.events_after(session_id, after, 1).await?;
-    let Some(stored) = events.into_iter().next() else {
-        return Ok(());
-    };
-    if stored.submission_id.as_deref() != Some(earlier.submission_id.as_str()) {
-        return Ok(());
+    let stored = events
+        .into_iter()
+        .next()
+        .filter(|stored| stored.submission_id.as_deref() == Some(earlier.submission_id.as_str()));
+    match stored.map(|stored| stored.event.msg) {
+        Some(EventMsg::SubmissionRejected(rejected)) => return Err(Error::SessionBusy(rejected.reason)),
+        Some(EventMsg::SubmissionQueued(queued)) if queued.op != *op || queued.on_busy != on_busy => {
+            return Err(key_reused(key, &earlier.submission_id));
+        }
+        _ => {}
     }
-    let EventMsg::SubmissionQueued(queued) = &stored.msg else {
-        return Ok(());
-    };
-    if queued.op == *op && queued.on_busy == on_busy {
-        return Ok(());
-    }
-    Err(key_reused(key, &earlier.submission_id))
+    Ok(Accepted {
+        submission_id: earlier.submission_id,
+        sequence: earlier.sequence,
+        duplicate: true,
+    })
 }
 
 /// The refusal of a key sent again with another body than submission

@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 pub use self::compaction::{SUMMARY_PREFIX, SUMMARY_PROMPT};
 pub use self::fork::{ForkError, fork_session, point_before_turn};
 pub use self::handle::{Accepted, SessionHandle, SubmitOptions};
-pub use self::handle::{check_same_body, key_reused};
+pub use self::handle::{answer_keyed, key_reused};
 use self::lease::take_lease;
 pub use self::lease::{LeaseClock, LeaseOwner};
 pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};

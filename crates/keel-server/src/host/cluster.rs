@@ -10,8 +10,10 @@
 //!   session whose lease was lost (the node paused past it and another node
 //!   took over); the store fences the lost runtime's writes meanwhile.
 //! - **Relaying.** A submission for a session another node runs is stored
-//!   ([`ClusterStore::relay`]) before the client hears `202`; the owner,
-//!   woken by the notice, queues it under the same id ([`Host::take_relayed`]).
+//!   ([`ClusterStore::relay`]); the owner, woken by the notice, queues it
+//!   under the same id ([`Host::take_relayed`]) and records its answer,
+//!   which the relaying node waits for and answers its client with (see
+//!   `answers.rs`): the same answer from every node.
 //! - **Taking over.** [`Host::take_over`] claims the sessions with work that
 //!   no live node holds (a node died, or released them at shutdown): at
 //!   each notice of a released session, and every half lease as a safety
@@ -20,19 +22,22 @@
 //!   run elsewhere into pokes of their hubs, so subscribers on this node
 //!   read the new events from the store.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use super::answers::{AnswerWatch, client_answer, owner_answer};
 use super::live::{LiveSession, SessionInUse};
 use super::pump::CloseMode;
 use super::{Host, RelayKey};
 use crate::error::ApiError;
 use crate::settings::SessionSettings;
-use keel_agent::{Accepted, BusyPolicy, LeaseOwner, SubmitOptions, check_same_body, key_reused};
+use keel_agent::{Accepted, BusyPolicy, LeaseOwner, SubmitOptions, answer_keyed, key_reused};
 use keel_protocol::{Op, new_id};
-use keel_store::{ClusterStore, Lease, Relayed, RelayedSubmission, StoreError};
+use keel_store::{ClusterStore, Lease, RelayState, Relayed, RelayedSubmission, StoreError};
 use keel_store::{LogNotice, NoticeListener};
+use tokio::sync::futures::Notified;
 
 /// A host's part among several nodes on one database.
 pub(crate) struct Node {
@@ -44,20 +49,48 @@ pub(crate) struct Node {
     /// Seals the submissions this node relays and checks those it takes
     /// up; `None`: neither.
     pub(crate) relay_key: Option<RelayKey>,
+    /// How long a submission relayed to another node waits for the owner's
+    /// answer before it is answered `503 owner_unavailable`.
+    pub(crate) relay_wait: Duration,
 }
 
 /// Relayed submissions read per store call.
 const RELAY_PAGE: usize = 64;
+
+/// How often a node waiting for the owner's answer reads it again, should
+/// the owner's notice be lost.
+const ANSWER_POLL: Duration = Duration::from_millis(100);
+
+/// How long an answer stays with its relayed submission, at least (twice
+/// the relay wait when that is longer): only the waiting node reads it, a
+/// retry of its key is answered from the session's keys. Short, since the
+/// waiting rows are read among the answered ones.
+const ANSWER_KEPT: Duration = Duration::from_secs(60);
+
+/// A submission this node relayed, waiting for the owner's answer.
+struct WaitingRelay<'a> {
+    /// The store's id for it.
+    relay_id: u64,
+    /// Whether it was a retry of one relayed already (its key's).
+    asked_again: bool,
+    /// What was relayed.
+    submission: &'a RelayedSubmission,
+}
+
+/// The key a relayed submission without one is queued under, so that
+/// queuing it twice is a duplicate.
+fn relayed_key(submission_id: &str) -> String {
+    format!("relayed-{submission_id}")
+}
 
 /// Sessions read per take-over page.
 const TAKE_OVER_PAGE: usize = 100;
 
 impl Host {
     /// Stores `op` for `session_id`, which another node runs, so that node
-    /// queues it; answers as a local submission would, except that
-    /// `sequence` is the log's end when it was relayed (its events come
-    /// after it) and a refusal by the owner (`on_busy: reject`, a full
-    /// queue there) is recorded in the log rather than answered.
+    /// queues it, and answers what the owner answered once it has taken it
+    /// up ([`Self::owner_s_answer`]): the same receipt, or the same
+    /// refusal, as if the client had asked the owner.
     pub(super) async fn relay(
         &self,
         session_id: &str,
@@ -77,12 +110,7 @@ impl Host {
         if let Some(key) = &idempotency_key
             && let Some(earlier) = self.store.keyed_submission(session_id, key).await?
         {
-            check_same_body(self.store.as_ref(), session_id, key, &earlier, &op, on_busy).await?;
-            return Ok(Accepted {
-                submission_id: earlier.submission_id,
-                sequence: earlier.sequence,
-                duplicate: true,
-            });
+            return Ok(answer_keyed(self.store.as_ref(), session_id, key, earlier, &op, on_busy).await?);
         }
         let submission = RelayedSubmission {
             relay_id: 0,
@@ -99,30 +127,98 @@ impl Host {
                 .and_then(|key| key.seal(session_id, &submission)),
             ..submission
         };
+        // Listening before the row is stored: the owner's answer cannot
+        // come before it, so no wake-up is missed and no read is wasted.
+        let watch = self.answers.watch(session_id);
+        let woken = watch.notify.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
         let capacity = self.factory.submission_capacity;
-        match self.shared()?.relay(session_id, &submission, capacity).await? {
-            Relayed::New { last_sequence } => {
+        let (relay_id, asked_again) = match self.shared()?.relay(session_id, &submission, capacity).await? {
+            Relayed::New { relay_id, .. } => {
                 self.metrics.relayed_submissions.inc();
-                Ok(Accepted {
-                    submission_id: submission.submission_id,
-                    sequence: last_sequence,
-                    duplicate: false,
-                })
+                (relay_id, false)
             }
             Relayed::Duplicate(earlier) => {
                 if (&earlier.op, earlier.on_busy) != (&submission.op, submission.on_busy) {
                     let key = earlier.idempotency_key.unwrap_or_default();
                     return Err(key_reused(&key, &earlier.submission_id).into());
                 }
-                Ok(Accepted {
-                    submission_id: earlier.submission_id,
-                    // Still waiting: its events come after the log's end.
-                    sequence: summary.last_sequence,
-                    duplicate: true,
-                })
+                // Still waiting for the owner: its answer is this one's.
+                (earlier.relay_id, true)
             }
-            Relayed::Full => Err(ApiError::QueueFull),
+            Relayed::Full => return Err(ApiError::QueueFull),
+        };
+        let relayed = WaitingRelay {
+            relay_id,
+            asked_again,
+            submission: &submission,
+        };
+        self.owner_s_answer(session_id, relayed, &watch, woken).await
+    }
+
+    /// Waits, at most [`Node::relay_wait`], for the owner's answer to a
+    /// submission this node relayed: woken by the owner's notice (`woken`,
+    /// armed before the row was stored), and polling meanwhile in case it
+    /// is lost. Past the wait,
+    /// [`ApiError::OwnerUnavailable`]: the submission stays relayed, and a
+    /// retry with its key gets its real answer.
+    async fn owner_s_answer<'n>(
+        &self,
+        session_id: &str,
+        relayed: WaitingRelay<'_>,
+        watch: &'n AnswerWatch<'_>,
+        mut woken: Pin<&mut Notified<'n>>,
+    ) -> Result<Accepted, ApiError> {
+        let deadline = Instant::now() + self.relay_wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            tokio::select! {
+                () = &mut woken => {}
+                () = tokio::time::sleep(left.min(ANSWER_POLL)) => {}
+            }
+            // Armed before the read, so an answer recorded after it wakes.
+            woken.set(watch.notify.notified());
+            woken.as_mut().enable();
+            match self.shared()?.relay_state(session_id, relayed.relay_id).await? {
+                RelayState::Answered(outcome) => return client_answer(outcome, relayed.asked_again),
+                RelayState::Gone => return self.forgotten(session_id, relayed.submission).await,
+                RelayState::Waiting => {}
+            }
+            if Instant::now() >= deadline {
+                self.metrics.relay_answers_missed.inc();
+                let retry_after_secs = self.cluster.as_ref().map_or(1, |owner| owner.ttl.as_secs().max(1));
+                return Err(ApiError::OwnerUnavailable {
+                    message: format!(
+                        "the node running session '{session_id}' did not take the submission up within {} ms; \
+                         it stays relayed: retry with the same Idempotency-Key to learn what became of it",
+                        self.relay_wait.as_millis()
+                    ),
+                    retry_after_secs,
+                });
+            }
         }
+    }
+
+    /// The answer to a relayed submission that was forgotten unanswered:
+    /// its key's, if the owner queued it under one; otherwise the session
+    /// is gone, or the owner refused the row (its seal did not verify).
+    async fn forgotten(&self, session_id: &str, submission: &RelayedSubmission) -> Result<Accepted, ApiError> {
+        let key = submission
+            .idempotency_key
+            .clone()
+            .unwrap_or_else(|| relayed_key(&submission.submission_id));
+        if let Some(earlier) = self.store.keyed_submission(session_id, &key).await? {
+            let on_busy = submission.on_busy.unwrap_or_default();
+            return Ok(answer_keyed(self.store.as_ref(), session_id, &key, earlier, &submission.op, on_busy).await?);
+        }
+        if self.store.session_summary(session_id).await?.is_none() {
+            return Err(ApiError::unknown_session(session_id));
+        }
+        Err(ApiError::Unavailable(format!(
+            "the node running session '{session_id}' dropped a relayed submission unanswered; \
+             do all nodes have the same cluster key?"
+        )))
     }
 
     /// With several nodes, claims `session_id` for this node: `Ok(None)`
@@ -189,9 +285,12 @@ impl Host {
     }
 
     /// Queues the submissions relayed to a live session, each under the id
-    /// its client was given and a key, so one queued twice (a crash before
-    /// it was forgotten) is a duplicate: the client's key, or one made from
-    /// the id. One left for later when the queue is full.
+    /// the relaying node chose and a key, so one queued twice (a crash
+    /// before it was answered) is a duplicate: the client's key, or one
+    /// made from the id. Each one's answer (its receipt, or the refusal a
+    /// client asking here would get) is recorded for the node waiting to
+    /// answer its client; one that fails otherwise (the session stopped)
+    /// is left for later, with the rest.
     pub(super) async fn queue_relayed(&self, session: &LiveSession) {
         let session_id = session.handle.session_id();
         let _one_at_a_time = session.relaying.lock().await;
@@ -203,7 +302,7 @@ impl Host {
                     return;
                 }
             };
-            let mut done = Vec::with_capacity(waiting.len());
+            let mut answers = Vec::with_capacity(waiting.len());
             let mut blocked = false;
             for relayed in &waiting {
                 if let Some(relay_key) = &self.relay_key
@@ -217,30 +316,21 @@ impl Host {
                         "refused a relayed submission whose seal does not verify"
                     );
                     self.metrics.relayed_refused.inc();
-                    done.push(relayed.relay_id);
+                    answers.push((relayed.relay_id, None));
                     continue;
                 }
                 let key = relayed
                     .idempotency_key
                     .clone()
-                    .unwrap_or_else(|| format!("relayed-{}", relayed.submission_id));
+                    .unwrap_or_else(|| relayed_key(&relayed.submission_id));
                 let options = SubmitOptions {
                     on_busy: relayed.on_busy.unwrap_or(session.settings.on_busy),
                     idempotency_key: Some(key),
                     submission_id: Some(relayed.submission_id.clone()),
                 };
-                match session.handle.submit_durable(relayed.op.clone(), options).await {
-                    // Refused by `on_busy: reject`: recorded as such.
-                    Ok(_) | Err(keel_protocol::Error::SessionBusy(_)) => done.push(relayed.relay_id),
-                    Err(keel_protocol::Error::Busy(_)) => {
-                        // The queue is full: the rest waits for the next round.
-                        blocked = true;
-                        break;
-                    }
-                    Err(error @ (keel_protocol::Error::KeyReused(_) | keel_protocol::Error::InvalidInput(_))) => {
-                        tracing::warn!(%session_id, %error, "a relayed submission was refused");
-                        done.push(relayed.relay_id);
-                    }
+                let queued = session.handle.submit_durable(relayed.op.clone(), options).await;
+                match owner_answer(queued, &relayed.submission_id) {
+                    Ok(answer) => answers.push((relayed.relay_id, Some(answer))),
                     Err(error) => {
                         tracing::warn!(%session_id, %error, "cannot queue a relayed submission yet");
                         blocked = true;
@@ -248,9 +338,15 @@ impl Host {
                     }
                 }
             }
-            if let Err(error) = async { self.shared()?.relay_done(session_id, &done).await }.await {
-                // They are queued; taken up again, their keys make them duplicates.
-                tracing::warn!(%session_id, %error, "cannot forget relayed submissions");
+            let answered = async {
+                self.shared()?
+                    .answer_relayed(session_id, &answers, ANSWER_KEPT.max(self.relay_wait * 2))
+                    .await
+            };
+            if let Err(error) = answered.await {
+                // They are queued; taken up again, their keys make them
+                // duplicates, answered as the first time.
+                tracing::warn!(%session_id, %error, "cannot record the answers to relayed submissions");
                 return;
             }
             if blocked || waiting.len() < RELAY_PAGE {
@@ -445,7 +541,9 @@ impl Host {
                         tokio::spawn(async move { host.take_relayed(&session_id).await });
                     }
                 }
+                Some(LogNotice::Answered { session_id }) => self.answers.wake(&session_id),
                 Some(LogNotice::Resync) => {
+                    self.answers.wake_all();
                     self.hubs.poke_all();
                     self.sweep.notify_one();
                 }

@@ -14,7 +14,8 @@
 //!
 //! With several nodes on one database (`cluster`), a session is loaded
 //! only under a lease this node claimed; the rest of that mode (relaying,
-//! renewals, take-overs, wake-ups) lives in `cluster.rs`.
+//! renewals, take-overs, wake-ups) lives in `cluster.rs`, and the answers
+//! to relayed submissions in `answers.rs`.
 
 //!
 //! One job per module: `live` (a loaded session and the lease a request
@@ -24,6 +25,7 @@
 //! start), `retention` (deleting sessions idle past their retention) and
 //! `shutdown`.
 
+mod answers;
 mod cluster;
 mod lifecycle;
 mod live;
@@ -89,6 +91,10 @@ pub(crate) struct Host {
     /// Seals the submissions this node relays and checks those it takes
     /// up (several nodes only; `None`: neither).
     relay_key: Option<RelayKey>,
+    /// How long a relayed submission waits for the owner's answer.
+    relay_wait: Duration,
+    /// The requests waiting for an owner's answer (several nodes only).
+    answers: answers::AnswerWaiters,
 }
 
 impl Host {
@@ -100,9 +106,9 @@ impl Host {
         live_buffer: usize,
         node: Option<Node>,
     ) -> Self {
-        let (cluster, shared, relay_key) = match node {
-            Some(node) => (Some(node.owner), Some(node.store), node.relay_key),
-            None => (None, None, None),
+        let (cluster, shared, relay_key, relay_wait) = match node {
+            Some(node) => (Some(node.owner), Some(node.store), node.relay_key, node.relay_wait),
+            None => (None, None, None, Duration::ZERO),
         };
         Self {
             store,
@@ -117,6 +123,8 @@ impl Host {
             shared,
             sweep: tokio::sync::Notify::new(),
             relay_key,
+            relay_wait,
+            answers: answers::AnswerWaiters::default(),
         }
     }
 

@@ -73,6 +73,7 @@ pub(crate) struct Metrics {
     pub(crate) catch_ups: Counter,
     pub(crate) relayed_submissions: Counter,
     pub(crate) relayed_refused: Counter,
+    pub(crate) relay_answers_missed: Counter,
     pub(crate) sessions_taken_over: Counter,
     pub(crate) leases_lost: Counter,
     pub(crate) alive_tasks: Gauge,
@@ -157,6 +158,12 @@ impl Metrics {
                 &mut registry,
                 "keel_relayed_refused",
                 "Relayed submissions this node refused to queue because their seal did not verify",
+                Counter::default(),
+            ),
+            relay_answers_missed: registered(
+                &mut registry,
+                "keel_relay_answers_missed",
+                "Relayed submissions answered owner_unavailable: the owner gave no answer in time",
                 Counter::default(),
             ),
             sessions_taken_over: registered(

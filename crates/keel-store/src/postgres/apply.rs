@@ -298,7 +298,8 @@ pub(super) async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, 
 }
 
 /// Applies a batch's queue changes: the submissions it queued join the
-/// queue (with their idempotency keys), the ones it settled leave it.
+/// queue (with their idempotency keys), the ones it settled leave it, the
+/// keys of the ones it refused are remembered.
 ///
 /// Applied in order, changes to one submission leave only the last one in
 /// force, and of two uses of one idempotency key the first one stands; so
@@ -328,6 +329,16 @@ async fn apply_queue_changes(
                 submission.id.as_str()
             }
             QueueChange::Settled(id) => id.as_str(),
+            QueueChange::Refused {
+                submission_id,
+                idempotency_key,
+            } => {
+                // Nothing to queue: the key alone is remembered.
+                if !keys.iter().any(|(known, _, _)| known == idempotency_key) {
+                    keys.push((idempotency_key, submission_id, sequence));
+                }
+                continue;
+            }
         };
         last.insert(id, (sequence, change));
     }
@@ -347,6 +358,7 @@ async fn apply_queue_changes(
                 queued_json.push(codec::encode(json).into_bytes());
             }
             QueueChange::Settled(_) => settled.push(id.to_owned()),
+            QueueChange::Refused { .. } => {}
         }
     }
     let key_names: Vec<&str> = keys.iter().map(|(name, _, _)| *name).collect();

@@ -57,7 +57,8 @@ const RELEASE: &str = "WITH released AS (
      SELECT count(*)::int8,
             count(CASE WHEN in_flight
                          OR EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = released.key)
-                         OR EXISTS (SELECT 1 FROM relayed_submissions r WHERE r.session_key = released.key)
+                         OR EXISTS (SELECT 1 FROM relayed_submissions r
+                                    WHERE r.session_key = released.key AND r.answer IS NULL)
                        THEN pg_notify('keel_relay', $1 || E'\n') END)
      FROM released";
 
@@ -66,7 +67,8 @@ const TAKE_OVER: &str = "SELECT id FROM sessions
        AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())
        AND (execution IS NOT NULL
             OR EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = sessions.key)
-            OR EXISTS (SELECT 1 FROM relayed_submissions r WHERE r.session_key = sessions.key))
+            OR EXISTS (SELECT 1 FROM relayed_submissions r
+                       WHERE r.session_key = sessions.key AND r.answer IS NULL))
      ORDER BY id LIMIT $1";
 
 /// How many times a claim that lost to a lease which then ended at once is

@@ -28,6 +28,10 @@ pub const LOG_CHANNEL: &str = "keel_log";
 /// newline, and its live owner's id, empty when it has none).
 pub const RELAY_CHANNEL: &str = "keel_relay";
 
+/// The channel that announces answers to submissions relayed to a
+/// session's owner (payload: the session id).
+pub(super) const ANSWER_CHANNEL: &str = "keel_answer";
+
 /// How many notices wait for the consumer, by default, before the listener
 /// drops them (and yields [`LogNotice::Resync`] once there is room again).
 pub const NOTICE_BUFFER: usize = 1024;
@@ -50,7 +54,7 @@ type Conn = Connection<Socket, NoTlsStream>;
 /// meanwhile.
 async fn listening(config: &Config) -> Result<(Client, Conn), StoreError> {
     let (client, mut connection) = config.connect(NoTls).await.map_err(super::connect_error)?;
-    let statement = format!("LISTEN {LOG_CHANNEL}; LISTEN {RELAY_CHANNEL}");
+    let statement = format!("LISTEN {LOG_CHANNEL}; LISTEN {RELAY_CHANNEL}; LISTEN {ANSWER_CHANNEL}");
     {
         let listen = client.batch_execute(&statement);
         tokio::pin!(listen);
@@ -83,6 +87,9 @@ fn notice(channel: &str, payload: &str) -> Option<LogNotice> {
                 owner: (!owner.is_empty()).then(|| owner.to_owned()),
             })
         }
+        ANSWER_CHANNEL => (!payload.is_empty()).then(|| LogNotice::Answered {
+            session_id: payload.to_owned(),
+        }),
         _ => None,
     }
 }
@@ -190,6 +197,13 @@ mod tests {
             })
         );
         assert_eq!(notice(RELAY_CHANNEL, ""), None);
+        assert_eq!(
+            notice(ANSWER_CHANNEL, "a b"),
+            Some(LogNotice::Answered {
+                session_id: "a b".to_owned()
+            })
+        );
+        assert_eq!(notice(ANSWER_CHANNEL, ""), None);
         assert_eq!(notice("other", "a 1"), None);
     }
 }

@@ -52,8 +52,8 @@ use self::writer::{WriterConnection, WriterCounters};
 use super::job::{Job, Reply, Written, existed};
 use super::{
     AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, ClusterStore, EncodedEvent, EventPage,
-    EventPageRequest, KeyedSubmission, LeaseStore, OpenBatch, Relayed, RelayedSubmission, SessionEdit, SessionListPage,
-    SessionState, SessionSummary, StoreError, TurnExecution, WriterStats,
+    EventPageRequest, KeyedSubmission, LeaseStore, OpenBatch, RelayOutcome, RelayState, Relayed, RelayedSubmission,
+    SessionEdit, SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution, WriterStats,
 };
 use futures::future::BoxFuture;
 use keel_protocol::{RecordedEvent, TranscriptItem};
@@ -393,6 +393,20 @@ impl ClusterStore for PostgresCheckpoint {
 
     fn relay_done<'a>(&'a self, session_id: &'a str, relay_ids: &'a [u64]) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move { relay::relay_done(&self.reader().await?, session_id, relay_ids).await })
+    }
+
+    fn answer_relayed<'a>(
+        &'a self,
+        session_id: &'a str,
+        answers: &'a [(u64, Option<RelayOutcome>)],
+        keep: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { relay::answer_relayed(&self.reader().await?, session_id, answers, keep).await })
+    }
+
+    fn relay_state<'a>(&'a self, _session_id: &'a str, relay_id: u64) -> BoxFuture<'a, Result<RelayState, StoreError>> {
+        // Relay ids are unique across sessions: the id alone finds it.
+        Box::pin(async move { relay::relay_state(&self.reader().await?, relay_id).await })
     }
 
     fn sessions_with_relayed<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {

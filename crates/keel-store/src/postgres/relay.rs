@@ -10,19 +10,22 @@
 //! between queues a row again, which its idempotency key turns into a
 //! duplicate (see the host).
 
+use std::time::Duration;
+
 use deadpool_postgres::Object;
 
 use super::pg_error;
 use super::statements::{int, uint};
 use crate::codec;
 use crate::rows::{StoredJson, decode};
-use crate::{Relayed, RelayedSubmission, StoreError};
+use crate::{RelayOutcome, RelayState, Relayed, RelayedSubmission, StoreError};
 use keel_protocol::now_ms;
 
 /// Stores a submission unless one with its key waits already or `$6`
-/// wait, and announces the session with its live owner (empty when none:
-/// then any node may take it over); returns the log's end, or nothing when
-/// the key was taken, the session is full or unknown.
+/// wait (unanswered), and announces the session with its live owner (empty
+/// when none: then any node may take it over); returns the log's end and
+/// the new row's id, or nothing when the key was taken, the session is full
+/// or unknown.
 const INSERT: &str = "WITH session AS (
          SELECT key, last_sequence,
                 CASE WHEN lease_expires_at > clock_timestamp() THEN lease_owner ELSE '' END AS owner
@@ -30,31 +33,57 @@ const INSERT: &str = "WITH session AS (
      ), inserted AS (
          INSERT INTO relayed_submissions (session_key, submission_id, idempotency_key, submission, relayed_at_ms)
          SELECT key, $2, $3, $4, $5 FROM session
-         WHERE (SELECT count(*) FROM relayed_submissions r WHERE r.session_key = session.key) < $6
+         WHERE (SELECT count(*) FROM relayed_submissions r
+                WHERE r.session_key = session.key AND r.answer IS NULL) < $6
          ON CONFLICT (session_key, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-         RETURNING session_key
+         RETURNING session_key, id
      )
-     SELECT session.last_sequence, count(pg_notify('keel_relay', $1 || E'\n' || session.owner))
+     SELECT session.last_sequence, inserted.id, count(pg_notify('keel_relay', $1 || E'\n' || session.owner))
      FROM inserted JOIN session ON session.key = inserted.session_key
-     GROUP BY session.last_sequence";
+     GROUP BY session.last_sequence, inserted.id";
 
-/// The waiting submission with the key `$2`, if any, and how many wait;
+/// The stored submission with the key `$2`, if any, and how many wait;
 /// no row for an unknown session.
 const BY_KEY: &str = "SELECT r.id, r.submission_id, r.submission,
-         (SELECT count(*) FROM relayed_submissions w WHERE w.session_key = s.key)
+         (SELECT count(*) FROM relayed_submissions w WHERE w.session_key = s.key AND w.answer IS NULL)
      FROM sessions s LEFT JOIN relayed_submissions r ON r.session_key = s.key AND r.idempotency_key = $2
      WHERE s.id = $1";
 
 const WAITING: &str = "SELECT r.id, r.submission_id, r.idempotency_key, r.submission
      FROM relayed_submissions r JOIN sessions s ON s.key = r.session_key
-     WHERE s.id = $1 ORDER BY r.id LIMIT $2";
+     WHERE s.id = $1 AND r.answer IS NULL ORDER BY r.id LIMIT $2";
 
 const DONE: &str = "DELETE FROM relayed_submissions r USING sessions s
      WHERE s.id = $1 AND r.session_key = s.key AND r.id = ANY($2)";
 
+/// Records the answers `$3` (JSON; null: forget the row) to the rows `$2`,
+/// freeing their keys (the session's keys are in `submission_keys` from
+/// here on), forgets the answers given before `$5`, and wakes the waiting
+/// nodes on `keel_answer`. The update and the delete touch distinct rows: a row is
+/// answered only while it has no answer, and forgotten only for a null or
+/// an old answer.
+const ANSWER: &str = "WITH session AS (SELECT key FROM sessions WHERE id = $1),
+     given AS (SELECT * FROM unnest($2::int8[], $3::text[]) AS g(id, answer)),
+     answered AS (
+         UPDATE relayed_submissions r SET answer = g.answer, answered_at_ms = $4, idempotency_key = NULL
+         FROM given g, session
+         WHERE r.session_key = session.key AND r.id = g.id AND g.answer IS NOT NULL AND r.answer IS NULL
+         RETURNING r.id
+     ),
+     forgotten AS (
+         DELETE FROM relayed_submissions r USING session
+         WHERE r.session_key = session.key
+           AND (r.id IN (SELECT id FROM given WHERE answer IS NULL) OR r.answered_at_ms < $5)
+         RETURNING r.id
+     )
+     SELECT pg_notify('keel_answer', $1)";
+
+/// A row's answer, by its id (unique across sessions): one index lookup.
+const STATE: &str = "SELECT answer FROM relayed_submissions WHERE id = $1";
+
 const OWNED_WITH_RELAYED: &str = "SELECT s.id FROM sessions s
      WHERE s.lease_owner = $1
-       AND EXISTS (SELECT 1 FROM relayed_submissions r WHERE r.session_key = s.key)
+       AND EXISTS (SELECT 1 FROM relayed_submissions r WHERE r.session_key = s.key AND r.answer IS NULL)
      ORDER BY s.id";
 
 /// How many times a relay that lost its key to a row which was then taken
@@ -92,6 +121,7 @@ pub(super) async fn relay(
         if let Some(row) = inserted {
             return Ok(Relayed::New {
                 last_sequence: uint(row.try_get(0).map_err(pg_error)?),
+                relay_id: uint(row.try_get(1).map_err(pg_error)?),
             });
         }
         let key = submission.idempotency_key.as_deref().unwrap_or("");
@@ -152,6 +182,46 @@ pub(super) async fn relay_done(client: &Object, session_id: &str, relay_ids: &[u
     let ids: Vec<i64> = relay_ids.iter().map(|&id| int(id)).collect();
     client.execute(&done, &[&session_id, &ids]).await.map_err(pg_error)?;
     Ok(())
+}
+
+pub(super) async fn answer_relayed(
+    client: &Object,
+    session_id: &str,
+    answers: &[(u64, Option<RelayOutcome>)],
+    keep: Duration,
+) -> Result<(), StoreError> {
+    if answers.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<i64> = answers.iter().map(|(id, _)| int(*id)).collect();
+    let encoded = answers
+        .iter()
+        .map(|(_, answer)| answer.as_ref().map(serde_json::to_string).transpose())
+        .collect::<Result<Vec<Option<String>>, _>>()
+        .map_err(|error| StoreError::Encode(format!("cannot encode a relayed submission's answer: {error}")))?;
+    let now = now_ms();
+    let before = now.saturating_sub(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX));
+    let answer = client.prepare_cached(ANSWER).await.map_err(pg_error)?;
+    client
+        .execute(&answer, &[&session_id, &ids, &encoded, &int(now), &int(before)])
+        .await
+        .map_err(pg_error)?;
+    Ok(())
+}
+
+pub(super) async fn relay_state(client: &Object, relay_id: u64) -> Result<RelayState, StoreError> {
+    let state = client.prepare_cached(STATE).await.map_err(pg_error)?;
+    let Some(row) = client.query_opt(&state, &[&int(relay_id)]).await.map_err(pg_error)? else {
+        return Ok(RelayState::Gone);
+    };
+    let Some(answer) = row.try_get::<_, Option<String>>(0).map_err(pg_error)? else {
+        return Ok(RelayState::Waiting);
+    };
+    let outcome = serde_json::from_str(&answer).map_err(|error| StoreError::Corrupt {
+        what: format!("the answer to relayed submission {relay_id}"),
+        detail: error.to_string(),
+    })?;
+    Ok(RelayState::Answered(outcome))
 }
 
 pub(super) async fn sessions_with_relayed(client: &Object, owner: &str) -> Result<Vec<String>, StoreError> {

@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use crate::StoreError;
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i32 = 2;
+pub(super) const SCHEMA_VERSION: i32 = 3;
 
 /// The advisory lock key migrations hold (`keel` in ASCII, then `schema`).
 const MIGRATION_LOCK: i64 = 0x6b65_656c_5343_4d41;
@@ -92,6 +92,14 @@ CREATE UNIQUE INDEX relayed_by_key ON relayed_submissions (session_key, idempote
     WHERE idempotency_key IS NOT NULL;
 "#;
 
+/// Version 3: the owner's answer to a relayed submission (`answer`, the
+/// JSON of a `RelayOutcome`, and when it was given), kept a while with the
+/// row so that the node which relayed it answers its client the same.
+/// Rows without an answer are the ones waiting.
+const SCHEMA_V3: &str = r#"
+ALTER TABLE relayed_submissions ADD COLUMN answer TEXT, ADD COLUMN answered_at_ms BIGINT;
+"#;
+
 /// Brings the database's schema up to [`SCHEMA_VERSION`], or refuses one
 /// written by a newer Keel with [`StoreError::SchemaTooNew`] (changing
 /// nothing).
@@ -129,6 +137,9 @@ pub(super) async fn migrate(client: &mut Client) -> Result<(), StoreError> {
     }
     if found < 2 {
         tx.batch_execute(SCHEMA_V2).await.map_err(super::pg_error)?;
+    }
+    if found < 3 {
+        tx.batch_execute(SCHEMA_V3).await.map_err(super::pg_error)?;
     }
     if found < SCHEMA_VERSION {
         tx.execute(

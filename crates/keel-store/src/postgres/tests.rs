@@ -1437,7 +1437,7 @@ async fn a_closed_store_refuses_to_listen() {
 // Relayed submissions
 // ---------------------------------------------------------------------------
 
-use crate::{Relayed, RelayedSubmission};
+use crate::{RelayOutcome, RelayRefusal, RelayState, Relayed, RelayedSubmission};
 
 fn relayed(id: &str, text: &str, key: Option<&str>) -> RelayedSubmission {
     RelayedSubmission {
@@ -1476,20 +1476,20 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
             let store = &store;
             async move { store.relay("s", &submission, 8).await }
         };
-        assert_eq!(
+        assert!(matches!(
             relay("r1", "one", None).await.expect("relay"),
-            Relayed::New { last_sequence: 2 }
-        );
+            Relayed::New { last_sequence: 2, .. }
+        ));
         // Nobody owns the session: any node may take it.
         let relay_notice = LogNotice::Relay {
             session_id: "s".to_owned(),
             owner: None,
         };
         assert_eq!(next_relay_notice(&mut listener).await, relay_notice);
-        assert_eq!(
+        assert!(matches!(
             relay("r2", "two", Some("k")).await.expect("relay"),
-            Relayed::New { last_sequence: 2 }
-        );
+            Relayed::New { last_sequence: 2, .. }
+        ));
         // The same key again stores nothing and returns the first.
         match relay("r3", "two again", Some("k")).await.expect("relay") {
             Relayed::Duplicate(earlier) => {
@@ -1590,6 +1590,93 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
         // Deleting the session deletes what was relayed to it.
         assert!(store.delete_session("s").await.expect("delete"));
         assert_eq!(raw_count(&url, "SELECT count(*) FROM relayed_submissions").await, 0);
+        owner.close().await;
+        store.close().await;
+    })
+    .await;
+}
+
+/// The owner's answers: recorded with the relayed row (which then waits
+/// no more and frees its key), announced on `keel_answer`, read by the
+/// row's id; a row forgotten unanswered is gone, and answers older than
+/// the time they are kept are forgotten at the next answer.
+#[tokio::test]
+async fn answers_to_relayed_submissions_are_recorded_announced_and_forgotten() {
+    guarded(async {
+        let (store, url) = store_or_skip!();
+        let owner = another_handle(&url).await;
+        let mut listener = store.listen().await.expect("listen");
+        create(&store, "s").await;
+        let Relayed::New { relay_id: first, .. } = store
+            .relay("s", &relayed("a1", "one", Some("k")), 8)
+            .await
+            .expect("relay")
+        else {
+            panic!("not stored");
+        };
+        let Relayed::New { relay_id: second, .. } =
+            store.relay("s", &relayed("a2", "two", None), 8).await.expect("relay")
+        else {
+            panic!("not stored");
+        };
+        assert_eq!(store.relay_state("s", first).await.expect("state"), RelayState::Waiting);
+        let accepted = RelayOutcome::Accepted {
+            submission_id: "a1".to_owned(),
+            sequence: 3,
+            duplicate: false,
+        };
+        let keep = Duration::from_secs(300);
+        owner
+            .answer_relayed("s", &[(first, Some(accepted.clone())), (second, None)], keep)
+            .await
+            .expect("answer");
+        loop {
+            if next_notice(&mut listener).await
+                == (LogNotice::Answered {
+                    session_id: "s".to_owned(),
+                })
+            {
+                break;
+            }
+        }
+        assert_eq!(
+            store.relay_state("s", first).await.expect("state"),
+            RelayState::Answered(accepted)
+        );
+        assert_eq!(store.relay_state("s", second).await.expect("state"), RelayState::Gone);
+        assert!(
+            owner.relayed("s", 10).await.expect("relayed").is_empty(),
+            "nothing waits"
+        );
+        assert!(
+            owner
+                .sessions_to_take_over(None, 10)
+                .await
+                .expect("take over")
+                .is_empty()
+        );
+        // The key is free again: the store of keys is the session's.
+        let Relayed::New { relay_id: third, .. } = store
+            .relay("s", &relayed("a3", "one", Some("k")), 8)
+            .await
+            .expect("relay")
+        else {
+            panic!("not stored");
+        };
+        let refused = RelayOutcome::Refused {
+            refusal: RelayRefusal::SessionBusy,
+            message: "busy".to_owned(),
+        };
+        // Kept for no time: the earlier answer goes, this one stays.
+        owner
+            .answer_relayed("s", &[(third, Some(refused.clone()))], Duration::ZERO)
+            .await
+            .expect("answer");
+        assert_eq!(store.relay_state("s", first).await.expect("state"), RelayState::Gone);
+        assert_eq!(
+            store.relay_state("s", third).await.expect("state"),
+            RelayState::Answered(refused)
+        );
         owner.close().await;
         store.close().await;
     })

@@ -364,8 +364,27 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
     })
 }
 
-/// Adds a queued submission (and its idempotency key) or removes a settled
-/// one, in the transaction of the event that does it.
+/// Remembers that `idempotency_key` names submission `submission_id`, whose
+/// event is at `sequence`; the first use of a key stands.
+fn remember_key(
+    conn: &Connection,
+    key: i64,
+    idempotency_key: &str,
+    submission_id: &str,
+    sequence: u64,
+) -> Result<(), JobError> {
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO submission_keys (session_key, key, submission_id, sequence)
+         VALUES (?1, ?2, ?3, ?4)",
+    )
+    .and_then(|mut insert| insert.execute(params![key, idempotency_key, submission_id, sequence]))
+    .map_err(dirty)?;
+    Ok(())
+}
+
+/// Adds a queued submission (and its idempotency key), removes a settled
+/// one, or remembers a refused one's key, in the transaction of the event
+/// that does it.
 fn apply_queue_change(conn: &Connection, key: i64, sequence: u64, change: &QueueChange) -> Result<(), JobError> {
     match change {
         QueueChange::Queued {
@@ -383,14 +402,13 @@ fn apply_queue_change(conn: &Connection, key: i64, sequence: u64, change: &Queue
             .and_then(|mut insert| insert.execute(params![key, stored.id, sequence, json]))
             .map_err(dirty)?;
             if let Some(idempotency_key) = idempotency_key {
-                conn.prepare_cached(
-                    "INSERT OR IGNORE INTO submission_keys (session_key, key, submission_id, sequence)
-                     VALUES (?1, ?2, ?3, ?4)",
-                )
-                .and_then(|mut insert| insert.execute(params![key, idempotency_key, stored.id, sequence]))
-                .map_err(dirty)?;
+                remember_key(conn, key, idempotency_key, &stored.id, sequence)?;
             }
         }
+        QueueChange::Refused {
+            submission_id,
+            idempotency_key,
+        } => remember_key(conn, key, idempotency_key, submission_id, sequence)?,
         QueueChange::Settled(id) => {
             conn.prepare_cached("DELETE FROM queued_submissions WHERE session_key = ?1 AND id = ?2")
                 .and_then(|mut delete| delete.execute(params![key, id]))

@@ -1,0 +1,180 @@
+//! Answers to relayed submissions: what the owner of a session answered to
+//! a submission another node relayed to it, and the wake-ups of the nodes
+//! waiting for one.
+//!
+//! The owner records each answer with the relayed row and notifies
+//! `keel_answer` ([`keel_store::ClusterStore::answer_relayed`]); the node
+//! that relayed it waits, woken by the notice ([`AnswerWaiters::wake`]) or,
+//! should the notice be lost, by a short poll, then answers its client
+//! exactly what the owner would have.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::error::ApiError;
+use keel_agent::Accepted;
+use keel_protocol::Error;
+use keel_store::{RelayOutcome, RelayRefusal};
+
+/// The nodes' wake-ups for answers, per session with a waiting request.
+#[derive(Default)]
+pub(super) struct AnswerWaiters {
+    waiting: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl AnswerWaiters {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        self.waiting.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Registers a request waiting for an answer from `session_id`'s owner.
+    pub(super) fn watch(&self, session_id: &str) -> AnswerWatch<'_> {
+        let notify = Arc::clone(self.lock().entry(session_id.to_owned()).or_default());
+        AnswerWatch {
+            waiters: self,
+            session_id: session_id.to_owned(),
+            notify,
+        }
+    }
+
+    /// Wakes the requests waiting for an answer from `session_id`'s owner.
+    pub(super) fn wake(&self, session_id: &str) {
+        if let Some(notify) = self.lock().get(session_id) {
+            notify.notify_waiters();
+        }
+    }
+
+    /// Wakes every waiting request: notices may have been missed.
+    pub(super) fn wake_all(&self) {
+        for notify in self.lock().values() {
+            notify.notify_waiters();
+        }
+    }
+}
+
+/// A request's registration with [`AnswerWaiters`]; dropped, it forgets the
+/// session once no other request waits on it.
+pub(super) struct AnswerWatch<'a> {
+    waiters: &'a AnswerWaiters,
+    session_id: String,
+    pub(super) notify: Arc<Notify>,
+}
+
+impl Drop for AnswerWatch<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.waiters.lock();
+        // Two references: the map's and ours; anyone else cloned it under
+        // the lock we hold.
+        if waiting
+            .get(&self.session_id)
+            .is_some_and(|kept| Arc::ptr_eq(kept, &self.notify) && Arc::strong_count(kept) == 2)
+        {
+            waiting.remove(&self.session_id);
+        }
+    }
+}
+
+/// What the owner answers to a relayed submission it took up, from what
+/// queuing it gave (`submission_id` is the id the relaying node chose);
+/// `Err` for a failure that is not an answer (the session stopped, the
+/// store failed): the submission waits for another try.
+pub(super) fn owner_answer(result: Result<Accepted, Error>, submission_id: &str) -> Result<RelayOutcome, Error> {
+    let refused = |refusal, message| Ok(RelayOutcome::Refused { refusal, message });
+    match result {
+        Ok(accepted) => Ok(RelayOutcome::Accepted {
+            // Queued under its own id is not a duplicate: taken up again
+            // after a crash, it is the same submission.
+            duplicate: accepted.duplicate && accepted.submission_id != submission_id,
+            submission_id: accepted.submission_id,
+            sequence: accepted.sequence,
+        }),
+        Err(Error::SessionBusy(message)) => refused(RelayRefusal::SessionBusy, message),
+        Err(Error::Busy(_)) => refused(RelayRefusal::QueueFull, ApiError::QueueFull.to_string()),
+        Err(Error::KeyReused(message)) => refused(RelayRefusal::KeyReused, message),
+        Err(Error::InvalidInput(message)) => refused(RelayRefusal::InvalidRequest, message),
+        Err(other) => Err(other),
+    }
+}
+
+/// The answer to the client of the node that relayed a submission: the
+/// owner's, marked a duplicate when this request was (`asked_again`).
+pub(super) fn client_answer(outcome: RelayOutcome, asked_again: bool) -> Result<Accepted, ApiError> {
+    match outcome {
+        RelayOutcome::Accepted {
+            submission_id,
+            sequence,
+            duplicate,
+        } => Ok(Accepted {
+            submission_id,
+            sequence,
+            duplicate: duplicate || asked_again,
+        }),
+        RelayOutcome::Refused { refusal, message } => Err(match refusal {
+            RelayRefusal::SessionBusy => ApiError::SessionBusy(message),
+            RelayRefusal::QueueFull => ApiError::QueueFull,
+            RelayRefusal::KeyReused => ApiError::KeyReused(message),
+            RelayRefusal::InvalidRequest => ApiError::InvalidRequest(message),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_s_answer_is_the_client_s() {
+        let accepted = |id: &str, duplicate| Accepted {
+            submission_id: id.to_owned(),
+            sequence: 7,
+            duplicate,
+        };
+        // Each refusal comes back as the error the owner would have answered.
+        type Refusal = (fn() -> Error, &'static str);
+        let refusals: [Refusal; 4] = [
+            (|| Error::SessionBusy("busy".into()), "session_busy"),
+            (
+                || Error::Busy(Box::new(keel_protocol::Op::Interrupt { turn_id: None })),
+                "queue_full",
+            ),
+            (|| Error::KeyReused("k".into()), "idempotency_key_reused"),
+            (|| Error::InvalidInput("bad".into()), "invalid_request"),
+        ];
+        for (error, code) in refusals {
+            let direct = ApiError::from(error());
+            let outcome = owner_answer(Err(error()), "r").expect("an answer");
+            let relayed = client_answer(outcome, false).expect_err("refused");
+            assert_eq!((relayed.code(), relayed.to_string()), (code, direct.to_string()));
+        }
+        assert!(owner_answer(Err(Error::Stopped("gone".into())), "r").is_err());
+        // Its own id again is the same submission, another one a duplicate.
+        let own = owner_answer(Ok(accepted("r", true)), "r").expect("an answer");
+        assert_eq!(client_answer(own.clone(), false), Ok(accepted("r", false)));
+        assert_eq!(client_answer(own, true), Ok(accepted("r", true)));
+        let other = owner_answer(Ok(accepted("first", true)), "r").expect("an answer");
+        assert_eq!(client_answer(other, false), Ok(accepted("first", true)));
+    }
+
+    #[tokio::test]
+    async fn a_wake_reaches_the_session_s_waiters_and_the_last_one_out_forgets_it() {
+        let waiters = AnswerWaiters::default();
+        let first = waiters.watch("s");
+        let second = waiters.watch("s");
+        {
+            let woken = first.notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            waiters.wake("other");
+            waiters.wake("s");
+            tokio::time::timeout(std::time::Duration::from_secs(5), woken)
+                .await
+                .expect("woken");
+        }
+        drop(first);
+        assert_eq!(waiters.lock().len(), 1);
+        drop(second);
+        assert!(waiters.lock().is_empty());
+    }
+}
