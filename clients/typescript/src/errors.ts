@@ -52,7 +52,7 @@ export class WorkspaceError extends ConflictError {}
 
 
 
-/** The server cannot take the request now (`503`: `unavailable`, `store_unavailable`, `store_full`, `too_many_sessions`). */
+/** The server cannot take the request now (`503`: `unavailable`, `store_unavailable`, `store_full`, `too_many_sessions`, `owner_unavailable`). */
 export class UnavailableError extends KeelError {}
 
 /** The server failed (`internal`). */
@@ -90,6 +90,7 @@ const CLASSES: Record<string, KeelErrorClass> = {
   too_many_sessions: UnavailableError,
   store_unavailable: UnavailableError,
   store_full: UnavailableError,
+  owner_unavailable: UnavailableError,
   internal: InternalError,
 };
 

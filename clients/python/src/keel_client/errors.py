@@ -122,6 +122,12 @@ class StoreFull(Unavailable):
     """503 ``store_full``: the disk or the database's size cap is full."""
 
 
+class OwnerUnavailable(Unavailable):
+    """503 ``owner_unavailable``: several nodes, and the one running the session
+    did not take the submission up in time. It may still run: retry with the
+    same idempotency key (``submit`` does) to learn its real answer."""
+
+
 class ConnectionFailed(KeelError):
     """No answer came (connection refused, reset, timed out) after every retry."""
 
@@ -164,6 +170,7 @@ _BY_CODE: dict[str, type[KeelError]] = {
     "too_many_sessions": TooManySessions,
     "store_unavailable": StoreUnavailable,
     "store_full": StoreFull,
+    "owner_unavailable": OwnerUnavailable,
 }
 
 

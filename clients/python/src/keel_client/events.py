@@ -221,6 +221,8 @@ class SubmissionRejected:
 
     TYPE: ClassVar[str] = "submission_rejected"
     reason: str
+    #: The refused request's ``Idempotency-Key``, which stays taken by it.
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -785,6 +785,11 @@ export interface components {
         SubmissionRejectedEvent: {
             /** @description Why it will not be acted on. */
             reason: string;
+            /**
+             * @description The client's idempotency key, when a refused submission carried
+             *     one: the key stays taken, so a retry is refused the same way.
+             */
+            idempotency_key?: string | null;
         };
         /**
          * @description The body of `POST /v1/sessions/{id}/submissions`.
@@ -1134,6 +1139,8 @@ export interface operations {
             /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1317,6 +1324,8 @@ export interface operations {
             /** @description `too_many_sessions`: The live-session bound is reached and none can be unloaded. `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1468,6 +1477,8 @@ export interface operations {
             /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1634,6 +1645,8 @@ export interface operations {
             /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1803,6 +1816,8 @@ export interface operations {
             /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1988,6 +2003,8 @@ export interface operations {
             /** @description `too_many_sessions`: The live-session bound is reached and none can be unloaded. `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2171,16 +2188,18 @@ export interface operations {
                     };
                 };
             };
-            /** @description `too_many_sessions`: The live-session bound is reached and none can be unloaded. `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            /** @description `too_many_sessions`: The live-session bound is reached and none can be unloaded. `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. `owner_unavailable`: Several nodes: the node running the session did not take the submission up in time; retry with the same key. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full";
+                            code?: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full" | "owner_unavailable";
                         };
                     };
                 };
@@ -2338,6 +2357,8 @@ export interface operations {
             /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2503,6 +2524,8 @@ export interface operations {
             /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2660,6 +2683,8 @@ export interface operations {
             /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2799,6 +2824,8 @@ export interface operations {
             /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3037,6 +3064,8 @@ export interface operations {
             /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3259,6 +3288,8 @@ export interface operations {
             /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {

@@ -113,6 +113,11 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
         503,
         "The disk or the database's size cap is full; nothing was stored.",
     ),
+    (
+        "owner_unavailable",
+        503,
+        "Several nodes: the node running the session did not take the submission up in time; retry with the same key.",
+    ),
     ("internal", 500, "A store failure or another server fault."),
 ];
 
@@ -214,6 +219,17 @@ fn response(status: u16, codes: &[(&str, &str)]) -> Response {
             .schema(Some(Schema::Object(envelope.build())))
             .build(),
     );
+    if status == 503 {
+        builder = builder.header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(Some(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0))))
+                .description(Some(
+                    "Seconds to wait before a retry, when the server knows (`owner_unavailable`).",
+                ))
+                .build(),
+        );
+    }
     if status == 401 {
         builder = builder.header(
             "WWW-Authenticate",
@@ -281,6 +297,10 @@ mod tests {
             ApiError::Unavailable(String::new()),
             ApiError::StoreUnavailable(String::new()),
             ApiError::StoreFull(String::new()),
+            ApiError::OwnerUnavailable {
+                message: String::new(),
+                retry_after_secs: 1,
+            },
             ApiError::Internal(String::new()),
         ];
         for error in errors {

@@ -47,7 +47,7 @@ route_errors!(
     SubmitErrors: BODY,
     LOADING,
     QUEUEING,
-    ["not_found", "idempotency_key_reused", "session_elsewhere"]
+    ["not_found", "idempotency_key_reused", "session_elsewhere", "owner_unavailable"]
 );
 
 impl From<Accepted> for AcceptedView {
