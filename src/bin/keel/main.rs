@@ -154,7 +154,7 @@ fn main() -> ExitCode {
             Command::Bench(command) => bench::bench(command).await,
             Command::Chaos(args) => chaos::chaos(args).await,
             Command::Openapi => {
-                print!("{}", keel::server::openapi::document_json());
+                print!("{}", keel::server::openapi_json());
                 Ok(ExitCode::SUCCESS)
             }
             Command::SandboxExec(_) => Err(anyhow::anyhow!("sandbox-exec runs before the async runtime starts")),

@@ -24,7 +24,7 @@ fn committed() -> PathBuf {
 
 /// The description as the code makes it, parsed.
 fn document() -> serde_json::Value {
-    serde_json::from_str(keel::server::openapi::document_json()).expect("the description is JSON")
+    serde_json::from_str(keel::server::openapi_json()).expect("the description is JSON")
 }
 
 /// `tool` under the repository, when installed; `None` (and the test is

@@ -1,16 +1,12 @@
 //! The API's OpenAPI 3.1 description, generated from the code: the paths
 //! from the handlers' `#[utoipa::path]` annotations, collected by the same
 //! router that serves them (so a route cannot be served undocumented), and
-//! the schemas from the wire types themselves. It is served at
-//! `GET /v1/openapi.json` and committed as `docs/openapi.json`; a test fails
-//! when the two differ.
+//! the schemas from the wire types themselves. `routes` composes it from
+//! its routers and serves it at `GET /v1/openapi.json`; it is committed as
+//! `docs/openapi.json`, and a test fails when the two differ.
 
 pub(crate) mod errors;
 
-use std::sync::OnceLock;
-
-use axum::http::header;
-use axum::response::IntoResponse;
 use utoipa::openapi::extensions::Extensions;
 use utoipa::openapi::link::Link;
 use utoipa::openapi::schema::{AdditionalProperties, Schema};
@@ -156,12 +152,13 @@ fn describe_frames(openapi: &mut OpenApi) {
         .merge(Extensions::builder().add("x-websocket-frames", frames).build());
 }
 
-/// The whole description.
-pub fn document() -> OpenApi {
-    let routes = crate::routes::documented();
-    let mut doc = ApiDoc::openapi().nest("/v1", routes.v1.merge(routes.v1_open).into_openapi());
-    doc.merge(routes.metrics.into_openapi());
-    doc.merge(routes.probes.into_openapi());
+/// The description of the routes `v1` (under `/v1`) and `root` (at the
+/// root), with everything the routes cannot say themselves.
+pub(crate) fn describe(v1: OpenApi, root: impl IntoIterator<Item = OpenApi>) -> OpenApi {
+    let mut doc = ApiDoc::openapi().nest("/v1", v1);
+    for other in root {
+        doc.merge(other);
+    }
     finish(&mut doc);
     doc
 }
@@ -178,35 +175,4 @@ fn finish(doc: &mut OpenApi) {
             }
         }
     }
-}
-
-/// The description as served and committed: pretty JSON, one trailing
-/// newline.
-pub fn document_json() -> &'static str {
-    static JSON: OnceLock<String> = OnceLock::new();
-    JSON.get_or_init(|| {
-        let mut json = document().to_pretty_json().unwrap_or_default();
-        json.push('\n');
-        json
-    })
-}
-
-errors::route_errors!(
-    /// What `/v1/openapi.json` can answer besides `200`: the front door's
-    /// refusals.
-    open DocErrors: errors::NONE
-);
-
-/// `GET /v1/openapi.json`.
-#[utoipa::path(
-    get,
-    path = "/openapi.json",
-    tag = "operations",
-    operation_id = "get_openapi",
-    summary = "This description",
-    security(()),
-    responses((status = 200, description = "The API's OpenAPI 3.1 description.", body = Object), DocErrors),
-)]
-pub(crate) async fn serve() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], document_json())
 }

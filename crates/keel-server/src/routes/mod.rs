@@ -7,19 +7,22 @@ pub(crate) mod sessions;
 pub(crate) mod submissions;
 pub(crate) mod usage;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{self, Next};
+use axum::response::IntoResponse;
 use axum::response::Response;
 use tower_http::cors::CorsLayer;
 use tower_http::trace::TraceLayer;
+use utoipa::openapi::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::ApiError;
+use super::openapi::errors::{NONE, route_errors};
 use super::{Server, auth, front, openapi, sse, ui, ws};
 
 /// The documented routes, by who may call them. The same value makes the
@@ -47,12 +50,52 @@ pub(crate) fn documented() -> Documented {
             .routes(routes!(sse::stream))
             .routes(routes!(ws::upgrade))
             .routes(routes!(usage::show)),
-        v1_open: OpenApiRouter::new().routes(routes!(openapi::serve)),
+        v1_open: OpenApiRouter::new().routes(routes!(describe)),
         metrics: OpenApiRouter::new().routes(routes!(ops::metrics)),
         probes: OpenApiRouter::new()
             .routes(routes!(ops::healthz))
             .routes(routes!(ops::readyz)),
     }
+}
+
+/// The API's whole OpenAPI description, made from [`documented`].
+pub fn openapi_document() -> OpenApi {
+    let routes = documented();
+    openapi::describe(
+        routes.v1.merge(routes.v1_open).into_openapi(),
+        [routes.metrics.into_openapi(), routes.probes.into_openapi()],
+    )
+}
+
+/// [`openapi_document`] as served and committed: pretty JSON, one
+/// trailing newline.
+pub fn openapi_json() -> &'static str {
+    static JSON: OnceLock<String> = OnceLock::new();
+    JSON.get_or_init(|| {
+        let mut json = openapi_document().to_pretty_json().unwrap_or_default();
+        json.push('\n');
+        json
+    })
+}
+
+route_errors!(
+    /// What `/v1/openapi.json` can answer besides `200`: the front door's
+    /// refusals.
+    open DocErrors: NONE
+);
+
+/// `GET /v1/openapi.json`.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    operation_id = "get_openapi",
+    summary = "This description",
+    security(()),
+    responses((status = 200, description = "The API's OpenAPI 3.1 description.", body = Object), DocErrors),
+)]
+async fn describe() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json())
 }
 
 /// The whole application.
