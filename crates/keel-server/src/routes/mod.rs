@@ -58,7 +58,8 @@ pub(crate) fn documented() -> Documented {
     }
 }
 
-/// The API's whole OpenAPI description, made from [`documented`].
+/// The API's whole OpenAPI description, made from the same routers as the
+/// application.
 pub fn openapi_document() -> OpenApi {
     let routes = documented();
     openapi::describe(
