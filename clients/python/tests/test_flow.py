@@ -55,6 +55,9 @@ def test_sessions_round_trip_sync(server: KeelServer) -> None:
         fork = keel.sessions.fork(created.id, at_sequence=0, id="flow-fork")
         assert fork.id == "flow-fork"
         assert keel.usage(bot_id="bot-a").bot_id == "bot-a"
+        # Every session, across pages of one: the newest first.
+        every = [s.id for s in keel.sessions.all(page_size=1)]
+        assert every[:2] == ["flow-fork", "flow-sync"] and len(every) == len(set(every))
         keel.sessions.delete(fork.id)
         try:
             keel.sessions.get(fork.id)
@@ -79,6 +82,8 @@ def test_sessions_round_trip_async(server: KeelServer) -> None:
             assert seen == list(range(1, turn.end.sequence + 1))
             listing = await keel.sessions.list(limit=10)
             assert "flow-async" in [s.id for s in listing.sessions]
+            every = [s.id async for s in keel.sessions.all(page_size=1)]
+            assert every == [s.id for s in listing.sessions]
             fork = await keel.sessions.fork(created.id, before_turn=turn.turn_id)
             assert (await keel.sessions.get(fork.id)).id == fork.id
             assert (await keel.sessions.rename(fork.id, "Fork")).title == "Fork"

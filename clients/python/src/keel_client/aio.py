@@ -64,6 +64,17 @@ class AsyncSessions:
         """A page of sessions, newest first; pass ``next_cursor`` as `cursor` for the next."""
         return await self._client._drive(self._client._calls.list_sessions(limit, cursor, bot_id))
 
+    async def all(self, *, bot_id: str | None = None, page_size: int = 100) -> AsyncIterator[Session]:
+        """Every session, newest first, reading page after page as it goes."""
+        cursor = None
+        while True:
+            page = await self.list(limit=page_size, cursor=cursor, bot_id=bot_id)
+            for session in page.sessions:
+                yield session
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
     async def fork(
         self,
         session_id: str,

@@ -73,6 +73,16 @@ class Sessions:
         """A page of sessions, newest first; pass ``next_cursor`` as `cursor` for the next."""
         return self._client._drive(self._client._calls.list_sessions(limit, cursor, bot_id))
 
+    def all(self, *, bot_id: str | None = None, page_size: int = 100) -> Iterator[Session]:
+        """Every session, newest first, reading page after page as it goes."""
+        cursor = None
+        while True:
+            page = self.list(limit=page_size, cursor=cursor, bot_id=bot_id)
+            yield from page.sessions
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
     def fork(
         self,
         session_id: str,
