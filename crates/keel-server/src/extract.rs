@@ -36,6 +36,14 @@ where
             return Err(not_json());
         }
         let bytes: &[u8] = if blank { b"{}" } else { &bytes };
+        // Every body of this API is an object (or, where it may be left
+        // out, `null`): serde would read a struct from an array too.
+        let text = bytes.trim_ascii_start();
+        if !text.starts_with(b"{") && text.trim_ascii_end() != b"null" {
+            return Err(ApiError::InvalidRequest(
+                "invalid JSON body: the body must be a JSON object".to_owned(),
+            ));
+        }
         serde_json::from_slice(bytes)
             .map(ApiJson)
             .map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))
@@ -101,6 +109,25 @@ where
     }
 }
 
+/// An optional nested object of a body, refused when it is anything but an
+/// object or `null`: serde reads a struct from an array too, which the
+/// description does not allow (`[]` would be a struct of defaults).
+pub(crate) fn object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    use serde::de::Error as _;
+    let Some(map) =
+        <Option<serde_json::Map<String, serde_json::Value>> as serde::Deserialize>::deserialize(deserializer)?
+    else {
+        return Ok(None);
+    };
+    serde_json::from_value(serde_json::Value::Object(map))
+        .map(Some)
+        .map_err(D::Error::custom)
+}
+
 /// [`int64`] for a JSON body: JSON Schema counts `5.0` as the integer 5,
 /// so an integral number in either spelling is read.
 pub(crate) fn json_int64<'de, D>(deserializer: D) -> Result<Option<u64>, D::Error>
@@ -134,6 +161,30 @@ mod tests {
     struct Body {
         #[serde(default, deserialize_with = "json_int64")]
         at: Option<u64>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Defaults {
+        #[serde(default)]
+        a: Option<bool>,
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Outer {
+        #[serde(default, deserialize_with = "object")]
+        inner: Option<Defaults>,
+    }
+
+    #[test]
+    fn a_nested_object_is_an_object_or_null_never_an_array() {
+        let read = |json: &str| serde_json::from_str::<Outer>(json).map(|outer| outer.inner.is_some());
+        assert_eq!(read(r#"{"inner": {"a": true}}"#).ok(), Some(true));
+        assert_eq!(read(r#"{"inner": null}"#).ok(), Some(false));
+        assert_eq!(read("{}").ok(), Some(false));
+        for refused in [r#"{"inner": []}"#, r#"{"inner": [true]}"#, r#"{"inner": 1}"#] {
+            assert!(read(refused).is_err(), "{refused}");
+        }
     }
 
     #[test]

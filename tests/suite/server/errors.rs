@@ -58,6 +58,13 @@ async fn bad_requests_are_400_and_unknown_things_404() {
         json!({"model": model, "bot_id": "b\u{f6}t"}),
         json!({"model": model, "tools": {"sandbox": "none"}}),
         json!({"model": model, "colour": "blue"}),
+        // Objects are objects: serde would read a struct of defaults from
+        // an array (found by schemathesis).
+        json!({"model": model, "tools": []}),
+        json!({"model": model, "tools": [true]}),
+        json!({"model": model, "approvals": []}),
+        json!([]),
+        json!([model]),
     ] {
         assert_error(
             &api.post("/v1/sessions", &body).await,

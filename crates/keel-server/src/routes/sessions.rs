@@ -53,8 +53,10 @@ pub(crate) struct CreateSession {
     /// A system prompt for the model.
     instructions: Option<String>,
     /// Overrides of the server's `[tools]`, within its ceiling.
+    #[serde(default, deserialize_with = "crate::extract::object")]
     tools: Option<ToolsOverrides>,
     /// Approval policies over the server's `[approvals]`, within its ceiling.
+    #[serde(default, deserialize_with = "crate::extract::object")]
     approvals: Option<ApprovalRules>,
     /// What a message does while the session is busy, by default.
     on_busy: Option<BusyPolicy>,
