@@ -13,6 +13,7 @@ mod fuzz_seeds;
 mod io_faults;
 mod log_paging;
 mod mcp;
+mod ops;
 mod protected_files;
 mod provider_anthropic;
 mod provider_http;

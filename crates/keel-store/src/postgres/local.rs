@@ -179,6 +179,15 @@ impl LocalPostgres {
         }
     }
 
+    /// A command running the PostgreSQL client program `program`
+    /// (`pg_dump`, `pg_restore`, `psql`) of this server's version: backups
+    /// taken and restored as an operator would.
+    pub fn client(&self, program: &str) -> Command {
+        let mut command = Command::new(self.bin.join(program));
+        command.stdin(Stdio::null());
+        command
+    }
+
     /// The URL of database `name` on this server.
     pub fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
