@@ -26,7 +26,7 @@ fn read(name: &str) -> String {
 
 /// `program` on `PATH`, or `None` after saying the test is skipped (a
 /// panic where the test is required).
-fn checker(test: &str, program: &str) -> Option<PathBuf> {
+pub(super) fn checker(test: &str, program: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH")
         .map(|path| {
             std::env::split_paths(&path)

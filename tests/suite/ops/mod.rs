@@ -3,4 +3,5 @@
 
 mod backup_restore;
 mod deploy;
+mod proxy;
 mod setup_script;
