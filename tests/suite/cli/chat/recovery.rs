@@ -135,3 +135,26 @@ fn a_server_url_without_a_scheme_is_http() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(stdout(&output), "Plain.\n");
 }
+
+#[test]
+fn against_a_server_slash_model_changes_the_sessions_stored_model() {
+    let (cli, _scratch, server) = served();
+    let first = cli.model(&[r#"{"text": "From the first."}"#]);
+    let second = cli.script(
+        "second.jsonl",
+        &[r#"{"text": "Not asked."}"#, r#"{"text": "From the second."}"#],
+    );
+    let spec = format!("script:{}", second.display());
+    let input = format!("hi\n/model {spec}\nagain\n");
+    let output = cli.chat_piped(&["--server", &server.api.base, "--model", &first, "--no-tools"], &input);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "From the first.\nFrom the second.\n");
+    let id = stderr(&output)
+        .lines()
+        .find_map(|line| line.strip_prefix("session "))
+        .expect("session line")
+        .to_owned();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let shown = runtime.block_on(server.api.session(&id));
+    assert_eq!(shown["model"], spec.as_str(), "{shown}");
+}
