@@ -69,6 +69,7 @@ impl Project {
             "--json",
             "--approve",
             "auto",
+            "--create",
             "--db",
             "./state.sqlite3",
             "--model",

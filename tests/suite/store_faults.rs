@@ -217,6 +217,7 @@ pub(crate) fn serve_with(db: &OsStr, scratch: &Scratch, args: &[&str]) -> ServeP
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command
         .arg("serve")
+        .arg("--create")
         .arg("--db")
         .arg(db)
         .arg("--workspace-root")

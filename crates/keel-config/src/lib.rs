@@ -327,7 +327,7 @@ impl KeelConfig {
                 options,
             )?;
         }
-        build(&name, &entry, source?, env)
+        build(spec, &name, &entry, source?, env)
     }
 }
 
@@ -407,8 +407,9 @@ impl Source {
     }
 }
 
-/// Builds a model from an entry.
+/// Builds a model from an entry (`spec` is what named it, for errors).
 fn build(
+    spec: &str,
     name: &str,
     entry: &ModelEntry,
     source: Source,
@@ -426,8 +427,14 @@ fn build(
     // The official endpoints always need a key; elsewhere only if asked for.
     let key_required = (profile.needs_key && custom_base.is_none()) || entry.api_key_env.is_some();
     if api_key.is_none() && key_required {
+        let other_variable = if entry.api_key_env.is_some() {
+            ""
+        } else {
+            " (or name another variable with api_key_env in keel.toml)"
+        };
         return Err(Error::Config(format!(
-            "model '{name}' needs an API key: set {key_variable}"
+            "model '{spec}' ({} provider) needs an API key: set {key_variable} in the environment{other_variable}",
+            entry.provider
         )));
     }
     let mut settings = ProviderSettings::new(name, &entry.model, base_url);

@@ -75,7 +75,8 @@ fn missing_keys_and_unknown_names_are_one_line_errors() {
     let missing = error(config.model_with_env("openai:gpt-4.1-mini", &env(&[])));
     assert_eq!(
         missing,
-        "invalid configuration: model 'openai' needs an API key: set OPENAI_API_KEY"
+        "invalid configuration: model 'openai:gpt-4.1-mini' (openai provider) needs an API key: set OPENAI_API_KEY \
+         in the environment (or name another variable with api_key_env in keel.toml)"
     );
     assert!(error(config.model_with_env("anthropic:claude", &env(&[]))).contains("ANTHROPIC_API_KEY"));
     assert!(error(config.model_with_env("gemini:pro", &env(&[]))).contains("unknown model provider 'gemini'"));

@@ -22,6 +22,12 @@ pub(crate) struct DbArgs {
     /// never on the command line, where every local user sees it (ps).
     #[arg(long, env = "KEEL_DB", value_name = "PATH|URL")]
     db: Option<PathBuf>,
+    /// Create the SQLite file named by --db if it does not exist (without
+    /// it, a --db file that does not exist is an error, so that a mistyped
+    /// path does not start an empty database; the default path, and one
+    /// given in KEEL_DB, are created when needed).
+    #[arg(long)]
+    create: bool,
     /// MiB of disk kept for a SQLite database's own commits, in a ballast
     /// file beside it (<database>-reserve) that is given up when the disk
     /// fills, so commits go on; 0 turns it off. Below it, /readyz says not
@@ -99,6 +105,30 @@ impl DbArgs {
         }
     }
 
+    /// For `keel serve`, which creates its database: an error when the
+    /// SQLite file does not exist and may not be created (see
+    /// [`Self::may_create`]).
+    pub(crate) fn ensure_creatable(&self) -> anyhow::Result<()> {
+        match self.location()? {
+            Location::Sqlite(path) if !path.exists() => self.may_create(&path),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a command that would create the SQLite file at `path` may:
+    /// with `--create`, or when the path is not from `--db` (the default,
+    /// or `KEEL_DB`). An error naming the path and `--create` otherwise.
+    fn may_create(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        let Some(given) = &self.db else { return Ok(()) };
+        let from_environment = std::env::var_os("KEEL_DB").is_some_and(|value| value == given.as_os_str());
+        anyhow::ensure!(
+            self.create || from_environment,
+            "no database at {}: pass --create to create it there (or check the --db path)",
+            path.display()
+        );
+        Ok(())
+    }
+
     /// The SQLite file, for what only a SQLite database has (`what` names
     /// it in the error for a PostgreSQL one).
     pub(crate) fn sqlite_file(&self, what: &str) -> anyhow::Result<PathBuf> {
@@ -126,8 +156,9 @@ impl DbArgs {
             if !create {
                 anyhow::bail!("no database at {}", path.display());
             }
+            self.may_create(path)?;
             if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+                create_private_dir(parent)?;
             }
         }
         let options = OpenOptions {
@@ -193,7 +224,7 @@ impl DbArgs {
         {
             Location::Sqlite(path) => {
                 if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(parent).map_err(|error| StoreError::Backend(Arc::new(error)))?;
+                    create_private_dir(parent).map_err(|error| StoreError::Invalid(format!("{error:#}")))?;
                 }
                 let lock = ServeLock::acquire(&path, holder)?;
                 keel::tools::workspace::sandbox::protect(lock.path());
@@ -204,6 +235,48 @@ impl DbArgs {
     }
 }
 
+/// Creates `directory` and its missing parents, readable by the owner only
+/// (the database in it holds every conversation); existing ones are left
+/// as they are.
+fn create_private_dir(directory: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(directory)
+        .with_context(|| format!("cannot create {}", directory.display()))
+}
+
+/// What went wrong opening the database at `location`, and what to do: a
+/// database held by another process names it; a PostgreSQL login, a
+/// missing database or TLS say so.
+pub(crate) fn explain_open_error(error: StoreError, location: &Location) -> anyhow::Error {
+    if let StoreError::Held { .. } = &error {
+        return anyhow::anyhow!("{error}; refusing to start (stop it, or pass another --db)");
+    }
+    let Location::Postgres(url) = location else {
+        return error.into();
+    };
+    let url = keel::store::redact_postgres_url(url);
+    let text = error.to_string();
+    let lower = text.to_lowercase();
+    let hint = if lower.contains("password authentication failed")
+        || lower.contains("authentication")
+        || (lower.contains("role") && lower.contains("does not exist"))
+    {
+        "PostgreSQL refused the login (authentication failed): check the user in --db and the password \
+         (in KEEL_DB, ~/.pgpass or PGPASSFILE)"
+    } else if lower.contains("database") && lower.contains("does not exist") {
+        "the PostgreSQL database does not exist: create it (createdb NAME, or CREATE DATABASE) or fix its name in --db"
+    } else if lower.contains("tls") || lower.contains("ssl") {
+        "TLS to PostgreSQL failed: Keel connects without TLS, so use sslmode=disable (or prefer) over a trusted \
+         network or a Unix socket (host=/run/postgresql), or put a TLS proxy beside Keel"
+    } else {
+        return anyhow::anyhow!("cannot open the database {url}: {text}");
+    };
+    anyhow::anyhow!("cannot open the database {url}: {hint} ({text})")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +284,7 @@ mod tests {
     fn args(db: &str) -> DbArgs {
         DbArgs {
             db: Some(PathBuf::from(db)),
+            create: false,
             store_reserve_mb: 0,
         }
     }

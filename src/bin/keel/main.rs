@@ -5,11 +5,15 @@
 //! a file in the per-user data directory). Errors print as one line on
 //! stderr with a non-zero exit code.
 
+mod banner;
 mod bench;
 mod chaos;
 mod chat;
+mod completions;
+mod config_cmd;
 mod console;
 mod db;
+mod doctor;
 mod fork;
 mod interrupts;
 mod log;
@@ -19,6 +23,7 @@ mod serve;
 mod session;
 mod terminal;
 mod turn;
+mod version;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -28,8 +33,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "keel", version, about = "A durable agent runtime", propagate_version = true)]
-struct Cli {
+#[command(name = "keel", version = version::LONG, about = "A durable agent runtime", propagate_version = true)]
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -56,6 +61,15 @@ enum Command {
     /// Run `keel serve` under load, break it at random, and check what
     /// clients were told against the store.
     Chaos(chaos::ChaosArgs),
+    /// Print the shell's completion script for keel (bash, zsh, fish,
+    /// powershell, elvish).
+    Completions(completions::CompletionsArgs),
+    /// Show which config files were read, in order, and the settings in
+    /// effect (secrets redacted).
+    Config(config_cmd::ConfigArgs),
+    /// Check the sandbox, the config, the database, the models' providers
+    /// and the MCP servers; non-zero exit when a check fails.
+    Doctor(doctor::DoctorArgs),
     /// Print the HTTP API's OpenAPI 3.1 description (what `keel serve`
     /// serves at /v1/openapi.json), for client generators.
     Openapi,
@@ -153,6 +167,9 @@ fn main() -> ExitCode {
             Command::Backup(args) => log::backup(args).await,
             Command::Bench(command) => bench::bench(command).await,
             Command::Chaos(args) => chaos::chaos(args).await,
+            Command::Completions(args) => completions::completions(&args),
+            Command::Config(args) => config_cmd::config(&args),
+            Command::Doctor(args) => doctor::doctor(args).await,
             Command::Openapi => {
                 print!("{}", keel::server::openapi_json());
                 Ok(ExitCode::SUCCESS)

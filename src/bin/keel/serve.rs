@@ -171,16 +171,16 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // says who holds the database.
     let pid = std::process::id();
     let node_id = args.node_id.clone().unwrap_or_else(|| default_node_id(pid));
+    let location = args.db.location()?;
+    args.db.ensure_creatable()?;
     let mut lock = args
         .db
         .lock_for_serving(&format!("keel serve (pid {pid})"), &node_id)
         .await
-        .map_err(|error| anyhow::anyhow!("{error}; refusing to start (stop it, or pass another --db)"))?;
+        .map_err(|error| crate::db::explain_open_error(error, &location))?;
     // Connections, not the open-file limit, should be what runs out first.
     keel::server::raise_open_file_limit();
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let listener = bind(&args.listen).await?;
     let address = listener.local_addr()?;
     lock.describe(&format!("keel serve (pid {pid}, http://{address})"))
         .await?;
@@ -226,11 +226,38 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.body_timeout = Duration::from_secs(args.body_timeout_secs);
     config.max_connections = args.max_connections;
 
+    let banner = crate::banner::Banner {
+        database: &location,
+        config: config_path.as_deref(),
+        default_model: config.default_model.as_deref(),
+        workspace_root: &config.workspace_root,
+        address,
+        token_file: args.token_file.as_ref(),
+        max_sandbox: config.keel.server.max_sandbox,
+    };
+    for line in banner.lines() {
+        eprintln!("{line}");
+    }
     eprintln!("keel serve listening on http://{address}");
     serve(listener, config, shutdown_signal()).await?;
     drop(lock);
     eprintln!("keel serve stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The listening socket on `listen`; a clear error when the address is in
+/// use or cannot be had, naming `--listen`.
+async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::bind(listen).await {
+        Ok(listener) => Ok(listener),
+        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => anyhow::bail!(
+            "cannot listen on {listen}: the address is in use (another keel serve, or another program, \
+             listens there): stop it, or pass another --listen ADDR (for example --listen 127.0.0.1:7778)"
+        ),
+        Err(error) => Err(anyhow::anyhow!(error)).with_context(|| {
+            format!("cannot listen on {listen}: check --listen (HOST:PORT, for example 127.0.0.1:7777)")
+        }),
+    }
 }
 
 /// The relay key in a `--cluster-key-file`: at least 32 bytes of secret

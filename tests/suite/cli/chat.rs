@@ -860,3 +860,5 @@ fn slash_retry_answers_again_and_slash_edit_goes_on_in_a_fork_locally_and_agains
     let forked = served_events(&cli, &scratch, &edited_fork(&remote));
     assert_eq!(user_messages(&forked), ["hello instead", "more"]);
 }
+
+mod recovery;

@@ -467,8 +467,10 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
 
 mod chat;
 mod configured_secrets;
+mod conveniences;
 mod fork;
 mod lifecycle;
+mod operators;
 mod postgres;
 mod secrets;
 mod shutdown;

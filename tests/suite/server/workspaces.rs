@@ -266,6 +266,7 @@ fn serve_with_database_in(scratch: &Scratch, database: &Path) -> ServeProcess {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command
         .arg("serve")
+        .arg("--create")
         .arg("--db")
         .arg(database)
         .arg("--workspace-root")
@@ -314,7 +315,7 @@ async fn a_session_named_after_the_databases_directory_reaches_nothing_of_it() {
     // A session "data" from before markers, made by `keel run` on the same
     // database.
     let run = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["run", "--new-session", "data", "--db"])
+        .args(["run", "--create", "--new-session", "data", "--db"])
         .arg(&database)
         .args(["--model", &model, "hello"])
         .env_remove("KEEL_MODEL")

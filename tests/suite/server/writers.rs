@@ -190,7 +190,7 @@ async fn keel_serve_refuses_to_start_while_keel_run_has_a_session_open_on_the_da
     let slow = crate::suite::support::server::slow_chunks(200, 100);
     let model = scratch.script("slow.jsonl", &[&slow]);
     let mut run = Command::new(env!("CARGO_BIN_EXE_keel"));
-    run.args(["run", "--json", "--no-tools", "--model", &model, "--db"])
+    run.args(["run", "--create", "--json", "--no-tools", "--model", &model, "--db"])
         .arg(scratch.db())
         .arg("a long answer")
         .env_remove("KEEL_CONFIG")

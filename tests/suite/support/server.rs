@@ -177,6 +177,7 @@ impl ServeProcess {
         let mut command = Command::new(binary);
         command
             .arg("serve")
+            .arg("--create")
             .arg("--db")
             .arg(scratch.db())
             .arg("--workspace-root")

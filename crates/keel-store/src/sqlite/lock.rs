@@ -173,8 +173,10 @@ fn io_error(path: &Path, error: &std::io::Error) -> StoreError {
 /// Opens (creating it if needed, keeping what it holds) the lock file of
 /// the database at `database`.
 fn open_lock_file(database: &Path) -> Result<(File, PathBuf), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     let path = lock_path(database)?;
     let file = OpenOptions::new()
+        .mode(0o600)
         .read(true)
         .write(true)
         .create(true)

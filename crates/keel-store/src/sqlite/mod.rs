@@ -19,6 +19,7 @@ mod lock;
 mod reader;
 mod reserve;
 mod schema;
+pub use self::schema::{SCHEMA_VERSION, stored_schema_version};
 mod writer;
 
 #[cfg(test)]

@@ -9,7 +9,16 @@ use super::{SqliteOptions, Synchronous};
 use crate::StoreError;
 
 /// The schema this build writes; stored in `PRAGMA user_version`.
-pub(super) const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 6;
+
+/// The schema version of the database file at `path`, read without
+/// changing anything (0: no Keel schema yet), for `keel doctor`.
+pub fn stored_schema_version(path: &Path) -> Result<i64, StoreError> {
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .map_err(|e| super::store_error(e, path))?;
+    conn.pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|e| super::store_error(e, path))
+}
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -158,11 +167,34 @@ pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connec
 /// Opens a connection to the store's file through `vfs` (SQLite's default
 /// when `None`).
 fn open(path: &Path, flags: OpenFlags, vfs: Option<&str>) -> Result<Connection, StoreError> {
+    if flags.contains(OpenFlags::SQLITE_OPEN_CREATE) {
+        create_private(path)?;
+    }
     match vfs {
         Some(vfs) => Connection::open_with_flags_and_vfs(path, flags, vfs),
         None => Connection::open_with_flags(path, flags),
     }
     .map_err(|e| super::store_error(e, path))
+}
+
+/// Creates the database file, empty, readable by its owner only, if it does
+/// not exist: it holds every session's conversation. SQLite gives its WAL,
+/// shared-memory and journal files the database file's permissions.
+fn create_private(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    match created {
+        Ok(_) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(error) => Err(StoreError::Backend(std::sync::Arc::new(std::io::Error::new(
+            error.kind(),
+            format!("cannot create the database {}: {error}", path.display()),
+        )))),
+    }
 }
 
 /// Opens the connection that runs WAL checkpoints.

@@ -19,6 +19,8 @@ pub(super) enum Line {
     Retry,
     /// `/edit TEXT`: replace the last message with TEXT, in a fork.
     Edit(String),
+    /// `/model SPEC`: the session's model from now on.
+    Model(String),
     /// A `/word` that is no command.
     Unknown(String),
 }
@@ -42,16 +44,16 @@ impl Line {
             "/session" => Line::Session,
             "/compact" => Line::Compact,
             "/retry" => Line::Retry,
-            "/edit" => Line::Edit(
-                trimmed
-                    .strip_prefix("/edit")
-                    .map(str::trim)
-                    .unwrap_or_default()
-                    .to_owned(),
-            ),
+            "/edit" => Line::Edit(argument(trimmed, "/edit")),
+            "/model" => Line::Model(argument(trimmed, "/model")),
             other => Line::Unknown(other.to_owned()),
         }
     }
+}
+
+/// What follows `command` on the line, trimmed.
+fn argument(line: &str, command: &str) -> String {
+    line.strip_prefix(command).map(str::trim).unwrap_or_default().to_owned()
 }
 
 /// What `/help` prints.
@@ -62,6 +64,8 @@ Each line is a message; the answer streams as it arrives.
   /retry       roll the last answer back and answer the last message again
   /edit TEXT   send TEXT in place of the last message, in a fork of this
                session (the session as it was stays as it is)
+  /model SPEC  answer with the model SPEC from now on (provider:name, or a
+               model named in keel.toml)
   /help        this help
   /exit        leave (also Ctrl-D, or Ctrl-C at an empty prompt)
   //text       send a message that starts with '/'
@@ -87,6 +91,10 @@ mod tests {
             Line::Edit("say it again".to_owned())
         );
         assert_eq!(Line::parse("/edit"), Line::Edit(String::new()));
+        assert_eq!(
+            Line::parse("/model  openai:gpt-4.1 "),
+            Line::Model("openai:gpt-4.1".to_owned())
+        );
         assert_eq!(Line::parse("//etc/hosts?"), Line::Message("/etc/hosts?".to_owned()));
     }
 }

@@ -10,6 +10,8 @@ use keel::store::CheckpointStore;
 
 use crate::db::Hold;
 
+use super::commands::Unrecoverable;
+use super::switch::SwitchableModel;
 use super::{BOT_ID, ChatArgs, Opened, Session};
 use crate::session::{Opening, StoredSettings, agent_config};
 
@@ -18,6 +20,8 @@ pub(crate) struct LocalSession {
     agent: Agent,
     handle: SessionHandle,
     store: Arc<dyn CheckpointStore>,
+    /// The session's model, which `/model` replaces.
+    model: Arc<SwitchableModel>,
     /// Keeps a `keel serve` from starting on the database (and taking this
     /// session) while the chat runs.
     _hold: Option<Hold>,
@@ -60,7 +64,16 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
             history.extend(page);
         }
     }
-    let mut config = agent_config(id, Arc::clone(&store), model, &keel_config, &args.tools, workspace).await;
+    let model = Arc::new(SwitchableModel::new(model));
+    let mut config = agent_config(
+        id,
+        Arc::clone(&store),
+        Arc::clone(&model) as Arc<dyn keel::Model>,
+        &keel_config,
+        &args.tools,
+        workspace,
+    )
+    .await;
     let fork_store = Arc::clone(&store);
     config.session_context.bot_id = BOT_ID.to_owned();
     let instructions = args.system.clone().or(stored.instructions);
@@ -112,6 +125,7 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
             agent,
             handle,
             store: fork_store,
+            model,
             _hold: hold,
         })),
         history,
@@ -186,7 +200,19 @@ impl LocalSession {
         self.agent
             .next_event()
             .await
-            .context("the session stopped before the turn ended")
+            .ok_or_else(|| Unrecoverable("the session stopped before the turn ended".to_owned()).into())
+    }
+
+    /// Answers with `model` from the next model call on.
+    pub(super) fn set_model(&self, model: Arc<dyn keel::Model>) {
+        self.model.set(model);
+    }
+
+    /// Deletes session `id` (a fork this chat made and could not open).
+    pub(super) async fn discard(&self, id: &str) -> anyhow::Result<()> {
+        use keel::store::CheckpointStoreExt;
+        self.store.delete_session(id).await?;
+        Ok(())
     }
 
     /// Whether a turn runs or messages wait.

@@ -12,16 +12,22 @@
 //! - `render`: printing events (the spinner, the history of a resumed session);
 //! - `input`: the line editor with its history, or plain lines from stdin;
 //! - `line`: what a typed line asks for (a message or a `/` command);
-//! - `session`: one interface over a local and a remote session.
+//! - `session`: one interface over a local and a remote session;
+//! - `commands`: what each line does, and going on after a failed one;
+//! - `served`: going through the server that serves the database;
+//! - `switch`: the local session's model, which `/model` replaces.
 //!
 //! Following a turn's events is [`crate::turn`]'s, shared with `keel run`.
 
+mod commands;
 mod input;
 mod line;
 mod local;
 mod remote;
 mod render;
+mod served;
 mod session;
+mod switch;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -32,8 +38,9 @@ use anyhow::bail;
 use clap::Args;
 use keel::protocol::{ApprovalDecision, ApprovalRequestedEvent, EventMsg, Op, RecordedEvent};
 
+use self::commands::Next;
 use self::input::{Input, Read};
-use self::line::{HELP, Line};
+use self::line::Line;
 use self::render::Renderer;
 use self::session::Session;
 use crate::console::{ApproveMode, decide_without_asking};
@@ -105,6 +112,7 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     // stopped, instead of killing the process on the spot.
     let mut terminations = Terminations::listen()?;
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+    let args = served::through_server(args).await?;
     let opening = open(&args);
     let opened = tokio::select! {
         opened = opening => opened?,
@@ -265,79 +273,15 @@ impl Chat {
             if parsed != Line::Empty {
                 self.input.remember(&line);
             }
-            let text = match parsed {
-                Line::Empty => continue,
-                Line::Exit => break,
-                Line::Help => {
-                    print_line(HELP)?;
-                    continue;
-                }
-                Line::Session => {
-                    print_line(&terminal_safe(self.session.id()))?;
-                    continue;
-                }
-                Line::Compact => {
-                    let submission_id = self.session.submit_op(Op::Compact).await?;
-                    self.render.waiting();
-                    if self.follow(Until::Compaction(submission_id)).await? == Outcome::Leave {
-                        return Ok(Finish::Leave(self.leave_code()));
-                    }
-                    continue;
-                }
-                Line::Retry => {
-                    let submission_id = self.session.submit_op(Op::Regenerate).await?;
-                    self.render.waiting();
-                    if self.follow(Until::Regeneration(submission_id)).await? == Outcome::Leave {
-                        return Ok(Finish::Leave(self.leave_code()));
-                    }
-                    continue;
-                }
-                Line::Edit(text) => {
-                    if text.is_empty() {
-                        self.problem("/edit needs the new text: /edit TEXT")?;
-                        continue;
-                    }
-                    // The fork starts where the session rests: what the
-                    // last turn left is settled first.
-                    if self.session.busy().await? && self.follow(Until::Idle).await? == Outcome::Leave {
-                        return Ok(Finish::Leave(self.leave_code()));
-                    }
-                    match self.edit_into_fork().await? {
-                        true => text,
-                        false => continue,
-                    }
-                }
-                Line::Unknown(command) => {
-                    self.problem(&format!("unknown command {command}; /help lists the commands"))?;
-                    continue;
-                }
-                Line::Message(text) => text,
-            };
-            if let Err(error) = (Op::UserInput { text: text.clone() }).validate() {
-                self.problem(&format!("invalid message: {error}"))?;
-                continue;
-            }
-            self.interrupts.forget();
-            let submission_id = self.session.submit(text).await?;
-            self.render.waiting();
-            let outcome = self.follow(Until::TurnOf(submission_id)).await?;
-            if let Some(code) = self.terminations.received() {
-                return Ok(if outcome == Outcome::Leave {
-                    Finish::Leave(code)
-                } else {
-                    Finish::Code(code)
-                });
-            }
-            match outcome {
-                Outcome::Completed => {}
-                Outcome::Leave => return Ok(Finish::Leave(INTERRUPTED)),
-                // At the terminal the user saw what happened and goes on.
-                _ if self.interactive => {}
-                Outcome::Interrupted => return Ok(Finish::Code(INTERRUPTED)),
-                Outcome::Failed => {
+            match self.handle(parsed).await {
+                Ok(Next::Prompt) => {}
+                Ok(Next::Exit) => break,
+                Ok(Next::Failed) => {
                     all_completed = false;
                     break;
                 }
+                Ok(Next::Finish(finish)) => return Ok(finish),
+                Err(error) => self.recover(error)?,
             }
         }
         if self.interactive {
@@ -345,32 +289,6 @@ impl Chat {
             print_line("")?;
         }
         Ok(Finish::Code(if all_completed { 0 } else { 1 }))
-    }
-
-    /// Forks the session just before its last turn and goes on in the fork,
-    /// where the edited message is then sent; `false` (with the problem
-    /// shown) when there is nothing to edit.
-    async fn edit_into_fork(&mut self) -> anyhow::Result<bool> {
-        let Some(turn_id) = self.last_turn.clone() else {
-            self.problem("there is no message to edit yet")?;
-            return Ok(false);
-        };
-        let parent = self.session.id().to_owned();
-        let fork_id = self.session.fork_before(&turn_id).await?;
-        let mut args = self.args.clone();
-        args.session = Some(fork_id.clone());
-        args.new_session = None;
-        // The fork is opened before the parent is let go: if it cannot be,
-        // the chat goes on where it was.
-        let opened = open(&args).await?;
-        let parent_session = std::mem::replace(&mut self.session, opened.session);
-        parent_session.close().await?;
-        self.args = args;
-        self.last_turn = last_turn_started(opened.history.iter().chain(&opened.startup));
-        self.render.note(&format!(
-            "editing in a fork: session {fork_id} (session {parent} stays as it was)"
-        ))?;
-        Ok(true)
     }
 
     /// The exit code of leaving at once: after SIGTERM or SIGHUP, theirs;

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::commands::Unrecoverable;
 use super::{BOT_ID, ChatArgs, Opened, Session};
 
 /// How long to wait for a connection, and for an ordinary request.
@@ -105,7 +106,7 @@ pub(crate) struct RemoteSession {
 /// history and starts following its events.
 pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened> {
     let token = token(args)?;
-    let mut base = Url::parse(server).map_err(|error| anyhow!("invalid server URL '{server}': {error}"))?;
+    let mut base = server_url(server)?;
     if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
         bail!("invalid server URL '{server}': give http://HOST:PORT or https://…");
     }
@@ -183,6 +184,18 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
         startup,
         pending,
     })
+}
+
+/// The server's base URL; `HOST:PORT` without a scheme is `http://HOST:PORT`.
+fn server_url(server: &str) -> anyhow::Result<Url> {
+    let given = server.trim();
+    let url = if given.contains("://") {
+        given.to_owned()
+    } else {
+        format!("http://{given}")
+    };
+    Url::parse(&url)
+        .map_err(|error| anyhow!("invalid server URL '{server}': {error}; give http://HOST:PORT or https://…"))
 }
 
 /// The bearer token: the file's, or `KEEL_TOKEN`'s.
@@ -503,12 +516,33 @@ impl RemoteSession {
         Ok(())
     }
 
-    /// The next event from the stream.
+    /// The next event from the stream; once it is lost, nothing more
+    /// arrives, so its error is [`Unrecoverable`].
     pub(super) async fn next_event(&mut self) -> anyhow::Result<RecordedEvent> {
         match self.events.recv().await {
-            Some(event) => event,
-            None => bail!("lost the session's event stream"),
+            Some(Ok(event)) => Ok(event),
+            Some(Err(error)) => Err(Unrecoverable(format!("{error:#}")).into()),
+            None => Err(Unrecoverable("lost the session's event stream".to_owned()).into()),
         }
+    }
+
+    /// `PATCH /v1/sessions/{id}` with the new model: checked by the server
+    /// as a new session's model is.
+    pub(super) async fn set_model(&mut self, spec: &str) -> anyhow::Result<()> {
+        let request = self
+            .api
+            .request(Method::PATCH, &["sessions", &self.id])
+            .json(&json!({ "model": spec }));
+        self.api.send(request).await?;
+        Ok(())
+    }
+
+    /// `DELETE /v1/sessions/{id}`.
+    pub(super) async fn discard(&mut self, id: &str) -> anyhow::Result<()> {
+        self.api
+            .send(self.api.request(Method::DELETE, &["sessions", id]))
+            .await?;
+        Ok(())
     }
 
     /// Whether a turn runs or messages wait, as the server says.

@@ -71,6 +71,32 @@ impl Session {
         }
     }
 
+    /// Makes `spec` the session's model: on a server through `PATCH`;
+    /// locally `model`, built from it.
+    pub(super) async fn set_model(
+        &mut self,
+        spec: &str,
+        model: Option<std::sync::Arc<dyn keel::Model>>,
+    ) -> anyhow::Result<()> {
+        match self {
+            Session::Local(session) => {
+                let model = model.ok_or_else(|| anyhow::anyhow!("no model built for '{spec}'"))?;
+                session.set_model(model);
+                Ok(())
+            }
+            Session::Remote(session) => session.set_model(spec).await,
+        }
+    }
+
+    /// Deletes session `id`, a fork made by this chat that could not be
+    /// opened, so that none is left behind.
+    pub(super) async fn discard(&mut self, id: &str) -> anyhow::Result<()> {
+        match self {
+            Session::Local(session) => session.discard(id).await,
+            Session::Remote(session) => session.discard(id).await,
+        }
+    }
+
     /// Lets go of the session: a local one is shut down after what is
     /// queued; a remote one stays on its server.
     pub(super) async fn close(self) -> anyhow::Result<()> {
