@@ -158,3 +158,26 @@ fn against_a_server_slash_model_changes_the_sessions_stored_model() {
     let shown = runtime.block_on(server.api.session(&id));
     assert_eq!(shown["model"], spec.as_str(), "{shown}");
 }
+
+#[test]
+fn an_edit_whose_fork_cannot_be_opened_leaves_no_fork_and_the_chat_goes_on() {
+    let cli = Cli::new();
+    let model = cli.model(&[r#"{"text": "One."}"#]);
+    let workspace = cli.dir.path().join("work");
+    std::fs::create_dir(&workspace).expect("workspace");
+    let workspace_arg = workspace.display().to_string();
+    let mut pty = cli.chat_pty(&["--model", &model, "--no-tools", "--workspace", &workspace_arg]);
+    pty.type_line("hi");
+    pty.expect("One.");
+    // The fork would work in a workspace that is gone: it cannot be opened.
+    std::fs::remove_dir(&workspace).expect("remove the workspace");
+    pty.type_line("/edit hello instead");
+    pty.expect("cannot open the fork");
+    pty.type_line("/session");
+    pty.expect(&pty.id.clone());
+    pty.type_line("/quit");
+    assert_eq!(pty.exit_code(), 0);
+    let listed = cli.run(&["sessions", "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert_eq!(stdout(&listed).lines().count(), 1, "{}", stdout(&listed));
+}
