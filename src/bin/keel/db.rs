@@ -254,11 +254,15 @@ pub(crate) fn explain_open_error(error: StoreError, location: &Location) -> anyh
     if let StoreError::Held { .. } = &error {
         return anyhow::anyhow!("{error}; refusing to start (stop it, or pass another --db)");
     }
-    let Location::Postgres(url) = location else {
-        return error.into();
-    };
-    let url = keel::store::redact_postgres_url(url);
-    let text = error.to_string();
+    match location {
+        Location::Postgres(_) => explain_failure(&error.to_string(), location),
+        Location::Sqlite(_) => error.into(),
+    }
+}
+
+/// A failure to reach the PostgreSQL database at `location`, said as
+/// `text`: what failed (the login, a missing database, TLS) and what to do.
+pub(crate) fn explain_failure(text: &str, location: &Location) -> anyhow::Error {
     let lower = text.to_lowercase();
     let hint = if lower.contains("password authentication failed")
         || lower.contains("authentication")
@@ -272,9 +276,9 @@ pub(crate) fn explain_open_error(error: StoreError, location: &Location) -> anyh
         "TLS to PostgreSQL failed: Keel connects without TLS, so use sslmode=disable (or prefer) over a trusted \
          network or a Unix socket (host=/run/postgresql), or put a TLS proxy beside Keel"
     } else {
-        return anyhow::anyhow!("cannot open the database {url}: {text}");
+        return anyhow::anyhow!("cannot open the database {location}: {text}");
     };
-    anyhow::anyhow!("cannot open the database {url}: {hint} ({text})")
+    anyhow::anyhow!("cannot open the database {location}: {hint} ({text})")
 }
 
 #[cfg(test)]

@@ -156,7 +156,10 @@ async fn database(report: &mut Report, db: &DbArgs, timeout: Duration) -> anyhow
                     None,
                 )
             }
-            Ok(Err(error)) => report.line(Verdict::Fail, "database", &format!("{error:#}"), None),
+            Ok(Err(error)) => {
+                let error = crate::db::explain_failure(&format!("{error:#}"), &location);
+                report.line(Verdict::Fail, "database", &error.to_string(), None)
+            }
             Err(_) => report.line(
                 Verdict::Fail,
                 "database",

@@ -148,3 +148,31 @@ fn doctor_fails_on_an_unreachable_provider_and_a_broken_mcp_server_and_says_why(
     assert!(!text.contains("fail"), "{text}");
     assert!(output.status.success(), "{text}");
 }
+
+#[test]
+fn doctor_reaches_a_postgresql_database_and_says_what_is_wrong_with_a_missing_one() {
+    let Some(postgres) = keel::store::postgres::local::LocalPostgres::shared() else {
+        return;
+    };
+    let cli = Cli::new();
+    let url = postgres.fresh_database();
+    let output = cli
+        .command(&["doctor", "--db", &url])
+        .env_remove("KEEL_CONFIG")
+        .output()
+        .expect("keel doctor");
+    let text = stdout(&output);
+    assert!(text.contains("ok    database: postgres://"), "{text}");
+    assert!(text.contains("reachable, schema up to date"), "{text}");
+
+    let missing = postgres.url("no_such_database_for_doctor");
+    let output = cli
+        .command(&["doctor", "--db", &missing])
+        .env_remove("KEEL_CONFIG")
+        .output()
+        .expect("keel doctor");
+    let text = stdout(&output);
+    assert!(!output.status.success(), "{text}");
+    assert!(text.contains("fail  database: "), "{text}");
+    assert!(text.contains("the PostgreSQL database does not exist"), "{text}");
+}

@@ -186,3 +186,29 @@ fn postgresql_login_missing_database_and_tls_errors_say_what_failed() {
         assert!(!text.contains("refusing to start"), "{url}: {text}");
     }
 }
+
+#[test]
+fn the_banner_shows_a_postgresql_url_without_its_password() {
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
+    let cli = Cli::new();
+    // The test server trusts every login, so any password is accepted.
+    let url = postgres
+        .fresh_database()
+        .replacen("postgres@", "postgres:hunter2-banner@", 1);
+    let root = cli.dir.path().join("workspaces").display().to_string();
+    let server = ServeProcess::spawn({
+        let mut command = serve(&cli, &["--listen", "127.0.0.1:0", "--workspace-root", &root]);
+        command.env("KEEL_DB", &url);
+        command
+    });
+    let (status, lines) = server.terminate();
+    assert!(status.success(), "{lines:?}");
+    let banner = lines.join("\n");
+    assert!(!banner.contains("hunter2-banner"), "{banner}");
+    assert!(
+        banner.contains(&format!("database:       {}", url.replace("hunter2-banner", "***"))),
+        "{banner}"
+    );
+}

@@ -71,8 +71,9 @@ pub(crate) struct ChatArgs {
     /// example http://127.0.0.1:7777) instead of the local database.
     #[arg(long, value_name = "URL", conflicts_with_all = ["config", "workspace"])]
     server: Option<String>,
-    /// A file holding the server's bearer token [default: $KEEL_TOKEN].
-    #[arg(long, value_name = "FILE", requires = "server")]
+    /// A file holding the server's bearer token, with --server or on a
+    /// database a server serves [default: $KEEL_TOKEN].
+    #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,

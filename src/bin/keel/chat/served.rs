@@ -19,10 +19,10 @@ pub(super) async fn through_server(mut args: ChatArgs) -> anyhow::Result<ChatArg
         Err(StoreError::Held { holder, .. }) => holder,
         // Free (the hold is let go at once), or not to be read here: the
         // local opening takes the hold again and reports what is wrong.
-        Ok(_) | Err(_) => return Ok(args),
+        Ok(_) | Err(_) => return no_server(args),
     };
     let Some(url) = address_of(&holder) else {
-        return Ok(args);
+        return no_server(args);
     };
     let location = args.db.location()?;
     if args.tools.workspace.is_some() || args.model.config.is_some() {
@@ -33,6 +33,14 @@ pub(super) async fn through_server(mut args: ChatArgs) -> anyhow::Result<ChatArg
     }
     eprintln!("the database {location} is served by {holder}: chatting through it");
     args.server = Some(url);
+    Ok(args)
+}
+
+/// `args` for a chat on the local database, where a token has no use.
+fn no_server(args: ChatArgs) -> anyhow::Result<ChatArgs> {
+    if args.token_file.is_some() {
+        bail!("--token-file is for a server's API: pass --server URL too");
+    }
     Ok(args)
 }
 

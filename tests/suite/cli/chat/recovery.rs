@@ -158,3 +158,57 @@ fn against_a_server_slash_model_changes_the_sessions_stored_model() {
     let shown = runtime.block_on(server.api.session(&id));
     assert_eq!(shown["model"], spec.as_str(), "{shown}");
 }
+
+#[test]
+fn an_edit_whose_fork_cannot_be_opened_leaves_no_fork_and_the_chat_goes_on() {
+    let cli = Cli::new();
+    let model = cli.model(&[r#"{"text": "One."}"#]);
+    let workspace = cli.dir.path().join("work");
+    std::fs::create_dir(&workspace).expect("workspace");
+    let workspace_arg = workspace.display().to_string();
+    let mut pty = cli.chat_pty(&["--model", &model, "--no-tools", "--workspace", &workspace_arg]);
+    pty.type_line("hi");
+    pty.expect("One.");
+    // The fork would work in a workspace that is gone: it cannot be opened.
+    std::fs::remove_dir(&workspace).expect("remove the workspace");
+    pty.type_line("/edit hello instead");
+    pty.expect("cannot open the fork");
+    pty.type_line("/session");
+    pty.expect(&pty.id.clone());
+    pty.type_line("/quit");
+    assert_eq!(pty.exit_code(), 0);
+    let listed = cli.run(&["sessions", "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert_eq!(stdout(&listed).lines().count(), 1, "{}", stdout(&listed));
+}
+
+#[test]
+fn a_chat_on_a_served_database_takes_the_servers_token_file() {
+    let scratch = Scratch::new();
+    let cli = Cli::new();
+    let token = scratch.dir.path().join("token");
+    std::fs::write(&token, "served-token\n").expect("token");
+    let token_arg = token.display().to_string();
+    let scripts = cli.dir.path().display().to_string();
+    let _server = ServeProcess::start(&scratch, &["--token-file", &token_arg, "--script-dir", &scripts]);
+    let model = cli.model(&[r#"{"text": "Authorized."}"#]);
+    let db = scratch.db().display().to_string();
+    let args = ["--db", db.as_str(), "--model", model.as_str(), "--no-tools"];
+    let refused = cli.chat_piped(&args, "hi\n");
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("401"), "{}", stderr(&refused));
+    let mut with_token = args.to_vec();
+    with_token.extend(["--token-file", token_arg.as_str()]);
+    let output = cli.chat_piped(&with_token, "hi\n");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "Authorized.\n");
+
+    // Without a server, a token file has no use: said, not ignored.
+    let alone = Cli::new();
+    let local = alone.chat_piped(&["--token-file", &token_arg, "--model", &model], "hi\n");
+    assert!(
+        stderr(&local).contains("--token-file is for a server"),
+        "{}",
+        stderr(&local)
+    );
+}
