@@ -142,11 +142,25 @@ export function assertGapless(sequences, last) {
   assert.deepEqual(sequences, expected, `the timeline lists every sequence 1..${last} once, in order`);
 }
 
-/** Creates a session with the page's form; answers its id. */
+/** Opens the "New chat" dialog (the drawer first at phone width). */
+export async function openNewChat(page) {
+  const button = page.getByTestId("new-chat");
+  if (!(await button.isVisible())) {
+    await page.getByTestId("sessions-toggle").click();
+  }
+  await button.click();
+  await page.getByTestId("new-chat-dialog").waitFor({ state: "visible" });
+}
+
+/** Creates a session with the page's "New chat" dialog; answers its id. */
 export async function createSession(page, { model, bot, instructions } = {}) {
   const before = page.url();
+  await openNewChat(page);
   if (model) {
     await page.getByTestId("new-session-model").fill(model);
+  }
+  if (bot || instructions) {
+    await page.getByTestId("new-session-more").locator("summary").click();
   }
   if (bot) {
     await page.getByTestId("new-session-bot").fill(bot);

@@ -24,10 +24,14 @@ async function flow({ page, base, params, log }) {
   const sidebar = page.getByTestId("sidebar");
   const toggle = page.getByTestId("sessions-toggle");
 
-  // No session: the drawer is open, its form on screen.
+  // No session: the drawer is open, its "New chat" button on screen; the
+  // dialog it opens fits too.
   await sidebar.waitFor({ state: "visible" });
-  await assertOnScreen(page, page.getByTestId("new-session-submit"), "the Create button");
+  await assertOnScreen(page, page.getByTestId("new-chat"), "the New chat button");
   await assertFits(page, "the drawer");
+  await page.getByTestId("new-chat").tap();
+  await assertOnScreen(page, page.getByTestId("new-session-submit"), "the Start chat button");
+  await assertFits(page, "the New chat dialog");
   await page.getByTestId("new-session-submit").tap();
   await until("the new session", () => /#\/sessions\//.test(page.url()));
   const parentId = sessionIdOf(page);

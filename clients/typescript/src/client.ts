@@ -100,6 +100,14 @@ export class Sessions {
     return this.transport.json({ method: "PATCH", path: path(id), body: { title } satisfies UpdateSessionRequest, signal: options.signal });
   }
 
+  /**
+   * Switches a session's model (a spec as at creation; see `GET /v1/models`), used from its next turn; refused
+   * (`session_busy`) while a turn is in flight.
+   */
+  setModel(id: string, model: string, options: { signal?: AbortSignal } = {}): Promise<Session> {
+    return this.transport.json({ method: "PATCH", path: path(id), body: { model } satisfies UpdateSessionRequest, signal: options.signal });
+  }
+
   /** Deletes a session for good; with `workspace: true` its workspace directory too. */
   async delete(id: string, options: { workspace?: boolean; signal?: AbortSignal } = {}): Promise<void> {
     await this.transport.json({

@@ -79,6 +79,7 @@ const CLASSES: Record<string, KeelErrorClass> = {
   model_not_found: NotFoundError,
   conflict: ConflictError,
   session_elsewhere: ConflictError,
+  session_model_unavailable: ConflictError,
   invalid_fork_point: ConflictError,
   session_busy: SessionBusyError,
   queue_full: QueueFullError,

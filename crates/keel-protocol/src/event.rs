@@ -103,6 +103,9 @@ pub enum EventMsg {
     /// left the history the model sees; its events stay in the log. The
     /// new turn that runs its user messages again follows in the same commit.
     TurnRolledBack(TurnRolledBackEvent),
+    /// The session's model was changed (`PATCH /v1/sessions/{id}`) while
+    /// no turn ran; the turns after it are answered by its `model`.
+    ModelChanged(ModelChangedEvent),
 }
 
 impl EventMsg {
@@ -133,6 +136,7 @@ impl EventMsg {
             EventMsg::ShutdownComplete(_) => "shutdown_complete",
             EventMsg::ContextCompacted(_) => "context_compacted",
             EventMsg::TurnRolledBack(_) => "turn_rolled_back",
+            EventMsg::ModelChanged(_) => "model_changed",
         }
     }
 
@@ -162,6 +166,7 @@ impl EventMsg {
             | EventMsg::SubmissionRejected(_)
             | EventMsg::SubmissionQueued(_)
             | EventMsg::ShutdownComplete(_)
+            | EventMsg::ModelChanged(_)
             // Between turns: it names the turn it undid, which has ended.
             | EventMsg::TurnRolledBack(_) => None,
         }
@@ -350,6 +355,17 @@ pub struct ToolCallProgressEvent {
     /// What the tool is doing, in its words (at most 1 KiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// Payload of [`EventMsg::ModelChanged`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ModelChangedEvent {
+    /// The model spec before the change (`None`: the server's default of
+    /// the time, which the session did not record).
+    pub previous: Option<String>,
+    /// The model spec that answers from now on.
+    pub model: String,
 }
 
 /// Payload of [`EventMsg::ToolsChanged`].

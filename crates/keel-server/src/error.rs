@@ -62,6 +62,12 @@ pub enum ApiError {
     /// The resource exists already (409).
     #[error("{0}")]
     Conflict(String),
+    /// A stored session whose model this server cannot build now (409):
+    /// the operator changed the server's models since the session was made
+    /// (a model beyond a lowered ceiling keeps the ceiling's `403`). The session is kept as it is; a `PATCH` of its
+    /// `model` to one the server offers makes it load again.
+    #[error("{0}")]
+    SessionModelUnavailable(String),
     /// A session's workspace is not a directory Keel created for it (409):
     /// `workspace_exists` when a new session's workspace name is taken,
     /// `workspace_not_keels` when a stored session's workspace was
@@ -142,6 +148,7 @@ impl ApiError {
             Self::QueueFull
             | Self::SessionBusy(_)
             | Self::Conflict(_)
+            | Self::SessionModelUnavailable(_)
             | Self::KeyReused(_)
             | Self::InvalidForkPoint(_)
             | Self::Workspace { .. }
@@ -174,6 +181,7 @@ impl ApiError {
             Self::QueueFull => "queue_full",
             Self::SessionBusy(_) => "session_busy",
             Self::Conflict(_) => "conflict",
+            Self::SessionModelUnavailable(_) => "session_model_unavailable",
             Self::Workspace { code, .. } => code,
             Self::Elsewhere(_) => "session_elsewhere",
             Self::RequestTimeout(_) => "request_timeout",
@@ -321,6 +329,11 @@ mod tests {
                 },
                 409,
                 "workspace_exists",
+            ),
+            (
+                ApiError::SessionModelUnavailable("x".into()),
+                409,
+                "session_model_unavailable",
             ),
             (ApiError::TooLarge("x".into()), 413, "too_large"),
             (

@@ -128,6 +128,16 @@ where
         .map_err(D::Error::custom)
 }
 
+/// An optional field that may be left out but is never `null`, so that
+/// "at least one of" bodies mean what the description says.
+pub(crate) fn not_null<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
+}
+
 /// [`int64`] for a JSON body: JSON Schema counts `5.0` as the integer 5,
 /// so an integral number in either spelling is read.
 pub(crate) fn json_int64<'de, D>(deserializer: D) -> Result<Option<u64>, D::Error>

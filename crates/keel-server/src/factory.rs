@@ -43,7 +43,9 @@ impl SessionFactory {
     }
 
     /// Checks that a new session's settings fit the operator's ceiling
-    /// (`403`) and can be built (`400`); returns the model spec.
+    /// (`403`) and can be built (`400`); returns the model spec to store:
+    /// a `script:` path resolved to an absolute one, so that a server
+    /// started from another directory still finds the file.
     pub(crate) async fn check(&self, settings: &SessionSettings) -> Result<String, ApiError> {
         check_overrides(&self.keel, settings.tools.as_ref(), settings.approvals.as_ref())?;
         let spec = self.model_spec(settings).ok_or_else(|| {
@@ -51,33 +53,48 @@ impl SessionFactory {
                 "no model: name one in `model`, or start the server with --model or a keel.toml `model`".to_owned(),
             )
         })?;
-        self.load_model(&spec).await?;
-        Ok(spec)
+        self.check_model(&spec).await
+    }
+
+    /// Checks that `spec` can be built here (the `model` of a new session
+    /// or of a `PATCH`): `403` for a script beyond the ceiling, `404` for a
+    /// model this server cannot build; returns the spec to store.
+    pub(crate) async fn check_model(&self, spec: &str) -> Result<String, ApiError> {
+        let (_, resolved) = self.load_model(spec).await?;
+        Ok(resolved)
     }
 
     /// Whether the operator chose `spec`: the server's default model or one
-    /// named in `keel.toml`.
+    /// named in `keel.toml` (a default `script:` model in any spelling of
+    /// its path).
     fn operator_model(&self, spec: &str) -> bool {
-        self.default_model.as_deref() == Some(spec) || self.keel.models.contains_key(spec)
+        self.keel.models.contains_key(spec)
+            || self
+                .default_model
+                .as_deref()
+                .is_some_and(|default| default == spec || absolute_spec(default) == absolute_spec(spec))
     }
 
     /// Builds the model of `spec` on a blocking thread (a script is a file
-    /// read). A `script:` spec the operator did not choose must name a file
-    /// in the script directory (`403` otherwise); a spec that cannot be
-    /// built is `404 model_not_found`.
-    async fn load_model(&self, spec: &str) -> Result<Arc<dyn Model>, ApiError> {
+    /// read), with the spec as it should be stored. A `script:` spec the
+    /// operator did not choose must name a file in the script directory
+    /// (`403` otherwise); a spec that cannot be built is `404
+    /// model_not_found`.
+    async fn load_model(&self, spec: &str) -> Result<(Arc<dyn Model>, String), ApiError> {
         let spec = match spec.strip_prefix("script:") {
             Some(path) if !self.operator_model(spec) => {
                 let resolved = resolve_script(self.script_dir.as_ref(), spec, path).await?;
                 format!("script:{}", resolved.display())
             }
-            _ => spec.to_owned(),
+            _ => absolute_spec(spec),
         };
         let keel = Arc::clone(&self.keel);
-        tokio::task::spawn_blocking(move || keel.model(&spec))
+        let built = spec.clone();
+        let model = tokio::task::spawn_blocking(move || keel.model(&built))
             .await
             .map_err(|error| ApiError::Internal(format!("building the model failed: {error}")))?
-            .map_err(|error| ApiError::ModelNotFound(error.to_string()))
+            .map_err(|error| ApiError::ModelNotFound(error.to_string()))?;
+        Ok((model, spec))
     }
 
     /// The configuration that opens `session_id` with `settings`. For a new
@@ -100,11 +117,24 @@ impl SessionFactory {
         };
         check_overrides(&self.keel, settings.tools.as_ref(), settings.approvals.as_ref()).map_err(refused)?;
         let spec = self.model_spec(settings).ok_or_else(|| {
-            ApiError::Internal(format!(
-                "session '{session_id}' names no model and the server has no default model"
-            ))
+            model_unavailable(
+                session_id,
+                None,
+                "it names no model and the server has no default model",
+            )
         })?;
-        let model = self.load_model(&spec).await.map_err(refused)?;
+        let (model, _) = self.load_model(&spec).await.map_err(|error| match error {
+            // Beyond the ceiling: its code, and the way out.
+            ApiError::Forbidden { code, message } => ApiError::Forbidden {
+                code,
+                message: format!(
+                    "session '{session_id}' is not loaded: its model is beyond this server's ceiling: \
+                         {message}; {SWITCH_MODEL}"
+                ),
+            },
+            ApiError::ModelNotFound(message) => model_unavailable(session_id, Some(&spec), &message),
+            other => refused(other),
+        })?;
         let provider = self.keel.provider_of(&spec).unwrap_or_else(|| "unknown".to_owned());
         let bot = context.bot_id.clone();
         let model = Arc::new(MeteredModel::new(model, provider, bot, Arc::clone(&self.metrics)));
@@ -192,6 +222,40 @@ impl SessionFactory {
     }
 }
 
+/// How a session whose model cannot be built here is made to load again.
+const SWITCH_MODEL: &str = "switch its model to one this server offers (GET /v1/models) with PATCH \
+     /v1/sessions/{id} and a body {\"model\": \"…\"}; the session and its history are kept as they are";
+
+/// `409 session_model_unavailable`: the stored session `session_id` cannot
+/// be loaded with its model `spec` (why), and how to make it load again.
+fn model_unavailable(session_id: &str, spec: Option<&str>, why: &str) -> ApiError {
+    let model = spec.map_or_else(String::new, |spec| format!(" \"{spec}\""));
+    ApiError::SessionModelUnavailable(format!(
+        "session '{session_id}' cannot be loaded: its model{model} is not available on this server ({why}); \
+         {SWITCH_MODEL}"
+    ))
+}
+
+/// `spec` with a `script:` path made absolute against the current
+/// directory (nothing is read: the path is only spelled out), options after
+/// `?` kept; any other spec as it is.
+pub(crate) fn absolute_spec(spec: &str) -> String {
+    let Some(rest) = spec.strip_prefix("script:") else {
+        return spec.to_owned();
+    };
+    let (path, options) = match rest.split_once('?') {
+        Some((path, options)) => (path, Some(options)),
+        None => (rest, None),
+    };
+    let Ok(absolute) = std::path::absolute(path) else {
+        return spec.to_owned();
+    };
+    match options {
+        Some(options) => format!("script:{}?{options}", absolute.display()),
+        None => format!("script:{}", absolute.display()),
+    }
+}
+
 /// The workspace of a session: `root/<id>` when the id is a plain name
 /// (letters, digits, `-`, `_`, `.`, not starting with `.`), otherwise
 /// `root/~<UUID v5 of the id>`, so no id can name a path outside `root`
@@ -214,6 +278,20 @@ pub fn workspace_dir(root: &Path, session_id: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn script_paths_are_spelled_absolute_and_other_specs_stay() {
+        let here = std::env::current_dir().expect("current directory");
+        let expected = format!("script:{}", here.join("examples/hello.jsonl").display());
+        assert_eq!(absolute_spec("script:examples/hello.jsonl"), expected);
+        assert_eq!(absolute_spec("script:/srv/a.jsonl?x=1"), "script:/srv/a.jsonl?x=1");
+        assert_eq!(
+            absolute_spec("script:a.jsonl?context_window=10"),
+            format!("script:{}?context_window=10", here.join("a.jsonl").display())
+        );
+        assert_eq!(absolute_spec("openai:gpt-4.1-mini"), "openai:gpt-4.1-mini");
+        assert_eq!(absolute_spec("fast"), "fast");
+    }
 
     #[test]
     fn plain_ids_name_their_directory_and_others_are_hashed() {

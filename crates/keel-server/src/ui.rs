@@ -32,7 +32,25 @@ const FILES: &[(&str, &str, &str)] = &[
         JS,
         include_str!("ui/vendor/purify.es.mjs"),
     ),
+    (
+        "/assets/vendor/highlight.min.js",
+        JS,
+        include_str!("ui/vendor/highlight.min.js"),
+    ),
+    (
+        "/assets/vendor/highlight-github.min.css",
+        CSS,
+        include_str!("ui/vendor/highlight-github.min.css"),
+    ),
+    (
+        "/assets/vendor/highlight-github-dark.min.css",
+        CSS,
+        include_str!("ui/vendor/highlight-github-dark.min.css"),
+    ),
     ("/assets/app.css", CSS, include_str!("ui/app.css")),
+    ("/assets/sidebar.css", CSS, include_str!("ui/sidebar.css")),
+    ("/assets/sidebar.js", JS, include_str!("ui/sidebar.js")),
+    ("/assets/new_chat.js", JS, include_str!("ui/new_chat.js")),
     ("/assets/icon.svg", SVG, include_str!("ui/icon.svg")),
 ];
 
@@ -73,6 +91,18 @@ mod tests {
             (
                 include_str!("ui/vendor/purify.es.mjs"),
                 "5e8c53cd086a012531fc754ee6a7ad7a02e8a06fc4dadd805b912e128c3f6c58",
+            ),
+            (
+                include_str!("ui/vendor/highlight.min.js"),
+                "7865839949f0764d9e0a21e311a4e2c42633eeaee8ca5ec127b86438565731fe",
+            ),
+            (
+                include_str!("ui/vendor/highlight-github.min.css"),
+                "3a9a5def8b9c311e5ae43abde85c63133185eed4f0d9f67fea4b00a8308cf066",
+            ),
+            (
+                include_str!("ui/vendor/highlight-github-dark.min.css"),
+                "9f208d022102b1d0c7aebfecd8e42ca7997d5de636649d2b31ea63093d809019",
             ),
         ] {
             let digest = Sha256::digest(body.as_bytes());

@@ -12,6 +12,13 @@
 //! a test that needs to look at how a backend stores things is not a
 //! contract test.
 
+mod activity;
+
+pub(crate) use activity::{
+    a_walk_by_activity_lists_no_session_twice_and_misses_none_left_alone,
+    sessions_by_activity_put_the_latest_written_first_page_by_page,
+};
+
 use std::future::Future;
 use std::time::Duration;
 
@@ -114,6 +121,8 @@ macro_rules! store_conformance_tests {
             $crate::conformance::store_conformance_tests!(@test create_makes_a_session_with_its_first_events_once_even_across_stores, $factory);
             $crate::conformance::store_conformance_tests!(@test a_lease_taken_through_another_handle_fences_this_one, $factory);
             $crate::conformance::store_conformance_tests!(@test titles_come_from_the_first_user_message_until_a_rename, $factory);
+            $crate::conformance::store_conformance_tests!(@test sessions_by_activity_put_the_latest_written_first_page_by_page, $factory);
+            $crate::conformance::store_conformance_tests!(@test a_walk_by_activity_lists_no_session_twice_and_misses_none_left_alone, $factory);
             $crate::conformance::store_conformance_tests!(@test two_owners_racing_for_one_session_exactly_one_wins, $factory);
             $crate::conformance::store_conformance_tests!(@test an_expired_lease_is_taken_over_with_a_new_epoch_that_fences_the_first_owner, $factory);
             $crate::conformance::store_conformance_tests!(@test renew_extends_the_leases_still_held_and_reports_the_lost_ones, $factory);

@@ -140,6 +140,29 @@ pub trait CheckpointStore: Send + Sync {
         bot_id: Option<&'a str>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>>;
 
+    /// Lists sessions most recently active first (the time their log last
+    /// grew or their checkpoint was last written, ties by creation, newest
+    /// first), `limit` (at most [`MAX_EVENT_PAGE`]) per page from `cursor`
+    /// (a page's `next_cursor`); only those of bot `bot_id` when given. A
+    /// session never appears twice in one walk of the pages and every
+    /// session not active during the walk appears once; one active during
+    /// the walk moves ahead of the pages already read (a fresh first page
+    /// has it). A malformed cursor is [`StoreError::Invalid`]; a store that
+    /// cannot order by activity answers that too.
+    fn list_sessions_by_activity<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+        bot_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
+        let _ = (cursor, limit, bot_id);
+        Box::pin(async {
+            Err(StoreError::Invalid(
+                "this store cannot list sessions by activity".to_owned(),
+            ))
+        })
+    }
+
     /// Up to `limit` ids, in id order after `after`, of the sessions with
     /// work stored: submissions queued, or a turn in flight. A host loads
     /// them when it starts, so that nothing acknowledged waits for a request.

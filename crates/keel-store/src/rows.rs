@@ -94,6 +94,31 @@ impl SummaryRow {
         }
     }
 
+    /// The `(updated_at_ms, key)` a by-activity page starts below: none for
+    /// the first page, else the cursor (`UPDATED-KEY`) the page before gave.
+    pub(crate) fn activity_bound(cursor: Option<&str>) -> Result<(i64, i64), StoreError> {
+        let Some(cursor) = cursor else {
+            return Ok((i64::MAX, i64::MAX));
+        };
+        cursor
+            .split_once('-')
+            .and_then(|(updated, key)| Some((updated.parse().ok()?, key.parse().ok()?)))
+            .ok_or_else(|| StoreError::Invalid(format!("'{cursor}' is not a by-activity session list cursor")))
+    }
+
+    /// A by-activity page from up to `limit + 1` rows read most recently
+    /// active first.
+    pub(crate) fn activity_page(mut rows: Vec<SummaryRow>, limit: usize) -> Result<SessionListPage, StoreError> {
+        let next_cursor = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(|row| format!("{}-{}", row.updated_at_ms, row.key))
+        } else {
+            None
+        };
+        let sessions = rows.into_iter().map(SummaryRow::decode).collect::<Result<_, _>>()?;
+        Ok(SessionListPage { sessions, next_cursor })
+    }
+
     /// A session list page from up to `limit + 1` rows read newest first:
     /// one row more than the page says there is a next page.
     pub(crate) fn page(mut rows: Vec<SummaryRow>, limit: usize) -> Result<SessionListPage, StoreError> {

@@ -292,16 +292,51 @@ impl EncodedEvent {
 /// The most characters of a session title.
 pub const MAX_TITLE_CHARS: usize = 200;
 
-/// How many characters of the first message make a session's title.
-const DERIVED_TITLE_CHARS: usize = 80;
+/// How many characters of the first message make a session's title, at
+/// most (a sidebar line).
+const DERIVED_TITLE_CHARS: usize = 60;
 
 /// The title a message gives a session: its first non-blank line, trimmed
-/// and shortened (with `…`); `None` for a blank message.
+/// and shortened to [`DERIVED_TITLE_CHARS`] at a word boundary (with `…`);
+/// `None` for a blank message.
 pub fn title_of(text: &str) -> Option<String> {
     let line = text.lines().map(str::trim).find(|line| !line.is_empty())?;
-    let mut title: String = line.chars().take(DERIVED_TITLE_CHARS).collect();
-    if title.len() < line.len() {
-        title.push('…');
+    if line.chars().count() <= DERIVED_TITLE_CHARS {
+        return Some(line.to_owned());
     }
-    Some(title)
+    // The room left for the ellipsis.
+    let cut: String = line.chars().take(DERIVED_TITLE_CHARS - 1).collect();
+    let next_is_space = line[cut.len()..].starts_with(char::is_whitespace);
+    let words = match cut.rfind(char::is_whitespace) {
+        // A word that does not fit goes whole, unless it is the only one.
+        Some(space) if !next_is_space && space > 0 => &cut[..space],
+        _ => cut.as_str(),
+    };
+    Some(format!("{}…", words.trim_end()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::title_of;
+
+    #[test]
+    fn titles_are_one_line_cut_at_a_word_boundary() {
+        assert_eq!(
+            title_of("  \n  Hello there  \nsecond line").as_deref(),
+            Some("Hello there")
+        );
+        assert_eq!(title_of(" \n\t "), None);
+        let long = "Explain how the borrow checker decides that two mutable references overlap in a loop";
+        let title = title_of(long).expect("a title");
+        assert_eq!(title, "Explain how the borrow checker decides that two mutable…");
+        assert!(title.chars().count() <= 60, "{title}");
+        // One word longer than the bound is cut inside it.
+        let word = "x".repeat(100);
+        assert_eq!(title_of(&word).expect("a title").chars().count(), 60);
+        // A cut that falls just before a space keeps the whole last word.
+        let exact = format!("{} tail", "a".repeat(59));
+        assert_eq!(title_of(&exact).expect("a title"), format!("{}…", "a".repeat(59)));
+        let multibyte = "é".repeat(70);
+        assert_eq!(title_of(&multibyte).expect("a title").chars().count(), 60);
+    }
 }

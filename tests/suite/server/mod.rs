@@ -11,6 +11,7 @@ mod framing;
 mod front_door;
 mod label_bounds;
 mod lifecycle;
+mod models;
 mod ops;
 mod policies;
 mod retire;

@@ -74,6 +74,11 @@ class SessionBusy(KeelError):
     """409 ``session_busy``: ``on_busy: reject`` while a turn runs."""
 
 
+class SessionModelUnavailable(KeelError):
+    """409 ``session_model_unavailable``: a stored session whose model the server no longer offers;
+    ``PATCH`` its ``model`` (see ``GET /v1/models``) to load it again."""
+
+
 class QueueFull(KeelError):
     """409 ``queue_full``: the session's submission queue is full; retry later."""
 
@@ -161,6 +166,7 @@ _BY_CODE: dict[str, type[KeelError]] = {
     "workspace_not_keels": WorkspaceConflict,
     "workspace_not_removable": WorkspaceConflict,
     "session_elsewhere": SessionElsewhere,
+    "session_model_unavailable": SessionModelUnavailable,
     "too_large": TooLarge,
     "unsupported_media_type": UnsupportedMediaType,
     "misdirected_request": MisdirectedRequest,

@@ -169,6 +169,15 @@ class ToolsChanged:
 
 
 @dataclass(frozen=True)
+class ModelChanged:
+    """The session's model was changed between turns; later turns are answered by ``model``."""
+
+    TYPE: ClassVar[str] = "model_changed"
+    model: str
+    previous: str | None = None
+
+
+@dataclass(frozen=True)
 class TokenUsageReported:
     """Tokens a model step used, and the session's totals (``token_usage``)."""
 
@@ -304,6 +313,7 @@ EVENT_TYPES: dict[str, type] = {
         ShutdownComplete,
         ContextCompacted,
         TurnRolledBack,
+        ModelChanged,
     )
 }
 """Each variant's dataclass, by its ``type`` tag."""

@@ -151,9 +151,10 @@ class ForkSession:
 
 @dataclass(frozen=True)
 class UpdateSession:
-    """The body of ``PATCH /v1/sessions/{id}``."""
+    """The body of ``PATCH /v1/sessions/{id}``: a new title, a new model, or both."""
 
-    title: str
+    title: str | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ export interface paths {
         };
         /**
          * List sessions
-         * @description Pages through the stored sessions, newest first.
+         * @description Pages through the stored sessions, newest created first, or most recently active first with `order=activity`.
          */
         get: operations["list_sessions"];
         put?: never;
@@ -51,7 +51,10 @@ export interface paths {
         delete: operations["delete_session"];
         options?: never;
         head?: never;
-        /** Rename a session */
+        /**
+         * Rename a session or switch its model
+         * @description Sets the session's `title`, its `model`, or both. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again.
+         */
         patch: operations["update_session"];
         trace?: never;
     };
@@ -164,6 +167,26 @@ export interface paths {
          * @description Tokens used, summed per session, per bot and in all.
          */
         get: operations["get_usage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/models": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List the server's models
+         * @description The models the operator configured: the default model (`keel serve --model` or keel.toml `model`) and keel.toml's `[models.NAME]` entries. Never their keys, headers or URLs. A client may also send any other spec the server can build (`provider:model`).
+         */
+        get: operations["list_models"];
         put?: never;
         post?: never;
         delete?: never;
@@ -523,6 +546,9 @@ export interface components {
         }) | (components["schemas"]["TurnRolledBackEvent"] & {
             /** @enum {string} */
             type: "turn_rolled_back";
+        }) | (components["schemas"]["ModelChangedEvent"] & {
+            /** @enum {string} */
+            type: "model_changed";
         });
         /** @description A page of events, oldest first. */
         EventsView: {
@@ -558,6 +584,26 @@ export interface components {
             /** @description A user message submitted to the fork once it exists (not only white space): with a point just before a past message's turn, this edits that message. */
             message?: string | null;
         };
+        /** @description Payload of [`EventMsg::ModelChanged`]. */
+        ModelChangedEvent: {
+            /**
+             * @description The model spec before the change (`None`: the server's default of
+             *     the time, which the session did not record).
+             */
+            previous?: string | null;
+            /** @description The model spec that answers from now on. */
+            model: string;
+        };
+        /** @description The models of this server. */
+        ModelList: {
+            /** @description The default model first, then keel.toml's named models by name. */
+            models: components["schemas"]["ModelView"][];
+            /**
+             * @description The spec of the default model; `None` when the server has none (a
+             *     session must then name its model).
+             */
+            default?: string | null;
+        };
         /** @description Payload of [`EventMsg::ModelStepStarted`]. */
         ModelStepStartedEvent: {
             /** @description The turn. */
@@ -567,6 +613,26 @@ export interface components {
              * @description The step's number within the turn, from 1.
              */
             step: number;
+        };
+        /** @description One model a session can use. */
+        ModelView: {
+            /**
+             * @description What to send as `model`: the operator's spec (`--model`, keel.toml
+             *     `model`) or the name of a keel.toml `[models.NAME]` entry.
+             */
+            spec: string;
+            /**
+             * @description The provider behind it (`openai`, `anthropic`, `script`, …), when
+             *     known.
+             */
+            provider?: string | null;
+            /**
+             * @description The provider's model name (or a script's file), for a keel.toml
+             *     entry.
+             */
+            model?: string | null;
+            /** @description Whether sessions that name no model get this one. */
+            default: boolean;
         };
         /**
          * @description A request to a session.
@@ -685,7 +751,7 @@ export interface components {
             /** @description Its tokens. */
             usage: components["schemas"]["TokenUsage"];
         };
-        /** @description A page of sessions, newest first. */
+        /** @description A page of sessions, in the order asked for. */
         SessionList: {
             /** @description The page. */
             sessions: components["schemas"]["SessionView"][];
@@ -957,7 +1023,8 @@ export interface components {
             turn_id: string;
         };
         /**
-         * @description The body of `PATCH /v1/sessions/{id}`.
+         * @description The body of `PATCH /v1/sessions/{id}`: a new title, a new model, or
+         *     both (at least one; `null` is not a value of either).
          * @example {
          *       "title": "Trip to Lisbon"
          *     }
@@ -967,7 +1034,13 @@ export interface components {
              * @description The new title: 1 to 200 characters, not all white space, no control
              *     characters; stored trimmed.
              */
-            title: string;
+            title?: string;
+            /**
+             * @description The new model spec, checked like `model` at creation (a `script:`
+             *     path is stored absolute); used from the session's next turn. Refused
+             *     (`409 session_busy`) while a turn is in flight or submissions wait.
+             */
+            model?: string;
         };
         /** @description The body of `GET /v1/usage`. */
         UsageReport: {
@@ -1016,8 +1089,18 @@ export interface operations {
             query?: {
                 /** @description Sessions per page (50 by default). */
                 limit?: number;
-                /** @description Where the page starts: the `next_cursor` of the page before. */
+                /**
+                 * @description Where the page starts: the `next_cursor` of the page before (with
+                 *     the same `order`).
+                 */
                 cursor?: string;
+                /**
+                 * @description `created` (the default): newest created first, a session keeps its
+                 *     place. `activity`: most recently active first (`updated_at_ms`); a
+                 *     session active during a walk of the pages moves ahead of it (a fresh
+                 *     first page has it), none is listed twice.
+                 */
+                order?: "created" | "activity";
                 /** @description Only the sessions of this bot. */
                 bot_id?: string;
             };
@@ -1251,7 +1334,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `conflict`: A session with that id exists. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. */
+            /** @description `conflict`: A session with that id exists. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1260,7 +1343,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "conflict" | "workspace_exists" | "workspace_not_keels";
+                            code?: "conflict" | "workspace_exists" | "workspace_not_keels" | "session_model_unavailable";
                         };
                     };
                 };
@@ -1676,7 +1759,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The session, renamed. */
+            /** @description The session, updated. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1715,7 +1798,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1724,12 +1807,12 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "script_model_over_ceiling" | "forbidden_origin";
                         };
                     };
                 };
             };
-            /** @description `not_found`: An unknown session or route. */
+            /** @description `not_found`: An unknown session or route. `model_not_found`: A model spec this server cannot build (unknown provider or model, no key). */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1738,7 +1821,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "not_found";
+                            code?: "not_found" | "model_not_found";
                         };
                     };
                 };
@@ -1753,6 +1836,20 @@ export interface operations {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
                             code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `session_busy`: `on_busy: reject` while a turn runs or input is queued. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "session_busy" | "session_elsewhere";
                         };
                     };
                 };
@@ -1813,7 +1910,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
             503: {
                 headers: {
                     /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
@@ -1824,7 +1921,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "store_unavailable" | "store_full";
+                            code?: "unavailable" | "store_unavailable" | "store_full";
                         };
                     };
                 };
@@ -1930,7 +2027,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `invalid_fork_point`: A fork point past the parent's log or inside a turn. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. */
+            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `invalid_fork_point`: A fork point past the parent's log or inside a turn. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1939,7 +2036,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "queue_full" | "session_busy" | "conflict" | "invalid_fork_point" | "workspace_exists" | "workspace_not_keels";
+                            code?: "queue_full" | "session_busy" | "conflict" | "invalid_fork_point" | "workspace_exists" | "workspace_not_keels" | "session_model_unavailable";
                         };
                     };
                 };
@@ -2118,7 +2215,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. */
+            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2127,7 +2224,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "queue_full" | "session_busy" | "workspace_not_keels" | "session_elsewhere" | "idempotency_key_reused";
+                            code?: "queue_full" | "session_busy" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused";
                         };
                     };
                 };
@@ -2719,6 +2816,142 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["UsageReport"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    list_models: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The models. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ModelList"];
                 };
             };
             /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */

@@ -29,6 +29,7 @@ mod answers;
 mod cluster;
 mod lifecycle;
 mod live;
+mod model_change;
 mod pump;
 mod recovery;
 mod relay_seal;

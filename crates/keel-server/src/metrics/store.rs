@@ -108,6 +108,15 @@ impl CheckpointStore for MeteredStore {
         self.inner.list_sessions_page(cursor, limit, bot_id)
     }
 
+    fn list_sessions_by_activity<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+        bot_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
+        self.inner.list_sessions_by_activity(cursor, limit, bot_id)
+    }
+
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {
         self.inner.session_summary(session_id)
     }

@@ -81,6 +81,11 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
         "The session runs on another node and the request cannot be handed to it.",
     ),
     (
+        "session_model_unavailable",
+        409,
+        "A stored session whose model this server no longer offers; `PATCH` its `model` to load it again.",
+    ),
+    (
         "request_timeout",
         408,
         "The body did not arrive within the body timeout.",
@@ -159,7 +164,7 @@ pub(crate) const CEILING: &[&str] = &[
 
 /// The codes of a route that may load a session: no room, the server
 /// stopping, a workspace Keel did not make, settings the ceiling no longer
-/// allows (the ceiling's codes).
+/// allows (the ceiling's codes), a model the server no longer offers.
 pub(crate) const LOADING: &[&str] = &[
     "too_many_sessions",
     "unavailable",
@@ -169,6 +174,7 @@ pub(crate) const LOADING: &[&str] = &[
     "network_over_ceiling",
     "tool_over_ceiling",
     "script_model_over_ceiling",
+    "session_model_unavailable",
 ];
 
 /// The codes of a route that queues a submission.

@@ -37,7 +37,7 @@ use crate::API_VERSION;
         crate::error::ErrorBody,
     )),
     tags(
-        (name = "sessions", description = "Create, read, fork, rename and delete sessions."),
+        (name = "sessions", description = "Create, read, fork, rename and delete sessions, switch their model; the server's models."),
         (name = "submissions", description = "Ops in: messages, interrupts, approvals."),
         (name = "events", description = "Events out: pages of the log, server-sent events, a WebSocket."),
         (name = "usage", description = "Token usage."),

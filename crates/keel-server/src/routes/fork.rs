@@ -17,7 +17,8 @@ use crate::extract::ApiJson;
 use crate::openapi::errors::{BODY, CEILING, LOADING, QUEUEING, route_errors};
 use crate::routes::submissions::{check_op, submit_op};
 use keel_agent::{ForkError, MAX_SESSION_ID_BYTES, fork_session, point_before_turn};
-use keel_protocol::{Op, new_id};
+use keel_protocol::{Op, TranscriptItem, new_id};
+use keel_store::{CheckpointStoreExt, title_of};
 
 /// The body of `POST /v1/sessions/{id}/fork`: one of `at_sequence` and
 /// `before_turn`.
@@ -179,8 +180,13 @@ pub(crate) async fn fork(
         server.host.factory.discard_workspace(&id).await;
         return Err(fork_error(error));
     }
-    if let Some(op) = message {
-        submit_op(&server, &id, op, None, None).await?;
+    // An edit is titled by the edited message (the first message of the
+    // fork's own log); a plain fork by the conversation it holds.
+    match message {
+        Some(op) => {
+            submit_op(&server, &id, op, None, None).await?;
+        }
+        None => title_from_history(&server, &id).await?,
     }
     let summary = store
         .session_summary(&id)
@@ -188,4 +194,21 @@ pub(crate) async fn fork(
         .ok_or_else(|| ApiError::Internal(format!("session '{id}' was forked but cannot be read")))?;
     let live = server.host.status(&id);
     Ok(Created(SessionView::new(&server, summary, live)))
+}
+
+/// Titles the fork `id` (made without a message) from the first user
+/// message of the history it inherited, if it has one; otherwise its first
+/// message will, as any session's.
+async fn title_from_history(server: &Server, id: &str) -> Result<(), ApiError> {
+    let Some(state) = server.host.store.load(id).await? else {
+        return Ok(());
+    };
+    let first = state.transcript.iter().find_map(|item| match item {
+        TranscriptItem::UserMessage { text } => title_of(text),
+        _ => None,
+    });
+    if let Some(title) = first {
+        server.host.store.rename_session(id, &title).await?;
+    }
+    Ok(())
 }

@@ -2,6 +2,7 @@
 
 pub(crate) mod events;
 pub(crate) mod fork;
+pub(crate) mod models;
 pub(crate) mod ops;
 pub(crate) mod sessions;
 pub(crate) mod submissions;
@@ -49,7 +50,8 @@ pub(crate) fn documented() -> Documented {
             .routes(routes!(events::page))
             .routes(routes!(sse::stream))
             .routes(routes!(ws::upgrade))
-            .routes(routes!(usage::show)),
+            .routes(routes!(usage::show))
+            .routes(routes!(models::list)),
         v1_open: OpenApiRouter::new().routes(routes!(describe)),
         metrics: OpenApiRouter::new().routes(routes!(ops::metrics)),
         probes: OpenApiRouter::new()

@@ -294,15 +294,33 @@ pub(crate) struct ListQuery {
     /// Sessions per page (50 by default).
     #[param(minimum = 1, maximum = 500)]
     limit: Option<usize>,
-    /// Where the page starts: the `next_cursor` of the page before.
-    #[param(pattern = r"^[0-9]{1,18}$")]
+    /// Where the page starts: the `next_cursor` of the page before (with
+    /// the same `order`).
+    #[param(pattern = r"^[0-9]{1,18}(-[0-9]{1,18})?$")]
     cursor: Option<String>,
+    /// `created` (the default): newest created first, a session keeps its
+    /// place. `activity`: most recently active first (`updated_at_ms`); a
+    /// session active during a walk of the pages moves ahead of it (a fresh
+    /// first page has it), none is listed twice.
+    #[param(inline)]
+    order: Option<ListOrder>,
     /// Only the sessions of this bot.
     #[param(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
     bot_id: Option<String>,
 }
 
-/// A page of sessions, newest first.
+/// The order of `GET /v1/sessions`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ListOrder {
+    /// Newest created first.
+    #[default]
+    Created,
+    /// Most recently active first.
+    Activity,
+}
+
+/// A page of sessions, in the order asked for.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct SessionList {
     /// The page.
@@ -323,7 +341,8 @@ route_errors!(
     tag = "sessions",
     operation_id = "list_sessions",
     summary = "List sessions",
-    description = "Pages through the stored sessions, newest first.",
+    description = "Pages through the stored sessions, newest created first, or most recently active first \
+        with `order=activity`.",
     params(ListQuery),
     responses((status = 200, description = "A page of sessions.", body = SessionList), ListErrors),
 )]
@@ -335,19 +354,28 @@ pub(crate) async fn list(
     if let Some(bot_id) = &query.bot_id {
         check_bot_id(bot_id)?;
     }
-    // A cursor is the key of a row, in decimal: refused here, in the form
+    // A cursor is the key of a row in decimal (`created`), or the time of
+    // its last activity and its key (`activity`): refused here, in the form
     // the description states, rather than by whichever store reads it.
-    let is_cursor = |text: &str| (1..=18).contains(&text.len()) && text.bytes().all(|byte| byte.is_ascii_digit());
+    let order = query.order.unwrap_or_default();
+    let number = |text: &str| (1..=18).contains(&text.len()) && text.bytes().all(|byte| byte.is_ascii_digit());
+    let is_cursor = |text: &str| match order {
+        ListOrder::Created => number(text),
+        ListOrder::Activity => text
+            .split_once('-')
+            .is_some_and(|(updated, key)| number(updated) && number(key)),
+    };
     if query.cursor.as_deref().is_some_and(|cursor| !is_cursor(cursor)) {
         return Err(ApiError::InvalidRequest(
-            "`cursor` must be the `next_cursor` of a page".to_owned(),
+            "`cursor` must be the `next_cursor` of a page in the same `order`".to_owned(),
         ));
     }
-    let page = server
-        .host
-        .store
-        .list_sessions_page(query.cursor.as_deref(), limit, query.bot_id.as_deref())
-        .await?;
+    let (cursor, bot_id) = (query.cursor.as_deref(), query.bot_id.as_deref());
+    let store = &server.host.store;
+    let page = match order {
+        ListOrder::Created => store.list_sessions_page(cursor, limit, bot_id).await?,
+        ListOrder::Activity => store.list_sessions_by_activity(cursor, limit, bot_id).await?,
+    };
     let sessions = page
         .sessions
         .into_iter()
@@ -432,56 +460,85 @@ pub(crate) async fn delete(
     }
 }
 
-/// The body of `PATCH /v1/sessions/{id}`.
+/// The body of `PATCH /v1/sessions/{id}`: a new title, a new model, or
+/// both (at least one; `null` is not a value of either).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"title": "Trip to Lisbon"}))]
+#[schema(example = json!({"title": "Trip to Lisbon"}), min_properties = 1)]
 pub(crate) struct UpdateSession {
     /// The new title: 1 to 200 characters, not all white space, no control
     /// characters; stored trimmed.
+    #[serde(default, deserialize_with = "crate::extract::not_null")]
     #[schema(
+        value_type = String,
+        required = false,
         min_length = 1,
         max_length = 200,
         pattern = r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$"
     )]
-    title: String,
+    title: Option<String>,
+    /// The new model spec, checked like `model` at creation (a `script:`
+    /// path is stored absolute); used from the session's next turn. Refused
+    /// (`409 session_busy`) while a turn is in flight or submissions wait.
+    #[serde(default, deserialize_with = "crate::extract::not_null")]
+    #[schema(value_type = String, required = false, min_length = 1)]
+    model: Option<String>,
 }
 
 route_errors!(
     /// What `PATCH /v1/sessions/{id}` can answer besides `200`.
     UpdateErrors: BODY,
-    ["not_found"]
+    ["not_found", "script_model_over_ceiling", "model_not_found", "session_busy", "session_elsewhere", "unavailable"]
 );
 
-/// `PATCH /v1/sessions/{id}`: renames the session; answers the session.
+/// `PATCH /v1/sessions/{id}`: renames the session or switches its model;
+/// answers the session.
 #[utoipa::path(
     patch,
     path = "/sessions/{id}",
     tag = "sessions",
     operation_id = "update_session",
-    summary = "Rename a session",
+    summary = "Rename a session or switch its model",
+    description = "Sets the session's `title`, its `model`, or both. A new model is checked as at creation, \
+        recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in \
+        flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) \
+        is made to load again.",
     params(("id" = String, Path, description = "The session's id.")),
     request_body(content = UpdateSession, content_type = "application/json"),
-    responses((status = 200, description = "The session, renamed.", body = SessionView), UpdateErrors),
+    responses((status = 200, description = "The session, updated.", body = SessionView), UpdateErrors),
 )]
 pub(crate) async fn update(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
     ApiJson(request): ApiJson<UpdateSession>,
 ) -> Result<Json<SessionView>, ApiError> {
-    // The length is the title's as sent, so the bound is the one the
-    // description states.
-    let title = request.title.trim();
-    if title.is_empty()
-        || request.title.chars().count() > MAX_TITLE_CHARS
-        || request.title.chars().any(char::is_control)
+    let title = request.title.as_deref().map(checked_title).transpose()?;
+    if title.is_none() && request.model.is_none() {
+        return Err(ApiError::InvalidRequest("give `title`, `model` or both".to_owned()));
+    }
+    if server.host.store.session_summary(&id).await?.is_none() {
+        return Err(ApiError::unknown_session(&id));
+    }
+    if let Some(model) = &request.model {
+        let spec = server.host.factory.check_model(model).await?;
+        server.host.change_model(&id, &spec).await?;
+    }
+    if let Some(title) = title
+        && !server.host.store.rename_session(&id, title).await?
     {
+        return Err(ApiError::unknown_session(&id));
+    }
+    show(State(server), Path(id)).await
+}
+
+/// A title as sent, checked, and trimmed. The length is the title's as
+/// sent, so the bound is the one the description states.
+fn checked_title(title: &str) -> Result<&str, ApiError> {
+    let trimmed = title.trim();
+    if trimmed.is_empty() || title.chars().count() > MAX_TITLE_CHARS || title.chars().any(char::is_control) {
         return Err(ApiError::InvalidRequest(format!(
             "`title` must be 1 to {MAX_TITLE_CHARS} characters without control characters"
         )));
     }
-    if !server.host.store.rename_session(&id, title).await? {
-        return Err(ApiError::unknown_session(&id));
-    }
-    show(State(server), Path(id)).await
+    Ok(trimmed)
 }

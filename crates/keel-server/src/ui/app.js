@@ -9,6 +9,8 @@
 import { api, ApiError, newKey, sessionPath, setTokenPrompt } from "./api.js";
 import { ChatView, h } from "./chat.js";
 import { EventFeed } from "./feed.js";
+import { closeNewChat } from "./new_chat.js";
+import { groupByDay, isModelRefusal, offerModelSwitch } from "./sidebar.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -29,6 +31,7 @@ const ui = {
   sessionListStatus: $("session-list-status"),
   refreshSessions: $("refresh-sessions"),
   moreSessions: $("more-sessions"),
+  modelRefusal: $("model-refusal"),
   emptyChat: $("empty-chat"),
   chatView: $("chat-view"),
   chatTitle: $("chat-title"),
@@ -171,8 +174,9 @@ function sessionItem(session) {
     { "data-testid": "session-item", "data-session-id": session.id },
     link,
     session.title ? h("div", { class: "session-meta session-id", text: session.id }) : null,
-    h("div", { class: "session-meta" }, state, ` ${session.bot_id} · ${turns} · ${formatTime(session.created_at_ms)}`),
+    h("div", { class: "session-meta" }, state, ` ${session.bot_id} · ${turns} · ${formatTime(session.updated_at_ms)}`),
   );
+  item.dataset.updatedAt = String(session.updated_at_ms);
   if (current?.id === session.id) {
     link.setAttribute("aria-current", "page");
   }
@@ -182,7 +186,7 @@ function sessionItem(session) {
 /** The first page of sessions, or with `more` the next one. */
 async function loadSessions({ more = false } = {}) {
   const generation = more ? listing.generation : ++listing.generation;
-  const query = new URLSearchParams({ limit: String(PAGE_SIZE) });
+  const query = new URLSearchParams({ limit: String(PAGE_SIZE), order: "activity" });
   if (more) {
     if (!listing.cursor) {
       return;
@@ -203,9 +207,10 @@ async function loadSessions({ more = false } = {}) {
     } else {
       ui.sessionList.replaceChildren(...items);
     }
+    groupByDay(ui.sessionList);
     listing.cursor = page.next_cursor ?? null;
     ui.moreSessions.hidden = !listing.cursor;
-    ui.sessionListStatus.textContent = ui.sessionList.children.length ? "" : "No sessions yet.";
+    ui.sessionListStatus.textContent = ui.sessionList.querySelector("[data-session-id]") ? "" : "No sessions yet.";
   } catch (error) {
     if (generation === listing.generation) {
       ui.sessionListStatus.textContent = `Cannot list the sessions: ${error.message}`;
@@ -218,7 +223,9 @@ async function loadSessions({ more = false } = {}) {
 }
 
 function listedItem(sessionId) {
-  return Array.from(ui.sessionList.children).find((item) => item.dataset.sessionId === sessionId);
+  return Array.from(ui.sessionList.querySelectorAll(":scope > [data-session-id]")).find(
+    (item) => item.dataset.sessionId === sessionId,
+  );
 }
 
 /** Shows a session's state in its list entry, if listed. */
@@ -250,7 +257,7 @@ function refreshListedSoon(sessionId) {
 }
 
 function markCurrentInList() {
-  for (const item of ui.sessionList.children) {
+  for (const item of ui.sessionList.querySelectorAll(":scope > [data-session-id]")) {
     const link = item.querySelector("a");
     if (current && item.dataset.sessionId === current.id) {
       link.setAttribute("aria-current", "page");
@@ -285,6 +292,7 @@ ui.newForm.addEventListener("submit", async (event) => {
   try {
     const session = await api("/v1/sessions", { method: "POST", body });
     ui.newForm.reset();
+    closeNewChat();
     location.hash = `#/sessions/${encodeURIComponent(session.id)}`;
     await loadSessions();
     ui.composerText.focus();
@@ -406,6 +414,8 @@ function openSession(id) {
   ui.chatId.textContent = "";
   closeRename();
   ui.deleteConfirm.hidden = true;
+  ui.modelRefusal.hidden = true;
+  ui.modelRefusal.replaceChildren();
   ui.chatMeta.dataset.info = "";
   ui.chatMeta.dataset.usage = "";
   renderMeta();
@@ -655,6 +665,14 @@ ui.composer.addEventListener("submit", async (event) => {
     draftKey = null;
   } catch (error) {
     showError(ui.composerError, `Not sent: ${error.message}`);
+    if (isModelRefusal(error)) {
+      const session = current;
+      offerModelSwitch(ui.modelRefusal, session.id, error, (switched) => {
+        showError(ui.composerError, "");
+        notify(`The session now uses ${switched.model}; send your message again.`);
+        refreshListedSoon(switched.id);
+      });
+    }
   } finally {
     ui.send.disabled = false;
     ui.composerText.focus();

@@ -1,11 +1,13 @@
 // Markdown for the model's answers, rendered safely: marked parses it,
 // raw HTML in it is shown as text (never parsed: the model is not trusted),
 // DOMPurify sanitizes what marked produced, links open in a new tab without
-// an opener, and each code block gets a copy button. The page's content
+// an opener, and each code block gets a copy button and, when it names a
+// language highlight.js knows, syntax highlighting. The page's content
 // security policy keeps images and everything else to this origin.
 
 import { Marked } from "./vendor/marked.esm.js";
 import DOMPurify from "./vendor/purify.es.mjs";
+import hljs from "./vendor/highlight.min.js";
 
 const escapeHtml = (text) =>
   text.replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;").replaceAll('"', "&quot;");
@@ -20,6 +22,29 @@ const marked = new Marked({
     },
   },
 });
+
+// What highlighting may put in a code block: spans with classes, nothing else.
+const HIGHLIGHT_SANITIZE = { ALLOWED_TAGS: ["span"], ALLOWED_ATTR: ["class"] };
+
+/**
+ * Highlights `code` (a sanitized `<code class="language-NAME">`) from its
+ * text alone: whatever markup it held is not read, highlight.js escapes
+ * the text, and its output is sanitized again to class-only spans. Blocks
+ * without a known language stay plain (guessing costs time on long pages).
+ */
+function highlight(code) {
+  const name = [...code.classList].find((name) => name.startsWith("language-"))?.slice("language-".length);
+  if (!name || !hljs.getLanguage(name)) {
+    return;
+  }
+  try {
+    const { value } = hljs.highlight(code.textContent, { language: name, ignoreIllegals: true });
+    code.innerHTML = DOMPurify.sanitize(value, HIGHLIGHT_SANITIZE);
+    code.classList.add("hljs");
+  } catch {
+    // A block that cannot be highlighted is shown plain.
+  }
+}
 
 /** Renders `text` as markdown into `element`, replacing what it held. */
 export function renderMarkdown(element, text) {
@@ -41,6 +66,9 @@ export function renderMarkdown(element, text) {
   for (const link of fragment.querySelectorAll("a[href]")) {
     link.target = "_blank";
     link.rel = "noopener noreferrer";
+  }
+  for (const code of fragment.querySelectorAll("pre > code")) {
+    highlight(code);
   }
   for (const pre of fragment.querySelectorAll("pre")) {
     const wrapper = document.createElement("div");

@@ -295,6 +295,15 @@ impl CheckpointStore for PostgresCheckpoint {
         Box::pin(async move { reader::list_sessions_page(&self.reader().await?, cursor, limit, bot_id).await })
     }
 
+    fn list_sessions_by_activity<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+        bot_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
+        Box::pin(async move { reader::list_sessions_by_activity(&self.reader().await?, cursor, limit, bot_id).await })
+    }
+
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {
         Box::pin(async move { reader::session_summary(&self.reader().await?, session_id).await })
     }

@@ -327,6 +327,32 @@ pub(super) async fn list_sessions_page(
     SummaryRow::page(rows, limit)
 }
 
+/// Sessions most recently active first, from `cursor` (exclusive; see
+/// [`SummaryRow::activity_bound`]), only those of `bot_id` when given.
+pub(super) async fn list_sessions_by_activity(
+    client: &Object,
+    cursor: Option<&str>,
+    limit: usize,
+    bot_id: Option<&str>,
+) -> Result<SessionListPage, StoreError> {
+    let limit = limit.clamp(1, MAX_EVENT_PAGE);
+    let (updated, key) = SummaryRow::activity_bound(cursor)?;
+    let select = client
+        .prepare_cached(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM sessions
+             WHERE (updated_at_ms, key) < ($1, $2) AND ($4::text IS NULL OR bot_id = $4)
+             ORDER BY updated_at_ms DESC, key DESC LIMIT $3"
+        ))
+        .await
+        .map_err(pg_error)?;
+    let rows = client
+        .query(&select, &[&updated, &key, &(limit as i64 + 1), &bot_id])
+        .await
+        .map_err(pg_error)?;
+    let rows: Vec<SummaryRow> = rows.iter().map(SummaryRow::read).collect::<Result<_, _>>()?;
+    SummaryRow::activity_page(rows, limit)
+}
+
 /// One session's summary.
 pub(super) async fn session_summary(client: &Object, session_id: &str) -> Result<Option<SessionSummary>, StoreError> {
     let select = client

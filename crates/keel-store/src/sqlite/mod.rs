@@ -366,6 +366,18 @@ impl CheckpointStore for SqliteCheckpoint {
         Box::pin(self.read(move |conn| reader::list_sessions_page(conn, cursor.as_deref(), limit, bot_id.as_deref())))
     }
 
+    fn list_sessions_by_activity<'a>(
+        &'a self,
+        cursor: Option<&'a str>,
+        limit: usize,
+        bot_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
+        let (cursor, bot_id) = (cursor.map(str::to_owned), bot_id.map(str::to_owned));
+        Box::pin(
+            self.read(move |conn| reader::list_sessions_by_activity(conn, cursor.as_deref(), limit, bot_id.as_deref())),
+        )
+    }
+
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {
         let session_id = session_id.to_owned();
         Box::pin(self.read(move |conn| reader::session_summary(conn, &session_id)))

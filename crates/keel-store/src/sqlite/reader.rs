@@ -345,6 +345,30 @@ pub(super) fn list_sessions_page(
     SummaryRow::page(rows, limit)
 }
 
+/// Sessions most recently active first, from `cursor` (exclusive; see
+/// [`SummaryRow::activity_bound`]), only those of `bot_id` when given.
+pub(super) fn list_sessions_by_activity(
+    conn: &Connection,
+    cursor: Option<&str>,
+    limit: usize,
+    bot_id: Option<&str>,
+) -> Result<SessionListPage, StoreError> {
+    let limit = limit.clamp(1, MAX_EVENT_PAGE);
+    let (updated, key) = SummaryRow::activity_bound(cursor)?;
+    let mut select = conn
+        .prepare_cached(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM sessions
+             WHERE (updated_at_ms < ?1 OR (updated_at_ms = ?1 AND key < ?2)) AND (?4 IS NULL OR bot_id = ?4)
+             ORDER BY updated_at_ms DESC, key DESC LIMIT ?3"
+        ))
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(params![updated, key, limit as i64 + 1, bot_id], summary_row)
+        .map_err(super::sqlite_error)?;
+    let rows: Vec<SummaryRow> = rows.collect::<Result<_, _>>().map_err(super::sqlite_error)?;
+    SummaryRow::activity_page(rows, limit)
+}
+
 /// One session's summary.
 pub(super) fn session_summary(conn: &Connection, session_id: &str) -> Result<Option<SessionSummary>, StoreError> {
     conn.prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM sessions WHERE id = ?1"))

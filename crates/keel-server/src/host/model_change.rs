@@ -1,0 +1,116 @@
+//! Changing a stored session's model (`PATCH /v1/sessions/{id}` with
+//! `model`): between turns only, with the session unloaded, so that the
+//! next load builds the new model and no runtime writes a checkpoint with
+//! the old settings over the new ones.
+
+use super::Host;
+use super::pump::CloseMode;
+use crate::error::ApiError;
+use crate::settings::SessionSettings;
+use keel_protocol::{Event, EventMsg, ModelChangedEvent};
+use keel_store::{AppendBatch, CheckpointStoreExt, CheckpointWrite, EncodedEvent, SessionSummary};
+
+impl Host {
+    /// Stores `spec` (already checked) as the model of `session_id` and
+    /// records a `model_changed` event; nothing when it is the model the
+    /// session has. `404` for an unknown session, `409 session_busy` while
+    /// a turn is in flight or submissions wait (the turn would go on with
+    /// another model than it started with), `409 session_elsewhere` when
+    /// another node runs it.
+    pub(crate) async fn change_model(&self, session_id: &str, spec: &str) -> Result<(), ApiError> {
+        let slot = self.open_slot(session_id)?;
+        let result = async {
+            let mut live = self.lock_open(&slot).await?;
+            if let Some(session) = live.as_ref().filter(|session| !session.stopped()) {
+                let status = session.handle.status();
+                if status.busy || status.queued > 0 || !status.awaiting_approval.is_empty() {
+                    return Err(busy(session_id));
+                }
+            }
+            let summary = self
+                .store
+                .session_summary(session_id)
+                .await?
+                .ok_or_else(|| ApiError::unknown_session(session_id))?;
+            if in_flight(&summary) {
+                return Err(busy(session_id));
+            }
+            let settings = SessionSettings::stored(session_id, &summary.context)?;
+            let from = self.factory.model_spec(&settings);
+            if from.as_deref() == Some(spec) && settings.model.is_some() {
+                return Ok(());
+            }
+            // The runtime goes first: it would write its settings back.
+            if let Some(session) = live.take() {
+                self.unload(session, Some(CloseMode::Graceful)).await;
+            }
+            let claimed = self.claim(session_id).await?;
+            let written = self.write_model(session_id, claimed.as_ref(), from, spec).await;
+            if let Some(lease) = &claimed {
+                self.release(lease).await;
+            }
+            let last_sequence = written?;
+            self.hubs.poke(session_id, last_sequence);
+            Ok(())
+        }
+        .await;
+        self.forget_slot(session_id, slot);
+        result
+    }
+
+    /// Writes the new settings and the `model_changed` event in one batch,
+    /// under the session's lease (this node's claim, or one taken here);
+    /// returns the event's sequence.
+    async fn write_model(
+        &self,
+        session_id: &str,
+        claimed: Option<&keel_store::Lease>,
+        from: Option<String>,
+        spec: &str,
+    ) -> Result<u64, ApiError> {
+        let lease = match claimed {
+            Some(lease) => lease.epoch,
+            None => self.store.acquire(session_id).await?,
+        };
+        let state = self
+            .store
+            .load(session_id)
+            .await?
+            .ok_or_else(|| ApiError::unknown_session(session_id))?;
+        if state.execution.is_some() || !state.queued.is_empty() {
+            return Err(busy(session_id));
+        }
+        let mut checkpoint = state.checkpoint;
+        let mut settings = SessionSettings::stored(session_id, &checkpoint.session_context)?;
+        settings.model = Some(spec.to_owned());
+        checkpoint.session_context.settings = Some(settings.to_value());
+        let event = Event {
+            submission_id: None,
+            msg: EventMsg::ModelChanged(ModelChangedEvent {
+                previous: from,
+                model: spec.to_owned(),
+            }),
+        };
+        let batch = AppendBatch {
+            events: vec![EncodedEvent::encode(&event)?],
+            checkpoint: Some(CheckpointWrite::new(&checkpoint, &[], None)),
+            lease: Some(lease),
+        };
+        let receipt = self.store.append(session_id, batch).await?;
+        tracing::info!(session_id, model = spec, "session model changed");
+        Ok(receipt.first_sequence)
+    }
+}
+
+/// Whether the stored session has a turn in flight or one waiting.
+fn in_flight(summary: &SessionSummary) -> bool {
+    summary.running_turn_id.is_some() || !summary.awaiting_approval.is_empty()
+}
+
+/// `409 session_busy` for a model change in the middle of a turn.
+fn busy(session_id: &str) -> ApiError {
+    ApiError::SessionBusy(format!(
+        "session '{session_id}' has a turn in flight or submissions waiting; its model can be changed once \
+         they are done (a turn is answered by one model from start to end)"
+    ))
+}
