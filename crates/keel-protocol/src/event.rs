@@ -4,6 +4,7 @@ use std::ops::Deref;
 
 use serde::{Deserialize, Serialize};
 
+use super::instructions::ProjectInstructions;
 use super::op::{BusyPolicy, Op};
 
 /// An event before it is recorded: what happened and which submission caused it.
@@ -103,6 +104,9 @@ pub enum EventMsg {
     /// left the history the model sees; its events stay in the log. The
     /// new turn that runs its user messages again follows in the same commit.
     TurnRolledBack(TurnRolledBackEvent),
+    /// The project instructions (`AGENTS.md` files) the session read at
+    /// its first turn, recorded once: the session keeps using this text.
+    InstructionsLoaded(ProjectInstructions),
 }
 
 impl EventMsg {
@@ -133,6 +137,7 @@ impl EventMsg {
             EventMsg::ShutdownComplete(_) => "shutdown_complete",
             EventMsg::ContextCompacted(_) => "context_compacted",
             EventMsg::TurnRolledBack(_) => "turn_rolled_back",
+            EventMsg::InstructionsLoaded(_) => "instructions_loaded",
         }
     }
 
@@ -162,6 +167,7 @@ impl EventMsg {
             | EventMsg::SubmissionRejected(_)
             | EventMsg::SubmissionQueued(_)
             | EventMsg::ShutdownComplete(_)
+            | EventMsg::InstructionsLoaded(_)
             // Between turns: it names the turn it undid, which has ended.
             | EventMsg::TurnRolledBack(_) => None,
         }
