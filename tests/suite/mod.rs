@@ -1,6 +1,7 @@
 //! Test modules, one per area.
 
 mod agent;
+mod agent_instructions;
 mod approvals;
 mod chaos;
 mod cli;

@@ -76,6 +76,17 @@
 //! script_dir = "scripts"            # `script:` models from clients only from here (--script-dir); unset: none
 //! ```
 //!
+//! The defaults of one bot's sessions (a session names its bot with
+//! `bot_id`; see [`BotConfig`]). A session keeps what it was created with:
+//!
+//! ```toml
+//! [bots.support]
+//! coding_agent = false              # no coding prompt, no AGENTS.md, built-in tools off, one turn per message
+//! instructions = "You answer customers of Example Inc. in one paragraph."
+//! model = "fast"                    # when the request names none
+//! queue_mode = "each"               # merge | each (default: merge for coding agents, each otherwise)
+//! ```
+//!
 //! Keys come from the environment (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, or
 //! the entry's `api_key_env`); endpoints from the entry, then
 //! `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL`, then the providers' defaults.
@@ -105,9 +116,11 @@ use keel_providers::http::Secret;
 use keel_providers::{ProviderKind, ProviderSettings};
 use keel_tools::ApprovalRules;
 
+mod bots;
 mod server;
 mod session;
 
+pub use self::bots::{BotConfig, BotId, Bots};
 pub use self::server::{READING_TOOLS, ServerPolicy};
 pub use keel_tools::ToolsConfig;
 pub use keel_tools::mcp::{
@@ -137,6 +150,9 @@ pub struct KeelConfig {
     /// What API clients of `keel serve` may ask for (`[server]`).
     #[serde(default)]
     pub server: ServerPolicy,
+    /// The defaults of each bot's sessions (`[bots.<id>]`).
+    #[serde(default)]
+    pub bots: Bots,
 }
 
 /// A named model in `keel.toml`.

@@ -177,3 +177,57 @@ fn a_bad_mcp_entry_fails_loading_the_file() {
         )
     );
 }
+
+#[test]
+fn bots_set_their_sessions_defaults() {
+    let path = Path::new("/etc/keel/keel.toml");
+    let config = KeelConfig::parse(
+        r#"
+        [bots.support]
+        coding_agent = false
+        instructions = "Answer customers."
+        model = "openai:gpt-4.1-mini"
+
+        [bots.reviewer]
+        queue_mode = "each"
+        "#,
+        path,
+    )
+    .expect("parse");
+    let support = config.bot("support");
+    assert!(!support.is_coding_agent());
+    assert_eq!(support.queue_mode(), keel_agent::QueueMode::Each);
+    assert_eq!(support.default_instructions(true).as_deref(), Some("Answer customers."));
+    assert_eq!(support.model.as_deref(), Some("openai:gpt-4.1-mini"));
+
+    let reviewer = config.bot("reviewer");
+    assert_eq!(reviewer.queue_mode(), keel_agent::QueueMode::Each);
+    assert_eq!(
+        reviewer.default_instructions(true).as_deref(),
+        Some(keel_agent::CODING_AGENT_PROMPT)
+    );
+    assert_eq!(reviewer.default_instructions(false), None, "no tools, no coding prompt");
+
+    let unlisted = config.bot("anyone");
+    assert!(unlisted.is_coding_agent());
+    assert_eq!(unlisted.queue_mode(), keel_agent::QueueMode::Merge);
+}
+
+#[test]
+fn a_bad_bots_table_names_the_file_line_and_column() {
+    let path = Path::new("keel.toml");
+    let error = |text: &str| match KeelConfig::parse(text, path) {
+        Ok(_) => panic!("{text} parsed"),
+        Err(error) => error.to_string(),
+    };
+    let unknown = error("[bots.support]\ncoding_agent = false\nprompt = \"hi\"\n");
+    assert!(
+        unknown.starts_with("invalid configuration: keel.toml:3:1: unknown field `prompt`"),
+        "{unknown}"
+    );
+    let mode = error("[bots.support]\nqueue_mode = \"all\"\n");
+    assert!(mode.contains("keel.toml:2:14: unknown variant `all`"), "{mode}");
+    let id = error("[bots.\"tab\\there\"]\ncoding_agent = false\n");
+    assert!(id.contains("keel.toml:1:"), "{id}");
+    assert!(id.contains("must be 1 to 128 printable ASCII characters"), "{id}");
+}

@@ -4,6 +4,7 @@ use std::ops::Deref;
 
 use serde::{Deserialize, Serialize};
 
+use super::instructions::ProjectInstructions;
 use super::op::{BusyPolicy, Op};
 
 /// An event before it is recorded: what happened and which submission caused it.
@@ -106,6 +107,9 @@ pub enum EventMsg {
     /// The session's model was changed (`PATCH /v1/sessions/{id}`) while
     /// no turn ran; the turns after it are answered by its `model`.
     ModelChanged(ModelChangedEvent),
+    /// The project instructions (`AGENTS.md` files) the session read at
+    /// its first turn, recorded once: the session keeps using this text.
+    InstructionsLoaded(ProjectInstructions),
 }
 
 impl EventMsg {
@@ -137,6 +141,7 @@ impl EventMsg {
             EventMsg::ContextCompacted(_) => "context_compacted",
             EventMsg::TurnRolledBack(_) => "turn_rolled_back",
             EventMsg::ModelChanged(_) => "model_changed",
+            EventMsg::InstructionsLoaded(_) => "instructions_loaded",
         }
     }
 
@@ -167,6 +172,7 @@ impl EventMsg {
             | EventMsg::SubmissionQueued(_)
             | EventMsg::ShutdownComplete(_)
             | EventMsg::ModelChanged(_)
+            | EventMsg::InstructionsLoaded(_)
             // Between turns: it names the turn it undid, which has ended.
             | EventMsg::TurnRolledBack(_) => None,
         }

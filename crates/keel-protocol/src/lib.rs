@@ -11,12 +11,14 @@
 
 pub mod error;
 mod event;
+mod instructions;
 mod op;
 mod provider_error;
 mod store_error;
 mod transcript;
 
 pub use event::*;
+pub use instructions::*;
 pub use op::*;
 pub use transcript::*;
 

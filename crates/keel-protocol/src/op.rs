@@ -20,7 +20,9 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 #[serde(tag = "type", rename_all = "snake_case", from = "OpWire")]
 pub enum Op {
     /// A user message. It starts a turn, or waits for the next one while a
-    /// turn runs (every message queued before a turn starts joins that turn).
+    /// turn runs: by the session's queue mode, every message queued before
+    /// a turn starts joins that turn (`merge`, the runtime's default), or
+    /// each gets a turn of its own (`each`).
     UserInput {
         /// The message text (not only white space).
         #[cfg_attr(feature = "openapi", schema(pattern = r"\S"))]

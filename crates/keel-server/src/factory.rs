@@ -12,9 +12,9 @@ use std::sync::Arc;
 use super::ceiling::{ScriptDir, check_overrides, resolve_script};
 use super::error::ApiError;
 use super::metrics::{MeteredModel, Metrics};
-use super::settings::{SessionSettings, merge_approvals};
-use keel_agent::{AgentConfig, SessionContext};
-use keel_config::KeelConfig;
+use super::settings::{SessionSettings, ToolsOverrides, merge_approvals};
+use keel_agent::{AgentConfig, ProjectDocs, QueueMode, SessionContext};
+use keel_config::{KeelConfig, ToolsConfig};
 use keel_model::Model;
 use keel_store::CheckpointStore;
 use keel_tools::workspace::{WorkspaceError, WorkspaceRoot};
@@ -64,15 +64,57 @@ impl SessionFactory {
         Ok(resolved)
     }
 
-    /// Whether the operator chose `spec`: the server's default model or one
-    /// named in `keel.toml` (a default `script:` model in any spelling of
-    /// its path).
+    /// Whether the operator chose `spec`: the server's default model, one
+    /// named in `keel.toml`, or a bot's model there (a default `script:`
+    /// model in any spelling of its path).
     fn operator_model(&self, spec: &str) -> bool {
         self.keel.models.contains_key(spec)
+            || self.keel.bots.values().any(|bot| bot.model.as_deref() == Some(spec))
             || self
                 .default_model
                 .as_deref()
                 .is_some_and(|default| default == spec || absolute_spec(default) == absolute_spec(spec))
+    }
+
+    /// A new session's settings: what the request gave, completed from its
+    /// bot's `[bots.<id>]` defaults (model, tools, queue mode) and the
+    /// system prompt resolved (the request's, the bot's, or Keel's coding
+    /// prompt for a coding agent with tools). Stored as resolved, so a
+    /// later change of `keel.toml` or of the default prompt does not change
+    /// the session.
+    pub(crate) fn with_bot_defaults(
+        &self,
+        bot_id: &str,
+        mut settings: SessionSettings,
+        queue_mode: Option<QueueMode>,
+    ) -> SessionSettings {
+        let bot = self.keel.bot(bot_id);
+        settings.model = settings.model.or_else(|| bot.model.clone());
+        if !bot.is_coding_agent() {
+            // A chat bot's built-in tools are off unless the request says.
+            let asked = settings.tools.unwrap_or_default();
+            settings.tools = Some(ToolsOverrides {
+                builtin: asked.builtin.or(Some(false)),
+                write: asked.write.or(Some(false)),
+                shell: asked.shell.or(Some(false)),
+                ..asked
+            });
+        }
+        let tools = self.tools_config(&settings);
+        let has_tools =
+            tools.builtin || tools.write || tools.shell || self.keel.mcp.servers.values().any(|server| server.enabled);
+        settings.instructions = settings.instructions.or_else(|| bot.default_instructions(has_tools));
+        settings.queue_mode = queue_mode.unwrap_or_else(|| bot.queue_mode());
+        settings.project_instructions = bot.is_coding_agent();
+        settings
+    }
+
+    /// The `[tools]` a session with `settings` gets.
+    fn tools_config(&self, settings: &SessionSettings) -> ToolsConfig {
+        match &settings.tools {
+            Some(overrides) => overrides.apply(&self.keel.tools),
+            None => self.keel.tools.clone(),
+        }
     }
 
     /// Builds the model of `spec` on a blocking thread (a script is a file
@@ -146,17 +188,20 @@ impl SessionFactory {
         let mut config = AgentConfig::new(session_id, Arc::clone(&self.store), model);
         config.workspace = workspace;
         config.session_context = context;
-        config.instructions = settings.instructions.clone();
+        // An empty prompt is the request's way to have none.
+        config.instructions = settings.instructions.clone().filter(|text| !text.is_empty());
+        config.queue_mode = settings.queue_mode;
+        // Read below the workspace root, down to the session's workspace.
+        config.project_docs = settings
+            .project_instructions
+            .then(|| ProjectDocs::new(&self.workspace_root));
         config.max_steps = self.max_steps;
         config.submission_capacity = self.submission_capacity;
         config.approvals = match &settings.approvals {
             Some(overrides) => merge_approvals(&self.keel.approvals, overrides),
             None => self.keel.approvals.clone(),
         };
-        let tools = match &settings.tools {
-            Some(overrides) => overrides.apply(&self.keel.tools),
-            None => self.keel.tools.clone(),
-        };
+        let tools = self.tools_config(settings);
         self.keel
             .install_tools(&mut config, &tools, self.launcher.clone())
             .await;

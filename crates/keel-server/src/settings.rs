@@ -1,7 +1,7 @@
 //! A server session's settings: what a client asked for when it created it.
 //!
 //! The settings a session was created with (model spec, tools and approval
-//! overrides, instructions, busy policy) are stored in the session's
+//! overrides, instructions, busy policy, queue mode) are stored in the session's
 //! [`SessionContext::settings`], so a session reloads with them after being
 //! unloaded or after a restart. API users see only the context's metadata.
 //! `ceiling` checks them against the operator's ceiling; `factory` builds a
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
-use keel_agent::{BusyPolicy, SessionContext};
+use keel_agent::{BusyPolicy, QueueMode, SessionContext};
 use keel_config::ToolsConfig;
 use keel_tools::ApprovalRules;
 use keel_tools::workspace::SandboxPolicy;
@@ -70,6 +70,8 @@ pub(crate) struct SessionSettings {
     /// stores its `model` and `instructions` here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) model: Option<String>,
+    /// The system prompt, fixed when the session was created: the
+    /// request's, its bot's, or Keel's coding prompt (an empty one: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) instructions: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,6 +80,13 @@ pub(crate) struct SessionSettings {
     pub(crate) approvals: Option<ApprovalRules>,
     #[serde(default)]
     pub(crate) on_busy: BusyPolicy,
+    /// How queued messages become turns.
+    #[serde(default)]
+    pub(crate) queue_mode: QueueMode,
+    /// Whether the session reads the project's `AGENTS.md` at its first
+    /// turn (a coding agent's session created since they are read).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) project_instructions: bool,
 }
 
 impl SessionSettings {

@@ -189,6 +189,7 @@ pub(crate) fn checkpoint(session_id: &str, bot_id: &str, model_calls: u64) -> Ch
         approved_tools: ["write_file".to_owned()].into(),
         compaction: None,
         last_turn: None,
+        project_instructions: None,
     }
 }
 

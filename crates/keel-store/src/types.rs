@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use keel_protocol::{
-    ApprovalDecision, BusyPolicy, Event, EventMsg, Op, RecordedEvent, StoreError, TokenUsage, TranscriptItem,
+    ApprovalDecision, BusyPolicy, Event, EventMsg, Op, ProjectInstructions, RecordedEvent, StoreError, TokenUsage,
+    TranscriptItem,
 };
 
 /// The most events one [`crate::CheckpointStore::event_page`] call returns.
@@ -55,6 +56,11 @@ pub struct Checkpoint {
     /// the first turn and after a rollback.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_turn: Option<LastTurn>,
+    /// The project instructions (`AGENTS.md`) read at the session's first
+    /// turn, kept so that a resumed session sends the same ones; `None`
+    /// until read (and for hosts that read none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_instructions: Option<ProjectInstructions>,
 }
 
 /// Where the latest turn's history starts, saved when the turn starts.
@@ -90,6 +96,7 @@ impl Checkpoint {
             approved_tools: BTreeSet::new(),
             compaction: None,
             last_turn: None,
+            project_instructions: None,
         }
     }
 }

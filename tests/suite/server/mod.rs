@@ -3,6 +3,7 @@
 //! signals matter. Real SQLite files, the scripted model, no mocks.
 
 mod auth;
+mod bots;
 mod ceiling;
 mod cluster;
 mod errors;

@@ -21,6 +21,7 @@ from .models import (
     ForkSession,
     Interrupt,
     Op,
+    QueueMode,
     Session,
     SessionList,
     Shutdown,
@@ -78,6 +79,7 @@ class Calls:
         tools: Tools | dict[str, Any] | None,
         approvals: Approvals | dict[str, Any] | None,
         on_busy: BusyPolicy | None,
+        queue_mode: QueueMode | None = None,
     ) -> Flow[Session]:
         body = CreateSession(
             id=id,
@@ -88,6 +90,7 @@ class Calls:
             tools=tools,  # type: ignore[arg-type]
             approvals=approvals,  # type: ignore[arg-type]
             on_busy=on_busy,
+            queue_mode=queue_mode,
         )
         return call(Request("POST", "/v1/sessions", json=to_json(body)), self.retries, _parser(Session))
 

@@ -20,6 +20,7 @@ from .models import (
     Decision,
     Interrupt,
     Op,
+    QueueMode,
     Session,
     SessionList,
     Tools,
@@ -47,11 +48,12 @@ class AsyncSessions:
         tools: Tools | dict[str, Any] | None = None,
         approvals: Approvals | dict[str, Any] | None = None,
         on_busy: BusyPolicy | None = None,
+        queue_mode: QueueMode | None = None,
     ) -> Session:
         """Creates a session (``POST /v1/sessions``); every field is optional."""
         calls = self._client._calls
         return await self._client._drive(
-            calls.create_session(id, model, bot_id, context, instructions, tools, approvals, on_busy)
+            calls.create_session(id, model, bot_id, context, instructions, tools, approvals, on_busy, queue_mode)
         )
 
     async def get(self, session_id: str) -> Session:

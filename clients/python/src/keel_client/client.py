@@ -18,6 +18,7 @@ from .models import (
     Decision,
     Interrupt,
     Op,
+    QueueMode,
     Session,
     SessionList,
     Tools,
@@ -58,11 +59,12 @@ class Sessions:
         tools: Tools | dict[str, Any] | None = None,
         approvals: Approvals | dict[str, Any] | None = None,
         on_busy: BusyPolicy | None = None,
+        queue_mode: QueueMode | None = None,
     ) -> Session:
         """Creates a session (``POST /v1/sessions``); every field is optional."""
         calls = self._client._calls
         return self._client._drive(
-            calls.create_session(id, model, bot_id, context, instructions, tools, approvals, on_busy)
+            calls.create_session(id, model, bot_id, context, instructions, tools, approvals, on_busy, queue_mode)
         )
 
     def get(self, session_id: str) -> Session:

@@ -279,6 +279,26 @@ class TurnRolledBack:
 
 
 @dataclass(frozen=True)
+class InstructionSource:
+    """One ``AGENTS.md`` file a session read its project instructions from."""
+
+    path: str
+    bytes: int
+    sha256: str
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class InstructionsLoaded:
+    """The project instructions (``AGENTS.md``) read at the session's first turn, kept for the session."""
+
+    TYPE: ClassVar[str] = "instructions_loaded"
+    sources: list[InstructionSource] = field(default_factory=list)
+    text: str = ""
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class UnknownEvent:
     """A variant this client does not know: its tag and its fields as sent."""
 
@@ -314,6 +334,7 @@ EVENT_TYPES: dict[str, type] = {
         ContextCompacted,
         TurnRolledBack,
         ModelChanged,
+        InstructionsLoaded,
     )
 }
 """Each variant's dataclass, by its ``type`` tag."""
@@ -343,6 +364,7 @@ EventMsg = Union[
     ShutdownComplete,
     ContextCompacted,
     TurnRolledBack,
+    InstructionsLoaded,
     UnknownEvent,
 ]
 """What happened: one of the variants above."""

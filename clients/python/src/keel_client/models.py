@@ -17,6 +17,9 @@ from ._convert import from_json, register
 BusyPolicy = Literal["queue", "interrupt", "reject", "steer"]
 """What a ``user_input`` does while the session is busy."""
 
+QueueMode = Literal["merge", "each"]
+"""How the messages waiting in a session's queue become turns: all in one, or one each."""
+
 Decision = Literal["approve", "approve_for_session", "deny"]
 """An answer to a tool call that waits for approval."""
 
@@ -137,6 +140,7 @@ class CreateSession:
     tools: Tools | None = None
     approvals: Approvals | None = None
     on_busy: BusyPolicy | None = None
+    queue_mode: QueueMode | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,7 @@ class Session:
     bot_id: str
     context: dict[str, Any]
     on_busy: BusyPolicy
+    queue_mode: QueueMode
     created_at_ms: int
     updated_at_ms: int
     last_sequence: int

@@ -443,11 +443,17 @@ export interface components {
             context?: {
                 [key: string]: unknown;
             } | null;
-            /** @description A system prompt for the model. */
+            /**
+             * @description The system prompt. When absent: the bot's (`[bots.<id>]
+             *     instructions` in keel.toml), else Keel's default coding-agent prompt
+             *     when the session has tools and its bot is a coding agent, else none;
+             *     `""` asks for none. Fixed when the session is created.
+             */
             instructions?: string | null;
             tools?: components["schemas"]["ToolsOverrides"] | null;
             approvals?: components["schemas"]["ApprovalRules"] | null;
             on_busy?: components["schemas"]["BusyPolicy"] | null;
+            queue_mode?: components["schemas"]["QueueMode"] | null;
         };
         /** @description `{"code": …, "message": …}`. */
         ErrorBody: {
@@ -549,6 +555,9 @@ export interface components {
         }) | (components["schemas"]["ModelChangedEvent"] & {
             /** @enum {string} */
             type: "model_changed";
+        }) | (components["schemas"]["ProjectInstructions"] & {
+            /** @enum {string} */
+            type: "instructions_loaded";
         });
         /** @description A page of events, oldest first. */
         EventsView: {
@@ -583,6 +592,23 @@ export interface components {
             id?: string | null;
             /** @description A user message submitted to the fork once it exists (not only white space): with a point just before a past message's turn, this edits that message. */
             message?: string | null;
+        };
+        /** @description One `AGENTS.md` file that went into [`ProjectInstructions`]. */
+        InstructionSource: {
+            /**
+             * @description The file, relative to the workspace root (`AGENTS.md` for the
+             *     root's own, `<dir>/AGENTS.md` below it).
+             */
+            path: string;
+            /**
+             * Format: int64
+             * @description Its size when it was read, in bytes.
+             */
+            bytes: number;
+            /** @description The SHA-256 of its content when it was read, in lower-case hex. */
+            sha256: string;
+            /** @description Whether only its beginning was used, to stay within the size cap. */
+            truncated?: boolean;
         };
         /** @description Payload of [`EventMsg::ModelChanged`]. */
         ModelChangedEvent: {
@@ -675,6 +701,33 @@ export interface components {
             /** @enum {string} */
             type: "regenerate";
         };
+        /**
+         * @description The project instructions a session read from `AGENTS.md` files at its
+         *     first turn, as recorded (the `instructions_loaded` event and the
+         *     session's checkpoint): a resumed session uses exactly this text, however
+         *     the files changed since.
+         */
+        ProjectInstructions: {
+            /**
+             * @description The files read, outermost first (the nearest, most specific, last).
+             *     Empty when there was none: the session then has no project
+             *     instructions, and a file written later is not picked up.
+             */
+            sources?: components["schemas"]["InstructionSource"][];
+            /** @description The section appended to the system prompt (empty without sources). */
+            text?: string;
+            /**
+             * @description Files that were found but not used, and why (not text, too large,
+             *     refused as one of Keel's own files).
+             */
+            skipped?: string[];
+        };
+        /**
+         * @description How the user messages waiting in a session's queue become turns when
+         *     the session gets to them.
+         * @enum {string}
+         */
+        QueueMode: "merge" | "each";
         /** @description Payload of [`EventMsg::ReasoningDelta`]. */
         ReasoningDeltaEvent: {
             /** @description The turn. */
@@ -800,6 +853,11 @@ export interface components {
             model?: string | null;
             /** @description What a message does while it is busy, by default. */
             on_busy: components["schemas"]["BusyPolicy"];
+            /**
+             * @description How messages waiting in its queue become turns (`merge`: one turn
+             *     for all; `each`: a turn per message).
+             */
+            queue_mode: components["schemas"]["QueueMode"];
             /**
              * Format: int64
              * @description When it was created, in milliseconds since the Unix epoch.

@@ -19,6 +19,7 @@ mod compaction;
 mod control;
 mod fork;
 mod handle;
+mod instructions;
 mod lease;
 pub mod recorder;
 mod recovery;
@@ -47,6 +48,10 @@ pub use self::compaction::{SUMMARY_PREFIX, SUMMARY_PROMPT};
 pub use self::fork::{ForkError, fork_session, point_before_turn};
 pub use self::handle::{Accepted, SessionHandle, SubmitOptions};
 pub use self::handle::{answer_keyed, key_reused};
+pub use self::instructions::{
+    CODING_AGENT_PROMPT, DEFAULT_PROJECT_INSTRUCTIONS_BYTES, PROJECT_INSTRUCTIONS_FILE, ProjectDocs,
+    load_project_instructions, system_prompt,
+};
 use self::lease::take_lease;
 pub use self::lease::{LeaseClock, LeaseOwner};
 pub use self::recorder::{EVENT_QUEUE_CAPACITY, EventRecorder, RecorderOptions, send_event, try_send_event};
@@ -105,8 +110,17 @@ pub struct AgentConfig {
     /// Which tool calls run at once, wait for the user's approval, or are
     /// refused (by default: reading tools run, the others ask).
     pub approvals: ApprovalRules,
-    /// Standing instructions for the model (the system prompt).
+    /// Standing instructions for the model (the system prompt). The
+    /// runtime adds no default of its own: a host that wants Keel's coding
+    /// agent passes [`CODING_AGENT_PROMPT`].
     pub instructions: Option<String>,
+    /// Where project instructions (`AGENTS.md`) are read from, at the
+    /// session's first turn, to be appended to `instructions` and recorded
+    /// (`instructions_loaded`); `None` reads none.
+    pub project_docs: Option<ProjectDocs>,
+    /// How the messages waiting in the queue become turns: all together
+    /// ([`QueueMode::Merge`], the default) or one turn each.
+    pub queue_mode: QueueMode,
     /// The most model calls one turn may make; past it the turn ends with an
     /// error event (and still completes).
     pub max_steps: u32,
@@ -142,6 +156,8 @@ impl AgentConfig {
             tools: ToolSet::new(),
             approvals: ApprovalRules::default(),
             instructions: None,
+            project_docs: None,
+            queue_mode: QueueMode::default(),
             max_steps: DEFAULT_MAX_STEPS,
             sandbox: None,
             startup_warnings: Vec::new(),
@@ -324,6 +340,11 @@ struct Opened {
 /// The session task's state, from the configuration and what opening made.
 fn session(config: AgentConfig, opened: Opened) -> Session {
     let context_limits = config.context_limits.or_else(|| config.model.context_limits());
+    // A resumed session sends the project instructions it recorded.
+    let instructions = instructions::system_prompt(
+        config.instructions.as_deref(),
+        opened.checkpoint.project_instructions.as_ref(),
+    );
     Session {
         session_id: config.session_id,
         model: config.model,
@@ -335,7 +356,10 @@ fn session(config: AgentConfig, opened: Opened) -> Session {
         tools: config.tools,
         approvals: config.approvals,
         resume: opened.resume,
-        instructions: config.instructions,
+        instructions,
+        base_instructions: config.instructions,
+        project_docs: config.project_docs,
+        queue_mode: config.queue_mode,
         max_steps: config.max_steps.max(1),
         workspace: config.workspace,
         deferred: None,

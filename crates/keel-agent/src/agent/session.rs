@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::control::{self, ControlLane};
+use super::instructions::ProjectDocs;
 use super::lease::LeaseOwner;
 use super::recorder::EventRecorder;
 use super::status::StatusCell;
@@ -18,7 +19,7 @@ use super::stream::StreamingOptions;
 use super::submission::Inbox;
 use keel_model::{ContextLimits, Model};
 use keel_protocol::Result;
-use keel_protocol::{Event, EventMsg, Submission, TranscriptItem};
+use keel_protocol::{Event, EventMsg, QueueMode, Submission, TranscriptItem};
 use keel_store::{Checkpoint, CheckpointStore, CheckpointWrite, TurnExecution};
 use keel_tools::{ApprovalRules, ToolSet};
 
@@ -38,8 +39,15 @@ pub(super) struct Session {
     /// A turn found waiting for approvals when the session was opened; it
     /// goes on before anything else.
     pub(super) resume: Option<TurnExecution>,
-    /// Standing instructions for the model.
+    /// The system prompt sent: the session's instructions plus its project
+    /// instructions once they are read.
     pub(super) instructions: Option<String>,
+    /// The session's own instructions, which project instructions join.
+    pub(super) base_instructions: Option<String>,
+    /// Where project instructions are read from at the first turn.
+    pub(super) project_docs: Option<ProjectDocs>,
+    /// How queued messages become turns.
+    pub(super) queue_mode: QueueMode,
     /// The most model calls one turn may make.
     pub(super) max_steps: u32,
     /// The directory tools work in.

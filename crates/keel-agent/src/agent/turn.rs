@@ -25,7 +25,7 @@ use keel_model::{ModelOutput, ModelRequest};
 use keel_protocol::Result;
 use keel_protocol::{
     AbortReason, AssistantMessageEvent, CompactionReason, ErrorEvent, Event, EventMsg, ModelStepStartedEvent, Op,
-    Submission, TokenUsageEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent, TurnRolledBackEvent,
+    QueueMode, Submission, TokenUsageEvent, TranscriptItem, TurnAbortedEvent, TurnCompleteEvent, TurnRolledBackEvent,
     TurnStartedEvent, UserMessageEvent, WarningEvent, new_id, now_ms,
 };
 use keel_secrets::{redact, redact_owned};
@@ -54,7 +54,8 @@ enum Abort {
 }
 
 impl Session {
-    /// Runs a turn for `first` and every user message queued up to the cutoff.
+    /// Runs a turn for `first` and, in [`QueueMode::Merge`], every user
+    /// message queued up to the cutoff.
     pub(super) async fn run_turn(&mut self, first: Submission) -> Result<()> {
         let inputs = self.take_inputs(first).await;
         self.start_turn(inputs, Vec::new(), None).await
@@ -137,11 +138,12 @@ impl Session {
             },
         };
         self.status.begin_turn(turn.id());
+        let mut events = prelude;
+        events.extend(self.read_project_instructions().await);
         self.checkpoint.last_turn = Some(LastTurn {
             turn_id: turn.id().to_owned(),
             history_from: self.transcript.len() as u64,
         });
-        let mut events = prelude;
         events.push(turn.event(EventMsg::TurnStarted(TurnStartedEvent {
             turn_id: turn.id().to_owned(),
         })));
@@ -287,15 +289,17 @@ impl Session {
         self.recorder.append(events, Some(write)).await
     }
 
-    /// Takes `first` and the user messages queued after it up to the cutoff,
-    /// as `(submission id, text)` pairs. A non-input op stops the gathering
-    /// and is handled after the turn.
+    /// Takes `first` and (in [`QueueMode::Merge`]) the user messages queued
+    /// after it up to the cutoff, as `(submission id, text)` pairs. A
+    /// non-input op stops the gathering and is handled after the turn.
     async fn take_inputs(&mut self, first: Submission) -> Vec<(String, String)> {
         let cutoff = self.inbox.cutoff().unwrap_or(0);
         let mut inputs = Vec::new();
         // Messages steered at a turn that ended without them come first.
         let mut steered = std::mem::take(&mut self.steering).into_iter();
         let mut next = Some(first);
+        // One message per turn: the rest wait for turns of their own.
+        let each = self.queue_mode == QueueMode::Each;
         while let Some(submission) = next.take() {
             match submission.op {
                 Op::UserInput { text } | Op::Steer { text } => inputs.push((submission.id, text)),
@@ -303,6 +307,9 @@ impl Session {
                     self.deferred = Some(submission);
                     break;
                 }
+            }
+            if each {
+                break;
             }
             next = steered.next();
             if next.is_none() && self.inbox.last_sequence < cutoff {

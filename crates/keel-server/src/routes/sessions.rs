@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::openapi::errors::{BODY, CEILING, LOADING, route_errors};
 use crate::settings::{SessionSettings, ToolsOverrides};
-use keel_agent::{BusyPolicy, MAX_BOT_ID_BYTES, MAX_SESSION_ID_BYTES, SessionContext, SessionStatus};
+use keel_agent::{BusyPolicy, MAX_BOT_ID_BYTES, MAX_SESSION_ID_BYTES, QueueMode, SessionContext, SessionStatus};
 use keel_protocol::{TokenUsage, new_id};
 use keel_store::{CheckpointStoreExt, MAX_TITLE_CHARS, SessionSummary};
 use keel_tools::ApprovalRules;
@@ -50,7 +50,10 @@ pub(crate) struct CreateSession {
     bot_id: Option<String>,
     /// Metadata kept with the session and shown with it.
     context: Option<serde_json::Map<String, serde_json::Value>>,
-    /// A system prompt for the model.
+    /// The system prompt. When absent: the bot's (`[bots.<id>]
+    /// instructions` in keel.toml), else Keel's default coding-agent prompt
+    /// when the session has tools and its bot is a coding agent, else none;
+    /// `""` asks for none. Fixed when the session is created.
     instructions: Option<String>,
     /// Overrides of the server's `[tools]`, within its ceiling.
     #[serde(default, deserialize_with = "crate::extract::object")]
@@ -60,6 +63,11 @@ pub(crate) struct CreateSession {
     approvals: Option<ApprovalRules>,
     /// What a message does while the session is busy, by default.
     on_busy: Option<BusyPolicy>,
+    /// How messages waiting in the queue become turns: `merge` (all that
+    /// wait join the next turn, one answer) or `each` (one turn and answer
+    /// per message). Default: the bot's (`merge` for a coding agent,
+    /// `each` for a bot with `coding_agent = false`).
+    queue_mode: Option<QueueMode>,
 }
 
 /// A session as the API shows it.
@@ -77,6 +85,9 @@ pub(crate) struct SessionView {
     model: Option<String>,
     /// What a message does while it is busy, by default.
     on_busy: BusyPolicy,
+    /// How messages waiting in its queue become turns (`merge`: one turn
+    /// for all; `each`: a turn per message).
+    queue_mode: QueueMode,
     /// When it was created, in milliseconds since the Unix epoch.
     created_at_ms: u64,
     /// When its log last grew.
@@ -166,7 +177,8 @@ impl SessionView {
             model: settings
                 .as_ref()
                 .and_then(|settings| server.host.factory.model_spec(settings)),
-            on_busy: settings.map(|settings| settings.on_busy).unwrap_or_default(),
+            on_busy: settings.as_ref().map(|settings| settings.on_busy).unwrap_or_default(),
+            queue_mode: settings.map(|settings| settings.queue_mode).unwrap_or_default(),
             created_at_ms: summary.created_at_ms,
             updated_at_ms: summary.updated_at_ms,
             last_sequence,
@@ -253,13 +265,19 @@ pub(crate) async fn create(
     if let Some(bot_id) = &request.bot_id {
         check_bot_id(bot_id)?;
     }
-    let settings = SessionSettings {
+    let bot_id = request.bot_id.unwrap_or_else(|| DEFAULT_BOT_ID.to_owned());
+    let asked = SessionSettings {
         model: request.model,
         instructions: request.instructions,
         tools: request.tools,
         approvals: request.approvals,
         on_busy: request.on_busy.unwrap_or_default(),
+        ..SessionSettings::default()
     };
+    let settings = server
+        .host
+        .factory
+        .with_bot_defaults(&bot_id, asked, request.queue_mode);
     // A bad spec or a missing key is the request's fault; check it before
     // anything is stored. The resolved spec is stored, so the session keeps
     // its model when the server's default changes.
@@ -269,7 +287,7 @@ pub(crate) async fn create(
         ..settings
     };
     let context = SessionContext {
-        bot_id: request.bot_id.unwrap_or_else(|| DEFAULT_BOT_ID.to_owned()),
+        bot_id,
         metadata: request.context.unwrap_or_default(),
         settings: Some(settings.to_value()),
     };

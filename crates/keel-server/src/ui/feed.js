@@ -37,6 +37,7 @@ export const EVENT_KINDS = [
   "shutdown_complete",
   "context_compacted",
   "turn_rolled_back",
+  "instructions_loaded",
 ];
 
 const PAGE = 1000;

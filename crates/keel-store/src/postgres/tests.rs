@@ -125,6 +125,7 @@ fn checkpoint(session_id: &str, bot_id: &str, model_calls: u64) -> Checkpoint {
         approved_tools: Default::default(),
         compaction: None,
         last_turn: None,
+        project_instructions: None,
     }
 }
 

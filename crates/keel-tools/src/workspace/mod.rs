@@ -41,7 +41,7 @@ pub use self::created::{Marker, Origin, REGISTRY_DIR, WorkspaceError, WorkspaceR
 pub use self::edit::EditFile;
 pub use self::list::ListDir;
 pub use self::paths::{Resolved, Workspace};
-pub use self::read::ReadFile;
+pub use self::read::{ReadFile, read_workspace_text};
 pub use self::sandbox::{SandboxPolicy, SandboxStatus};
 pub use self::search::Search;
 pub use self::shell::{SHELL_PASSED_ENV, ShellConfig, ShellTool};

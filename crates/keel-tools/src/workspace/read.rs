@@ -77,6 +77,21 @@ impl Tool for ReadFile {
     }
 }
 
+/// The text of the file `name` in the directory `dir`, read exactly as
+/// `read_file` reads it (confined to `dir`, following no link out of it,
+/// refusing Keel's protected files, binary files and files over 4 MiB);
+/// `Ok(None)` when nothing is there. For the runtime's own reads of files
+/// the model may have written (a project's `AGENTS.md`): they reach no
+/// further than the model's own `read_file` would.
+pub fn read_workspace_text(dir: &std::path::Path, name: &str) -> Result<Option<String>, ToolError> {
+    let workspace = Workspace::new(dir)?;
+    let location = workspace.locate(name)?;
+    if !location.exists {
+        return Ok(None);
+    }
+    load_text_at(&workspace, &location, name).map(Some)
+}
+
 /// The text of the file `path`, refusing what is not a regular UTF-8 text
 /// file of at most [`MAX_FILE_BYTES`].
 pub(super) fn load_text(workspace: &Workspace, path: &str) -> Result<String, ToolError> {
