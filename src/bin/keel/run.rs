@@ -13,7 +13,7 @@ use crate::ModelArgs;
 use crate::console::{ApproveMode, Printer, decide};
 use crate::db::DbArgs;
 use crate::interrupts::{Interrupts, Terminations};
-use crate::session::{Opening, StoredSettings, ToolArgs, agent_config};
+use crate::session::{Opening, StoredSettings, ToolArgs, agent_config, project_docs, session_instructions};
 use crate::turn::{Outcome, Step, TurnTracker, Until};
 
 /// Arguments of `keel run`.
@@ -90,9 +90,18 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         true,
     )
     .await?;
-    let instructions = args.system.clone().or(stored.instructions);
+    let instructions = session_instructions(
+        &keel_config,
+        &args.bot,
+        args.system.as_deref(),
+        stored.instructions,
+        args.session.is_some(),
+        &args.tools,
+    );
+    let project_docs = project_docs(&keel_config, &args.bot, &args.tools, &workspace);
     let mut config = agent_config(session_id.clone(), store, model, &keel_config, &args.tools, workspace).await;
     config.session_context.bot_id = args.bot.clone();
+    config.project_docs = project_docs;
     // Kept with a new session (a resumed one keeps what it was created with).
     config.session_context.settings = Some(
         StoredSettings {

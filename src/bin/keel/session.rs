@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use keel::agent::AgentConfig;
+use keel::agent::{AgentConfig, ProjectDocs};
 use keel::config::KeelConfig;
 use keel::protocol::new_id;
 use keel::store::{CheckpointStore, StoreError};
@@ -194,4 +194,36 @@ pub(crate) async fn agent_config(
         keel_config.install_tools(&mut config, &tools_config, launcher).await;
     }
     config
+}
+
+/// The system prompt of a CLI session: `--system` when given (an empty one
+/// is none); else what a resumed session was created with; else, for a new
+/// session, its bot's default from keel.toml (Keel's coding-agent prompt
+/// for a coding bot with tools). Stored with a new session, so a later
+/// change of keel.toml does not change the conversation.
+pub(crate) fn session_instructions(
+    keel_config: &KeelConfig,
+    bot_id: &str,
+    system: Option<&str>,
+    stored: Option<String>,
+    resumed: bool,
+    tools: &ToolArgs,
+) -> Option<String> {
+    let chosen = match system {
+        Some(text) => Some(text.to_owned()),
+        None if resumed => stored,
+        None => keel_config.bot(bot_id).default_instructions(!tools.no_tools),
+    };
+    chosen.filter(|text| !text.is_empty())
+}
+
+/// Where a CLI session reads its project instructions (`AGENTS.md` in its
+/// workspace): only for a coding bot with tools, as the server does.
+pub(crate) fn project_docs(
+    keel_config: &KeelConfig,
+    bot_id: &str,
+    tools: &ToolArgs,
+    workspace: &std::path::Path,
+) -> Option<ProjectDocs> {
+    (keel_config.bot(bot_id).is_coding_agent() && !tools.no_tools).then(|| ProjectDocs::new(workspace))
 }

@@ -469,6 +469,7 @@ mod chat;
 mod configured_secrets;
 mod conveniences;
 mod fork;
+mod instructions;
 mod lifecycle;
 mod operators;
 mod postgres;

@@ -13,7 +13,7 @@ use crate::db::Hold;
 use super::commands::Unrecoverable;
 use super::switch::SwitchableModel;
 use super::{BOT_ID, ChatArgs, Opened, Session};
-use crate::session::{Opening, StoredSettings, agent_config};
+use crate::session::{Opening, StoredSettings, agent_config, project_docs, session_instructions};
 
 /// A session opened in this process.
 pub(crate) struct LocalSession {
@@ -64,6 +64,15 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
             history.extend(page);
         }
     }
+    let instructions = session_instructions(
+        &keel_config,
+        BOT_ID,
+        args.system.as_deref(),
+        stored.instructions,
+        args.session.is_some(),
+        &args.tools,
+    );
+    let project_docs = project_docs(&keel_config, BOT_ID, &args.tools, &workspace);
     let model = Arc::new(SwitchableModel::new(model));
     let mut config = agent_config(
         id,
@@ -76,7 +85,7 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
     .await;
     let fork_store = Arc::clone(&store);
     config.session_context.bot_id = BOT_ID.to_owned();
-    let instructions = args.system.clone().or(stored.instructions);
+    config.project_docs = project_docs;
     // Kept with a new session (a resumed one keeps what it was created with).
     config.session_context.settings = Some(
         StoredSettings {
