@@ -168,8 +168,18 @@ async fn web_ui_keyboard_shortcuts() {
     assert_eq!(aborted[0]["msg"]["reason"], "interrupted", "Esc interrupted the turn");
 }
 
-/// How many exchanges the long session has: a user message and an answer each.
-const LONG_EXCHANGES: usize = 1000;
+/// How many exchanges the long session has (a user message and an answer
+/// each), and how many times it is opened: `KEEL_BENCH_EXCHANGES` and
+/// `KEEL_BENCH_RUNS`, or 1,000 and 3.
+fn bench_sizes() -> (usize, usize) {
+    let number = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(default)
+    };
+    (number("KEEL_BENCH_EXCHANGES", 1000), number("KEEL_BENCH_RUNS", 3))
+}
 
 /// Measures opening a session of 2,000 messages and streaming an answer into
 /// it (with `KEEL_WEB_UI_DIR`, of another copy of the UI's files, to
@@ -181,8 +191,8 @@ async fn web_ui_bench_long_session() {
     let Some((tools, _browser, scratch)) = browser_test("web_ui_bench_long_session").await else {
         return;
     };
-    let runs = 3;
-    let mut lines: Vec<String> = (1..=LONG_EXCHANGES)
+    let (exchanges, runs) = bench_sizes();
+    let mut lines: Vec<String> = (1..=exchanges)
         .map(|index| json!({"text": format!("Answer {index}: a **short** reply with `code` in it.")}).to_string())
         .collect();
     let streamed: Vec<String> = (1..=40).map(|index| format!("chunk{index} ")).collect();
@@ -193,7 +203,7 @@ async fn web_ui_bench_long_session() {
     let server = serve(&scratch, &model, &[]);
     let session = server.api.create(json!({})).await;
     let id = session["id"].as_str().expect("id").to_owned();
-    for index in 1..=LONG_EXCHANGES {
+    for index in 1..=exchanges {
         server.api.say(&id, &format!("Question {index}")).await;
         server.api.wait_idle(&id).await;
     }
@@ -204,11 +214,11 @@ async fn web_ui_bench_long_session() {
         json!({
             "session_id": id,
             "runs": runs,
-            "answers": LONG_EXCHANGES,
+            "answers": exchanges,
             "streamed": streamed.concat(),
             "nominal_stream_ms": streamed.len() * 25,
         }),
-        Duration::from_secs(900),
+        Duration::from_secs(1800),
     )
     .await;
     eprintln!("BENCH {}", outcome.result);

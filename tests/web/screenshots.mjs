@@ -35,6 +35,8 @@ scenario("screenshots", async ({ browser, base, params, log, newPage }) => {
   const sessionId = await createSession(desktop);
   await send(desktop, "Write me a health check for an HTTP service in Rust");
   await desktop.locator('[data-testid=assistant-message][data-state="final"]').waitFor();
+  await desktop.locator('[data-testid=chat-title][data-untitled="false"]').waitFor();
+  await desktop.locator('[data-testid=session-item] [data-testid=session-title].session-title').waitFor();
   await shoot(desktop, "desktop-conversation");
 
   await send(desktop, "Save it to health.rs");

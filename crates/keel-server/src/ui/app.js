@@ -695,6 +695,13 @@ function fitComposer() {
 
 ui.composerText.addEventListener("keel-resize", fitComposer);
 
+// A phone's screen has no room for the keys' hint (the shortcuts list has it).
+function fitPlaceholder() {
+  ui.composerText.placeholder = phone.matches ? "Message" : "Message (Enter sends, Shift+Enter starts a new line)";
+}
+phone.addEventListener("change", fitPlaceholder);
+fitPlaceholder();
+
 ui.composerText.addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing && !event.altKey && !event.ctrlKey && !event.metaKey) {
     event.preventDefault();

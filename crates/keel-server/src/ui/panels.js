@@ -17,6 +17,10 @@ export function installPanels({ ui, phone, setDrawer, hasSession, interrupt }) {
     ui.timeline.hidden = !open;
     ui.chatView.classList.toggle("events-open", open);
     ui.eventsToggle.setAttribute("aria-expanded", String(open));
+    if (open) {
+      // Closed, the list was not kept at its end: it opens there.
+      ui.timelineList.scrollTop = ui.timelineList.scrollHeight;
+    }
   }
 
   ui.eventsToggle.addEventListener("click", () => setTimeline(ui.timeline.hidden));

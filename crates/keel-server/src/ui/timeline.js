@@ -66,13 +66,36 @@ export function summary(event) {
   }
 }
 
+/** One event's line, cloned for each event (cheaper than building it). */
+function rowTemplate() {
+  return h(
+    "li",
+    { "data-testid": "timeline-event" },
+    h(
+      "details",
+      {},
+      h(
+        "summary",
+        {},
+        h("span", { class: "seq", "data-testid": "timeline-sequence" }),
+        h("span", { class: "kind" }),
+        h("span", { class: "summary" }),
+      ),
+    ),
+  );
+}
 
-/** The timeline's list: `add(event)` appends one event's line. */
+/**
+ * The timeline's list: `add(event)` appends one event's line; an opened
+ * line shows the event's JSON, made when first opened.
+ */
 export class Timeline {
   constructor(list) {
     this.list = list;
     this.following = true;
     this.frame = null;
+    this.template = rowTemplate();
+    this.events = new Map();
     list.addEventListener(
       "scroll",
       () => {
@@ -80,38 +103,40 @@ export class Timeline {
       },
       { passive: true },
     );
+    // `toggle` does not bubble: heard on the way down.
+    list.addEventListener(
+      "toggle",
+      (event) => {
+        const details = event.target;
+        if (!(details instanceof HTMLDetailsElement) || !details.open || details.querySelector("pre")) {
+          return;
+        }
+        const sequence = Number(details.parentElement?.dataset.sequence);
+        details.append(h("pre", { class: "raw", text: JSON.stringify(this.events.get(sequence), null, 2) }));
+      },
+      true,
+    );
   }
 
   reset() {
     this.list.replaceChildren();
+    this.events.clear();
     this.following = true;
   }
 
   add(event) {
     const kind = event.msg?.type ?? "unknown";
-    const pre = h("pre", { class: "raw" });
-    const details = h(
-      "details",
-      {
-        ontoggle: () => {
-          if (details.open && !pre.textContent) {
-            pre.textContent = JSON.stringify(event, null, 2);
-          }
-        },
-      },
-      h(
-        "summary",
-        {},
-        h("span", { class: "seq", "data-testid": "timeline-sequence", text: String(event.sequence) }),
-        h("span", { class: "kind", text: kind }),
-        h("span", { class: "summary", text: summary(event) }),
-      ),
-      pre,
-    );
-    this.list.append(
-      h("li", { "data-testid": "timeline-event", "data-sequence": event.sequence, "data-kind": kind }, details),
-    );
-    if (this.following && this.frame === null) {
+    this.events.set(event.sequence, event);
+    const row = this.template.cloneNode(true);
+    row.setAttribute("data-sequence", String(event.sequence));
+    row.setAttribute("data-kind", kind);
+    const sequence = row.firstChild.firstChild.firstChild;
+    sequence.textContent = String(event.sequence);
+    sequence.nextSibling.textContent = kind;
+    sequence.nextSibling.nextSibling.textContent = summary(event);
+    this.list.append(row);
+    // Kept at its newest line, but measured only while shown, once a frame.
+    if (this.following && this.frame === null && !this.list.closest("[hidden]")) {
       this.frame = requestAnimationFrame(() => {
         this.frame = null;
         if (this.following) {
@@ -119,5 +144,11 @@ export class Timeline {
         }
       });
     }
+  }
+
+  /** Shows the newest line (when the timeline opens). */
+  showEnd() {
+    this.following = true;
+    this.list.scrollTop = this.list.scrollHeight;
   }
 }
