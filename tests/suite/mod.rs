@@ -36,6 +36,7 @@ mod store_faults;
 mod store_space;
 mod support;
 mod turns_with_tools;
+mod web_chat;
 mod web_ui;
 mod workspace_race;
 mod workspace_tools;

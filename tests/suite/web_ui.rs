@@ -35,7 +35,7 @@ static BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(150);
 
 /// What the browser scenarios need, found or explained.
-struct Tools {
+pub(crate) struct Tools {
     node_modules: PathBuf,
     chromium: PathBuf,
 }
@@ -98,21 +98,32 @@ fn tools(test: &str) -> Option<Tools> {
 
 /// What a browser test runs with: the tools, the browser to itself, and a
 /// scratch directory; `None` when the browser tests are skipped.
-async fn browser_test(test: &str) -> Option<(Tools, tokio::sync::MutexGuard<'static, ()>, Scratch)> {
+pub(crate) async fn browser_test(test: &str) -> Option<(Tools, tokio::sync::MutexGuard<'static, ()>, Scratch)> {
     let tools = tools(test)?;
     let browser = BROWSER.lock().await;
     Some((tools, browser, Scratch::new()))
 }
 
 /// What a scenario printed, and the JSON of its `RESULT` line.
-struct Outcome {
-    result: Value,
-    output: String,
+pub(crate) struct Outcome {
+    pub(crate) result: Value,
+    pub(crate) output: String,
 }
 
 /// Runs `tests/web/{name}.mjs` against `base` with `params`; panics with
 /// its output unless it passed.
-async fn scenario(tools: &Tools, name: &str, base: &str, params: Value) -> Outcome {
+pub(crate) async fn scenario(tools: &Tools, name: &str, base: &str, params: Value) -> Outcome {
+    scenario_within(tools, name, base, params, SCENARIO_TIMEOUT).await
+}
+
+/// [`scenario`], killed and failed after `timeout` instead of the usual.
+pub(crate) async fn scenario_within(
+    tools: &Tools,
+    name: &str,
+    base: &str,
+    params: Value,
+    timeout: Duration,
+) -> Outcome {
     let script = repo().join("tests/web").join(format!("{name}.mjs"));
     let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-ui");
     let started = Instant::now();
@@ -129,9 +140,9 @@ async fn scenario(tools: &Tools, name: &str, base: &str, params: Value) -> Outco
         .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|error| panic!("cannot run node {}: {error}", script.display()));
-    let output = tokio::time::timeout(SCENARIO_TIMEOUT, child.wait_with_output())
+    let output = tokio::time::timeout(timeout, child.wait_with_output())
         .await
-        .unwrap_or_else(|_| panic!("the browser scenario {name} ran longer than {SCENARIO_TIMEOUT:?}"))
+        .unwrap_or_else(|_| panic!("the browser scenario {name} ran longer than {timeout:?}"))
         .expect("wait for node");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -154,7 +165,7 @@ async fn scenario(tools: &Tools, name: &str, base: &str, params: Value) -> Outco
 }
 
 /// The whole log of a session, through `GET /v1/sessions/{id}/events`.
-async fn log_of(api: &Api, session_id: &str) -> Vec<Value> {
+pub(crate) async fn log_of(api: &Api, session_id: &str) -> Vec<Value> {
     let mut events: Vec<Value> = Vec::new();
     loop {
         let after = events
@@ -172,12 +183,12 @@ async fn log_of(api: &Api, session_id: &str) -> Vec<Value> {
 }
 
 /// The events of `kind` in `log`.
-fn of_kind<'a>(log: &'a [Value], kind: &str) -> Vec<&'a Value> {
+pub(crate) fn of_kind<'a>(log: &'a [Value], kind: &str) -> Vec<&'a Value> {
     log.iter().filter(|event| event["msg"]["type"] == kind).collect()
 }
 
 /// The string a scenario reported as `key` in its RESULT.
-fn reported(outcome: &Outcome, key: &str) -> String {
+pub(crate) fn reported(outcome: &Outcome, key: &str) -> String {
     outcome.result[key]
         .as_str()
         .unwrap_or_else(|| panic!("no {key} in the RESULT:\n{}", outcome.output))
@@ -185,23 +196,23 @@ fn reported(outcome: &Outcome, key: &str) -> String {
 }
 
 /// The session id a scenario reported.
-fn session_of(outcome: &Outcome) -> String {
+pub(crate) fn session_of(outcome: &Outcome) -> String {
     reported(outcome, "session_id")
 }
 
 /// A script line streaming `chunks` `delay_ms` apart.
-fn chunks_line(chunks: &[&str], delay_ms: u64) -> String {
+pub(crate) fn chunks_line(chunks: &[&str], delay_ms: u64) -> String {
     json!({"chunks": chunks, "delay_ms": delay_ms}).to_string()
 }
 
 /// `count` numbered words, streamed `delay_ms` apart; and their text.
-fn slow_words(count: usize, delay_ms: u64) -> (String, String) {
+pub(crate) fn slow_words(count: usize, delay_ms: u64) -> (String, String) {
     let words: Vec<String> = (1..=count).map(|index| format!("word{index} ")).collect();
     let text = words.concat();
     (json!({"chunks": words, "delay_ms": delay_ms}).to_string(), text)
 }
 
-fn serve(scratch: &Scratch, model: &str, extra: &[&str]) -> ServeProcess {
+pub(crate) fn serve(scratch: &Scratch, model: &str, extra: &[&str]) -> ServeProcess {
     let mut args = vec!["--model", model];
     args.extend_from_slice(extra);
     ServeProcess::start(scratch, &args)
@@ -552,7 +563,7 @@ fn user_texts(log: &[Value]) -> Vec<&str> {
 }
 
 /// The text of the `assistant_message`s of `log`.
-fn answer_texts(log: &[Value]) -> Vec<&str> {
+pub(crate) fn answer_texts(log: &[Value]) -> Vec<&str> {
     of_kind(log, "assistant_message")
         .iter()
         .map(|event| event["msg"]["text"].as_str().expect("text"))
@@ -573,7 +584,7 @@ fn fork_of(outcome: &Outcome) -> String {
 }
 
 /// A model script `name` in `scratch` that answers `answers`, one a call.
-fn answering(scratch: &Scratch, name: &str, answers: &[impl AsRef<str>]) -> String {
+pub(crate) fn answering(scratch: &Scratch, name: &str, answers: &[impl AsRef<str>]) -> String {
     let lines: Vec<String> = answers
         .iter()
         .map(|text| json!({ "text": text.as_ref() }).to_string())

@@ -6,7 +6,7 @@
 // answer to regenerate); retried, the failed turn is hidden like any
 // regenerated one. A reload shows the same, once each.
 
-import { assert, createSession, exchange, scenario, send, until, waitForAnswer } from "./lib.mjs";
+import { assert, createSession, exchange, menuAction, scenario, send, until, waitForAnswer } from "./lib.mjs";
 
 async function checkOnce(page, params, when, { retried }) {
   const rejected = page.locator('[data-testid=note][data-kind="submission_rejected"]');
@@ -45,12 +45,12 @@ async function checkOnce(page, params, when, { retried }) {
 scenario("compact", async ({ page, base, params, log }) => {
   await page.goto(base);
   const sessionId = await createSession(page);
-  const compact = page.getByRole("button", { name: /Compact the context/ });
-  await compact.click();
+  const compact = () => menuAction(page, /Compact the context/);
+  await (await compact()).click();
   await page.locator('[data-testid=note][data-kind="submission_rejected"]').waitFor();
 
   await exchange(page, ["hello", "again"], params.answers);
-  await compact.click();
+  await (await compact()).click();
   await page.getByTestId("compaction").waitFor();
   await send(page, "and now?");
   await page.locator('[data-testid=note][data-kind="error"]').waitFor();

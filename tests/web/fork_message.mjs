@@ -1,7 +1,8 @@
 // Fork from a message: its Fork button makes a new session with the
 // conversation up to the end of that message's exchange and switches to it;
-// the fork says where it came from and links back; a message sent there
-// goes on from the fork point.
+// the fork shows the conversation it inherited (the first exchange) above a
+// divider that names the parent and links back; a message sent there goes
+// on from the fork point.
 
 import {
   assert,
@@ -11,7 +12,9 @@ import {
   openedFork,
   scenario,
   send,
+  until,
   waitForAnswer,
+  waitForInherited,
   waitForSession,
 } from "./lib.mjs";
 
@@ -26,8 +29,17 @@ scenario("fork_message", async ({ page, base, params, log }) => {
   assert.equal(await marker.getAttribute("data-parent"), parentId);
   const at = Number(await marker.getAttribute("data-at"));
   log(`forked into ${forkId} at ${at}`);
-  assert.match(await marker.textContent(), new RegExp(`Forked from ${parentId} at event ${at}`));
+  await until("the divider to name the parent by its title", async () =>
+    (await marker.textContent()).startsWith(`Forked from ${params.questions[0]}`));
   assert.deepEqual((await conversation(page)).users, [], "the fork's own log has no messages yet");
+  assert.deepEqual(
+    await waitForInherited(page),
+    [
+      { role: "user", text: params.questions[0] },
+      { role: "assistant", text: params.answers[0] },
+    ],
+    "the fork shows the exchange it inherited, not the later one",
+  );
 
   await send(page, params.fork_question);
   await waitForAnswer(page, params.fork_answer);

@@ -10,11 +10,14 @@
 // `chromium` on PATH), KEEL_WEB_NODE_MODULES (where playwright-core is;
 // default: .ci/node/node_modules) and optionally KEEL_WEB_ARTIFACTS (a
 // directory for a screenshot and the page's HTML when a scenario fails).
+// With KEEL_WEB_UI_DIR set, every page gets its files (/ and /assets/*)
+// from that directory instead of the server: the same scenario checks
+// another version of the UI (an older one, to see a check fail there).
 // It exits 0 when every assertion held and prints `RESULT {json}` as its
 // last line for the Rust side to check against the server's log.
 
 import assert from "node:assert/strict";
-import { accessSync, constants, mkdirSync, writeFileSync } from "node:fs";
+import { accessSync, constants, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { delimiter, dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -53,6 +56,21 @@ function loadPlaywright() {
       `playwright-core is not installed in ${nodeModules()}: run \`npm ci --prefix .ci/node\` (${error.message})`,
     );
   }
+}
+
+const UI_TYPES = { js: "text/javascript", mjs: "text/javascript", css: "text/css", svg: "image/svg+xml", html: "text/html" };
+
+/** Serves the UI files of `dir` to `page` instead of the server's. */
+export async function serveUiFrom(page, dir) {
+  await page.route(
+    (url) => url.pathname === "/" || url.pathname.startsWith("/assets/"),
+    (route) => {
+      const { pathname } = new URL(route.request().url());
+      const file = pathname === "/" ? "index.html" : pathname.slice("/assets/".length);
+      const type = UI_TYPES[file.split(".").pop()] ?? "application/octet-stream";
+      route.fulfill({ status: 200, contentType: type, body: readFileSync(join(dir, file)) });
+    },
+  );
 }
 
 /** Waits until `check()` is truthy (it may be async), polling. */
@@ -222,6 +240,9 @@ export async function scenario(name, body, { timeoutMs = 90000, context: context
     const newPage = async (context) => {
       const opened = await context.newPage();
       opened.setDefaultTimeout(20000);
+      if (process.env.KEEL_WEB_UI_DIR) {
+        await serveUiFrom(opened, process.env.KEEL_WEB_UI_DIR);
+      }
       opened.on("pageerror", (error) => {
         pageErrors.push(error);
         log("page error:", error.message);
@@ -347,4 +368,31 @@ export async function openedFork(page, parentId, what = "the page to switch to t
   const marker = page.getByTestId("fork-marker");
   await marker.waitFor();
   return { forkId, marker };
+}
+
+/**
+ * The button `name` of the session's menu in the chat header, with the
+ * menu opened (by `how`: "click", or "tap" on a touch screen).
+ */
+export async function menuAction(page, name, how = "click") {
+  const menu = page.getByTestId("session-menu");
+  if (!(await menu.evaluate((element) => element.open))) {
+    await page.getByTestId("session-menu-button")[how]();
+  }
+  const button = menu.getByRole("button", { name });
+  await button.waitFor({ state: "visible" });
+  return button;
+}
+
+/** The inherited conversation a fork shows above its divider: `{role, text}` each. */
+export async function inheritedConversation(page) {
+  return page
+    .getByTestId("inherited-message")
+    .evaluateAll((items) => items.map((item) => ({ role: item.dataset.role, text: item.textContent.trim() })));
+}
+
+/** Waits until a fork's divider has loaded what the fork inherited; answers it. */
+export async function waitForInherited(page) {
+  await page.locator('[data-testid=fork-marker]:not([data-inherited="loading"])[data-inherited]').waitFor({ state: "attached" });
+  return inheritedConversation(page);
 }

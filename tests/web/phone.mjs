@@ -9,6 +9,7 @@ import {
   assertFits,
   assertOnScreen,
   conversation,
+  menuAction,
   openedFork,
   scenario,
   sessionIdOf,
@@ -105,14 +106,14 @@ async function flow({ page, base, params, log }) {
   await sidebar.waitFor({ state: "hidden" });
 
   // Rename, with a long title that has nowhere to break.
-  await page.getByRole("button", { name: "Rename this session" }).tap();
+  await (await menuAction(page, "Rename this session", "tap")).tap();
   await page.getByTestId("rename-input").fill(params.title);
   await page.getByTestId("rename-save").tap();
   await until("the new title", async () => (await page.getByTestId("chat-title").textContent()) === params.title);
   await assertFits(page, "a long title");
 
   // Compact: nothing to compact yet, said once.
-  await page.getByRole("button", { name: /Compact the context/ }).tap();
+  await (await menuAction(page, /Compact the context/, "tap")).tap();
   const refused = page.locator('[data-testid=note][data-kind="submission_rejected"]');
   await refused.waitFor();
   await page.waitForTimeout(300);
@@ -123,7 +124,7 @@ async function flow({ page, base, params, log }) {
   await toggle.tap();
   await page.locator(`[data-testid=session-item][data-session-id="${forkId}"] [data-testid=session-link]`).tap();
   await waitForSession(page, forkId);
-  await page.getByRole("button", { name: "Delete this session" }).tap();
+  await (await menuAction(page, "Delete this session", "tap")).tap();
   await assertOnScreen(page, page.getByTestId("delete-confirm-yes"), "the confirm button");
   await assertFits(page, "the delete question");
   await page.getByTestId("delete-confirm-yes").tap();

@@ -4,7 +4,7 @@
 // keeps it); once confirmed the session leaves the list and the page
 // leaves the session.
 
-import { assert, createSession, scenario, send, until, waitForAnswer, waitForSession } from "./lib.mjs";
+import { assert, createSession, menuAction, scenario, send, until, waitForAnswer, waitForSession } from "./lib.mjs";
 
 scenario("rename_delete", async ({ page, base, params, log }) => {
   await page.goto(base);
@@ -19,7 +19,7 @@ scenario("rename_delete", async ({ page, base, params, log }) => {
   assert.equal(await page.getByTestId("chat-id").textContent(), id, "the id shows under the title");
 
   // Rename, then think better of it.
-  await page.getByRole("button", { name: "Rename this session" }).click();
+  await (await menuAction(page, "Rename this session")).click();
   const input = page.getByTestId("rename-input");
   assert.equal(await input.inputValue(), params.auto_title, "the editor starts from the title");
   await input.fill("Never saved");
@@ -27,7 +27,7 @@ scenario("rename_delete", async ({ page, base, params, log }) => {
   await input.waitFor({ state: "hidden" });
   assert.equal(await title.textContent(), params.auto_title);
 
-  await page.getByRole("button", { name: "Rename this session" }).click();
+  await (await menuAction(page, "Rename this session")).click();
   await input.fill(params.new_title);
   await input.press("Enter");
   await until("the header to show the new title", async () => (await title.textContent()) === params.new_title);
@@ -41,13 +41,13 @@ scenario("rename_delete", async ({ page, base, params, log }) => {
 
   // Delete: first kept, then deleted for good.
   const confirm = page.getByTestId("delete-confirm");
-  await page.getByRole("button", { name: "Delete this session" }).click();
+  await (await menuAction(page, "Delete this session")).click();
   await confirm.waitFor({ state: "visible" });
   await page.getByTestId("delete-confirm-no").click();
   await confirm.waitFor({ state: "hidden" });
   assert.equal(await page.getByTestId("chat-view").isVisible(), true, "Keep it keeps the session open");
 
-  await page.getByRole("button", { name: "Delete this session" }).click();
+  await (await menuAction(page, "Delete this session")).click();
   await page.getByRole("button", { name: "Delete for good" }).click();
   await page.getByTestId("empty-chat").waitFor({ state: "visible" });
   assert.ok(!/#\/sessions\//.test(page.url()), `the page left the session: ${page.url()}`);

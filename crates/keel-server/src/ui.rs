@@ -21,6 +21,13 @@ const FILES: &[(&str, &str, &str)] = &[
     ("/assets/api.js", JS, include_str!("ui/api.js")),
     ("/assets/feed.js", JS, include_str!("ui/feed.js")),
     ("/assets/chat.js", JS, include_str!("ui/chat.js")),
+    ("/assets/dom.js", JS, include_str!("ui/dom.js")),
+    ("/assets/drafts.js", JS, include_str!("ui/drafts.js")),
+    ("/assets/follow.js", JS, include_str!("ui/follow.js")),
+    ("/assets/inherited.js", JS, include_str!("ui/inherited.js")),
+    ("/assets/panels.js", JS, include_str!("ui/panels.js")),
+    ("/assets/shortcuts.js", JS, include_str!("ui/shortcuts.js")),
+    ("/assets/timeline.js", JS, include_str!("ui/timeline.js")),
     ("/assets/markdown.js", JS, include_str!("ui/markdown.js")),
     (
         "/assets/vendor/marked.esm.js",

@@ -1,16 +1,23 @@
 // The web UI of keel serve: the session list (a drawer at phone width), the
 // new-session form and the chat view of the session named in the URL
 // (#/sessions/{id}), with its title, rename, delete and compact actions and
-// the per-message actions (edit, fork, regenerate) of chat.js.
+// the per-message actions (edit, fork, regenerate) of chat.js. The
+// conversation follows new content (follow.js), a fork shows what it
+// inherited (inherited.js), each session keeps its own draft (drafts.js),
+// and the panels and keyboard shortcuts are panels.js's.
 //
 // Plain ES modules, no build step; served from the binary by
 // src/server/ui.rs. The API is docs/http-api.md.
 
 import { api, ApiError, newKey, sessionPath, setTokenPrompt } from "./api.js";
 import { ChatView, h } from "./chat.js";
+import { Drafts } from "./drafts.js";
 import { EventFeed } from "./feed.js";
 import { closeNewChat } from "./new_chat.js";
 import { groupByDay, isModelRefusal, offerModelSwitch } from "./sidebar.js";
+import { Follower } from "./follow.js";
+import { showInherited } from "./inherited.js";
+import { installPanels } from "./panels.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -51,6 +58,16 @@ const ui = {
   turnStatus: $("turn-status"),
   interrupt: $("interrupt"),
   eventsToggle: $("events-toggle"),
+  sessionStatus: $("session-status"),
+  sessionMenu: $("session-menu"),
+  showShortcuts: $("show-shortcuts"),
+  shortcutsHint: $("shortcuts-hint"),
+  shortcutsDialog: $("shortcuts-dialog"),
+  conversationScroll: $("conversation-scroll"),
+  jumpLatest: $("jump-latest"),
+  jumpCount: $("jump-count"),
+  timeline: $("timeline"),
+  timelineClose: $("timeline-close"),
   messages: $("messages"),
   composer: $("composer"),
   composerText: $("composer-text"),
@@ -64,6 +81,8 @@ const ui = {
   tokenMessage: $("token-message"),
   tokenInput: $("token-input"),
 };
+
+const phone = window.matchMedia("(max-width: 720px)");
 
 /** Sessions per page of the list: `?limit=N` in the page's URL, or 50. */
 const PAGE_SIZE = (() => {
@@ -314,6 +333,29 @@ const TURN_STATUS = {
   idle: "",
 };
 
+// The runtime's own events, as the session's status in the header: they
+// are not part of the conversation.
+const LIFECYCLE = {
+  started: () => "",
+  resumed: (event) => `Reopened ${formatTime(event.timestamp_ms ?? Date.now())}`,
+  shut_down: () => "Unloaded while idle: it reopens with your next message",
+  tools_changed: (_event, detail) => `The tools changed: ${detail}`,
+};
+
+function showLifecycle(kind, event, detail = "") {
+  ui.sessionStatus.textContent = LIFECYCLE[kind]?.(event, detail) ?? "";
+  ui.sessionStatus.dataset.kind = kind;
+}
+
+const follower = new Follower({
+  scroller: ui.conversationScroll,
+  content: ui.messages,
+  jump: ui.jumpLatest,
+  count: ui.jumpCount,
+});
+
+const drafts = new Drafts(ui.composerText);
+
 const chat = new ChatView({
   messages: ui.messages,
   timeline: ui.timelineList,
@@ -325,6 +367,9 @@ const chat = new ChatView({
     });
   },
   onTurn: (turnId, state) => {
+    if (turnId && state === "running" && ui.sessionStatus.dataset.kind !== "tools_changed") {
+      showLifecycle("started");
+    }
     ui.interrupt.hidden = !turnId;
     if (!turnId) {
       ui.interrupt.disabled = false;
@@ -349,6 +394,11 @@ const chat = new ChatView({
     if (current && !current.title) {
       refreshListedSoon(current.id);
     }
+  },
+  onLifecycle: (kind, event, detail) => showLifecycle(kind, event, detail),
+  onForked: (msg, parts) => {
+    const session = current;
+    showInherited(msg, parts, () => current === session);
   },
   actions: {
     edit: (turnId, text) => forkAndOpen({ before_turn: turnId, message: text }),
@@ -421,6 +471,12 @@ function openSession(id) {
   renderMeta();
   showError(ui.composerError, "");
   chat.reset();
+  follower.reset();
+  showLifecycle("started");
+  panels.closeMenu();
+  drafts.switchTo(id);
+  draftKey = null;
+  fitComposer();
   ui.timelineCount.textContent = "0";
   ui.interrupt.hidden = true;
   ui.turnStatus.textContent = "";
@@ -477,16 +533,24 @@ function closeSession() {
     current = null;
   }
   chat.reset();
+  drafts.switchTo(null);
   ui.chatView.hidden = true;
   ui.emptyChat.hidden = false;
   markCurrentInList();
 }
 
-// At phone width the events pane is folded away under the conversation
-// (see app.css); this button unfolds it.
-ui.eventsToggle.addEventListener("click", () => {
-  const open = ui.chatView.classList.toggle("events-open");
-  ui.eventsToggle.setAttribute("aria-expanded", String(open));
+const panels = installPanels({
+  ui,
+  phone,
+  setDrawer,
+  hasSession: () => Boolean(current),
+  interrupt: () => {
+    if (!current || !chat.running || ui.interrupt.hidden || ui.interrupt.disabled) {
+      return false;
+    }
+    ui.interrupt.click();
+    return true;
+  },
 });
 
 ui.interrupt.addEventListener("click", async () => {
@@ -602,7 +666,6 @@ ui.compact.addEventListener("click", async () => {
 
 // --- The sessions drawer (phone width) --------------------------------------
 
-const phone = window.matchMedia("(max-width: 720px)");
 
 function setDrawer(open) {
   document.body.classList.toggle("sessions-open", open);
@@ -621,11 +684,6 @@ ui.sessionsClose.addEventListener("click", () => {
   setDrawer(false);
   ui.sessionsToggle.focus();
 });
-document.addEventListener("keydown", (event) => {
-  if (event.key === "Escape" && document.body.classList.contains("sessions-open")) {
-    setDrawer(false);
-  }
-});
 
 // --- The message box -------------------------------------------------------
 
@@ -635,7 +693,24 @@ let draftKey = null;
 
 ui.composerText.addEventListener("input", () => {
   draftKey = null;
+  fitComposer();
 });
+
+/** Grows the message box with its text, up to a third of the screen. */
+function fitComposer() {
+  const box = ui.composerText;
+  box.style.height = "auto";
+  box.style.height = `${Math.min(box.scrollHeight + 2, Math.max(120, window.innerHeight / 3))}px`;
+}
+
+ui.composerText.addEventListener("keel-resize", fitComposer);
+
+// A phone's screen has no room for the keys' hint (the shortcuts list has it).
+function fitPlaceholder() {
+  ui.composerText.placeholder = phone.matches ? "Message" : "Message (Enter sends, Shift+Enter starts a new line)";
+}
+phone.addEventListener("change", fitPlaceholder);
+fitPlaceholder();
 
 ui.composerText.addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing && !event.altKey && !event.ctrlKey && !event.metaKey) {
@@ -653,14 +728,19 @@ ui.composer.addEventListener("submit", async (event) => {
   showError(ui.composerError, "");
   draftKey ??= newKey();
   ui.send.disabled = true;
+  const sessionId = current.id;
+  // What is sent is followed: the answer comes at the end.
+  follower.follow({ scroll: true });
   try {
-    await api(`${sessionPath(current.id)}/submissions`, {
+    await api(`${sessionPath(sessionId)}/submissions`, {
       method: "POST",
       body: { op: { type: "user_input", text }, on_busy: ui.busyPolicy.value },
       headers: { "Idempotency-Key": draftKey },
     });
-    if (ui.composerText.value === text) {
+    if (ui.composerText.value === text && current?.id === sessionId) {
       ui.composerText.value = "";
+      drafts.save();
+      fitComposer();
     }
     draftKey = null;
   } catch (error) {

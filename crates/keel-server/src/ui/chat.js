@@ -13,32 +13,11 @@
 // Edit and Fork buttons, the last answer a Regenerate button; the page
 // (app.js) does what they ask through the `actions` it passes in.
 
+import { h } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
+import { progressLabel, summary, Timeline } from "./timeline.js";
 
-/** An element with attributes and children (strings become text). */
-export function h(tag, attributes = {}, ...children) {
-  const element = document.createElement(tag);
-  for (const [name, value] of Object.entries(attributes)) {
-    if (value === undefined || value === null || value === false) {
-      continue;
-    }
-    if (name === "class") {
-      element.className = value;
-    } else if (name === "text") {
-      element.textContent = value;
-    } else if (name.startsWith("on")) {
-      element.addEventListener(name.slice(2), value);
-    } else {
-      element.setAttribute(name, value === true ? "" : String(value));
-    }
-  }
-  for (const child of children.flat()) {
-    if (child !== null && child !== undefined && child !== false) {
-      element.append(child);
-    }
-  }
-  return element;
-}
+export { h };
 
 /** Arguments as the model wrote them, indented when they are JSON. */
 function prettyArguments(text) {
@@ -46,65 +25,6 @@ function prettyArguments(text) {
     return JSON.stringify(JSON.parse(text), null, 2);
   } catch {
     return text;
-  }
-}
-
-function shorten(text, length = 80) {
-  const line = String(text).replace(/\s+/g, " ").trim();
-  return line.length > length ? `${line.slice(0, length - 1)}…` : line;
-}
-
-/** How far a running call got, from its `tool_call_progress` event. */
-function progressLabel(msg) {
-  const done = msg.total ? `${msg.progress}/${msg.total}` : `${msg.progress}`;
-  return msg.message ? `running ${done}: ${shorten(msg.message, 40)}` : `running ${done}`;
-}
-
-/** A one-line summary of an event for the timeline. */
-export function summary(event) {
-  const msg = event.msg ?? {};
-  switch (msg.type) {
-    case "session_started":
-      return msg.resumed ? `resumed, ${msg.history_items} history items` : `bot ${msg.bot_id}`;
-    case "user_message":
-    case "assistant_message":
-      return shorten(msg.text);
-    case "assistant_content_delta":
-    case "reasoning_delta":
-      // Quoted as it is: the spaces at either end matter here.
-      return JSON.stringify(msg.delta.length > 60 ? `${msg.delta.slice(0, 59)}…` : msg.delta);
-    case "model_step_started":
-      return `step ${msg.step}`;
-    case "approval_requested":
-    case "tool_call_started":
-      return `${msg.name} ${shorten(msg.arguments, 60)}`;
-    case "approval_decided":
-      return `${msg.decision} ${msg.call_id}`;
-    case "tool_call_completed":
-      return `${msg.is_error ? "error: " : ""}${shorten(msg.output, 60)}`;
-    case "tool_call_progress":
-      return progressLabel(msg);
-    case "tools_changed":
-      return [...(msg.added ?? []).map((name) => `+${name}`), ...(msg.removed ?? []).map((name) => `-${name}`)].join(" ");
-    case "token_usage":
-      return `${msg.usage?.input_tokens ?? 0} in, ${msg.usage?.output_tokens ?? 0} out`;
-    case "turn_aborted":
-      return `${msg.reason}: ${msg.message}`;
-    case "warning":
-    case "error":
-      return shorten(msg.message);
-    case "submission_rejected":
-      return shorten(msg.reason);
-    case "submission_queued":
-      return `${msg.op?.type ?? "op"}, on busy: ${msg.on_busy}`;
-    case "session_forked":
-      return `from ${msg.parent_session_id} at ${msg.at_sequence}`;
-    case "context_compacted":
-      return `${msg.reason}, ${msg.tokens_before} → ${msg.tokens_after} tokens`;
-    case "turn_rolled_back":
-      return `undid ${msg.rolled_back_turn_id}`;
-    default:
-      return "";
   }
 }
 
@@ -140,7 +60,11 @@ export class ChatView {
    * decision)` sends a decision and resolves when the server took it;
    * `onTurn(turnId | null, state)` hears when a turn starts, waits for an
    * approval or ends; `onUsage(total)` hears the session's token totals;
-   * `onUserMessage()` hears each user message. `actions` does what the
+   * `onUserMessage()` hears each user message; `onLifecycle(kind, event,
+   * detail)` hears the runtime's own events (started, resumed, shut down,
+   * tools changed), which are status, not conversation; `onForked(msg,
+   * parts)` hears a fork's first event, with the divider's parts to fill
+   * in. `actions` does what the
    * message buttons ask, each resolving once the server took it:
    * `edit(turnId, text)`, `fork(atSequence)`, `regenerate()`.
    */
@@ -151,14 +75,18 @@ export class ChatView {
     onTurn = () => {},
     onUsage = () => {},
     onUserMessage = () => {},
+    onLifecycle = () => {},
+    onForked = () => {},
     actions = {},
   }) {
     this.messages = messages;
-    this.timeline = timeline;
+    this.timeline = new Timeline(timeline);
     this.onApproval = onApproval;
     this.onTurn = onTurn;
     this.onUsage = onUsage;
     this.onUserMessage = onUserMessage;
+    this.onLifecycle = onLifecycle;
+    this.onForked = onForked;
     this.actions = actions;
     // Streamed answers waiting for their next markdown render.
     this.pending = new Set();
@@ -171,7 +99,7 @@ export class ChatView {
   /** Forgets everything shown. */
   reset() {
     this.messages.replaceChildren();
-    this.timeline.replaceChildren();
+    this.timeline.reset();
     this.turns = new Map();
     this.cards = new Map();
     this.queued = new Map();
@@ -184,6 +112,7 @@ export class ChatView {
     this.pending.clear();
     this.rollbackNote = null;
     this.compactions = [];
+    this.regenerateTarget = null;
   }
 
   turn(turnId) {
@@ -196,6 +125,7 @@ export class ChatView {
         elements: [],
         users: [],
         answers: [],
+        cards: [],
         ended: null,
         replaced: false,
         errorNote: null,
@@ -216,14 +146,13 @@ export class ChatView {
 
   /** Renders one event. */
   apply(event) {
-    const stick = this.nearBottom();
-    this.addToTimeline(event);
+    this.count += 1;
+    this.timeline.add(event);
     const msg = event.msg ?? {};
     switch (msg.type) {
       case "session_started":
-        if (msg.resumed) {
-          this.note("session_started", "The session was reopened.");
-        }
+        // Lifecycle, not conversation: the page shows it as the session's status.
+        this.onLifecycle(msg.resumed ? "resumed" : "started", event);
         break;
       case "session_forked":
         this.forkMarker(msg);
@@ -345,7 +274,7 @@ export class ChatView {
         break;
       }
       case "tools_changed":
-        this.note("tools_changed", `The tools changed: ${summary(event)}.`);
+        this.onLifecycle("tools_changed", event, summary(event));
         break;
       case "token_usage":
         this.onUsage(msg.session_total);
@@ -398,24 +327,19 @@ export class ChatView {
         this.rollBack(msg);
         break;
       case "shutdown_complete":
-        this.note("shutdown_complete", "The session was shut down.");
+        this.onLifecycle("shut_down", event);
         break;
       default:
         break;
     }
-    if (stick) {
-      this.scrollToEnd();
-    }
   }
 
   endTurn(turnId, sequence) {
-    for (const card of this.cards.values()) {
-      if (card.turnId === turnId) {
-        this.closeActions(card);
-      }
+    const turn = this.turn(turnId);
+    for (const card of turn.cards) {
+      this.closeActions(card);
     }
     this.waiting.clear();
-    const turn = this.turn(turnId);
     turn.ended = sequence;
     // A fork at the end of this turn keeps its exchange.
     for (const user of turn.users) {
@@ -538,21 +462,25 @@ export class ChatView {
     input.focus();
   }
 
-  /** Shows the Regenerate button on the last answer, when no turn runs. */
   /**
    * Shows the Regenerate button on the last answer, when no turn runs; a
    * last turn with no answer (it failed) gets a Retry button on its message.
+   * Only the previous and the new button change: a long session replays
+   * thousands of turns.
    */
   updateRegenerate() {
     const last = this.lastTurn && this.turns.get(this.lastTurn);
     const live = !this.running && last && !last.replaced ? last : null;
     const target = live ? (live.answers.at(-1) ?? live.users.at(-1)) : null;
-    for (const turn of this.turns.values()) {
-      for (const holder of [...turn.answers, ...turn.users]) {
-        holder.regenerate.hidden = holder !== target;
-        holder.regenerate.disabled = false;
-      }
+    const previous = this.regenerateTarget;
+    if (previous && previous !== target) {
+      previous.regenerate.hidden = true;
     }
+    if (target) {
+      target.regenerate.hidden = false;
+      target.regenerate.disabled = false;
+    }
+    this.regenerateTarget = target ?? null;
   }
 
   async regenerate(bubble) {
@@ -591,24 +519,35 @@ export class ChatView {
     this.updateRegenerate();
   }
 
-  /** Where a fork's log begins: the parent's conversation is not in it. */
+  /**
+   * Where a fork's own log begins: a divider under the conversation it
+   * inherited, which the page fills in above it (`onForked`).
+   */
   forkMarker(msg) {
     const parent = msg.parent_session_id;
-    this.messages.append(
-      h(
-        "li",
-        { class: "note fork", "data-testid": "fork-marker", "data-parent": parent, "data-at": msg.at_sequence },
-        "Forked from ",
-        h("a", {
-          href: `#/sessions/${encodeURIComponent(parent)}`,
-          class: "session-ref",
-          "data-testid": "open-parent",
-          "aria-label": `Open the parent session ${parent}`,
-          text: parent,
-        }),
-        ` at event ${msg.at_sequence}: the ${msg.history_items} earlier items of the conversation are shown there.`,
-      ),
+    const link = h("a", {
+      href: `#/sessions/${encodeURIComponent(parent)}`,
+      class: "session-ref",
+      "data-testid": "open-parent",
+      "aria-label": `Open the parent session ${parent}`,
+      text: parent,
+    });
+    const detail = h("span", { class: "fork-detail", "data-testid": "fork-detail" });
+    const marker = h(
+      "li",
+      {
+        class: "note fork",
+        role: "separator",
+        "data-testid": "fork-marker",
+        "data-parent": parent,
+        "data-at": msg.at_sequence,
+        "data-history-items": msg.history_items,
+      },
+      h("span", { class: "fork-label" }, "Forked from ", link),
+      detail,
     );
+    this.messages.append(marker);
+    this.onForked(msg, { marker, link, detail });
   }
 
   /** Where the model started seeing a summary instead of older history. */
@@ -747,6 +686,9 @@ export class ChatView {
     const turn = turnId ?? this.running;
     card = { root, status, result, resultBox, actions, buttons, decision, error, turnId: turn };
     this.cards.set(callId, card);
+    if (turn) {
+      this.turn(turn).cards.push(card);
+    }
     this.add(turn, root);
     return card;
   }
@@ -806,46 +748,5 @@ export class ChatView {
 
   note(kind, text, attributes = {}, turnId = null) {
     return this.add(turnId, h("li", { class: `note ${kind}`, "data-testid": "note", "data-kind": kind, ...attributes, text }));
-  }
-
-  addToTimeline(event) {
-    const list = this.timeline;
-    const follow = list.scrollHeight - list.scrollTop - list.clientHeight < 48;
-    this.count += 1;
-    const kind = event.msg?.type ?? "unknown";
-    const pre = h("pre", { class: "raw" });
-    const details = h(
-      "details",
-      {
-        ontoggle: () => {
-          if (details.open && !pre.textContent) {
-            pre.textContent = JSON.stringify(event, null, 2);
-          }
-        },
-      },
-      h(
-        "summary",
-        {},
-        h("span", { class: "seq", "data-testid": "timeline-sequence", text: String(event.sequence) }),
-        h("span", { class: "kind", text: kind }),
-        h("span", { class: "summary", text: summary(event) }),
-      ),
-      pre,
-    );
-    this.timeline.append(
-      h("li", { "data-testid": "timeline-event", "data-sequence": event.sequence, "data-kind": kind }, details),
-    );
-    if (follow) {
-      list.scrollTop = list.scrollHeight;
-    }
-  }
-
-  nearBottom() {
-    const scroller = this.messages;
-    return scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 48;
-  }
-
-  scrollToEnd() {
-    this.messages.scrollTop = this.messages.scrollHeight;
   }
 }

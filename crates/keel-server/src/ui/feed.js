@@ -1,5 +1,6 @@
-// A session's events, each delivered exactly once and in sequence order,
-// from an EventSource on /v1/sessions/{id}/events/stream.
+// A session's events, each delivered exactly once and in sequence order:
+// the log so far from its pages, then the rest from an EventSource on
+// /v1/sessions/{id}/events/stream.
 //
 // The feed remembers the last sequence it delivered. Anything at or below it
 // is ignored (a reconnect that overlaps), anything past the next one is held
@@ -61,11 +62,51 @@ export class EventFeed {
     this.filling = false;
     this.retryMs = 500;
     this.retryTimer = null;
+    this.caughtUp = false;
     this.handle = (message) => this.message(message);
   }
 
+  /**
+   * Reads the log so far page by page (a long session's thousands of events
+   * arrive in a few responses instead of one stream message each), then
+   * opens the stream after the last delivered sequence.
+   */
+  async start() {
+    if (this.stopped) {
+      return;
+    }
+    this.onStatus("connecting");
+    if (!this.caughtUp) {
+      this.caughtUp = true;
+      try {
+        await this.catchUp();
+      } catch {
+        // The stream and its recovery say what is wrong.
+      }
+      if (this.stopped) {
+        return;
+      }
+    }
+    this.open();
+  }
+
+  async catchUp() {
+    for (;;) {
+      const page = await api(`${sessionPath(this.sessionId)}/events?after=${this.last}&limit=${PAGE}`);
+      if (this.stopped) {
+        return;
+      }
+      for (const event of page.events) {
+        this.receive(event);
+      }
+      if (!page.has_more || page.events.length === 0) {
+        return;
+      }
+    }
+  }
+
   /** Opens the stream after the last delivered sequence. */
-  start() {
+  open() {
     if (this.stopped) {
       return;
     }
@@ -157,7 +198,7 @@ export class EventFeed {
       return;
     }
     clearTimeout(this.retryTimer);
-    this.retryTimer = setTimeout(() => this.start(), this.retryMs);
+    this.retryTimer = setTimeout(() => this.open(), this.retryMs);
     this.retryMs = Math.min(this.retryMs * 2, MAX_RETRY_MS);
   }
 
