@@ -84,26 +84,30 @@ pub(crate) struct SummaryRow {
 
 impl SummaryRow {
     /// The key a session list page starts below: none for the first page,
-    /// else the cursor the page before it gave.
+    /// else the cursor the page before it gave (a by-activity cursor,
+    /// `UPDATED-KEY`, reads as its key).
     pub(crate) fn cursor_bound(cursor: Option<&str>) -> Result<i64, StoreError> {
-        match cursor {
-            None => Ok(i64::MAX),
-            Some(cursor) => cursor
-                .parse()
-                .map_err(|_| StoreError::Invalid(format!("'{cursor}' is not a session list cursor"))),
-        }
+        let Some(cursor) = cursor else {
+            return Ok(i64::MAX);
+        };
+        let key = cursor.split_once('-').map_or(cursor, |(_, key)| key);
+        key.parse()
+            .map_err(|_| StoreError::Invalid(format!("'{cursor}' is not a session list cursor")))
     }
 
     /// The `(updated_at_ms, key)` a by-activity page starts below: none for
-    /// the first page, else the cursor (`UPDATED-KEY`) the page before gave.
+    /// the first page, else the cursor (`UPDATED-KEY`) the page before gave;
+    /// a bare `UPDATED` (the form of a by-creation cursor) starts with the
+    /// sessions last active at or before that time.
     pub(crate) fn activity_bound(cursor: Option<&str>) -> Result<(i64, i64), StoreError> {
         let Some(cursor) = cursor else {
             return Ok((i64::MAX, i64::MAX));
         };
-        cursor
-            .split_once('-')
-            .and_then(|(updated, key)| Some((updated.parse().ok()?, key.parse().ok()?)))
-            .ok_or_else(|| StoreError::Invalid(format!("'{cursor}' is not a by-activity session list cursor")))
+        let parts = match cursor.split_once('-') {
+            Some((updated, key)) => updated.parse().ok().zip(key.parse().ok()),
+            None => cursor.parse().ok().map(|updated| (updated, i64::MAX)),
+        };
+        parts.ok_or_else(|| StoreError::Invalid(format!("'{cursor}' is not a by-activity session list cursor")))
     }
 
     /// A by-activity page from up to `limit + 1` rows read most recently

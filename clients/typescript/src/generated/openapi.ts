@@ -1148,8 +1148,9 @@ export interface operations {
                 /** @description Sessions per page (50 by default). */
                 limit?: number;
                 /**
-                 * @description Where the page starts: the `next_cursor` of the page before (with
-                 *     the same `order`).
+                 * @description Where the page starts: the `next_cursor` of the page before, with the
+                 *     same `order` (`KEY` by creation, `UPDATED-KEY` by activity; in the
+                 *     other order, `UPDATED-KEY` reads as its key and `N` as a time).
                  */
                 cursor?: string;
                 /**

@@ -312,8 +312,9 @@ pub(crate) struct ListQuery {
     /// Sessions per page (50 by default).
     #[param(minimum = 1, maximum = 500)]
     limit: Option<usize>,
-    /// Where the page starts: the `next_cursor` of the page before (with
-    /// the same `order`).
+    /// Where the page starts: the `next_cursor` of the page before, with the
+    /// same `order` (`KEY` by creation, `UPDATED-KEY` by activity; in the
+    /// other order, `UPDATED-KEY` reads as its key and `N` as a time).
     #[param(pattern = r"^[0-9]{1,18}(-[0-9]{1,18})?$")]
     cursor: Option<String>,
     /// `created` (the default): newest created first, a session keeps its
@@ -377,15 +378,14 @@ pub(crate) async fn list(
     // the description states, rather than by whichever store reads it.
     let order = query.order.unwrap_or_default();
     let number = |text: &str| (1..=18).contains(&text.len()) && text.bytes().all(|byte| byte.is_ascii_digit());
-    let is_cursor = |text: &str| match order {
-        ListOrder::Created => number(text),
-        ListOrder::Activity => text
-            .split_once('-')
-            .is_some_and(|(updated, key)| number(updated) && number(key)),
+    // Either form is read in either order (see `ListQuery::cursor`).
+    let is_cursor = |text: &str| match text.split_once('-') {
+        Some((updated, key)) => number(updated) && number(key),
+        None => number(text),
     };
     if query.cursor.as_deref().is_some_and(|cursor| !is_cursor(cursor)) {
         return Err(ApiError::InvalidRequest(
-            "`cursor` must be the `next_cursor` of a page in the same `order`".to_owned(),
+            "`cursor` must be the `next_cursor` of a page".to_owned(),
         ));
     }
     let (cursor, bot_id) = (query.cursor.as_deref(), query.bot_id.as_deref());

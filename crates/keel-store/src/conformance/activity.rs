@@ -43,6 +43,18 @@ pub(crate) async fn sessions_by_activity_put_the_latest_written_first_page_by_pa
     tick().await;
     let seen = walk(&store, 2, async |_| {}).await;
     assert_eq!(seen, ["d", "b", "e", "c", "a"]);
+    // A bare time: the sessions last active at or before it.
+    let b = store.session_summary("b").await.expect("summary").expect("b");
+    let before_b = store
+        .list_sessions_by_activity(Some(&b.updated_at_ms.to_string()), 10, None)
+        .await
+        .expect("page");
+    let ids: Vec<&str> = before_b
+        .sessions
+        .iter()
+        .map(|summary| summary.session_id.as_str())
+        .collect();
+    assert_eq!(ids, ["b", "e", "c", "a"]);
     let first = store
         .list_sessions_by_activity(None, 10, Some("bot"))
         .await
@@ -53,7 +65,7 @@ pub(crate) async fn sessions_by_activity_put_the_latest_written_first_page_by_pa
         .await
         .expect("by bot");
     assert!(none.sessions.is_empty() && none.next_cursor.is_none());
-    for cursor in ["12", "x-1", "1-", "-1"] {
+    for cursor in ["x", "x-1", "1-", "-1", "1-2-3"] {
         assert!(
             matches!(
                 store.list_sessions_by_activity(Some(cursor), 2, None).await,
