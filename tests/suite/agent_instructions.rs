@@ -16,7 +16,7 @@ fn write_agents_md(dir: &Path, text: &str) {
 }
 
 /// The `instructions_loaded` events among `events`.
-fn loaded(events: &[RecordedEvent]) -> Vec<&ProjectInstructions> {
+pub(crate) fn loaded(events: &[RecordedEvent]) -> Vec<&ProjectInstructions> {
     events
         .iter()
         .filter_map(|event| match &event.msg {

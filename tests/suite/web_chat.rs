@@ -168,6 +168,33 @@ async fn web_ui_keyboard_shortcuts() {
     assert_eq!(aborted[0]["msg"]["reason"], "interrupted", "Esc interrupted the turn");
 }
 
+/// The hint beside the busy policy says what a message sent during a turn
+/// gets: one shared next turn (`merge`), its own answer (`each`), or what
+/// interrupt and steer do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_ui_says_what_a_message_sent_during_a_turn_gets() {
+    let Some((tools, _browser, scratch)) = browser_test("web_ui_says_what_a_message_sent_during_a_turn_gets").await
+    else {
+        return;
+    };
+    let model = scratch.script("queue.jsonl", &[r#"{"text": "hi"}"#]);
+    let server = serve(&scratch, &model, &[]);
+    let merge = server.api.create(json!({"id": "merged", "queue_mode": "merge"})).await;
+    assert_eq!(merge["queue_mode"], "merge");
+    let each = server
+        .api
+        .create(json!({"id": "one-by-one", "queue_mode": "each"}))
+        .await;
+    assert_eq!(each["queue_mode"], "each");
+    scenario(
+        &tools,
+        "queue_hint",
+        &server.api.base,
+        json!({"merge": "merged", "each": "one-by-one"}),
+    )
+    .await;
+}
+
 /// How many exchanges the long session has (a user message and an answer
 /// each), and how many times it is opened: `KEEL_BENCH_EXCHANGES` and
 /// `KEEL_BENCH_RUNS`, or 1,000 and 3.

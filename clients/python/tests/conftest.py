@@ -54,7 +54,7 @@ class KeelServer:
         self.starts += 1
         command = [
             self.binary, "serve",
-            "--db", str(self.root / "keel.sqlite3"),
+            "--create", "--db", str(self.root / "keel.sqlite3"),
             "--listen", f"127.0.0.1:{self.port}",
             "--token-file", str(self.root / "token"),
             "--model", f"script:{self.scripts / 'default.jsonl'}",

@@ -97,7 +97,7 @@ impl Node {
             .open(self.log_path())
             .map_err(|error| setup(format!("cannot open the node log: {error}")))?;
         let child = Command::new(&self.spec.binary)
-            .args(["serve", "--db", &self.spec.db])
+            .args(["serve", "--create", "--db", &self.spec.db])
             .args(["--listen", &format!("127.0.0.1:{}", self.port)])
             .args(["--node-id", &format!("chaos-{}", self.index)])
             .args(["--lease-ttl-ms", &self.spec.lease_ttl_ms.to_string()])

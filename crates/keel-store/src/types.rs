@@ -304,7 +304,7 @@ pub const MAX_TITLE_CHARS: usize = 200;
 const DERIVED_TITLE_CHARS: usize = 60;
 
 /// The title a message gives a session: its first non-blank line, trimmed
-/// and shortened to [`DERIVED_TITLE_CHARS`] at a word boundary (with `…`);
+/// and shortened to 60 characters at a word boundary (with `…`);
 /// `None` for a blank message.
 pub fn title_of(text: &str) -> Option<String> {
     let line = text.lines().map(str::trim).find(|line| !line.is_empty())?;

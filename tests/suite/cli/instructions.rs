@@ -3,10 +3,11 @@
 //! workspace's `AGENTS.md` recorded at its first turn, as a server session.
 
 use keel::agent::CODING_AGENT_PROMPT;
-use keel::protocol::{EventMsg, RecordedEvent};
+use keel::protocol::RecordedEvent;
 use keel::store::{CheckpointStore, SqliteCheckpoint};
 use serde_json::Value;
 
+use crate::suite::agent_instructions::loaded as recorded;
 use crate::suite::support::process::{Cli, parse_events, session_of, stderr};
 
 /// The system prompt `keel run` stored with `session_id`.
@@ -33,16 +34,6 @@ fn run(cli: &Cli, args: &[&str]) -> Vec<RecordedEvent> {
     let output = cli.run(&all);
     assert!(output.status.success(), "{}", stderr(&output));
     parse_events(&output.stdout)
-}
-
-fn recorded(events: &[RecordedEvent]) -> Vec<&keel::protocol::ProjectInstructions> {
-    events
-        .iter()
-        .filter_map(|event| match &event.msg {
-            EventMsg::InstructionsLoaded(loaded) => Some(loaded),
-            _ => None,
-        })
-        .collect()
 }
 
 #[test]

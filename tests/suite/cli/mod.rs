@@ -39,7 +39,16 @@ fn run_json_prints_every_recorded_event_in_order() {
     assert_gapless(&events, 1);
     let kinds: Vec<&str> = events.iter().map(|event| event.msg.kind()).collect();
     assert_eq!(kinds[0], "session_started");
-    assert_eq!(kinds[1..4], ["turn_started", "user_message", "model_step_started"]);
+    // The first turn records the project instructions it read (none here).
+    assert_eq!(
+        kinds[1..5],
+        [
+            "instructions_loaded",
+            "turn_started",
+            "user_message",
+            "model_step_started"
+        ]
+    );
     assert_eq!(
         kinds[kinds.len() - 3..],
         ["assistant_message", "turn_complete", "shutdown_complete"]

@@ -100,6 +100,7 @@ export class KeelServer {
   private async launch(): Promise<void> {
     const args = [
       "serve",
+      "--create",
       "--db",
       join(this.dir, "keel.sqlite3"),
       "--listen",

@@ -13,8 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::session::Session;
-use keel_protocol::{Event, EventMsg, InstructionSource, ProjectInstructions};
+use keel_protocol::{InstructionSource, ProjectInstructions};
 use sha2::{Digest, Sha256};
 
 /// Keel's default system prompt for a coding agent that works with the
@@ -119,40 +118,6 @@ pub fn system_prompt(base: Option<&str>, project: Option<&ProjectInstructions>) 
         (Some(base), None) => Some(base.to_owned()),
         (None, Some(project)) => Some(project.to_owned()),
         (Some(base), Some(project)) => Some(format!("{}\n\n{project}", base.trim_end())),
-    }
-}
-
-impl Session {
-    /// At the session's first turn (when the host gave [`ProjectDocs`] and
-    /// nothing was read yet), reads the project instructions, adds them to
-    /// the system prompt and the checkpoint, and returns their
-    /// `instructions_loaded` event, to be committed with the turn's start.
-    /// Later turns, and a resumed session, read nothing: the recorded text
-    /// stays.
-    pub(super) async fn read_project_instructions(&mut self) -> Option<Event> {
-        if self.checkpoint.project_instructions.is_some() {
-            return None;
-        }
-        let docs = self.project_docs.clone()?;
-        let workspace = self.workspace.clone();
-        let loaded = tokio::task::spawn_blocking(move || load_project_instructions(&docs, &workspace))
-            .await
-            .unwrap_or_else(|error| ProjectInstructions {
-                skipped: vec![format!("reading the project instructions failed: {error}")],
-                ..ProjectInstructions::default()
-            });
-        tracing::info!(
-            session_id = %self.session_id,
-            files = loaded.sources.len(),
-            bytes = loaded.text.len(),
-            "project instructions read"
-        );
-        self.instructions = system_prompt(self.base_instructions.as_deref(), Some(&loaded));
-        self.checkpoint.project_instructions = Some(loaded.clone());
-        Some(Event {
-            submission_id: None,
-            msg: EventMsg::InstructionsLoaded(loaded),
-        })
     }
 }
 

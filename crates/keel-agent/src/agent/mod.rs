@@ -17,6 +17,7 @@
 
 mod compaction;
 mod control;
+mod first_turn;
 mod fork;
 mod handle;
 mod instructions;

@@ -72,6 +72,7 @@ const ui = {
   composer: $("composer"),
   composerText: $("composer-text"),
   busyPolicy: $("busy-policy"),
+  queueHint: $("queue-hint"),
   send: $("send"),
   composerError: $("composer-error"),
   timelineList: $("timeline-list"),
@@ -512,6 +513,8 @@ function openSession(id) {
       if ([...ui.busyPolicy.options].some((option) => option.value === info.on_busy)) {
         ui.busyPolicy.value = info.on_busy;
       }
+      session.queueMode = info.queue_mode;
+      showQueueHint();
     })
     .catch((error) => {
       if (current !== session) {
@@ -782,3 +785,21 @@ function route() {
 window.addEventListener("hashchange", route);
 route();
 loadSessions();
+
+/**
+ * What a message sent while a turn runs will get, from the chosen busy
+ * policy and the session's queue mode (`merge`: queued messages share one
+ * next turn; `each`: one answer per message).
+ */
+function showQueueHint() {
+  const policy = ui.busyPolicy.value;
+  const each = current?.queueMode === "each";
+  ui.queueHint.dataset.queueMode = current?.queueMode ?? "";
+  ui.queueHint.textContent = {
+    queue: each ? "each waiting message gets its own answer" : "waiting messages are answered together, in one turn",
+    interrupt: "stops the running answer, then answers this",
+    steer: "joins the running turn",
+  }[policy] ?? "";
+}
+
+ui.busyPolicy.addEventListener("change", showQueueHint);
