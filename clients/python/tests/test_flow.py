@@ -29,6 +29,22 @@ def test_the_readme_example_runs_against_a_server(server: KeelServer) -> None:
     assert lines[-1].endswith(" turn_complete"), lines
 
 
+def test_a_sessions_model_is_switched_between_turns(server: KeelServer) -> None:
+    with Keel(server.url, token=TOKEN) as keel:
+        created = keel.sessions.create("flow-model")
+        first = keel.wait_for_turn(created.id, keel.submit(created.id, "Hi"), timeout=30)
+        assert first.text == "Hello from the default script."
+        # A script goes on from the session's count of model calls: one filler line.
+        other = server.script("other.jsonl", [{"text": "unused"}, {"text": "From the other model."}])
+        switched = keel.sessions.set_model(created.id, other)
+        assert switched.model is not None and switched.model.endswith("other.jsonl"), switched.model
+        assert keel.sessions.get(created.id).model == switched.model
+        second = keel.wait_for_turn(created.id, keel.submit(created.id, "Again"), timeout=30)
+        assert second.text == "From the other model."
+        changed = [e.msg for e in keel.events(created.id, after=0).events if isinstance(e.msg, events.ModelChanged)]
+        assert len(changed) == 1 and changed[0].model == switched.model
+
+
 def test_sessions_round_trip_sync(server: KeelServer) -> None:
     with Keel(server.url, token=TOKEN) as keel:
         created = keel.sessions.create("flow-sync", bot_id="bot-a", context={"user": "u-1"}, on_busy="queue")

@@ -119,6 +119,10 @@ class Calls:
         request = Request("PATCH", _session_path(session_id), json=to_json(UpdateSession(title=title)))
         return call(request, self.retries, _parser(Session))
 
+    def set_session_model(self, session_id: str, model: str) -> Flow[Session]:
+        request = Request("PATCH", _session_path(session_id), json=to_json(UpdateSession(model=model)))
+        return call(request, self.retries, _parser(Session))
+
     def delete_session(self, session_id: str, workspace: bool) -> Flow[None]:
         params = _query(workspace=True) if workspace else None
         return no_body(Request("DELETE", _session_path(session_id), params=params), self.retries)

@@ -94,6 +94,11 @@ class AsyncSessions:
         """Sets the session's title (``PATCH /v1/sessions/{id}``)."""
         return await self._client._drive(self._client._calls.rename_session(session_id, title))
 
+    async def set_model(self, session_id: str, model: str) -> Session:
+        """Switches the session's model from its next turn (``PATCH /v1/sessions/{id}``
+        with ``model``); refused with ``session_busy`` while a turn runs."""
+        return await self._client._drive(self._client._calls.set_session_model(session_id, model))
+
     async def delete(self, session_id: str, *, workspace: bool = False) -> None:
         """Deletes the session for good (its workspace too with `workspace`)."""
         await self._client._drive(self._client._calls.delete_session(session_id, workspace))
