@@ -1286,9 +1286,9 @@ impl CheckpointStore for FailingStore {
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
-        bot_id: Option<&'a str>,
+        filter: keel_store::SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        self.inner.list_sessions_page(cursor, limit, bot_id)
+        self.inner.list_sessions_page(cursor, limit, filter)
     }
 
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {

@@ -261,6 +261,7 @@ mod tests {
                 op: Op::UserInput { text: "hi".into() },
                 on_busy: BusyPolicy::Queue,
                 idempotency_key: Some(key.to_owned()),
+                submitted_by: None,
             }),
         )
     }
@@ -380,6 +381,7 @@ mod tests {
                     turn_id: "t".into(),
                     call_id: call_id.into(),
                     decision,
+                    decided_by: None,
                 }),
             )
         };

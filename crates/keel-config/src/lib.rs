@@ -116,12 +116,18 @@ use keel_providers::http::Secret;
 use keel_providers::{ProviderKind, ProviderSettings};
 use keel_tools::ApprovalRules;
 
+mod auth;
 mod bots;
+mod budget;
 mod server;
 mod session;
+mod tenants;
 
+pub use self::auth::AuthConfig;
 pub use self::bots::{BotConfig, BotId, Bots};
+pub use self::budget::BudgetConfig;
 pub use self::server::{READING_TOOLS, ServerPolicy};
+pub use self::tenants::TenantConfig;
 pub use keel_tools::ToolsConfig;
 pub use keel_tools::mcp::{
     DEFAULT_MCP_CALL_TIMEOUT, DEFAULT_MCP_STARTUP_TIMEOUT, MAX_MCP_SERVER_NAME, McpConfig, McpServerConfig,
@@ -153,6 +159,12 @@ pub struct KeelConfig {
     /// The defaults of each bot's sessions (`[bots.<id>]`).
     #[serde(default)]
     pub bots: Bots,
+    /// API keys' and JWTs' settings (`[auth]`).
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Each tenant's ceiling and budget (`[tenants.<id>]`).
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
 }
 
 /// A named model in `keel.toml`.

@@ -314,6 +314,11 @@ pub struct ApprovalDecidedEvent {
     pub call_id: String,
     /// The decision.
     pub decision: super::ApprovalDecision,
+    /// Who decided: the principal that sent the approval (absent in logs
+    /// written before principals existed, and for decisions the runtime
+    /// made itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<crate::Actor>,
 }
 
 /// Payload of [`EventMsg::ToolCallStarted`].
@@ -500,6 +505,9 @@ pub enum AbortReason {
     /// The model produced output faster than the store could record it, past
     /// the recorder's bounds.
     RecorderSaturated,
+    /// A token budget of the session or its tenant was spent; checked
+    /// before each model step.
+    BudgetExhausted,
 }
 
 /// Payload of [`EventMsg::TurnAborted`].
@@ -543,6 +551,10 @@ pub struct SubmissionQueuedEvent {
     /// The client's idempotency key, if it sent one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// Who submitted it (absent in logs written before principals existed,
+    /// and for submissions made by an embedding program).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<crate::Actor>,
 }
 
 /// Payload of [`EventMsg::SubmissionRejected`]; the envelope's

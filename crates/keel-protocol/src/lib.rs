@@ -9,6 +9,7 @@
 //! serde, `thiserror` and `uuid` only, and holds no behaviour beyond
 //! validating limits.
 
+mod actor;
 pub mod error;
 mod event;
 mod instructions;
@@ -17,6 +18,7 @@ mod provider_error;
 mod store_error;
 mod transcript;
 
+pub use actor::{Actor, ActorKind, DEFAULT_TENANT};
 pub use event::*;
 pub use instructions::*;
 pub use op::*;

@@ -209,6 +209,8 @@ pub struct Submission {
     pub sequence: u64,
     /// The request itself.
     pub op: Op,
+    /// Who sent it, when a server knows (the audit trail).
+    pub submitted_by: Option<crate::Actor>,
 }
 
 #[cfg(test)]

@@ -34,6 +34,10 @@ pub enum ApiError {
         /// What was refused and how the operator could allow it.
         message: String,
     },
+    /// A principal without the scope the request needs (403): the code
+    /// names it (`missing_scope_read`, `…_submit`, `…_approve`, `…_admin`).
+    #[error("this request needs the `{0}` scope, which the credentials do not grant")]
+    MissingScope(crate::auth::Scope),
     /// A request from a browser page of another origin (403), refused so
     /// no web page can drive the server.
     #[error("{0}")]
@@ -141,7 +145,7 @@ impl ApiError {
         match self {
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::Forbidden { .. } | Self::MissingScope(_) => StatusCode::FORBIDDEN,
             Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) | Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -173,6 +177,12 @@ impl ApiError {
             Self::InvalidRequest(_) => "invalid_request",
             Self::Unauthorized => "unauthorized",
             Self::Forbidden { code, .. } => code,
+            Self::MissingScope(scope) => match scope {
+                crate::auth::Scope::Read => "missing_scope_read",
+                crate::auth::Scope::Submit => "missing_scope_submit",
+                crate::auth::Scope::Approve => "missing_scope_approve",
+                crate::auth::Scope::Admin => "missing_scope_admin",
+            },
             Self::ForbiddenOrigin(_) => "forbidden_origin",
             Self::NotFound(_) => "not_found",
             Self::ModelNotFound(_) => "model_not_found",
@@ -314,6 +324,11 @@ mod tests {
                 "sandbox_over_ceiling",
             ),
             (ApiError::ForbiddenOrigin("x".into()), 403, "forbidden_origin"),
+            (
+                ApiError::MissingScope(crate::auth::Scope::Approve),
+                403,
+                "missing_scope_approve",
+            ),
             (ApiError::NotFound("x".into()), 404, "not_found"),
             (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
             (ApiError::QueueFull, 409, "queue_full"),

@@ -51,6 +51,7 @@ use std::time::Duration;
 use axum::http::HeaderValue;
 use tokio::net::TcpListener;
 
+pub use self::auth::Scope;
 pub use self::conn::{
     DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES, raise_open_file_limit,
 };

@@ -172,6 +172,7 @@ pub(crate) fn context(bot_id: &str) -> SessionContext {
         bot_id: bot_id.into(),
         metadata,
         settings: Some(serde_json::json!({"model": "script:x"})),
+        ..SessionContext::default()
     }
 }
 
@@ -1627,7 +1628,7 @@ pub(crate) async fn sessions_page_newest_created_first_with_a_cursor(factory: &i
     let mut cursor = None;
     loop {
         let page = store
-            .list_sessions_page(cursor.as_deref(), 2, None)
+            .list_sessions_page(cursor.as_deref(), 2, crate::SessionFilter::bot(None))
             .await
             .expect("page");
         assert!(page.sessions.len() <= 2);
@@ -1643,7 +1644,9 @@ pub(crate) async fn sessions_page_newest_created_first_with_a_cursor(factory: &i
     assert_eq!(summary.context, context("bot"));
     assert_eq!(store.session_summary("zzz").await.expect("summary"), None);
     assert!(matches!(
-        store.list_sessions_page(Some("not-a-cursor"), 2, None).await,
+        store
+            .list_sessions_page(Some("not-a-cursor"), 2, crate::SessionFilter::bot(None))
+            .await,
         Err(StoreError::Invalid(_))
     ));
 }
@@ -1662,6 +1665,7 @@ pub(crate) async fn a_queued_submission_stays_stored_until_an_event_settles_it(f
             },
             on_busy: BusyPolicy::Steer,
             idempotency_key: key.map(str::to_owned),
+            submitted_by: None,
         }),
     };
     append(&store, "s", &[queued("q1", Some("key-1")), queued("q2", None)]).await;
@@ -1705,7 +1709,7 @@ pub(crate) async fn sessions_are_listed_by_bot_page_by_page(factory: &impl Store
     let mut cursor = None;
     loop {
         let page = store
-            .list_sessions_page(cursor.as_deref(), 2, Some("a"))
+            .list_sessions_page(cursor.as_deref(), 2, crate::SessionFilter::bot(Some("a")))
             .await
             .expect("page");
         seen.extend(page.sessions.iter().map(|summary| summary.session_id.clone()));
@@ -1715,11 +1719,20 @@ pub(crate) async fn sessions_are_listed_by_bot_page_by_page(factory: &impl Store
         }
     }
     assert_eq!(seen, ["a3", "a2", "a1"]);
-    let page = store.list_sessions_page(None, 10, Some("b")).await.expect("b");
+    let page = store
+        .list_sessions_page(None, 10, crate::SessionFilter::bot(Some("b")))
+        .await
+        .expect("b");
     assert_eq!(page_ids(page), ["b1"]);
-    let page = store.list_sessions_page(None, 10, Some("nobody")).await.expect("none");
+    let page = store
+        .list_sessions_page(None, 10, crate::SessionFilter::bot(Some("nobody")))
+        .await
+        .expect("none");
     assert_eq!((page.sessions.len(), page.next_cursor), (0, None));
-    let page = store.list_sessions_page(None, 10, None).await.expect("all");
+    let page = store
+        .list_sessions_page(None, 10, crate::SessionFilter::bot(None))
+        .await
+        .expect("all");
     assert_eq!(page_ids(page), ["a3", "c1", "a2", "b1", "a1"]);
 }
 
@@ -1735,6 +1748,7 @@ pub(crate) async fn sessions_with_work_lists_queued_messages_and_turns_in_flight
             op: Op::UserInput { text: "hi".into() },
             on_busy: BusyPolicy::Queue,
             idempotency_key: None,
+            submitted_by: None,
         }),
     };
     append(&store, "b-queued", &[queued("q1")]).await;
@@ -2094,6 +2108,7 @@ pub(crate) async fn sessions_to_take_over_lists_sessions_with_work_and_no_live_o
             op: Op::UserInput { text: "hi".into() },
             on_busy: BusyPolicy::Queue,
             idempotency_key: None,
+            submitted_by: None,
         }),
     };
     for id in ["b-queued-unowned", "e-queued-released", "f-queued-owned"] {

@@ -32,6 +32,22 @@ pub enum SessionEdit<'a> {
     Delete,
 }
 
+/// Which sessions a listing shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionFilter<'a> {
+    /// Only those of this bot.
+    pub bot_id: Option<&'a str>,
+    /// Only those of this tenant.
+    pub tenant: Option<&'a str>,
+}
+
+impl<'a> SessionFilter<'a> {
+    /// Only the sessions of `bot_id`, when given (of any tenant).
+    pub fn bot(bot_id: Option<&'a str>) -> Self {
+        Self { bot_id, tenant: None }
+    }
+}
+
 /// Durable storage for sessions in one process. Object safe, so the runtime
 /// holds an `Arc<dyn CheckpointStore>` and backends can be swapped. What
 /// several nodes on one database need besides is [`crate::ClusterStore`].
@@ -131,19 +147,19 @@ pub trait CheckpointStore: Send + Sync {
 
     /// Lists sessions, newest created first, `limit` (at most
     /// [`MAX_EVENT_PAGE`]) per page from `cursor` (a page's `next_cursor`;
-    /// `None` for the first page); only those of bot `bot_id` when given. A
+    /// `None` for the first page); only those `filter` admits. A
     /// malformed cursor is [`StoreError::Invalid`].
     fn list_sessions_page<'a>(
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
-        bot_id: Option<&'a str>,
+        filter: SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>>;
 
     /// Lists sessions most recently active first (the time their log last
     /// grew or their checkpoint was last written, ties by creation, newest
     /// first), `limit` (at most [`MAX_EVENT_PAGE`]) per page from `cursor`
-    /// (a page's `next_cursor`); only those of bot `bot_id` when given. A
+    /// (a page's `next_cursor`); only those `filter` admits. A
     /// session never appears twice in one walk of the pages and every
     /// session not active during the walk appears once; one active during
     /// the walk moves ahead of the pages already read (a fresh first page
@@ -153,9 +169,9 @@ pub trait CheckpointStore: Send + Sync {
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
-        bot_id: Option<&'a str>,
+        filter: SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        let _ = (cursor, limit, bot_id);
+        let _ = (cursor, limit, filter);
         Box::pin(async {
             Err(StoreError::Invalid(
                 "this store cannot list sessions by activity".to_owned(),
@@ -200,7 +216,9 @@ pub trait CheckpointStoreExt: CheckpointStore {
             let mut sessions = Vec::new();
             let mut cursor: Option<String> = None;
             loop {
-                let page = self.list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, None).await?;
+                let page = self
+                    .list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, SessionFilter::bot(None))
+                    .await?;
                 sessions.extend(page.sessions);
                 match page.next_cursor {
                     Some(next) => cursor = Some(next),

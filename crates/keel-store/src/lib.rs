@@ -18,6 +18,7 @@
 //! or tools (no dependency on `keel-model`, `keel-tools` or `keel-agent`): it
 //! stores what it is given.
 
+mod access;
 mod batch;
 mod cluster;
 pub(crate) mod codec;
@@ -39,10 +40,11 @@ mod types;
 mod usage;
 mod walk;
 
+pub use access::{AccessStore, ApiKeyRecord, BudgetTarget, UsageBucket};
 pub use batch::{AppendBatch, AppendReceipt, CheckpointWrite, OpenBatch};
 pub(crate) use cluster::ttl_ms;
 pub use cluster::{ClusterStore, LeaseStore, RelayOutcome, RelayRefusal, RelayState, Relayed, RelayedSubmission};
-pub use contract::{CheckpointStore, CheckpointStoreExt, SessionEdit};
+pub use contract::{CheckpointStore, CheckpointStoreExt, SessionEdit, SessionFilter};
 pub use keel_protocol::StoreError;
 pub use lease::Lease;
 pub use notice::{LogNotice, NoticeListener};

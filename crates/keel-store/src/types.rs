@@ -6,18 +6,23 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use keel_protocol::{
-    ApprovalDecision, BusyPolicy, Event, EventMsg, Op, ProjectInstructions, RecordedEvent, StoreError, TokenUsage,
-    TranscriptItem,
+    ApprovalDecision, BusyPolicy, DEFAULT_TENANT, Event, EventMsg, Op, ProjectInstructions, RecordedEvent, StoreError,
+    TokenUsage, TranscriptItem,
 };
 
 /// The most events one [`crate::CheckpointStore::event_page`] call returns.
 pub const MAX_EVENT_PAGE: usize = 10_000;
 
 /// Who a session belongs to and what it is about; set when it is created.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionContext {
     /// The bot (application) that owns the session.
     pub bot_id: String,
+    /// The tenant the session belongs to: only its principals (and the
+    /// operator) can see or drive it. [`DEFAULT_TENANT`] for sessions made
+    /// without one, and for those stored before tenants existed.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     /// Free-form context supplied by the application.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub metadata: serde_json::Map<String, serde_json::Value>,
@@ -26,6 +31,21 @@ pub struct SessionContext {
     /// Opaque to the runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settings: Option<serde_json::Value>,
+}
+
+impl Default for SessionContext {
+    fn default() -> Self {
+        Self {
+            bot_id: String::new(),
+            tenant: default_tenant(),
+            metadata: serde_json::Map::new(),
+            settings: None,
+        }
+    }
+}
+
+fn default_tenant() -> String {
+    DEFAULT_TENANT.to_owned()
 }
 
 /// A session's small durable state, rewritten on every save.

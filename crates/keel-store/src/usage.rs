@@ -7,7 +7,7 @@
 
 use std::ops::ControlFlow;
 
-use super::{CheckpointStore, MAX_EVENT_PAGE, StoreError, walk_back};
+use super::{CheckpointStore, MAX_EVENT_PAGE, SessionFilter, StoreError, walk_back};
 use keel_protocol::{EventMsg, TokenUsage};
 
 /// One session's token usage.
@@ -34,7 +34,7 @@ pub async fn session_usage(
     let mut cursor: Option<String> = None;
     loop {
         let page = store
-            .list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, bot_id)
+            .list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, SessionFilter::bot(bot_id))
             .await?;
         for summary in page.sessions {
             let usage = match since_ms {

@@ -7,7 +7,8 @@ use super::recorder::{EventRecorder, WeakEventRecorder};
 use super::status::{SessionStatus, StatusCell};
 use super::submission::SubmissionSender;
 use keel_protocol::{
-    BusyPolicy, Event, EventMsg, Op, SubmissionQueuedEvent, SubmissionRejectedEvent, new_id, validate_idempotency_key,
+    Actor, BusyPolicy, Event, EventMsg, Op, SubmissionQueuedEvent, SubmissionRejectedEvent, new_id,
+    validate_idempotency_key,
 };
 use keel_protocol::{Error, Result};
 use keel_store::{CheckpointStore, KeyedSubmission};
@@ -24,6 +25,9 @@ pub struct SubmitOptions {
     /// the submission to this one answered its client with it. A fresh id
     /// when `None`.
     pub submission_id: Option<String>,
+    /// Who sent it: recorded as `submitted_by` in its `submission_queued`
+    /// (and as `decided_by` when it is an approval).
+    pub submitted_by: Option<Actor>,
 }
 
 /// What [`SessionHandle::submit_durable`] accepted.
@@ -111,7 +115,7 @@ impl SessionHandle {
             validate_idempotency_key(key).map_err(Error::InvalidInput)?;
         }
         if !op.is_stored_ahead() {
-            return self.submit_now(op, options.submission_id);
+            return self.submit_now(op, options.submission_id, options.submitted_by);
         }
         let _keyed = match &options.idempotency_key {
             Some(key) => {
@@ -163,6 +167,7 @@ impl SessionHandle {
                 op: op.clone(),
                 on_busy: options.on_busy,
                 idempotency_key: options.idempotency_key.clone(),
+                submitted_by: options.submitted_by.clone(),
             }),
         };
         // The message goes to the session as soon as its `submission_queued`
@@ -182,7 +187,8 @@ impl SessionHandle {
                 Err(error) => return Err(error),
             }
         }
-        self.sender.send_reserved(reservation, id.clone(), queued_op);
+        self.sender
+            .send_reserved(reservation, id.clone(), queued_op, options.submitted_by);
         let sequence = stored.await?;
         Ok(Accepted {
             submission_id: id,
@@ -193,14 +199,10 @@ impl SessionHandle {
 
     /// Submits an op that is not stored ahead (a control op, shutdown)
     /// straight to the queue, under `submission_id` if one is given.
-    fn submit_now(&self, op: Op, submission_id: Option<String>) -> Result<Accepted> {
-        let submitted = match submission_id {
-            Some(id) => {
-                let reservation = self.sender.reserve(&op)?;
-                self.sender.send_reserved(reservation, id, op)
-            }
-            None => self.sender.submit(op)?,
-        };
+    fn submit_now(&self, op: Op, submission_id: Option<String>, submitted_by: Option<Actor>) -> Result<Accepted> {
+        let id = submission_id.unwrap_or_else(new_id);
+        let reservation = self.sender.reserve(&op)?;
+        let submitted = self.sender.send_reserved(reservation, id, op, submitted_by);
         Ok(Accepted {
             submission_id: submitted.id,
             sequence: self.recorder.last_sequence(),

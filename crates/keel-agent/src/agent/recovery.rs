@@ -149,7 +149,7 @@ pub(super) fn requeue(
         };
         let reservation = sender.reserve(&op)?;
         recorder.expect_settlement(stored.id.clone());
-        sender.send_reserved(reservation, stored.id, op);
+        sender.send_reserved(reservation, stored.id, op, None);
     }
     Ok((sender, inbox))
 }

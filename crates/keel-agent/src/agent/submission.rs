@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
+use keel_protocol::{Actor, Op, Submission, new_id};
 use keel_protocol::{Error, Result};
-use keel_protocol::{Op, Submission, new_id};
 
 /// Room in the control lane. Interrupts are handled as soon as they arrive,
 /// so a few slots are plenty.
@@ -100,8 +100,14 @@ impl SubmissionSender {
     }
 
     /// Sends `op` under the id it was stored with, in the place reserved.
-    pub(crate) fn send_reserved(&self, reservation: Reservation, id: String, op: Op) -> Submitted {
-        self.accept_as(id, op, |submission| {
+    pub(crate) fn send_reserved(
+        &self,
+        reservation: Reservation,
+        id: String,
+        op: Op,
+        submitted_by: Option<Actor>,
+    ) -> Submitted {
+        self.accept_as(id, op, submitted_by, |submission| {
             reservation.permit.send(submission);
         })
     }
@@ -137,10 +143,10 @@ impl SubmissionSender {
     /// Numbers the submission and sends it while holding the sequencing lock,
     /// so sequences reach each lane in increasing order.
     fn accept(&self, op: Op, send: impl FnOnce(Submission)) -> Submitted {
-        self.accept_as(new_id(), op, send)
+        self.accept_as(new_id(), op, None, send)
     }
 
-    fn accept_as(&self, id: String, op: Op, send: impl FnOnce(Submission)) -> Submitted {
+    fn accept_as(&self, id: String, op: Op, submitted_by: Option<Actor>, send: impl FnOnce(Submission)) -> Submitted {
         let control = op.is_control();
         let mut sequencing = self.sequencing.lock().unwrap_or_else(|poison| poison.into_inner());
         let sequence = sequencing.last_accepted + 1;
@@ -148,6 +154,7 @@ impl SubmissionSender {
             id: id.clone(),
             sequence,
             op,
+            submitted_by,
         });
         sequencing.last_accepted = sequence;
         if !control {

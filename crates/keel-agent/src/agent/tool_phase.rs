@@ -213,6 +213,7 @@ impl Session {
                 turn_id: turn.id().to_owned(),
                 call_id,
                 decision,
+                decided_by: submission.submitted_by,
             }),
         };
         let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));

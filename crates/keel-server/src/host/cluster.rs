@@ -327,6 +327,7 @@ impl Host {
                     on_busy: relayed.on_busy.unwrap_or(session.settings.on_busy),
                     idempotency_key: Some(key),
                     submission_id: Some(relayed.submission_id.clone()),
+                    submitted_by: None,
                 };
                 let queued = session.handle.submit_durable(relayed.op.clone(), options).await;
                 match owner_answer(queued, &relayed.submission_id) {

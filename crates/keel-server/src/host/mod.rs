@@ -314,6 +314,7 @@ impl Host {
                 on_busy: on_busy.unwrap_or(session.settings.on_busy),
                 idempotency_key: idempotency_key.clone(),
                 submission_id: None,
+                submitted_by: None,
             };
             match session.handle.submit_durable(op.clone(), options).await {
                 Ok(accepted) => return Ok(accepted),

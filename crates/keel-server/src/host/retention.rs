@@ -32,7 +32,11 @@ impl Host {
         loop {
             let page = self
                 .store
-                .list_sessions_page(cursor.as_deref(), keel_store::MAX_EVENT_PAGE, None)
+                .list_sessions_page(
+                    cursor.as_deref(),
+                    keel_store::MAX_EVENT_PAGE,
+                    keel_store::SessionFilter::bot(None),
+                )
                 .await?;
             expired.extend(
                 page.sessions

@@ -103,18 +103,18 @@ impl CheckpointStore for MeteredStore {
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
-        bot_id: Option<&'a str>,
+        filter: keel_store::SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        self.inner.list_sessions_page(cursor, limit, bot_id)
+        self.inner.list_sessions_page(cursor, limit, filter)
     }
 
     fn list_sessions_by_activity<'a>(
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
-        bot_id: Option<&'a str>,
+        filter: keel_store::SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        self.inner.list_sessions_by_activity(cursor, limit, bot_id)
+        self.inner.list_sessions_by_activity(cursor, limit, filter)
     }
 
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {

@@ -41,6 +41,10 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
         "A `script:` model outside the server's script directory.",
     ),
     ("forbidden_origin", 403, "A browser request from another origin."),
+    ("missing_scope_read", 403, "Credentials without the `read` scope."),
+    ("missing_scope_submit", 403, "Credentials without the `submit` scope."),
+    ("missing_scope_approve", 403, "Credentials without the `approve` scope."),
+    ("missing_scope_admin", 403, "Credentials without the `admin` scope."),
     ("not_found", 404, "An unknown session or route."),
     (
         "model_not_found",

@@ -56,7 +56,12 @@ pub(crate) async fn readyz(State(server): State<Arc<Server>>) -> Response {
     if server.host.is_closing() {
         return ApiError::Unavailable("the server is shutting down".to_owned()).into_response();
     }
-    if let Err(error) = server.host.store.list_sessions_page(None, 1, None).await {
+    if let Err(error) = server
+        .host
+        .store
+        .list_sessions_page(None, 1, keel_store::SessionFilter::bot(None))
+        .await
+    {
         tracing::warn!(%error, "not ready: the store does not answer");
         let refusal = match ApiError::from(error) {
             full @ ApiError::StoreFull(_) => full,

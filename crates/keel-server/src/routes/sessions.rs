@@ -290,6 +290,7 @@ pub(crate) async fn create(
         bot_id,
         metadata: request.context.unwrap_or_default(),
         settings: Some(settings.to_value()),
+        ..SessionContext::default()
     };
     let session = server.host.create(&id, settings, context).await?;
     session.started().await;
@@ -391,8 +392,16 @@ pub(crate) async fn list(
     let (cursor, bot_id) = (query.cursor.as_deref(), query.bot_id.as_deref());
     let store = &server.host.store;
     let page = match order {
-        ListOrder::Created => store.list_sessions_page(cursor, limit, bot_id).await?,
-        ListOrder::Activity => store.list_sessions_by_activity(cursor, limit, bot_id).await?,
+        ListOrder::Created => {
+            store
+                .list_sessions_page(cursor, limit, keel_store::SessionFilter::bot(bot_id))
+                .await?
+        }
+        ListOrder::Activity => {
+            store
+                .list_sessions_by_activity(cursor, limit, keel_store::SessionFilter::bot(bot_id))
+                .await?
+        }
     };
     let sessions = page
         .sessions

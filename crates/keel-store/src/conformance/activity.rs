@@ -12,7 +12,7 @@ async fn walk(store: &dyn CheckpointStore, limit: usize, mut between: impl Async
     let mut cursor: Option<String> = None;
     for page_number in 0.. {
         let page = store
-            .list_sessions_by_activity(cursor.as_deref(), limit, None)
+            .list_sessions_by_activity(cursor.as_deref(), limit, crate::SessionFilter::bot(None))
             .await
             .expect("page");
         assert!(page.sessions.len() <= limit);
@@ -46,7 +46,7 @@ pub(crate) async fn sessions_by_activity_put_the_latest_written_first_page_by_pa
     // A bare time: the sessions last active at or before it.
     let b = store.session_summary("b").await.expect("summary").expect("b");
     let before_b = store
-        .list_sessions_by_activity(Some(&b.updated_at_ms.to_string()), 10, None)
+        .list_sessions_by_activity(Some(&b.updated_at_ms.to_string()), 10, crate::SessionFilter::bot(None))
         .await
         .expect("page");
     let ids: Vec<&str> = before_b
@@ -56,19 +56,21 @@ pub(crate) async fn sessions_by_activity_put_the_latest_written_first_page_by_pa
         .collect();
     assert_eq!(ids, ["b", "e", "c", "a"]);
     let first = store
-        .list_sessions_by_activity(None, 10, Some("bot"))
+        .list_sessions_by_activity(None, 10, crate::SessionFilter::bot(Some("bot")))
         .await
         .expect("by bot");
     assert_eq!(first.sessions.len(), 5);
     let none = store
-        .list_sessions_by_activity(None, 10, Some("nobody"))
+        .list_sessions_by_activity(None, 10, crate::SessionFilter::bot(Some("nobody")))
         .await
         .expect("by bot");
     assert!(none.sessions.is_empty() && none.next_cursor.is_none());
     for cursor in ["x", "x-1", "1-", "-1", "1-2-3"] {
         assert!(
             matches!(
-                store.list_sessions_by_activity(Some(cursor), 2, None).await,
+                store
+                    .list_sessions_by_activity(Some(cursor), 2, crate::SessionFilter::bot(None))
+                    .await,
                 Err(StoreError::Invalid(_))
             ),
             "{cursor}"

@@ -53,7 +53,7 @@ use super::job::{Job, Reply, Written, existed};
 use super::{
     AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, ClusterStore, EncodedEvent, EventPage,
     EventPageRequest, KeyedSubmission, LeaseStore, OpenBatch, RelayOutcome, RelayState, Relayed, RelayedSubmission,
-    SessionEdit, SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution, WriterStats,
+    SessionEdit, SessionFilter, SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution, WriterStats,
 };
 use futures::future::BoxFuture;
 use keel_protocol::{RecordedEvent, TranscriptItem};
@@ -290,18 +290,20 @@ impl CheckpointStore for PostgresCheckpoint {
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
-        bot_id: Option<&'a str>,
+        filter: SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        Box::pin(async move { reader::list_sessions_page(&self.reader().await?, cursor, limit, bot_id).await })
+        Box::pin(async move { reader::list_sessions_page(&self.reader().await?, cursor, limit, filter.bot_id).await })
     }
 
     fn list_sessions_by_activity<'a>(
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
-        bot_id: Option<&'a str>,
+        filter: SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        Box::pin(async move { reader::list_sessions_by_activity(&self.reader().await?, cursor, limit, bot_id).await })
+        Box::pin(
+            async move { reader::list_sessions_by_activity(&self.reader().await?, cursor, limit, filter.bot_id).await },
+        )
     }
 
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {

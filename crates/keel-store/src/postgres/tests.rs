@@ -109,6 +109,7 @@ fn context(bot_id: &str) -> SessionContext {
         bot_id: bot_id.into(),
         metadata: serde_json::Map::new(),
         settings: Some(serde_json::json!({"model": "script:x"})),
+        ..SessionContext::default()
     }
 }
 
@@ -189,6 +190,7 @@ fn queued(id: &str, key: Option<&str>) -> Event {
             },
             on_busy: BusyPolicy::Queue,
             idempotency_key: key.map(str::to_owned),
+            submitted_by: None,
         }),
     }
 }
@@ -905,7 +907,10 @@ async fn sessions_are_listed_newest_first_by_cursor_and_by_bot() {
                 let mut seen = Vec::new();
                 let mut cursor = None;
                 loop {
-                    let page = store.list_sessions_page(cursor.as_deref(), 2, bot).await.expect("page");
+                    let page = store
+                        .list_sessions_page(cursor.as_deref(), 2, crate::SessionFilter::bot(bot))
+                        .await
+                        .expect("page");
                     assert!(page.sessions.len() <= 2);
                     seen.extend(page.sessions.into_iter().map(|summary| summary.session_id));
                     match page.next_cursor {
@@ -919,7 +924,9 @@ async fn sessions_are_listed_newest_first_by_cursor_and_by_bot() {
         assert_eq!(pages(Some("x")).await, ["e", "c", "a"]);
         assert_eq!(pages(Some("nobody")).await, Vec::<String>::new());
         assert!(matches!(
-            store.list_sessions_page(Some("not-a-cursor"), 2, None).await,
+            store
+                .list_sessions_page(Some("not-a-cursor"), 2, crate::SessionFilter::bot(None))
+                .await,
             Err(StoreError::Invalid(_))
         ));
         let recent = store.list_sessions(2).await.expect("list");

@@ -41,8 +41,8 @@ use self::writer::WriterCounters;
 use super::job::{Job, Reply, Written, existed};
 use super::{
     AppendReceipt, Checkpoint, CheckpointStore, CheckpointWrite, EncodedEvent, EventPage, EventPageRequest,
-    KeyedSubmission, LeaseStore, OpenBatch, SessionEdit, SessionListPage, SessionState, SessionSummary, StoreError,
-    TurnExecution,
+    KeyedSubmission, LeaseStore, OpenBatch, SessionEdit, SessionFilter, SessionListPage, SessionState, SessionSummary,
+    StoreError, TurnExecution,
 };
 use futures::future::BoxFuture;
 use keel_protocol::{RecordedEvent, TranscriptItem};
@@ -360,9 +360,9 @@ impl CheckpointStore for SqliteCheckpoint {
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
-        bot_id: Option<&'a str>,
+        filter: SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        let (cursor, bot_id) = (cursor.map(str::to_owned), bot_id.map(str::to_owned));
+        let (cursor, bot_id) = (cursor.map(str::to_owned), filter.bot_id.map(str::to_owned));
         Box::pin(self.read(move |conn| reader::list_sessions_page(conn, cursor.as_deref(), limit, bot_id.as_deref())))
     }
 
@@ -370,9 +370,9 @@ impl CheckpointStore for SqliteCheckpoint {
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
-        bot_id: Option<&'a str>,
+        filter: SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        let (cursor, bot_id) = (cursor.map(str::to_owned), bot_id.map(str::to_owned));
+        let (cursor, bot_id) = (cursor.map(str::to_owned), filter.bot_id.map(str::to_owned));
         Box::pin(
             self.read(move |conn| reader::list_sessions_by_activity(conn, cursor.as_deref(), limit, bot_id.as_deref())),
         )

@@ -1709,9 +1709,15 @@ async fn a_version_2_database_gets_each_sessions_bot_from_its_checkpoint() {
             .expect("downgrade");
         }
         let store = open(&path).await;
-        let page = store.list_sessions_page(None, 10, Some("bot-a")).await.expect("bot-a");
+        let page = store
+            .list_sessions_page(None, 10, crate::SessionFilter::bot(Some("bot-a")))
+            .await
+            .expect("bot-a");
         assert_eq!(page_ids(page), ["third", "first"]);
-        let page = store.list_sessions_page(None, 10, Some("bot-b")).await.expect("bot-b");
+        let page = store
+            .list_sessions_page(None, 10, crate::SessionFilter::bot(Some("bot-b")))
+            .await
+            .expect("bot-b");
         assert_eq!(
             page_ids(page),
             Vec::<String>::new(),
@@ -1724,7 +1730,10 @@ async fn a_version_2_database_gets_each_sessions_bot_from_its_checkpoint() {
             .save(&checkpoint("second", "bot-b", 1), &[], None)
             .await
             .expect("repair");
-        let page = store.list_sessions_page(None, 10, Some("bot-b")).await.expect("bot-b");
+        let page = store
+            .list_sessions_page(None, 10, crate::SessionFilter::bot(Some("bot-b")))
+            .await
+            .expect("bot-b");
         assert_eq!(page_ids(page), ["second"]);
     })
     .await;

@@ -101,9 +101,9 @@ impl CheckpointStore for GatedStore {
         &'a self,
         cursor: Option<&'a str>,
         limit: usize,
-        bot_id: Option<&'a str>,
+        filter: keel_store::SessionFilter<'a>,
     ) -> keel_model::BoxFuture<'a, std::result::Result<keel_store::SessionListPage, StoreError>> {
-        self.inner.list_sessions_page(cursor, limit, bot_id)
+        self.inner.list_sessions_page(cursor, limit, filter)
     }
 
     fn session_summary<'a>(

@@ -14,8 +14,14 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-use super::Server;
-use super::error::ApiError;
+use crate::Server;
+use crate::error::ApiError;
+
+mod principal;
+
+pub use principal::Scope;
+#[allow(unused_imports)] // used as the principal grows its sources
+pub(crate) use principal::{Principal, Scopes, Tenancy};
 
 /// The server's bearer token. Its `Debug` does not show it.
 #[derive(Clone)]
@@ -40,8 +46,9 @@ impl std::fmt::Debug for Token {
 
 /// Middleware: lets the request through when no token is configured or the
 /// request carries the token; answers `401 unauthorized` otherwise.
-pub(crate) async fn require_token(State(server): State<Arc<Server>>, request: Request, next: Next) -> Response {
+pub(crate) async fn require_token(State(server): State<Arc<Server>>, mut request: Request, next: Next) -> Response {
     let Some(token) = &server.token else {
+        request.extensions_mut().insert(Principal::operator());
         return next.run(request).await;
     };
     let from_header = request
@@ -53,6 +60,7 @@ pub(crate) async fn require_token(State(server): State<Arc<Server>>, request: Re
     let route = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
     let allowed = from_header || (route.is_some_and(accepts_query_token) && query_token_matches(&request, token));
     if allowed {
+        request.extensions_mut().insert(Principal::operator());
         next.run(request).await
     } else {
         ApiError::Unauthorized.into_response()

@@ -1,0 +1,101 @@
+//! What a server needs of the store to know who may do what: API keys
+//! (kept as hashes only), tenants' budgets, and the token usage that budgets
+//! are counted against. Shared by every node on one database, so a key
+//! made or revoked on one node, or tokens spent on one, count on all.
+
+use futures::future::BoxFuture;
+use keel_protocol::{StoreError, TokenUsage};
+
+/// An API key as stored: never the key itself, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    /// The key's public id (shown by `keel keys list`, used to revoke it).
+    pub id: String,
+    /// The tenant whose sessions the key acts on.
+    pub tenant: String,
+    /// A name for people ("ci", "alice's laptop").
+    pub name: String,
+    /// The scopes it grants (`read`, `submit`, `approve`, `admin`).
+    pub scopes: Vec<String>,
+    /// SHA-256 of the secret, lowercase hex.
+    pub hash: String,
+    /// When it was made (ms since the Unix epoch).
+    pub created_at_ms: u64,
+    /// When it was last used, as last recorded (use is recorded in batches).
+    pub last_used_at_ms: Option<u64>,
+    /// When it stops working, if it does.
+    pub expires_at_ms: Option<u64>,
+    /// When it was revoked, if it was.
+    pub revoked_at_ms: Option<u64>,
+}
+
+/// Whose budget: a whole tenant, or one of its sessions.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BudgetTarget {
+    /// Every session of the tenant.
+    Tenant(String),
+    /// One session (of the tenant it belongs to).
+    Session(String),
+}
+
+/// Token usage recorded in one hour, for rolling windows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageBucket {
+    /// The hour's start (ms since the Unix epoch, a multiple of 3,600,000).
+    pub hour_start_ms: u64,
+    /// Tokens recorded in it.
+    pub usage: TokenUsage,
+}
+
+/// Keys, budgets and usage ledgers, for every node on one database.
+///
+/// Usage is written by the store itself: every `token_usage` event (and a
+/// `context_compacted` one that carries usage) committed in a batch adds
+/// its tokens to the ledger of its session's tenant and of the session, in
+/// the same transaction, stamped with the event's `recorded_at_ms`.
+pub trait AccessStore: Send + Sync {
+    /// Stores a new key. [`StoreError::Exists`] (writing nothing) when its
+    /// id or hash is taken.
+    fn create_api_key<'a>(&'a self, key: &'a ApiKeyRecord) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Every key, revoked and expired ones included, oldest first.
+    fn api_keys(&self) -> BoxFuture<'_, Result<Vec<ApiKeyRecord>, StoreError>>;
+
+    /// Revokes a key at `at_ms` (a second revocation keeps the first time).
+    /// Returns whether the key exists.
+    fn revoke_api_key<'a>(&'a self, id: &'a str, at_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Records when keys were last used (`(id, at_ms)`; a later time only
+    /// ever replaces an earlier one). Unknown ids are ignored.
+    fn touch_api_keys<'a>(&'a self, used: &'a [(String, u64)]) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// A number that grows whenever a key is created or revoked or a budget
+    /// is set: one cheap read that nodes poll to know when to reload keys
+    /// and budgets.
+    fn access_revision(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// Every budget set over the API, as its JSON (the store does not read
+    /// it).
+    fn budgets(&self) -> BoxFuture<'_, Result<Vec<(BudgetTarget, String)>, StoreError>>;
+
+    /// Sets (`Some`) or removes (`None`) a budget, and bumps the revision.
+    fn set_budget<'a>(
+        &'a self,
+        target: &'a BudgetTarget,
+        budget_json: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The usage of a tenant's sessions or of one session, by hour, for the
+    /// hours starting at or after `since_ms` (oldest first).
+    fn usage_buckets<'a>(
+        &'a self,
+        target: &'a BudgetTarget,
+        since_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<UsageBucket>, StoreError>>;
+
+    /// All the usage ever recorded for a tenant or a session.
+    fn usage_total<'a>(&'a self, target: &'a BudgetTarget) -> BoxFuture<'a, Result<TokenUsage, StoreError>>;
+
+    /// How many sessions of `tenant` have a turn in flight, on any node.
+    fn running_turns<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+}
