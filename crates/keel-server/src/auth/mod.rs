@@ -14,7 +14,8 @@
 //!
 //! Anything else is `401 unauthorized`, the same answer whichever part
 //! failed (the reason is logged at debug level). Credentials are never
-//! logged or echoed.
+//! logged or echoed. `/metrics` takes the operator's token only (a key or a
+//! JWT is `401` there): its numbers are the whole server's.
 //!
 //! **No credentials at all.** A server on loopback without a token has
 //! always treated every request as the operator's (it is the operator's
@@ -50,7 +51,6 @@ pub(crate) mod keys;
 mod principal;
 
 pub use principal::Scope;
-#[allow(unused_imports)] // used as the principal grows its sources
 pub(crate) use principal::{Principal, Scopes, Tenancy};
 
 /// The server's bearer token. Its `Debug` does not show it.
@@ -162,6 +162,8 @@ pub(crate) async fn authenticate(State(server): State<Arc<Server>>, mut request:
             .and_then(|_| query_token(&request))
             .and_then(|given| auth.principal_of(&given, now))
     });
+    // The metrics describe the whole server: the operator's only.
+    let found = found.filter(|(principal, _)| route != Some("/metrics") || principal.tenancy == Tenancy::All);
     match found {
         Some((principal, liveness)) => {
             request.extensions_mut().insert(principal);
