@@ -13,7 +13,8 @@
 //! - `conn`: accepting connections and bounding what each may hold before
 //!   it is authenticated; `front`: the `Host`, `Origin` and body-size
 //!   checks that keep other sites' pages out;
-//! - `routes`, `sse`, `ws`: the endpoints; `auth`: the bearer token;
+//! - `routes`, `sse`, `ws`: the endpoints; `auth`: who a request's
+//!   credential is (the operator's token, an API key, a JWT);
 //!   `error`: the JSON errors; `settings`: per-session settings;
 //!   `ceiling`: what API clients may ask for (`keel.toml`'s `[server]`);
 //!   `factory`: how a session is assembled from its settings; `metrics`:
@@ -98,8 +99,9 @@ pub struct ServerConfig {
     /// The `keel` binary whose hidden `sandbox-exec` command runs shell
     /// commands under the sandbox; without it the shell is not sandboxed.
     pub launcher: Option<PathBuf>,
-    /// The bearer token every `/v1/…` request must carry; required unless
-    /// the listener is on loopback.
+    /// The operator's bearer token (every scope on every tenant); required
+    /// unless the listener is on loopback. API keys (from `access`) and
+    /// JWTs (`keel.auth.jwt`) are the other credentials.
     pub token: Option<String>,
     /// The one origin allowed to call the API from a browser (CORS).
     pub cors_origin: Option<String>,

@@ -187,3 +187,39 @@ async fn an_unusable_jwt_table_stops_the_server_at_startup() {
         "{refused:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_naming_a_new_kid_makes_the_server_read_the_jwks_url_again_soon() {
+    let Some(python) = python("suite::auth::jwt (rotation)") else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let tokens = mint(&python, scratch.dir.path());
+    let full: Value =
+        serde_json::from_str(&std::fs::read_to_string(scratch.dir.path().join("jwks.json")).expect("the JWKS"))
+            .expect("JSON");
+    // The provider publishes its EC key only later (a rotation).
+    let mut before = full.clone();
+    before["keys"]
+        .as_array_mut()
+        .expect("keys")
+        .retain(|key| key["kid"] != "ec-1");
+    let idp = ScriptedServer::start(vec![
+        HttpReply::json(200, &before.to_string()),
+        HttpReply::json(200, &full.to_string()),
+    ])
+    .await;
+    let mut config = jwt_config(None, Some(format!("{}/jwks", idp.url())));
+    // Far from the next periodic read: only the unknown kid explains a read.
+    config.refresh_secs = 3600;
+    let server = TestServer::start_in(scratch, |server, _| server.keel.auth.jwt = Some(config)).await;
+    let api = &server.api;
+    assert_eq!(principal(&whoami(api, &tokens["rs256"]).await)["tenant"], "acme");
+    assert_unauthorized(&whoami(api, &tokens["es256"]).await, "a kid the set lacks yet");
+    super::within(Duration::from_secs(10), "the rotated key accepted", || async {
+        whoami(api, &tokens["es256"]).await.status == reqwest::StatusCode::OK
+    })
+    .await;
+    assert_eq!(idp.requests().len(), 2, "one read at startup, one for the new kid");
+    server.stop().await;
+}

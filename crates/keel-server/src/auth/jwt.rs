@@ -10,6 +10,10 @@
 //! and `aud` are present and the configured ones; the tenant claim is a
 //! non-empty string (a tenant id). Anything else is refused.
 //!
+//! The key set is read at startup, every `refresh_secs`, and soon after a
+//! token names a `kid` the set lacks (at most once per two seconds); a
+//! failed read keeps the last good set.
+//!
 //! Verified tokens are cached by their SHA-256 until they expire (a bounded
 //! map, emptied when full and whenever the key set changes), so a client
 //! repeating its token costs a hash and a lookup, not a signature check.
@@ -35,7 +39,10 @@ const CACHE_BOUND: usize = 4096;
 /// How long a fetch of the JWKS URL may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How soon a JWKS that could not be read at all is tried again.
+/// How soon a JWKS that could not be read at all is tried again; also the
+/// least time between two reads asked for by tokens naming an unknown
+/// `kid` (an identity provider that rotated its keys), so that made-up
+/// `kid`s cannot make the server fetch without pause.
 const RETRY_EMPTY: Duration = Duration::from_secs(2);
 
 /// Why `[auth.jwt]` cannot be used.
@@ -83,6 +90,8 @@ pub(crate) struct JwtVerifier {
     keys: RwLock<Arc<Vec<Key>>>,
     cache: Mutex<HashMap<[u8; 32], Cached>>,
     client: reqwest::Client,
+    /// Woken by a token whose `kid` is not in the set.
+    unknown_kid: tokio::sync::Notify,
 }
 
 impl JwtVerifier {
@@ -113,6 +122,7 @@ impl JwtVerifier {
             keys: RwLock::new(Arc::new(Vec::new())),
             cache: Mutex::new(HashMap::new()),
             client,
+            unknown_kid: tokio::sync::Notify::new(),
         });
         match (verifier.refresh().await, &verifier.source) {
             (Ok(()), _) => {}
@@ -158,12 +168,19 @@ impl JwtVerifier {
     }
 
     /// Reads the key set again every `refresh_secs` (sooner while none
-    /// could be read), logging failures.
+    /// could be read, or when a token names a `kid` the set lacks, at most
+    /// once per [`RETRY_EMPTY`]), logging failures.
     pub(crate) async fn run(self: Arc<Self>) {
         let every = Duration::from_secs(self.config.refresh_secs);
+        let mut last = tokio::time::Instant::now();
         loop {
             let empty = self.keys.read().map(|keys| keys.is_empty()).unwrap_or(true);
-            tokio::time::sleep(if empty { RETRY_EMPTY.min(every) } else { every }).await;
+            let wait = if empty { RETRY_EMPTY.min(every) } else { every };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.unknown_kid.notified() => tokio::time::sleep_until(last + RETRY_EMPTY).await,
+            }
+            last = tokio::time::Instant::now();
             if let Err(reason) = self.refresh().await {
                 tracing::warn!(%reason, "could not refresh the JWKS; keeping the last good key set");
             }
@@ -223,6 +240,12 @@ impl JwtVerifier {
             .read()
             .map(|keys| Arc::clone(&keys))
             .map_err(|_| "poisoned key set")?;
+        if let Some(kid) = &header.kid
+            && !keys.iter().any(|key| key.kid.as_ref() == Some(kid))
+        {
+            // Perhaps the provider rotated its keys: read them again soon.
+            self.unknown_kid.notify_one();
+        }
         let candidates = keys
             .iter()
             .filter(|key| key.alg == header.alg)

@@ -285,7 +285,13 @@ impl KeyTable {
             return None;
         }
         if let Ok(mut used) = self.used.lock() {
-            used.insert(id.to_owned(), now_ms);
+            // A key used again before the batch is written costs no allocation.
+            match used.get_mut(id) {
+                Some(at) => *at = now_ms,
+                None => {
+                    used.insert(id.to_owned(), now_ms);
+                }
+            }
         }
         let principal = Principal::of_tenant(
             &entry.tenant,
