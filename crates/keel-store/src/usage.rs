@@ -30,13 +30,28 @@ pub async fn session_usage(
     bot_id: Option<&str>,
     since_ms: Option<u64>,
 ) -> Result<Vec<SessionUsage>, StoreError> {
+    session_usage_of(store, SessionFilter::bot(bot_id), since_ms).await
+}
+
+/// [`session_usage`] of the sessions `filter` selects (a bot's, a
+/// tenant's, or both).
+pub async fn session_usage_of(
+    store: &dyn CheckpointStore,
+    filter: SessionFilter<'_>,
+    since_ms: Option<u64>,
+) -> Result<Vec<SessionUsage>, StoreError> {
     let mut found = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
         let page = store
-            .list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, SessionFilter::bot(bot_id))
+            .list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, filter)
             .await?;
         for summary in page.sessions {
+            // Whatever the backend's filter did, another tenant's session
+            // is never counted in a tenant's usage.
+            if filter.tenant.is_some_and(|tenant| summary.context.tenant != tenant) {
+                continue;
+            }
             let usage = match since_ms {
                 None => summary.usage,
                 // Written before the window: nothing of it is in there.
