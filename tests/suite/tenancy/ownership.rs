@@ -112,3 +112,22 @@ async fn a_fork_keeps_its_parents_tenant_and_each_tenant_has_its_own_workspace_r
     assert!(!acme.join("s1").exists() && acme.join("f1").is_dir());
     server.stop().await;
 }
+
+#[tokio::test]
+async fn keel_sessions_rm_finds_a_tenants_workspace() {
+    let server = server().await;
+    server.api.create(json!({"id": "s1", "tenant": "acme"})).await;
+    let scratch = server.stop().await;
+    let workspace = scratch.workspaces().join("~tenants").join("acme").join("s1");
+    std::fs::write(workspace.join("work.txt"), "work").expect("write");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["sessions", "rm", "s1", "--workspace", "--workspace-root"])
+        .arg(scratch.workspaces())
+        .arg("--db")
+        .arg(scratch.db())
+        .output()
+        .expect("run keel");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(!workspace.exists(), "the tenant's workspace was removed");
+    assert!(scratch.workspaces().join("~tenants").join("acme").is_dir());
+}
