@@ -57,5 +57,5 @@ pub use types::{
     MAX_TITLE_CHARS, QueueChange, QueuedSubmission, SessionContext, SessionListPage, SessionState, SessionSummary,
     TurnExecution, title_of,
 };
-pub use usage::{SessionUsage, session_usage, session_usage_of};
+pub use usage::{SessionUsage, session_usage};
 pub use walk::walk_back;

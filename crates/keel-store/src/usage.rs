@@ -21,21 +21,11 @@ pub struct SessionUsage {
     pub usage: TokenUsage,
 }
 
-/// The token usage of every session (of bot `bot_id` when given), newest
+/// The token usage of every session `filter` admits (a bot's, a tenant's), newest
 /// created first: all of it, or only the steps recorded at or after
 /// `since_ms` (milliseconds since the Unix epoch). Sessions with nothing in
 /// the window are left out.
 pub async fn session_usage(
-    store: &dyn CheckpointStore,
-    bot_id: Option<&str>,
-    since_ms: Option<u64>,
-) -> Result<Vec<SessionUsage>, StoreError> {
-    session_usage_of(store, SessionFilter::bot(bot_id), since_ms).await
-}
-
-/// [`session_usage`] of the sessions `filter` selects (a bot's, a
-/// tenant's, or both).
-pub async fn session_usage_of(
     store: &dyn CheckpointStore,
     filter: SessionFilter<'_>,
     since_ms: Option<u64>,
@@ -47,11 +37,6 @@ pub async fn session_usage_of(
             .list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, filter)
             .await?;
         for summary in page.sessions {
-            // Whatever the backend's filter did, another tenant's session
-            // is never counted in a tenant's usage.
-            if filter.tenant.is_some_and(|tenant| summary.context.tenant != tenant) {
-                continue;
-            }
             let usage = match since_ms {
                 None => summary.usage,
                 // Written before the window: nothing of it is in there.

@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::extract::ApiQuery;
 use crate::openapi::errors::route_errors;
 use keel_protocol::TokenUsage;
-use keel_store::{SessionFilter, session_usage_of};
+use keel_store::{SessionFilter, session_usage};
 
 /// The query of `GET /v1/usage`.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -119,7 +119,7 @@ pub(crate) async fn show(
         Err(()) => None,
     };
     let found = match filter {
-        Some(filter) => session_usage_of(server.host.store.as_ref(), filter, query.since).await?,
+        Some(filter) => session_usage(server.host.store.as_ref(), filter, query.since).await?,
         None => Vec::new(),
     };
     let tenant = filter
