@@ -95,7 +95,7 @@ route_errors!(
     description = "Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame \
         holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each \
         answered by a `WsReply` frame. Opening it needs the `read` scope; each submission frame needs the \
-        scope its op needs (`submit`, or `approve` for an `approval`), else it is answered by a \
+        scope its op needs (`submit`; `approve` for an `approval`, `admin` for a `shutdown`), else it is answered by a \
         `submission_error` naming the missing scope.",
     params(
         ("id" = String, Path, description = "The session's id."),

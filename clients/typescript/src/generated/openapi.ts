@@ -89,7 +89,7 @@ export interface paths {
         put?: never;
         /**
          * Submit an op
-         * @description Submits an op to the session, loading it first if need be; answered `202` once the submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: the retry is answered as the first request was, and queues nothing. An `approval` op needs the `approve` scope instead of `submit`. Needs the `submit` scope.
+         * @description Submits an op to the session, loading it first if need be; answered `202` once the submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: the retry is answered as the first request was, and queues nothing. An `approval` op needs the `approve` scope instead of `submit`, a `shutdown` op `admin`. Needs the `submit` scope.
          */
         post: operations["submit"];
         delete?: never;
@@ -147,7 +147,7 @@ export interface paths {
         };
         /**
          * A session over a WebSocket
-         * @description Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each answered by a `WsReply` frame. Opening it needs the `read` scope; each submission frame needs the scope its op needs (`submit`, or `approve` for an `approval`), else it is answered by a `submission_error` naming the missing scope. Needs the `read` scope.
+         * @description Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each answered by a `WsReply` frame. Opening it needs the `read` scope; each submission frame needs the scope its op needs (`submit`; `approve` for an `approval`, `admin` for a `shutdown`), else it is answered by a `submission_error` naming the missing scope. Needs the `read` scope.
          */
         get: operations["connect_websocket"];
         put?: never;
@@ -2279,7 +2279,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2288,7 +2288,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "missing_scope_approve";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "missing_scope_approve" | "missing_scope_admin";
                         };
                     };
                 };

@@ -45,12 +45,14 @@ pub(crate) async fn session(
     }
 }
 
-/// The scope an op needs: `approve` for an approval decision, `submit` for
-/// everything else (messages, steering, interrupts, compaction,
-/// regeneration, a shutdown).
+/// The scope an op needs: `approve` for an approval decision, `admin` for
+/// a shutdown (it stops the session's runtime for everyone using it),
+/// `submit` for everything else (messages, steering, interrupts,
+/// compaction, regeneration).
 pub(crate) fn op_scope(op: &keel_protocol::Op) -> Scope {
     match op {
         keel_protocol::Op::Approval { .. } => Scope::Approve,
+        keel_protocol::Op::Shutdown => Scope::Admin,
         _ => Scope::Submit,
     }
 }
@@ -140,18 +142,18 @@ mod tests {
     }
 
     #[test]
-    fn approvals_need_approve_and_every_other_op_submit() {
+    fn approvals_need_approve_a_shutdown_admin_and_every_other_op_submit() {
         let approval: Op = serde_json::from_value(serde_json::json!({
             "type": "approval", "call_id": "c1", "decision": "approve"
         }))
         .expect("an approval op");
         assert_eq!(op_scope(&approval), Scope::Approve);
+        assert_eq!(op_scope(&Op::Shutdown), Scope::Admin);
         for op in [
             Op::UserInput { text: "hi".into() },
             Op::Steer { text: "hi".into() },
             Op::Compact,
             Op::Regenerate,
-            Op::Shutdown,
         ] {
             assert_eq!(op_scope(&op), Scope::Submit, "{op:?}");
         }

@@ -55,7 +55,8 @@ route_errors!(
         "session_elsewhere",
         "owner_unavailable",
         "missing_scope_submit",
-        "missing_scope_approve"
+        "missing_scope_approve",
+        "missing_scope_admin"
     ]
 );
 
@@ -79,7 +80,7 @@ impl From<Accepted> for AcceptedView {
     description = "Submits an op to the session, loading it first if need be; answered `202` once the \
         submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: \
         the retry is answered as the first request was, and queues nothing. An `approval` op needs the \
-        `approve` scope instead of `submit`.",
+        `approve` scope instead of `submit`, a `shutdown` op `admin`.",
     params(
         ("id" = String, Path, description = "The session's id."),
         (
