@@ -3,4 +3,6 @@
 //! tenant) that nothing of another tenant's sessions is ever seen.
 
 mod ceilings;
+mod keys;
 mod ownership;
+mod sweep;
