@@ -121,6 +121,8 @@ class ApprovalDecided:
     turn_id: str
     call_id: str
     decision: Decision
+    decided_by: dict[str, Any] | None = None
+    """Who decided (tenant, principal id, kind, name), when recorded."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,8 @@ class SubmissionQueued:
     op: Op
     on_busy: BusyPolicy
     idempotency_key: str | None = None
+    submitted_by: dict[str, Any] | None = None
+    """Who submitted it (tenant, principal id, kind, name), when recorded."""
 
 
 @dataclass(frozen=True)
