@@ -32,6 +32,12 @@ export class ForbiddenError extends KeelError {}
 /** A session setting looser than the server lets clients ask for (`*_over_ceiling`). */
 export class CeilingError extends ForbiddenError {}
 
+/** The credentials lack the scope the request needs (`missing_scope_read`, `…_submit`, `…_approve`, `…_admin`). */
+export class MissingScopeError extends ForbiddenError {}
+
+/** Credentials of one tenant naming another tenant (`tenant_forbidden`). */
+export class TenantForbiddenError extends ForbiddenError {}
+
 /** No such session or route (`not_found`). */
 export class NotFoundError extends KeelError {}
 
@@ -75,6 +81,11 @@ const CLASSES: Record<string, KeelErrorClass> = {
   network_over_ceiling: CeilingError,
   tool_over_ceiling: CeilingError,
   script_model_over_ceiling: CeilingError,
+  missing_scope_read: MissingScopeError,
+  missing_scope_submit: MissingScopeError,
+  missing_scope_approve: MissingScopeError,
+  missing_scope_admin: MissingScopeError,
+  tenant_forbidden: TenantForbiddenError,
   not_found: NotFoundError,
   model_not_found: NotFoundError,
   conflict: ConflictError,

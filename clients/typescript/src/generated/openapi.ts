@@ -15,13 +15,13 @@ export interface paths {
         };
         /**
          * List sessions
-         * @description Pages through the stored sessions, newest created first, or most recently active first with `order=activity`.
+         * @description Pages through the stored sessions the credentials see (a tenant's principal: its tenant's only), newest created first, or most recently active first with `order=activity`. Needs the `read` scope.
          */
         get: operations["list_sessions"];
         put?: never;
         /**
          * Create a session
-         * @description Creates a session with its settings (checked against the server's ceiling before anything is stored) and loads it.
+         * @description Creates a session with its settings (checked against the server's ceiling before anything is stored) and loads it, in the credentials' tenant (the operator may name one). Needs the `submit` scope.
          */
         post: operations["create_session"];
         delete?: never;
@@ -39,21 +39,21 @@ export interface paths {
         };
         /**
          * Get a session
-         * @description The session as stored, with its live status when the answering node runs it. Never loads it.
+         * @description The session as stored, with its live status when the answering node runs it. Never loads it. Needs the `read` scope.
          */
         get: operations["get_session"];
         put?: never;
         post?: never;
         /**
          * Delete a session
-         * @description Deletes the session and its log; with `workspace=true` also its workspace directory.
+         * @description Deletes the session and its log; with `workspace=true` also its workspace directory. Needs the `admin` scope.
          */
         delete: operations["delete_session"];
         options?: never;
         head?: never;
         /**
          * Rename a session or switch its model
-         * @description Sets the session's `title`, its `model`, or both. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again.
+         * @description Sets the session's `title`, its `model`, or both. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again. Needs the `submit` scope.
          */
         patch: operations["update_session"];
         trace?: never;
@@ -69,7 +69,7 @@ export interface paths {
         put?: never;
         /**
          * Fork a session
-         * @description A new session whose history is the parent's at a point between turns; with `message`, a user message submitted to it (an edit of a past message).
+         * @description A new session whose history is the parent's at a point between turns; with `message`, a user message submitted to it (an edit of a past message). The fork belongs to the parent's tenant. Needs the `submit` scope.
          */
         post: operations["fork_session"];
         delete?: never;
@@ -89,7 +89,7 @@ export interface paths {
         put?: never;
         /**
          * Submit an op
-         * @description Submits an op to the session, loading it first if need be; answered `202` once the submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: the retry is answered as the first request was, and queues nothing.
+         * @description Submits an op to the session, loading it first if need be; answered `202` once the submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: the retry is answered as the first request was, and queues nothing. An `approval` op needs the `approve` scope instead of `submit`, a `shutdown` op `admin`. Needs the `submit` scope.
          */
         post: operations["submit"];
         delete?: never;
@@ -105,7 +105,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Page through a session's log */
+        /**
+         * Page through a session's log
+         * @description Needs the `read` scope.
+         */
         get: operations["list_events"];
         put?: never;
         post?: never;
@@ -124,7 +127,7 @@ export interface paths {
         };
         /**
          * Stream a session's log (server-sent events)
-         * @description The events after the resume point, then new ones as they are stored, without end. Each SSE event has `id` = the event's sequence (so a reconnecting `EventSource` resumes by itself), `event` = its `msg.type`, and `data` = the event as JSON: a `RecordedEvent`. OpenAPI 3.1 has no schema for the items of a stream, so the media type's schema is that of one event's `data`. Comments (`: keep-alive`) keep an idle stream open.
+         * @description The events after the resume point, then new ones as they are stored, without end. Each SSE event has `id` = the event's sequence (so a reconnecting `EventSource` resumes by itself), `event` = its `msg.type`, and `data` = the event as JSON: a `RecordedEvent`. OpenAPI 3.1 has no schema for the items of a stream, so the media type's schema is that of one event's `data`. Comments (`: keep-alive`) keep an idle stream open. Needs the `read` scope.
          */
         get: operations["stream_events"];
         put?: never;
@@ -144,7 +147,7 @@ export interface paths {
         };
         /**
          * A session over a WebSocket
-         * @description Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each answered by a `WsReply` frame.
+         * @description Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each answered by a `WsReply` frame. Opening it needs the `read` scope; each submission frame needs the scope its op needs (`submit`; `approve` for an `approval`, `admin` for a `shutdown`), else it is answered by a `submission_error` naming the missing scope. Needs the `read` scope.
          */
         get: operations["connect_websocket"];
         put?: never;
@@ -164,7 +167,7 @@ export interface paths {
         };
         /**
          * Token usage
-         * @description Tokens used, summed per session, per bot and in all.
+         * @description Tokens used, summed per session, per bot and in all, over the sessions of the credentials' tenant; the operator's covers every tenant (which needs `admin` as well) unless `tenant` names one. Needs the `read` scope.
          */
         get: operations["get_usage"];
         put?: never;
@@ -184,7 +187,7 @@ export interface paths {
         };
         /**
          * List the server's models
-         * @description The models the operator configured: the default model (`keel serve --model` or keel.toml `model`) and keel.toml's `[models.NAME]` entries. Never their keys, headers or URLs. A client may also send any other spec the server can build (`provider:model`).
+         * @description The models the operator configured: the default model (`keel serve --model` or keel.toml `model`) and keel.toml's `[models.NAME]` entries. Never their keys, headers or URLs. A client may also send any other spec the server can build (`provider:model`). Needs the `read` scope.
          */
         get: operations["list_models"];
         put?: never;
@@ -224,13 +227,13 @@ export interface paths {
         };
         /**
          * List API keys
-         * @description The keys the caller may manage (admin only: a tenant's admin sees its own tenant's), revoked and expired ones included, without secrets or hashes.
+         * @description The keys the caller may manage (admin only: a tenant's admin sees its own tenant's), revoked and expired ones included, without secrets or hashes. Needs the `admin` scope.
          */
         get: operations["list_keys"];
         put?: never;
         /**
          * Make an API key
-         * @description Makes a key for a tenant with the given scopes (admin only; a tenant's admin only for its own tenant). The answer holds the key itself, which is shown this once; only its SHA-256 is stored. The key works on every node within a second.
+         * @description Makes a key for a tenant with the given scopes (admin only; a tenant's admin only for its own tenant). The answer holds the key itself, which is shown this once; only its SHA-256 is stored. The key works on every node within a second. Needs the `admin` scope.
          */
         post: operations["create_key"];
         delete?: never;
@@ -251,7 +254,7 @@ export interface paths {
         post?: never;
         /**
          * Revoke an API key
-         * @description Revokes a key (admin only: a tenant's admin only its own tenant's; another tenant's is `404`). It stops working on every node within a second, its open event streams and WebSockets included. Revoking a revoked key keeps the first revocation's time.
+         * @description Revokes a key (admin only: a tenant's admin only its own tenant's; another tenant's is `404`). It stops working on every node within a second, its open event streams and WebSockets included. Revoking a revoked key keeps the first revocation's time. Needs the `admin` scope.
          */
         delete: operations["revoke_key"];
         options?: never;
@@ -283,7 +286,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Metrics (OpenMetrics text) */
+        /**
+         * Metrics (OpenMetrics text)
+         * @description The server's metrics, for the operator: they may name tenants (never sessions), so only credentials with `admin` on every tenant read them. Needs the `admin` scope.
+         */
         get: operations["metrics"];
         put?: never;
         post?: never;
@@ -544,6 +550,11 @@ export interface components {
             model?: string | null;
             /** @description The bot the session belongs to (`keel-server` when absent). */
             bot_id?: string | null;
+            /**
+             * @description The tenant the session belongs to: the credentials' own when absent
+             *     (`default` for the operator). Only the operator may name another.
+             */
+            tenant?: string | null;
             /** @description Metadata kept with the session and shown with it. */
             context?: {
                 [key: string]: unknown;
@@ -1003,6 +1014,11 @@ export interface components {
             title?: string | null;
             /** @description The bot it belongs to. */
             bot_id: string;
+            /**
+             * @description The tenant it belongs to: only that tenant's principals (and the
+             *     operator) see it.
+             */
+            tenant: string;
             /** @description The metadata it was created with. */
             context: {
                 [key: string]: unknown;
@@ -1268,6 +1284,8 @@ export interface components {
              * @description The time asked for, if any.
              */
             since?: number | null;
+            /** @description The tenant reported on; `None`: every tenant. */
+            tenant?: string | null;
             /** @description Everything, summed. */
             total: components["schemas"]["TokenUsage"];
             /** @description Per bot. */
@@ -1337,6 +1355,11 @@ export interface operations {
                 order?: "created" | "activity";
                 /** @description Only the sessions of this bot. */
                 bot_id?: string;
+                /**
+                 * @description Only the sessions of this tenant. A principal of one tenant sees
+                 *     only its own anyway (naming another finds none).
+                 */
+                tenant?: string;
             };
             header?: never;
             path?: never;
@@ -1383,7 +1406,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1392,7 +1415,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -1526,7 +1549,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant for a new session. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1535,7 +1558,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "tenant_forbidden";
                         };
                     };
                 };
@@ -1707,7 +1730,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1716,7 +1739,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -1861,7 +1884,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1870,7 +1893,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_admin";
                         };
                     };
                 };
@@ -2032,7 +2055,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2041,7 +2064,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit";
                         };
                     };
                 };
@@ -2219,7 +2242,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2228,7 +2251,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit";
                         };
                     };
                 };
@@ -2407,7 +2430,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2416,7 +2439,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "missing_scope_approve" | "missing_scope_admin";
                         };
                     };
                 };
@@ -2601,7 +2624,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2610,7 +2633,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -2768,7 +2791,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2777,7 +2800,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -2927,7 +2950,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2936,7 +2959,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -3036,6 +3059,12 @@ export interface operations {
                 bot_id?: string;
                 /** @description Only steps recorded at or after this time (ms since the Unix epoch). */
                 since?: number;
+                /**
+                 * @description Only this tenant's sessions. A principal of one tenant sees only its
+                 *     own (naming another finds none); without it, the operator's report
+                 *     covers every tenant, which needs the `admin` scope.
+                 */
+                tenant?: string;
             };
             header?: never;
             path?: never;
@@ -3082,7 +3111,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3091,7 +3120,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read" | "missing_scope_admin";
                         };
                     };
                 };
@@ -3218,7 +3247,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3227,7 +3256,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -4077,7 +4106,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4086,7 +4115,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_admin";
                         };
                     };
                 };

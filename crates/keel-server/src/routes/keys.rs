@@ -175,6 +175,7 @@ fn access(server: &Server) -> Result<(&Arc<dyn AccessStore>, &Arc<KeyTable>), Ap
     description = "Makes a key for a tenant with the given scopes (admin only; a tenant's admin only for its own \
         tenant). The answer holds the key itself, which is shown this once; only its SHA-256 is stored. The key \
         works on every node within a second.",
+    security(("bearer" = ["admin"])),
     request_body = CreateKey,
     responses((status = 201, description = "The key, shown once.", body = CreatedKey), CreateKeyErrors),
 )]
@@ -213,6 +214,7 @@ pub(crate) async fn create(
     summary = "List API keys",
     description = "The keys the caller may manage (admin only: a tenant's admin sees its own tenant's), revoked and \
         expired ones included, without secrets or hashes.",
+    security(("bearer" = ["admin"])),
     responses((status = 200, description = "The keys.", body = KeyList), ListKeysErrors),
 )]
 pub(crate) async fn list(
@@ -241,6 +243,7 @@ pub(crate) async fn list(
     description = "Revokes a key (admin only: a tenant's admin only its own tenant's; another tenant's is `404`). \
         It stops working on every node within a second, its open event streams and WebSockets included. \
         Revoking a revoked key keeps the first revocation's time.",
+    security(("bearer" = ["admin"])),
     params(("id" = String, Path, description = "The key's id.")),
     responses((status = 204, description = "The key is revoked."), RevokeKeyErrors),
 )]
