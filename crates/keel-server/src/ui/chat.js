@@ -11,7 +11,10 @@
 // by `turn_rolled_back` (a regenerated answer) is hidden, whether the
 // events arrive live or are replayed from the log. User messages carry
 // Edit and Fork buttons, the last answer a Regenerate button; the page
-// (app.js) does what they ask through the `actions` it passes in.
+// (app.js) does what they ask through the `actions` it passes in. A message
+// sent, or an approval decided, by someone other than the viewer names them
+// (`submitted_by`, `decided_by`); buttons marked `data-needs` are hidden
+// when the viewer lacks that scope (principal.js).
 
 import { h } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
@@ -49,9 +52,17 @@ const REJECTED = {
   other: "A submission was rejected",
 };
 
-/** A small button of a message's action bar. */
+/** A small button of a message's action bar (each one submits). */
 function actionButton(label, ariaLabel, testId, onclick) {
-  return h("button", { type: "button", class: "action", "aria-label": ariaLabel, "data-testid": testId, text: label, onclick });
+  return h("button", {
+    type: "button",
+    class: "action",
+    "aria-label": ariaLabel,
+    "data-testid": testId,
+    "data-needs": "submit",
+    text: label,
+    onclick,
+  });
 }
 
 export class ChatView {
@@ -67,6 +78,8 @@ export class ChatView {
    * in. `actions` does what the
    * message buttons ask, each resolving once the server took it:
    * `edit(turnId, text)`, `fork(atSequence)`, `regenerate()`.
+   * `author(actor)` names who sent a message or decided an approval, or
+   * answers null when it was the viewer ("You").
    */
   constructor({
     messages,
@@ -78,6 +91,7 @@ export class ChatView {
     onLifecycle = () => {},
     onForked = () => {},
     actions = {},
+    author = () => null,
   }) {
     this.messages = messages;
     this.timeline = new Timeline(timeline);
@@ -88,6 +102,7 @@ export class ChatView {
     this.onLifecycle = onLifecycle;
     this.onForked = onForked;
     this.actions = actions;
+    this.author = author;
     // Streamed answers waiting for their next markdown render.
     this.pending = new Set();
     this.frame = null;
@@ -105,6 +120,8 @@ export class ChatView {
     this.queued = new Map();
     // The op type of each stored submission, to say what a refusal refused.
     this.ops = new Map();
+    // Who sent each stored submission (`submitted_by`), by submission id.
+    this.senders = new Map();
     this.running = null;
     this.lastTurn = null;
     this.waiting = new Set();
@@ -161,6 +178,9 @@ export class ChatView {
         if (event.submission_id && msg.op?.type) {
           this.ops.set(event.submission_id, msg.op.type);
         }
+        if (event.submission_id && msg.submitted_by) {
+          this.senders.set(event.submission_id, msg.submitted_by);
+        }
         if (msg.op?.type === "user_input" && this.running) {
           this.showQueued(event.submission_id, msg.op.text, msg.on_busy);
         }
@@ -181,7 +201,7 @@ export class ChatView {
       }
       case "user_message":
         this.dropQueued(event.submission_id);
-        this.userMessage(msg);
+        this.userMessage(msg, this.senders.get(event.submission_id));
         this.onUserMessage();
         break;
       case "model_step_started": {
@@ -238,7 +258,9 @@ export class ChatView {
         const card = this.cards.get(msg.call_id);
         if (card) {
           this.closeActions(card);
-          card.decision.textContent = `You ${DECISION_LABELS[msg.decision] ?? msg.decision} this call.`;
+          const by = this.author(msg.decided_by);
+          card.decision.textContent = `${by ?? "You"} ${DECISION_LABELS[msg.decision] ?? msg.decision} this call.`;
+          card.decision.dataset.by = by ? (msg.decided_by.name ?? msg.decided_by.principal_id) : "";
           card.decision.hidden = false;
           this.setCardState(card, msg.decision === "deny" ? "denied" : "approved", DECISION_LABELS[msg.decision]);
         }
@@ -352,8 +374,8 @@ export class ChatView {
     this.onTurn(null, "idle");
   }
 
-  /** A user message, with its Edit and Fork buttons. */
-  userMessage(msg) {
+  /** A user message, with its Edit and Fork buttons; `sender` is its `submitted_by`. */
+  userMessage(msg, sender) {
     const turn = msg.turn_id ? this.turn(msg.turn_id) : null;
     const text = h("div", { class: "text", "data-testid": "message-text", text: msg.text });
     const actions = h("div", { class: "message-actions", role: "group", "aria-label": "Message actions" });
@@ -361,7 +383,7 @@ export class ChatView {
     const root = h(
       "li",
       { class: "message user", "data-testid": "user-message", "data-turn-id": msg.turn_id ?? "" },
-      h("div", { class: "who", text: "You" }),
+      h("div", { class: "who", "data-testid": "message-author", text: this.author(sender) ?? "You" }),
       text,
       actions,
       error,
@@ -665,6 +687,7 @@ export class ChatView {
             ? `Approve this call and every later ${name} call in this session`
             : undefined,
         text: label,
+        "data-needs": "approve",
         onclick: () => this.decide(card, decisionName),
       }),
     );
@@ -672,6 +695,12 @@ export class ChatView {
       "div",
       { class: "actions", role: "group", "aria-label": `Approve or deny the ${name} call`, hidden: true },
       buttons,
+      h("p", {
+        class: "hint",
+        "data-lacks": "approve",
+        "data-testid": "cannot-approve",
+        text: "Waiting for someone who may approve it: your key lacks the approve scope.",
+      }),
     );
     const root = h(
       "li",
@@ -728,10 +757,11 @@ export class ChatView {
     if (!submissionId || this.queued.has(submissionId)) {
       return;
     }
+    const who = this.author(this.senders.get(submissionId)) ?? "You";
     const element = h(
       "li",
       { class: "message user queued", "data-testid": "queued-message" },
-      h("div", { class: "who", text: `You (${onBusy === "steer" ? "steering" : "queued"})` }),
+      h("div", { class: "who", text: `${who} (${onBusy === "steer" ? "steering" : "queued"})` }),
       h("div", { class: "text", text }),
     );
     this.queued.set(submissionId, element);
