@@ -53,6 +53,7 @@ impl crate::conformance::StoreFactory for PostgresFactory {
 }
 
 crate::conformance::store_conformance_tests!(PostgresFactory);
+crate::conformance::access_conformance_tests!(PostgresFactory);
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -1454,8 +1455,43 @@ fn relayed(id: &str, text: &str, key: Option<&str>) -> RelayedSubmission {
         op: Op::UserInput { text: text.to_owned() },
         on_busy: Some(BusyPolicy::Queue),
         idempotency_key: key.map(str::to_owned),
+        submitted_by: None,
         seal: None,
     }
+}
+
+#[tokio::test]
+async fn a_relayed_submission_keeps_who_submitted_it() {
+    guarded(async {
+        let (store, url) = store_or_skip!();
+        let owner = another_handle(&url).await;
+        create(&store, "s").await;
+        let actor = keel_protocol::Actor {
+            tenant: "acme".into(),
+            principal_id: "key-1".into(),
+            kind: keel_protocol::ActorKind::ApiKey,
+            name: Some("ci".into()),
+        };
+        let mut submission = relayed("r1", "one", Some("k"));
+        submission.submitted_by = Some(actor.clone());
+        store.relay("s", &submission, 8).await.expect("relay");
+        store.relay("s", &relayed("r2", "two", None), 8).await.expect("relay");
+        let waiting = owner.relayed("s", 10).await.expect("relayed");
+        let by: Vec<(&str, Option<&keel_protocol::Actor>)> = waiting
+            .iter()
+            .map(|row| (row.submission_id.as_str(), row.submitted_by.as_ref()))
+            .collect();
+        assert_eq!(by, [("r1", Some(&actor)), ("r2", None)]);
+        match store
+            .relay("s", &relayed("r3", "again", Some("k")), 8)
+            .await
+            .expect("relay")
+        {
+            Relayed::Duplicate(earlier) => assert_eq!(earlier.submitted_by, Some(actor)),
+            other => panic!("not a duplicate: {other:?}"),
+        }
+    })
+    .await;
 }
 
 /// The next relay notice, skipping log notices.
