@@ -61,6 +61,7 @@ const FILES: &[(&str, &str, &str)] = &[
     ("/assets/new_chat.js", JS, include_str!("ui/new_chat.js")),
     ("/assets/principal.js", JS, include_str!("ui/principal.js")),
     ("/assets/signin.js", JS, include_str!("ui/signin.js")),
+    ("/assets/tool_card.js", JS, include_str!("ui/tool_card.js")),
     ("/assets/principal.css", CSS, include_str!("ui/principal.css")),
     ("/assets/icon.svg", SVG, include_str!("ui/icon.svg")),
 ];

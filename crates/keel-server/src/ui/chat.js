@@ -19,23 +19,9 @@
 import { h } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { progressLabel, summary, Timeline } from "./timeline.js";
+import { closeActions, setCardState, showDecision, toolCard } from "./tool_card.js";
 
 export { h };
-
-/** Arguments as the model wrote them, indented when they are JSON. */
-function prettyArguments(text) {
-  try {
-    return JSON.stringify(JSON.parse(text), null, 2);
-  } catch {
-    return text;
-  }
-}
-
-const DECISION_LABELS = {
-  approve: "approved",
-  approve_for_session: "approved for the session",
-  deny: "denied",
-};
 
 const COMPACTION_REASONS = {
   threshold: "the context was getting full",
@@ -248,7 +234,7 @@ export class ChatView {
       }
       case "approval_requested": {
         const card = this.card(msg.call_id, msg.name, msg.arguments, msg.turn_id);
-        this.setCardState(card, "awaiting", "waiting for approval");
+        setCardState(card, "awaiting", "waiting for approval");
         card.actions.hidden = false;
         this.waiting.add(msg.call_id);
         this.onTurn(msg.turn_id, "awaiting_approval");
@@ -257,12 +243,7 @@ export class ChatView {
       case "approval_decided": {
         const card = this.cards.get(msg.call_id);
         if (card) {
-          this.closeActions(card);
-          const by = this.author(msg.decided_by);
-          card.decision.textContent = `${by ?? "You"} ${DECISION_LABELS[msg.decision] ?? msg.decision} this call.`;
-          card.decision.dataset.by = by ? (msg.decided_by.name ?? msg.decided_by.principal_id) : "";
-          card.decision.hidden = false;
-          this.setCardState(card, msg.decision === "deny" ? "denied" : "approved", DECISION_LABELS[msg.decision]);
+          showDecision(card, msg.decision, this.author(msg.decided_by), msg.decided_by);
         }
         this.waiting.delete(msg.call_id);
         if (this.waiting.size === 0 && this.running) {
@@ -273,25 +254,25 @@ export class ChatView {
       case "tool_call_started": {
         const card = this.card(msg.call_id, msg.name, msg.arguments, msg.turn_id);
         if (card.root.dataset.state !== "denied") {
-          this.setCardState(card, "running", "running");
+          setCardState(card, "running", "running");
         }
         break;
       }
       case "tool_call_completed": {
         const card = this.card(msg.call_id, "tool", "", msg.turn_id);
-        this.closeActions(card);
+        closeActions(card);
         card.result.textContent = msg.output;
         card.result.classList.toggle("error", Boolean(msg.is_error));
         card.resultBox.hidden = false;
         card.root.classList.toggle("failed", Boolean(msg.is_error));
         const denied = card.root.dataset.state === "denied";
-        this.setCardState(card, msg.is_error ? "error" : "done", denied ? "denied" : msg.is_error ? "failed" : "done");
+        setCardState(card, msg.is_error ? "error" : "done", denied ? "denied" : msg.is_error ? "failed" : "done");
         break;
       }
       case "tool_call_progress": {
         const card = this.cards.get(msg.call_id);
         if (card && card.root.dataset.state === "running") {
-          this.setCardState(card, "running", progressLabel(msg));
+          setCardState(card, "running", progressLabel(msg));
         }
         break;
       }
@@ -359,7 +340,7 @@ export class ChatView {
   endTurn(turnId, sequence) {
     const turn = this.turn(turnId);
     for (const card of turn.cards) {
-      this.closeActions(card);
+      closeActions(card);
     }
     this.waiting.clear();
     turn.ended = sequence;
@@ -665,92 +646,15 @@ export class ChatView {
     if (card) {
       return card;
     }
-    const nameElement = h("span", { class: "tool-name", "data-testid": "tool-name", text: name });
-    const status = h("span", { class: "badge", "data-testid": "tool-status" });
-    const args = h("pre", { class: "arguments", "data-testid": "tool-arguments", text: prettyArguments(argumentsText) });
-    const result = h("pre", { class: "result", "data-testid": "tool-result" });
-    const resultBox = h("div", { class: "result-box", hidden: true }, h("div", { class: "caption", text: "Result" }), result);
-    const decision = h("p", { class: "decision", "data-testid": "tool-decision", hidden: true });
-    const error = h("p", { class: "inline-error", role: "alert", "data-testid": "tool-error", hidden: true });
-    const buttons = [
-      ["approve", "Approve", "approve"],
-      ["approve_for_session", "Always", "approve-always"],
-      ["deny", "Deny", "deny"],
-    ].map(([decisionName, label, testId]) =>
-      h("button", {
-        type: "button",
-        class: decisionName === "deny" ? "danger" : decisionName === "approve" ? "primary" : "",
-        "data-testid": testId,
-        "data-decision": decisionName,
-        title:
-          decisionName === "approve_for_session"
-            ? `Approve this call and every later ${name} call in this session`
-            : undefined,
-        text: label,
-        "data-needs": "approve",
-        onclick: () => this.decide(card, decisionName),
-      }),
-    );
-    const actions = h(
-      "div",
-      { class: "actions", role: "group", "aria-label": `Approve or deny the ${name} call`, hidden: true },
-      buttons,
-      h("p", {
-        class: "hint",
-        "data-lacks": "approve",
-        "data-testid": "cannot-approve",
-        text: "Waiting for someone who may approve it: your key lacks the approve scope.",
-      }),
-    );
-    const root = h(
-      "li",
-      { class: "tool-card", "data-testid": "tool-card", "data-call-id": callId },
-      h("div", { class: "tool-head" }, h("span", { class: "caption", text: "Tool call" }), nameElement, status),
-      args,
-      actions,
-      decision,
-      error,
-      resultBox,
-    );
+    card = toolCard(callId, name, argumentsText, (decision) => this.onApproval(callId, decision));
     const turn = turnId ?? this.running;
-    card = { root, status, result, resultBox, actions, buttons, decision, error, turnId: turn };
+    card.turnId = turn;
     this.cards.set(callId, card);
     if (turn) {
       this.turn(turn).cards.push(card);
     }
-    this.add(turn, root);
+    this.add(turn, card.root);
     return card;
-  }
-
-  setCardState(card, state, label) {
-    card.root.dataset.state = state;
-    card.status.textContent = label ?? state;
-  }
-
-  closeActions(card) {
-    card.actions.hidden = true;
-    for (const button of card.buttons) {
-      button.disabled = true;
-    }
-  }
-
-  async decide(card, decision) {
-    const callId = card.root.dataset.callId;
-    for (const button of card.buttons) {
-      button.disabled = true;
-    }
-    card.error.hidden = true;
-    try {
-      await this.onApproval(callId, decision);
-    } catch (error) {
-      card.error.textContent = `Could not send the decision: ${error.message}`;
-      card.error.hidden = false;
-      if (card.root.dataset.state === "awaiting") {
-        for (const button of card.buttons) {
-          button.disabled = false;
-        }
-      }
-    }
   }
 
   showQueued(submissionId, text, onBusy) {
