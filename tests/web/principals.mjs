@@ -4,7 +4,7 @@
 // `approve`; no message box, New chat, Fork, Edit or Regenerate without
 // `submit`; no Delete without `admin`). A message sent by someone else
 // names them. When the credential is revoked mid-session, the page goes
-// back to the sign-in box and says why.
+// back to the sign-in box and says why; signing out forgets it.
 //
 // Params: `credential`; `session_id`, a session of the credential's tenant
 // with one answered message and a tool call waiting for approval;
@@ -82,6 +82,12 @@ scenario("principals", async ({ page, base, params, log }) => {
     assert.match(await page.getByTestId("token-message").textContent(), /no longer accepts/);
     await until("the stream to stop", async () => (await page.getByTestId("stream-status").getAttribute("data-state")) !== "live");
     log("back at the sign-in box");
+  } else {
+    // Signing out forgets the credential: the page asks again.
+    await page.getByTestId("sign-out").click();
+    await dialog.waitFor({ state: "visible" });
+    assert.equal(await page.evaluate(() => sessionStorage.getItem("keel.token")), null);
+    log("signed out");
   }
   return { session_id: params.session_id, shown };
 });
