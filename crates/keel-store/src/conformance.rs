@@ -24,7 +24,7 @@ pub(crate) use access::{
     keys_are_stored_exactly_as_given_unique_by_id_and_by_hash,
     running_turns_counts_the_sessions_of_a_tenant_with_a_turn_in_flight,
     the_ledger_sums_the_usage_of_committed_batches_by_tenant_session_and_hour,
-    the_revision_grows_with_every_change_of_keys_or_budgets_and_only_then,
+    the_revision_grows_with_every_change_of_keys_or_budgets_and_only_then, used,
 };
 
 pub(crate) use activity::{
@@ -32,7 +32,7 @@ pub(crate) use activity::{
     sessions_by_activity_put_the_latest_written_first_page_by_page,
 };
 pub(crate) use tenants::{
-    sessions_keep_the_tenant_they_were_made_for_and_are_listed_by_tenant_page_by_page,
+    sessions_keep_the_tenant_they_were_made_for_and_are_listed_by_tenant_page_by_page, tenant_checkpoint,
     usage_is_summed_per_session_of_a_filter,
 };
 

@@ -46,6 +46,14 @@ class ForbiddenOrigin(Forbidden):
     """403 ``forbidden_origin``: a browser request from another origin."""
 
 
+class MissingScope(Forbidden):
+    """403 ``missing_scope_*``: the credentials lack the scope the request needs."""
+
+
+class TenantForbidden(Forbidden):
+    """403 ``tenant_forbidden``: credentials of one tenant naming another."""
+
+
 class NotFound(KeelError):
     """404 ``not_found``: an unknown session or route."""
 
@@ -154,6 +162,11 @@ _BY_CODE: dict[str, type[KeelError]] = {
     "tool_over_ceiling": OverCeiling,
     "script_model_over_ceiling": OverCeiling,
     "forbidden_origin": ForbiddenOrigin,
+    "missing_scope_read": MissingScope,
+    "missing_scope_submit": MissingScope,
+    "missing_scope_approve": MissingScope,
+    "missing_scope_admin": MissingScope,
+    "tenant_forbidden": TenantForbidden,
     "not_found": NotFound,
     "model_not_found": ModelNotFound,
     "method_not_allowed": MethodNotAllowed,

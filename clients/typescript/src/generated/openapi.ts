@@ -15,13 +15,13 @@ export interface paths {
         };
         /**
          * List sessions
-         * @description Pages through the stored sessions, newest created first, or most recently active first with `order=activity`.
+         * @description Pages through the stored sessions the credentials see (a tenant's principal: its tenant's only), newest created first, or most recently active first with `order=activity`. Needs the `read` scope.
          */
         get: operations["list_sessions"];
         put?: never;
         /**
          * Create a session
-         * @description Creates a session with its settings (checked against the server's ceiling before anything is stored) and loads it.
+         * @description Creates a session with its settings (checked against the server's ceiling before anything is stored) and loads it, in the credentials' tenant (the operator may name one). Needs the `submit` scope.
          */
         post: operations["create_session"];
         delete?: never;
@@ -39,21 +39,21 @@ export interface paths {
         };
         /**
          * Get a session
-         * @description The session as stored, with its live status when the answering node runs it. Never loads it.
+         * @description The session as stored, with its live status when the answering node runs it. Never loads it. Needs the `read` scope.
          */
         get: operations["get_session"];
         put?: never;
         post?: never;
         /**
          * Delete a session
-         * @description Deletes the session and its log; with `workspace=true` also its workspace directory.
+         * @description Deletes the session and its log; with `workspace=true` also its workspace directory. Needs the `admin` scope.
          */
         delete: operations["delete_session"];
         options?: never;
         head?: never;
         /**
          * Rename a session or switch its model
-         * @description Sets the session's `title`, its `model`, or both. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again.
+         * @description Sets the session's `title`, its `model`, or both. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again. Needs the `submit` scope.
          */
         patch: operations["update_session"];
         trace?: never;
@@ -69,7 +69,7 @@ export interface paths {
         put?: never;
         /**
          * Fork a session
-         * @description A new session whose history is the parent's at a point between turns; with `message`, a user message submitted to it (an edit of a past message).
+         * @description A new session whose history is the parent's at a point between turns; with `message`, a user message submitted to it (an edit of a past message). The fork belongs to the parent's tenant. Needs the `submit` scope.
          */
         post: operations["fork_session"];
         delete?: never;
@@ -89,7 +89,7 @@ export interface paths {
         put?: never;
         /**
          * Submit an op
-         * @description Submits an op to the session, loading it first if need be; answered `202` once the submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: the retry is answered as the first request was, and queues nothing.
+         * @description Submits an op to the session, loading it first if need be; answered `202` once the submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: the retry is answered as the first request was, and queues nothing. An `approval` op needs the `approve` scope instead of `submit`, a `shutdown` op `admin`. Needs the `submit` scope.
          */
         post: operations["submit"];
         delete?: never;
@@ -105,7 +105,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Page through a session's log */
+        /**
+         * Page through a session's log
+         * @description Needs the `read` scope.
+         */
         get: operations["list_events"];
         put?: never;
         post?: never;
@@ -124,7 +127,7 @@ export interface paths {
         };
         /**
          * Stream a session's log (server-sent events)
-         * @description The events after the resume point, then new ones as they are stored, without end. Each SSE event has `id` = the event's sequence (so a reconnecting `EventSource` resumes by itself), `event` = its `msg.type`, and `data` = the event as JSON: a `RecordedEvent`. OpenAPI 3.1 has no schema for the items of a stream, so the media type's schema is that of one event's `data`. Comments (`: keep-alive`) keep an idle stream open.
+         * @description The events after the resume point, then new ones as they are stored, without end. Each SSE event has `id` = the event's sequence (so a reconnecting `EventSource` resumes by itself), `event` = its `msg.type`, and `data` = the event as JSON: a `RecordedEvent`. OpenAPI 3.1 has no schema for the items of a stream, so the media type's schema is that of one event's `data`. Comments (`: keep-alive`) keep an idle stream open. Needs the `read` scope.
          */
         get: operations["stream_events"];
         put?: never;
@@ -144,7 +147,7 @@ export interface paths {
         };
         /**
          * A session over a WebSocket
-         * @description Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each answered by a `WsReply` frame.
+         * @description Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each answered by a `WsReply` frame. Opening it needs the `read` scope; each submission frame needs the scope its op needs (`submit`; `approve` for an `approval`, `admin` for a `shutdown`), else it is answered by a `submission_error` naming the missing scope. Needs the `read` scope.
          */
         get: operations["connect_websocket"];
         put?: never;
@@ -164,7 +167,7 @@ export interface paths {
         };
         /**
          * Token usage
-         * @description Tokens used, summed per session, per bot and in all.
+         * @description Tokens used, summed per session, per bot and in all, over the sessions of the credentials' tenant; the operator's covers every tenant (which needs `admin` as well) unless `tenant` names one. Needs the `read` scope.
          */
         get: operations["get_usage"];
         put?: never;
@@ -184,7 +187,7 @@ export interface paths {
         };
         /**
          * List the server's models
-         * @description The models the operator configured: the default model (`keel serve --model` or keel.toml `model`) and keel.toml's `[models.NAME]` entries. Never their keys, headers or URLs. A client may also send any other spec the server can build (`provider:model`).
+         * @description The models the operator configured: the default model (`keel serve --model` or keel.toml `model`) and keel.toml's `[models.NAME]` entries. Never their keys, headers or URLs. A client may also send any other spec the server can build (`provider:model`). Needs the `read` scope.
          */
         get: operations["list_models"];
         put?: never;
@@ -219,7 +222,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Metrics (OpenMetrics text) */
+        /**
+         * Metrics (OpenMetrics text)
+         * @description The server's metrics, for the operator: they may name tenants (never sessions), so only credentials with `admin` on every tenant read them. Needs the `admin` scope.
+         */
         get: operations["metrics"];
         put?: never;
         post?: never;
@@ -271,7 +277,7 @@ export interface components {
          * @description Why a turn ended early.
          * @enum {string}
          */
-        AbortReason: "interrupted" | "runtime_stopped" | "model_failed" | "recorder_saturated";
+        AbortReason: "interrupted" | "runtime_stopped" | "model_failed" | "recorder_saturated" | "budget_exhausted";
         /**
          * @description The answer to an accepted submission.
          * @example {
@@ -296,6 +302,28 @@ export interface components {
             duplicate: boolean;
         };
         /**
+         * @description A principal as recorded in the log: `submitted_by` on a stored
+         *     submission, `decided_by` on an approval decision.
+         */
+        Actor: {
+            /** @description The tenant the principal acted for. */
+            tenant: string;
+            /**
+             * @description The principal's id: the API key's id, the JWT's subject, or
+             *     `operator`.
+             */
+            principal_id: string;
+            /** @description How it authenticated. */
+            kind: components["schemas"]["ActorKind"];
+            /** @description The API key's name, or the JWT's subject; absent for the operator. */
+            name?: string | null;
+        };
+        /**
+         * @description How a principal proved who it is.
+         * @enum {string}
+         */
+        ActorKind: "operator" | "api_key" | "jwt";
+        /**
          * @description Payload of [`EventMsg::ApprovalDecided`]; the envelope's `submission_id`
          *     is the approval op's.
          */
@@ -306,6 +334,7 @@ export interface components {
             call_id: string;
             /** @description The decision. */
             decision: components["schemas"]["ApprovalDecision"];
+            decided_by?: components["schemas"]["Actor"] | null;
         };
         /**
          * @description A user's answer to a tool call that needs approval.
@@ -439,6 +468,11 @@ export interface components {
             model?: string | null;
             /** @description The bot the session belongs to (`keel-server` when absent). */
             bot_id?: string | null;
+            /**
+             * @description The tenant the session belongs to: the credentials' own when absent
+             *     (`default` for the operator). Only the operator may name another.
+             */
+            tenant?: string | null;
             /** @description Metadata kept with the session and shown with it. */
             context?: {
                 [key: string]: unknown;
@@ -845,6 +879,11 @@ export interface components {
             title?: string | null;
             /** @description The bot it belongs to. */
             bot_id: string;
+            /**
+             * @description The tenant it belongs to: only that tenant's principals (and the
+             *     operator) see it.
+             */
+            tenant: string;
             /** @description The metadata it was created with. */
             context: {
                 [key: string]: unknown;
@@ -901,6 +940,7 @@ export interface components {
             on_busy: components["schemas"]["BusyPolicy"];
             /** @description The client's idempotency key, if it sent one. */
             idempotency_key?: string | null;
+            submitted_by?: components["schemas"]["Actor"] | null;
         };
         /**
          * @description Payload of [`EventMsg::SubmissionRejected`]; the envelope's
@@ -1109,6 +1149,8 @@ export interface components {
              * @description The time asked for, if any.
              */
             since?: number | null;
+            /** @description The tenant reported on; `None`: every tenant. */
+            tenant?: string | null;
             /** @description Everything, summed. */
             total: components["schemas"]["TokenUsage"];
             /** @description Per bot. */
@@ -1162,6 +1204,11 @@ export interface operations {
                 order?: "created" | "activity";
                 /** @description Only the sessions of this bot. */
                 bot_id?: string;
+                /**
+                 * @description Only the sessions of this tenant. A principal of one tenant sees
+                 *     only its own anyway (naming another finds none).
+                 */
+                tenant?: string;
             };
             header?: never;
             path?: never;
@@ -1208,7 +1255,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1217,7 +1264,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -1351,7 +1398,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant for a new session. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1360,7 +1407,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "tenant_forbidden";
                         };
                     };
                 };
@@ -1532,7 +1579,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1541,7 +1588,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -1686,7 +1733,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1695,7 +1742,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_admin";
                         };
                     };
                 };
@@ -1857,7 +1904,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1866,7 +1913,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit";
                         };
                     };
                 };
@@ -2044,7 +2091,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2053,7 +2100,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit";
                         };
                     };
                 };
@@ -2232,7 +2279,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2241,7 +2288,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "missing_scope_approve" | "missing_scope_admin";
                         };
                     };
                 };
@@ -2426,7 +2473,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2435,7 +2482,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -2593,7 +2640,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2602,7 +2649,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -2752,7 +2799,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2761,7 +2808,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -2861,6 +2908,12 @@ export interface operations {
                 bot_id?: string;
                 /** @description Only steps recorded at or after this time (ms since the Unix epoch). */
                 since?: number;
+                /**
+                 * @description Only this tenant's sessions. A principal of one tenant sees only its
+                 *     own (naming another finds none); without it, the operator's report
+                 *     covers every tenant, which needs the `admin` scope.
+                 */
+                tenant?: string;
             };
             header?: never;
             path?: never;
@@ -2907,7 +2960,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2916,7 +2969,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read" | "missing_scope_admin";
                         };
                     };
                 };
@@ -3043,7 +3096,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3052,7 +3105,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -3283,7 +3336,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3292,7 +3345,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_admin";
                         };
                     };
                 };

@@ -216,7 +216,7 @@ where
 }
 
 /// A `token_usage` event of `input` and `output` tokens.
-fn used(input: u64, output: u64) -> Event {
+pub(crate) fn used(input: u64, output: u64) -> Event {
     Event {
         submission_id: Some("sub".into()),
         msg: EventMsg::TokenUsage(TokenUsageEvent {

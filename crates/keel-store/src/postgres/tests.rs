@@ -1178,6 +1178,41 @@ async fn a_stopped_server_is_unavailable_and_the_store_recovers_once_it_is_back(
 }
 
 #[tokio::test]
+async fn usage_of_many_sessions_of_one_tenant_in_one_group_is_one_commit() {
+    use crate::{AccessStore, BudgetTarget};
+    guarded(async {
+        let (store, _url) = store_or_skip!();
+        let ids: Vec<String> = (0..12).map(|n| format!("s{n}")).collect();
+        for id in &ids {
+            store
+                .save(&crate::conformance::tenant_checkpoint(id, "bot", "acme"), &[], None)
+                .await
+                .expect("save");
+        }
+        let before = store.stats();
+        // Queued before the writer wakes: one group, one append statement,
+        // whose twelve sessions share one ledger row of their tenant.
+        let appended = join_all(
+            ids.iter()
+                .map(|id| store.append(id, batch(&[crate::conformance::used(10, 1)]))),
+        )
+        .await;
+        assert!(appended.iter().all(Result::is_ok), "{appended:?}");
+        assert_eq!(
+            store.stats().commits - before.commits,
+            1,
+            "one group, not retried job by job"
+        );
+        let total = store
+            .usage_total(&BudgetTarget::Tenant("acme".into()))
+            .await
+            .expect("total");
+        assert_eq!((total.input_tokens, total.output_tokens), (120, 12));
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn the_jobs_of_one_session_in_one_group_apply_in_order() {
     guarded(async {
         let (store, _url) = store_or_skip!();
