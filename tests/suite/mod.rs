@@ -3,6 +3,7 @@
 mod agent;
 mod agent_instructions;
 mod approvals;
+mod auth;
 mod chaos;
 mod cli;
 mod clients;

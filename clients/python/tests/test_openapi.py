@@ -29,6 +29,7 @@ MODELS: list[tuple[type, tuple[str, ...]]] = [
     (models.Accepted, ("AcceptedView", "Accepted")),
     (models.ErrorBody, ("ErrorBody",)),
     (models.TokenUsage, ("TokenUsage",)),
+    (models.Actor, ("Actor",)),
     (models.UsageReport, ("UsageReport",)),
     (models.BotUsage, ("BotLine", "BotUsage")),
     (models.SessionUsage, ("SessionLine", "SessionUsage")),

@@ -123,7 +123,7 @@ mod server;
 mod session;
 mod tenants;
 
-pub use self::auth::AuthConfig;
+pub use self::auth::{AuthConfig, DEFAULT_JWKS_REFRESH_SECS, DEFAULT_JWT_LEEWAY_SECS, JwtConfig};
 pub use self::bots::{BotConfig, BotId, Bots};
 pub use self::budget::BudgetConfig;
 pub use self::server::{READING_TOOLS, ServerPolicy};

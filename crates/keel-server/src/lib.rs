@@ -53,6 +53,7 @@ use axum::http::HeaderValue;
 use tokio::net::TcpListener;
 
 pub use self::auth::Scope;
+pub use self::auth::keys::{KEY_PREFIX, KeySpecError, NewApiKey, new_api_key, parse_scopes};
 pub use self::conn::{
     DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES, raise_open_file_limit,
 };
@@ -68,7 +69,7 @@ use keel_agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};
 use keel_agent::{LeaseClock, LeaseOwner};
 use keel_config::KeelConfig;
 use keel_store::CheckpointStore;
-use keel_store::{ClusterStore, NoticeListener};
+use keel_store::{AccessStore, ClusterStore, NoticeListener};
 
 /// The version of the HTTP API (the OpenAPI document's `info.version`):
 /// the major changes only with a breaking change to the API.
@@ -143,6 +144,9 @@ pub struct ServerConfig {
     /// Several nodes on one (PostgreSQL) database: this node's part in it.
     /// `None` for the only node (SQLite's mode).
     pub cluster: Option<ClusterConfig>,
+    /// Where API keys are kept (the same database as `store`): without it,
+    /// no API key is accepted and `/v1/keys` answers `404`.
+    pub access: Option<Arc<dyn AccessStore>>,
 }
 
 /// A node's settings when several share one database.
@@ -217,6 +221,7 @@ impl ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             cluster: None,
+            access: None,
         }
     }
 }
@@ -240,7 +245,9 @@ pub enum ServeError {
 pub(crate) struct Server {
     host: Arc<Host>,
     metrics: Arc<Metrics>,
-    token: Option<auth::Token>,
+    auth: auth::Authenticator,
+    /// Where API keys are kept, for `/v1/keys`.
+    access: Option<Arc<dyn AccessStore>>,
     cors_origin: Option<HeaderValue>,
     front: front::FrontDoor,
     body_limit: usize,
@@ -263,6 +270,8 @@ pub async fn serve(
             "the live-session bound must be at least 1".to_owned(),
         ));
     }
+    let (authenticator, auth_tasks) =
+        auth_parts(door.token.clone(), config.access.clone(), config.keel.auth.jwt.clone()).await?;
     let metrics = Arc::new(Metrics::new());
     let store: Arc<dyn CheckpointStore> = Arc::new(MeteredStore::new(config.store, Arc::clone(&metrics)));
     let script_dir = config
@@ -315,12 +324,14 @@ pub async fn serve(
     let server = Arc::new(Server {
         host: Arc::clone(&host),
         metrics,
-        token: door.token,
+        auth: authenticator,
+        access: config.access,
         cors_origin: door.cors_origin,
         front: door.front,
         body_limit: config.body_limit,
         keep_alive: config.keep_alive,
     });
+    let keys = server.auth.keys.clone();
     let app = routes::router(server);
     let retention = retention.map(|max_idle| (max_idle, config.retention_sweep));
     run(
@@ -333,7 +344,44 @@ pub async fn serve(
         shutdown,
     )
     .await;
+    for task in auth_tasks {
+        task.abort();
+    }
+    if let Some(keys) = keys {
+        keys.flush_uses().await;
+    }
     Ok(())
+}
+
+/// The sources of principals, checked and loaded (the API keys once, the
+/// JWKS once), with the tasks that keep them fresh.
+async fn auth_parts(
+    token: Option<auth::Token>,
+    access: Option<Arc<dyn AccessStore>>,
+    jwt: Option<keel_config::JwtConfig>,
+) -> Result<(auth::Authenticator, Vec<tokio::task::JoinHandle<()>>), ServeError> {
+    let mut tasks = Vec::new();
+    let jwt = match jwt {
+        Some(config) => {
+            let verifier = auth::jwt::JwtVerifier::new(config)
+                .await
+                .map_err(|error| ServeError::Config(error.to_string()))?;
+            tasks.push(tokio::spawn(Arc::clone(&verifier).run()));
+            Some(verifier)
+        }
+        None => None,
+    };
+    let keys = match access {
+        Some(access) => {
+            let (table, revision) = auth::keys::KeyTable::load(access)
+                .await
+                .map_err(|error| ServeError::Config(format!("could not load the API keys: {error}")))?;
+            tasks.push(tokio::spawn(Arc::clone(&table).run(revision)));
+            Some(table)
+        }
+        None => None,
+    };
+    Ok((auth::Authenticator { token, keys, jwt }, tasks))
 }
 
 /// What `serve` checks and builds for the listener side from a

@@ -10,12 +10,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::Server;
-use super::auth::{Principal, Scope};
+use super::auth::{Liveness, Principal, Scope};
 use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::fanout::Subscription;
@@ -121,14 +121,15 @@ pub(crate) async fn stream(
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     headers: HeaderMap,
+    Extension(liveness): Extension<Liveness>,
     ApiQuery(query): ApiQuery<StreamQuery>,
 ) -> Result<Response, ApiError> {
     let after = checked_resume_point(&server, &principal, &id, &headers, query.after).await?;
     let subscription = server.host.subscribe(&id, after);
     let keep_alive = KeepAlive::new().interval(server.keep_alive).text("keep-alive");
-    let mut response = Sse::new(events(subscription, Arc::clone(&server.metrics)))
-        .keep_alive(keep_alive)
-        .into_response();
+    // The stream ends when its credential stops working (a revoked key).
+    let events = events(subscription, Arc::clone(&server.metrics)).take_until(liveness.ended());
+    let mut response = Sse::new(events).keep_alive(keep_alive).into_response();
     // Reverse proxies (nginx and those that follow it) pass the stream on as
     // it comes instead of buffering it.
     response

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::Server;
-use super::auth::Principal;
+use super::auth::{Liveness, Principal};
 use super::error::{ApiError, ErrorBody};
 use super::extract::ApiQuery;
 use super::openapi::errors::route_errors;
@@ -113,19 +113,31 @@ pub(crate) async fn upgrade(
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     headers: HeaderMap,
+    Extension(liveness): Extension<Liveness>,
     ApiQuery(query): ApiQuery<WsQuery>,
     upgrade: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     let after = checked_resume_point(&server, &principal, &id, &headers, query.after).await?;
     Ok(upgrade
         .max_message_size(server.body_limit)
-        .on_upgrade(move |socket| run(server, principal, id, after, socket)))
+        .on_upgrade(move |socket| run(server, principal, id, after, liveness, socket)))
 }
 
-async fn run(server: Arc<Server>, principal: Principal, session_id: String, after: u64, mut socket: WebSocket) {
+async fn run(
+    server: Arc<Server>,
+    principal: Principal,
+    session_id: String,
+    after: u64,
+    liveness: Liveness,
+    mut socket: WebSocket,
+) {
     let mut subscription = server.host.subscribe(&session_id, after);
+    // The socket closes when its credential stops working (a revoked key).
+    let ended = liveness.ended();
+    tokio::pin!(ended);
     loop {
         tokio::select! {
+            () = &mut ended => break,
             event = subscription.next() => match event {
                 Ok(Some(event)) => {
                     if socket.send(Message::text(event.json.clone())).await.is_err() {
@@ -161,7 +173,8 @@ async fn run(server: Arc<Server>, principal: Principal, session_id: String, afte
             },
         }
     }
-    // The server is shutting down (or the log cannot be read): say goodbye.
+    // The server is shutting down, the log cannot be read or the
+    // credential stopped working: say goodbye.
     let _ = socket.send(Message::Close(None)).await;
 }
 

@@ -192,7 +192,7 @@ pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn timestamp(ms: u64) -> String {
+pub(crate) fn timestamp(ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 

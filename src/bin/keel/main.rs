@@ -16,6 +16,7 @@ mod db;
 mod doctor;
 mod fork;
 mod interrupts;
+mod keys;
 mod log;
 mod run;
 mod sandbox;
@@ -53,6 +54,8 @@ enum Command {
     Sessions(log::SessionsArgs),
     /// Start a new session from another's history at a sequence.
     Fork(fork::ForkArgs),
+    /// Make, list and revoke API keys (tenants' credentials with scopes).
+    Keys(keys::KeysArgs),
     /// Copy the database, consistently, while a server may be using it.
     Backup(log::BackupArgs),
     /// Run a benchmark workload.
@@ -164,6 +167,7 @@ fn main() -> ExitCode {
             Command::Events(args) => log::events(args).await,
             Command::Sessions(args) => log::sessions(args).await,
             Command::Fork(args) => fork::fork(args).await,
+            Command::Keys(args) => keys::keys(args).await,
             Command::Backup(args) => log::backup(args).await,
             Command::Bench(command) => bench::bench(command).await,
             Command::Chaos(args) => chaos::chaos(args).await,

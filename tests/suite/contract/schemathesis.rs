@@ -95,8 +95,8 @@ async fn schemathesis_finds_no_failure_against_a_live_server() {
 }
 
 /// The sessions the recorded answers leave, in the order they were sent:
-/// each `201` to a create or a fork adds one, each `204` to a delete takes
-/// one away. Also how many were made.
+/// each `201` to a session's create or fork adds one, each `204` to a
+/// session's delete takes one away. Also how many were made.
 fn sessions_left(har: &Value) -> (BTreeSet<String>, usize) {
     let mut entries: Vec<&Value> = har["log"]["entries"].as_array().expect("HAR entries").iter().collect();
     entries.sort_by_key(|entry| entry["startedDateTime"].as_str().unwrap_or_default().to_owned());
@@ -112,14 +112,15 @@ fn sessions_left(har: &Value) -> (BTreeSet<String>, usize) {
             .split('?')
             .next()
             .unwrap_or_default();
+        // Only the sessions' routes: `/v1/keys` answers `201` and `204` too.
         match (method, status) {
-            ("POST", 201) => {
+            ("POST", 201) if path.starts_with("sessions") => {
                 let body: Value =
                     serde_json::from_str(entry["response"]["content"]["text"].as_str().unwrap_or("{}")).expect("JSON");
                 left.insert(body["id"].as_str().expect("the made session's id").to_owned());
                 made += 1;
             }
-            ("DELETE", 204) => {
+            ("DELETE", 204) if path.starts_with("sessions/") => {
                 let id = path.strip_prefix("sessions/").expect("a session's path");
                 let id = percent_encoding::percent_decode_str(id).decode_utf8().expect("UTF-8");
                 left.remove(id.as_ref());

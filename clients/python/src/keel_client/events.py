@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Union
 
 from ._convert import from_json, register
-from .models import BusyPolicy, Decision, Op, TokenUsage
+from .models import Actor, BusyPolicy, Decision, Op, TokenUsage
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,7 @@ class ApprovalDecided:
     turn_id: str
     call_id: str
     decision: Decision
+    decided_by: Actor | None = None
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,7 @@ class SubmissionQueued:
     op: Op
     on_busy: BusyPolicy
     idempotency_key: str | None = None
+    submitted_by: Actor | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,19 @@ QueueMode = Literal["merge", "each"]
 Decision = Literal["approve", "approve_for_session", "deny"]
 """An answer to a tool call that waits for approval."""
 
+ActorKind = Literal["operator", "api_key", "jwt"]
+"""How a principal authenticated."""
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who made a submission or decided an approval (the audit trail)."""
+
+    tenant: str
+    principal_id: str
+    kind: ActorKind
+    name: str | None = None
+
 SandboxPolicy = Literal["read-only", "workspace-write", "full-access"]
 """How tightly a session's shell commands are confined."""
 

@@ -1,12 +1,40 @@
-//! Bearer-token authentication.
+//! Authentication: how a request becomes a [`Principal`].
 //!
-//! With a token configured, every `/v1/…` request and `/metrics` must carry
-//! `Authorization: Bearer <token>`; the event stream and the WebSocket also
-//! accept `?access_token=<token>`, since browsers cannot set headers there.
-//! Tokens are compared in constant time and never logged or echoed.
+//! Every `/v1/…` request (but the description) and `/metrics` carries
+//! `Authorization: Bearer <credential>`; the event stream and the
+//! WebSocket also accept `?access_token=<credential>`, since browsers
+//! cannot set headers there. The credential is, tried in this order:
+//!
+//! 1. the operator's token (`--token-file`), compared in constant time:
+//!    the operator, every scope on every tenant;
+//! 2. an API key (`keel_<id>_<secret>`, see [`keys`]): its tenant and
+//!    scopes, checked against every node's in-memory copy of the keys;
+//! 3. a JWT of `[auth.jwt]` (see [`jwt`]): the tenant, subject and scopes
+//!    its claims name.
+//!
+//! Anything else is `401 unauthorized`, the same answer whichever part
+//! failed (the reason is logged at debug level). Credentials are never
+//! logged or echoed. `/metrics` takes the operator's token only (a key or a
+//! JWT is `401` there): its numbers are the whole server's.
+//!
+//! **No credentials at all.** A server on loopback without a token has
+//! always treated every request as the operator's (it is the operator's
+//! own machine). That stays so only while nothing else can authenticate:
+//! once `[auth.jwt]` is configured or the store holds any API key (revoked
+//! and expired ones included, so revoking every key does not silently
+//! reopen the server), a request without a valid credential is `401`, on
+//! loopback too. Keys handed out mean the server has principals of
+//! limited reach, and an anonymous request must not outrank them; the
+//! operator then uses a token or the CLI, which opens the database itself.
+//! A server off loopback needs a token in any case.
+//!
+//! Each authenticated request also carries a [`Liveness`]: streams opened
+//! with a key end when it is revoked or expires, and those opened with a
+//! JWT when it expires.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header;
@@ -16,11 +44,13 @@ use subtle::ConstantTimeEq;
 
 use crate::Server;
 use crate::error::ApiError;
+pub(crate) use keel_protocol::now_ms;
 
+pub(crate) mod jwt;
+pub(crate) mod keys;
 mod principal;
 
 pub use principal::Scope;
-#[allow(unused_imports)] // used as the principal grows its sources
 pub(crate) use principal::{Principal, Scopes, Tenancy};
 
 /// The server's bearer token. Its `Debug` does not show it.
@@ -44,26 +74,103 @@ impl std::fmt::Debug for Token {
     }
 }
 
-/// Middleware: lets the request through when no token is configured or the
-/// request carries the token; answers `401 unauthorized` otherwise.
-pub(crate) async fn require_token(State(server): State<Arc<Server>>, mut request: Request, next: Next) -> Response {
-    let Some(token) = &server.token else {
+/// The sources of principals a server was configured with.
+pub(crate) struct Authenticator {
+    /// The operator's token.
+    pub(crate) token: Option<Token>,
+    /// The API keys, when the store keeps them.
+    pub(crate) keys: Option<Arc<keys::KeyTable>>,
+    /// `[auth.jwt]`'s verifier.
+    pub(crate) jwt: Option<Arc<jwt::JwtVerifier>>,
+}
+
+impl Authenticator {
+    /// Whether a request without credentials is the operator's: no token,
+    /// no JWTs, and no API key ever made (see the module's text).
+    fn open(&self) -> bool {
+        self.token.is_none() && self.jwt.is_none() && !self.keys.as_ref().is_some_and(|keys| keys.any())
+    }
+
+    /// The principal `credential` stands for, if any.
+    fn principal_of(&self, credential: &str, now_ms: u64) -> Option<(Principal, Liveness)> {
+        if self.token.as_ref().is_some_and(|token| token.matches(credential)) {
+            return Some((Principal::operator(), Liveness::Forever));
+        }
+        if keys::looks_like_key(credential) {
+            return self.keys.as_ref()?.check(credential, now_ms);
+        }
+        match &self.jwt {
+            Some(jwt) => jwt.check(credential, now_ms),
+            None => {
+                tracing::debug!("refused a credential: neither the token nor a key, and no JWTs are configured");
+                None
+            }
+        }
+    }
+}
+
+/// Until when a request's credential works, for what outlives the request
+/// (event streams, WebSockets): put in each authenticated request's
+/// extensions beside its [`Principal`].
+#[derive(Clone)]
+pub(crate) enum Liveness {
+    /// The operator's token (or no token on loopback): for as long as the
+    /// server runs.
+    Forever,
+    /// An API key: until it is revoked (on any node) or expires.
+    Key {
+        /// The keys, which know when it is revoked.
+        table: Arc<keys::KeyTable>,
+        /// The key's id.
+        id: String,
+    },
+    /// A JWT: until its `exp` (plus the leeway), in ms since the epoch.
+    Until(u64),
+}
+
+impl Liveness {
+    /// Resolves when the credential stops working.
+    pub(crate) async fn ended(self) {
+        match self {
+            Self::Forever => std::future::pending().await,
+            Self::Key { table, id } => table.ended(&id).await,
+            Self::Until(at_ms) => tokio::time::sleep(Duration::from_millis(at_ms.saturating_sub(now_ms()))).await,
+        }
+    }
+}
+
+/// Middleware: puts the request's [`Principal`] and [`Liveness`] in its
+/// extensions, or answers `401 unauthorized`.
+pub(crate) async fn authenticate(State(server): State<Arc<Server>>, mut request: Request, next: Next) -> Response {
+    let auth = &server.auth;
+    if auth.open() {
         request.extensions_mut().insert(Principal::operator());
+        request.extensions_mut().insert(Liveness::Forever);
         return next.run(request).await;
-    };
+    }
+    let now = now_ms();
     let from_header = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "))
-        .is_some_and(|given| token.matches(given.trim()));
+        .and_then(|given| auth.principal_of(given.trim(), now));
     let route = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
-    let allowed = from_header || (route.is_some_and(accepts_query_token) && query_token_matches(&request, token));
-    if allowed {
-        request.extensions_mut().insert(Principal::operator());
-        next.run(request).await
-    } else {
-        ApiError::Unauthorized.into_response()
+    let found = from_header.or_else(|| {
+        route
+            .filter(|route| accepts_query_token(route))
+            .and_then(|_| query_token(&request))
+            .and_then(|given| auth.principal_of(&given, now))
+    });
+    // The metrics describe the whole server: the operator's only.
+    let found = found.filter(|(principal, _)| route != Some("/metrics") || principal.tenancy == Tenancy::All);
+    match found {
+        Some((principal, liveness)) => {
+            request.extensions_mut().insert(principal);
+            request.extensions_mut().insert(liveness);
+            next.run(request).await
+        }
+        None => ApiError::Unauthorized.into_response(),
     }
 }
 
@@ -74,11 +181,10 @@ fn accepts_query_token(route: &str) -> bool {
     matches!(route, "/v1/sessions/{id}/events/stream" | "/v1/sessions/{id}/ws")
 }
 
-fn query_token_matches(request: &Request, token: &Token) -> bool {
+fn query_token(request: &Request) -> Option<String> {
     axum::extract::Query::<HashMap<String, String>>::try_from_uri(request.uri())
         .ok()
-        .and_then(|axum::extract::Query(query)| query.get("access_token").map(|given| token.matches(given)))
-        .unwrap_or(false)
+        .and_then(|axum::extract::Query(mut query)| query.remove("access_token"))
 }
 
 #[cfg(test)]
@@ -93,5 +199,25 @@ mod tests {
         assert!(!token.matches("s3cret!"));
         assert!(!token.matches(""));
         assert_eq!(format!("{token:?}"), "Token(…)");
+    }
+
+    #[test]
+    fn without_any_source_everyone_is_the_operator_and_with_a_token_only_its_holder() {
+        let open = Authenticator {
+            token: None,
+            keys: None,
+            jwt: None,
+        };
+        assert!(open.open());
+        let closed = Authenticator {
+            token: Some(Token::new("t0ken")),
+            keys: None,
+            jwt: None,
+        };
+        assert!(!closed.open());
+        let (principal, _) = closed.principal_of("t0ken", 0).expect("the operator");
+        assert_eq!(principal, Principal::operator());
+        assert!(closed.principal_of("keel_0123_abc", 0).is_none());
+        assert!(closed.principal_of("eyJhbGciOiJub25lIn0.e30.", 0).is_none());
     }
 }

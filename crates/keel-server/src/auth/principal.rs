@@ -8,7 +8,10 @@ use keel_protocol::{Actor, ActorKind};
 use crate::error::ApiError;
 
 /// What a principal may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Scope {
     /// Get and list sessions, read their events, follow their streams.
     Read,

@@ -41,6 +41,7 @@ use crate::API_VERSION;
         (name = "submissions", description = "Ops in: messages, interrupts, approvals."),
         (name = "events", description = "Events out: pages of the log, server-sent events, a WebSocket."),
         (name = "usage", description = "Token usage."),
+        (name = "auth", description = "Who a credential is; API keys (admin)."),
         (name = "operations", description = "Health, readiness, metrics, this description."),
     ),
 )]
@@ -61,10 +62,10 @@ impl Modify for Additions {
                 Http::builder()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "The server's token (`keel serve --token-file`): the operator, every scope on every \
-                         tenant. An operation's requirement names the scope it needs (`read`, `submit`, \
-                         `approve`, `admin`; also its `x-keel-scope`); credentials without it are answered \
-                         `403 missing_scope_<scope>`.",
+                        "The operator's token (`keel serve --token-file`: every scope on every tenant), an API \
+                         key (`keel_<id>_<secret>`) or a JWT of `[auth.jwt]`. An operation's requirement names \
+                         the scope it needs (`read`, `submit`, `approve`, `admin`; also its `x-keel-scope`); \
+                         credentials without it are answered `403 missing_scope_<scope>`.",
                     ))
                     .build(),
             ),
@@ -73,7 +74,7 @@ impl Modify for Additions {
             "query_token",
             SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
                 "access_token",
-                "The same token as a query parameter, for the event stream and the WebSocket only.",
+                "The same credential as a query parameter, for the event stream and the WebSocket only.",
             ))),
         );
     }

@@ -3,6 +3,7 @@
 pub(crate) mod access;
 pub(crate) mod events;
 pub(crate) mod fork;
+pub(crate) mod keys;
 pub(crate) mod listing;
 pub(crate) mod models;
 pub(crate) mod ops;
@@ -53,7 +54,10 @@ pub(crate) fn documented() -> Documented {
             .routes(routes!(sse::stream))
             .routes(routes!(ws::upgrade))
             .routes(routes!(usage::show))
-            .routes(routes!(models::list)),
+            .routes(routes!(models::list))
+            .routes(routes!(keys::whoami))
+            .routes(routes!(keys::create, keys::list))
+            .routes(routes!(keys::revoke)),
         v1_open: OpenApiRouter::new().routes(routes!(describe)),
         metrics: OpenApiRouter::new().routes(routes!(ops::metrics)),
         probes: OpenApiRouter::new()
@@ -105,7 +109,7 @@ async fn describe() -> impl IntoResponse {
 
 /// The whole application.
 pub(crate) fn router(server: Arc<Server>) -> Router {
-    let require_token = middleware::from_fn_with_state(Arc::clone(&server), auth::require_token);
+    let require_token = middleware::from_fn_with_state(Arc::clone(&server), auth::authenticate);
     let routes = documented();
     let v1 = Router::from(routes.v1)
         .route_layer(require_token.clone())
