@@ -59,3 +59,34 @@ fn against_a_server_the_chat_sends_the_api_key_as_the_bearer() {
     let local = cli.chat_piped(&["--api-key", "chat-key", "--model", &model], "hi\n");
     assert_one_line_error(&local, "--api-key is for a server's API");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_a_server_a_key_without_the_submit_scope_is_told_so() {
+    let scratch = Scratch::new();
+    let cli = Cli::new();
+    let mut server = serve_with_token(&scratch, &cli, "chat-operator");
+    server.api.token = Some("chat-operator".to_owned());
+    let made = server
+        .api
+        .post(
+            "/v1/keys",
+            &serde_json::json!({"tenant": "acme", "name": "viewer", "scopes": ["read"]}),
+        )
+        .await;
+    assert_eq!(made.status, reqwest::StatusCode::CREATED, "{}", made.body);
+    let key = made.body["key"].as_str().expect("key").to_owned();
+    let model = cli.model(&[r#"{"text": "never"}"#]);
+    let base = server.api.base.clone();
+
+    let refused = tokio::task::spawn_blocking(move || {
+        cli.chat_piped(&["--server", &base, "--api-key", &key, "--model", &model], "hi\n")
+    })
+    .await
+    .expect("run keel chat");
+    assert_one_line_error(&refused, "this key lacks the `submit` scope");
+    assert!(
+        stderr(&refused).contains("missing_scope_submit"),
+        "{}",
+        stderr(&refused)
+    );
+}
