@@ -106,7 +106,7 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
     let mut config = ServerConfig::new(database.store());
     config.default_model = Some(format!("script:{}", script.display()));
     config.workspace_root = scratch.path().to_owned();
-    let credentials = auth::prepare(params.auth, &mut config, scratch.path()).await?;
+    let credentials = auth::prepare(params.auth, &mut config, database.access(), scratch.path()).await?;
     let server = BenchServer::start(config).await?;
     let base = server.base.clone();
     let client = http_client_with(credentials.bearer.as_deref())?;
@@ -142,7 +142,9 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
 
     let mut events_per_subscriber = 0;
     for session in finished {
-        events_per_subscriber = session.finish(&client, &base).await?;
+        // Shutting a session down is the operator's (`admin`), whatever
+        // credential drove its turns.
+        events_per_subscriber = session.finish(&operator, &base).await?;
     }
     // A subscriber notices it fell behind when it reads again, so this is
     // read after the stalled ones were drained.
