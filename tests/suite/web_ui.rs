@@ -25,6 +25,7 @@ use crate::suite::support::server::{Scratch, ServeProcess};
 use crate::suite::support::skip;
 use crate::suite::support::wait::{next_millisecond, wait_until_async};
 
+mod principals;
 mod sidebar;
 
 /// One browser at a time: Chromium is heavy on a two-core machine, and the

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use keel_protocol::{Error, Result};
-use keel_store::{Backend, CheckpointStore, Location, OpenOptions, StoreError, Synchronous, WriterStats};
+use keel_store::{AccessStore, Backend, CheckpointStore, Location, OpenOptions, StoreError, Synchronous, WriterStats};
 
 use super::stats::sqlite_bytes_on_disk;
 
@@ -55,6 +55,8 @@ pub(crate) enum Grouping {
 /// An open benchmark store.
 pub(crate) struct BenchStore {
     store: Arc<dyn CheckpointStore>,
+    /// The same database's keys, budgets and usage.
+    access: Arc<dyn AccessStore>,
     backend: Backend,
     /// The SQLite file, for its size on disk.
     path: Option<PathBuf>,
@@ -95,6 +97,7 @@ impl BenchStore {
         };
         Ok(Self {
             store: opened.store,
+            access: opened.access,
             backend: opened.backend,
             path,
             _scratch: scratch,
@@ -104,6 +107,11 @@ impl BenchStore {
     /// The store, for the runtime.
     pub(crate) fn store(&self) -> Arc<dyn CheckpointStore> {
         Arc::clone(&self.store)
+    }
+
+    /// The database's keys, budgets and usage, for the server.
+    pub(crate) fn access(&self) -> Arc<dyn AccessStore> {
+        Arc::clone(&self.access)
     }
 
     /// The writer's counters so far.

@@ -228,8 +228,22 @@ impl BenchServer {
 /// The HTTP client of a workload: one pool, never short of idle
 /// connections.
 pub(super) fn http_client() -> Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .pool_max_idle_per_host(usize::MAX)
+    http_client_with(None)
+}
+
+/// [`http_client`] sending `bearer`, if given, on every request.
+pub(super) fn http_client_with(bearer: Option<&str>) -> Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder().pool_max_idle_per_host(usize::MAX);
+    if let Some(bearer) = bearer {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {bearer}"))
+            .map_err(|error| Error::Config(format!("the bench credential is not a header value: {error}")))?;
+        value.set_sensitive(true);
+        builder = builder.default_headers(reqwest::header::HeaderMap::from_iter([(
+            reqwest::header::AUTHORIZATION,
+            value,
+        )]));
+    }
+    builder
         .build()
         .map_err(|error| Error::Config(format!("cannot build the HTTP client: {error}")))
 }

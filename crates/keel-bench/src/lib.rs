@@ -7,7 +7,8 @@
 //! - [`recorder`]: durable events per second through the event recorder, with
 //!   and without group commit;
 //! - [`serve`]: the same turns driven over `keel serve`'s HTTP API and event
-//!   streams, with many subscribers and a stalled one;
+//!   streams, with many subscribers and a stalled one, and with each kind of
+//!   credential ([`auth`]);
 //! - [`cluster`]: those turns across several `keel serve` nodes on one
 //!   PostgreSQL database, requests and streams on random nodes.
 //!
@@ -19,6 +20,7 @@
 //! Nothing but the `keel` command and the benches depends on this crate: the
 //! runtime must not know it is measured.
 
+pub mod auth;
 pub mod cluster;
 mod database;
 mod http;

@@ -20,9 +20,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 
+use super::auth::{self, BenchAuth};
 use super::database::{BenchDatabase, BenchStore, Grouping};
 use super::http::{
-    BenchServer, WireEvent, check, create_session, events_read, http_client, http_error, io_error, join_sessions,
+    BenchServer, WireEvent, check, create_session, events_read, http_client_with, http_error, io_error, join_sessions,
     next_turn_event, read_events, read_stream, write_script,
 };
 use super::stats::percentile;
@@ -51,6 +52,8 @@ pub struct ServeParams {
     pub stalled: bool,
     /// The database (a fresh temporary SQLite file by default).
     pub database: BenchDatabase,
+    /// The credential every request carries.
+    pub auth: BenchAuth,
 }
 
 /// What one run measured.
@@ -64,6 +67,8 @@ pub struct ServeReport {
     pub subscribers: usize,
     /// Whether each session also had a stalled subscriber.
     pub stalled: bool,
+    /// The credential every request carried.
+    pub auth: &'static str,
     /// Wall time of the timed part.
     pub wall_s: f64,
     /// Completed turns per second, all sessions together.
@@ -101,13 +106,15 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
     let mut config = ServerConfig::new(database.store());
     config.default_model = Some(format!("script:{}", script.display()));
     config.workspace_root = scratch.path().to_owned();
+    let credentials = auth::prepare(params.auth, &mut config, database.access(), scratch.path()).await?;
     let server = BenchServer::start(config).await?;
     let base = server.base.clone();
-    let client = http_client()?;
+    let client = http_client_with(credentials.bearer.as_deref())?;
+    let operator = http_client_with(credentials.operator.as_deref())?;
 
     let mut sessions = Vec::new();
     for _ in 0..params.sessions {
-        sessions.push(BenchSession::open(&client, &base, params).await?);
+        sessions.push(BenchSession::open(&client, &base, params, credentials.bearer.as_deref()).await?);
     }
     // Warm-up: one turn per session, outside the timing.
     for session in &mut sessions {
@@ -135,11 +142,13 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
 
     let mut events_per_subscriber = 0;
     for session in finished {
-        events_per_subscriber = session.finish(&client, &base).await?;
+        // Shutting a session down is the operator's (`admin`), whatever
+        // credential drove its turns.
+        events_per_subscriber = session.finish(&operator, &base).await?;
     }
     // A subscriber notices it fell behind when it reads again, so this is
     // read after the stalled ones were drained.
-    let catch_ups = catch_ups(&client, &base).await?;
+    let catch_ups = catch_ups(&operator, &base).await?;
     server.stop("the bench server").await?;
     database.close().await;
 
@@ -150,6 +159,7 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
         turns: params.turns,
         subscribers: params.subscribers.max(1),
         stalled: params.stalled,
+        auth: params.auth.name(),
         wall_s: wall.as_secs_f64(),
         turns_per_s: times.len() as f64 / wall.as_secs_f64(),
         accept_p50_ms: percentile(&accept, 50.0),
@@ -196,7 +206,7 @@ struct BenchSession {
 }
 
 impl BenchSession {
-    async fn open(client: &reqwest::Client, base: &str, params: &ServeParams) -> Result<Self> {
+    async fn open(client: &reqwest::Client, base: &str, params: &ServeParams, bearer: Option<&str>) -> Result<Self> {
         let id = create_session(client, base).await?;
         let stream_url = format!("{base}/v1/sessions/{id}/events/stream?after=0");
         let (first_sender, events) = mpsc::unbounded_channel();
@@ -207,7 +217,7 @@ impl BenchSession {
             readers.push(tokio::spawn(read_stream(response, first.take())));
         }
         let stalled = match params.stalled {
-            true => Some(open_stalled(base, &format!("/v1/sessions/{id}/events/stream?after=0")).await?),
+            true => Some(open_stalled(base, &format!("/v1/sessions/{id}/events/stream?after=0"), bearer).await?),
             false => None,
         };
         Ok(Self {
@@ -274,8 +284,9 @@ impl BenchSession {
 
 /// Opens the stalled subscriber's stream: a socket with a small receive
 /// buffer, so that the server's writes block soon, asking over HTTP/1.0 so
-/// that the body is the bare event stream up to the end of the connection.
-async fn open_stalled(base: &str, path: &str) -> Result<TcpStream> {
+/// that the body is the bare event stream up to the end of the connection;
+/// with `bearer`, if given.
+async fn open_stalled(base: &str, path: &str, bearer: Option<&str>) -> Result<TcpStream> {
     let address: std::net::SocketAddr = base
         .trim_start_matches("http://")
         .parse()
@@ -283,7 +294,8 @@ async fn open_stalled(base: &str, path: &str) -> Result<TcpStream> {
     let socket = TcpSocket::new_v4().map_err(io_error)?;
     socket.set_recv_buffer_size(STALLED_RECEIVE_BUFFER).map_err(io_error)?;
     let mut stream = socket.connect(address).await.map_err(io_error)?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\nAccept: text/event-stream\r\n\r\n");
+    let authorization = bearer.map_or_else(String::new, |bearer| format!("Authorization: Bearer {bearer}\r\n"));
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\nAccept: text/event-stream\r\n{authorization}\r\n");
     stream.write_all(request.as_bytes()).await.map_err(io_error)?;
     Ok(stream)
 }

@@ -1,5 +1,6 @@
 //! The web UI: static files embedded in the binary, served without a token
-//! (the page asks for one and sends it with its API calls).
+//! (the page asks for an API key, a JWT or the token and sends it with its
+//! API calls).
 
 use axum::Router;
 use axum::http::header;
@@ -58,6 +59,10 @@ const FILES: &[(&str, &str, &str)] = &[
     ("/assets/sidebar.css", CSS, include_str!("ui/sidebar.css")),
     ("/assets/sidebar.js", JS, include_str!("ui/sidebar.js")),
     ("/assets/new_chat.js", JS, include_str!("ui/new_chat.js")),
+    ("/assets/principal.js", JS, include_str!("ui/principal.js")),
+    ("/assets/signin.js", JS, include_str!("ui/signin.js")),
+    ("/assets/tool_card.js", JS, include_str!("ui/tool_card.js")),
+    ("/assets/principal.css", CSS, include_str!("ui/principal.css")),
     ("/assets/icon.svg", SVG, include_str!("ui/icon.svg")),
 ];
 

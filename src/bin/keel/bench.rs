@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use keel::agent::StreamingOptions;
 use keel::bench::BenchDatabase;
+use keel::bench::auth::BenchAuth;
 use keel::bench::cluster::{ClusterParams, ClusterReport, run_cluster};
 use keel::bench::recorder::{RecorderParams, run_recorder};
 use keel::bench::serve::{ServeParams, ServeReport, run_serve};
@@ -95,6 +96,13 @@ pub(crate) enum BenchCommand {
         /// (with `--nodes`).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// What authentication costs instead: the one-subscriber HTTP run
+        /// with each credential listed (comma-separated: `token` the
+        /// operator's token, `key` an API key, `jwt` a JWT checked against a
+        /// JWKS file), interleaved, with each one's turns/s against the
+        /// token's.
+        #[arg(long, value_delimiter = ',', value_name = "token,key,jwt")]
+        auth: Vec<String>,
     },
 }
 
@@ -200,8 +208,16 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             db,
             nodes,
             seed,
+            auth,
         } => {
             let database = db.as_deref().map(BenchDatabase::parse).unwrap_or_default();
+            let auth = auth
+                .iter()
+                .map(|name| BenchAuth::parse(name))
+                .collect::<Result<Vec<_>, _>>()?;
+            if nodes > 1 && !auth.is_empty() {
+                anyhow::bail!("--auth runs on one node: omit --nodes");
+            }
             if nodes > 1 {
                 let BenchDatabase::Postgres(url) = database else {
                     anyhow::bail!(
@@ -219,7 +235,21 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                 };
                 bench_cluster(&params, repeat).await?;
             } else {
-                bench_serve(sessions, turns, chunks, bytes, subscribers, repeat, database).await?;
+                let params = ServeParams {
+                    sessions,
+                    turns,
+                    chunks,
+                    chunk_bytes: bytes,
+                    subscribers: 1,
+                    stalled: false,
+                    database,
+                    auth: BenchAuth::None,
+                };
+                if auth.is_empty() {
+                    bench_serve(&params, subscribers, repeat).await?;
+                } else {
+                    bench_auth(&params, &auth, repeat).await?;
+                }
             }
         }
     }
@@ -228,21 +258,20 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
 
 /// Runs the baseline and the two server runs `repeat` times, interleaved so
 /// that the machine's drift touches them alike, and prints their medians.
-async fn bench_serve(
-    sessions: usize,
-    turns: usize,
-    chunks: usize,
-    bytes: usize,
-    subscribers: usize,
-    repeat: usize,
-    database: BenchDatabase,
-) -> anyhow::Result<()> {
+async fn bench_serve(params: &ServeParams, subscribers: usize, repeat: usize) -> anyhow::Result<()> {
+    let &ServeParams {
+        sessions,
+        turns,
+        chunks,
+        chunk_bytes: bytes,
+        ..
+    } = params;
     let in_process = TurnsParams {
         sessions,
         turns,
         chunks,
         chunk_bytes: bytes,
-        database: database.clone(),
+        database: params.database.clone(),
         synchronous: Synchronous::Full,
         // What a server session does: deltas coalesced, every byte stored
         // before it is delivered.
@@ -250,13 +279,9 @@ async fn bench_serve(
         variant: Variant::Plain,
     };
     let over_http = |subscribers: usize, stalled: bool| ServeParams {
-        sessions,
-        turns,
-        chunks,
-        chunk_bytes: bytes,
         subscribers,
         stalled,
-        database: database.clone(),
+        ..params.clone()
     };
     let readers = subscribers.max(2) - 1;
     let runs = [
@@ -309,6 +334,61 @@ async fn bench_serve(
     print_line(&serde_json::to_string(&serde_json::json!({
         "baseline_turns_per_s": baseline,
         "runs": runs.iter().zip(&reports).map(|((name, _), reports)| serde_json::json!({"run": name, "reports": reports})).collect::<Vec<_>>(),
+    }))?)?;
+    Ok(())
+}
+
+/// Runs the one-subscriber server workload with each credential of `auths`
+/// `repeat` times, interleaved, and prints their medians and each one's
+/// turns/s against the token's.
+async fn bench_auth(params: &ServeParams, auths: &[BenchAuth], repeat: usize) -> anyhow::Result<()> {
+    let mut reports: Vec<Vec<ServeReport>> = vec![Vec::new(); auths.len()];
+    for _ in 0..repeat.max(1) {
+        for (&auth, reports) in auths.iter().zip(&mut reports) {
+            reports.push(run_serve(&ServeParams { auth, ..params.clone() }).await?);
+        }
+    }
+    let median_of = |reports: &[ServeReport], pick: fn(&ServeReport) -> f64| {
+        keel::bench::median(&reports.iter().map(pick).collect::<Vec<_>>())
+    };
+    let turns_of = |auth: BenchAuth| {
+        auths
+            .iter()
+            .position(|listed| *listed == auth)
+            .map(|index| median_of(&reports[index], |report| report.turns_per_s))
+    };
+    let token = turns_of(BenchAuth::Token);
+    print_line(&format!(
+        "S={} T={} K={} B={}, one subscriber per session, medians of {} runs",
+        params.sessions,
+        params.turns,
+        params.chunks,
+        params.chunk_bytes,
+        repeat.max(1)
+    ))?;
+    print_line("| credential | turns/s | × token | 202 p50 ms | 202 p99 ms | first delta p50 ms | turn p50 ms |")?;
+    print_line("|---|---|---|---|---|---|---|")?;
+    for (auth, reports) in auths.iter().zip(&reports) {
+        let turns_per_s = median_of(reports, |report| report.turns_per_s);
+        let ratio = token.map_or_else(|| "-".to_owned(), |token| format!("{:.3}", turns_per_s / token));
+        print_line(&format!(
+            "| {} | {turns_per_s:.1} | {ratio} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            auth.name(),
+            median_of(reports, |report| report.accept_p50_ms),
+            median_of(reports, |report| report.accept_p99_ms),
+            median_of(reports, |report| report.first_delta_p50_ms),
+            median_of(reports, |report| report.turn_p50_ms),
+        ))?;
+    }
+    if let Some(token) = token {
+        for auth in auths.iter().filter(|auth| **auth != BenchAuth::Token) {
+            if let Some(turns) = turns_of(*auth) {
+                print_line(&format!("{}/token turns/s: {:.3}", auth.name(), turns / token))?;
+            }
+        }
+    }
+    print_line(&serde_json::to_string(&serde_json::json!({
+        "runs": auths.iter().zip(&reports).map(|(auth, reports)| serde_json::json!({"auth": auth.name(), "reports": reports})).collect::<Vec<_>>(),
     }))?)?;
     Ok(())
 }

@@ -33,6 +33,7 @@ impl Cli {
             .env_remove("KEEL_CONFIG")
             .env_remove("KEEL_CHAT_HISTORY")
             .env_remove("KEEL_TOKEN")
+            .env_remove("KEEL_API_KEY")
             .env_remove("NO_COLOR");
         command
     }
@@ -134,7 +135,7 @@ pub(super) fn wire(text: &str) -> String {
 }
 
 /// The session id `keel chat` printed first on stderr.
-fn session_line(output: &Output) -> String {
+pub(super) fn session_line(output: &Output) -> String {
     let err = stderr(output);
     err.lines()
         .next()
@@ -861,4 +862,5 @@ fn slash_retry_answers_again_and_slash_edit_goes_on_in_a_fork_locally_and_agains
     assert_eq!(user_messages(&forked), ["hello instead", "more"]);
 }
 
+mod credentials;
 mod recovery;

@@ -1,9 +1,13 @@
 // The HTTP API of keel serve (docs/http-api.md), as the page uses it: JSON
-// requests with the bearer token, and the URL of a session's event stream.
+// requests with the bearer credential, and the URL of a session's event
+// stream.
 //
-// The token lives in sessionStorage. When the API answers 401 the page asks
-// for it once (one prompt, however many requests were refused at the same
-// time), keeps it, and retries the refused requests.
+// The credential (an API key, a JWT or the server's token) lives in
+// sessionStorage, never in the page's URL. When the API answers 401 the page
+// asks for it once (one prompt, however many requests were refused at the
+// same time), keeps it, and retries the refused requests. A credential that
+// worked and is now refused (a revoked key, an expired JWT) is asked for
+// again with a message saying so.
 
 const TOKEN_KEY = "keel.token";
 
@@ -40,6 +44,22 @@ function storeToken(token) {
 }
 
 let memoryToken = null;
+// The last credential the server accepted: a refusal of that one means it
+// was revoked or expired, not mistyped.
+let acceptedToken = null;
+// Who hears of a new credential given at the prompt.
+const signInListeners = [];
+
+/** Calls `listener()` each time the user gives a new credential. */
+export function onSignIn(listener) {
+  signInListeners.push(listener);
+}
+
+/** Forgets the credential the page holds. */
+export function forgetToken() {
+  storeToken(null);
+  acceptedToken = null;
+}
 
 function token() {
   return currentToken() ?? memoryToken;
@@ -56,6 +76,17 @@ export function setTokenPrompt(ask) {
   prompt = ask;
 }
 
+/** What the prompt says after `refused` (null: nothing was sent) was refused. */
+function refusalMessage(refused) {
+  if (!refused) {
+    return "This server needs an access token: an API key, a JWT from your identity provider, or the server's token.";
+  }
+  if (refused === acceptedToken) {
+    return "The server no longer accepts your key or token: it may have been revoked or have expired. Sign in again.";
+  }
+  return "The server refused that key or token. Enter the right one.";
+}
+
 /**
  * A token other than `refused` (the one a request was just refused with):
  * the one another request already got, or the user's answer.
@@ -70,12 +101,12 @@ function tokenAfterRefusal(refused) {
       return Promise.reject(new ApiError(401, "unauthorized", "this server needs a token"));
     }
     storeToken(null);
-    const message = refused
-      ? "The server refused that token. Enter the right one."
-      : "This server needs an access token.";
-    asking = prompt(message)
+    asking = prompt(refusalMessage(refused))
       .then((given) => {
         storeToken(given);
+        for (const listener of signInListeners) {
+          listener();
+        }
         return given;
       })
       .finally(() => {
@@ -113,6 +144,11 @@ export async function api(path, { method = "GET", body, headers = {} } = {}) {
     if (response.status === 401) {
       await tokenAfterRefusal(sent);
       continue;
+    }
+    // Only a success proves the credential: an unknown route can answer
+    // 404 before any credential is checked.
+    if (sent && response.ok) {
+      acceptedToken = sent;
     }
     const text = await response.text();
     let json = null;

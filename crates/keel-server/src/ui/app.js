@@ -1,7 +1,8 @@
 // The web UI of keel serve: the session list (a drawer at phone width), the
 // new-session form and the chat view of the session named in the URL
 // (#/sessions/{id}), with its title, rename, delete and compact actions and
-// the per-message actions (edit, fork, regenerate) of chat.js. The
+// the per-message actions (edit, fork, regenerate) of chat.js; who the page
+// signed in as, and what its scopes allow, is principal.js's. The
 // conversation follows new content (follow.js), a fork shows what it
 // inherited (inherited.js), each session keeps its own draft (drafts.js),
 // and the panels and keyboard shortcuts are panels.js's.
@@ -9,7 +10,7 @@
 // Plain ES modules, no build step; served from the binary by
 // src/server/ui.rs. The API is docs/http-api.md.
 
-import { api, ApiError, newKey, sessionPath, setTokenPrompt } from "./api.js";
+import { api, ApiError, newKey, sessionPath } from "./api.js";
 import { ChatView, h } from "./chat.js";
 import { Drafts } from "./drafts.js";
 import { EventFeed } from "./feed.js";
@@ -18,6 +19,8 @@ import { groupByDay, isModelRefusal, offerModelSwitch } from "./sidebar.js";
 import { Follower } from "./follow.js";
 import { showInherited } from "./inherited.js";
 import { installPanels } from "./panels.js";
+import { actorLabel, loadPrincipal, onPrincipalChange, principalReady } from "./principal.js";
+import { installSignIn } from "./signin.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -111,49 +114,14 @@ function reportFailure(what, error) {
   notify(`${what}: ${error.message}`, "error");
 }
 
-// --- The token -------------------------------------------------------------
+// --- Signing in -------------------------------------------------------------
 
-setTokenPrompt(
-  (message) =>
-    new Promise((resolve, reject) => {
-      ui.tokenMessage.textContent = message;
-      ui.tokenInput.value = "";
-      let settled = false;
-      const finish = () => {
-        settled = true;
-        ui.tokenForm.removeEventListener("submit", submitted);
-        ui.tokenDialog.removeEventListener("close", closed);
-      };
-      const submitted = (event) => {
-        event.preventDefault();
-        const token = ui.tokenInput.value.trim();
-        if (!token) {
-          return;
-        }
-        finish();
-        ui.tokenDialog.close();
-        ui.askToken.hidden = true;
-        notify("");
-        resolve(token);
-      };
-      const closed = () => {
-        if (!settled) {
-          finish();
-          reject(new ApiError(401, "unauthorized", "no token was given"));
-        }
-      };
-      ui.tokenForm.addEventListener("submit", submitted);
-      ui.tokenDialog.addEventListener("close", closed);
-      if (!ui.tokenDialog.open) {
-        ui.tokenDialog.showModal();
-      }
-      ui.tokenInput.focus();
-    }),
-);
+installSignIn(ui, () => notify(""));
 
 ui.askToken.addEventListener("click", () => {
   ui.askToken.hidden = true;
   notify("");
+  loadPrincipal();
   loadSessions();
   if (current) {
     const id = current.id;
@@ -360,6 +328,7 @@ const drafts = new Drafts(ui.composerText);
 const chat = new ChatView({
   messages: ui.messages,
   timeline: ui.timelineList,
+  author: actorLabel,
   onApproval: async (callId, decision) => {
     const session = current;
     await api(`${sessionPath(session.id)}/submissions`, {
@@ -499,7 +468,8 @@ function openSession(id) {
       }
     },
   });
-  session.feed.start();
+  // Who sent what is told apart from the viewer once the viewer is known.
+  principalReady.then(() => session.feed.start());
   api(sessionPath(id))
     .then((info) => {
       if (current !== session) {
@@ -783,8 +753,20 @@ function route() {
 }
 
 window.addEventListener("hashchange", route);
+loadPrincipal();
 route();
 loadSessions();
+
+// Another principal signed in (another tenant, other scopes): the list and
+// the open session are shown again as it sees them.
+onPrincipalChange(() => {
+  loadSessions();
+  if (current) {
+    const id = current.id;
+    closeSession();
+    openSession(id);
+  }
+});
 
 /**
  * What a message sent while a turn runs will get, from the chosen busy

@@ -11,28 +11,17 @@
 // by `turn_rolled_back` (a regenerated answer) is hidden, whether the
 // events arrive live or are replayed from the log. User messages carry
 // Edit and Fork buttons, the last answer a Regenerate button; the page
-// (app.js) does what they ask through the `actions` it passes in.
+// (app.js) does what they ask through the `actions` it passes in. A message
+// sent, or an approval decided, by someone other than the viewer names them
+// (`submitted_by`, `decided_by`); buttons marked `data-needs` are hidden
+// when the viewer lacks that scope (principal.js).
 
 import { h } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { progressLabel, summary, Timeline } from "./timeline.js";
+import { closeActions, setCardState, showDecision, toolCard } from "./tool_card.js";
 
 export { h };
-
-/** Arguments as the model wrote them, indented when they are JSON. */
-function prettyArguments(text) {
-  try {
-    return JSON.stringify(JSON.parse(text), null, 2);
-  } catch {
-    return text;
-  }
-}
-
-const DECISION_LABELS = {
-  approve: "approved",
-  approve_for_session: "approved for the session",
-  deny: "denied",
-};
 
 const COMPACTION_REASONS = {
   threshold: "the context was getting full",
@@ -49,9 +38,17 @@ const REJECTED = {
   other: "A submission was rejected",
 };
 
-/** A small button of a message's action bar. */
+/** A small button of a message's action bar (each one submits). */
 function actionButton(label, ariaLabel, testId, onclick) {
-  return h("button", { type: "button", class: "action", "aria-label": ariaLabel, "data-testid": testId, text: label, onclick });
+  return h("button", {
+    type: "button",
+    class: "action",
+    "aria-label": ariaLabel,
+    "data-testid": testId,
+    "data-needs": "submit",
+    text: label,
+    onclick,
+  });
 }
 
 export class ChatView {
@@ -67,6 +64,8 @@ export class ChatView {
    * in. `actions` does what the
    * message buttons ask, each resolving once the server took it:
    * `edit(turnId, text)`, `fork(atSequence)`, `regenerate()`.
+   * `author(actor)` names who sent a message or decided an approval, or
+   * answers null when it was the viewer ("You").
    */
   constructor({
     messages,
@@ -78,6 +77,7 @@ export class ChatView {
     onLifecycle = () => {},
     onForked = () => {},
     actions = {},
+    author = () => null,
   }) {
     this.messages = messages;
     this.timeline = new Timeline(timeline);
@@ -88,6 +88,7 @@ export class ChatView {
     this.onLifecycle = onLifecycle;
     this.onForked = onForked;
     this.actions = actions;
+    this.author = author;
     // Streamed answers waiting for their next markdown render.
     this.pending = new Set();
     this.frame = null;
@@ -105,6 +106,8 @@ export class ChatView {
     this.queued = new Map();
     // The op type of each stored submission, to say what a refusal refused.
     this.ops = new Map();
+    // Who sent each stored submission (`submitted_by`), by submission id.
+    this.senders = new Map();
     this.running = null;
     this.lastTurn = null;
     this.waiting = new Set();
@@ -161,6 +164,9 @@ export class ChatView {
         if (event.submission_id && msg.op?.type) {
           this.ops.set(event.submission_id, msg.op.type);
         }
+        if (event.submission_id && msg.submitted_by) {
+          this.senders.set(event.submission_id, msg.submitted_by);
+        }
         if (msg.op?.type === "user_input" && this.running) {
           this.showQueued(event.submission_id, msg.op.text, msg.on_busy);
         }
@@ -181,7 +187,7 @@ export class ChatView {
       }
       case "user_message":
         this.dropQueued(event.submission_id);
-        this.userMessage(msg);
+        this.userMessage(msg, this.senders.get(event.submission_id));
         this.onUserMessage();
         break;
       case "model_step_started": {
@@ -228,7 +234,7 @@ export class ChatView {
       }
       case "approval_requested": {
         const card = this.card(msg.call_id, msg.name, msg.arguments, msg.turn_id);
-        this.setCardState(card, "awaiting", "waiting for approval");
+        setCardState(card, "awaiting", "waiting for approval");
         card.actions.hidden = false;
         this.waiting.add(msg.call_id);
         this.onTurn(msg.turn_id, "awaiting_approval");
@@ -237,10 +243,7 @@ export class ChatView {
       case "approval_decided": {
         const card = this.cards.get(msg.call_id);
         if (card) {
-          this.closeActions(card);
-          card.decision.textContent = `You ${DECISION_LABELS[msg.decision] ?? msg.decision} this call.`;
-          card.decision.hidden = false;
-          this.setCardState(card, msg.decision === "deny" ? "denied" : "approved", DECISION_LABELS[msg.decision]);
+          showDecision(card, msg.decision, this.author(msg.decided_by), msg.decided_by);
         }
         this.waiting.delete(msg.call_id);
         if (this.waiting.size === 0 && this.running) {
@@ -251,25 +254,25 @@ export class ChatView {
       case "tool_call_started": {
         const card = this.card(msg.call_id, msg.name, msg.arguments, msg.turn_id);
         if (card.root.dataset.state !== "denied") {
-          this.setCardState(card, "running", "running");
+          setCardState(card, "running", "running");
         }
         break;
       }
       case "tool_call_completed": {
         const card = this.card(msg.call_id, "tool", "", msg.turn_id);
-        this.closeActions(card);
+        closeActions(card);
         card.result.textContent = msg.output;
         card.result.classList.toggle("error", Boolean(msg.is_error));
         card.resultBox.hidden = false;
         card.root.classList.toggle("failed", Boolean(msg.is_error));
         const denied = card.root.dataset.state === "denied";
-        this.setCardState(card, msg.is_error ? "error" : "done", denied ? "denied" : msg.is_error ? "failed" : "done");
+        setCardState(card, msg.is_error ? "error" : "done", denied ? "denied" : msg.is_error ? "failed" : "done");
         break;
       }
       case "tool_call_progress": {
         const card = this.cards.get(msg.call_id);
         if (card && card.root.dataset.state === "running") {
-          this.setCardState(card, "running", progressLabel(msg));
+          setCardState(card, "running", progressLabel(msg));
         }
         break;
       }
@@ -337,7 +340,7 @@ export class ChatView {
   endTurn(turnId, sequence) {
     const turn = this.turn(turnId);
     for (const card of turn.cards) {
-      this.closeActions(card);
+      closeActions(card);
     }
     this.waiting.clear();
     turn.ended = sequence;
@@ -352,8 +355,8 @@ export class ChatView {
     this.onTurn(null, "idle");
   }
 
-  /** A user message, with its Edit and Fork buttons. */
-  userMessage(msg) {
+  /** A user message, with its Edit and Fork buttons; `sender` is its `submitted_by`. */
+  userMessage(msg, sender) {
     const turn = msg.turn_id ? this.turn(msg.turn_id) : null;
     const text = h("div", { class: "text", "data-testid": "message-text", text: msg.text });
     const actions = h("div", { class: "message-actions", role: "group", "aria-label": "Message actions" });
@@ -361,7 +364,7 @@ export class ChatView {
     const root = h(
       "li",
       { class: "message user", "data-testid": "user-message", "data-turn-id": msg.turn_id ?? "" },
-      h("div", { class: "who", text: "You" }),
+      h("div", { class: "who", "data-testid": "message-author", text: this.author(sender) ?? "You" }),
       text,
       actions,
       error,
@@ -643,95 +646,26 @@ export class ChatView {
     if (card) {
       return card;
     }
-    const nameElement = h("span", { class: "tool-name", "data-testid": "tool-name", text: name });
-    const status = h("span", { class: "badge", "data-testid": "tool-status" });
-    const args = h("pre", { class: "arguments", "data-testid": "tool-arguments", text: prettyArguments(argumentsText) });
-    const result = h("pre", { class: "result", "data-testid": "tool-result" });
-    const resultBox = h("div", { class: "result-box", hidden: true }, h("div", { class: "caption", text: "Result" }), result);
-    const decision = h("p", { class: "decision", "data-testid": "tool-decision", hidden: true });
-    const error = h("p", { class: "inline-error", role: "alert", "data-testid": "tool-error", hidden: true });
-    const buttons = [
-      ["approve", "Approve", "approve"],
-      ["approve_for_session", "Always", "approve-always"],
-      ["deny", "Deny", "deny"],
-    ].map(([decisionName, label, testId]) =>
-      h("button", {
-        type: "button",
-        class: decisionName === "deny" ? "danger" : decisionName === "approve" ? "primary" : "",
-        "data-testid": testId,
-        "data-decision": decisionName,
-        title:
-          decisionName === "approve_for_session"
-            ? `Approve this call and every later ${name} call in this session`
-            : undefined,
-        text: label,
-        onclick: () => this.decide(card, decisionName),
-      }),
-    );
-    const actions = h(
-      "div",
-      { class: "actions", role: "group", "aria-label": `Approve or deny the ${name} call`, hidden: true },
-      buttons,
-    );
-    const root = h(
-      "li",
-      { class: "tool-card", "data-testid": "tool-card", "data-call-id": callId },
-      h("div", { class: "tool-head" }, h("span", { class: "caption", text: "Tool call" }), nameElement, status),
-      args,
-      actions,
-      decision,
-      error,
-      resultBox,
-    );
+    card = toolCard(callId, name, argumentsText, (decision) => this.onApproval(callId, decision));
     const turn = turnId ?? this.running;
-    card = { root, status, result, resultBox, actions, buttons, decision, error, turnId: turn };
+    card.turnId = turn;
     this.cards.set(callId, card);
     if (turn) {
       this.turn(turn).cards.push(card);
     }
-    this.add(turn, root);
+    this.add(turn, card.root);
     return card;
-  }
-
-  setCardState(card, state, label) {
-    card.root.dataset.state = state;
-    card.status.textContent = label ?? state;
-  }
-
-  closeActions(card) {
-    card.actions.hidden = true;
-    for (const button of card.buttons) {
-      button.disabled = true;
-    }
-  }
-
-  async decide(card, decision) {
-    const callId = card.root.dataset.callId;
-    for (const button of card.buttons) {
-      button.disabled = true;
-    }
-    card.error.hidden = true;
-    try {
-      await this.onApproval(callId, decision);
-    } catch (error) {
-      card.error.textContent = `Could not send the decision: ${error.message}`;
-      card.error.hidden = false;
-      if (card.root.dataset.state === "awaiting") {
-        for (const button of card.buttons) {
-          button.disabled = false;
-        }
-      }
-    }
   }
 
   showQueued(submissionId, text, onBusy) {
     if (!submissionId || this.queued.has(submissionId)) {
       return;
     }
+    const who = this.author(this.senders.get(submissionId)) ?? "You";
     const element = h(
       "li",
       { class: "message user queued", "data-testid": "queued-message" },
-      h("div", { class: "who", text: `You (${onBusy === "steer" ? "steering" : "queued"})` }),
+      h("div", { class: "who", text: `${who} (${onBusy === "steer" ? "steering" : "queued"})` }),
       h("div", { class: "text", text }),
     );
     this.queued.set(submissionId, element);

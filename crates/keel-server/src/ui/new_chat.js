@@ -3,6 +3,7 @@
 // bot id and instructions folded under "More options". The form's submit
 // handler is app.js's; this module opens and closes the dialog.
 
+import { can } from "./principal.js";
 import { serverModels } from "./sidebar.js";
 
 const dialog = document.getElementById("new-chat-dialog");
@@ -32,8 +33,11 @@ async function offerModels() {
   }
 }
 
-/** Opens the dialog, the model field first. */
+/** Opens the dialog, the model field first (a principal that may submit only). */
 export function openNewChat() {
+  if (!can("submit")) {
+    return;
+  }
   if (!dialog.open) {
     dialog.showModal();
   }

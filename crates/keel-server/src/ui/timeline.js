@@ -18,6 +18,17 @@ export function progressLabel(msg) {
   return msg.message ? `running ${done}: ${shorten(msg.message, 40)}` : `running ${done}`;
 }
 
+/** ", by NAME (TENANT)" for a recorded principal, "" for none. */
+function byWhom(actor) {
+  if (!actor) {
+    return "";
+  }
+  if (actor.kind === "operator") {
+    return ", by the operator";
+  }
+  return `, by ${actor.name ?? actor.principal_id} (${actor.tenant})`;
+}
+
 /** A one-line summary of an event for the timeline. */
 export function summary(event) {
   const msg = event.msg ?? {};
@@ -37,7 +48,7 @@ export function summary(event) {
     case "tool_call_started":
       return `${msg.name} ${shorten(msg.arguments, 60)}`;
     case "approval_decided":
-      return `${msg.decision} ${msg.call_id}`;
+      return `${msg.decision} ${msg.call_id}${byWhom(msg.decided_by)}`;
     case "tool_call_completed":
       return `${msg.is_error ? "error: " : ""}${shorten(msg.output, 60)}`;
     case "tool_call_progress":
@@ -54,7 +65,7 @@ export function summary(event) {
     case "submission_rejected":
       return shorten(msg.reason);
     case "submission_queued":
-      return `${msg.op?.type ?? "op"}, on busy: ${msg.on_busy}`;
+      return `${msg.op?.type ?? "op"}, on busy: ${msg.on_busy}${byWhom(msg.submitted_by)}`;
     case "session_forked":
       return `from ${msg.parent_session_id} at ${msg.at_sequence}`;
     case "context_compacted":

@@ -20,6 +20,7 @@
 //! Following a turn's events is [`crate::turn`]'s, shared with `keel run`.
 
 mod commands;
+mod credential;
 mod input;
 mod line;
 mod local;
@@ -73,8 +74,14 @@ pub(crate) struct ChatArgs {
     server: Option<String>,
     /// A file holding the server's bearer token, with --server or on a
     /// database a server serves [default: $KEEL_TOKEN].
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
     token_file: Option<PathBuf>,
+    /// An API key (`keel keys create`) or a JWT from the server's identity
+    /// provider, sent as the bearer credential, with --server or on a
+    /// database a server serves [default: $KEEL_API_KEY, which keeps it out
+    /// of the process list].
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
     #[command(flatten)]
     model: ModelArgs,
     /// Standing instructions for the model (a system prompt) of a new

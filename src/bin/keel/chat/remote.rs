@@ -105,7 +105,7 @@ pub(crate) struct RemoteSession {
 /// Creates a session on the server (or finds the one to resume), reads its
 /// history and starts following its events.
 pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened> {
-    let token = token(args)?;
+    let token = super::credential::bearer(args)?;
     let mut base = server_url(server)?;
     if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
         bail!("invalid server URL '{server}': give http://HOST:PORT or https://…");
@@ -196,20 +196,6 @@ fn server_url(server: &str) -> anyhow::Result<Url> {
     };
     Url::parse(&url)
         .map_err(|error| anyhow!("invalid server URL '{server}': {error}; give http://HOST:PORT or https://…"))
-}
-
-/// The bearer token: the file's, or `KEEL_TOKEN`'s.
-fn token(args: &ChatArgs) -> anyhow::Result<Option<String>> {
-    if let Some(path) = &args.token_file {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("cannot read the token file {}", path.display()))?;
-        let token = text.trim();
-        anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
-        return Ok(Some(token.to_owned()));
-    }
-    Ok(std::env::var("KEEL_TOKEN")
-        .ok()
-        .filter(|token| !token.trim().is_empty()))
 }
 
 impl Api {
@@ -305,15 +291,13 @@ async fn check(response: Response) -> anyhow::Result<Response> {
         Ok(ErrorBody { error }) => (error.code, error.message),
         Err(_) => (String::new(), body.trim().chars().take(200).collect()),
     };
-    let text = if status == StatusCode::UNAUTHORIZED {
-        format!(
-            "the server refused the request (401 unauthorized): {message}; pass --token-file FILE or set KEEL_TOKEN"
-        )
-    } else if code.is_empty() {
-        format!("the server answered {status}: {message}")
-    } else {
-        format!("the server answered {status} ({code}): {message}")
-    };
+    let text = super::credential::refusal(status, &code, &message).unwrap_or_else(|| {
+        if code.is_empty() {
+            format!("the server answered {status}: {message}")
+        } else {
+            format!("the server answered {status} ({code}): {message}")
+        }
+    });
     Err(ApiError { status, text }.into())
 }
 

@@ -36,10 +36,13 @@ pub(super) async fn through_server(mut args: ChatArgs) -> anyhow::Result<ChatArg
     Ok(args)
 }
 
-/// `args` for a chat on the local database, where a token has no use.
+/// `args` for a chat on the local database, where a token or a key has no use.
 fn no_server(args: ChatArgs) -> anyhow::Result<ChatArgs> {
     if args.token_file.is_some() {
         bail!("--token-file is for a server's API: pass --server URL too");
+    }
+    if args.api_key.is_some() {
+        bail!("--api-key is for a server's API: pass --server URL too");
     }
     Ok(args)
 }
