@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -16,13 +17,14 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::Server;
+use super::auth::Principal;
 use super::error::{ApiError, ErrorBody};
 use super::extract::ApiQuery;
 use super::openapi::errors::route_errors;
 use super::routes::submissions::submit_op;
 use super::sse::checked_resume_point;
 use keel_agent::BusyPolicy;
-use keel_protocol::Op;
+use keel_protocol::{Actor, Op};
 
 /// The query of the upgrade request.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -106,6 +108,7 @@ route_errors!(
 pub(crate) async fn upgrade(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
+    Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<WsQuery>,
     upgrade: WebSocketUpgrade,
@@ -113,10 +116,12 @@ pub(crate) async fn upgrade(
     let after = checked_resume_point(&server, &id, &headers, query.after).await?;
     Ok(upgrade
         .max_message_size(server.body_limit)
-        .on_upgrade(move |socket| run(server, id, after, socket)))
+        .on_upgrade(move |socket| run(server, id, after, principal.actor, socket)))
 }
 
-async fn run(server: Arc<Server>, session_id: String, after: u64, mut socket: WebSocket) {
+/// Serves the socket; its submissions are recorded as sent by `actor`,
+/// the principal that opened it.
+async fn run(server: Arc<Server>, session_id: String, after: u64, actor: Actor, mut socket: WebSocket) {
     let mut subscription = server.host.subscribe(&session_id, after);
     loop {
         tokio::select! {
@@ -134,7 +139,7 @@ async fn run(server: Arc<Server>, session_id: String, after: u64, mut socket: We
             },
             frame = socket.recv() => match frame {
                 Some(Ok(Message::Text(text))) => {
-                    let reply = answer(&server, &session_id, text.as_str()).await;
+                    let reply = answer(&server, &session_id, &actor, text.as_str()).await;
                     let reply = serde_json::to_string(&reply).unwrap_or_default();
                     if socket.send(Message::text(reply)).await.is_err() {
                         return;
@@ -160,7 +165,7 @@ async fn run(server: Arc<Server>, session_id: String, after: u64, mut socket: We
 }
 
 /// Submits the op of one frame and builds the reply.
-async fn answer(server: &Server, session_id: &str, text: &str) -> Reply {
+async fn answer(server: &Server, session_id: &str, actor: &Actor, text: &str) -> Reply {
     let frame = match serde_json::from_str::<SubmitFrame>(text) {
         Ok(frame) => frame,
         Err(error) => {
@@ -174,7 +179,16 @@ async fn answer(server: &Server, session_id: &str, text: &str) -> Reply {
             };
         }
     };
-    match submit_op(server, session_id, frame.op, frame.on_busy, frame.idempotency_key).await {
+    match submit_op(
+        server,
+        session_id,
+        frame.op,
+        frame.on_busy,
+        frame.idempotency_key,
+        actor.clone(),
+    )
+    .await
+    {
         Ok(accepted) => Reply::SubmissionAccepted {
             request_id: frame.request_id,
             submission_id: accepted.submission_id,

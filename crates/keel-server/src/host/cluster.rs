@@ -34,7 +34,7 @@ use super::{Host, RelayKey};
 use crate::error::ApiError;
 use crate::settings::SessionSettings;
 use keel_agent::{Accepted, BusyPolicy, LeaseOwner, SubmitOptions, answer_keyed, key_reused};
-use keel_protocol::{Op, new_id};
+use keel_protocol::{Actor, Op, new_id};
 use keel_store::{ClusterStore, Lease, RelayState, Relayed, RelayedSubmission, StoreError};
 use keel_store::{LogNotice, NoticeListener};
 use tokio::sync::futures::Notified;
@@ -97,6 +97,7 @@ impl Host {
         op: Op,
         on_busy: Option<BusyPolicy>,
         idempotency_key: Option<String>,
+        submitted_by: Actor,
     ) -> Result<Accepted, ApiError> {
         let summary = self
             .store
@@ -107,11 +108,17 @@ impl Host {
             Some(policy) => policy,
             None => SessionSettings::stored(session_id, &summary.context)?.on_busy,
         };
+        // Carried to the owner with the submission once the store keeps it.
+        let _submitted_by = super::acting_for(submitted_by, &summary.context.tenant);
         if let Some(key) = &idempotency_key
             && let Some(earlier) = self.store.keyed_submission(session_id, key).await?
         {
             return Ok(answer_keyed(self.store.as_ref(), session_id, key, earlier, &op, on_busy).await?);
         }
+        // The ledger is shared: this node refuses what the owner would.
+        let idle = summary.running_turn_id.is_none();
+        let tenant = &summary.context.tenant;
+        self.factory.budgets.admit(tenant, session_id, &op, idle).await?;
         let submission = RelayedSubmission {
             relay_id: 0,
             submission_id: new_id(),

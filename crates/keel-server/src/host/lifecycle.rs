@@ -89,6 +89,7 @@ impl Host {
         context: SessionContext,
         held: Option<(Lease, LeaseClock)>,
     ) -> Result<Arc<LiveSession>, ApiError> {
+        let tenant = context.tenant.clone();
         let mut config = self.factory.agent_config(session_id, &settings, context).await?;
         // A clock of the session's own, started before its claim (the
         // host's, or the session's own for a new one): the renewals that
@@ -103,6 +104,7 @@ impl Host {
         let session = Arc::new(LiveSession {
             handle: agent.handle(),
             settings,
+            tenant,
             hub: self.hubs.get(session_id),
             users: AtomicUsize::new(0),
             last_active: Arc::new(Mutex::new(Instant::now())),

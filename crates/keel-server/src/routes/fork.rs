@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::{Path, State};
 use serde::Deserialize;
 use utoipa::openapi::RefOr;
@@ -12,6 +13,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 use super::sessions::{Created, SessionView, check_id};
 use crate::Server;
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::openapi::errors::{BODY, CEILING, LOADING, QUEUEING, route_errors};
@@ -139,6 +141,7 @@ route_errors!(
 pub(crate) async fn fork(
     State(server): State<Arc<Server>>,
     Path(parent): Path<String>,
+    Extension(principal): Extension<Principal>,
     ApiJson(request): ApiJson<ForkSession>,
 ) -> Result<Created, ApiError> {
     let id = request.id.unwrap_or_else(new_id);
@@ -184,7 +187,7 @@ pub(crate) async fn fork(
     // fork's own log); a plain fork by the conversation it holds.
     match message {
         Some(op) => {
-            submit_op(&server, &id, op, None, None).await?;
+            submit_op(&server, &id, op, None, None, principal.actor).await?;
         }
         None => title_from_history(&server, &id).await?,
     }

@@ -1,5 +1,6 @@
 //! The routes of the API (see `docs/http-api.md`).
 
+pub(crate) mod budgets;
 pub(crate) mod events;
 pub(crate) mod fork;
 pub(crate) mod models;
@@ -51,6 +52,16 @@ pub(crate) fn documented() -> Documented {
             .routes(routes!(sse::stream))
             .routes(routes!(ws::upgrade))
             .routes(routes!(usage::show))
+            .routes(routes!(
+                budgets::show_tenant,
+                budgets::set_tenant,
+                budgets::delete_tenant
+            ))
+            .routes(routes!(
+                budgets::show_session,
+                budgets::set_session,
+                budgets::delete_session
+            ))
             .routes(routes!(models::list)),
         v1_open: OpenApiRouter::new().routes(routes!(describe)),
         metrics: OpenApiRouter::new().routes(routes!(ops::metrics)),

@@ -1,0 +1,331 @@
+//! `GET/PUT/DELETE /v1/tenants/{tenant}/budget` and
+//! `GET/PUT/DELETE /v1/sessions/{id}/budget`: budgets over the admin API.
+//!
+//! A budget set here is stored (every node reads it within a second) and
+//! wins over keel.toml's `[tenants.<id>.budget]` for its tenant; deleting it
+//! gives keel.toml's back. Each answer shows the budget that applies now,
+//! where it comes from, what was spent and whether a limit is spent.
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::Json;
+use axum::extract::{Path, State};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::Server;
+use crate::auth::{Principal, Scope};
+use crate::budget::{Exhausted, Source, Spend};
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::openapi::errors::{BODY, route_errors};
+use keel_config::BudgetConfig;
+use keel_store::BudgetTarget;
+
+/// The longest tenant name.
+const MAX_TENANT_BYTES: usize = 128;
+
+/// A budget: every limit is optional, and only those given apply.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"total_tokens_per_day": 200000, "max_concurrent_turns": 4}))]
+pub(crate) struct BudgetBody {
+    /// Prompt tokens in the last 24 hours (hourly buckets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    input_tokens_per_day: Option<u64>,
+    /// Generated tokens in the last 24 hours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    output_tokens_per_day: Option<u64>,
+    /// Prompt and generated tokens in the last 24 hours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    total_tokens_per_day: Option<u64>,
+    /// Prompt tokens, ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    input_tokens: Option<u64>,
+    /// Generated tokens, ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    output_tokens: Option<u64>,
+    /// Prompt and generated tokens, ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    total_tokens: Option<u64>,
+    /// The most turns the tenant's sessions run at once, on every node (a
+    /// tenant's budget only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_concurrent_turns: Option<u64>,
+}
+
+impl From<BudgetBody> for BudgetConfig {
+    fn from(body: BudgetBody) -> Self {
+        Self {
+            input_tokens_per_day: body.input_tokens_per_day,
+            output_tokens_per_day: body.output_tokens_per_day,
+            total_tokens_per_day: body.total_tokens_per_day,
+            input_tokens: body.input_tokens,
+            output_tokens: body.output_tokens,
+            total_tokens: body.total_tokens,
+            max_concurrent_turns: body.max_concurrent_turns,
+        }
+    }
+}
+
+impl From<BudgetConfig> for BudgetBody {
+    fn from(budget: BudgetConfig) -> Self {
+        Self {
+            input_tokens_per_day: budget.input_tokens_per_day,
+            output_tokens_per_day: budget.output_tokens_per_day,
+            total_tokens_per_day: budget.total_tokens_per_day,
+            input_tokens: budget.input_tokens,
+            output_tokens: budget.output_tokens,
+            total_tokens: budget.total_tokens,
+            max_concurrent_turns: budget.max_concurrent_turns,
+        }
+    }
+}
+
+/// A tenant's or a session's budget as it applies now.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BudgetView {
+    /// The tenant (the session's, for a session's budget).
+    tenant: String,
+    /// The session, for a session's budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<String>,
+    /// The budget that applies; `null` when none does.
+    budget: Option<BudgetBody>,
+    /// Where it comes from: set over this API, or keel.toml's
+    /// `[tenants.<id>.budget]`; `null` when none applies.
+    source: Option<Source>,
+    /// What was spent: in the rolling day (the last 24 hourly buckets by
+    /// the server's clock) and ever.
+    spend: Spend,
+    /// The turns the tenant runs now, on every node (a tenant's budget
+    /// only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    running_turns: Option<u64>,
+    /// The first of its limits that is spent, as a refused submission
+    /// would name it; `null` when none is.
+    exhausted: Option<Exhausted>,
+}
+
+route_errors!(
+    /// What a tenant's budget route can answer besides `200`.
+    TenantBudgetErrors: ["invalid_request", "missing_scope_admin", "unavailable"]
+);
+
+route_errors!(
+    /// What setting a tenant's budget can answer besides `200`.
+    SetTenantBudgetErrors: BODY,
+    ["missing_scope_admin", "unavailable"]
+);
+
+route_errors!(
+    /// What a session's budget route can answer besides `200`.
+    SessionBudgetErrors: ["not_found", "missing_scope_admin", "unavailable"]
+);
+
+route_errors!(
+    /// What setting a session's budget can answer besides `200`.
+    SetSessionBudgetErrors: BODY,
+    ["not_found", "missing_scope_admin", "unavailable"]
+);
+
+/// `GET /v1/tenants/{tenant}/budget`.
+#[utoipa::path(
+    get,
+    path = "/tenants/{tenant}/budget",
+    tag = "usage",
+    operation_id = "get_tenant_budget",
+    summary = "A tenant's budget",
+    description = "The budget that applies to the tenant's sessions (set over the API, else keel.toml's), what \
+        they spent in the rolling day and ever, the turns they run, and the limit spent if one is. Needs `admin`.",
+    params(("tenant" = String, Path, description = "The tenant.")),
+    responses((status = 200, description = "The budget.", body = BudgetView), TenantBudgetErrors),
+)]
+pub(crate) async fn show_tenant(
+    State(server): State<Arc<Server>>,
+    Path(tenant): Path<String>,
+    Extension(principal): Extension<Principal>,
+) -> Result<Json<BudgetView>, ApiError> {
+    principal.require(Scope::Admin)?;
+    check_tenant(&tenant)?;
+    Ok(Json(view(&server, tenant, None).await?))
+}
+
+/// `PUT /v1/tenants/{tenant}/budget`.
+#[utoipa::path(
+    put,
+    path = "/tenants/{tenant}/budget",
+    tag = "usage",
+    operation_id = "set_tenant_budget",
+    summary = "Set a tenant's budget",
+    description = "Stores the tenant's budget, which then applies on every node (within a second) instead of \
+        keel.toml's. Needs `admin`.",
+    params(("tenant" = String, Path, description = "The tenant.")),
+    request_body(content = BudgetBody, content_type = "application/json"),
+    responses((status = 200, description = "The budget as it applies now.", body = BudgetView), SetTenantBudgetErrors),
+)]
+pub(crate) async fn set_tenant(
+    State(server): State<Arc<Server>>,
+    Path(tenant): Path<String>,
+    Extension(principal): Extension<Principal>,
+    ApiJson(body): ApiJson<BudgetBody>,
+) -> Result<Json<BudgetView>, ApiError> {
+    principal.require(Scope::Admin)?;
+    check_tenant(&tenant)?;
+    let target = BudgetTarget::Tenant(tenant.clone());
+    server.host.factory.budgets.set(&target, Some(&body.into())).await?;
+    Ok(Json(view(&server, tenant, None).await?))
+}
+
+/// `DELETE /v1/tenants/{tenant}/budget`.
+#[utoipa::path(
+    delete,
+    path = "/tenants/{tenant}/budget",
+    tag = "usage",
+    operation_id = "delete_tenant_budget",
+    summary = "Remove a tenant's budget",
+    description = "Removes the budget set over the API; keel.toml's applies again, if it has one. Needs `admin`.",
+    params(("tenant" = String, Path, description = "The tenant.")),
+    responses((status = 200, description = "The budget as it applies now.", body = BudgetView), TenantBudgetErrors),
+)]
+pub(crate) async fn delete_tenant(
+    State(server): State<Arc<Server>>,
+    Path(tenant): Path<String>,
+    Extension(principal): Extension<Principal>,
+) -> Result<Json<BudgetView>, ApiError> {
+    principal.require(Scope::Admin)?;
+    check_tenant(&tenant)?;
+    let target = BudgetTarget::Tenant(tenant.clone());
+    server.host.factory.budgets.set(&target, None).await?;
+    Ok(Json(view(&server, tenant, None).await?))
+}
+
+/// `GET /v1/sessions/{id}/budget`.
+#[utoipa::path(
+    get,
+    path = "/sessions/{id}/budget",
+    tag = "usage",
+    operation_id = "get_session_budget",
+    summary = "A session's budget",
+    description = "The session's own budget (besides its tenant's), what it spent in the rolling day and ever, \
+        and the limit spent if one is. Needs `admin`.",
+    params(("id" = String, Path, description = "The session's id.")),
+    responses((status = 200, description = "The budget.", body = BudgetView), SessionBudgetErrors),
+)]
+pub(crate) async fn show_session(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    Extension(principal): Extension<Principal>,
+) -> Result<Json<BudgetView>, ApiError> {
+    principal.require(Scope::Admin)?;
+    let tenant = session_tenant(&server, &id).await?;
+    Ok(Json(view(&server, tenant, Some(id)).await?))
+}
+
+/// `PUT /v1/sessions/{id}/budget`.
+#[utoipa::path(
+    put,
+    path = "/sessions/{id}/budget",
+    tag = "usage",
+    operation_id = "set_session_budget",
+    summary = "Set a session's budget",
+    description = "Stores a budget of the session's own, which applies on every node (within a second) besides \
+        its tenant's. Needs `admin`.",
+    params(("id" = String, Path, description = "The session's id.")),
+    request_body(content = BudgetBody, content_type = "application/json"),
+    responses((status = 200, description = "The budget as it applies now.", body = BudgetView), SetSessionBudgetErrors),
+)]
+pub(crate) async fn set_session(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    Extension(principal): Extension<Principal>,
+    ApiJson(body): ApiJson<BudgetBody>,
+) -> Result<Json<BudgetView>, ApiError> {
+    principal.require(Scope::Admin)?;
+    let tenant = session_tenant(&server, &id).await?;
+    let target = BudgetTarget::Session(id.clone());
+    server.host.factory.budgets.set(&target, Some(&body.into())).await?;
+    Ok(Json(view(&server, tenant, Some(id)).await?))
+}
+
+/// `DELETE /v1/sessions/{id}/budget`.
+#[utoipa::path(
+    delete,
+    path = "/sessions/{id}/budget",
+    tag = "usage",
+    operation_id = "delete_session_budget",
+    summary = "Remove a session's budget",
+    description = "Removes the session's own budget; its tenant's still applies. Needs `admin`.",
+    params(("id" = String, Path, description = "The session's id.")),
+    responses((status = 200, description = "The budget as it applies now.", body = BudgetView), SessionBudgetErrors),
+)]
+pub(crate) async fn delete_session(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    Extension(principal): Extension<Principal>,
+) -> Result<Json<BudgetView>, ApiError> {
+    principal.require(Scope::Admin)?;
+    let tenant = session_tenant(&server, &id).await?;
+    let target = BudgetTarget::Session(id.clone());
+    server.host.factory.budgets.set(&target, None).await?;
+    Ok(Json(view(&server, tenant, Some(id)).await?))
+}
+
+/// A tenant name as the API takes it: 1 to 128 bytes, no control
+/// characters.
+fn check_tenant(tenant: &str) -> Result<(), ApiError> {
+    if tenant.is_empty() || tenant.len() > MAX_TENANT_BYTES || tenant.chars().any(char::is_control) {
+        return Err(ApiError::InvalidRequest(format!(
+            "a tenant must be 1 to {MAX_TENANT_BYTES} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// The tenant of session `id`; `404` when there is no such session.
+async fn session_tenant(server: &Server, id: &str) -> Result<String, ApiError> {
+    let summary = server
+        .host
+        .store
+        .session_summary(id)
+        .await?
+        .ok_or_else(|| ApiError::unknown_session(id))?;
+    Ok(summary.context.tenant)
+}
+
+/// The budget of `tenant`, or of its session `session_id`, as it applies
+/// now, with what was spent.
+async fn view(server: &Server, tenant: String, session_id: Option<String>) -> Result<BudgetView, ApiError> {
+    let budgets = &server.host.factory.budgets;
+    let access = budgets.access()?;
+    let target = match &session_id {
+        Some(id) => BudgetTarget::Session(id.clone()),
+        None => BudgetTarget::Tenant(tenant.clone()),
+    };
+    let applying = budgets.applying(&target);
+    let spend = budgets.spend(&target, true).await?;
+    let running_turns = match &session_id {
+        None => Some(access.running_turns(&tenant).await?),
+        Some(_) => None,
+    };
+    let exhausted = match applying {
+        Some((budget, _)) => {
+            let owner = crate::budget::Owner {
+                tenant: &tenant,
+                session_id: session_id.as_deref(),
+            };
+            crate::budget::first_exhausted(&budget, &spend, owner)
+        }
+        None => None,
+    };
+    Ok(BudgetView {
+        tenant,
+        session_id,
+        budget: applying.map(|(budget, _)| budget.into()),
+        source: applying.map(|(_, source)| source),
+        spend,
+        running_turns,
+        exhausted,
+    })
+}
