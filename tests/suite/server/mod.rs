@@ -2,6 +2,7 @@
 //! `127.0.0.1:0` listener, and the binary as a process where restarts and
 //! signals matter. Real SQLite files, the scripted model, no mocks.
 
+mod audit;
 mod auth;
 mod bots;
 mod ceiling;
