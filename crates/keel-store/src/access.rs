@@ -38,6 +38,39 @@ pub enum BudgetTarget {
     Session(String),
 }
 
+impl BudgetTarget {
+    /// The `(kind, id)` a store keys the target's rows by.
+    pub(crate) fn key(&self) -> (&'static str, &str) {
+        match self {
+            BudgetTarget::Tenant(tenant) => (TENANT_KIND, tenant),
+            BudgetTarget::Session(session_id) => (SESSION_KIND, session_id),
+        }
+    }
+
+    /// The target a stored `(kind, id)` names; `None` for a kind this
+    /// build does not know.
+    pub(crate) fn from_key(kind: &str, id: String) -> Option<Self> {
+        match kind {
+            TENANT_KIND => Some(BudgetTarget::Tenant(id)),
+            SESSION_KIND => Some(BudgetTarget::Session(id)),
+            _ => None,
+        }
+    }
+}
+
+/// The stored kind of a [`BudgetTarget::Tenant`].
+pub(crate) const TENANT_KIND: &str = "tenant";
+/// The stored kind of a [`BudgetTarget::Session`].
+pub(crate) const SESSION_KIND: &str = "session";
+
+/// The start of the hour `at_ms` falls in: the ledger's bucket.
+pub(crate) fn hour_of(at_ms: u64) -> u64 {
+    at_ms - at_ms % HOUR_MS
+}
+
+/// An hour, in milliseconds.
+pub(crate) const HOUR_MS: u64 = 3_600_000;
+
 /// Token usage recorded in one hour, for rolling windows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageBucket {
@@ -52,21 +85,27 @@ pub struct UsageBucket {
 /// Usage is written by the store itself: every `token_usage` event (and a
 /// `context_compacted` one that carries usage) committed in a batch adds
 /// its tokens to the ledger of its session's tenant and of the session, in
-/// the same transaction, stamped with the event's `recorded_at_ms`.
+/// the same transaction, stamped with the event's `recorded_at_ms` (the
+/// commit's time, by the writing store's clock). A batch that is refused
+/// (fenced, stale, unknown session) adds nothing. Deleting a session drops
+/// its own ledger and its budget, never its tenant's ledger: a tenant's
+/// spending cannot be undone by deleting sessions.
 pub trait AccessStore: Send + Sync {
-    /// Stores a new key. [`StoreError::Exists`] (writing nothing) when its
-    /// id or hash is taken.
+    /// Stores a new key, exactly as given (the caller hashes the secret).
+    /// [`StoreError::Exists`] (carrying the key's id, writing nothing) when
+    /// its id or hash is taken.
     fn create_api_key<'a>(&'a self, key: &'a ApiKeyRecord) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Every key, revoked and expired ones included, oldest first.
     fn api_keys(&self) -> BoxFuture<'_, Result<Vec<ApiKeyRecord>, StoreError>>;
 
-    /// Revokes a key at `at_ms` (a second revocation keeps the first time).
-    /// Returns whether the key exists.
+    /// Revokes a key at `at_ms` (a second revocation keeps the first time
+    /// and leaves the revision as it is). Returns whether the key exists.
     fn revoke_api_key<'a>(&'a self, id: &'a str, at_ms: u64) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Records when keys were last used (`(id, at_ms)`; a later time only
-    /// ever replaces an earlier one). Unknown ids are ignored.
+    /// ever replaces an earlier one). Unknown ids are ignored. Does not
+    /// bump the revision.
     fn touch_api_keys<'a>(&'a self, used: &'a [(String, u64)]) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A number that grows whenever a key is created or revoked or a budget
@@ -75,7 +114,7 @@ pub trait AccessStore: Send + Sync {
     fn access_revision(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
 
     /// Every budget set over the API, as its JSON (the store does not read
-    /// it).
+    /// it), ordered by target.
     fn budgets(&self) -> BoxFuture<'_, Result<Vec<(BudgetTarget, String)>, StoreError>>;
 
     /// Sets (`Some`) or removes (`None`) a budget, and bumps the revision.
@@ -96,6 +135,8 @@ pub trait AccessStore: Send + Sync {
     /// All the usage ever recorded for a tenant or a session.
     fn usage_total<'a>(&'a self, target: &'a BudgetTarget) -> BoxFuture<'a, Result<TokenUsage, StoreError>>;
 
-    /// How many sessions of `tenant` have a turn in flight, on any node.
+    /// How many sessions of `tenant` have a turn in flight, on any node (a
+    /// stored turn execution: from the checkpoint write that starts a turn
+    /// to the one that ends it).
     fn running_turns<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
 }

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use keel_protocol::{BusyPolicy, Op, StoreError};
+use keel_protocol::{Actor, BusyPolicy, Op, StoreError};
 use serde::{Deserialize, Serialize};
 
 use crate::NoticeListener;
@@ -34,6 +34,10 @@ pub struct RelayedSubmission {
     /// submissions as among the queued ones.
     #[serde(skip)]
     pub idempotency_key: Option<String>,
+    /// The principal that made the submission on the accepting node,
+    /// stored with the op (rows stored before it existed read as `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<Actor>,
     /// The accepting node's seal over the rest (see the server's
     /// `RelayKey`), stored with the op; the store keeps it as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -12,11 +12,28 @@
 //! a test that needs to look at how a backend stores things is not a
 //! contract test.
 
+mod access;
 mod activity;
+mod tenants;
+
+pub(crate) use access::{
+    a_refused_batch_adds_nothing_to_the_ledger, a_revocation_keeps_its_first_time_and_touches_only_move_forward,
+    access_conformance_tests, budgets_are_set_replaced_and_removed_for_every_handle,
+    concurrent_sessions_of_one_tenant_all_count_in_its_ledger,
+    deleting_a_session_drops_its_ledger_and_budget_but_not_its_tenants_spending,
+    keys_are_stored_exactly_as_given_unique_by_id_and_by_hash,
+    running_turns_counts_the_sessions_of_a_tenant_with_a_turn_in_flight,
+    the_ledger_sums_the_usage_of_committed_batches_by_tenant_session_and_hour,
+    the_revision_grows_with_every_change_of_keys_or_budgets_and_only_then, used,
+};
 
 pub(crate) use activity::{
     a_walk_by_activity_lists_no_session_twice_and_misses_none_left_alone,
     sessions_by_activity_put_the_latest_written_first_page_by_page,
+};
+pub(crate) use tenants::{
+    sessions_keep_the_tenant_they_were_made_for_and_are_listed_by_tenant_page_by_page, tenant_checkpoint,
+    usage_is_summed_per_session_of_a_filter,
 };
 
 use std::future::Future;
@@ -128,6 +145,8 @@ macro_rules! store_conformance_tests {
             $crate::conformance::store_conformance_tests!(@test renew_extends_the_leases_still_held_and_reports_the_lost_ones, $factory);
             $crate::conformance::store_conformance_tests!(@test release_lets_another_owner_claim_at_once, $factory);
             $crate::conformance::store_conformance_tests!(@test sessions_to_take_over_lists_sessions_with_work_and_no_live_owner, $factory);
+            $crate::conformance::store_conformance_tests!(@test sessions_keep_the_tenant_they_were_made_for_and_are_listed_by_tenant_page_by_page, $factory);
+            $crate::conformance::store_conformance_tests!(@test usage_is_summed_per_session_of_a_filter, $factory);
         }
     };
     (@test $name:ident, $factory:expr) => {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 #[cfg(feature = "postgres")]
 use crate::PostgresCheckpoint;
-use crate::{CheckpointStore, ClusterStore, LeaseStore, SqliteCheckpoint, SqliteOptions, StoreError};
+use crate::{AccessStore, CheckpointStore, ClusterStore, LeaseStore, SqliteCheckpoint, SqliteOptions, StoreError};
 
 /// libpq's keywords that start a `key=value` connection string.
 const POSTGRES_KEYWORDS: [&str; 7] = ["host", "hostaddr", "port", "dbname", "user", "password", "service"];
@@ -88,6 +88,8 @@ pub struct OpenedStore {
     pub store: Arc<dyn CheckpointStore>,
     /// Owned leases, on backends that several processes share (both).
     pub leases: Arc<dyn LeaseStore>,
+    /// API keys, budgets and the usage ledger (both backends).
+    pub access: Arc<dyn AccessStore>,
     /// Relaying and notices between nodes; `None` on a backend that runs
     /// one node (SQLite).
     pub cluster: Option<Arc<dyn ClusterStore>>,
@@ -136,6 +138,7 @@ pub async fn open_at(location: &Location, options: OpenOptions) -> Result<Opened
             Ok(OpenedStore {
                 store: store.clone(),
                 leases: store.clone(),
+                access: store.clone(),
                 cluster: None,
                 backend: Backend::Sqlite(store),
             })
@@ -146,6 +149,7 @@ pub async fn open_at(location: &Location, options: OpenOptions) -> Result<Opened
             Ok(OpenedStore {
                 store: store.clone(),
                 leases: store.clone(),
+                access: store.clone(),
                 cluster: Some(store.clone()),
                 backend: Backend::Postgres(store),
             })
@@ -195,5 +199,6 @@ mod tests {
         assert!(opened.cluster.is_none());
         assert!(matches!(opened.backend, Backend::Sqlite(_)));
         assert!(opened.store.session_summary("s").await.expect("summary").is_none());
+        assert_eq!(opened.access.access_revision().await.expect("revision"), 0);
     }
 }

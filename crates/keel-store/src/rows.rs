@@ -6,7 +6,7 @@
 use serde::de::DeserializeOwned;
 
 use super::StoreError;
-use crate::{Checkpoint, EventPage, SessionListPage, SessionSummary, TurnExecution};
+use crate::{Checkpoint, EventPage, SessionFilter, SessionListPage, SessionSummary, TurnExecution};
 use keel_protocol::{Event, RecordedEvent, TranscriptItem};
 
 /// A stored JSON value as read: its JSON bytes, or why they could not be
@@ -80,6 +80,26 @@ pub(crate) struct SummaryRow {
     pub(crate) updated_at_ms: u64,
     pub(crate) last_sequence: u64,
     pub(crate) title: Option<String>,
+    /// The tenant stored with the session, which the summary reports
+    /// (rather than the checkpoint's copy).
+    pub(crate) tenant: String,
+}
+
+/// The conditions a [`SessionFilter`] adds to a listing's `WHERE`
+/// (`" AND bot_id = ?3 AND tenant = ?4"`), numbering its parameters from
+/// `first` with the backend's placeholder `mark` (`?` or `$`), and their
+/// values in that order. Only the filters given appear, so the query can
+/// use the index of the one it has.
+pub(crate) fn filter_clause<'f>(filter: SessionFilter<'f>, mark: char, first: usize) -> (String, Vec<&'f str>) {
+    let mut clause = String::new();
+    let mut values = Vec::new();
+    for (column, value) in [("bot_id", filter.bot_id), ("tenant", filter.tenant)] {
+        if let Some(value) = value {
+            clause.push_str(&format!(" AND {column} = {mark}{}", first + values.len()));
+            values.push(value);
+        }
+    }
+    (clause, values)
 }
 
 impl SummaryRow {
@@ -140,7 +160,8 @@ impl SummaryRow {
     pub(crate) fn decode(self) -> Result<SessionSummary, StoreError> {
         let session_id = self.session_id;
         let what = || format!("checkpoint of session '{session_id}'");
-        let checkpoint: Checkpoint = decode(&self.checkpoint, what)?;
+        let mut checkpoint: Checkpoint = decode(&self.checkpoint, what)?;
+        checkpoint.session_context.tenant = self.tenant;
         let execution: Option<TurnExecution> = self.execution.map(|json| decode(&json, what)).transpose()?;
         let (running_turn_id, awaiting_approval) = match execution {
             Some(execution) => (Some(execution.turn_id), execution.awaiting_approval),

@@ -283,9 +283,27 @@ pub struct EncodedEvent {
     pub queue: Option<QueueChange>,
     /// The title a `user_message` event gives a session that has none yet.
     pub title: Option<String>,
+    /// The tokens a `token_usage` event (or a `context_compacted` one that
+    /// carries usage) reports, which the store adds to the usage ledger
+    /// (see [`crate::AccessStore`]); `None` for every other event, so a
+    /// batch without usage costs the ledger nothing.
+    pub usage: Option<TokenUsage>,
 }
 
 impl EncodedEvent {
+    /// The tokens a batch of events reports, summed; `None` when none of
+    /// them reports any.
+    pub(crate) fn batch_usage(events: &[EncodedEvent]) -> Option<TokenUsage> {
+        events
+            .iter()
+            .filter_map(|event| event.usage.as_ref())
+            .fold(None, |total, usage| {
+                let mut total = total.unwrap_or_default();
+                total.add(usage);
+                Some(total)
+            })
+    }
+
     /// Serializes an event. A `submission_queued` event carries the
     /// submission to store in the queue.
     pub fn encode(event: &Event) -> Result<Self, StoreError> {
@@ -312,7 +330,17 @@ impl EncodedEvent {
             EventMsg::UserMessage(message) => title_of(&message.text),
             _ => None,
         };
-        Ok(Self { json, queue, title })
+        let usage = match &event.msg {
+            EventMsg::TokenUsage(step) => Some(step.usage),
+            EventMsg::ContextCompacted(compacted) => compacted.usage,
+            _ => None,
+        };
+        Ok(Self {
+            json,
+            queue,
+            title,
+            usage,
+        })
     }
 }
 

@@ -21,20 +21,20 @@ pub struct SessionUsage {
     pub usage: TokenUsage,
 }
 
-/// The token usage of every session (of bot `bot_id` when given), newest
+/// The token usage of every session `filter` admits (a bot's, a tenant's), newest
 /// created first: all of it, or only the steps recorded at or after
 /// `since_ms` (milliseconds since the Unix epoch). Sessions with nothing in
 /// the window are left out.
 pub async fn session_usage(
     store: &dyn CheckpointStore,
-    bot_id: Option<&str>,
+    filter: SessionFilter<'_>,
     since_ms: Option<u64>,
 ) -> Result<Vec<SessionUsage>, StoreError> {
     let mut found = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
         let page = store
-            .list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, SessionFilter::bot(bot_id))
+            .list_sessions_page(cursor.as_deref(), MAX_EVENT_PAGE, filter)
             .await?;
         for summary in page.sessions {
             let usage = match since_ms {

@@ -125,6 +125,7 @@ impl Host {
             op,
             on_busy: Some(on_busy),
             idempotency_key,
+            submitted_by: None,
             seal: None,
         };
         let submission = RelayedSubmission {

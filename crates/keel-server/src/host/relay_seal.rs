@@ -122,6 +122,7 @@ mod tests {
             },
             on_busy: None,
             idempotency_key: Some("key-1".into()),
+            submitted_by: None,
             seal: None,
         }
     }

@@ -202,6 +202,7 @@ mod tests {
             op: Op::Interrupt { turn_id: None },
             on_busy: Some(BusyPolicy::Queue),
             idempotency_key: None,
+            submitted_by: None,
             seal: None,
         };
         assert!(matches!(

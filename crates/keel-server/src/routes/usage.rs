@@ -88,7 +88,12 @@ pub(crate) async fn show(
     if let Some(bot_id) = &query.bot_id {
         super::sessions::check_bot_id(bot_id)?;
     }
-    let found = session_usage(server.host.store.as_ref(), query.bot_id.as_deref(), query.since).await?;
+    let found = session_usage(
+        server.host.store.as_ref(),
+        keel_store::SessionFilter::bot(query.bot_id.as_deref()),
+        query.since,
+    )
+    .await?;
     let mut total = TokenUsage::default();
     let mut bots: BTreeMap<String, BotLine> = BTreeMap::new();
     let mut sessions = Vec::with_capacity(found.len());

@@ -13,6 +13,7 @@ use super::statements::{Statements, int, uint};
 use crate::codec::{self, json_array};
 use crate::job::{Job, JobError, Mode, Written, check_addressed, encode};
 use crate::{AppendReceipt, CheckpointWrite, EncodedEvent, QueueChange, QueuedSubmission, StoreError};
+use keel_protocol::TokenUsage;
 
 /// A job sealed and serialized: everything it writes, fixed before the
 /// transaction starts, so that encoding errors fail the job cleanly.
@@ -27,6 +28,8 @@ pub(super) struct Write {
     pub(super) queue: Vec<(u64, QueueChange)>,
     /// The title the first user message gives, or a rename's title.
     pub(super) title: Option<String>,
+    /// The tokens the events report, summed; `None` when none reports any.
+    pub(super) usage: Option<TokenUsage>,
     pub(super) checkpoint: Option<EncodedWrite>,
 }
 
@@ -35,6 +38,8 @@ pub(super) struct EncodedWrite {
     pub(super) checkpoint: Vec<u8>,
     /// The checkpoint's bot, kept in a column of its own for listing.
     pub(super) bot_id: String,
+    /// The checkpoint's tenant, stored when the write makes the session.
+    pub(super) tenant: String,
     pub(super) execution: Option<Vec<u8>>,
     /// The history items added, as a stored JSON array (`None`: none).
     pub(super) history: Option<Vec<u8>>,
@@ -54,6 +59,7 @@ pub(super) fn seal(job: &Job) -> Result<Write, StoreError> {
         events: Vec::new(),
         queue: Vec::new(),
         title: sealed.title.map(str::to_owned),
+        usage: None,
         checkpoint: None,
     };
     match sealed.mode {
@@ -78,6 +84,7 @@ pub(super) fn with_events(
         .filter_map(|(offset, event)| event.queue.clone().map(|change| (offset as u64, change)))
         .collect();
     write.title = events.iter().find_map(|event| event.title.clone());
+    write.usage = EncodedEvent::batch_usage(events);
     write.checkpoint = checkpoint
         .map(|checkpoint| encode_write(&write.session_id, checkpoint))
         .transpose()?;
@@ -145,8 +152,9 @@ pub(super) async fn append_all(
     let ords: Vec<i32> = (0..writes.len())
         .map(|ord| i32::try_from(ord).unwrap_or(i32::MAX))
         .collect();
+    let [input, cached, output, reasoning] = usage_columns(writes.iter().map(|write| write.usage.as_ref()));
     let now_sql = int(now);
-    let params: [&(dyn ToSql + Sync); 14] = [
+    let params: [&(dyn ToSql + Sync); 18] = [
         &ids,
         &counts,
         &checkpoints,
@@ -161,6 +169,10 @@ pub(super) async fn append_all(
         &logged,
         &ords,
         &now_sql,
+        &input,
+        &cached,
+        &output,
+        &reasoning,
     ];
     let rows = match tx.query(&st.append_many, &params).await {
         Ok(rows) => rows,
@@ -240,7 +252,8 @@ pub(super) async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, 
     let added = int(checkpoint.map_or(0, |write| write.added));
     let write_log =
         write.count > 0 || checkpoint.is_some_and(|write| write.history.is_some() || write.history_cut.is_some());
-    let params: [&(dyn ToSql + Sync); 13] = [
+    let [input, cached, output, reasoning] = usage_columns(std::iter::once(write.usage.as_ref()));
+    let params: [&(dyn ToSql + Sync); 17] = [
         &count,
         &now_sql,
         &checkpoint.map(|write| write.checkpoint.as_slice()),
@@ -254,11 +267,16 @@ pub(super) async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, 
         &checkpoint.and_then(|write| write.history.as_deref()),
         &write.events.as_slice(),
         &write_log,
+        &input[0],
+        &cached[0],
+        &output[0],
+        &reasoning[0],
     ];
+    let tenant = checkpoint.map_or(keel_protocol::DEFAULT_TENANT, |write| write.tenant.as_str());
     let row = match write.mode {
         Mode::Create => {
             let created = tx
-                .query_opt(&st.insert_session, &[&session_id, &now_sql])
+                .query_opt(&st.insert_session, &[&session_id, &now_sql, &tenant])
                 .await
                 .map_err(dirty)?;
             if created.is_none() {
@@ -268,7 +286,7 @@ pub(super) async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, 
         }
         Mode::Save => {
             // Both sent at once: the insert runs first, the write sees it.
-            let insert: [&(dyn ToSql + Sync); 2] = [&session_id, &now_sql];
+            let insert: [&(dyn ToSql + Sync); 3] = [&session_id, &now_sql, &tenant];
             let (_, row) = futures::try_join!(
                 tx.query_opt(&st.insert_session, &insert),
                 tx.query_opt(&st.write, &params),
@@ -463,7 +481,8 @@ pub(super) async fn rename(
 }
 
 /// Deletes a session's rows: the session, its log, its queue (stored and
-/// relayed) and its idempotency keys, all in the group's transaction.
+/// relayed), its idempotency keys, its usage ledger and its budget, all in
+/// the group's transaction.
 pub(super) async fn delete(
     tx: &Transaction<'_>,
     st: &Statements,
@@ -477,10 +496,12 @@ pub(super) async fn delete(
         .ok_or_else(|| JobError::Clean(StoreError::UnknownSession(session_id.to_owned())))?;
     let key: i64 = row.try_get(0).map_err(dirty)?;
     let by_key: [&(dyn ToSql + Sync); 1] = [&key];
+    let by_id: [&(dyn ToSql + Sync); 1] = [&session_id];
     futures::try_join!(
         tx.execute(&st.delete_log, &by_key),
         tx.execute(&st.delete_queue, &by_key),
         tx.execute(&st.delete_keys, &by_key),
+        tx.execute(&st.delete_access, &by_id),
     )
     .map_err(dirty)?;
     Ok(Written {
@@ -508,11 +529,33 @@ fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrit
     Ok(EncodedWrite {
         checkpoint: stored(encode(&write.checkpoint)?),
         bot_id: write.checkpoint.session_context.bot_id.clone(),
+        tenant: write.checkpoint.session_context.tenant.clone(),
         execution: write.execution.as_ref().map(encode).transpose()?.map(stored),
         history,
         added: write.transcript_delta.len() as u64,
         history_cut: write.history_cut,
     })
+}
+
+/// The ledger's columns of the usage of each write, in order: input,
+/// cached input, output, reasoning tokens (null where a write reports
+/// none).
+fn usage_columns<'u>(usages: impl Iterator<Item = Option<&'u TokenUsage>>) -> [Vec<Option<i64>>; 4] {
+    let mut columns: [Vec<Option<i64>>; 4] = Default::default();
+    for usage in usages {
+        let values = usage.map(|usage| {
+            [
+                usage.input_tokens,
+                usage.cached_input_tokens,
+                usage.output_tokens,
+                usage.reasoning_tokens,
+            ]
+        });
+        for (index, column) in columns.iter_mut().enumerate() {
+            column.push(values.map(|values| int(values[index])));
+        }
+    }
+    columns
 }
 
 /// The stored bytes of `json` (see [`codec`]).

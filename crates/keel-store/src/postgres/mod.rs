@@ -20,6 +20,7 @@
 //! does not run a session relays submissions to its owner through the
 //! `relayed_submissions` table, announced on `keel_relay` (see `relay.rs`).
 
+mod access;
 mod apply;
 mod hold;
 mod lease;
@@ -292,7 +293,7 @@ impl CheckpointStore for PostgresCheckpoint {
         limit: usize,
         filter: SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        Box::pin(async move { reader::list_sessions_page(&self.reader().await?, cursor, limit, filter.bot_id).await })
+        Box::pin(async move { reader::list_sessions_page(&self.reader().await?, cursor, limit, filter).await })
     }
 
     fn list_sessions_by_activity<'a>(
@@ -301,9 +302,7 @@ impl CheckpointStore for PostgresCheckpoint {
         limit: usize,
         filter: SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        Box::pin(
-            async move { reader::list_sessions_by_activity(&self.reader().await?, cursor, limit, filter.bot_id).await },
-        )
+        Box::pin(async move { reader::list_sessions_by_activity(&self.reader().await?, cursor, limit, filter).await })
     }
 
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {

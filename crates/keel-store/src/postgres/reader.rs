@@ -12,10 +12,12 @@ use tokio_postgres::Row;
 use super::pg_error;
 use super::statements::{int, uint};
 use crate::codec;
-use crate::rows::{PageCollector, StoredJson, SummaryRow, apply_history_row, decode, decode_batch, take_after};
+use crate::rows::{
+    PageCollector, StoredJson, SummaryRow, apply_history_row, decode, decode_batch, filter_clause, take_after,
+};
 use crate::{
-    Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
-    SessionState, SessionSummary, StoreError, TurnExecution,
+    Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionFilter,
+    SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution,
 };
 use keel_protocol::{Event, RecordedEvent, TranscriptItem};
 
@@ -30,7 +32,9 @@ const HISTORY_ROWS: &str = "SELECT l.first_sequence, l.last_sequence, l.history_
 
 pub(super) async fn load(client: &mut Object, session_id: &str) -> Result<Option<SessionState>, StoreError> {
     let session = client
-        .prepare_cached("SELECT checkpoint, execution, last_sequence, transcript_len FROM sessions WHERE id = $1")
+        .prepare_cached(
+            "SELECT checkpoint, execution, last_sequence, transcript_len, tenant FROM sessions WHERE id = $1",
+        )
         .await
         .map_err(pg_error)?;
     let history = client.prepare_cached(HISTORY_ROWS).await.map_err(pg_error)?;
@@ -55,7 +59,9 @@ pub(super) async fn load(client: &mut Object, session_id: &str) -> Result<Option
         return Ok(None);
     };
     let what = || format!("checkpoint of session '{session_id}'");
-    let checkpoint: Checkpoint = decode(&stored(&row, 0)?, what)?;
+    let mut checkpoint: Checkpoint = decode(&stored(&row, 0)?, what)?;
+    // The stored tenant stands, whatever a later checkpoint says.
+    checkpoint.session_context.tenant = row.try_get(4).map_err(pg_error)?;
     let execution: Option<TurnExecution> = optional(&row, 1)?.map(|json| decode(&json, what)).transpose()?;
     let last_sequence = uint(row.try_get(2).map_err(pg_error)?);
     let transcript_len = uint(row.try_get(3).map_err(pg_error)?);
@@ -300,56 +306,62 @@ pub(super) async fn sessions_with_work(
 }
 
 /// The columns [`SummaryRow::read`] reads.
-const SUMMARY_COLUMNS: &str = "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence, title";
+const SUMMARY_COLUMNS: &str =
+    "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence, title, tenant";
+
+/// The summary rows `sql` selects (its `{filter}` replaced by the
+/// filter's conditions, numbered after `params`).
+async fn summary_rows(
+    client: &Object,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    filter: SessionFilter<'_>,
+) -> Result<Vec<SummaryRow>, StoreError> {
+    let (clause, values) = filter_clause(filter, '$', params.len() + 1);
+    let mut all = params.to_vec();
+    all.extend(
+        values
+            .iter()
+            .map(|value| value as &(dyn tokio_postgres::types::ToSql + Sync)),
+    );
+    let select = client
+        .prepare_cached(&sql.replace("{filter}", &clause))
+        .await
+        .map_err(pg_error)?;
+    let rows = client.query(&select, &all).await.map_err(pg_error)?;
+    rows.iter().map(SummaryRow::read).collect()
+}
 
 /// Sessions newest created first, from `cursor` (a session key, exclusive),
-/// only those of `bot_id` when given.
+/// only those `filter` admits.
 pub(super) async fn list_sessions_page(
     client: &Object,
     cursor: Option<&str>,
     limit: usize,
-    bot_id: Option<&str>,
+    filter: SessionFilter<'_>,
 ) -> Result<SessionListPage, StoreError> {
     let limit = limit.clamp(1, MAX_EVENT_PAGE);
     let before = SummaryRow::cursor_bound(cursor)?;
-    let select = client
-        .prepare_cached(&format!(
-            "SELECT {SUMMARY_COLUMNS} FROM sessions WHERE key < $1 AND ($3::text IS NULL OR bot_id = $3)
-             ORDER BY key DESC LIMIT $2"
-        ))
-        .await
-        .map_err(pg_error)?;
-    let rows = client
-        .query(&select, &[&before, &(limit as i64 + 1), &bot_id])
-        .await
-        .map_err(pg_error)?;
-    let rows: Vec<SummaryRow> = rows.iter().map(SummaryRow::read).collect::<Result<_, _>>()?;
+    let sql = format!("SELECT {SUMMARY_COLUMNS} FROM sessions WHERE key < $1 {{filter}} ORDER BY key DESC LIMIT $2");
+    let rows = summary_rows(client, &sql, &[&before, &(limit as i64 + 1)], filter).await?;
     SummaryRow::page(rows, limit)
 }
 
 /// Sessions most recently active first, from `cursor` (exclusive; see
-/// [`SummaryRow::activity_bound`]), only those of `bot_id` when given.
+/// [`SummaryRow::activity_bound`]), only those `filter` admits.
 pub(super) async fn list_sessions_by_activity(
     client: &Object,
     cursor: Option<&str>,
     limit: usize,
-    bot_id: Option<&str>,
+    filter: SessionFilter<'_>,
 ) -> Result<SessionListPage, StoreError> {
     let limit = limit.clamp(1, MAX_EVENT_PAGE);
     let (updated, key) = SummaryRow::activity_bound(cursor)?;
-    let select = client
-        .prepare_cached(&format!(
-            "SELECT {SUMMARY_COLUMNS} FROM sessions
-             WHERE (updated_at_ms, key) < ($1, $2) AND ($4::text IS NULL OR bot_id = $4)
-             ORDER BY updated_at_ms DESC, key DESC LIMIT $3"
-        ))
-        .await
-        .map_err(pg_error)?;
-    let rows = client
-        .query(&select, &[&updated, &key, &(limit as i64 + 1), &bot_id])
-        .await
-        .map_err(pg_error)?;
-    let rows: Vec<SummaryRow> = rows.iter().map(SummaryRow::read).collect::<Result<_, _>>()?;
+    let sql = format!(
+        "SELECT {SUMMARY_COLUMNS} FROM sessions WHERE (updated_at_ms, key) < ($1, $2) {{filter}}
+         ORDER BY updated_at_ms DESC, key DESC LIMIT $3"
+    );
+    let rows = summary_rows(client, &sql, &[&updated, &key, &(limit as i64 + 1)], filter).await?;
     SummaryRow::activity_page(rows, limit)
 }
 
@@ -378,6 +390,7 @@ impl SummaryRow {
             updated_at_ms: uint(row.try_get(5).map_err(pg_error)?),
             last_sequence: uint(row.try_get(6).map_err(pg_error)?),
             title: row.try_get(7).map_err(pg_error)?,
+            tenant: row.try_get(8).map_err(pg_error)?,
         })
     }
 }

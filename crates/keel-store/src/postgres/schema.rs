@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use crate::StoreError;
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i32 = 3;
+pub(super) const SCHEMA_VERSION: i32 = 4;
 
 /// The advisory lock key migrations hold (`keel` in ASCII, then `schema`).
 const MIGRATION_LOCK: i64 = 0x6b65_656c_5343_4d41;
@@ -100,6 +100,59 @@ const SCHEMA_V3: &str = r#"
 ALTER TABLE relayed_submissions ADD COLUMN answer TEXT, ADD COLUMN answered_at_ms BIGINT;
 "#;
 
+/// Version 4: tenants and access, as the SQLite store's version 7.
+///
+/// - `sessions.tenant`: the tenant a session was created for (`'default'`
+///   for those stored before), set when its row is made and never moved by
+///   a later write; indexed for listings by tenant (newest created first)
+///   and for counting a tenant's turns in flight.
+/// - `api_keys`: keys as their hashes (see `access.rs`), unique by id and
+///   by hash; `scopes` is a JSON array; `seq` orders them as made.
+/// - `access_revision`: one row, bumped in the transaction of every change
+///   of keys or budgets, which nodes poll.
+/// - `budgets`: budgets set over the API, by target (`kind` is `tenant` or
+///   `session`), as JSON the store does not read.
+/// - `usage_hours`: the usage ledger, tokens per target and hour, added to
+///   in the transaction of the events that report them.
+const SCHEMA_V4: &str = r#"
+ALTER TABLE sessions ADD COLUMN tenant TEXT COLLATE "C" NOT NULL DEFAULT 'default';
+CREATE INDEX sessions_by_tenant ON sessions (tenant, key);
+CREATE INDEX sessions_running_by_tenant ON sessions (tenant) WHERE execution IS NOT NULL;
+CREATE TABLE api_keys (
+    seq             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id              TEXT COLLATE "C" NOT NULL UNIQUE,
+    hash            TEXT COLLATE "C" NOT NULL UNIQUE,
+    tenant          TEXT COLLATE "C" NOT NULL,
+    name            TEXT NOT NULL,
+    scopes          TEXT NOT NULL,
+    created_at_ms   BIGINT NOT NULL,
+    last_used_at_ms BIGINT,
+    expires_at_ms   BIGINT,
+    revoked_at_ms   BIGINT
+);
+CREATE TABLE access_revision (
+    one      BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+    revision BIGINT NOT NULL
+);
+INSERT INTO access_revision (revision) VALUES (0);
+CREATE TABLE budgets (
+    kind   TEXT COLLATE "C" NOT NULL,
+    target TEXT COLLATE "C" NOT NULL,
+    budget TEXT NOT NULL,
+    PRIMARY KEY (kind, target)
+);
+CREATE TABLE usage_hours (
+    kind                TEXT COLLATE "C" NOT NULL,
+    target              TEXT COLLATE "C" NOT NULL,
+    hour_ms             BIGINT NOT NULL,
+    input_tokens        BIGINT NOT NULL,
+    cached_input_tokens BIGINT NOT NULL,
+    output_tokens       BIGINT NOT NULL,
+    reasoning_tokens    BIGINT NOT NULL,
+    PRIMARY KEY (kind, target, hour_ms)
+);
+"#;
+
 /// Brings the database's schema up to [`SCHEMA_VERSION`], or refuses one
 /// written by a newer Keel with [`StoreError::SchemaTooNew`] (changing
 /// nothing).
@@ -140,6 +193,9 @@ pub(super) async fn migrate(client: &mut Client) -> Result<(), StoreError> {
     }
     if found < 3 {
         tx.batch_execute(SCHEMA_V3).await.map_err(super::pg_error)?;
+    }
+    if found < 4 {
+        tx.batch_execute(SCHEMA_V4).await.map_err(super::pg_error)?;
     }
     if found < SCHEMA_VERSION {
         tx.execute(

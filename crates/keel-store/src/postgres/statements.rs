@@ -19,14 +19,18 @@ pub(super) struct Statements {
     pub(super) delete_log: Statement,
     pub(super) delete_queue: Statement,
     pub(super) delete_keys: Statement,
+    pub(super) delete_access: Statement,
 }
 
-/// Creates a session row if the id is free; returns its key if it did.
-pub(super) const INSERT_SESSION: &str = "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint)
-     VALUES ($1, $2, $2, '\\x'::bytea) ON CONFLICT (id) DO NOTHING RETURNING key";
+/// Creates a session row, for tenant `$3`, if the id is free; returns its
+/// key if it did. The tenant is never moved by a later write.
+pub(super) const INSERT_SESSION: &str = "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint, tenant)
+     VALUES ($1, $2, $2, '\\x'::bytea, $3) ON CONFLICT (id) DO NOTHING RETURNING key";
 
 /// One statement takes the sequences, rewrites the checkpoint, extends the
-/// history, sets a first title, adds the log row and, when it appends
+/// history, sets a first title, adds the log row, adds the usage its events
+/// report (`$14` to `$17`, null for none) to the ledgers of the session and
+/// its tenant (one row each, in the hour of `$2`) and, when it appends
 /// events, notifies `keel_log` with the session id and its new last
 /// sequence (delivered at commit; see `listen.rs`); matching no row (an
 /// unknown session, a stale lease, a cut longer than the history) writes
@@ -43,10 +47,22 @@ pub(super) const WRITE: &str = "WITH s AS (
              bot_id = coalesce($8, bot_id),
              title = coalesce(title, $10)
          WHERE id = $6 AND ($7 IS NULL OR lease = $7) AND ($9 IS NULL OR $9 <= transcript_len)
-         RETURNING key, last_sequence, lease
+         RETURNING key, last_sequence, lease, tenant
      ), logged AS (
          INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history_cut, history, events)
          SELECT key, last_sequence - $1 + 1, last_sequence, $2, $9, $11, $12 FROM s WHERE $13
+     ), ledger AS (
+         INSERT INTO usage_hours (kind, target, hour_ms, input_tokens, cached_input_tokens, output_tokens,
+                                  reasoning_tokens)
+         SELECT u.kind, u.target, $2 - $2 % 3600000, $14, $15, $16, $17
+         FROM s, LATERAL (VALUES ('session', $6), ('tenant', s.tenant)) AS u (kind, target)
+         WHERE $14 IS NOT NULL
+         ORDER BY u.kind, u.target
+         ON CONFLICT (kind, target, hour_ms) DO UPDATE SET
+             input_tokens = usage_hours.input_tokens + excluded.input_tokens,
+             cached_input_tokens = usage_hours.cached_input_tokens + excluded.cached_input_tokens,
+             output_tokens = usage_hours.output_tokens + excluded.output_tokens,
+             reasoning_tokens = usage_hours.reasoning_tokens + excluded.reasoning_tokens
      )
      SELECT key, last_sequence, lease,
             CASE WHEN $1 > 0 THEN pg_notify('keel_log', $6 || ' ' || last_sequence) END
@@ -55,11 +71,18 @@ pub(super) const WRITE: &str = "WITH s AS (
 /// [`WRITE`] for appends to many sessions (one each) in one statement: each
 /// array holds one value per append; `ord` numbers them, and the result
 /// has a row for each append that was written. It notifies as [`WRITE`]
-/// does, in the same statement: no round trip is added.
+/// does, in the same statement: no round trip is added. The usage of the
+/// appends (`$15` to `$18`) is summed per ledger row before it is added:
+/// several sessions of one tenant meet in one row, which one statement
+/// may change only once. Ledger rows are locked in one order (kind,
+/// target), as every writer locks them, so two nodes' commits wait for
+/// each other rather than deadlock.
 pub(super) const APPEND_MANY: &str = "WITH input AS (
          SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[], $5::int8[], $6::int8[],
-                              $7::text[], $8::int8[], $9::text[], $10::bytea[], $11::bytea[], $12::bool[], $13::int4[])
-             AS i (id, count, checkpoint, execution, added, lease, bot_id, cut, title, history, events, logged, ord)
+                              $7::text[], $8::int8[], $9::text[], $10::bytea[], $11::bytea[], $12::bool[], $13::int4[],
+                              $15::int8[], $16::int8[], $17::int8[], $18::int8[])
+             AS i (id, count, checkpoint, execution, added, lease, bot_id, cut, title, history, events, logged, ord,
+                   input, cached, output, reasoning)
      ), s AS (
          UPDATE sessions SET
              last_sequence = sessions.last_sequence + i.count,
@@ -73,19 +96,34 @@ pub(super) const APPEND_MANY: &str = "WITH input AS (
          WHERE sessions.id = i.id
            AND (i.lease IS NULL OR sessions.lease = i.lease)
            AND (i.cut IS NULL OR i.cut <= sessions.transcript_len)
-         RETURNING i.ord, sessions.key, sessions.last_sequence, sessions.lease, sessions.id, i.count
+         RETURNING i.ord, sessions.key, sessions.last_sequence, sessions.lease, sessions.id, i.count, sessions.tenant
      ), logged AS (
          INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history_cut, history, events)
          SELECT s.key, s.last_sequence - i.count + 1, s.last_sequence, $14, i.cut, i.history, i.events
          FROM s JOIN input i ON i.ord = s.ord
          WHERE i.logged
          ORDER BY i.ord
+     ), ledger AS (
+         INSERT INTO usage_hours (kind, target, hour_ms, input_tokens, cached_input_tokens, output_tokens,
+                                  reasoning_tokens)
+         SELECT u.kind, u.target, $14 - $14 % 3600000,
+                sum(i.input)::int8, sum(i.cached)::int8, sum(i.output)::int8, sum(i.reasoning)::int8
+         FROM s JOIN input i ON i.ord = s.ord,
+              LATERAL (VALUES ('session', s.id), ('tenant', s.tenant)) AS u (kind, target)
+         WHERE i.input IS NOT NULL
+         GROUP BY u.kind, u.target
+         ORDER BY u.kind, u.target
+         ON CONFLICT (kind, target, hour_ms) DO UPDATE SET
+             input_tokens = usage_hours.input_tokens + excluded.input_tokens,
+             cached_input_tokens = usage_hours.cached_input_tokens + excluded.cached_input_tokens,
+             output_tokens = usage_hours.output_tokens + excluded.output_tokens,
+             reasoning_tokens = usage_hours.reasoning_tokens + excluded.reasoning_tokens
      )
      SELECT ord, key, last_sequence, lease,
             CASE WHEN count > 0 THEN pg_notify('keel_log', id || ' ' || last_sequence) END
      FROM s";
 
-pub(super) const APPEND_MANY_TYPES: [Type; 14] = [
+pub(super) const APPEND_MANY_TYPES: [Type; 18] = [
     Type::TEXT_ARRAY,
     Type::INT8_ARRAY,
     Type::BYTEA_ARRAY,
@@ -100,9 +138,13 @@ pub(super) const APPEND_MANY_TYPES: [Type; 14] = [
     Type::BOOL_ARRAY,
     Type::INT4_ARRAY,
     Type::INT8,
+    Type::INT8_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT8_ARRAY,
 ];
 
-pub(super) const WRITE_TYPES: [Type; 13] = [
+pub(super) const WRITE_TYPES: [Type; 17] = [
     Type::INT8,
     Type::INT8,
     Type::BYTEA,
@@ -116,12 +158,16 @@ pub(super) const WRITE_TYPES: [Type; 13] = [
     Type::BYTEA,
     Type::BYTEA,
     Type::BOOL,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
 ];
 
 impl Statements {
     pub(super) async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
         let (insert_session, write, refusal, queue_upsert, queue_delete, key_insert) = futures::try_join!(
-            client.prepare_typed(INSERT_SESSION, &[Type::TEXT, Type::INT8]),
+            client.prepare_typed(INSERT_SESSION, &[Type::TEXT, Type::INT8, Type::TEXT]),
             client.prepare_typed(WRITE, &WRITE_TYPES),
             client.prepare_typed("SELECT lease, transcript_len FROM sessions WHERE id = $1", &[Type::TEXT]),
             client.prepare_typed(
@@ -160,6 +206,16 @@ impl Statements {
             ),
             client.prepare_typed("DELETE FROM submission_keys WHERE session_key = $1", &[Type::INT8]),
         )?;
+        // A deleted session's ledger and budget go with it (nodes reload
+        // budgets when it had one); its tenant's ledger stays.
+        let delete_access = client
+            .prepare_typed(
+                "WITH ledger AS (DELETE FROM usage_hours WHERE kind = 'session' AND target = $1),
+                      budget AS (DELETE FROM budgets WHERE kind = 'session' AND target = $1 RETURNING 1)
+                 UPDATE access_revision SET revision = revision + 1 WHERE EXISTS (SELECT 1 FROM budget)",
+                &[Type::TEXT],
+            )
+            .await?;
         Ok(Self {
             insert_session,
             write,
@@ -174,6 +230,7 @@ impl Statements {
             delete_log,
             delete_queue,
             delete_keys,
+            delete_access,
         })
     }
 }

@@ -53,6 +53,7 @@ impl crate::conformance::StoreFactory for PostgresFactory {
 }
 
 crate::conformance::store_conformance_tests!(PostgresFactory);
+crate::conformance::access_conformance_tests!(PostgresFactory);
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -1177,6 +1178,41 @@ async fn a_stopped_server_is_unavailable_and_the_store_recovers_once_it_is_back(
 }
 
 #[tokio::test]
+async fn usage_of_many_sessions_of_one_tenant_in_one_group_is_one_commit() {
+    use crate::{AccessStore, BudgetTarget};
+    guarded(async {
+        let (store, _url) = store_or_skip!();
+        let ids: Vec<String> = (0..12).map(|n| format!("s{n}")).collect();
+        for id in &ids {
+            store
+                .save(&crate::conformance::tenant_checkpoint(id, "bot", "acme"), &[], None)
+                .await
+                .expect("save");
+        }
+        let before = store.stats();
+        // Queued before the writer wakes: one group, one append statement,
+        // whose twelve sessions share one ledger row of their tenant.
+        let appended = join_all(
+            ids.iter()
+                .map(|id| store.append(id, batch(&[crate::conformance::used(10, 1)]))),
+        )
+        .await;
+        assert!(appended.iter().all(Result::is_ok), "{appended:?}");
+        assert_eq!(
+            store.stats().commits - before.commits,
+            1,
+            "one group, not retried job by job"
+        );
+        let total = store
+            .usage_total(&BudgetTarget::Tenant("acme".into()))
+            .await
+            .expect("total");
+        assert_eq!((total.input_tokens, total.output_tokens), (120, 12));
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn the_jobs_of_one_session_in_one_group_apply_in_order() {
     guarded(async {
         let (store, _url) = store_or_skip!();
@@ -1454,8 +1490,43 @@ fn relayed(id: &str, text: &str, key: Option<&str>) -> RelayedSubmission {
         op: Op::UserInput { text: text.to_owned() },
         on_busy: Some(BusyPolicy::Queue),
         idempotency_key: key.map(str::to_owned),
+        submitted_by: None,
         seal: None,
     }
+}
+
+#[tokio::test]
+async fn a_relayed_submission_keeps_who_submitted_it() {
+    guarded(async {
+        let (store, url) = store_or_skip!();
+        let owner = another_handle(&url).await;
+        create(&store, "s").await;
+        let actor = keel_protocol::Actor {
+            tenant: "acme".into(),
+            principal_id: "key-1".into(),
+            kind: keel_protocol::ActorKind::ApiKey,
+            name: Some("ci".into()),
+        };
+        let mut submission = relayed("r1", "one", Some("k"));
+        submission.submitted_by = Some(actor.clone());
+        store.relay("s", &submission, 8).await.expect("relay");
+        store.relay("s", &relayed("r2", "two", None), 8).await.expect("relay");
+        let waiting = owner.relayed("s", 10).await.expect("relayed");
+        let by: Vec<(&str, Option<&keel_protocol::Actor>)> = waiting
+            .iter()
+            .map(|row| (row.submission_id.as_str(), row.submitted_by.as_ref()))
+            .collect();
+        assert_eq!(by, [("r1", Some(&actor)), ("r2", None)]);
+        match store
+            .relay("s", &relayed("r3", "again", Some("k")), 8)
+            .await
+            .expect("relay")
+        {
+            Relayed::Duplicate(earlier) => assert_eq!(earlier.submitted_by, Some(actor)),
+            other => panic!("not a duplicate: {other:?}"),
+        }
+    })
+    .await;
 }
 
 /// The next relay notice, skipping log notices.

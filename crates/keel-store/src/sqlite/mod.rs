@@ -10,6 +10,7 @@
 //! sit behind an `Arc`): two instances on the same file still work, through
 //! SQLite's locking, but no longer share their commits.
 
+mod access;
 mod backup;
 mod checkpointer;
 mod codec;
@@ -22,6 +23,8 @@ mod schema;
 pub use self::schema::{SCHEMA_VERSION, stored_schema_version};
 mod writer;
 
+#[cfg(test)]
+mod migration_tests;
 #[cfg(test)]
 mod tests;
 
@@ -127,7 +130,10 @@ pub struct SqliteCheckpoint {
     /// to it.
     identity: Arc<FileIdentity>,
     /// The connection of the owned-lease calls, opened on first use.
-    leases: Arc<Mutex<Option<rusqlite::Connection>>>,
+    leases: SideConnection,
+    /// The connection that writes keys and budgets, opened on first use:
+    /// apart from the leases', so that no access call delays a renewal.
+    access: SideConnection,
     /// The disk space kept for the store's commits.
     reserve: Arc<SpaceReserve>,
 }
@@ -169,7 +175,8 @@ impl SqliteCheckpoint {
             vfs: options.vfs,
             jobs: Mutex::new(Some(jobs)),
             threads: Mutex::new(vec![writer, checkpointer]),
-            leases: Arc::new(Mutex::new(None)),
+            leases: SideConnection::default(),
+            access: SideConnection::default(),
             reserve,
         })
     }
@@ -215,7 +222,9 @@ impl SqliteCheckpoint {
         self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).take();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|poison| poison.into_inner()));
         self.readers.clear();
-        self.leases.lock().unwrap_or_else(|poison| poison.into_inner()).take();
+        for side in [&self.leases, &self.access] {
+            side.lock().unwrap_or_else(|poison| poison.into_inner()).take();
+        }
         let _ = tokio::task::spawn_blocking(move || {
             for thread in threads {
                 let _ = thread.join();
@@ -254,6 +263,10 @@ impl SqliteCheckpoint {
     }
 }
 
+/// A connection of its own for calls that write outside the writer's group
+/// commit (leases, keys), opened on first use.
+type SideConnection = Arc<Mutex<Option<rusqlite::Connection>>>;
+
 impl SqliteCheckpoint {
     /// Runs an owned-lease call on the lease connection, on a blocking
     /// thread.
@@ -261,16 +274,25 @@ impl SqliteCheckpoint {
         &self,
         call: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.on_side(&self.leases, call).await
+    }
+
+    /// Runs `call` on the side connection `side`, on a blocking thread.
+    async fn on_side<T: Send + 'static>(
+        &self,
+        side: &SideConnection,
+        call: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
         if self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).is_none() {
             return Err(StoreError::Closed);
         }
-        let leases = Arc::clone(&self.leases);
+        let side = Arc::clone(side);
         let identity = Arc::clone(&self.identity);
         let path = self.path.clone();
         let vfs = self.vfs.clone();
         tokio::task::spawn_blocking(move || {
             identity.usable()?;
-            let mut conn = leases.lock().unwrap_or_else(|poison| poison.into_inner());
+            let mut conn = side.lock().unwrap_or_else(|poison| poison.into_inner());
             if conn.is_none() {
                 *conn = Some(schema::open_leases(&path, vfs.as_deref())?);
             }
@@ -362,8 +384,8 @@ impl CheckpointStore for SqliteCheckpoint {
         limit: usize,
         filter: SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        let (cursor, bot_id) = (cursor.map(str::to_owned), filter.bot_id.map(str::to_owned));
-        Box::pin(self.read(move |conn| reader::list_sessions_page(conn, cursor.as_deref(), limit, bot_id.as_deref())))
+        let (cursor, filter) = (cursor.map(str::to_owned), reader::OwnedFilter::of(filter));
+        Box::pin(self.read(move |conn| reader::list_sessions_page(conn, cursor.as_deref(), limit, &filter)))
     }
 
     fn list_sessions_by_activity<'a>(
@@ -372,10 +394,8 @@ impl CheckpointStore for SqliteCheckpoint {
         limit: usize,
         filter: SessionFilter<'a>,
     ) -> BoxFuture<'a, Result<SessionListPage, StoreError>> {
-        let (cursor, bot_id) = (cursor.map(str::to_owned), filter.bot_id.map(str::to_owned));
-        Box::pin(
-            self.read(move |conn| reader::list_sessions_by_activity(conn, cursor.as_deref(), limit, bot_id.as_deref())),
-        )
+        let (cursor, filter) = (cursor.map(str::to_owned), reader::OwnedFilter::of(filter));
+        Box::pin(self.read(move |conn| reader::list_sessions_by_activity(conn, cursor.as_deref(), limit, &filter)))
     }
 
     fn session_summary<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<Option<SessionSummary>, StoreError>> {

@@ -8,10 +8,12 @@ use std::sync::Mutex;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::rows::{PageCollector, StoredJson, SummaryRow, apply_history_row, decode, decode_batch, take_after};
+use crate::rows::{
+    PageCollector, StoredJson, SummaryRow, apply_history_row, decode, decode_batch, filter_clause, take_after,
+};
 use crate::{
-    Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionListPage,
-    SessionState, SessionSummary, StoreError, TurnExecution,
+    Checkpoint, EventPage, EventPageRequest, KeyedSubmission, MAX_EVENT_PAGE, QueuedSubmission, SessionFilter,
+    SessionListPage, SessionState, SessionSummary, StoreError, TurnExecution,
 };
 use keel_protocol::{RecordedEvent, TranscriptItem};
 
@@ -61,8 +63,11 @@ pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<Session
     // same commit (each statement alone would take its own snapshot). Dropping
     // it ends the read.
     let _snapshot = conn.unchecked_transaction().map_err(super::sqlite_error)?;
-    let row: Option<(i64, StoredJson, Option<StoredJson>, u64, u64)> = conn
-        .prepare_cached("SELECT key, checkpoint, execution, last_sequence, transcript_len FROM sessions WHERE id = ?1")
+    type Row = (i64, StoredJson, Option<StoredJson>, u64, u64, String);
+    let row: Option<Row> = conn
+        .prepare_cached(
+            "SELECT key, checkpoint, execution, last_sequence, transcript_len, tenant FROM sessions WHERE id = ?1",
+        )
         .and_then(|mut select| {
             select
                 .query_row(params![session_id], |row| {
@@ -72,16 +77,19 @@ pub(super) fn load(conn: &Connection, session_id: &str) -> Result<Option<Session
                         stored_optional_json(row, 2)?,
                         row.get(3)?,
                         row.get(4)?,
+                        row.get(5)?,
                     ))
                 })
                 .optional()
         })
         .map_err(super::sqlite_error)?;
-    let Some((key, checkpoint, execution, last_sequence, transcript_len)) = row else {
+    let Some((key, checkpoint, execution, last_sequence, transcript_len, tenant)) = row else {
         return Ok(None);
     };
     let what = || format!("checkpoint of session '{session_id}'");
-    let checkpoint: Checkpoint = decode(&checkpoint, what)?;
+    let mut checkpoint: Checkpoint = decode(&checkpoint, what)?;
+    // The stored tenant stands, whatever a later checkpoint says.
+    checkpoint.session_context.tenant = tenant;
     let execution: Option<TurnExecution> = execution.map(|json| decode(&json, what)).transpose()?;
     let mut select = conn
         .prepare_cached(
@@ -322,50 +330,80 @@ pub(super) fn event_page(
     Ok(page.finish())
 }
 
+/// Which sessions a listing shows, owned, for a read on another thread.
+#[derive(Debug, Clone, Default)]
+pub(super) struct OwnedFilter {
+    bot_id: Option<String>,
+    tenant: Option<String>,
+}
+
+impl OwnedFilter {
+    pub(super) fn of(filter: SessionFilter<'_>) -> Self {
+        Self {
+            bot_id: filter.bot_id.map(str::to_owned),
+            tenant: filter.tenant.map(str::to_owned),
+        }
+    }
+
+    fn borrow(&self) -> SessionFilter<'_> {
+        SessionFilter {
+            bot_id: self.bot_id.as_deref(),
+            tenant: self.tenant.as_deref(),
+        }
+    }
+}
+
+/// The summary rows `sql` selects (its `{filter}` replaced by the
+/// filter's conditions, numbered after `params`), decoded.
+fn summary_rows(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn rusqlite::ToSql],
+    filter: &OwnedFilter,
+) -> Result<Vec<SummaryRow>, StoreError> {
+    let (clause, values) = filter_clause(filter.borrow(), '?', params.len() + 1);
+    let mut all: Vec<&dyn rusqlite::ToSql> = params.to_vec();
+    all.extend(values.iter().map(|value| value as &dyn rusqlite::ToSql));
+    let mut select = conn
+        .prepare_cached(&sql.replace("{filter}", &clause))
+        .map_err(super::sqlite_error)?;
+    let rows = select
+        .query_map(all.as_slice(), summary_row)
+        .map_err(super::sqlite_error)?;
+    rows.collect::<Result<_, _>>().map_err(super::sqlite_error)
+}
+
 /// Sessions newest created first, from `cursor` (a session key, exclusive),
-/// only those of `bot_id` when given.
+/// only those `filter` admits.
 pub(super) fn list_sessions_page(
     conn: &Connection,
     cursor: Option<&str>,
     limit: usize,
-    bot_id: Option<&str>,
+    filter: &OwnedFilter,
 ) -> Result<SessionListPage, StoreError> {
     let limit = limit.clamp(1, MAX_EVENT_PAGE);
     let before = SummaryRow::cursor_bound(cursor)?;
-    let mut select = conn
-        .prepare_cached(&format!(
-            "SELECT {SUMMARY_COLUMNS} FROM sessions WHERE key < ?1 AND (?3 IS NULL OR bot_id = ?3)
-             ORDER BY key DESC LIMIT ?2"
-        ))
-        .map_err(super::sqlite_error)?;
-    let rows = select
-        .query_map(params![before, limit as i64 + 1, bot_id], summary_row)
-        .map_err(super::sqlite_error)?;
-    let rows: Vec<SummaryRow> = rows.collect::<Result<_, _>>().map_err(super::sqlite_error)?;
+    let sql = format!("SELECT {SUMMARY_COLUMNS} FROM sessions WHERE key < ?1 {{filter}} ORDER BY key DESC LIMIT ?2");
+    let rows = summary_rows(conn, &sql, &[&before, &(limit as i64 + 1)], filter)?;
     SummaryRow::page(rows, limit)
 }
 
 /// Sessions most recently active first, from `cursor` (exclusive; see
-/// [`SummaryRow::activity_bound`]), only those of `bot_id` when given.
+/// [`SummaryRow::activity_bound`]), only those `filter` admits.
 pub(super) fn list_sessions_by_activity(
     conn: &Connection,
     cursor: Option<&str>,
     limit: usize,
-    bot_id: Option<&str>,
+    filter: &OwnedFilter,
 ) -> Result<SessionListPage, StoreError> {
     let limit = limit.clamp(1, MAX_EVENT_PAGE);
     let (updated, key) = SummaryRow::activity_bound(cursor)?;
-    let mut select = conn
-        .prepare_cached(&format!(
-            "SELECT {SUMMARY_COLUMNS} FROM sessions
-             WHERE (updated_at_ms < ?1 OR (updated_at_ms = ?1 AND key < ?2)) AND (?4 IS NULL OR bot_id = ?4)
-             ORDER BY updated_at_ms DESC, key DESC LIMIT ?3"
-        ))
-        .map_err(super::sqlite_error)?;
-    let rows = select
-        .query_map(params![updated, key, limit as i64 + 1, bot_id], summary_row)
-        .map_err(super::sqlite_error)?;
-    let rows: Vec<SummaryRow> = rows.collect::<Result<_, _>>().map_err(super::sqlite_error)?;
+    let sql = format!(
+        "SELECT {SUMMARY_COLUMNS} FROM sessions
+         WHERE (updated_at_ms < ?1 OR (updated_at_ms = ?1 AND key < ?2)) {{filter}}
+         ORDER BY updated_at_ms DESC, key DESC LIMIT ?3"
+    );
+    let rows = summary_rows(conn, &sql, &[&updated, &key, &(limit as i64 + 1)], filter)?;
     SummaryRow::activity_page(rows, limit)
 }
 
@@ -379,7 +417,8 @@ pub(super) fn session_summary(conn: &Connection, session_id: &str) -> Result<Opt
 }
 
 /// The columns [`summary_row`] reads.
-const SUMMARY_COLUMNS: &str = "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence, title";
+const SUMMARY_COLUMNS: &str =
+    "key, id, checkpoint, execution, created_at_ms, updated_at_ms, last_sequence, title, tenant";
 
 fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
     Ok(SummaryRow {
@@ -391,6 +430,7 @@ fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
         updated_at_ms: row.get(5)?,
         last_sequence: row.get(6)?,
         title: row.get(7)?,
+        tenant: row.get(8)?,
     })
 }
 

@@ -9,7 +9,7 @@ use super::{SqliteOptions, Synchronous};
 use crate::StoreError;
 
 /// The schema this build writes; stored in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The schema version of the database file at `path`, read without
 /// changing anything (0: no Keel schema yet), for `keel doctor`.
@@ -109,6 +109,59 @@ ALTER TABLE log ADD COLUMN history_cut INTEGER;
 const SCHEMA_V6: &str = "
 ALTER TABLE sessions ADD COLUMN lease_owner TEXT;
 ALTER TABLE sessions ADD COLUMN lease_expires_at INTEGER;
+";
+
+/// Version 7: tenants and access.
+///
+/// - `sessions.tenant`: the tenant a session was created for (sessions
+///   stored before have `'default'`), set when its row is made and never
+///   moved by a later write, indexed for listings by tenant (newest
+///   created first) and for counting a tenant's turns in flight.
+/// - `api_keys`: keys as their hashes (see `access.rs`), unique by id and
+///   by hash; `scopes` is a JSON array.
+/// - `access_revision`: one row, bumped in the transaction of every change
+///   of keys or budgets, which nodes poll.
+/// - `budgets`: budgets set over the API, by target (`kind` is `tenant` or
+///   `session`), as JSON the store does not read.
+/// - `usage_hours`: the usage ledger, tokens per target and hour, added to
+///   in the transaction of the events that report them.
+const SCHEMA_V7: &str = "
+ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX sessions_by_tenant ON sessions (tenant, key);
+CREATE INDEX sessions_running_by_tenant ON sessions (tenant) WHERE execution IS NOT NULL;
+CREATE TABLE api_keys (
+    seq             INTEGER PRIMARY KEY,
+    id              TEXT NOT NULL UNIQUE,
+    hash            TEXT NOT NULL UNIQUE,
+    tenant          TEXT NOT NULL,
+    name            TEXT NOT NULL,
+    scopes          TEXT NOT NULL,
+    created_at_ms   INTEGER NOT NULL,
+    last_used_at_ms INTEGER,
+    expires_at_ms   INTEGER,
+    revoked_at_ms   INTEGER
+);
+CREATE TABLE access_revision (
+    one      INTEGER PRIMARY KEY CHECK (one = 1),
+    revision INTEGER NOT NULL
+);
+INSERT INTO access_revision (one, revision) VALUES (1, 0);
+CREATE TABLE budgets (
+    kind   TEXT NOT NULL,
+    target TEXT NOT NULL,
+    budget TEXT NOT NULL,
+    PRIMARY KEY (kind, target)
+) WITHOUT ROWID;
+CREATE TABLE usage_hours (
+    kind                TEXT NOT NULL,
+    target              TEXT NOT NULL,
+    hour_ms             INTEGER NOT NULL,
+    input_tokens        INTEGER NOT NULL,
+    cached_input_tokens INTEGER NOT NULL,
+    output_tokens       INTEGER NOT NULL,
+    reasoning_tokens    INTEGER NOT NULL,
+    PRIMARY KEY (kind, target, hour_ms)
+) WITHOUT ROWID;
 ";
 
 /// Opens the writer connection: WAL, the configured durability, an optional
@@ -266,6 +319,9 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
     }
     if version < 6 {
         tx.execute_batch(SCHEMA_V6)?;
+    }
+    if version < 7 {
+        tx.execute_batch(SCHEMA_V7)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;

@@ -18,6 +18,7 @@ use rusqlite::Connection;
 use rusqlite::types::Value;
 use tempfile::TempDir;
 
+use super::migration_tests::UNDO_VERSION_7;
 use super::{SqliteCheckpoint, SqliteOptions, schema};
 use crate::conformance::{
     StoreFactory, append, append_a_foreign_checkpoint, append_from_every_session, assert_gap_free, assert_logs,
@@ -59,19 +60,20 @@ impl StoreFactory for SqliteFactory {
 }
 
 store_conformance_tests!(SqliteFactory);
+crate::conformance::access_conformance_tests!(SqliteFactory);
 
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
 
 /// A fresh directory and the path of a database file inside it.
-fn database() -> (TempDir, PathBuf) {
+pub(super) fn database() -> (TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("keel.sqlite3");
     (dir, path)
 }
 
-async fn open(path: &Path) -> SqliteCheckpoint {
+pub(super) async fn open(path: &Path) -> SqliteCheckpoint {
     open_with(path, SqliteOptions::default()).await
 }
 
@@ -1662,6 +1664,7 @@ async fn a_version_1_database_is_migrated_and_keeps_its_sessions() {
         {
             // Back to what a version 1 build wrote.
             let conn = Connection::open(&path).expect("raw");
+            conn.execute_batch(UNDO_VERSION_7).expect("downgrade to 6");
             conn.execute_batch(
                 "ALTER TABLE sessions DROP COLUMN lease_expires_at; ALTER TABLE sessions DROP COLUMN lease_owner;
                  ALTER TABLE log DROP COLUMN history_cut; ALTER TABLE sessions DROP COLUMN title;
@@ -1699,6 +1702,7 @@ async fn a_version_2_database_gets_each_sessions_bot_from_its_checkpoint() {
             // Back to what a version 2 build wrote, with one checkpoint
             // damaged: the migration must not fail on it.
             let conn = Connection::open(&path).expect("raw");
+            conn.execute_batch(UNDO_VERSION_7).expect("downgrade to 6");
             conn.execute_batch(
                 "ALTER TABLE sessions DROP COLUMN lease_expires_at; ALTER TABLE sessions DROP COLUMN lease_owner;
                  ALTER TABLE log DROP COLUMN history_cut; ALTER TABLE sessions DROP COLUMN title;

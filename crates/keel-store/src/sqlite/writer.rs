@@ -224,6 +224,8 @@ struct EncodedWrite {
     checkpoint: String,
     /// The checkpoint's bot, kept in a column of its own for listing.
     bot_id: String,
+    /// The checkpoint's tenant, stored when the write makes the session.
+    tenant: String,
     execution: Option<String>,
     transcript: Vec<String>,
     /// The history's length to cut back to before `transcript` is added.
@@ -253,12 +255,18 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
         .transpose()
         .map_err(JobError::Clean)?;
     if matches!(mode, Mode::Save | Mode::Create) {
+        // The tenant is the one the session is made for; later writes
+        // never move it.
+        let tenant = write
+            .as_ref()
+            .map_or(keel_protocol::DEFAULT_TENANT, |write| write.tenant.as_str());
         let created = conn
             .prepare_cached(
-                "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint) VALUES (?1, ?2, ?2, '{}')
+                "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint, tenant)
+                 VALUES (?1, ?2, ?2, '{}', ?3)
                  ON CONFLICT (id) DO NOTHING",
             )
-            .and_then(|mut insert| insert.execute(params![session_id, now]))
+            .and_then(|mut insert| insert.execute(params![session_id, now, tenant]))
             .map_err(dirty)?;
         if *mode == Mode::Create && created == 0 {
             return Err(JobError::Clean(StoreError::Exists((*session_id).to_owned())));
@@ -285,7 +293,7 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
         ),
         None => (None, None, None),
     };
-    let row: Option<(i64, u64, u64)> = conn
+    let row: Option<(i64, u64, u64, String)> = conn
         .prepare_cached(
             "UPDATE sessions SET
                  last_sequence = last_sequence + ?1,
@@ -295,7 +303,7 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
                  transcript_len = coalesce(?9, transcript_len) + ?5,
                  bot_id = coalesce(?8, bot_id)
              WHERE id = ?6 AND (?7 IS NULL OR lease = ?7)
-             RETURNING key, last_sequence, lease",
+             RETURNING key, last_sequence, lease, tenant",
         )
         .and_then(|mut update| {
             update
@@ -311,12 +319,12 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
                         bot_id,
                         history_cut
                     ],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
                 )
                 .optional()
         })
         .map_err(dirty)?;
-    let Some((key, last_sequence, lease)) = row else {
+    let Some((key, last_sequence, lease, tenant)) = row else {
         return Err(JobError::Clean(refusal(conn, session_id)?));
     };
     let first_sequence = last_sequence - count + 1;
@@ -348,6 +356,9 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
         if let Some(change) = &event.queue {
             apply_queue_change(conn, key, first_sequence + offset as u64, change)?;
         }
+    }
+    if let Some(usage) = crate::EncodedEvent::batch_usage(events) {
+        super::access::add_usage(conn, &tenant, session_id, now, &usage).map_err(dirty)?;
     }
     // The first user message titles a session that has no title yet.
     if let Some(title) = events.iter().find_map(|event| event.title.as_deref()) {
@@ -460,8 +471,9 @@ fn rename(conn: &Connection, session_id: &str, title: &str, now: u64) -> Result<
     })
 }
 
-/// Deletes a session's rows: the log, the queue, the idempotency keys and
-/// the session itself, all in the group's transaction.
+/// Deletes a session's rows: the log, the queue, the idempotency keys, its
+/// usage ledger and budget, and the session itself, all in the group's
+/// transaction.
 fn delete(conn: &Connection, session_id: &str, now: u64) -> Result<Written, JobError> {
     let key: Option<i64> = conn
         .prepare_cached("SELECT key FROM sessions WHERE id = ?1")
@@ -480,6 +492,7 @@ fn delete(conn: &Connection, session_id: &str, now: u64) -> Result<Written, JobE
             .and_then(|mut delete| delete.execute(params![key]))
             .map_err(dirty)?;
     }
+    super::access::forget_session(conn, session_id).map_err(dirty)?;
     Ok(Written {
         receipt: AppendReceipt {
             first_sequence: 0,
@@ -526,6 +539,7 @@ fn encode_write(session_id: &str, write: &CheckpointWrite) -> Result<EncodedWrit
     Ok(EncodedWrite {
         checkpoint: encode(&write.checkpoint)?,
         bot_id: write.checkpoint.session_context.bot_id.clone(),
+        tenant: write.checkpoint.session_context.tenant.clone(),
         execution: write.execution.as_ref().map(encode).transpose()?,
         transcript: write.transcript_delta.iter().map(encode).collect::<Result<_, _>>()?,
         history_cut: write.history_cut,
