@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 pub(crate) use keel::store::Location;
-use keel::store::{Backend, CheckpointStore, ClusterStore, NoticeListener, OpenOptions, SqliteOptions};
+use keel::store::{AccessStore, Backend, CheckpointStore, ClusterStore, NoticeListener, OpenOptions, SqliteOptions};
 use keel::store::{PostgresHold, ServeLock, SharedHold, StoreError};
 
 /// Where the database is.
@@ -181,12 +181,13 @@ impl DbArgs {
 
     /// Opens the database for `keel serve`: on a database several nodes
     /// share (PostgreSQL), with its several-node part and the listener
-    /// that makes the server one node among several.
+    /// that makes the server one node among several; and its keys.
     pub(crate) async fn open_for_serving(
         &self,
     ) -> anyhow::Result<(
         Arc<dyn CheckpointStore>,
         Option<(Arc<dyn ClusterStore>, NoticeListener)>,
+        Arc<dyn AccessStore>,
     )> {
         let opened = self.open_store(true).await?;
         let cluster = match opened.cluster {
@@ -196,7 +197,7 @@ impl DbArgs {
             }
             None => None,
         };
-        Ok((opened.store, cluster))
+        Ok((opened.store, cluster, opened.access))
     }
 
     /// A shared hold on the database for a command that opens sessions

@@ -193,13 +193,14 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "refusing to listen on {address} without a token: pass --token-file FILE (or listen on 127.0.0.1)"
         );
     }
-    let (store, cluster) = args.db.open_for_serving().await?;
+    let (store, cluster, access) = args.db.open_for_serving().await?;
     let relay_wait = args
         .relay_wait_ms
         .or(keel_config.server.relay_wait_ms.map(std::num::NonZeroU64::get))
         .map_or(keel::server::DEFAULT_RELAY_WAIT, Duration::from_millis);
 
     let mut config = ServerConfig::new(store);
+    config.access = Some(access);
     if let Some((cluster_store, listener)) = cluster {
         eprintln!("keel serve is node {node_id} (leases of {} ms)", args.lease_ttl_ms);
         config.cluster = Some(ClusterConfig {

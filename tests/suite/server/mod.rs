@@ -5,6 +5,7 @@
 mod audit;
 mod auth;
 mod bots;
+mod budgets;
 mod ceiling;
 mod cluster;
 mod errors;

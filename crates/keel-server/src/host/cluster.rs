@@ -108,8 +108,6 @@ impl Host {
             Some(policy) => policy,
             None => SessionSettings::stored(session_id, &summary.context)?.on_busy,
         };
-        // Carried to the owner with the submission once the store keeps it.
-        let _submitted_by = super::acting_for(submitted_by, &summary.context.tenant);
         if let Some(key) = &idempotency_key
             && let Some(earlier) = self.store.keyed_submission(session_id, key).await?
         {
@@ -125,7 +123,8 @@ impl Host {
             op,
             on_busy: Some(on_busy),
             idempotency_key,
-            submitted_by: None,
+            // Sealed with the rest: the owner records it as it is.
+            submitted_by: Some(super::acting_for(submitted_by, tenant)),
             seal: None,
         };
         let submission = RelayedSubmission {
@@ -335,7 +334,7 @@ impl Host {
                     on_busy: relayed.on_busy.unwrap_or(session.settings.on_busy),
                     idempotency_key: Some(key),
                     submission_id: Some(relayed.submission_id.clone()),
-                    submitted_by: None,
+                    submitted_by: relayed.submitted_by.clone(),
                 };
                 let queued = session.handle.submit_durable(relayed.op.clone(), options).await;
                 match owner_answer(queued, &relayed.submission_id) {
