@@ -14,11 +14,11 @@ use crate::suite::support::server::{Scratch, ServeProcess, slow_chunks};
 use keel::protocol::{AbortReason, EventMsg, RecordedEvent};
 
 /// Tokens each scripted step reports: 100 in, 20 out.
-const STEP_INPUT: u64 = 100;
-const STEP_OUTPUT: u64 = 20;
+pub(crate) const STEP_INPUT: u64 = 100;
+pub(crate) const STEP_OUTPUT: u64 = 20;
 
 /// An OpenAI chat completion that asks for the clock, with usage.
-fn clock_call(index: usize) -> Upstream {
+pub(crate) fn clock_call(index: usize) -> Upstream {
     let chunk = |choices: Value, usage: Value| {
         let chunk = json!({
             "id": "chatcmpl-budget", "object": "chat.completion.chunk", "created": 1_767_225_600,
@@ -44,7 +44,7 @@ fn clock_call(index: usize) -> Upstream {
 }
 
 /// A provider whose every answer is another clock call.
-async fn looping_provider(steps: usize) -> ScriptedServer {
+pub(crate) async fn looping_provider(steps: usize) -> ScriptedServer {
     ScriptedServer::start((0..steps).map(clock_call).collect()).await
 }
 
