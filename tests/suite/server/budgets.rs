@@ -195,11 +195,11 @@ async fn a_spent_daily_budget_ends_the_turn_refuses_messages_survives_a_restart_
     );
     // Removing the API's budget leaves none (keel.toml has none).
     let removed = delete(&server.api, "/v1/tenants/default/budget").await;
-    assert_eq!(removed.status, StatusCode::OK, "{}", removed.body);
-    assert_eq!(
-        (&removed.body["budget"], &removed.body["source"]),
-        (&Value::Null, &Value::Null)
-    );
+    assert_eq!(removed.status, StatusCode::NO_CONTENT, "{}", removed.body);
+    let none = server.api.get("/v1/tenants/default/budget").await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND, "{}", none.body);
+    let accepted = message(&server.api, "spender", "free again").await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,7 +216,12 @@ async fn a_session_budget_spares_its_neighbours_and_the_concurrency_cap_refuses_
     let api = &server.api;
     create(api, "capped").await;
     create(api, "free").await;
-    let set = put(api, "/v1/sessions/capped/budget", json!({"output_tokens": 30})).await;
+    // A budget with no limit, or a null one, is refused: DELETE removes one.
+    for empty in [json!({}), json!({"output_tokens": null})] {
+        let refused = put(api, "/v1/sessions/capped/budget", empty).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    }
+    let set = put(api, "/v1/sessions/capped/budget", json!({"output_tokens": 30.0})).await;
     assert_eq!(set.status, StatusCode::OK, "{}", set.body);
     assert_eq!(set.body["session_id"], "capped");
     assert_eq!(set.body["source"], "api");
@@ -277,7 +282,9 @@ async fn a_session_budget_spares_its_neighbours_and_the_concurrency_cap_refuses_
 
     // Removing the session's budget lets it run again.
     let removed = delete(api, "/v1/sessions/capped/budget").await;
-    assert_eq!(removed.body["budget"], Value::Null, "{}", removed.body);
+    assert_eq!(removed.status, StatusCode::NO_CONTENT, "{}", removed.body);
+    let none = api.get("/v1/sessions/capped/budget").await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND, "{}", none.body);
     api.wait_idle("free").await;
     let again = message(api, "capped", "again").await;
     assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.body);

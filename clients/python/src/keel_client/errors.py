@@ -46,6 +46,16 @@ class ForbiddenOrigin(Forbidden):
     """403 ``forbidden_origin``: a browser request from another origin."""
 
 
+class MissingScope(Forbidden):
+    """403 ``missing_scope_<scope>``: the credentials lack the scope the request needs."""
+
+
+class BudgetExhausted(KeelError):
+    """429 ``budget_exhausted``: a token budget of the session or its tenant is
+    spent, or the tenant runs as many turns as it may at once; the error's
+    ``budget`` names the limit and when it resets."""
+
+
 class NotFound(KeelError):
     """404 ``not_found``: an unknown session or route."""
 
@@ -154,6 +164,11 @@ _BY_CODE: dict[str, type[KeelError]] = {
     "tool_over_ceiling": OverCeiling,
     "script_model_over_ceiling": OverCeiling,
     "forbidden_origin": ForbiddenOrigin,
+    "missing_scope_read": MissingScope,
+    "missing_scope_submit": MissingScope,
+    "missing_scope_approve": MissingScope,
+    "missing_scope_admin": MissingScope,
+    "budget_exhausted": BudgetExhausted,
     "not_found": NotFound,
     "model_not_found": ModelNotFound,
     "method_not_allowed": MethodNotAllowed,

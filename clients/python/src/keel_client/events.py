@@ -121,6 +121,8 @@ class ApprovalDecided:
     turn_id: str
     call_id: str
     decision: Decision
+    # Who decided: ``{"tenant", "principal_id", "kind", "name"}``.
+    decided_by: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,8 @@ class SubmissionQueued:
     op: Op
     on_busy: BusyPolicy
     idempotency_key: str | None = None
+    # Who submitted it: ``{"tenant", "principal_id", "kind", "name"}``.
+    submitted_by: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

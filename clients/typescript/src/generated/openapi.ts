@@ -175,6 +175,62 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{tenant}/budget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A tenant's budget
+         * @description The budget that applies to the tenant's sessions (set over the API, else keel.toml's), what they spent in the rolling day and ever, the turns they run, and the limit spent if one is; `404` when no budget applies. Needs `admin`.
+         */
+        get: operations["get_tenant_budget"];
+        /**
+         * Set a tenant's budget
+         * @description Stores the tenant's budget, which then applies on every node (within a second) instead of keel.toml's. Needs `admin`.
+         */
+        put: operations["set_tenant_budget"];
+        post?: never;
+        /**
+         * Remove a tenant's budget
+         * @description Removes the budget set over the API (if there is one); keel.toml's applies again, if it has one. Needs `admin`.
+         */
+        delete: operations["delete_tenant_budget"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/budget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A session's budget
+         * @description The session's own budget (besides its tenant's), what it spent in the rolling day and ever, and the limit spent if one is; `404` when the session has none. Needs `admin`.
+         */
+        get: operations["get_session_budget"];
+        /**
+         * Set a session's budget
+         * @description Stores a budget of the session's own, which applies on every node (within a second) besides its tenant's. Needs `admin`.
+         */
+        put: operations["set_session_budget"];
+        post?: never;
+        /**
+         * Remove a session's budget
+         * @description Removes the session's own budget (if it has one); its tenant's still applies. Needs `admin`.
+         */
+        delete: operations["delete_session_budget"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/models": {
         parameters: {
             query?: never;
@@ -271,7 +327,7 @@ export interface components {
          * @description Why a turn ended early.
          * @enum {string}
          */
-        AbortReason: "interrupted" | "runtime_stopped" | "model_failed" | "recorder_saturated";
+        AbortReason: "interrupted" | "runtime_stopped" | "model_failed" | "recorder_saturated" | "budget_exhausted";
         /**
          * @description The answer to an accepted submission.
          * @example {
@@ -296,6 +352,28 @@ export interface components {
             duplicate: boolean;
         };
         /**
+         * @description A principal as recorded in the log: `submitted_by` on a stored
+         *     submission, `decided_by` on an approval decision.
+         */
+        Actor: {
+            /** @description The tenant the principal acted for. */
+            tenant: string;
+            /**
+             * @description The principal's id: the API key's id, the JWT's subject, or
+             *     `operator`.
+             */
+            principal_id: string;
+            /** @description How it authenticated. */
+            kind: components["schemas"]["ActorKind"];
+            /** @description The API key's name, or the JWT's subject; absent for the operator. */
+            name?: string | null;
+        };
+        /**
+         * @description How a principal proved who it is.
+         * @enum {string}
+         */
+        ActorKind: "operator" | "api_key" | "jwt";
+        /**
          * @description Payload of [`EventMsg::ApprovalDecided`]; the envelope's `submission_id`
          *     is the approval op's.
          */
@@ -306,6 +384,7 @@ export interface components {
             call_id: string;
             /** @description The decision. */
             decision: components["schemas"]["ApprovalDecision"];
+            decided_by?: components["schemas"]["Actor"] | null;
         };
         /**
          * @description A user's answer to a tool call that needs approval.
@@ -368,6 +447,117 @@ export interface components {
             sessions: number;
             /** @description Their tokens. */
             usage: components["schemas"]["TokenUsage"];
+        };
+        /**
+         * @description A budget: every limit is optional and only those given apply, but it
+         *     has at least one (`DELETE` removes a budget); no limit is `null`.
+         * @example {
+         *       "max_concurrent_turns": 4,
+         *       "total_tokens_per_day": 200000
+         *     }
+         */
+        BudgetBody: {
+            /**
+             * Format: int64
+             * @description Prompt tokens in the last 24 hours (hourly buckets).
+             */
+            input_tokens_per_day?: number;
+            /**
+             * Format: int64
+             * @description Generated tokens in the last 24 hours.
+             */
+            output_tokens_per_day?: number;
+            /**
+             * Format: int64
+             * @description Prompt and generated tokens in the last 24 hours.
+             */
+            total_tokens_per_day?: number;
+            /**
+             * Format: int64
+             * @description Prompt tokens, ever.
+             */
+            input_tokens?: number;
+            /**
+             * Format: int64
+             * @description Generated tokens, ever.
+             */
+            output_tokens?: number;
+            /**
+             * Format: int64
+             * @description Prompt and generated tokens, ever.
+             */
+            total_tokens?: number;
+            /**
+             * Format: int64
+             * @description The most turns the tenant's sessions run at once, on every node (a
+             *     tenant's budget only).
+             */
+            max_concurrent_turns?: number;
+        };
+        /** @description A limit that is spent: what the 429 body and the turn's abort name. */
+        BudgetExhausted: {
+            /**
+             * @description Whose budget: `tenant` or `session`.
+             * @example tenant
+             */
+            applies_to: string;
+            /** @description The tenant (of the session, for a session's budget). */
+            tenant: string;
+            /** @description The session, for a session's budget. */
+            session_id?: string | null;
+            /**
+             * @description The limit spent: a field of the budget (`total_tokens_per_day`,
+             *     `max_concurrent_turns`, …).
+             * @example total_tokens_per_day
+             */
+            limit: string;
+            /**
+             * Format: int64
+             * @description Its value.
+             */
+            allowed: number;
+            /**
+             * Format: int64
+             * @description What was spent (or, for `max_concurrent_turns`, the turns running).
+             */
+            used: number;
+            /**
+             * Format: int64
+             * @description When the limit opens again: when the oldest hour of the rolling day
+             *     leaves it; `null` for an all-time limit or the concurrency cap.
+             */
+            resets_at_ms?: number | null;
+        };
+        /**
+         * @description Where the budget that applies to a target comes from.
+         * @enum {string}
+         */
+        BudgetSource: "api" | "config";
+        /** @description A tenant's or a session's budget as it applies now. */
+        BudgetView: {
+            /** @description The tenant (the session's, for a session's budget). */
+            tenant: string;
+            /** @description The session, for a session's budget. */
+            session_id?: string | null;
+            /** @description The budget that applies. */
+            budget: components["schemas"]["BudgetBody"];
+            /**
+             * @description Where it comes from: set over this API, or keel.toml's
+             *     `[tenants.<id>.budget]`.
+             */
+            source: components["schemas"]["BudgetSource"];
+            /**
+             * @description What was spent: in the rolling day (the last 24 hourly buckets by
+             *     the server's clock) and ever.
+             */
+            spend: components["schemas"]["Spend"];
+            /**
+             * Format: int64
+             * @description The turns the tenant runs now, on every node (a tenant's budget
+             *     only).
+             */
+            running_turns?: number | null;
+            exhausted?: components["schemas"]["BudgetExhausted"] | null;
         };
         /**
          * @description What a user message does when the session is busy (a turn is running or
@@ -455,12 +645,32 @@ export interface components {
             on_busy?: components["schemas"]["BusyPolicy"] | null;
             queue_mode?: components["schemas"]["QueueMode"] | null;
         };
+        /** @description The rolling day a spend was counted over. */
+        DayWindow: {
+            /**
+             * Format: int64
+             * @description The start of its oldest hour (ms since the Unix epoch).
+             */
+            from_ms: number;
+            /**
+             * Format: int64
+             * @description The server's clock when it was counted.
+             */
+            now_ms: number;
+            /**
+             * Format: int64
+             * @description When its oldest bucket with usage leaves it; `null` when it holds
+             *     none.
+             */
+            oldest_leaves_at_ms?: number | null;
+        };
         /** @description `{"code": …, "message": …}`. */
         ErrorBody: {
             /** @description The machine code (see the Errors table of the API's docs). */
             code: string;
             /** @description What went wrong, for people. */
             message: string;
+            budget?: components["schemas"]["BudgetExhausted"] | null;
         };
         /** @description Payload of [`EventMsg::Error`]. */
         ErrorEvent: {
@@ -893,6 +1103,14 @@ export interface components {
         };
         /** @description Payload of [`EventMsg::ShutdownComplete`]. */
         ShutdownCompleteEvent: Record<string, never>;
+        /** @description What a tenant or a session spent. */
+        Spend: {
+            /** @description In the rolling day. */
+            day: components["schemas"]["Tally"];
+            /** @description The rolling day. */
+            window: components["schemas"]["DayWindow"];
+            all_time?: components["schemas"]["Tally"] | null;
+        };
         /** @description Payload of [`EventMsg::SubmissionQueued`]. */
         SubmissionQueuedEvent: {
             /** @description The op, as it will run. */
@@ -901,6 +1119,7 @@ export interface components {
             on_busy: components["schemas"]["BusyPolicy"];
             /** @description The client's idempotency key, if it sent one. */
             idempotency_key?: string | null;
+            submitted_by?: components["schemas"]["Actor"] | null;
         };
         /**
          * @description Payload of [`EventMsg::SubmissionRejected`]; the envelope's
@@ -929,6 +1148,24 @@ export interface components {
             /** @description What to do. */
             op: components["schemas"]["Op"];
             on_busy?: components["schemas"]["BusyPolicy"] | null;
+        };
+        /** @description Tokens, counted as budgets count them. */
+        Tally: {
+            /**
+             * Format: int64
+             * @description Prompt tokens (cached ones included).
+             */
+            input_tokens: number;
+            /**
+             * Format: int64
+             * @description Generated tokens (reasoning included).
+             */
+            output_tokens: number;
+            /**
+             * Format: int64
+             * @description Both.
+             */
+            total_tokens: number;
         };
         /** @description Tokens a model call used, as the provider reported them. */
         TokenUsage: {
@@ -2142,6 +2379,20 @@ export interface operations {
                     };
                 };
             };
+            /** @description `budget_exhausted`: A token budget of the session or its tenant is spent, or the tenant runs its most concurrent turns; `budget` says which and when it resets. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "budget_exhausted";
+                        };
+                    };
+                };
+            };
             /** @description `internal`: A store failure or another server fault. */
             500: {
                 headers: {
@@ -2326,6 +2577,20 @@ export interface operations {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
                             code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `budget_exhausted`: A token budget of the session or its tenant is spent, or the tenant runs its most concurrent turns; `budget` says which and when it resets. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "budget_exhausted";
                         };
                     };
                 };
@@ -2989,6 +3254,928 @@ export interface operations {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
                             code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    get_tenant_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant: 1 to 128 printable ASCII characters. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The budget. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetView"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    set_tenant_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant: 1 to 128 printable ASCII characters. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["BudgetBody"];
+            };
+        };
+        responses: {
+            /** @description The budget as it applies now. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetView"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `unsupported_media_type`: A body not sent as `application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    delete_tenant_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant: 1 to 128 printable ASCII characters. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The API's budget is gone. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    get_session_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The budget. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetView"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    set_session_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["BudgetBody"];
+            };
+        };
+        responses: {
+            /** @description The budget as it applies now. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetView"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `unsupported_media_type`: A body not sent as `application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    delete_session_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The session's budget is gone. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
                         };
                     };
                 };

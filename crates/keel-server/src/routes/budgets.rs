@@ -3,16 +3,18 @@
 //!
 //! A budget set here is stored (every node reads it within a second) and
 //! wins over keel.toml's `[tenants.<id>.budget]` for its tenant; deleting it
-//! gives keel.toml's back. Each answer shows the budget that applies now,
-//! where it comes from, what was spent and whether a limit is spent.
+//! gives keel.toml's back. A `GET` or `PUT` answers the budget that applies
+//! now, where it comes from, what was spent and whether a limit is spent
+//! (`404` when none applies); a `DELETE` answers `204`.
 
 use std::sync::Arc;
 
 use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::Server;
 use crate::auth::{Principal, Scope};
@@ -26,32 +28,40 @@ use keel_store::BudgetTarget;
 /// The longest tenant name.
 const MAX_TENANT_BYTES: usize = 128;
 
-/// A budget: every limit is optional, and only those given apply.
+/// A budget: every limit is optional and only those given apply, but it
+/// has at least one (`DELETE` removes a budget); no limit is `null`.
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"total_tokens_per_day": 200000, "max_concurrent_turns": 4}))]
+#[schema(example = json!({"total_tokens_per_day": 200000, "max_concurrent_turns": 4}), min_properties = 1)]
 pub(crate) struct BudgetBody {
     /// Prompt tokens in the last 24 hours (hourly buckets).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "limit")]
+    #[schema(value_type = u64, required = false, maximum = 9_223_372_036_854_775_807_u64)]
     input_tokens_per_day: Option<u64>,
     /// Generated tokens in the last 24 hours.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "limit")]
+    #[schema(value_type = u64, required = false, maximum = 9_223_372_036_854_775_807_u64)]
     output_tokens_per_day: Option<u64>,
     /// Prompt and generated tokens in the last 24 hours.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "limit")]
+    #[schema(value_type = u64, required = false, maximum = 9_223_372_036_854_775_807_u64)]
     total_tokens_per_day: Option<u64>,
     /// Prompt tokens, ever.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "limit")]
+    #[schema(value_type = u64, required = false, maximum = 9_223_372_036_854_775_807_u64)]
     input_tokens: Option<u64>,
     /// Generated tokens, ever.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "limit")]
+    #[schema(value_type = u64, required = false, maximum = 9_223_372_036_854_775_807_u64)]
     output_tokens: Option<u64>,
     /// Prompt and generated tokens, ever.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "limit")]
+    #[schema(value_type = u64, required = false, maximum = 9_223_372_036_854_775_807_u64)]
     total_tokens: Option<u64>,
     /// The most turns the tenant's sessions run at once, on every node (a
     /// tenant's budget only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "limit")]
+    #[schema(value_type = u64, required = false, maximum = 9_223_372_036_854_775_807_u64)]
     max_concurrent_turns: Option<u64>,
 }
 
@@ -91,11 +101,11 @@ pub(crate) struct BudgetView {
     /// The session, for a session's budget.
     #[serde(skip_serializing_if = "Option::is_none")]
     session_id: Option<String>,
-    /// The budget that applies; `null` when none does.
-    budget: Option<BudgetBody>,
+    /// The budget that applies.
+    budget: BudgetBody,
     /// Where it comes from: set over this API, or keel.toml's
-    /// `[tenants.<id>.budget]`; `null` when none applies.
-    source: Option<Source>,
+    /// `[tenants.<id>.budget]`.
+    source: Source,
     /// What was spent: in the rolling day (the last 24 hourly buckets by
     /// the server's clock) and ever.
     spend: Spend,
@@ -108,9 +118,18 @@ pub(crate) struct BudgetView {
     exhausted: Option<Exhausted>,
 }
 
+/// The path of a tenant's budget.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(crate) struct TenantPath {
+    /// The tenant: 1 to 128 printable ASCII characters.
+    #[param(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
+    tenant: String,
+}
+
 route_errors!(
-    /// What a tenant's budget route can answer besides `200`.
-    TenantBudgetErrors: ["invalid_request", "missing_scope_admin", "unavailable"]
+    /// What reading a tenant's budget can answer besides `200`.
+    ShowTenantBudgetErrors: ["invalid_request", "not_found", "missing_scope_admin", "unavailable"]
 );
 
 route_errors!(
@@ -120,7 +139,12 @@ route_errors!(
 );
 
 route_errors!(
-    /// What a session's budget route can answer besides `200`.
+    /// What removing a tenant's budget can answer besides `204`.
+    DeleteTenantBudgetErrors: ["invalid_request", "missing_scope_admin", "unavailable"]
+);
+
+route_errors!(
+    /// What a session's budget routes can answer besides `200` or `204`.
     SessionBudgetErrors: ["not_found", "missing_scope_admin", "unavailable"]
 );
 
@@ -138,13 +162,14 @@ route_errors!(
     operation_id = "get_tenant_budget",
     summary = "A tenant's budget",
     description = "The budget that applies to the tenant's sessions (set over the API, else keel.toml's), what \
-        they spent in the rolling day and ever, the turns they run, and the limit spent if one is. Needs `admin`.",
-    params(("tenant" = String, Path, description = "The tenant.")),
-    responses((status = 200, description = "The budget.", body = BudgetView), TenantBudgetErrors),
+        they spent in the rolling day and ever, the turns they run, and the limit spent if one is; `404` when \
+        no budget applies. Needs `admin`.",
+    params(TenantPath),
+    responses((status = 200, description = "The budget.", body = BudgetView), ShowTenantBudgetErrors),
 )]
 pub(crate) async fn show_tenant(
     State(server): State<Arc<Server>>,
-    Path(tenant): Path<String>,
+    Path(TenantPath { tenant }): Path<TenantPath>,
     Extension(principal): Extension<Principal>,
 ) -> Result<Json<BudgetView>, ApiError> {
     principal.require(Scope::Admin)?;
@@ -161,20 +186,21 @@ pub(crate) async fn show_tenant(
     summary = "Set a tenant's budget",
     description = "Stores the tenant's budget, which then applies on every node (within a second) instead of \
         keel.toml's. Needs `admin`.",
-    params(("tenant" = String, Path, description = "The tenant.")),
+    params(TenantPath),
     request_body(content = BudgetBody, content_type = "application/json"),
     responses((status = 200, description = "The budget as it applies now.", body = BudgetView), SetTenantBudgetErrors),
 )]
 pub(crate) async fn set_tenant(
     State(server): State<Arc<Server>>,
-    Path(tenant): Path<String>,
+    Path(TenantPath { tenant }): Path<TenantPath>,
     Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<BudgetBody>,
 ) -> Result<Json<BudgetView>, ApiError> {
     principal.require(Scope::Admin)?;
     check_tenant(&tenant)?;
+    let budget = check_budget(&body)?;
     let target = BudgetTarget::Tenant(tenant.clone());
-    server.host.factory.budgets.set(&target, Some(&body.into())).await?;
+    server.host.factory.budgets.set(&target, Some(&budget)).await?;
     Ok(Json(view(&server, tenant, None).await?))
 }
 
@@ -185,20 +211,21 @@ pub(crate) async fn set_tenant(
     tag = "usage",
     operation_id = "delete_tenant_budget",
     summary = "Remove a tenant's budget",
-    description = "Removes the budget set over the API; keel.toml's applies again, if it has one. Needs `admin`.",
-    params(("tenant" = String, Path, description = "The tenant.")),
-    responses((status = 200, description = "The budget as it applies now.", body = BudgetView), TenantBudgetErrors),
+    description = "Removes the budget set over the API (if there is one); keel.toml's applies again, if it has \
+        one. Needs `admin`.",
+    params(TenantPath),
+    responses((status = 204, description = "The API's budget is gone."), DeleteTenantBudgetErrors),
 )]
 pub(crate) async fn delete_tenant(
     State(server): State<Arc<Server>>,
-    Path(tenant): Path<String>,
+    Path(TenantPath { tenant }): Path<TenantPath>,
     Extension(principal): Extension<Principal>,
-) -> Result<Json<BudgetView>, ApiError> {
+) -> Result<StatusCode, ApiError> {
     principal.require(Scope::Admin)?;
     check_tenant(&tenant)?;
-    let target = BudgetTarget::Tenant(tenant.clone());
+    let target = BudgetTarget::Tenant(tenant);
     server.host.factory.budgets.set(&target, None).await?;
-    Ok(Json(view(&server, tenant, None).await?))
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /v1/sessions/{id}/budget`.
@@ -209,7 +236,7 @@ pub(crate) async fn delete_tenant(
     operation_id = "get_session_budget",
     summary = "A session's budget",
     description = "The session's own budget (besides its tenant's), what it spent in the rolling day and ever, \
-        and the limit spent if one is. Needs `admin`.",
+        and the limit spent if one is; `404` when the session has none. Needs `admin`.",
     params(("id" = String, Path, description = "The session's id.")),
     responses((status = 200, description = "The budget.", body = BudgetView), SessionBudgetErrors),
 )]
@@ -244,8 +271,9 @@ pub(crate) async fn set_session(
 ) -> Result<Json<BudgetView>, ApiError> {
     principal.require(Scope::Admin)?;
     let tenant = session_tenant(&server, &id).await?;
+    let budget = check_budget(&body)?;
     let target = BudgetTarget::Session(id.clone());
-    server.host.factory.budgets.set(&target, Some(&body.into())).await?;
+    server.host.factory.budgets.set(&target, Some(&budget)).await?;
     Ok(Json(view(&server, tenant, Some(id)).await?))
 }
 
@@ -256,31 +284,61 @@ pub(crate) async fn set_session(
     tag = "usage",
     operation_id = "delete_session_budget",
     summary = "Remove a session's budget",
-    description = "Removes the session's own budget; its tenant's still applies. Needs `admin`.",
+    description = "Removes the session's own budget (if it has one); its tenant's still applies. Needs `admin`.",
     params(("id" = String, Path, description = "The session's id.")),
-    responses((status = 200, description = "The budget as it applies now.", body = BudgetView), SessionBudgetErrors),
+    responses((status = 204, description = "The session's budget is gone."), SessionBudgetErrors),
 )]
 pub(crate) async fn delete_session(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
     Extension(principal): Extension<Principal>,
-) -> Result<Json<BudgetView>, ApiError> {
+) -> Result<StatusCode, ApiError> {
     principal.require(Scope::Admin)?;
-    let tenant = session_tenant(&server, &id).await?;
-    let target = BudgetTarget::Session(id.clone());
-    server.host.factory.budgets.set(&target, None).await?;
-    Ok(Json(view(&server, tenant, Some(id)).await?))
+    session_tenant(&server, &id).await?;
+    server
+        .host
+        .factory
+        .budgets
+        .set(&BudgetTarget::Session(id), None)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
-/// A tenant name as the API takes it: 1 to 128 bytes, no control
-/// characters.
+/// A tenant name as the API takes it: 1 to 128 printable ASCII
+/// characters (as the description says).
 fn check_tenant(tenant: &str) -> Result<(), ApiError> {
-    if tenant.is_empty() || tenant.len() > MAX_TENANT_BYTES || tenant.chars().any(char::is_control) {
+    let printable = tenant.bytes().all(|byte| (b' '..=b'~').contains(&byte));
+    if tenant.is_empty() || tenant.len() > MAX_TENANT_BYTES || !printable {
         return Err(ApiError::InvalidRequest(format!(
-            "a tenant must be 1 to {MAX_TENANT_BYTES} bytes without control characters"
+            "a tenant must be 1 to {MAX_TENANT_BYTES} printable ASCII characters"
         )));
     }
     Ok(())
+}
+
+/// A limit of a budget body: an integer from 0 to 2^63 - 1 (`5.0` reads as
+/// 5, as JSON Schema counts it), never `null`.
+fn limit<'de, D>(deserializer: D) -> Result<Option<u64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    match crate::extract::json_int64(deserializer)? {
+        Some(value) => Ok(Some(value)),
+        None => Err(serde::de::Error::custom(
+            "a limit is a number; leave it out to have none",
+        )),
+    }
+}
+
+/// Refuses a budget with no limit: `DELETE` is how one is removed.
+fn check_budget(body: &BudgetBody) -> Result<BudgetConfig, ApiError> {
+    let budget = BudgetConfig::from(*body);
+    if budget.is_empty() {
+        return Err(ApiError::InvalidRequest(
+            "a budget needs at least one limit; DELETE removes a budget".to_owned(),
+        ));
+    }
+    Ok(budget)
 }
 
 /// The tenant of session `id`; `404` when there is no such session.
@@ -303,27 +361,28 @@ async fn view(server: &Server, tenant: String, session_id: Option<String>) -> Re
         Some(id) => BudgetTarget::Session(id.clone()),
         None => BudgetTarget::Tenant(tenant.clone()),
     };
-    let applying = budgets.applying(&target);
+    let Some((budget, source)) = budgets.applying(&target) else {
+        let whose = match &session_id {
+            Some(id) => format!("session '{id}'"),
+            None => format!("tenant '{tenant}'"),
+        };
+        return Err(ApiError::NotFound(format!("no budget applies to {whose}")));
+    };
     let spend = budgets.spend(&target, true).await?;
     let running_turns = match &session_id {
         None => Some(access.running_turns(&tenant).await?),
         Some(_) => None,
     };
-    let exhausted = match applying {
-        Some((budget, _)) => {
-            let owner = crate::budget::Owner {
-                tenant: &tenant,
-                session_id: session_id.as_deref(),
-            };
-            crate::budget::first_exhausted(&budget, &spend, owner)
-        }
-        None => None,
+    let owner = crate::budget::Owner {
+        tenant: &tenant,
+        session_id: session_id.as_deref(),
     };
+    let exhausted = crate::budget::first_exhausted(&budget, &spend, owner);
     Ok(BudgetView {
         tenant,
         session_id,
-        budget: applying.map(|(budget, _)| budget.into()),
-        source: applying.map(|(_, source)| source),
+        budget: budget.into(),
+        source,
         spend,
         running_turns,
         exhausted,
