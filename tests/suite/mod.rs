@@ -36,6 +36,7 @@ mod step_limits;
 mod store_faults;
 mod store_space;
 mod support;
+mod tenancy;
 mod turns_with_tools;
 mod web_chat;
 mod web_ui;

@@ -77,6 +77,7 @@ const CLASSES: Record<string, KeelErrorClass> = {
   missing_scope_submit: ForbiddenError,
   missing_scope_approve: ForbiddenError,
   missing_scope_admin: ForbiddenError,
+  tenant_forbidden: ForbiddenError,
   sandbox_over_ceiling: CeilingError,
   auto_approval_over_ceiling: CeilingError,
   network_over_ceiling: CeilingError,

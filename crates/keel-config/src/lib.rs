@@ -127,7 +127,7 @@ pub use self::auth::AuthConfig;
 pub use self::bots::{BotConfig, BotId, Bots};
 pub use self::budget::BudgetConfig;
 pub use self::server::{READING_TOOLS, ServerPolicy};
-pub use self::tenants::TenantConfig;
+pub use self::tenants::{MAX_TENANT_BYTES, TenantConfig, TenantTools, valid_tenant};
 pub use keel_tools::ToolsConfig;
 pub use keel_tools::mcp::{
     DEFAULT_MCP_CALL_TIMEOUT, DEFAULT_MCP_STARTUP_TIMEOUT, MAX_MCP_SERVER_NAME, McpConfig, McpServerConfig,

@@ -5,12 +5,14 @@
 //!
 //! The operator's own settings (`[tools]`, `[approvals]`, the default model,
 //! the models of `keel.toml`) always pass: a client is refused only for
-//! asking for more than they give.
+//! asking for more than they give. A tenant's `[tenants.<id>]` table
+//! narrows both for its sessions first (see `tenant_ceiling`).
 
 use std::path::{Path, PathBuf};
 
 use super::error::ApiError;
 use super::settings::{ToolsOverrides, merge_approvals};
+use super::tenant_ceiling::Ceiling;
 use keel_config::{KeelConfig, ServerPolicy, ToolsConfig};
 use keel_tools::{ApprovalPolicy, ApprovalRules};
 
@@ -30,14 +32,16 @@ fn forbidden(code: &'static str, message: String) -> ApiError {
 }
 
 /// Checks a session's tool and approval overrides against `keel`'s
-/// `[tools]`, `[approvals]` and `[server]`; `403` naming the setting.
+/// `[approvals]` and the `[tools]` and `[server]` of `ceiling` (its
+/// tenant's); `403` naming the setting.
 pub(crate) fn check_overrides(
     keel: &KeelConfig,
+    ceiling: &Ceiling,
     tools: Option<&ToolsOverrides>,
     approvals: Option<&ApprovalRules>,
 ) -> Result<(), ApiError> {
-    let base = &keel.tools;
-    let policy = &keel.server;
+    let base = &ceiling.tools;
+    let policy = &ceiling.policy;
     if let Some(overrides) = tools {
         for (key, asked, offered) in [
             ("builtin", overrides.builtin, base.builtin),
@@ -166,6 +170,11 @@ impl ScriptDir {
             canonical,
         })
     }
+
+    /// Whether this directory is `other` or inside it, as resolved.
+    pub(crate) fn is_inside(&self, other: &ScriptDir) -> bool {
+        self.canonical.starts_with(&other.canonical)
+    }
 }
 
 /// `403 script_model_over_ceiling`.
@@ -220,6 +229,16 @@ mod tests {
         result.err().map_or("ok", |error| error.code())
     }
 
+    /// The check of a session of the default tenant (no `[tenants]` table).
+    fn check(
+        keel: &KeelConfig,
+        tools: Option<&ToolsOverrides>,
+        approvals: Option<&ApprovalRules>,
+    ) -> Result<(), ApiError> {
+        let ceiling = crate::tenant_ceiling::ceiling_of(keel, keel_protocol::DEFAULT_TENANT);
+        check_overrides(keel, &ceiling, tools, approvals)
+    }
+
     fn rules(default: Option<ApprovalPolicy>, tools: &[(&str, ApprovalPolicy)]) -> ApprovalRules {
         ApprovalRules {
             default,
@@ -237,30 +256,18 @@ mod tests {
             sandbox: Some(SandboxPolicy::FullAccess),
             ..ToolsOverrides::default()
         };
-        assert_eq!(code(check_overrides(&keel, Some(&full), None)), "sandbox_over_ceiling");
+        assert_eq!(code(check(&keel, Some(&full), None)), "sandbox_over_ceiling");
         let network = ToolsOverrides {
             network: Some(true),
             ..ToolsOverrides::default()
         };
-        assert_eq!(
-            code(check_overrides(&keel, Some(&network), None)),
-            "network_over_ceiling"
-        );
+        assert_eq!(code(check(&keel, Some(&network), None)), "network_over_ceiling");
         let auto = rules(Some(ApprovalPolicy::Auto), &[]);
-        assert_eq!(
-            code(check_overrides(&keel, None, Some(&auto))),
-            "auto_approval_over_ceiling"
-        );
+        assert_eq!(code(check(&keel, None, Some(&auto))), "auto_approval_over_ceiling");
         let shell = rules(None, &[("shell", ApprovalPolicy::Auto)]);
-        assert_eq!(
-            code(check_overrides(&keel, None, Some(&shell))),
-            "auto_approval_over_ceiling"
-        );
+        assert_eq!(code(check(&keel, None, Some(&shell))), "auto_approval_over_ceiling");
         let mcp = rules(None, &[("files__write", ApprovalPolicy::Auto)]);
-        assert_eq!(
-            code(check_overrides(&keel, None, Some(&mcp))),
-            "auto_approval_over_ceiling"
-        );
+        assert_eq!(code(check(&keel, None, Some(&mcp))), "auto_approval_over_ceiling");
 
         // Narrowing is always fine, and so is auto for the reading tools only.
         let narrow = ToolsOverrides {
@@ -270,9 +277,9 @@ mod tests {
             network: Some(false),
             ..ToolsOverrides::default()
         };
-        assert_eq!(code(check_overrides(&keel, Some(&narrow), Some(&auto))), "ok");
+        assert_eq!(code(check(&keel, Some(&narrow), Some(&auto))), "ok");
         let reading = rules(Some(ApprovalPolicy::Ask), &[("read_file", ApprovalPolicy::Auto)]);
-        assert_eq!(code(check_overrides(&keel, None, Some(&reading))), "ok");
+        assert_eq!(code(check(&keel, None, Some(&reading))), "ok");
     }
 
     #[test]
@@ -283,7 +290,7 @@ mod tests {
             shell: Some(true),
             ..ToolsOverrides::default()
         };
-        assert_eq!(code(check_overrides(&keel, Some(&shell), None)), "tool_over_ceiling");
+        assert_eq!(code(check(&keel, Some(&shell), None)), "tool_over_ceiling");
 
         let mut keel = KeelConfig::default();
         keel.server.max_sandbox = SandboxPolicy::FullAccess;
@@ -295,7 +302,7 @@ mod tests {
             ..ToolsOverrides::default()
         };
         let auto = rules(Some(ApprovalPolicy::Auto), &[]);
-        assert_eq!(code(check_overrides(&keel, Some(&everything), Some(&auto))), "ok");
+        assert_eq!(code(check(&keel, Some(&everything), Some(&auto))), "ok");
 
         // The operator's own auto rules and sandbox are not the client's doing.
         let mut keel = KeelConfig {
@@ -307,7 +314,7 @@ mod tests {
             sandbox: Some(SandboxPolicy::FullAccess),
             ..ToolsOverrides::default()
         };
-        assert_eq!(code(check_overrides(&keel, Some(&same), Some(&auto))), "ok");
+        assert_eq!(code(check(&keel, Some(&same), Some(&auto))), "ok");
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@
 //! no longer fit, or no longer parse, keep the session from loading rather
 //! than loading it with defaults (which could turn a tool back on).
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use super::ceiling::{ScriptDir, check_overrides, resolve_script};
 use super::error::ApiError;
 use super::metrics::{MeteredModel, Metrics};
 use super::settings::{SessionSettings, ToolsOverrides, merge_approvals};
+use super::tenant_ceiling::{Ceiling, ceiling_of};
 use keel_agent::{AgentConfig, ProjectDocs, QueueMode, SessionContext};
 use keel_config::{KeelConfig, ToolsConfig};
 use keel_model::Model;
@@ -25,6 +27,9 @@ pub(crate) struct SessionFactory {
     /// Where API clients' `script:` models may come from (`[server]
     /// script_dir`, resolved).
     pub(crate) script_dir: Option<ScriptDir>,
+    /// The tenants' own script directories (`[tenants.<id>] script_dir`),
+    /// each inside the server's.
+    pub(crate) tenant_script_dirs: BTreeMap<String, ScriptDir>,
     /// The model of sessions that name none.
     pub(crate) default_model: Option<String>,
     /// Each session works in a directory of its own under this one.
@@ -45,25 +50,42 @@ impl SessionFactory {
         settings.model.clone().or_else(|| self.default_model.clone())
     }
 
-    /// Checks that a new session's settings fit the operator's ceiling
+    /// The ceiling of `tenant`'s sessions.
+    fn ceiling(&self, tenant: &str) -> Ceiling {
+        ceiling_of(&self.keel, tenant)
+    }
+
+    /// Where `tenant`'s `script:` models may come from: its own directory,
+    /// else the server's.
+    fn script_dir_of(&self, tenant: &str) -> Option<&ScriptDir> {
+        self.tenant_script_dirs.get(tenant).or(self.script_dir.as_ref())
+    }
+
+    /// Checks that a new session's settings fit its tenant's ceiling
     /// (`403`) and can be built (`400`); returns the model spec to store:
     /// a `script:` path resolved to an absolute one, so that a server
     /// started from another directory still finds the file.
-    pub(crate) async fn check(&self, settings: &SessionSettings) -> Result<String, ApiError> {
-        check_overrides(&self.keel, settings.tools.as_ref(), settings.approvals.as_ref())?;
+    pub(crate) async fn check(&self, tenant: &str, settings: &SessionSettings) -> Result<String, ApiError> {
+        let ceiling = self.ceiling(tenant);
+        check_overrides(
+            &self.keel,
+            &ceiling,
+            settings.tools.as_ref(),
+            settings.approvals.as_ref(),
+        )?;
         let spec = self.model_spec(settings).ok_or_else(|| {
             ApiError::InvalidRequest(
                 "no model: name one in `model`, or start the server with --model or a keel.toml `model`".to_owned(),
             )
         })?;
-        self.check_model(&spec).await
+        self.check_model(tenant, &spec).await
     }
 
     /// Checks that `spec` can be built here (the `model` of a new session
     /// or of a `PATCH`): `403` for a script beyond the ceiling, `404` for a
     /// model this server cannot build; returns the spec to store.
-    pub(crate) async fn check_model(&self, spec: &str) -> Result<String, ApiError> {
-        let (_, resolved) = self.load_model(spec).await?;
+    pub(crate) async fn check_model(&self, tenant: &str, spec: &str) -> Result<String, ApiError> {
+        let (_, resolved) = self.load_model(tenant, spec).await?;
         Ok(resolved)
     }
 
@@ -87,6 +109,7 @@ impl SessionFactory {
     /// the session.
     pub(crate) fn with_bot_defaults(
         &self,
+        tenant: &str,
         bot_id: &str,
         mut settings: SessionSettings,
         queue_mode: Option<QueueMode>,
@@ -103,7 +126,7 @@ impl SessionFactory {
                 ..asked
             });
         }
-        let tools = self.tools_config(&settings);
+        let tools = self.tools_config(tenant, &settings);
         let has_tools =
             tools.builtin || tools.write || tools.shell || self.keel.mcp.servers.values().any(|server| server.enabled);
         settings.instructions = settings.instructions.or_else(|| bot.default_instructions(has_tools));
@@ -112,11 +135,13 @@ impl SessionFactory {
         settings
     }
 
-    /// The `[tools]` a session with `settings` gets.
-    fn tools_config(&self, settings: &SessionSettings) -> ToolsConfig {
+    /// The `[tools]` a session of `tenant` with `settings` gets: its
+    /// overrides over its tenant's narrowed `[tools]`.
+    fn tools_config(&self, tenant: &str, settings: &SessionSettings) -> ToolsConfig {
+        let base = self.ceiling(tenant).tools;
         match &settings.tools {
-            Some(overrides) => overrides.apply(&self.keel.tools),
-            None => self.keel.tools.clone(),
+            Some(overrides) => overrides.apply(&base),
+            None => base,
         }
     }
 
@@ -125,10 +150,10 @@ impl SessionFactory {
     /// operator did not choose must name a file in the script directory
     /// (`403` otherwise); a spec that cannot be built is `404
     /// model_not_found`.
-    async fn load_model(&self, spec: &str) -> Result<(Arc<dyn Model>, String), ApiError> {
+    async fn load_model(&self, tenant: &str, spec: &str) -> Result<(Arc<dyn Model>, String), ApiError> {
         let spec = match spec.strip_prefix("script:") {
             Some(path) if !self.operator_model(spec) => {
-                let resolved = resolve_script(self.script_dir.as_ref(), spec, path).await?;
+                let resolved = resolve_script(self.script_dir_of(tenant), spec, path).await?;
                 format!("script:{}", resolved.display())
             }
             _ => absolute_spec(spec),
@@ -160,7 +185,15 @@ impl SessionFactory {
             },
             other => ApiError::Internal(format!("cannot load session '{session_id}': {other}")),
         };
-        check_overrides(&self.keel, settings.tools.as_ref(), settings.approvals.as_ref()).map_err(refused)?;
+        let tenant = context.tenant.clone();
+        let ceiling = self.ceiling(&tenant);
+        check_overrides(
+            &self.keel,
+            &ceiling,
+            settings.tools.as_ref(),
+            settings.approvals.as_ref(),
+        )
+        .map_err(refused)?;
         let spec = self.model_spec(settings).ok_or_else(|| {
             model_unavailable(
                 session_id,
@@ -168,7 +201,7 @@ impl SessionFactory {
                 "it names no model and the server has no default model",
             )
         })?;
-        let (model, _) = self.load_model(&spec).await.map_err(|error| match error {
+        let (model, _) = self.load_model(&tenant, &spec).await.map_err(|error| match error {
             // Beyond the ceiling: its code, and the way out.
             ApiError::Forbidden { code, message } => ApiError::Forbidden {
                 code,
@@ -186,7 +219,7 @@ impl SessionFactory {
         // A stored session's workspace: the directory Keel created for it,
         // checked by identity (or made, or adopted, see `created.rs`).
         let workspace = self
-            .with_workspaces(session_id, |root, name| root.open_existing(name))
+            .with_workspaces(&context.tenant, session_id, |root, name| root.open_existing(name))
             .await?;
         let mut config = AgentConfig::new(session_id, Arc::clone(&self.store), model);
         // Asked before each model step; it reads the store only while a
@@ -210,7 +243,7 @@ impl SessionFactory {
             Some(overrides) => merge_approvals(&self.keel.approvals, overrides),
             None => self.keel.approvals.clone(),
         };
-        let tools = self.tools_config(settings);
+        let tools = self.tools_config(&tenant, settings);
         self.keel
             .install_tools(&mut config, &tools, self.launcher.clone())
             .await;
@@ -222,17 +255,17 @@ impl SessionFactory {
     /// Makes the workspace of the new session `session_id` with `mkdir`:
     /// `409 workspace_exists` when anything has its name already (an
     /// operator's directory, a link, a workspace left by a deleted session).
-    pub(crate) async fn create_workspace(&self, session_id: &str) -> Result<(), ApiError> {
-        self.with_workspaces(session_id, |root, name| root.create(name))
+    pub(crate) async fn create_workspace(&self, tenant: &str, session_id: &str) -> Result<(), ApiError> {
+        self.with_workspaces(tenant, session_id, |root, name| root.create(name))
             .await
             .map(drop)
     }
 
     /// Undoes [`Self::create_workspace`] when the session could not be
     /// created, so that the id stays usable.
-    pub(crate) async fn discard_workspace(&self, session_id: &str) {
+    pub(crate) async fn discard_workspace(&self, tenant: &str, session_id: &str) {
         let discarded = self
-            .with_workspaces(session_id, |root, name| {
+            .with_workspaces(tenant, session_id, |root, name| {
                 root.discard(name);
                 Ok(())
             })
@@ -245,26 +278,31 @@ impl SessionFactory {
     /// Refuses (`409 workspace_not_removable`) to remove a workspace Keel
     /// did not create, one that was replaced, or one holding Keel's own
     /// files; removes nothing.
-    pub(crate) async fn check_workspace_removable(&self, session_id: &str) -> Result<(), ApiError> {
-        self.with_workspaces(session_id, |root, name| root.check_removable(name).map(drop))
+    pub(crate) async fn check_workspace_removable(&self, tenant: &str, session_id: &str) -> Result<(), ApiError> {
+        self.with_workspaces(tenant, session_id, |root, name| root.check_removable(name).map(drop))
             .await
     }
 
     /// Removes the workspace of `session_id` (checked again), following no
     /// link inside it.
-    pub(crate) async fn remove_workspace(&self, session_id: &str) -> Result<(), ApiError> {
-        self.with_workspaces(session_id, |root, name| root.remove(name)).await
+    pub(crate) async fn remove_workspace(&self, tenant: &str, session_id: &str) -> Result<(), ApiError> {
+        self.with_workspaces(tenant, session_id, |root, name| root.remove(name))
+            .await
     }
 
-    /// Runs `work` on the workspace root and the name of `session_id`'s
-    /// workspace in it, on a blocking thread (it is file-system work).
+    /// Runs `work` on the workspace root of `tenant` and the name of
+    /// `session_id`'s workspace in it, on a blocking thread (it is
+    /// file-system work).
     async fn with_workspaces<T: Send + 'static>(
         &self,
+        tenant: &str,
         session_id: &str,
         work: impl FnOnce(&WorkspaceRoot, &OsStr) -> Result<T, WorkspaceError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let root = self.workspace_root.clone();
-        let dir = workspace_dir(&root, session_id);
+        let dir = tenant_workspace_dir(&self.workspace_root, tenant, session_id);
+        let root = dir
+            .parent()
+            .map_or_else(|| self.workspace_root.clone(), Path::to_path_buf);
         tokio::task::spawn_blocking(move || {
             let name = dir.file_name().unwrap_or_default();
             let workspaces = WorkspaceRoot::open(&root)?;
@@ -316,16 +354,43 @@ pub(crate) fn absolute_spec(spec: &str) -> String {
 /// and two ids never share a directory. Public so that `keel sessions rm`
 /// finds the directory the server used.
 pub fn workspace_dir(root: &Path, session_id: &str) -> PathBuf {
-    let plain = !session_id.is_empty()
-        && !session_id.starts_with('.')
-        && session_id
+    root.join(safe_name(session_id))
+}
+
+/// The directory below the workspace root that holds the tenants'
+/// workspace roots. No session's workspace can have its name: a plain name
+/// has no `~`, a hashed one is `~` and a UUID.
+const TENANTS_DIR: &str = "~tenants";
+
+/// The workspace of a session of `tenant`: the default tenant's are where
+/// they always were ([`workspace_dir`]); another tenant's are in a root of
+/// its own, `root/~tenants/<tenant>/`, named as a session id is (a plain
+/// name as it is, any other hashed), so no tenant name can lead outside and
+/// two tenants never share one. Each tenant root has its own record of the
+/// workspaces Keel made. Public so that `keel sessions rm` finds the
+/// directory the server used.
+pub fn tenant_workspace_dir(root: &Path, tenant: &str, session_id: &str) -> PathBuf {
+    if tenant == keel_protocol::DEFAULT_TENANT {
+        workspace_dir(root, session_id)
+    } else {
+        workspace_dir(&root.join(TENANTS_DIR).join(safe_name(tenant)), session_id)
+    }
+}
+
+/// `name` as one path component: itself when it is a plain name (letters,
+/// digits, `-`, `_`, `.`, not starting with `.`), otherwise `~<UUID v5 of
+/// it>`.
+fn safe_name(name: &str) -> String {
+    let plain = !name.is_empty()
+        && !name.starts_with('.')
+        && name
             .bytes()
             .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.'));
     if plain {
-        root.join(session_id)
+        name.to_owned()
     } else {
-        let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, session_id.as_bytes());
-        root.join(format!("~{id}"))
+        let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes());
+        format!("~{id}")
     }
 }
 
@@ -362,5 +427,32 @@ mod tests {
         }
         assert_ne!(workspace_dir(root, "a/b"), workspace_dir(root, "a\\b"));
         assert_eq!(workspace_dir(root, "a/b"), workspace_dir(root, "a/b"), "stable");
+    }
+
+    #[test]
+    fn each_tenant_has_a_root_of_its_own_and_the_default_keeps_the_old_layout() {
+        let root = Path::new("/srv/keel");
+        assert_eq!(tenant_workspace_dir(root, "default", "s1"), root.join("s1"));
+        assert_eq!(
+            tenant_workspace_dir(root, "acme", "s1"),
+            root.join("~tenants").join("acme").join("s1")
+        );
+        assert_ne!(
+            tenant_workspace_dir(root, "acme", "s1"),
+            tenant_workspace_dir(root, "beta", "s1")
+        );
+        for tenant in ["..", "../x", "a/b", ".hidden", "with space", "~tenants"] {
+            let dir = tenant_workspace_dir(root, tenant, "s1");
+            let tenant_root = dir.parent().and_then(Path::parent);
+            assert_eq!(tenant_root, Some(root.join("~tenants").as_path()), "{tenant}");
+            assert!(
+                dir.components().all(|part| part != std::path::Component::ParentDir),
+                "{tenant}"
+            );
+        }
+        // No session of the default tenant can take the tenants' directory.
+        for id in ["~tenants", "tenants"] {
+            assert_ne!(workspace_dir(root, id), root.join("~tenants"), "{id}");
+        }
     }
 }

@@ -41,6 +41,7 @@ mod openapi;
 pub(crate) mod routes;
 mod settings;
 mod sse;
+mod tenant_ceiling;
 mod ui;
 mod ws;
 
@@ -59,7 +60,7 @@ pub use self::conn::{
 };
 pub use self::error::ApiError;
 use self::factory::SessionFactory;
-pub use self::factory::workspace_dir;
+pub use self::factory::{tenant_workspace_dir, workspace_dir};
 pub use self::front::DEFAULT_BODY_TIMEOUT;
 pub use self::host::RelayKey;
 use self::host::{Host, HostLimits};
@@ -73,7 +74,7 @@ use keel_store::{ClusterStore, NoticeListener};
 
 /// The version of the HTTP API (the OpenAPI document's `info.version`):
 /// the major changes only with a breaking change to the API.
-pub const API_VERSION: &str = "1.2.0";
+pub const API_VERSION: &str = "1.3.0";
 
 /// The response header that carries [`API_VERSION`], so that a client can
 /// refuse a server of another major version before it misreads an answer.
@@ -282,6 +283,8 @@ pub async fn serve(
         .map(ceiling::ScriptDir::new)
         .transpose()
         .map_err(ServeError::Config)?;
+    let tenant_script_dirs =
+        tenant_ceiling::tenant_script_dirs(&config.keel, script_dir.as_ref()).map_err(ServeError::Config)?;
     let retention = config
         .keel
         .server
@@ -297,6 +300,7 @@ pub async fn serve(
         budgets,
         keel: Arc::new(config.keel),
         script_dir,
+        tenant_script_dirs,
         default_model: config.default_model,
         workspace_root: config.workspace_root,
         launcher: config.launcher,

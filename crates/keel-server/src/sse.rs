@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -14,11 +15,13 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::Server;
+use super::auth::{Principal, Scope};
 use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::fanout::Subscription;
 use super::metrics::Metrics;
 use super::openapi::errors::route_errors;
+use super::routes::access;
 use keel_protocol::RecordedEvent;
 
 /// The query of the stream (the token is checked by the auth layer).
@@ -50,23 +53,23 @@ pub(crate) fn resume_point(headers: &HeaderMap, after: Option<u64>) -> Result<u6
     }
 }
 
-/// The resume point of a stream of session `id`, checked against its log:
-/// `404` for an unknown session, `400` for a point past the log's end (no
+/// The resume point of a stream of session `id` that `principal` reads,
+/// checked against its log: `403` without the `read` scope, `404` for an
+/// unknown session (or one it does not see), `400` for a point past the
+/// log's end (no
 /// client can have seen such an event, since events are delivered only once
 /// stored; waiting for it would look like a stream that hangs).
 pub(crate) async fn checked_resume_point(
     server: &Server,
+    principal: &Principal,
     id: &str,
     headers: &HeaderMap,
     after: Option<u64>,
 ) -> Result<u64, ApiError> {
-    let after = resume_point(headers, after)?;
-    let summary = server
-        .host
-        .store
-        .session_summary(id)
+    let summary = access::session(server, principal, Scope::Read, id)
         .await?
         .ok_or_else(|| ApiError::unknown_session(id))?;
+    let after = resume_point(headers, after)?;
     if after > summary.last_sequence {
         return Err(ApiError::InvalidRequest(format!(
             "cannot resume after sequence {after}: the log of session '{id}' ends at {}",
@@ -78,7 +81,7 @@ pub(crate) async fn checked_resume_point(
 
 route_errors!(
     /// What a stream of a session's log can answer instead of opening.
-    StreamErrors: ["invalid_request", "not_found"]
+    StreamErrors: ["invalid_request", "not_found", "missing_scope_read"]
 );
 
 /// `GET /v1/sessions/{id}/events/stream`.
@@ -102,7 +105,7 @@ route_errors!(
         ),
         StreamQuery,
     ),
-    security(("bearer" = []), ("query_token" = [])),
+    security(("bearer" = ["read"]), ("query_token" = ["read"])),
     responses(
         (
             status = 200,
@@ -115,11 +118,12 @@ route_errors!(
 )]
 pub(crate) async fn stream(
     State(server): State<Arc<Server>>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<StreamQuery>,
 ) -> Result<Response, ApiError> {
-    let after = checked_resume_point(&server, &id, &headers, query.after).await?;
+    let after = checked_resume_point(&server, &principal, &id, &headers, query.after).await?;
     let subscription = server.host.subscribe(&id, after);
     let keep_alive = KeepAlive::new().interval(server.keep_alive).text("keep-alive");
     let mut response = Sse::new(events(subscription, Arc::clone(&server.metrics)))

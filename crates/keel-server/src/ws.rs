@@ -21,10 +21,11 @@ use super::auth::Principal;
 use super::error::{ApiError, ErrorBody};
 use super::extract::ApiQuery;
 use super::openapi::errors::route_errors;
+use super::routes::access;
 use super::routes::submissions::submit_op;
 use super::sse::checked_resume_point;
 use keel_agent::BusyPolicy;
-use keel_protocol::{Actor, Op};
+use keel_protocol::Op;
 
 /// The query of the upgrade request.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -81,7 +82,7 @@ pub(crate) enum Reply {
 
 route_errors!(
     /// What the WebSocket route can answer instead of upgrading.
-    UpgradeErrors: ["invalid_request", "not_found"]
+    UpgradeErrors: ["invalid_request", "not_found", "missing_scope_read"]
 );
 
 /// `GET /v1/sessions/{id}/ws?after=SEQ`.
@@ -93,13 +94,15 @@ route_errors!(
     summary = "A session over a WebSocket",
     description = "Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame \
         holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each \
-        answered by a `WsReply` frame.",
+        answered by a `WsReply` frame. Opening it needs the `read` scope; each submission frame needs the \
+        scope its op needs (`submit`; `approve` for an `approval`, `admin` for a `shutdown`), else it is answered by a \
+        `submission_error` naming the missing scope.",
     params(
         ("id" = String, Path, description = "The session's id."),
         ("Last-Event-ID" = Option<u64>, Header, description = "The resume point (wins over `after`)."),
         WsQuery,
     ),
-    security(("bearer" = []), ("query_token" = [])),
+    security(("bearer" = ["read"]), ("query_token" = ["read"])),
     responses(
         (status = 101, description = "Switching to the WebSocket protocol."),
         UpgradeErrors,
@@ -107,21 +110,19 @@ route_errors!(
 )]
 pub(crate) async fn upgrade(
     State(server): State<Arc<Server>>,
-    Path(id): Path<String>,
     Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<WsQuery>,
     upgrade: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
-    let after = checked_resume_point(&server, &id, &headers, query.after).await?;
+    let after = checked_resume_point(&server, &principal, &id, &headers, query.after).await?;
     Ok(upgrade
         .max_message_size(server.body_limit)
-        .on_upgrade(move |socket| run(server, id, after, principal.actor, socket)))
+        .on_upgrade(move |socket| run(server, principal, id, after, socket)))
 }
 
-/// Serves the socket; its submissions are recorded as sent by `actor`,
-/// the principal that opened it.
-async fn run(server: Arc<Server>, session_id: String, after: u64, actor: Actor, mut socket: WebSocket) {
+async fn run(server: Arc<Server>, principal: Principal, session_id: String, after: u64, mut socket: WebSocket) {
     let mut subscription = server.host.subscribe(&session_id, after);
     loop {
         tokio::select! {
@@ -139,7 +140,7 @@ async fn run(server: Arc<Server>, session_id: String, after: u64, actor: Actor, 
             },
             frame = socket.recv() => match frame {
                 Some(Ok(Message::Text(text))) => {
-                    let reply = answer(&server, &session_id, &actor, text.as_str()).await;
+                    let reply = answer(&server, &principal, &session_id, text.as_str()).await;
                     let reply = serde_json::to_string(&reply).unwrap_or_default();
                     if socket.send(Message::text(reply)).await.is_err() {
                         return;
@@ -164,8 +165,9 @@ async fn run(server: Arc<Server>, session_id: String, after: u64, actor: Actor, 
     let _ = socket.send(Message::Close(None)).await;
 }
 
-/// Submits the op of one frame and builds the reply.
-async fn answer(server: &Server, session_id: &str, actor: &Actor, text: &str) -> Reply {
+/// Submits the op of one frame and builds the reply: the principal needs
+/// the op's scope for each frame (it saw the session when it connected).
+async fn answer(server: &Server, principal: &Principal, session_id: &str, text: &str) -> Reply {
     let frame = match serde_json::from_str::<SubmitFrame>(text) {
         Ok(frame) => frame,
         Err(error) => {
@@ -179,13 +181,20 @@ async fn answer(server: &Server, session_id: &str, actor: &Actor, text: &str) ->
             };
         }
     };
+    if let Err(error) = principal.require(access::op_scope(&frame.op)) {
+        return Reply::SubmissionError {
+            request_id: frame.request_id,
+            error: error.body(),
+        };
+    }
+    let actor = principal.actor.clone();
     match submit_op(
         server,
         session_id,
         frame.op,
         frame.on_busy,
         frame.idempotency_key,
-        actor.clone(),
+        actor,
     )
     .await
     {

@@ -120,21 +120,25 @@ async fn remove(args: RmArgs) -> anyhow::Result<ExitCode> {
     };
     // A workspace Keel did not create, or one holding Keel's own files, is
     // refused before anything is deleted (see `WorkspaceRoot`).
-    let workspace = if args.workspace {
-        let root = match args.workspace_root {
+    let root = if args.workspace {
+        Some(match args.workspace_root {
             Some(root) => root,
             None => std::env::current_dir().context("cannot read the current directory")?,
-        };
-        let dir = keel::server::workspace_dir(&root, &args.session);
-        let name = dir.file_name().map(ToOwned::to_owned).unwrap_or_default();
-        Some((root, name))
+        })
     } else {
         None
     };
     let store = args.db.open(false).await?;
-    if let Some((root, name)) = &workspace
-        && store.session_summary(&args.session).await?.is_some()
-    {
+    // The workspace is in its tenant's root, as the server put it.
+    let workspace = match &root {
+        Some(root) => store.session_summary(&args.session).await?.map(|summary| {
+            let dir = keel::server::tenant_workspace_dir(root, &summary.context.tenant, &args.session);
+            let name = dir.file_name().map(ToOwned::to_owned).unwrap_or_default();
+            (dir.parent().map_or_else(|| root.clone(), ToOwned::to_owned), name)
+        }),
+        None => None,
+    };
+    if let Some((root, name)) = &workspace {
         let refused = keel::tools::workspace::WorkspaceRoot::open(root).and_then(|root| root.check_removable(name));
         if let Err(error) = refused {
             store.close().await;

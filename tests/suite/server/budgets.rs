@@ -65,12 +65,11 @@ async fn delete(api: &Api, path: &str) -> Reply {
     api.send(api.client.delete(api.url(path))).await
 }
 
-/// A session of the provider's model with the clock tool.
-async fn create(api: &Api, id: &str) {
-    api.create(
-        json!({"id": id, "model": "openai:gpt-4.1-mini", "tools": {"builtin": true, "write": false, "shell": false}}),
-    )
-    .await;
+/// A session of `tenant` on the provider's model, with the clock tool.
+async fn create(api: &Api, id: &str, tenant: &str) {
+    let tools = json!({"builtin": true, "write": false, "shell": false});
+    api.create(json!({"id": id, "tenant": tenant, "model": "openai:gpt-4.1-mini", "tools": tools}))
+        .await;
 }
 
 /// Sends a message and reads its turn to the end.
@@ -110,9 +109,12 @@ async fn a_spent_daily_budget_ends_the_turn_refuses_messages_survives_a_restart_
     let provider = looping_provider(12).await;
     let server = serve(&scratch, &provider, &[]);
     let api = &server.api;
-    create(api, "spender").await;
+    create(api, "spender", "acme").await;
+    let other = scratch.script("other.jsonl", &[r#"{"text": "hello"}"#]);
+    api.create(json!({"id": "other", "tenant": "globex", "model": other}))
+        .await;
     // Room for two steps and a half: the third step spends it.
-    let set = put(api, "/v1/tenants/default/budget", json!({"total_tokens_per_day": 300})).await;
+    let set = put(api, "/v1/tenants/acme/budget", json!({"total_tokens_per_day": 300})).await;
     assert_eq!(set.status, StatusCode::OK, "{}", set.body);
     assert_eq!(set.body["source"], "api");
     assert_eq!(set.body["budget"], json!({"total_tokens_per_day": 300}));
@@ -133,7 +135,7 @@ async fn a_spent_daily_budget_ends_the_turn_refuses_messages_survives_a_restart_
     assert_eq!(refused.code(), "budget_exhausted");
     let budget = &refused.body["error"]["budget"];
     assert_eq!(budget["applies_to"], "tenant");
-    assert_eq!(budget["tenant"], "default");
+    assert_eq!(budget["tenant"], "acme");
     assert_eq!(budget["limit"], "total_tokens_per_day");
     assert_eq!(budget["allowed"], 300);
     assert_eq!(budget["used"], 3 * (STEP_INPUT + STEP_OUTPUT));
@@ -149,13 +151,17 @@ async fn a_spent_daily_budget_ends_the_turn_refuses_messages_survives_a_restart_
     let interrupt = api.submit("spender", json!({"op": {"type": "interrupt"}})).await;
     assert_eq!(interrupt.status, StatusCode::ACCEPTED, "{}", interrupt.body);
 
-    let shown = api.get("/v1/tenants/default/budget").await;
+    let shown = api.get("/v1/tenants/acme/budget").await;
     assert_eq!(shown.body["spend"]["day"]["total_tokens"], 360, "{}", shown.body);
     assert_eq!(shown.body["spend"]["all_time"]["total_tokens"], 360);
     assert_eq!(shown.body["exhausted"]["limit"], "total_tokens_per_day");
     assert_eq!(shown.body["running_turns"], 0);
     // The stopped turn and the refused message.
-    assert_eq!(exhausted_count(&api.metrics().await, "default"), 2.0);
+    assert_eq!(exhausted_count(&api.metrics().await, "acme"), 2.0);
+    // Another tenant is untouched.
+    let events = turn(api, "other", "hi").await;
+    assert_eq!(kinds(&events).last(), Some(&"turn_complete"), "{:?}", kinds(&events));
+    assert_eq!(exhausted_count(&api.metrics().await, "globex"), 0.0);
     let (status, _) = tokio::task::spawn_blocking(move || server.terminate())
         .await
         .expect("terminate");
@@ -172,14 +178,14 @@ async fn a_spent_daily_budget_ends_the_turn_refuses_messages_survives_a_restart_
 
     // A day and an hour later, yesterday's buckets have left the window.
     let server = serve(&scratch, &provider, &["--test-clock-offset-secs", "90000"]);
-    let shown = server.api.get("/v1/tenants/default/budget").await;
+    let shown = server.api.get("/v1/tenants/acme/budget").await;
     assert_eq!(shown.body["spend"]["day"]["total_tokens"], 0, "{}", shown.body);
     assert_eq!(shown.body["spend"]["all_time"]["total_tokens"], 360);
     // The daily limit no longer refuses; an all-time one set beside it
     // (the ledger's total does not move with the clock) stops the turn
     // after one more step.
     let both = json!({"total_tokens_per_day": 300, "total_tokens": 480});
-    let set = put(&server.api, "/v1/tenants/default/budget", both).await;
+    let set = put(&server.api, "/v1/tenants/acme/budget", both).await;
     assert_eq!(set.body["exhausted"], Value::Null, "{}", set.body);
     let events = turn(&server.api, "spender", "a new day").await;
     assert!(aborted_for_budget(&events), "{:?}", kinds(&events));
@@ -194,9 +200,9 @@ async fn a_spent_daily_budget_ends_the_turn_refuses_messages_survives_a_restart_
         refused.body
     );
     // Removing the API's budget leaves none (keel.toml has none).
-    let removed = delete(&server.api, "/v1/tenants/default/budget").await;
+    let removed = delete(&server.api, "/v1/tenants/acme/budget").await;
     assert_eq!(removed.status, StatusCode::NO_CONTENT, "{}", removed.body);
-    let none = server.api.get("/v1/tenants/default/budget").await;
+    let none = server.api.get("/v1/tenants/acme/budget").await;
     assert_eq!(none.status, StatusCode::NOT_FOUND, "{}", none.body);
     let accepted = message(&server.api, "spender", "free again").await;
     assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.body);
@@ -214,8 +220,8 @@ async fn a_session_budget_spares_its_neighbours_and_the_concurrency_cap_refuses_
     .expect("keel.toml");
     let server = serve(&scratch, &provider, &["--config", "keel.toml"]);
     let api = &server.api;
-    create(api, "capped").await;
-    create(api, "free").await;
+    create(api, "capped", "default").await;
+    create(api, "free", "default").await;
     // A budget with no limit, or a null one, is refused: DELETE removes one.
     for empty in [json!({}), json!({"output_tokens": null})] {
         let refused = put(api, "/v1/sessions/capped/budget", empty).await;

@@ -47,7 +47,11 @@ class ForbiddenOrigin(Forbidden):
 
 
 class MissingScope(Forbidden):
-    """403 ``missing_scope_<scope>``: the credentials lack the scope the request needs."""
+    """403 ``missing_scope_*``: the credentials lack the scope the request needs."""
+
+
+class TenantForbidden(Forbidden):
+    """403 ``tenant_forbidden``: credentials of one tenant naming another."""
 
 
 class BudgetExhausted(KeelError):
@@ -168,6 +172,7 @@ _BY_CODE: dict[str, type[KeelError]] = {
     "missing_scope_submit": MissingScope,
     "missing_scope_approve": MissingScope,
     "missing_scope_admin": MissingScope,
+    "tenant_forbidden": TenantForbidden,
     "budget_exhausted": BudgetExhausted,
     "not_found": NotFound,
     "model_not_found": ModelNotFound,

@@ -135,6 +135,7 @@ class CreateSession:
     id: str | None = None
     model: str | None = None
     bot_id: str | None = None
+    tenant: str | None = None
     context: dict[str, Any] | None = None
     instructions: str | None = None
     tools: Tools | None = None
@@ -188,6 +189,7 @@ class Session:
 
     id: str
     bot_id: str
+    tenant: str
     context: dict[str, Any]
     on_busy: BusyPolicy
     queue_mode: QueueMode
@@ -249,6 +251,7 @@ class UsageReport:
     sessions: list[SessionUsage]
     bot_id: str | None = None
     since: int | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)

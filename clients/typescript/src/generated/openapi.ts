@@ -15,13 +15,13 @@ export interface paths {
         };
         /**
          * List sessions
-         * @description Pages through the stored sessions, newest created first, or most recently active first with `order=activity`.
+         * @description Pages through the stored sessions the credentials see (a tenant's principal: its tenant's only), newest created first, or most recently active first with `order=activity`. Needs the `read` scope.
          */
         get: operations["list_sessions"];
         put?: never;
         /**
          * Create a session
-         * @description Creates a session with its settings (checked against the server's ceiling before anything is stored) and loads it.
+         * @description Creates a session with its settings (checked against the server's ceiling before anything is stored) and loads it, in the credentials' tenant (the operator may name one). Needs the `submit` scope.
          */
         post: operations["create_session"];
         delete?: never;
@@ -39,21 +39,21 @@ export interface paths {
         };
         /**
          * Get a session
-         * @description The session as stored, with its live status when the answering node runs it. Never loads it.
+         * @description The session as stored, with its live status when the answering node runs it. Never loads it. Needs the `read` scope.
          */
         get: operations["get_session"];
         put?: never;
         post?: never;
         /**
          * Delete a session
-         * @description Deletes the session and its log; with `workspace=true` also its workspace directory.
+         * @description Deletes the session and its log; with `workspace=true` also its workspace directory. Needs the `admin` scope.
          */
         delete: operations["delete_session"];
         options?: never;
         head?: never;
         /**
          * Rename a session or switch its model
-         * @description Sets the session's `title`, its `model`, or both. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again.
+         * @description Sets the session's `title`, its `model`, or both. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again. Needs the `submit` scope.
          */
         patch: operations["update_session"];
         trace?: never;
@@ -69,7 +69,7 @@ export interface paths {
         put?: never;
         /**
          * Fork a session
-         * @description A new session whose history is the parent's at a point between turns; with `message`, a user message submitted to it (an edit of a past message).
+         * @description A new session whose history is the parent's at a point between turns; with `message`, a user message submitted to it (an edit of a past message). The fork belongs to the parent's tenant. Needs the `submit` scope.
          */
         post: operations["fork_session"];
         delete?: never;
@@ -89,7 +89,7 @@ export interface paths {
         put?: never;
         /**
          * Submit an op
-         * @description Submits an op to the session, loading it first if need be; answered `202` once the submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: the retry is answered as the first request was, and queues nothing.
+         * @description Submits an op to the session, loading it first if need be; answered `202` once the submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: the retry is answered as the first request was, and queues nothing. An `approval` op needs the `approve` scope instead of `submit`, a `shutdown` op `admin`. Needs the `submit` scope.
          */
         post: operations["submit"];
         delete?: never;
@@ -105,7 +105,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Page through a session's log */
+        /**
+         * Page through a session's log
+         * @description Needs the `read` scope.
+         */
         get: operations["list_events"];
         put?: never;
         post?: never;
@@ -124,7 +127,7 @@ export interface paths {
         };
         /**
          * Stream a session's log (server-sent events)
-         * @description The events after the resume point, then new ones as they are stored, without end. Each SSE event has `id` = the event's sequence (so a reconnecting `EventSource` resumes by itself), `event` = its `msg.type`, and `data` = the event as JSON: a `RecordedEvent`. OpenAPI 3.1 has no schema for the items of a stream, so the media type's schema is that of one event's `data`. Comments (`: keep-alive`) keep an idle stream open.
+         * @description The events after the resume point, then new ones as they are stored, without end. Each SSE event has `id` = the event's sequence (so a reconnecting `EventSource` resumes by itself), `event` = its `msg.type`, and `data` = the event as JSON: a `RecordedEvent`. OpenAPI 3.1 has no schema for the items of a stream, so the media type's schema is that of one event's `data`. Comments (`: keep-alive`) keep an idle stream open. Needs the `read` scope.
          */
         get: operations["stream_events"];
         put?: never;
@@ -144,7 +147,7 @@ export interface paths {
         };
         /**
          * A session over a WebSocket
-         * @description Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each answered by a `WsReply` frame.
+         * @description Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each answered by a `WsReply` frame. Opening it needs the `read` scope; each submission frame needs the scope its op needs (`submit`; `approve` for an `approval`, `admin` for a `shutdown`), else it is answered by a `submission_error` naming the missing scope. Needs the `read` scope.
          */
         get: operations["connect_websocket"];
         put?: never;
@@ -164,7 +167,7 @@ export interface paths {
         };
         /**
          * Token usage
-         * @description Tokens used, summed per session, per bot and in all.
+         * @description Tokens used, summed per session, per bot and in all, over the sessions of the credentials' tenant; the operator's covers every tenant (which needs `admin` as well) unless `tenant` names one. Needs the `read` scope.
          */
         get: operations["get_usage"];
         put?: never;
@@ -184,18 +187,18 @@ export interface paths {
         };
         /**
          * A tenant's budget
-         * @description The budget that applies to the tenant's sessions (set over the API, else keel.toml's), what they spent in the rolling day and ever, the turns they run, and the limit spent if one is; `404` when no budget applies. Needs `admin`.
+         * @description The budget that applies to the tenant's sessions (set over the API, else keel.toml's), what they spent in the rolling day and ever, the turns they run, and the limit spent if one is; `404` when no budget applies. Needs the `admin` scope.
          */
         get: operations["get_tenant_budget"];
         /**
          * Set a tenant's budget
-         * @description Stores the tenant's budget, which then applies on every node (within a second) instead of keel.toml's. Needs `admin`.
+         * @description Stores the tenant's budget, which then applies on every node (within a second) instead of keel.toml's. Needs the `admin` scope.
          */
         put: operations["set_tenant_budget"];
         post?: never;
         /**
          * Remove a tenant's budget
-         * @description Removes the budget set over the API (if there is one); keel.toml's applies again, if it has one. Needs `admin`.
+         * @description Removes the budget set over the API (if there is one); keel.toml's applies again, if it has one. Needs the `admin` scope.
          */
         delete: operations["delete_tenant_budget"];
         options?: never;
@@ -212,18 +215,18 @@ export interface paths {
         };
         /**
          * A session's budget
-         * @description The session's own budget (besides its tenant's), what it spent in the rolling day and ever, and the limit spent if one is; `404` when the session has none. Needs `admin`.
+         * @description The session's own budget (besides its tenant's), what it spent in the rolling day and ever, and the limit spent if one is; `404` when the session has none. Needs the `admin` scope.
          */
         get: operations["get_session_budget"];
         /**
          * Set a session's budget
-         * @description Stores a budget of the session's own, which applies on every node (within a second) besides its tenant's. Needs `admin`.
+         * @description Stores a budget of the session's own, which applies on every node (within a second) besides its tenant's. Needs the `admin` scope.
          */
         put: operations["set_session_budget"];
         post?: never;
         /**
          * Remove a session's budget
-         * @description Removes the session's own budget (if it has one); its tenant's still applies. Needs `admin`.
+         * @description Removes the session's own budget (if it has one); its tenant's still applies. Needs the `admin` scope.
          */
         delete: operations["delete_session_budget"];
         options?: never;
@@ -240,7 +243,7 @@ export interface paths {
         };
         /**
          * List the server's models
-         * @description The models the operator configured: the default model (`keel serve --model` or keel.toml `model`) and keel.toml's `[models.NAME]` entries. Never their keys, headers or URLs. A client may also send any other spec the server can build (`provider:model`).
+         * @description The models the operator configured: the default model (`keel serve --model` or keel.toml `model`) and keel.toml's `[models.NAME]` entries. Never their keys, headers or URLs. A client may also send any other spec the server can build (`provider:model`). Needs the `read` scope.
          */
         get: operations["list_models"];
         put?: never;
@@ -275,7 +278,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Metrics (OpenMetrics text) */
+        /**
+         * Metrics (OpenMetrics text)
+         * @description The server's metrics, for the operator: they may name tenants (never sessions), so only credentials with `admin` on every tenant read them. Needs the `admin` scope.
+         */
         get: operations["metrics"];
         put?: never;
         post?: never;
@@ -629,6 +635,11 @@ export interface components {
             model?: string | null;
             /** @description The bot the session belongs to (`keel-server` when absent). */
             bot_id?: string | null;
+            /**
+             * @description The tenant the session belongs to: the credentials' own when absent
+             *     (`default` for the operator). Only the operator may name another.
+             */
+            tenant?: string | null;
             /** @description Metadata kept with the session and shown with it. */
             context?: {
                 [key: string]: unknown;
@@ -1055,6 +1066,11 @@ export interface components {
             title?: string | null;
             /** @description The bot it belongs to. */
             bot_id: string;
+            /**
+             * @description The tenant it belongs to: only that tenant's principals (and the
+             *     operator) see it.
+             */
+            tenant: string;
             /** @description The metadata it was created with. */
             context: {
                 [key: string]: unknown;
@@ -1346,6 +1362,8 @@ export interface components {
              * @description The time asked for, if any.
              */
             since?: number | null;
+            /** @description The tenant reported on; `None`: every tenant. */
+            tenant?: string | null;
             /** @description Everything, summed. */
             total: components["schemas"]["TokenUsage"];
             /** @description Per bot. */
@@ -1399,6 +1417,11 @@ export interface operations {
                 order?: "created" | "activity";
                 /** @description Only the sessions of this bot. */
                 bot_id?: string;
+                /**
+                 * @description Only the sessions of this tenant. A principal of one tenant sees
+                 *     only its own anyway (naming another finds none).
+                 */
+                tenant?: string;
             };
             header?: never;
             path?: never;
@@ -1445,7 +1468,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1454,7 +1477,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -1588,7 +1611,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant for a new session. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1597,7 +1620,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "tenant_forbidden";
                         };
                     };
                 };
@@ -1769,7 +1792,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1778,7 +1801,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -1923,7 +1946,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1932,7 +1955,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_admin";
                         };
                     };
                 };
@@ -2094,7 +2117,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2103,7 +2126,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit";
                         };
                     };
                 };
@@ -2281,7 +2304,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2290,7 +2313,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit";
                         };
                     };
                 };
@@ -2483,7 +2506,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2492,7 +2515,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "missing_scope_approve" | "missing_scope_admin";
                         };
                     };
                 };
@@ -2691,7 +2714,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2700,7 +2723,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -2858,7 +2881,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2867,7 +2890,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -3017,7 +3040,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3026,7 +3049,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -3126,6 +3149,12 @@ export interface operations {
                 bot_id?: string;
                 /** @description Only steps recorded at or after this time (ms since the Unix epoch). */
                 since?: number;
+                /**
+                 * @description Only this tenant's sessions. A principal of one tenant sees only its
+                 *     own (naming another finds none); without it, the operator's report
+                 *     covers every tenant, which needs the `admin` scope.
+                 */
+                tenant?: string;
             };
             header?: never;
             path?: never;
@@ -3172,7 +3201,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3181,7 +3210,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read" | "missing_scope_admin";
                         };
                     };
                 };
@@ -4230,7 +4259,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4239,7 +4268,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -4470,7 +4499,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4479,7 +4508,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_admin";
                         };
                     };
                 };

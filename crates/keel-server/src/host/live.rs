@@ -29,7 +29,7 @@ pub(super) type SlotGuard<'a> = tokio::sync::MutexGuard<'a, Option<Arc<LiveSessi
 pub(crate) struct LiveSession {
     pub(crate) handle: SessionHandle,
     pub(crate) settings: SessionSettings,
-    /// The tenant the session belongs to.
+    /// The tenant it belongs to.
     pub(crate) tenant: String,
     pub(super) hub: Arc<Hub>,
     /// Requests using the session right now.

@@ -209,11 +209,12 @@ impl Host {
                 return Err(ApiError::Conflict(format!("session '{session_id}' exists")));
             }
             // A directory Keel makes for it, never one that was there.
-            self.factory.create_workspace(session_id).await?;
+            let tenant = context.tenant.clone();
+            self.factory.create_workspace(&tenant, session_id).await?;
             let session = match self.start(session_id, settings, context, None).await {
                 Ok(session) => session,
                 Err(error) => {
-                    self.factory.discard_workspace(session_id).await;
+                    self.factory.discard_workspace(&tenant, session_id).await;
                     return Err(error);
                 }
             };
@@ -263,26 +264,36 @@ impl Host {
                     return Ok(false);
                 }
             }
-            if workspace {
+            // The workspace is in its tenant's root.
+            let tenant = if workspace {
+                let stored = self.store.session_summary(session_id).await?;
+                let tenant = match (stored, live.as_ref()) {
+                    (Some(summary), _) => summary.context.tenant,
+                    (None, Some(session)) => session.tenant.clone(),
+                    (None, None) => return Ok(false),
+                };
                 // Refused before anything is deleted: a workspace Keel did
                 // not create, or one holding Keel's own files, stays, and so
                 // does its session.
-                if self.store.session_summary(session_id).await?.is_none() && live.is_none() {
-                    return Ok(false);
-                }
-                self.factory.check_workspace_removable(session_id).await?;
-            }
+                self.factory.check_workspace_removable(&tenant, session_id).await?;
+                Some(tenant)
+            } else {
+                None
+            };
             if let Some(session) = live.take() {
                 // Its work is about to be deleted: nothing to wait for.
                 self.unload(session, Some(CloseMode::Abort)).await;
             }
             let existed = self.store.delete_session(session_id).await?;
-            if existed && workspace {
-                self.factory.remove_workspace(session_id).await.map_err(|error| {
-                    ApiError::Internal(format!(
-                        "session '{session_id}' was deleted but its workspace was not: {error}"
-                    ))
-                })?;
+            if existed && let Some(tenant) = &tenant {
+                self.factory
+                    .remove_workspace(tenant, session_id)
+                    .await
+                    .map_err(|error| {
+                        ApiError::Internal(format!(
+                            "session '{session_id}' was deleted but its workspace was not: {error}"
+                        ))
+                    })?;
             }
             Ok(existed)
         }
@@ -372,6 +383,16 @@ impl Host {
         live.as_ref()
             .filter(|session| !session.stopped())
             .map(|session| session.handle.status())
+    }
+
+    /// The tenant of `session_id` if it is live here (and not being loaded
+    /// or unloaded right now): what a session not stored yet belongs to.
+    pub(crate) fn live_tenant(&self, session_id: &str) -> Option<String> {
+        let slot = self.find_slot(session_id)?;
+        let live = slot.live.try_lock().ok()?;
+        live.as_ref()
+            .filter(|session| !session.stopped())
+            .map(|session| session.tenant.clone())
     }
 
     /// Submissions queued across the live sessions.

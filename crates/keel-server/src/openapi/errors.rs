@@ -45,6 +45,11 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
     ("missing_scope_submit", 403, "Credentials without the `submit` scope."),
     ("missing_scope_approve", 403, "Credentials without the `approve` scope."),
     ("missing_scope_admin", 403, "Credentials without the `admin` scope."),
+    (
+        "tenant_forbidden",
+        403,
+        "Credentials of one tenant naming another tenant for a new session.",
+    ),
     ("not_found", 404, "An unknown session or route."),
     (
         "model_not_found",

@@ -60,7 +60,12 @@ impl Modify for Additions {
             SecurityScheme::Http(
                 Http::builder()
                     .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("The server's token (`keel serve --token-file`)."))
+                    .description(Some(
+                        "The server's token (`keel serve --token-file`): the operator, every scope on every \
+                         tenant. An operation's requirement names the scope it needs (`read`, `submit`, \
+                         `approve`, `admin`; also its `x-keel-scope`); credentials without it are answered \
+                         `403 missing_scope_<scope>`.",
+                    ))
                     .build(),
             ),
         );
@@ -152,6 +157,42 @@ fn describe_frames(openapi: &mut OpenApi) {
         .merge(Extensions::builder().add("x-websocket-frames", frames).build());
 }
 
+/// States the scope each operation needs, from its security requirement
+/// (`"bearer": ["read"]`): as an `x-keel-scope` extension, for tools, and
+/// at the end of its description, for people.
+fn state_scopes(openapi: &mut OpenApi) {
+    for item in openapi.paths.paths.values_mut() {
+        let operations = [
+            item.get.as_mut(),
+            item.post.as_mut(),
+            item.patch.as_mut(),
+            item.delete.as_mut(),
+            item.put.as_mut(),
+        ];
+        for operation in operations.into_iter().flatten() {
+            let security = serde_json::to_value(&operation.security).unwrap_or_default();
+            let scope = security
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|requirement| requirement.as_object())
+                .flat_map(|requirement| requirement.values())
+                .filter_map(|scopes| scopes.as_array()?.first()?.as_str().map(str::to_owned))
+                .next();
+            let Some(scope) = scope else { continue };
+            let needs = format!("Needs the `{scope}` scope.");
+            operation.description = Some(match operation.description.take() {
+                Some(text) => format!("{text} {needs}"),
+                None => needs,
+            });
+            operation
+                .extensions
+                .get_or_insert_with(Default::default)
+                .merge(Extensions::builder().add("x-keel-scope", scope).build());
+        }
+    }
+}
+
 /// The description of the routes `v1` (under `/v1`) and `root` (at the
 /// root), with everything the routes cannot say themselves.
 pub(crate) fn describe(v1: OpenApi, root: impl IntoIterator<Item = OpenApi>) -> OpenApi {
@@ -168,6 +209,7 @@ pub(crate) fn describe(v1: OpenApi, root: impl IntoIterator<Item = OpenApi>) -> 
 fn finish(doc: &mut OpenApi) {
     link_sessions(doc);
     describe_frames(doc);
+    state_scopes(doc);
     if let Some(components) = doc.components.as_mut() {
         for name in CLOSED_ENUMS {
             if let Some(schema) = components.schemas.get_mut(*name) {

@@ -16,6 +16,7 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::access;
 use crate::Server;
 use crate::auth::{Principal, Scope};
 use crate::budget::{Exhausted, Source, Spend};
@@ -24,9 +25,6 @@ use crate::extract::ApiJson;
 use crate::openapi::errors::{BODY, route_errors};
 use keel_config::BudgetConfig;
 use keel_store::BudgetTarget;
-
-/// The longest tenant name.
-const MAX_TENANT_BYTES: usize = 128;
 
 /// A budget: every limit is optional and only those given apply, but it
 /// has at least one (`DELETE` removes a budget); no limit is `null`.
@@ -160,10 +158,11 @@ route_errors!(
     path = "/tenants/{tenant}/budget",
     tag = "usage",
     operation_id = "get_tenant_budget",
+    security(("bearer" = ["admin"])),
     summary = "A tenant's budget",
     description = "The budget that applies to the tenant's sessions (set over the API, else keel.toml's), what \
         they spent in the rolling day and ever, the turns they run, and the limit spent if one is; `404` when \
-        no budget applies. Needs `admin`.",
+        no budget applies.",
     params(TenantPath),
     responses((status = 200, description = "The budget.", body = BudgetView), ShowTenantBudgetErrors),
 )]
@@ -172,8 +171,8 @@ pub(crate) async fn show_tenant(
     Path(TenantPath { tenant }): Path<TenantPath>,
     Extension(principal): Extension<Principal>,
 ) -> Result<Json<BudgetView>, ApiError> {
-    principal.require(Scope::Admin)?;
-    check_tenant(&tenant)?;
+    require_server_admin(&principal)?;
+    access::check_tenant(&tenant)?;
     Ok(Json(view(&server, tenant, None).await?))
 }
 
@@ -183,9 +182,10 @@ pub(crate) async fn show_tenant(
     path = "/tenants/{tenant}/budget",
     tag = "usage",
     operation_id = "set_tenant_budget",
+    security(("bearer" = ["admin"])),
     summary = "Set a tenant's budget",
     description = "Stores the tenant's budget, which then applies on every node (within a second) instead of \
-        keel.toml's. Needs `admin`.",
+        keel.toml's.",
     params(TenantPath),
     request_body(content = BudgetBody, content_type = "application/json"),
     responses((status = 200, description = "The budget as it applies now.", body = BudgetView), SetTenantBudgetErrors),
@@ -196,8 +196,8 @@ pub(crate) async fn set_tenant(
     Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<BudgetBody>,
 ) -> Result<Json<BudgetView>, ApiError> {
-    principal.require(Scope::Admin)?;
-    check_tenant(&tenant)?;
+    require_server_admin(&principal)?;
+    access::check_tenant(&tenant)?;
     let budget = check_budget(&body)?;
     let target = BudgetTarget::Tenant(tenant.clone());
     server.host.factory.budgets.set(&target, Some(&budget)).await?;
@@ -210,9 +210,10 @@ pub(crate) async fn set_tenant(
     path = "/tenants/{tenant}/budget",
     tag = "usage",
     operation_id = "delete_tenant_budget",
+    security(("bearer" = ["admin"])),
     summary = "Remove a tenant's budget",
     description = "Removes the budget set over the API (if there is one); keel.toml's applies again, if it has \
-        one. Needs `admin`.",
+        one.",
     params(TenantPath),
     responses((status = 204, description = "The API's budget is gone."), DeleteTenantBudgetErrors),
 )]
@@ -221,8 +222,8 @@ pub(crate) async fn delete_tenant(
     Path(TenantPath { tenant }): Path<TenantPath>,
     Extension(principal): Extension<Principal>,
 ) -> Result<StatusCode, ApiError> {
-    principal.require(Scope::Admin)?;
-    check_tenant(&tenant)?;
+    require_server_admin(&principal)?;
+    access::check_tenant(&tenant)?;
     let target = BudgetTarget::Tenant(tenant);
     server.host.factory.budgets.set(&target, None).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -234,9 +235,10 @@ pub(crate) async fn delete_tenant(
     path = "/sessions/{id}/budget",
     tag = "usage",
     operation_id = "get_session_budget",
+    security(("bearer" = ["admin"])),
     summary = "A session's budget",
     description = "The session's own budget (besides its tenant's), what it spent in the rolling day and ever, \
-        and the limit spent if one is; `404` when the session has none. Needs `admin`.",
+        and the limit spent if one is; `404` when the session has none.",
     params(("id" = String, Path, description = "The session's id.")),
     responses((status = 200, description = "The budget.", body = BudgetView), SessionBudgetErrors),
 )]
@@ -245,7 +247,7 @@ pub(crate) async fn show_session(
     Path(id): Path<String>,
     Extension(principal): Extension<Principal>,
 ) -> Result<Json<BudgetView>, ApiError> {
-    principal.require(Scope::Admin)?;
+    require_server_admin(&principal)?;
     let tenant = session_tenant(&server, &id).await?;
     Ok(Json(view(&server, tenant, Some(id)).await?))
 }
@@ -256,9 +258,10 @@ pub(crate) async fn show_session(
     path = "/sessions/{id}/budget",
     tag = "usage",
     operation_id = "set_session_budget",
+    security(("bearer" = ["admin"])),
     summary = "Set a session's budget",
     description = "Stores a budget of the session's own, which applies on every node (within a second) besides \
-        its tenant's. Needs `admin`.",
+        its tenant's.",
     params(("id" = String, Path, description = "The session's id.")),
     request_body(content = BudgetBody, content_type = "application/json"),
     responses((status = 200, description = "The budget as it applies now.", body = BudgetView), SetSessionBudgetErrors),
@@ -269,7 +272,7 @@ pub(crate) async fn set_session(
     Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<BudgetBody>,
 ) -> Result<Json<BudgetView>, ApiError> {
-    principal.require(Scope::Admin)?;
+    require_server_admin(&principal)?;
     let tenant = session_tenant(&server, &id).await?;
     let budget = check_budget(&body)?;
     let target = BudgetTarget::Session(id.clone());
@@ -283,8 +286,9 @@ pub(crate) async fn set_session(
     path = "/sessions/{id}/budget",
     tag = "usage",
     operation_id = "delete_session_budget",
+    security(("bearer" = ["admin"])),
     summary = "Remove a session's budget",
-    description = "Removes the session's own budget (if it has one); its tenant's still applies. Needs `admin`.",
+    description = "Removes the session's own budget (if it has one); its tenant's still applies.",
     params(("id" = String, Path, description = "The session's id.")),
     responses((status = 204, description = "The session's budget is gone."), SessionBudgetErrors),
 )]
@@ -293,7 +297,7 @@ pub(crate) async fn delete_session(
     Path(id): Path<String>,
     Extension(principal): Extension<Principal>,
 ) -> Result<StatusCode, ApiError> {
-    principal.require(Scope::Admin)?;
+    require_server_admin(&principal)?;
     session_tenant(&server, &id).await?;
     server
         .host
@@ -304,14 +308,12 @@ pub(crate) async fn delete_session(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// A tenant name as the API takes it: 1 to 128 printable ASCII
-/// characters (as the description says).
-fn check_tenant(tenant: &str) -> Result<(), ApiError> {
-    let printable = tenant.bytes().all(|byte| (b' '..=b'~').contains(&byte));
-    if tenant.is_empty() || tenant.len() > MAX_TENANT_BYTES || !printable {
-        return Err(ApiError::InvalidRequest(format!(
-            "a tenant must be 1 to {MAX_TENANT_BYTES} printable ASCII characters"
-        )));
+/// Budgets are the server's administrator's: `admin` on every tenant (a
+/// tenant's own administrator may not raise its budget).
+fn require_server_admin(principal: &Principal) -> Result<(), ApiError> {
+    principal.require(Scope::Admin)?;
+    if principal.tenant_filter().is_some() {
+        return Err(ApiError::MissingScope(Scope::Admin));
     }
     Ok(())
 }

@@ -2,12 +2,14 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Path, State};
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::access;
 use crate::Server;
+use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
 use crate::openapi::errors::route_errors;
@@ -47,7 +49,7 @@ pub(crate) struct EventsView {
 
 route_errors!(
     /// What a read of a session's log can answer besides `200`.
-    LogErrors: ["invalid_request", "not_found"]
+    LogErrors: ["invalid_request", "not_found", "missing_scope_read"]
 );
 
 /// `GET /v1/sessions/{id}/events?before=SEQ|after=SEQ&limit=N`.
@@ -58,16 +60,19 @@ route_errors!(
     operation_id = "list_events",
     summary = "Page through a session's log",
     params(("id" = String, Path, description = "The session's id."), PageQuery),
+    security(("bearer" = ["read"])),
     responses((status = 200, description = "A page of events, oldest first.", body = EventsView), LogErrors),
 )]
 pub(crate) async fn page(
     State(server): State<Arc<Server>>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<PageQuery>,
 ) -> Result<Json<EventsView>, ApiError> {
+    let stored = access::session(&server, &principal, Scope::Read, &id).await?;
     let limit = super::page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
     let store = &server.host.store;
-    if store.session_summary(&id).await?.is_none() {
+    if stored.is_none() {
         return Err(ApiError::unknown_session(&id));
     }
     let view = match (query.before, query.after) {

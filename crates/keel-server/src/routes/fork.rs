@@ -11,9 +11,10 @@ use utoipa::openapi::schema::{
 };
 use utoipa::{PartialSchema, ToSchema};
 
+use super::access;
 use super::sessions::{Created, SessionView, check_id};
 use crate::Server;
-use crate::auth::Principal;
+use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::openapi::errors::{BODY, CEILING, LOADING, QUEUEING, route_errors};
@@ -112,7 +113,7 @@ route_errors!(
     CEILING,
     LOADING,
     QUEUEING,
-    ["not_found", "conflict", "workspace_exists", "invalid_fork_point"]
+    ["not_found", "conflict", "workspace_exists", "invalid_fork_point", "missing_scope_submit"]
 );
 
 /// `POST /v1/sessions/{id}/fork`: a new session whose history is the
@@ -126,9 +127,10 @@ route_errors!(
     operation_id = "fork_session",
     summary = "Fork a session",
     description = "A new session whose history is the parent's at a point between turns; with `message`, a \
-        user message submitted to it (an edit of a past message).",
+        user message submitted to it (an edit of a past message). The fork belongs to the parent's tenant.",
     params(("id" = String, Path, description = "The parent session's id.")),
     request_body(content = ForkSession, content_type = "application/json"),
+    security(("bearer" = ["submit"])),
     responses(
         (
             status = 201,
@@ -140,10 +142,18 @@ route_errors!(
 )]
 pub(crate) async fn fork(
     State(server): State<Arc<Server>>,
-    Path(parent): Path<String>,
     Extension(principal): Extension<Principal>,
+    Path(parent): Path<String>,
     ApiJson(request): ApiJson<ForkSession>,
 ) -> Result<Created, ApiError> {
+    // The fork copies the parent's context, its tenant included: it
+    // belongs to the parent's tenant, so its `parent_session_id` never
+    // names a session its own readers cannot see.
+    let tenant = access::session(&server, &principal, Scope::Submit, &parent)
+        .await?
+        .ok_or_else(|| ApiError::unknown_session(&parent))?
+        .context
+        .tenant;
     let id = request.id.unwrap_or_else(new_id);
     check_id(&id)?;
     // A live session may not be stored yet (it is created first).
@@ -178,9 +188,9 @@ pub(crate) async fn fork(
     if store.session_summary(&id).await?.is_some() {
         return Err(ApiError::Conflict(format!("session '{id}' already exists")));
     }
-    server.host.factory.create_workspace(&id).await?;
+    server.host.factory.create_workspace(&tenant, &id).await?;
     if let Err(error) = fork_session(store.as_ref(), &parent, at_sequence, &id).await {
-        server.host.factory.discard_workspace(&id).await;
+        server.host.factory.discard_workspace(&tenant, &id).await;
         return Err(fork_error(error));
     }
     // An edit is titled by the edited message (the first message of the

@@ -1,8 +1,10 @@
 //! The routes of the API (see `docs/http-api.md`).
 
+pub(crate) mod access;
 pub(crate) mod budgets;
 pub(crate) mod events;
 pub(crate) mod fork;
+pub(crate) mod listing;
 pub(crate) mod models;
 pub(crate) mod ops;
 pub(crate) mod sessions;
@@ -44,7 +46,7 @@ pub(crate) struct Documented {
 pub(crate) fn documented() -> Documented {
     Documented {
         v1: OpenApiRouter::new()
-            .routes(routes!(sessions::create, sessions::list))
+            .routes(routes!(sessions::create, listing::list))
             .routes(routes!(sessions::show, sessions::update, sessions::delete))
             .routes(routes!(fork::fork))
             .routes(routes!(submissions::submit))

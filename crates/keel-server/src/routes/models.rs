@@ -3,15 +3,16 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::Server;
+use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::factory::SessionFactory;
-use crate::openapi::errors::{NONE, route_errors};
+use crate::openapi::errors::route_errors;
 
 /// One model a session can use.
 #[derive(Debug, Serialize, ToSchema)]
@@ -41,7 +42,7 @@ pub(crate) struct ModelList {
 
 route_errors!(
     /// What `GET /v1/models` can answer besides `200`.
-    ListErrors: NONE
+    ListErrors: ["missing_scope_read"]
 );
 
 /// `GET /v1/models`.
@@ -54,9 +55,14 @@ route_errors!(
     description = "The models the operator configured: the default model (`keel serve --model` or keel.toml \
         `model`) and keel.toml's `[models.NAME]` entries. Never their keys, headers or URLs. A client may also \
         send any other spec the server can build (`provider:model`).",
+    security(("bearer" = ["read"])),
     responses((status = 200, description = "The models.", body = ModelList), ListErrors),
 )]
-pub(crate) async fn list(State(server): State<Arc<Server>>) -> Result<Json<ModelList>, ApiError> {
+pub(crate) async fn list(
+    State(server): State<Arc<Server>>,
+    Extension(principal): Extension<Principal>,
+) -> Result<Json<ModelList>, ApiError> {
+    principal.require(Scope::Read)?;
     Ok(Json(model_list(&server.host.factory)))
 }
 

@@ -2,11 +2,13 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 use crate::Server;
+use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::openapi::errors::{NONE, route_errors};
 
@@ -78,7 +80,7 @@ pub(crate) async fn readyz(State(server): State<Arc<Server>>) -> Response {
 
 route_errors!(
     /// What `/metrics` can answer besides `200`.
-    MetricsErrors: NONE
+    MetricsErrors: ["missing_scope_admin"]
 );
 
 /// The metrics in the Prometheus text format.
@@ -88,6 +90,9 @@ route_errors!(
     tag = "operations",
     operation_id = "metrics",
     summary = "Metrics (OpenMetrics text)",
+    description = "The server's metrics, for the operator: they may name tenants (never sessions), so only \
+        credentials with `admin` on every tenant read them.",
+    security(("bearer" = ["admin"])),
     responses(
         (
             status = 200,
@@ -98,7 +103,15 @@ route_errors!(
         MetricsErrors,
     ),
 )]
-pub(crate) async fn metrics(State(server): State<Arc<Server>>) -> impl IntoResponse {
+pub(crate) async fn metrics(
+    State(server): State<Arc<Server>>,
+    Extension(principal): Extension<Principal>,
+) -> Result<impl IntoResponse, ApiError> {
+    principal.require(Scope::Admin)?;
+    // A tenant's administrator is not the server's.
+    if principal.tenant_filter().is_some() {
+        return Err(ApiError::MissingScope(Scope::Admin));
+    }
     let queued = server.host.queued_total();
     server
         .metrics
@@ -106,11 +119,11 @@ pub(crate) async fn metrics(State(server): State<Arc<Server>>) -> impl IntoRespo
         .set(i64::try_from(queued).unwrap_or(i64::MAX));
     let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
     server.metrics.alive_tasks.set(i64::try_from(tasks).unwrap_or(i64::MAX));
-    (
+    Ok((
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         server.metrics.render(),
-    )
+    ))
 }

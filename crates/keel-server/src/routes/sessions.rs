@@ -1,17 +1,19 @@
-//! `POST /v1/sessions`, `GET /v1/sessions`, `GET /v1/sessions/{id}`,
-//! `PATCH /v1/sessions/{id}`, `DELETE /v1/sessions/{id}`.
+//! `POST /v1/sessions`, `GET /v1/sessions/{id}`, `PATCH /v1/sessions/{id}`,
+//! `DELETE /v1/sessions/{id}`.
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::access;
 use crate::Server;
+use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::openapi::errors::{BODY, CEILING, LOADING, route_errors};
@@ -23,10 +25,6 @@ use keel_tools::ApprovalRules;
 
 /// The bot a session belongs to when the request names none.
 const DEFAULT_BOT_ID: &str = "keel-server";
-
-/// Sessions per page by default, and at most.
-const DEFAULT_PAGE: usize = 50;
-const MAX_PAGE: usize = 500;
 
 /// The body of `POST /v1/sessions`: every field is optional.
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -48,6 +46,10 @@ pub(crate) struct CreateSession {
     /// The bot the session belongs to (`keel-server` when absent).
     #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
     bot_id: Option<String>,
+    /// The tenant the session belongs to: the credentials' own when absent
+    /// (`default` for the operator). Only the operator may name another.
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
+    tenant: Option<String>,
     /// Metadata kept with the session and shown with it.
     context: Option<serde_json::Map<String, serde_json::Value>>,
     /// The system prompt. When absent: the bot's (`[bots.<id>]
@@ -79,6 +81,9 @@ pub(crate) struct SessionView {
     title: Option<String>,
     /// The bot it belongs to.
     bot_id: String,
+    /// The tenant it belongs to: only that tenant's principals (and the
+    /// operator) see it.
+    tenant: String,
     /// The metadata it was created with.
     context: serde_json::Map<String, serde_json::Value>,
     /// Its model spec (`None` when its stored settings no longer parse).
@@ -173,6 +178,7 @@ impl SessionView {
             title: summary.title,
             id: summary.session_id,
             bot_id: summary.bot_id,
+            tenant: summary.context.tenant,
             context: summary.context.metadata,
             model: settings
                 .as_ref()
@@ -228,7 +234,7 @@ route_errors!(
     CreateErrors: BODY,
     CEILING,
     LOADING,
-    ["conflict", "workspace_exists", "model_not_found"]
+    ["conflict", "workspace_exists", "model_not_found", "missing_scope_submit", "tenant_forbidden"]
 );
 
 /// `POST /v1/sessions`.
@@ -239,7 +245,7 @@ route_errors!(
     operation_id = "create_session",
     summary = "Create a session",
     description = "Creates a session with its settings (checked against the server's ceiling before anything is \
-        stored) and loads it.",
+        stored) and loads it, in the credentials' tenant (the operator may name one).",
     request_body(
         content = Option<CreateSession>,
         description = "The settings; an empty body is `{}`.",
@@ -253,13 +259,17 @@ route_errors!(
             headers(("Location" = String, description = "The new session's path.")),        ),
         CreateErrors,
     ),
+    security(("bearer" = ["submit"])),
 )]
 pub(crate) async fn create(
     State(server): State<Arc<Server>>,
+    Extension(principal): Extension<Principal>,
     ApiJson(request): ApiJson<Option<CreateSession>>,
 ) -> Result<Created, ApiError> {
+    principal.require(Scope::Submit)?;
     // `null` is the empty body, as the description allows.
     let request = request.unwrap_or_default();
+    let tenant = access::new_session_tenant(&principal, request.tenant.as_deref())?;
     let id = request.id.unwrap_or_else(new_id);
     check_id(&id)?;
     if let Some(bot_id) = &request.bot_id {
@@ -277,20 +287,20 @@ pub(crate) async fn create(
     let settings = server
         .host
         .factory
-        .with_bot_defaults(&bot_id, asked, request.queue_mode);
+        .with_bot_defaults(&tenant, &bot_id, asked, request.queue_mode);
     // A bad spec or a missing key is the request's fault; check it before
     // anything is stored. The resolved spec is stored, so the session keeps
     // its model when the server's default changes.
-    let spec = server.host.factory.check(&settings).await?;
+    let spec = server.host.factory.check(&tenant, &settings).await?;
     let settings = SessionSettings {
         model: Some(spec),
         ..settings
     };
     let context = SessionContext {
         bot_id,
+        tenant,
         metadata: request.context.unwrap_or_default(),
         settings: Some(settings.to_value()),
-        ..SessionContext::default()
     };
     let session = server.host.create(&id, settings, context).await?;
     session.started().await;
@@ -305,121 +315,9 @@ pub(crate) async fn create(
     Ok(Created(SessionView::new(&server, summary, Some(status))))
 }
 
-/// The query of `GET /v1/sessions`.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub(crate) struct ListQuery {
-    /// Sessions per page (50 by default).
-    #[param(minimum = 1, maximum = 500)]
-    limit: Option<usize>,
-    /// Where the page starts: the `next_cursor` of the page before, with the
-    /// same `order` (`KEY` by creation, `UPDATED-KEY` by activity; in the
-    /// other order, `UPDATED-KEY` reads as its key and `N` as a time).
-    #[param(pattern = r"^[0-9]{1,18}(-[0-9]{1,18})?$")]
-    cursor: Option<String>,
-    /// `created` (the default): newest created first, a session keeps its
-    /// place. `activity`: most recently active first (`updated_at_ms`); a
-    /// session active during a walk of the pages moves ahead of it (a fresh
-    /// first page has it), none is listed twice.
-    #[param(inline)]
-    order: Option<ListOrder>,
-    /// Only the sessions of this bot.
-    #[param(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
-    bot_id: Option<String>,
-}
-
-/// The order of `GET /v1/sessions`.
-#[derive(Debug, Clone, Copy, Default, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum ListOrder {
-    /// Newest created first.
-    #[default]
-    Created,
-    /// Most recently active first.
-    Activity,
-}
-
-/// A page of sessions, in the order asked for.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct SessionList {
-    /// The page.
-    sessions: Vec<SessionView>,
-    /// The cursor of the next page; `None` on the last.
-    next_cursor: Option<String>,
-}
-
-route_errors!(
-    /// What `GET /v1/sessions` can answer besides `200`.
-    ListErrors: ["invalid_request"]
-);
-
-/// `GET /v1/sessions`.
-#[utoipa::path(
-    get,
-    path = "/sessions",
-    tag = "sessions",
-    operation_id = "list_sessions",
-    summary = "List sessions",
-    description = "Pages through the stored sessions, newest created first, or most recently active first \
-        with `order=activity`.",
-    params(ListQuery),
-    responses((status = 200, description = "A page of sessions.", body = SessionList), ListErrors),
-)]
-pub(crate) async fn list(
-    State(server): State<Arc<Server>>,
-    ApiQuery(query): ApiQuery<ListQuery>,
-) -> Result<Json<SessionList>, ApiError> {
-    let limit = super::page_limit(query.limit, DEFAULT_PAGE, MAX_PAGE)?;
-    if let Some(bot_id) = &query.bot_id {
-        check_bot_id(bot_id)?;
-    }
-    // A cursor is the key of a row in decimal (`created`), or the time of
-    // its last activity and its key (`activity`): refused here, in the form
-    // the description states, rather than by whichever store reads it.
-    let order = query.order.unwrap_or_default();
-    let number = |text: &str| (1..=18).contains(&text.len()) && text.bytes().all(|byte| byte.is_ascii_digit());
-    // Either form is read in either order (see `ListQuery::cursor`).
-    let is_cursor = |text: &str| match text.split_once('-') {
-        Some((updated, key)) => number(updated) && number(key),
-        None => number(text),
-    };
-    if query.cursor.as_deref().is_some_and(|cursor| !is_cursor(cursor)) {
-        return Err(ApiError::InvalidRequest(
-            "`cursor` must be the `next_cursor` of a page".to_owned(),
-        ));
-    }
-    let (cursor, bot_id) = (query.cursor.as_deref(), query.bot_id.as_deref());
-    let store = &server.host.store;
-    let page = match order {
-        ListOrder::Created => {
-            store
-                .list_sessions_page(cursor, limit, keel_store::SessionFilter::bot(bot_id))
-                .await?
-        }
-        ListOrder::Activity => {
-            store
-                .list_sessions_by_activity(cursor, limit, keel_store::SessionFilter::bot(bot_id))
-                .await?
-        }
-    };
-    let sessions = page
-        .sessions
-        .into_iter()
-        .map(|summary| {
-            let live = server.host.status(&summary.session_id);
-            SessionView::new(&server, summary, live)
-        })
-        .collect();
-    Ok(Json(SessionList {
-        sessions,
-        next_cursor: page.next_cursor,
-    }))
-}
-
 route_errors!(
     /// What a route of one session that reads no body can answer.
-    OneSessionErrors: ["not_found"]
+    OneSessionErrors: ["not_found", "missing_scope_read"]
 );
 
 /// `GET /v1/sessions/{id}`.
@@ -431,20 +329,24 @@ route_errors!(
     summary = "Get a session",
     description = "The session as stored, with its live status when the answering node runs it. Never loads it.",
     params(("id" = String, Path, description = "The session's id.")),
+    security(("bearer" = ["read"])),
     responses((status = 200, description = "The session.", body = SessionView), OneSessionErrors),
 )]
 pub(crate) async fn show(
     State(server): State<Arc<Server>>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let summary = server
-        .host
-        .store
-        .session_summary(&id)
+    let summary = access::session(&server, &principal, Scope::Read, &id)
         .await?
         .ok_or_else(|| ApiError::unknown_session(&id))?;
-    let live = server.host.status(&id);
-    Ok(Json(SessionView::new(&server, summary, live)))
+    Ok(Json(view(&server, summary)))
+}
+
+/// The view of the stored session `summary`, live status included.
+fn view(server: &Server, summary: SessionSummary) -> SessionView {
+    let live = server.host.status(&summary.session_id);
+    SessionView::new(server, summary, live)
 }
 
 /// The query of `DELETE /v1/sessions/{id}`.
@@ -459,7 +361,14 @@ pub(crate) struct DeleteQuery {
 
 route_errors!(
     /// What `DELETE /v1/sessions/{id}` can answer besides `204`.
-    DeleteErrors: ["invalid_request", "not_found", "workspace_not_removable", "session_elsewhere", "unavailable"]
+    DeleteErrors: [
+        "invalid_request",
+        "not_found",
+        "workspace_not_removable",
+        "session_elsewhere",
+        "unavailable",
+        "missing_scope_admin"
+    ]
 );
 
 /// `DELETE /v1/sessions/{id}`: `204` once the session is gone, `404` if
@@ -472,13 +381,16 @@ route_errors!(
     summary = "Delete a session",
     description = "Deletes the session and its log; with `workspace=true` also its workspace directory.",
     params(("id" = String, Path, description = "The session's id."), DeleteQuery),
+    security(("bearer" = ["admin"])),
     responses((status = 204, description = "The session is gone."), DeleteErrors),
 )]
 pub(crate) async fn delete(
     State(server): State<Arc<Server>>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<DeleteQuery>,
 ) -> Result<StatusCode, ApiError> {
+    access::session(&server, &principal, Scope::Admin, &id).await?;
     if server.host.delete(&id, query.workspace).await? {
         tracing::info!(session_id = %id, workspace = query.workspace, "session deleted");
         Ok(StatusCode::NO_CONTENT)
@@ -515,7 +427,15 @@ pub(crate) struct UpdateSession {
 route_errors!(
     /// What `PATCH /v1/sessions/{id}` can answer besides `200`.
     UpdateErrors: BODY,
-    ["not_found", "script_model_over_ceiling", "model_not_found", "session_busy", "session_elsewhere", "unavailable"]
+    [
+        "not_found",
+        "script_model_over_ceiling",
+        "model_not_found",
+        "session_busy",
+        "session_elsewhere",
+        "unavailable",
+        "missing_scope_submit"
+    ]
 );
 
 /// `PATCH /v1/sessions/{id}`: renames the session or switches its model;
@@ -532,22 +452,25 @@ route_errors!(
         is made to load again.",
     params(("id" = String, Path, description = "The session's id.")),
     request_body(content = UpdateSession, content_type = "application/json"),
+    security(("bearer" = ["submit"])),
     responses((status = 200, description = "The session, updated.", body = SessionView), UpdateErrors),
 )]
 pub(crate) async fn update(
     State(server): State<Arc<Server>>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     ApiJson(request): ApiJson<UpdateSession>,
 ) -> Result<Json<SessionView>, ApiError> {
+    let stored = access::session(&server, &principal, Scope::Submit, &id).await?;
     let title = request.title.as_deref().map(checked_title).transpose()?;
     if title.is_none() && request.model.is_none() {
         return Err(ApiError::InvalidRequest("give `title`, `model` or both".to_owned()));
     }
-    if server.host.store.session_summary(&id).await?.is_none() {
+    let Some(stored) = stored else {
         return Err(ApiError::unknown_session(&id));
-    }
+    };
     if let Some(model) = &request.model {
-        let spec = server.host.factory.check_model(model).await?;
+        let spec = server.host.factory.check_model(&stored.context.tenant, model).await?;
         server.host.change_model(&id, &spec).await?;
     }
     if let Some(title) = title
@@ -555,7 +478,13 @@ pub(crate) async fn update(
     {
         return Err(ApiError::unknown_session(&id));
     }
-    show(State(server), Path(id)).await
+    let summary = server
+        .host
+        .store
+        .session_summary(&id)
+        .await?
+        .ok_or_else(|| ApiError::unknown_session(&id))?;
+    Ok(Json(view(&server, summary)))
 }
 
 /// A title as sent, checked, and trimmed. The length is the title's as

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use axum::Extension;
-use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::access;
 use crate::Server;
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -49,7 +49,15 @@ route_errors!(
     SubmitErrors: BODY,
     LOADING,
     QUEUEING,
-    ["not_found", "idempotency_key_reused", "session_elsewhere", "owner_unavailable"]
+    [
+        "not_found",
+        "idempotency_key_reused",
+        "session_elsewhere",
+        "owner_unavailable",
+        "missing_scope_submit",
+        "missing_scope_approve",
+        "missing_scope_admin"
+    ]
 );
 
 impl From<Accepted> for AcceptedView {
@@ -71,7 +79,8 @@ impl From<Accepted> for AcceptedView {
     summary = "Submit an op",
     description = "Submits an op to the session, loading it first if need be; answered `202` once the \
         submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: \
-        the retry is answered as the first request was, and queues nothing.",
+        the retry is answered as the first request was, and queues nothing. An `approval` op needs the \
+        `approve` scope instead of `submit`, a `shutdown` op `admin`.",
     params(
         ("id" = String, Path, description = "The session's id."),
         (
@@ -84,6 +93,7 @@ impl From<Accepted> for AcceptedView {
         ),
     ),
     request_body(content = SubmitRequest, content_type = "application/json"),
+    security(("bearer" = ["submit"])),
     responses(
         (
             status = 202,
@@ -102,11 +112,12 @@ impl From<Accepted> for AcceptedView {
 )]
 pub(crate) async fn submit(
     State(server): State<Arc<Server>>,
-    Path(id): Path<String>,
     Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<SubmitRequest>,
 ) -> Result<(StatusCode, Json<AcceptedView>), ApiError> {
+    access::session(&server, &principal, access::op_scope(&request.op), &id).await?;
     let key = match headers.get("idempotency-key") {
         Some(value) => Some(
             value

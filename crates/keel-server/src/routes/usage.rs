@@ -1,19 +1,22 @@
-//! `GET /v1/usage`: token usage summed per session, per bot and in all.
+//! `GET /v1/usage`: token usage summed per session, per bot and in all, of
+//! the tenant the principal sees (every tenant's only with `admin`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::access;
 use crate::Server;
+use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
 use crate::openapi::errors::route_errors;
 use keel_protocol::TokenUsage;
-use keel_store::session_usage;
+use keel_store::{SessionFilter, session_usage};
 
 /// The query of `GET /v1/usage`.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -26,6 +29,11 @@ pub(crate) struct UsageQuery {
     /// Only steps recorded at or after this time (ms since the Unix epoch).
     #[serde(default, deserialize_with = "crate::extract::int64")]
     since: Option<u64>,
+    /// Only this tenant's sessions. A principal of one tenant sees only its
+    /// own (naming another finds none); without it, the operator's report
+    /// covers every tenant, which needs the `admin` scope.
+    #[param(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
+    tenant: Option<String>,
 }
 
 /// One session's line of the report.
@@ -57,6 +65,8 @@ pub(crate) struct UsageReport {
     bot_id: Option<String>,
     /// The time asked for, if any.
     since: Option<u64>,
+    /// The tenant reported on; `None`: every tenant.
+    tenant: Option<String>,
     /// Everything, summed.
     total: TokenUsage,
     /// Per bot.
@@ -67,7 +77,7 @@ pub(crate) struct UsageReport {
 
 route_errors!(
     /// What `GET /v1/usage` can answer besides `200`.
-    UsageErrors: ["invalid_request"]
+    UsageErrors: ["invalid_request", "missing_scope_read", "missing_scope_admin"]
 );
 
 /// `GET /v1/usage`.
@@ -77,23 +87,45 @@ route_errors!(
     tag = "usage",
     operation_id = "get_usage",
     summary = "Token usage",
-    description = "Tokens used, summed per session, per bot and in all.",
+    description = "Tokens used, summed per session, per bot and in all, over the sessions of the credentials' \
+        tenant; the operator's covers every tenant (which needs `admin` as well) unless `tenant` names one.",
     params(UsageQuery),
+    security(("bearer" = ["read"])),
     responses((status = 200, description = "The report.", body = UsageReport), UsageErrors),
 )]
 pub(crate) async fn show(
     State(server): State<Arc<Server>>,
+    Extension(principal): Extension<Principal>,
     ApiQuery(query): ApiQuery<UsageQuery>,
 ) -> Result<Json<UsageReport>, ApiError> {
+    principal.require(Scope::Read)?;
     if let Some(bot_id) = &query.bot_id {
         super::sessions::check_bot_id(bot_id)?;
     }
-    let found = session_usage(
-        server.host.store.as_ref(),
-        keel_store::SessionFilter::bot(query.bot_id.as_deref()),
-        query.since,
-    )
-    .await?;
+    if let Some(tenant) = &query.tenant {
+        access::check_tenant(tenant)?;
+    }
+    let filter = match access::list_tenant(&principal, query.tenant.as_deref()) {
+        // The whole server's usage.
+        Ok(None) => {
+            principal.require(Scope::Admin)?;
+            Some(SessionFilter::bot(query.bot_id.as_deref()))
+        }
+        Ok(Some(tenant)) => Some(SessionFilter {
+            bot_id: query.bot_id.as_deref(),
+            tenant: Some(tenant),
+        }),
+        // Another tenant than the principal's own: none of its sessions.
+        Err(()) => None,
+    };
+    let found = match filter {
+        Some(filter) => session_usage(server.host.store.as_ref(), filter, query.since).await?,
+        None => Vec::new(),
+    };
+    let tenant = filter
+        .and_then(|filter| filter.tenant)
+        .or(query.tenant.as_deref())
+        .map(str::to_owned);
     let mut total = TokenUsage::default();
     let mut bots: BTreeMap<String, BotLine> = BTreeMap::new();
     let mut sessions = Vec::with_capacity(found.len());
@@ -115,6 +147,7 @@ pub(crate) async fn show(
     Ok(Json(UsageReport {
         bot_id: query.bot_id,
         since: query.since,
+        tenant,
         total,
         bots: bots.into_values().collect(),
         sessions,
