@@ -32,6 +32,7 @@ mod sandbox_launcher;
 mod sandbox_limits;
 mod server;
 mod skip;
+mod step_gate;
 mod step_limits;
 mod store_faults;
 mod store_space;

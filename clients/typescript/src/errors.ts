@@ -61,6 +61,9 @@ export class WorkspaceError extends ConflictError {}
 /** The server cannot take the request now (`503`: `unavailable`, `store_unavailable`, `store_full`, `too_many_sessions`, `owner_unavailable`). */
 export class UnavailableError extends KeelError {}
 
+/** A token budget of the session or its tenant is spent, or the tenant runs its most turns at once (`429 budget_exhausted`); the body's `error.budget` names the limit and when it resets. */
+export class BudgetExhaustedError extends KeelError {}
+
 /** The server failed (`internal`). */
 export class InternalError extends KeelError {}
 
@@ -76,6 +79,11 @@ const CLASSES: Record<string, KeelErrorClass> = {
   misdirected_request: InvalidRequestError,
   unauthorized: UnauthorizedError,
   forbidden_origin: ForbiddenError,
+  missing_scope_read: ForbiddenError,
+  missing_scope_submit: ForbiddenError,
+  missing_scope_approve: ForbiddenError,
+  missing_scope_admin: ForbiddenError,
+  tenant_forbidden: ForbiddenError,
   sandbox_over_ceiling: CeilingError,
   auto_approval_over_ceiling: CeilingError,
   network_over_ceiling: CeilingError,
@@ -103,6 +111,7 @@ const CLASSES: Record<string, KeelErrorClass> = {
   store_unavailable: UnavailableError,
   store_full: UnavailableError,
   owner_unavailable: UnavailableError,
+  budget_exhausted: BudgetExhaustedError,
   internal: InternalError,
 };
 

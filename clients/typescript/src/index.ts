@@ -3,6 +3,7 @@
 export { Keel, Sessions, type SubmitOptions, type TurnResult, type WaitOptions } from "./client.js";
 export {
   ApiVersionMismatchError,
+  BudgetExhaustedError,
   CeilingError,
   ConflictError,
   ForbiddenError,

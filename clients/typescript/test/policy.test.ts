@@ -6,6 +6,7 @@ import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import {
+  BudgetExhaustedError,
   CeilingError,
   ConflictError,
   DEFAULT_RETRY,
@@ -116,6 +117,7 @@ test("every code the OpenAPI document declares has a class of its status's famil
     "413": InvalidRequestError,
     "415": InvalidRequestError,
     "421": InvalidRequestError,
+    "429": BudgetExhaustedError,
     "500": InternalError,
     "503": UnavailableError,
   };

@@ -95,6 +95,11 @@ pub enum ApiError {
     /// with what the key already names, not a fault of the request itself.
     #[error("{0}")]
     KeyReused(String),
+    /// A budget of the session or its tenant is spent, or the tenant runs
+    /// as many turns as it may at once (429): the body's `budget` says
+    /// which, and when it opens again.
+    #[error("{0}")]
+    BudgetExhausted(Box<crate::budget::Exhausted>),
     /// The request body did not arrive within the body timeout (408); the
     /// connection is closed with the answer.
     #[error("{0}")]
@@ -162,6 +167,7 @@ impl ApiError {
 
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MisdirectedRequest(_) => StatusCode::MISDIRECTED_REQUEST,
+            Self::BudgetExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::TooManySessions(_)
             | Self::Unavailable(_)
             | Self::OwnerUnavailable { .. }
@@ -199,6 +205,7 @@ impl ApiError {
             Self::KeyReused(_) => "idempotency_key_reused",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::MisdirectedRequest(_) => "misdirected_request",
+            Self::BudgetExhausted(_) => "budget_exhausted",
             Self::TooManySessions(_) => "too_many_sessions",
             Self::Unavailable(_) => "unavailable",
             Self::OwnerUnavailable { .. } => "owner_unavailable",
@@ -218,6 +225,10 @@ impl ApiError {
         ErrorBody {
             code: self.code(),
             message: keel_secrets::redact_owned(self.to_string()),
+            budget: match self {
+                Self::BudgetExhausted(spent) => Some((**spent).clone()),
+                _ => None,
+            },
         }
     }
 }
@@ -230,6 +241,10 @@ pub(crate) struct ErrorBody {
     pub(crate) code: &'static str,
     /// What went wrong, for people.
     pub(crate) message: String,
+    /// With `budget_exhausted`: the limit spent and when it opens again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::budget::Exhausted>)]
+    pub(crate) budget: Option<crate::budget::Exhausted>,
 }
 
 #[derive(Serialize)]
@@ -357,6 +372,19 @@ mod tests {
                 "unsupported_media_type",
             ),
             (ApiError::MisdirectedRequest("x".into()), 421, "misdirected_request"),
+            (
+                ApiError::BudgetExhausted(Box::new(crate::budget::Exhausted {
+                    applies_to: "tenant",
+                    tenant: "acme".into(),
+                    session_id: None,
+                    limit: "total_tokens",
+                    allowed: 1,
+                    used: 1,
+                    resets_at_ms: None,
+                })),
+                429,
+                "budget_exhausted",
+            ),
             (ApiError::TooManySessions("x".into()), 503, "too_many_sessions"),
             (ApiError::Unavailable("x".into()), 503, "unavailable"),
             (

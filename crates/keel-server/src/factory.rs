@@ -10,6 +10,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::budget::{BudgetGate, Budgets};
 use super::ceiling::{ScriptDir, check_overrides, resolve_script};
 use super::error::ApiError;
 use super::metrics::{MeteredModel, Metrics};
@@ -39,6 +40,8 @@ pub(crate) struct SessionFactory {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) max_steps: u32,
     pub(crate) submission_capacity: usize,
+    /// The budgets; each session's turns ask them before every model step.
+    pub(crate) budgets: Arc<Budgets>,
 }
 
 impl SessionFactory {
@@ -219,6 +222,12 @@ impl SessionFactory {
             .with_workspaces(&context.tenant, session_id, |root, name| root.open_existing(name))
             .await?;
         let mut config = AgentConfig::new(session_id, Arc::clone(&self.store), model);
+        // Asked before each model step; it reads the store only while a
+        // budget applies to the session or its tenant.
+        config.step_gate = Some(Arc::new(BudgetGate {
+            budgets: Arc::clone(&self.budgets),
+            tenant: context.tenant.clone(),
+        }));
         config.workspace = workspace;
         config.session_context = context;
         // An empty prompt is the request's way to have none.

@@ -25,6 +25,7 @@
 //! model talks to (no dependency on `keel-providers`), or terminals.
 
 mod auth;
+mod budget;
 mod ceiling;
 mod conn;
 mod error;
@@ -55,6 +56,7 @@ use tokio::net::TcpListener;
 
 pub use self::auth::Scope;
 pub use self::auth::keys::{KEY_PREFIX, KeySpecError, NewApiKey, new_api_key, parse_scopes};
+pub use self::budget::{BudgetClock, Exhausted};
 pub use self::conn::{
     DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES, raise_open_file_limit,
 };
@@ -146,9 +148,12 @@ pub struct ServerConfig {
     /// Several nodes on one (PostgreSQL) database: this node's part in it.
     /// `None` for the only node (SQLite's mode).
     pub cluster: Option<ClusterConfig>,
-    /// Where API keys are kept (the same database as `store`): without it,
-    /// no API key is accepted and `/v1/keys` answers `404`.
+    /// The store's keys, budgets and usage ledger, on the database of
+    /// [`Self::store`]; without it budgets are not enforced.
     pub access: Option<Arc<dyn AccessStore>>,
+    /// The clock budgets' rolling days are counted by: the system's,
+    /// unless a test moves it.
+    pub budget_clock: BudgetClock,
 }
 
 /// A node's settings when several share one database.
@@ -224,6 +229,7 @@ impl ServerConfig {
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             cluster: None,
             access: None,
+            budget_clock: BudgetClock::default(),
         }
     }
 }
@@ -291,7 +297,14 @@ pub async fn serve(
         .server
         .retention_days
         .map(|days| Duration::from_secs(u64::from(days) * 24 * 3600));
+    let budgets = Arc::new(budget::Budgets::new(
+        config.access,
+        &config.keel,
+        config.budget_clock,
+        Arc::clone(&metrics),
+    ));
     let factory = SessionFactory {
+        budgets,
         keel: Arc::new(config.keel),
         script_dir,
         tenant_script_dirs,
@@ -500,6 +513,7 @@ async fn run(
     let retainer =
         retention.map(|(max_idle, every)| spawn_on(&host, |host| async move { host.retain(max_idle, every).await }));
     let recovery = spawn_on(&host, |host| async move { host.recover().await });
+    let budgets = spawn_on(&host, |host| async move { host.follow_budgets().await });
     // Several nodes: renewals, take-overs and the database's notices.
     let renewals = spawn_on(&host, |host| async move { host.keep_leases().await });
     let takeovers = spawn_on(&host, |host| async move { host.take_over().await });
@@ -517,6 +531,7 @@ async fn run(
     conn::serve_connections(listener, app, connection_limits, stopping).await;
     host.begin_shutdown();
     recovery.abort();
+    budgets.abort();
     let _ = reaper.await;
     if let Some(retainer) = retainer {
         let _ = retainer.await;

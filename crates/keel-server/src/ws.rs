@@ -200,7 +200,17 @@ async fn answer(server: &Server, principal: &Principal, session_id: &str, text: 
             error: error.body(),
         };
     }
-    match submit_op(server, session_id, frame.op, frame.on_busy, frame.idempotency_key).await {
+    let actor = principal.actor.clone();
+    match submit_op(
+        server,
+        session_id,
+        frame.op,
+        frame.on_busy,
+        frame.idempotency_key,
+        actor,
+    )
+    .await
+    {
         Ok(accepted) => Reply::SubmissionAccepted {
             request_id: frame.request_id,
             submission_id: accepted.submission_id,

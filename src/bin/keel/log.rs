@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use keel::protocol::{EventMsg, RecordedEvent};
+use keel::protocol::{Actor, ActorKind, EventMsg, RecordedEvent};
 use keel::store::{CheckpointStoreExt, EventPageRequest, StoreError};
 
 use crate::db::DbArgs;
@@ -208,6 +208,18 @@ fn describe(event: &RecordedEvent) -> String {
         EventMsg::Warning(e) => e.message.clone(),
         EventMsg::Error(e) => e.message.clone(),
         EventMsg::SubmissionRejected(e) => e.reason.clone(),
+        EventMsg::SubmissionQueued(e) => e.submitted_by.as_ref().map(by).unwrap_or_default(),
+        EventMsg::ApprovalDecided(e) => {
+            let decision = serde_json::to_value(e.decision)
+                .ok()
+                .and_then(|value| value.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let decided = format!("call={} decision={decision}", e.call_id);
+            match &e.decided_by {
+                Some(actor) => format!("{decided} {}", by(actor)),
+                None => decided,
+            }
+        }
         _ => String::new(),
     };
     let turn = event
@@ -223,6 +235,21 @@ fn describe(event: &RecordedEvent) -> String {
     )
     .trim_end()
     .to_owned()
+}
+
+/// Who submitted or decided, for the audit trail: `by=TENANT/KIND:ID`,
+/// then the key's name or the token's subject when there is one.
+fn by(actor: &Actor) -> String {
+    let kind = match actor.kind {
+        ActorKind::Operator => "operator",
+        ActorKind::ApiKey => "key",
+        ActorKind::Jwt => "jwt",
+    };
+    let mut shown = format!("by={}/{kind}:{}", actor.tenant, actor.principal_id);
+    if let Some(name) = &actor.name {
+        shown.push_str(&format!(" name={}", quote(name)));
+    }
+    shown
 }
 
 /// Text as a JSON string literal, shortened for one line.

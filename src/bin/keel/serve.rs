@@ -103,6 +103,10 @@ pub(crate) struct ServeArgs {
     /// either, relayed submissions are not sealed].
     #[arg(long, env = "KEEL_CLUSTER_KEY_FILE", value_name = "FILE")]
     cluster_key_file: Option<PathBuf>,
+    /// Test use only: moves the clock budgets' rolling days are counted by
+    /// this many seconds ahead, so that a test sees the next day's window.
+    #[arg(long, hide = true, default_value_t = 0, value_name = "N")]
+    test_clock_offset_secs: u64,
 }
 
 pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -226,6 +230,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.header_timeout = Duration::from_secs(args.header_timeout_secs);
     config.body_timeout = Duration::from_secs(args.body_timeout_secs);
     config.max_connections = args.max_connections;
+    config.budget_clock = keel::server::BudgetClock::ahead_by(Duration::from_secs(args.test_clock_offset_secs));
 
     let banner = crate::banner::Banner {
         database: &location,

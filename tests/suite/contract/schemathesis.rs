@@ -120,7 +120,8 @@ fn sessions_left(har: &Value) -> (BTreeSet<String>, usize) {
                 left.insert(body["id"].as_str().expect("the made session's id").to_owned());
                 made += 1;
             }
-            ("DELETE", 204) if path.starts_with("sessions/") => {
+            // A session's delete; a budget's (`…/budget`) deletes no session.
+            ("DELETE", 204) if path.starts_with("sessions/") && !path.ends_with("/budget") => {
                 let id = path.strip_prefix("sessions/").expect("a session's path");
                 let id = percent_encoding::percent_decode_str(id).decode_utf8().expect("UTF-8");
                 left.remove(id.as_ref());

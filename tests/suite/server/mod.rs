@@ -2,8 +2,10 @@
 //! `127.0.0.1:0` listener, and the binary as a process where restarts and
 //! signals matter. Real SQLite files, the scripted model, no mocks.
 
+mod audit;
 mod auth;
 mod bots;
+mod budgets;
 mod ceiling;
 mod cluster;
 mod errors;

@@ -54,6 +54,12 @@ class TenantForbidden(Forbidden):
     """403 ``tenant_forbidden``: credentials of one tenant naming another."""
 
 
+class BudgetExhausted(KeelError):
+    """429 ``budget_exhausted``: a token budget of the session or its tenant is
+    spent, or the tenant runs as many turns as it may at once; the error's
+    ``budget`` names the limit and when it resets."""
+
+
 class NotFound(KeelError):
     """404 ``not_found``: an unknown session or route."""
 
@@ -167,6 +173,7 @@ _BY_CODE: dict[str, type[KeelError]] = {
     "missing_scope_approve": MissingScope,
     "missing_scope_admin": MissingScope,
     "tenant_forbidden": TenantForbidden,
+    "budget_exhausted": BudgetExhausted,
     "not_found": NotFound,
     "model_not_found": ModelNotFound,
     "method_not_allowed": MethodNotAllowed,

@@ -273,3 +273,5 @@ class ErrorBody:
 
     code: str
     message: str
+    # With ``budget_exhausted``: the limit spent and when it resets.
+    budget: dict[str, Any] | None = None

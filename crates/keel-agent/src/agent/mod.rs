@@ -26,6 +26,7 @@ pub mod recorder;
 mod recovery;
 mod session;
 mod status;
+mod step_gate;
 mod stream;
 pub mod submission;
 mod task;
@@ -60,6 +61,7 @@ use self::recovery::InFlight;
 use self::session::Session;
 pub use self::status::SessionStatus;
 use self::status::StatusCell;
+pub use self::step_gate::{StepGate, StepVerdict};
 pub use self::stream::{MAX_STEP_OUTPUT_BYTES, StreamingOptions};
 pub use self::submission::{Inbox, SubmissionSender, Submitted, WeakSubmissionSender, submission_channel};
 #[cfg(test)]
@@ -141,6 +143,9 @@ pub struct AgentConfig {
     /// writes under it and claims nothing (`lease_owner` then only says who
     /// renews it). `None` takes one as `lease_owner` says.
     pub lease: Option<Lease>,
+    /// Asked before each model step; a turn it stops is closed as
+    /// `turn_aborted` with reason `budget_exhausted`. `None` asks nothing.
+    pub step_gate: Option<Arc<dyn StepGate>>,
 }
 
 impl AgentConfig {
@@ -165,6 +170,7 @@ impl AgentConfig {
             context_limits: None,
             lease_owner: None,
             lease: None,
+            step_gate: None,
         }
     }
 }
@@ -370,6 +376,7 @@ fn session(config: AgentConfig, opened: Opened) -> Session {
         calibration: 1.0,
         lease_owner: config.lease_owner,
         store: config.store,
+        step_gate: config.step_gate,
     }
 }
 

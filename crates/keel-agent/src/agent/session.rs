@@ -71,6 +71,8 @@ pub(super) struct Session {
     /// The store, asked before each tool call whether its file system still
     /// has the room its commits need (see `CheckpointStore::low_on_space`).
     pub(super) store: Arc<dyn CheckpointStore>,
+    /// Asked before each model step (budgets); `None` asks nothing.
+    pub(super) step_gate: Option<Arc<dyn super::StepGate>>,
 }
 
 /// The identity and durable state of a running turn.

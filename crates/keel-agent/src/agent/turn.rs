@@ -19,6 +19,7 @@ use super::compaction::CompactEnd;
 use super::control::{ControlLane, During, Wake};
 use super::recovery::unanswered_calls;
 use super::session::{Session, Turn};
+use super::step_gate::StepVerdict;
 use super::stream::{CloseOnDrop, ClosedStream, MAX_STEP_OUTPUT_BYTES, StepStream, json_len, step_too_large};
 use super::tool_phase::ToolsEnd;
 use keel_model::{ModelOutput, ModelRequest};
@@ -51,6 +52,8 @@ enum Abort {
     TooLarge(String),
     Interrupted(Submission),
     Saturated(String),
+    /// The host's [`StepGate`](super::StepGate) stopped it before a step.
+    Budget(String),
 }
 
 impl Session {
@@ -197,6 +200,11 @@ impl Session {
         let mut retried_step = None;
         loop {
             self.take_steering(&mut turn).await?;
+            if let StepVerdict::BudgetExhausted(message) = self.step_verdict().await? {
+                return self
+                    .abort_turn(&turn, Abort::Budget(message), ClosedStream::empty())
+                    .await;
+            }
             let step = turn.execution.step;
             if self.over_threshold() {
                 match self.compact(Some(&turn), None, CompactionReason::Threshold).await? {
@@ -530,6 +538,7 @@ impl Session {
                 events.push(turn.event(error_msg(&turn_id, &message)));
                 events.push(turn.event(aborted(AbortReason::RecorderSaturated, message)));
             }
+            Abort::Budget(message) => events.push(turn.event(aborted(AbortReason::BudgetExhausted, message))),
             Abort::Interrupted(by) => events.push(Event {
                 submission_id: Some(by.id),
                 msg: aborted(AbortReason::Interrupted, "interrupted by the user".to_owned()),

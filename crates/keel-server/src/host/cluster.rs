@@ -34,7 +34,7 @@ use super::{Host, RelayKey};
 use crate::error::ApiError;
 use crate::settings::SessionSettings;
 use keel_agent::{Accepted, BusyPolicy, LeaseOwner, SubmitOptions, answer_keyed, key_reused};
-use keel_protocol::{Op, new_id};
+use keel_protocol::{Actor, Op, new_id};
 use keel_store::{ClusterStore, Lease, RelayState, Relayed, RelayedSubmission, StoreError};
 use keel_store::{LogNotice, NoticeListener};
 use tokio::sync::futures::Notified;
@@ -97,6 +97,7 @@ impl Host {
         op: Op,
         on_busy: Option<BusyPolicy>,
         idempotency_key: Option<String>,
+        submitted_by: Actor,
     ) -> Result<Accepted, ApiError> {
         let summary = self
             .store
@@ -112,13 +113,18 @@ impl Host {
         {
             return Ok(answer_keyed(self.store.as_ref(), session_id, key, earlier, &op, on_busy).await?);
         }
+        // The ledger is shared: this node refuses what the owner would.
+        let idle = summary.running_turn_id.is_none();
+        let tenant = &summary.context.tenant;
+        self.factory.budgets.admit(tenant, session_id, &op, idle).await?;
         let submission = RelayedSubmission {
             relay_id: 0,
             submission_id: new_id(),
             op,
             on_busy: Some(on_busy),
             idempotency_key,
-            submitted_by: None,
+            // Sealed with the rest: the owner records it as it is.
+            submitted_by: Some(super::acting_for(submitted_by, tenant)),
             seal: None,
         };
         let submission = RelayedSubmission {
@@ -328,7 +334,7 @@ impl Host {
                     on_busy: relayed.on_busy.unwrap_or(session.settings.on_busy),
                     idempotency_key: Some(key),
                     submission_id: Some(relayed.submission_id.clone()),
-                    submitted_by: None,
+                    submitted_by: relayed.submitted_by.clone(),
                 };
                 let queued = session.handle.submit_durable(relayed.op.clone(), options).await;
                 match owner_answer(queued, &relayed.submission_id) {

@@ -54,7 +54,7 @@ use super::fanout::{Hubs, Subscription};
 use super::metrics::Metrics;
 use super::settings::SessionSettings;
 use keel_agent::{LeaseClock, LeaseOwner, SessionContext, SessionStatus, SubmitOptions};
-use keel_protocol::Op;
+use keel_protocol::{Actor, ActorKind, Op};
 use keel_store::{CheckpointStore, CheckpointStoreExt, ClusterStore};
 
 /// How long a session may take to stop once asked before it is dropped.
@@ -302,14 +302,17 @@ impl Host {
         result
     }
 
-    /// Submits `op` to the session, loading it if needed. A session found
-    /// stopped (by a `shutdown` op) is loaded again once.
+    /// Submits `op` to the session, loading it if needed, recorded as sent
+    /// by `submitted_by` (the operator's actor names the session's tenant,
+    /// the one it acted for). A session found stopped (by a `shutdown` op)
+    /// is loaded again once.
     pub(crate) async fn submit(
         &self,
         session_id: &str,
         op: Op,
         on_busy: Option<keel_agent::BusyPolicy>,
         idempotency_key: Option<String>,
+        submitted_by: Actor,
     ) -> Result<keel_agent::Accepted, ApiError> {
         let mut retried = false;
         loop {
@@ -317,15 +320,22 @@ impl Host {
                 Ok(session) => session,
                 // Another node runs it: it takes the submission from the store.
                 Err(ApiError::Elsewhere(_)) if self.cluster.is_some() => {
-                    return self.relay(session_id, op, on_busy, idempotency_key).await;
+                    return self.relay(session_id, op, on_busy, idempotency_key, submitted_by).await;
                 }
                 Err(error) => return Err(error),
             };
+            let budgets = &self.factory.budgets;
+            if budgets.watches(&session.tenant, session_id)
+                && !self.retried_key(session_id, idempotency_key.as_deref()).await?
+            {
+                let idle = !session.handle.status().busy;
+                budgets.admit(&session.tenant, session_id, &op, idle).await?;
+            }
             let options = SubmitOptions {
                 on_busy: on_busy.unwrap_or(session.settings.on_busy),
                 idempotency_key: idempotency_key.clone(),
                 submission_id: None,
-                submitted_by: None,
+                submitted_by: Some(acting_for(submitted_by.clone(), &session.tenant)),
             };
             match session.handle.submit_durable(op.clone(), options).await {
                 Ok(accepted) => return Ok(accepted),
@@ -337,6 +347,20 @@ impl Host {
                 Err(error) => return Err(error.into()),
             }
         }
+    }
+
+    /// Whether `key` names a submission the session took already: a retry,
+    /// answered as the first request was whatever the budgets say now.
+    async fn retried_key(&self, session_id: &str, key: Option<&str>) -> Result<bool, ApiError> {
+        match key {
+            Some(key) => Ok(self.store.keyed_submission(session_id, key).await?.is_some()),
+            None => Ok(false),
+        }
+    }
+
+    /// Keeps the budgets up to date with the store's until shutdown.
+    pub(crate) async fn follow_budgets(&self) {
+        self.factory.budgets.follow(self.closing.subscribe()).await;
     }
 
     /// A subscription to the events of `session_id` after `after`. It does
@@ -433,5 +457,18 @@ impl Host {
         if ours && Arc::strong_count(&slot) == 2 && slot.live.try_lock().is_ok_and(|live| live.is_none()) {
             slots.remove(session_id);
         }
+    }
+}
+
+/// `actor` as recorded on a session of `tenant`: the operator acts for
+/// every tenant, so its submissions name the session's; any other principal
+/// names its own (only ever the session's, since it sees no other).
+pub(crate) fn acting_for(actor: Actor, tenant: &str) -> Actor {
+    match actor.kind {
+        ActorKind::Operator => Actor {
+            tenant: tenant.to_owned(),
+            ..actor
+        },
+        ActorKind::ApiKey | ActorKind::Jwt => actor,
     }
 }

@@ -8,7 +8,7 @@
 //! session's pending call and have the owner act on it. So the accepting
 //! node seals each row with an HMAC-SHA256 over everything the owner acts
 //! on (the session, the submission's id and key, the op and its busy
-//! policy), under a key the nodes share and the database never holds
+//! policy, and who sent it: the principal it is recorded as), under a key the nodes share and the database never holds
 //! (`--cluster-key-file`, or derived from the API token every node
 //! checks); the owner refuses a row whose seal does not verify.
 //!
@@ -70,14 +70,22 @@ impl fmt::Debug for RelayKey {
 /// What a seal covers: everything the owner acts on, in one unambiguous
 /// encoding (a JSON array: strings are quoted, so no field can run into
 /// the next).
+///
+/// A submission without a principal is sealed as before principals existed
+/// (five fields), so rows relayed by an older node still verify; one with a
+/// principal has it as a sixth, so it can be neither dropped nor replaced.
 fn sealed_message(session_id: &str, submission: &RelayedSubmission) -> Option<Vec<u8>> {
-    serde_json::to_vec(&(
+    let fields = (
         session_id,
         &submission.submission_id,
         &submission.idempotency_key,
         &submission.op,
         &submission.on_busy,
-    ))
+    );
+    match &submission.submitted_by {
+        None => serde_json::to_vec(&fields),
+        Some(actor) => serde_json::to_vec(&(fields.0, fields.1, fields.2, fields.3, fields.4, actor)),
+    }
     .ok()
 }
 
@@ -154,6 +162,25 @@ mod tests {
         let mut renamed = sealed.clone();
         renamed.submission_id = "sub-2".into();
         assert!(!key.verify("s", &renamed), "another submission id");
+        let mut impersonated = sealed.clone();
+        impersonated.submitted_by = Some(keel_protocol::Actor::operator("s"));
+        assert!(!key.verify("s", &impersonated), "another principal claimed");
+        let mut sealed_by = approval("call-1");
+        sealed_by.submitted_by = Some(keel_protocol::Actor {
+            tenant: "acme".into(),
+            principal_id: "key-7".into(),
+            kind: keel_protocol::ActorKind::ApiKey,
+            name: Some("ci".into()),
+        });
+        sealed_by.seal = key.seal("s", &sealed_by);
+        assert!(key.verify("s", &sealed_by));
+        let mut renamed_principal = sealed_by.clone();
+        if let Some(actor) = renamed_principal.submitted_by.as_mut() {
+            actor.name = Some("admin".into());
+        }
+        assert!(!key.verify("s", &renamed_principal), "the principal's name changed");
+        sealed_by.submitted_by = None;
+        assert!(!key.verify("s", &sealed_by), "its principal dropped");
         for forged in [None, Some(String::new()), Some("zz".into()), Some("00".repeat(32))] {
             let row = RelayedSubmission {
                 seal: forged.clone(),

@@ -7,6 +7,9 @@ use std::sync::Mutex;
 /// Distinct bots that keep a label of their own in the model metrics.
 pub(crate) const MAX_BOT_LABELS: usize = 32;
 
+/// Distinct tenants that keep a label of their own in the budget metrics.
+pub(crate) const MAX_TENANT_LABELS: usize = 64;
+
 /// Distinct providers that keep a label of their own.
 pub(crate) const MAX_PROVIDER_LABELS: usize = 16;
 

@@ -13,7 +13,7 @@ mod labels;
 mod model;
 mod store;
 
-pub(crate) use self::labels::{LabelBudget, MAX_BOT_LABELS, MAX_PROVIDER_LABELS};
+pub(crate) use self::labels::{LabelBudget, MAX_BOT_LABELS, MAX_PROVIDER_LABELS, MAX_TENANT_LABELS};
 pub(crate) use self::model::MeteredModel;
 pub(crate) use self::store::MeteredStore;
 
@@ -38,6 +38,12 @@ pub(crate) struct TokenLabels {
     provider: String,
     bot: String,
     kind: &'static str,
+}
+
+/// Labels of `keel_budget_exhausted_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct TenantLabel {
+    tenant: String,
 }
 
 /// Labels of `keel_http_requests_total`.
@@ -77,6 +83,9 @@ pub(crate) struct Metrics {
     pub(crate) sessions_taken_over: Counter,
     pub(crate) leases_lost: Counter,
     pub(crate) alive_tasks: Gauge,
+    pub(crate) budget_exhausted: Family<TenantLabel, Counter>,
+    /// The tenants with a label of their own.
+    tenants: LabelBudget,
     /// The bots with a label of their own.
     bots: LabelBudget,
     /// The providers with a label of their own.
@@ -184,6 +193,13 @@ impl Metrics {
                 "Tasks alive in the server's async runtime (a leak shows as growth)",
                 Gauge::default(),
             ),
+            budget_exhausted: registered(
+                &mut registry,
+                "keel_budget_exhausted",
+                "Submissions refused and turns stopped because a budget of the tenant or its session was spent",
+                Family::default(),
+            ),
+            tenants: LabelBudget::new(MAX_TENANT_LABELS),
             bots: LabelBudget::new(MAX_BOT_LABELS),
             providers: LabelBudget::new(MAX_PROVIDER_LABELS),
             registry,
@@ -197,6 +213,13 @@ impl Metrics {
             tracing::error!(%error, "cannot encode the metrics");
         }
         text
+    }
+
+    /// Counts a submission refused, or a turn stopped, by a spent budget of
+    /// `tenant` or of one of its sessions.
+    pub(crate) fn budget_exhausted(&self, tenant: &str) {
+        let tenant = self.tenants.label(tenant);
+        self.budget_exhausted.get_or_create(&TenantLabel { tenant }).inc();
     }
 
     /// Counts an answered HTTP request.

@@ -103,6 +103,11 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
     ("unsupported_media_type", 415, "A body not sent as `application/json`."),
     ("misdirected_request", 421, "A `Host` the server does not answer for."),
     (
+        "budget_exhausted",
+        429,
+        "A token budget of the session or its tenant is spent, or the tenant runs its most concurrent turns; `budget` says which and when it resets.",
+    ),
+    (
         "idempotency_key_reused",
         409,
         "An `Idempotency-Key` used before on this session for another request.",
@@ -187,7 +192,13 @@ pub(crate) const LOADING: &[&str] = &[
 ];
 
 /// The codes of a route that queues a submission.
-pub(crate) const QUEUEING: &[&str] = &["invalid_request", "too_large", "queue_full", "session_busy"];
+pub(crate) const QUEUEING: &[&str] = &[
+    "invalid_request",
+    "too_large",
+    "queue_full",
+    "session_busy",
+    "budget_exhausted",
+];
 
 /// The error responses of a route behind the token that answers `codes`
 /// (besides the ones every such route can answer), one per status.
@@ -308,6 +319,15 @@ mod tests {
             ApiError::TooLarge(String::new()),
             ApiError::UnsupportedMediaType(String::new()),
             ApiError::MisdirectedRequest(String::new()),
+            ApiError::BudgetExhausted(Box::new(crate::budget::Exhausted {
+                applies_to: "session",
+                tenant: String::new(),
+                session_id: Some(String::new()),
+                limit: "total_tokens_per_day",
+                allowed: 0,
+                used: 0,
+                resets_at_ms: Some(0),
+            })),
             ApiError::TooManySessions(String::new()),
             ApiError::Unavailable(String::new()),
             ApiError::StoreUnavailable(String::new()),

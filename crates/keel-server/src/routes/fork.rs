@@ -197,7 +197,7 @@ pub(crate) async fn fork(
     // fork's own log); a plain fork by the conversation it holds.
     match message {
         Some(op) => {
-            submit_op(&server, &id, op, None, None).await?;
+            submit_op(&server, &id, op, None, None, principal.actor).await?;
         }
         None => title_from_history(&server, &id).await?,
     }

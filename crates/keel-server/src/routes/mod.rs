@@ -1,6 +1,7 @@
 //! The routes of the API (see `docs/http-api.md`).
 
 pub(crate) mod access;
+pub(crate) mod budgets;
 pub(crate) mod events;
 pub(crate) mod fork;
 pub(crate) mod keys;
@@ -54,6 +55,16 @@ pub(crate) fn documented() -> Documented {
             .routes(routes!(sse::stream))
             .routes(routes!(ws::upgrade))
             .routes(routes!(usage::show))
+            .routes(routes!(
+                budgets::show_tenant,
+                budgets::set_tenant,
+                budgets::delete_tenant
+            ))
+            .routes(routes!(
+                budgets::show_session,
+                budgets::set_session,
+                budgets::delete_session
+            ))
             .routes(routes!(models::list))
             .routes(routes!(keys::whoami))
             .routes(routes!(keys::create, keys::list))

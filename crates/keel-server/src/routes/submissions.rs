@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::openapi::errors::{BODY, LOADING, QUEUEING, route_errors};
 use keel_agent::{Accepted, BusyPolicy};
-use keel_protocol::{MAX_MESSAGE_BYTES, Op, validate_idempotency_key};
+use keel_protocol::{Actor, MAX_MESSAGE_BYTES, Op, validate_idempotency_key};
 
 /// The body of `POST /v1/sessions/{id}/submissions`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -127,23 +127,28 @@ pub(crate) async fn submit(
         ),
         None => None,
     };
-    let accepted = submit_op(&server, &id, request.op, request.on_busy, key).await?;
+    let accepted = submit_op(&server, &id, request.op, request.on_busy, key, principal.actor).await?;
     Ok((StatusCode::ACCEPTED, Json(accepted.into())))
 }
 
-/// Checks and submits an op to a session.
+/// Checks and submits an op to a session, recording `submitted_by` as
+/// who sent it.
 pub(crate) async fn submit_op(
     server: &Server,
     session_id: &str,
     op: Op,
     on_busy: Option<BusyPolicy>,
     idempotency_key: Option<String>,
+    submitted_by: Actor,
 ) -> Result<Accepted, ApiError> {
     if let Some(key) = &idempotency_key {
         validate_idempotency_key(key).map_err(ApiError::InvalidRequest)?;
     }
     check_op(&op)?;
-    server.host.submit(session_id, op, on_busy, idempotency_key).await
+    server
+        .host
+        .submit(session_id, op, on_busy, idempotency_key, submitted_by)
+        .await
 }
 
 /// Checks an op's size and fields, before anything is stored for it.

@@ -1,0 +1,295 @@
+//! Budgets: what a tenant, or one session, may spend, and their
+//! enforcement.
+//!
+//! A tenant's budget comes from `[tenants.<id>.budget]` in keel.toml unless
+//! one was set over the admin API (which wins for that tenant); a session's
+//! only from the API. The API's budgets live in the store
+//! ([`AccessStore::set_budget`]) and are cached here, reloaded whenever the
+//! store's access revision moves (polled, so a budget set on one node
+//! applies on every node within [`REVISION_POLL`]). Usage is the store's
+//! hourly ledger, which every node writes in the commit of its
+//! `token_usage` events, so every node counts the same totals.
+//!
+//! Enforced twice: a new submission that would make the model work is
+//! refused (`429 budget_exhausted`, [`Budgets::admit`]) while a budget of
+//! its session or tenant is spent, or when the tenant runs as many turns as
+//! its `max_concurrent_turns` and the session is idle; and a running turn
+//! stops before its next model step ([`gate::BudgetGate`]). A session with
+//! no budget anywhere costs no store read.
+
+mod clock;
+mod gate;
+mod window;
+
+pub use self::clock::BudgetClock;
+pub(crate) use self::gate::BudgetGate;
+pub use self::window::Exhausted;
+pub(crate) use self::window::{Owner, Spend, first_exhausted};
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use self::window::window_start;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use keel_config::{BudgetConfig, KeelConfig};
+use keel_protocol::Op;
+use keel_store::{AccessStore, BudgetTarget, StoreError};
+
+/// How often the store's access revision is read for budgets set on other
+/// nodes.
+pub(crate) const REVISION_POLL: Duration = Duration::from_millis(500);
+
+/// Where the budget that applies to a target comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[schema(as = BudgetSource)]
+pub(crate) enum Source {
+    /// Set over the admin API (stored).
+    Api,
+    /// `[tenants.<id>.budget]` in keel.toml.
+    Config,
+}
+
+/// The API's budgets as last read, with the revision they were read at.
+#[derive(Default)]
+struct Loaded {
+    revision: Option<u64>,
+    budgets: HashMap<BudgetTarget, BudgetConfig>,
+}
+
+/// The server's budgets and what they are counted against.
+pub(crate) struct Budgets {
+    /// The store's keys, budgets and usage ledger; without it nothing is
+    /// enforced (the store keeps no ledger).
+    access: Option<Arc<dyn AccessStore>>,
+    /// keel.toml's budgets, by tenant.
+    configured: BTreeMap<String, BudgetConfig>,
+    loaded: RwLock<Loaded>,
+    clock: BudgetClock,
+    metrics: Arc<Metrics>,
+}
+
+impl Budgets {
+    /// The budgets of `keel` (its `[tenants]`) and of `access`'s store.
+    pub(crate) fn new(
+        access: Option<Arc<dyn AccessStore>>,
+        keel: &KeelConfig,
+        clock: BudgetClock,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let configured: BTreeMap<String, BudgetConfig> = keel
+            .tenants
+            .iter()
+            .filter_map(|(tenant, table)| Some((tenant.clone(), table.budget.filter(|budget| !budget.is_empty())?)))
+            .collect();
+        if access.is_none() && !configured.is_empty() {
+            tracing::warn!("keel.toml sets budgets, but this store keeps no usage ledger: they are not enforced");
+        }
+        Self {
+            access,
+            configured,
+            loaded: RwLock::new(Loaded::default()),
+            clock,
+            metrics,
+        }
+    }
+
+    /// The budget clock's time (ms since the Unix epoch).
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The store's access part, or `503` when it has none.
+    pub(crate) fn access(&self) -> Result<&dyn AccessStore, ApiError> {
+        self.access
+            .as_deref()
+            .ok_or_else(|| ApiError::Unavailable("this server's store keeps no budgets or usage ledger".to_owned()))
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Loaded> {
+        self.loaded.read().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// The budget that applies to `target`, and where it comes from.
+    pub(crate) fn applying(&self, target: &BudgetTarget) -> Option<(BudgetConfig, Source)> {
+        if let Some(budget) = self.read().budgets.get(target) {
+            return Some((*budget, Source::Api));
+        }
+        match target {
+            BudgetTarget::Tenant(tenant) => self.configured.get(tenant).map(|budget| (*budget, Source::Config)),
+            BudgetTarget::Session(_) => None,
+        }
+    }
+
+    /// Whether any budget applies to `session_id` of `tenant` (no store
+    /// read: the cache only).
+    pub(crate) fn watches(&self, tenant: &str, session_id: &str) -> bool {
+        if self.access.is_none() {
+            return false;
+        }
+        if self.configured.contains_key(tenant) {
+            return true;
+        }
+        let loaded = self.read();
+        !loaded.budgets.is_empty()
+            && (loaded.budgets.contains_key(&BudgetTarget::Tenant(tenant.to_owned()))
+                || loaded
+                    .budgets
+                    .contains_key(&BudgetTarget::Session(session_id.to_owned())))
+    }
+
+    /// What `target` spent by the budget clock: the rolling day always,
+    /// and the all-time total when `with_total`.
+    pub(crate) async fn spend(&self, target: &BudgetTarget, with_total: bool) -> Result<Spend, StoreError> {
+        let Some(access) = &self.access else {
+            return Ok(Spend::new(self.now_ms(), &[], None));
+        };
+        let now_ms = self.now_ms();
+        let buckets = access.usage_buckets(target, window_start(now_ms)).await?;
+        let total = match with_total {
+            true => Some(access.usage_total(target).await?),
+            false => None,
+        };
+        Ok(Spend::new(now_ms, &buckets, total.as_ref()))
+    }
+
+    /// The first spent token limit of `target`'s budget, if one is.
+    async fn target_exhausted(&self, target: &BudgetTarget, owner: Owner<'_>) -> Result<Option<Exhausted>, StoreError> {
+        let Some((budget, _)) = self.applying(target) else {
+            return Ok(None);
+        };
+        if !budget.has_daily_limit() && !budget.has_total_limit() {
+            return Ok(None);
+        }
+        let spend = self.spend(target, budget.has_total_limit()).await?;
+        Ok(first_exhausted(&budget, &spend, owner))
+    }
+
+    /// The first spent token limit of the session's budget, then of its
+    /// tenant's.
+    pub(crate) async fn exhausted(&self, tenant: &str, session_id: &str) -> Result<Option<Exhausted>, StoreError> {
+        if !self.watches(tenant, session_id) {
+            return Ok(None);
+        }
+        let session = Owner {
+            tenant,
+            session_id: Some(session_id),
+        };
+        let target = BudgetTarget::Session(session_id.to_owned());
+        if let Some(spent) = self.target_exhausted(&target, session).await? {
+            return Ok(Some(spent));
+        }
+        let owner = Owner {
+            tenant,
+            session_id: None,
+        };
+        self.target_exhausted(&BudgetTarget::Tenant(tenant.to_owned()), owner)
+            .await
+    }
+
+    /// Refuses (`429 budget_exhausted`) an op that would make the model
+    /// work on `session_id` of `tenant` while one of their budgets is
+    /// spent, or while the tenant runs `max_concurrent_turns` turns and the
+    /// session is `idle` (its op would start one more).
+    pub(crate) async fn admit(&self, tenant: &str, session_id: &str, op: &Op, idle: bool) -> Result<(), ApiError> {
+        if !spends_tokens(op) || !self.watches(tenant, session_id) {
+            return Ok(());
+        }
+        if let Some(spent) = self.exhausted(tenant, session_id).await? {
+            return Err(self.refuse(spent));
+        }
+        let cap = self
+            .applying(&BudgetTarget::Tenant(tenant.to_owned()))
+            .and_then(|(budget, _)| budget.max_concurrent_turns);
+        if let (Some(cap), true, Some(access)) = (cap, idle, &self.access) {
+            let running = access.running_turns(tenant).await?;
+            if running >= cap {
+                let owner = Owner {
+                    tenant,
+                    session_id: None,
+                };
+                return Err(self.refuse(owner.exhausted("max_concurrent_turns", cap, running, None)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a spent budget of `tenant`'s in the metrics.
+    pub(crate) fn count(&self, tenant: &str) {
+        self.metrics.budget_exhausted(tenant);
+    }
+
+    fn refuse(&self, spent: Exhausted) -> ApiError {
+        self.count(&spent.tenant);
+        ApiError::BudgetExhausted(Box::new(spent))
+    }
+
+    /// Sets (`Some`) or removes `target`'s budget over the API, and reloads.
+    pub(crate) async fn set(&self, target: &BudgetTarget, budget: Option<&BudgetConfig>) -> Result<(), ApiError> {
+        let json = budget
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|error| ApiError::Internal(format!("cannot encode a budget: {error}")))?;
+        self.access()?.set_budget(target, json.as_deref()).await?;
+        self.reload().await?;
+        Ok(())
+    }
+
+    /// Reads the API's budgets again if the store's access revision moved
+    /// since they were last read.
+    pub(crate) async fn reload(&self) -> Result<(), StoreError> {
+        let Some(access) = &self.access else { return Ok(()) };
+        let revision = access.access_revision().await?;
+        if self.read().revision == Some(revision) {
+            return Ok(());
+        }
+        let mut budgets = HashMap::new();
+        for (target, json) in access.budgets().await? {
+            match serde_json::from_str::<BudgetConfig>(&json) {
+                Ok(budget) => {
+                    budgets.insert(target, budget);
+                }
+                Err(error) => tracing::warn!(?target, %error, "ignoring a stored budget that does not parse"),
+            }
+        }
+        let mut loaded = self.loaded.write().unwrap_or_else(|poison| poison.into_inner());
+        // A slower read of an older revision must not replace a newer one.
+        if loaded.revision.is_none_or(|seen| seen < revision) {
+            *loaded = Loaded {
+                revision: Some(revision),
+                budgets,
+            };
+        }
+        Ok(())
+    }
+
+    /// Reloads the API's budgets every [`REVISION_POLL`] the access
+    /// revision moved, until `closing`.
+    pub(crate) async fn follow(&self, mut closing: watch::Receiver<bool>) {
+        if self.access.is_none() {
+            return;
+        }
+        loop {
+            if let Err(error) = self.reload().await {
+                tracing::warn!(%error, "cannot read the stored budgets");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(REVISION_POLL) => {}
+                _ = closing.wait_for(|closing| *closing) => return,
+            }
+        }
+    }
+}
+
+/// Whether `op` makes the model work: a message, a steer, a compaction or
+/// a regeneration. Interrupts, approvals and shutdowns always pass.
+fn spends_tokens(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::UserInput { .. } | Op::Steer { .. } | Op::Compact | Op::Regenerate
+    )
+}
