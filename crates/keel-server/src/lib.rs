@@ -298,7 +298,7 @@ pub async fn serve(
         .retention_days
         .map(|days| Duration::from_secs(u64::from(days) * 24 * 3600));
     let budgets = Arc::new(budget::Budgets::new(
-        config.access,
+        config.access.clone(),
         &config.keel,
         config.budget_clock,
         Arc::clone(&metrics),
