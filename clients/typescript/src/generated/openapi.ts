@@ -15,13 +15,13 @@ export interface paths {
         };
         /**
          * List sessions
-         * @description Pages through the stored sessions, newest created first, or most recently active first with `order=activity`.
+         * @description Pages through the stored sessions the credentials see (a tenant's principal: its tenant's only), newest created first, or most recently active first with `order=activity`. Needs the `read` scope.
          */
         get: operations["list_sessions"];
         put?: never;
         /**
          * Create a session
-         * @description Creates a session with its settings (checked against the server's ceiling before anything is stored) and loads it.
+         * @description Creates a session with its settings (checked against the server's ceiling before anything is stored) and loads it, in the credentials' tenant (the operator may name one). Needs the `submit` scope.
          */
         post: operations["create_session"];
         delete?: never;
@@ -39,21 +39,21 @@ export interface paths {
         };
         /**
          * Get a session
-         * @description The session as stored, with its live status when the answering node runs it. Never loads it.
+         * @description The session as stored, with its live status when the answering node runs it. Never loads it. Needs the `read` scope.
          */
         get: operations["get_session"];
         put?: never;
         post?: never;
         /**
          * Delete a session
-         * @description Deletes the session and its log; with `workspace=true` also its workspace directory.
+         * @description Deletes the session and its log; with `workspace=true` also its workspace directory. Needs the `admin` scope.
          */
         delete: operations["delete_session"];
         options?: never;
         head?: never;
         /**
          * Rename a session or switch its model
-         * @description Sets the session's `title`, its `model`, or both. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again.
+         * @description Sets the session's `title`, its `model`, or both. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again. Needs the `submit` scope.
          */
         patch: operations["update_session"];
         trace?: never;
@@ -69,7 +69,7 @@ export interface paths {
         put?: never;
         /**
          * Fork a session
-         * @description A new session whose history is the parent's at a point between turns; with `message`, a user message submitted to it (an edit of a past message).
+         * @description A new session whose history is the parent's at a point between turns; with `message`, a user message submitted to it (an edit of a past message). The fork belongs to the parent's tenant. Needs the `submit` scope.
          */
         post: operations["fork_session"];
         delete?: never;
@@ -89,7 +89,7 @@ export interface paths {
         put?: never;
         /**
          * Submit an op
-         * @description Submits an op to the session, loading it first if need be; answered `202` once the submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: the retry is answered as the first request was, and queues nothing.
+         * @description Submits an op to the session, loading it first if need be; answered `202` once the submission is durably stored. Retry with the same `Idempotency-Key` after a network error or a `503`: the retry is answered as the first request was, and queues nothing. An `approval` op needs the `approve` scope instead of `submit`, a `shutdown` op `admin`. Needs the `submit` scope.
          */
         post: operations["submit"];
         delete?: never;
@@ -105,7 +105,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Page through a session's log */
+        /**
+         * Page through a session's log
+         * @description Needs the `read` scope.
+         */
         get: operations["list_events"];
         put?: never;
         post?: never;
@@ -124,7 +127,7 @@ export interface paths {
         };
         /**
          * Stream a session's log (server-sent events)
-         * @description The events after the resume point, then new ones as they are stored, without end. Each SSE event has `id` = the event's sequence (so a reconnecting `EventSource` resumes by itself), `event` = its `msg.type`, and `data` = the event as JSON: a `RecordedEvent`. OpenAPI 3.1 has no schema for the items of a stream, so the media type's schema is that of one event's `data`. Comments (`: keep-alive`) keep an idle stream open.
+         * @description The events after the resume point, then new ones as they are stored, without end. Each SSE event has `id` = the event's sequence (so a reconnecting `EventSource` resumes by itself), `event` = its `msg.type`, and `data` = the event as JSON: a `RecordedEvent`. OpenAPI 3.1 has no schema for the items of a stream, so the media type's schema is that of one event's `data`. Comments (`: keep-alive`) keep an idle stream open. Needs the `read` scope.
          */
         get: operations["stream_events"];
         put?: never;
@@ -144,7 +147,7 @@ export interface paths {
         };
         /**
          * A session over a WebSocket
-         * @description Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each answered by a `WsReply` frame.
+         * @description Upgrades to a WebSocket that sends the log from the resume point on, each event a text frame holding a `RecordedEvent`, and takes submissions as text frames holding a `WsSubmitFrame`, each answered by a `WsReply` frame. Opening it needs the `read` scope; each submission frame needs the scope its op needs (`submit`; `approve` for an `approval`, `admin` for a `shutdown`), else it is answered by a `submission_error` naming the missing scope. Needs the `read` scope.
          */
         get: operations["connect_websocket"];
         put?: never;
@@ -164,12 +167,68 @@ export interface paths {
         };
         /**
          * Token usage
-         * @description Tokens used, summed per session, per bot and in all.
+         * @description Tokens used, summed per session, per bot and in all, over the sessions of the credentials' tenant; the operator's covers every tenant (which needs `admin` as well) unless `tenant` names one. Needs the `read` scope.
          */
         get: operations["get_usage"];
         put?: never;
         post?: never;
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tenants/{tenant}/budget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A tenant's budget
+         * @description The budget that applies to the tenant's sessions (set over the API, else keel.toml's), what they spent in the rolling day and ever, the turns they run, and the limit spent if one is; `404` when no budget applies. Needs the `admin` scope.
+         */
+        get: operations["get_tenant_budget"];
+        /**
+         * Set a tenant's budget
+         * @description Stores the tenant's budget, which then applies on every node (within a second) instead of keel.toml's. Needs the `admin` scope.
+         */
+        put: operations["set_tenant_budget"];
+        post?: never;
+        /**
+         * Remove a tenant's budget
+         * @description Removes the budget set over the API (if there is one); keel.toml's applies again, if it has one. Needs the `admin` scope.
+         */
+        delete: operations["delete_tenant_budget"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/budget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A session's budget
+         * @description The session's own budget (besides its tenant's), what it spent in the rolling day and ever, and the limit spent if one is; `404` when the session has none. Needs the `admin` scope.
+         */
+        get: operations["get_session_budget"];
+        /**
+         * Set a session's budget
+         * @description Stores a budget of the session's own, which applies on every node (within a second) besides its tenant's. Needs the `admin` scope.
+         */
+        put: operations["set_session_budget"];
+        post?: never;
+        /**
+         * Remove a session's budget
+         * @description Removes the session's own budget (if it has one); its tenant's still applies. Needs the `admin` scope.
+         */
+        delete: operations["delete_session_budget"];
         options?: never;
         head?: never;
         patch?: never;
@@ -184,12 +243,76 @@ export interface paths {
         };
         /**
          * List the server's models
-         * @description The models the operator configured: the default model (`keel serve --model` or keel.toml `model`) and keel.toml's `[models.NAME]` entries. Never their keys, headers or URLs. A client may also send any other spec the server can build (`provider:model`).
+         * @description The models the operator configured: the default model (`keel serve --model` or keel.toml `model`) and keel.toml's `[models.NAME]` entries. Never their keys, headers or URLs. A client may also send any other spec the server can build (`provider:model`). Needs the `read` scope.
          */
         get: operations["list_models"];
         put?: never;
         post?: never;
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/whoami": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Who the credential is
+         * @description The principal the request's credential stands for: its tenant, id, kind and scopes (for a client that shows or hides what the scopes allow).
+         */
+        get: operations["whoami"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List API keys
+         * @description The keys the caller may manage (admin only: a tenant's admin sees its own tenant's), revoked and expired ones included, without secrets or hashes. Needs the `admin` scope.
+         */
+        get: operations["list_keys"];
+        put?: never;
+        /**
+         * Make an API key
+         * @description Makes a key for a tenant with the given scopes (admin only; a tenant's admin only for its own tenant). The answer holds the key itself, which is shown this once; only its SHA-256 is stored. The key works on every node within a second. Needs the `admin` scope.
+         */
+        post: operations["create_key"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/keys/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Revoke an API key
+         * @description Revokes a key (admin only: a tenant's admin only its own tenant's; another tenant's is `404`). It stops working on every node within a second, its open event streams and WebSockets included. Revoking a revoked key keeps the first revocation's time. Needs the `admin` scope.
+         */
+        delete: operations["revoke_key"];
         options?: never;
         head?: never;
         patch?: never;
@@ -219,7 +342,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Metrics (OpenMetrics text) */
+        /**
+         * Metrics (OpenMetrics text)
+         * @description The server's metrics, for the operator: they may name tenants (never sessions), so only credentials with `admin` on every tenant read them. Needs the `admin` scope.
+         */
         get: operations["metrics"];
         put?: never;
         post?: never;
@@ -271,7 +397,7 @@ export interface components {
          * @description Why a turn ended early.
          * @enum {string}
          */
-        AbortReason: "interrupted" | "runtime_stopped" | "model_failed" | "recorder_saturated";
+        AbortReason: "interrupted" | "runtime_stopped" | "model_failed" | "recorder_saturated" | "budget_exhausted";
         /**
          * @description The answer to an accepted submission.
          * @example {
@@ -296,6 +422,28 @@ export interface components {
             duplicate: boolean;
         };
         /**
+         * @description A principal as recorded in the log: `submitted_by` on a stored
+         *     submission, `decided_by` on an approval decision.
+         */
+        Actor: {
+            /** @description The tenant the principal acted for. */
+            tenant: string;
+            /**
+             * @description The principal's id: the API key's id, the JWT's subject, or
+             *     `operator`.
+             */
+            principal_id: string;
+            /** @description How it authenticated. */
+            kind: components["schemas"]["ActorKind"];
+            /** @description The API key's name, or the JWT's subject; absent for the operator. */
+            name?: string | null;
+        };
+        /**
+         * @description How a principal proved who it is.
+         * @enum {string}
+         */
+        ActorKind: "operator" | "api_key" | "jwt";
+        /**
          * @description Payload of [`EventMsg::ApprovalDecided`]; the envelope's `submission_id`
          *     is the approval op's.
          */
@@ -306,6 +454,7 @@ export interface components {
             call_id: string;
             /** @description The decision. */
             decision: components["schemas"]["ApprovalDecision"];
+            decided_by?: components["schemas"]["Actor"] | null;
         };
         /**
          * @description A user's answer to a tool call that needs approval.
@@ -370,6 +519,117 @@ export interface components {
             usage: components["schemas"]["TokenUsage"];
         };
         /**
+         * @description A budget: every limit is optional and only those given apply, but it
+         *     has at least one (`DELETE` removes a budget); no limit is `null`.
+         * @example {
+         *       "max_concurrent_turns": 4,
+         *       "total_tokens_per_day": 200000
+         *     }
+         */
+        BudgetBody: {
+            /**
+             * Format: int64
+             * @description Prompt tokens in the last 24 hours (hourly buckets).
+             */
+            input_tokens_per_day?: number;
+            /**
+             * Format: int64
+             * @description Generated tokens in the last 24 hours.
+             */
+            output_tokens_per_day?: number;
+            /**
+             * Format: int64
+             * @description Prompt and generated tokens in the last 24 hours.
+             */
+            total_tokens_per_day?: number;
+            /**
+             * Format: int64
+             * @description Prompt tokens, ever.
+             */
+            input_tokens?: number;
+            /**
+             * Format: int64
+             * @description Generated tokens, ever.
+             */
+            output_tokens?: number;
+            /**
+             * Format: int64
+             * @description Prompt and generated tokens, ever.
+             */
+            total_tokens?: number;
+            /**
+             * Format: int64
+             * @description The most turns the tenant's sessions run at once, on every node (a
+             *     tenant's budget only).
+             */
+            max_concurrent_turns?: number;
+        };
+        /** @description A limit that is spent: what the 429 body and the turn's abort name. */
+        BudgetExhausted: {
+            /**
+             * @description Whose budget: `tenant` or `session`.
+             * @example tenant
+             */
+            applies_to: string;
+            /** @description The tenant (of the session, for a session's budget). */
+            tenant: string;
+            /** @description The session, for a session's budget. */
+            session_id?: string | null;
+            /**
+             * @description The limit spent: a field of the budget (`total_tokens_per_day`,
+             *     `max_concurrent_turns`, …).
+             * @example total_tokens_per_day
+             */
+            limit: string;
+            /**
+             * Format: int64
+             * @description Its value.
+             */
+            allowed: number;
+            /**
+             * Format: int64
+             * @description What was spent (or, for `max_concurrent_turns`, the turns running).
+             */
+            used: number;
+            /**
+             * Format: int64
+             * @description When the limit opens again: when the oldest hour of the rolling day
+             *     leaves it; `null` for an all-time limit or the concurrency cap.
+             */
+            resets_at_ms?: number | null;
+        };
+        /**
+         * @description Where the budget that applies to a target comes from.
+         * @enum {string}
+         */
+        BudgetSource: "api" | "config";
+        /** @description A tenant's or a session's budget as it applies now. */
+        BudgetView: {
+            /** @description The tenant (the session's, for a session's budget). */
+            tenant: string;
+            /** @description The session, for a session's budget. */
+            session_id?: string | null;
+            /** @description The budget that applies. */
+            budget: components["schemas"]["BudgetBody"];
+            /**
+             * @description Where it comes from: set over this API, or keel.toml's
+             *     `[tenants.<id>.budget]`.
+             */
+            source: components["schemas"]["BudgetSource"];
+            /**
+             * @description What was spent: in the rolling day (the last 24 hourly buckets by
+             *     the server's clock) and ever.
+             */
+            spend: components["schemas"]["Spend"];
+            /**
+             * Format: int64
+             * @description The turns the tenant runs now, on every node (a tenant's budget
+             *     only).
+             */
+            running_turns?: number | null;
+            exhausted?: components["schemas"]["BudgetExhausted"] | null;
+        };
+        /**
          * @description What a user message does when the session is busy (a turn is running or
          *     messages are queued). With the session idle every policy starts a turn.
          * @enum {string}
@@ -418,6 +678,24 @@ export interface components {
             duration_ms: number;
             usage?: components["schemas"]["TokenUsage"] | null;
         };
+        /** @description The body of `POST /v1/keys`. */
+        CreateKey: {
+            /**
+             * @description The tenant the key acts for; the caller's own by default (the
+             *     operator's is `default`). A tenant's admin may name only its own.
+             */
+            tenant?: string | null;
+            /** @description A name for people ("ci", "alice's laptop"): no control characters. */
+            name: string;
+            /** @description What the key may do. */
+            scopes: components["schemas"]["Scope"][];
+            /**
+             * Format: int64
+             * @description When the key stops working (ms since the Unix epoch); for ever
+             *     without it. A time already past makes a key that never works.
+             */
+            expires_at_ms?: number | null;
+        };
         /**
          * @description The body of `POST /v1/sessions`: every field is optional.
          * @example {
@@ -439,6 +717,11 @@ export interface components {
             model?: string | null;
             /** @description The bot the session belongs to (`keel-server` when absent). */
             bot_id?: string | null;
+            /**
+             * @description The tenant the session belongs to: the credentials' own when absent
+             *     (`default` for the operator). Only the operator may name another.
+             */
+            tenant?: string | null;
             /** @description Metadata kept with the session and shown with it. */
             context?: {
                 [key: string]: unknown;
@@ -455,12 +738,40 @@ export interface components {
             on_busy?: components["schemas"]["BusyPolicy"] | null;
             queue_mode?: components["schemas"]["QueueMode"] | null;
         };
+        /** @description The answer of `POST /v1/keys`: the key, this once, and what was stored. */
+        CreatedKey: components["schemas"]["KeyView"] & {
+            /**
+             * @description The whole key (`keel_<id>_<secret>`), to send as
+             *     `Authorization: Bearer …`. It is not kept and cannot be shown again.
+             */
+            key: string;
+        };
+        /** @description The rolling day a spend was counted over. */
+        DayWindow: {
+            /**
+             * Format: int64
+             * @description The start of its oldest hour (ms since the Unix epoch).
+             */
+            from_ms: number;
+            /**
+             * Format: int64
+             * @description The server's clock when it was counted.
+             */
+            now_ms: number;
+            /**
+             * Format: int64
+             * @description When its oldest bucket with usage leaves it; `null` when it holds
+             *     none.
+             */
+            oldest_leaves_at_ms?: number | null;
+        };
         /** @description `{"code": …, "message": …}`. */
         ErrorBody: {
             /** @description The machine code (see the Errors table of the API's docs). */
             code: string;
             /** @description What went wrong, for people. */
             message: string;
+            budget?: components["schemas"]["BudgetExhausted"] | null;
         };
         /** @description Payload of [`EventMsg::Error`]. */
         ErrorEvent: {
@@ -609,6 +920,46 @@ export interface components {
             sha256: string;
             /** @description Whether only its beginning was used, to stay within the size cap. */
             truncated?: boolean;
+        };
+        /** @description The body of `GET /v1/keys`. */
+        KeyList: {
+            /**
+             * @description The keys the caller may manage, revoked and expired ones included,
+             *     oldest first.
+             */
+            keys: components["schemas"]["KeyView"][];
+        };
+        /** @description An API key as listed: never its secret nor its hash. */
+        KeyView: {
+            /** @description The key's public id (the part after `keel_`, before the secret). */
+            id: string;
+            /** @description The tenant it acts for. */
+            tenant: string;
+            /** @description Its name. */
+            name: string;
+            /** @description Its scopes. */
+            scopes: string[];
+            /**
+             * Format: int64
+             * @description When it was made (ms since the Unix epoch).
+             */
+            created_at_ms: number;
+            /**
+             * Format: int64
+             * @description When it was last used, as last recorded (uses are written every
+             *     few seconds).
+             */
+            last_used_at_ms?: number | null;
+            /**
+             * Format: int64
+             * @description When it stops working, if it does.
+             */
+            expires_at_ms?: number | null;
+            /**
+             * Format: int64
+             * @description When it was revoked, if it was.
+             */
+            revoked_at_ms?: number | null;
         };
         /** @description Payload of [`EventMsg::ModelChanged`]. */
         ModelChangedEvent: {
@@ -780,6 +1131,11 @@ export interface components {
          * @enum {string}
          */
         SandboxPolicy: "read-only" | "workspace-write" | "full-access";
+        /**
+         * @description What a principal may do.
+         * @enum {string}
+         */
+        Scope: "read" | "submit" | "approve" | "admin";
         /** @description Payload of [`EventMsg::SessionForked`]. */
         SessionForkedEvent: {
             /** @description The session this one was forked from. */
@@ -845,6 +1201,11 @@ export interface components {
             title?: string | null;
             /** @description The bot it belongs to. */
             bot_id: string;
+            /**
+             * @description The tenant it belongs to: only that tenant's principals (and the
+             *     operator) see it.
+             */
+            tenant: string;
             /** @description The metadata it was created with. */
             context: {
                 [key: string]: unknown;
@@ -893,6 +1254,14 @@ export interface components {
         };
         /** @description Payload of [`EventMsg::ShutdownComplete`]. */
         ShutdownCompleteEvent: Record<string, never>;
+        /** @description What a tenant or a session spent. */
+        Spend: {
+            /** @description In the rolling day. */
+            day: components["schemas"]["Tally"];
+            /** @description The rolling day. */
+            window: components["schemas"]["DayWindow"];
+            all_time?: components["schemas"]["Tally"] | null;
+        };
         /** @description Payload of [`EventMsg::SubmissionQueued`]. */
         SubmissionQueuedEvent: {
             /** @description The op, as it will run. */
@@ -901,6 +1270,7 @@ export interface components {
             on_busy: components["schemas"]["BusyPolicy"];
             /** @description The client's idempotency key, if it sent one. */
             idempotency_key?: string | null;
+            submitted_by?: components["schemas"]["Actor"] | null;
         };
         /**
          * @description Payload of [`EventMsg::SubmissionRejected`]; the envelope's
@@ -929,6 +1299,24 @@ export interface components {
             /** @description What to do. */
             op: components["schemas"]["Op"];
             on_busy?: components["schemas"]["BusyPolicy"] | null;
+        };
+        /** @description Tokens, counted as budgets count them. */
+        Tally: {
+            /**
+             * Format: int64
+             * @description Prompt tokens (cached ones included).
+             */
+            input_tokens: number;
+            /**
+             * Format: int64
+             * @description Generated tokens (reasoning included).
+             */
+            output_tokens: number;
+            /**
+             * Format: int64
+             * @description Both.
+             */
+            total_tokens: number;
         };
         /** @description Tokens a model call used, as the provider reported them. */
         TokenUsage: {
@@ -1109,6 +1497,8 @@ export interface components {
              * @description The time asked for, if any.
              */
             since?: number | null;
+            /** @description The tenant reported on; `None`: every tenant. */
+            tenant?: string | null;
             /** @description Everything, summed. */
             total: components["schemas"]["TokenUsage"];
             /** @description Per bot. */
@@ -1132,6 +1522,22 @@ export interface components {
         WarningEvent: {
             /** @description What to know. */
             message: string;
+        };
+        /** @description The body of `GET /v1/whoami`. */
+        WhoAmI: {
+            /**
+             * @description The principal's tenant; `null` for the operator, who sees every
+             *     tenant.
+             */
+            tenant?: string | null;
+            /** @description The principal's id: the key's id, the JWT's subject, or `operator`. */
+            principal_id: string;
+            /** @description How it authenticated. */
+            kind: components["schemas"]["ActorKind"];
+            /** @description The key's name or the JWT's subject; `null` for the operator. */
+            name?: string | null;
+            /** @description Its scopes, in order (`read`, `submit`, `approve`, `admin`). */
+            scopes: components["schemas"]["Scope"][];
         };
     };
     responses: never;
@@ -1162,6 +1568,11 @@ export interface operations {
                 order?: "created" | "activity";
                 /** @description Only the sessions of this bot. */
                 bot_id?: string;
+                /**
+                 * @description Only the sessions of this tenant. A principal of one tenant sees
+                 *     only its own anyway (naming another finds none).
+                 */
+                tenant?: string;
             };
             header?: never;
             path?: never;
@@ -1208,7 +1619,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1217,7 +1628,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -1351,7 +1762,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant for a new session. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1360,7 +1771,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "tenant_forbidden";
                         };
                     };
                 };
@@ -1532,7 +1943,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1541,7 +1952,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -1686,7 +2097,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1695,7 +2106,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_admin";
                         };
                     };
                 };
@@ -1857,7 +2268,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1866,7 +2277,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit";
                         };
                     };
                 };
@@ -2044,7 +2455,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2053,7 +2464,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit";
                         };
                     };
                 };
@@ -2138,6 +2549,20 @@ export interface operations {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
                             code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `budget_exhausted`: A token budget of the session or its tenant is spent, or the tenant runs its most concurrent turns; `budget` says which and when it resets. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "budget_exhausted";
                         };
                     };
                 };
@@ -2232,7 +2657,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2241,7 +2666,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "missing_scope_approve" | "missing_scope_admin";
                         };
                     };
                 };
@@ -2326,6 +2751,20 @@ export interface operations {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
                             code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `budget_exhausted`: A token budget of the session or its tenant is spent, or the tenant runs its most concurrent turns; `budget` says which and when it resets. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "budget_exhausted";
                         };
                     };
                 };
@@ -2426,7 +2865,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2435,7 +2874,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -2593,7 +3032,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2602,7 +3041,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -2752,7 +3191,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2761,7 +3200,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_read";
                         };
                     };
                 };
@@ -2861,6 +3300,12 @@ export interface operations {
                 bot_id?: string;
                 /** @description Only steps recorded at or after this time (ms since the Unix epoch). */
                 since?: number;
+                /**
+                 * @description Only this tenant's sessions. A principal of one tenant sees only its
+                 *     own (naming another finds none); without it, the operator's report
+                 *     covers every tenant, which needs the `admin` scope.
+                 */
+                tenant?: string;
             };
             header?: never;
             path?: never;
@@ -2875,6 +3320,1200 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["UsageReport"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_read" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    get_tenant_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant: 1 to 128 printable ASCII characters. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The budget. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetView"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    set_tenant_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant: 1 to 128 printable ASCII characters. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["BudgetBody"];
+            };
+        };
+        responses: {
+            /** @description The budget as it applies now. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetView"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `unsupported_media_type`: A body not sent as `application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    delete_tenant_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant: 1 to 128 printable ASCII characters. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The API's budget is gone. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    get_session_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The budget. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetView"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    set_session_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["BudgetBody"];
+            };
+        };
+        responses: {
+            /** @description The budget as it applies now. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetView"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `unsupported_media_type`: A body not sent as `application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    delete_session_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The session's budget is gone. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unavailable" | "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    list_models: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The models. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ModelList"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_read";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    whoami: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The principal. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WhoAmI"];
                 };
             };
             /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
@@ -2995,7 +4634,7 @@ export interface operations {
             };
         };
     };
-    list_models: {
+    list_keys: {
         parameters: {
             query?: never;
             header?: never;
@@ -3004,13 +4643,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The models. */
+            /** @description The keys. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["ModelList"];
+                    "application/json": components["schemas"]["KeyList"];
                 };
             };
             /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
@@ -3043,7 +4682,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3052,7 +4691,354 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    create_key: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateKey"];
+            };
+        };
+        responses: {
+            /** @description The key, shown once. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CreatedKey"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `conflict`: A session with that id exists. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "conflict";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `unsupported_media_type`: A body not sent as `application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    revoke_key: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The key's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The key is revoked. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
                         };
                     };
                 };
@@ -3283,7 +5269,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3292,7 +5278,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin";
+                            code?: "forbidden_origin" | "missing_scope_admin";
                         };
                     };
                 };
