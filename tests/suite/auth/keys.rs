@@ -273,8 +273,15 @@ async fn admins_manage_keys_over_the_api_within_their_tenant() {
     );
     assert_eq!(whoami(&server.api, &globex_key).await.status, StatusCode::OK);
 
-    // The metrics are the operator's only, even for an admin key.
-    assert_unauthorized(&admin.get("/metrics").await, "a key on /metrics");
+    // The metrics are the operator's only, even for an admin key: a
+    // tenant's administrator is not the server's.
+    let metrics = admin.get("/metrics").await;
+    assert_eq!(
+        (metrics.status, metrics.code()),
+        (StatusCode::FORBIDDEN, "missing_scope_admin"),
+        "a key on /metrics: {}",
+        metrics.body
+    );
     assert!(operator.metrics().await.contains("keel_http_requests_total"));
     // Without admin: 403 naming it.
     let reader = with(&server.api, child.body["key"].as_str().expect("key"));

@@ -113,15 +113,17 @@ fn assert_nothing_of_a(seen: &Seen, what: &str) {
 }
 
 /// Tenant A's session (titled, with a message and a fork), made with A's key.
-async fn a_session(a: &Api) {
-    a.create(json!({"id": A_SESSION})).await;
+/// A's session and its fork, under ids the operator chose for them (only
+/// the operator may choose ids).
+async fn a_session(operator: &Api, a: &Api) {
+    operator.create(json!({"id": A_SESSION, "tenant": "alpha"})).await;
     a.say(A_SESSION, A_TEXT).await;
     a.wait_idle(A_SESSION).await;
     let renamed = a
         .patch(&format!("/v1/sessions/{A_SESSION}"), &json!({"title": A_TITLE}))
         .await;
     assert_eq!(renamed.status, StatusCode::OK, "{}", renamed.body);
-    let fork = a
+    let fork = operator
         .post(
             &format!("/v1/sessions/{A_SESSION}/fork"),
             &json!({"id": A_FORK, "at_sequence": 1}),
@@ -136,7 +138,7 @@ async fn tenant_b_finds_nothing_of_tenant_as_sessions_on_any_route() {
     let (server, keys) = serve_with_keys().await;
     let a = keys.key("alpha", &["read", "submit", "approve", "admin"]).await;
     let b = keys.key("beta", &["read", "submit", "approve", "admin"]).await;
-    a_session(&a).await;
+    a_session(&server.operator, &a).await;
     let document = server.api.get("/v1/openapi.json").await.body;
     let session_routes: Vec<Operation> = operations(&document)
         .into_iter()
@@ -184,7 +186,26 @@ async fn tenant_b_finds_nothing_of_tenant_as_sessions_on_any_route() {
 
     // B's listings and usage show none of A's, and asking for A's tenant
     // finds nothing.
-    b.create(json!({"id": "b-own-session"})).await;
+    let b_own = b.create(json!({})).await["id"].as_str().expect("an id").to_owned();
+    // B may not choose an id: the answer for A's id is the answer for a
+    // free one, so a taken id tells nothing.
+    let taken = b.post("/v1/sessions", &json!({"id": A_SESSION})).await;
+    let free = b.post("/v1/sessions", &json!({"id": UNKNOWN})).await;
+    assert_eq!(
+        (taken.status, taken.code()),
+        (StatusCode::FORBIDDEN, "tenant_forbidden"),
+        "{}",
+        taken.body
+    );
+    assert_eq!(taken.body, free.body);
+    let fork_taken = b
+        .post(&format!("/v1/sessions/{b_own}/fork"), &json!({"id": A_FORK}))
+        .await;
+    let fork_free = b
+        .post(&format!("/v1/sessions/{b_own}/fork"), &json!({"id": UNKNOWN}))
+        .await;
+    assert_eq!(fork_taken.code(), "tenant_forbidden", "{}", fork_taken.body);
+    assert_eq!(fork_taken.body, fork_free.body);
     for path in [
         "/v1/sessions",
         "/v1/sessions?order=activity",
@@ -211,7 +232,7 @@ async fn tenant_b_finds_nothing_of_tenant_as_sessions_on_any_route() {
     );
     // The operator sees both.
     let all = server.operator.get("/v1/sessions").await.body.to_string();
-    assert!(all.contains(A_SESSION) && all.contains("b-own-session"), "{all}");
+    assert!(all.contains(A_SESSION) && all.contains(&b_own), "{all}");
 }
 
 #[tokio::test]
@@ -219,7 +240,10 @@ async fn every_route_refuses_credentials_without_its_scope() {
     let (server, keys) = serve_with_keys().await;
     let all = ["read", "submit", "approve", "admin"];
     let owner = keys.key("beta", &all).await;
-    owner.create(json!({"id": "b-scoped"})).await;
+    server
+        .operator
+        .create(json!({"id": "b-scoped", "tenant": "beta"}))
+        .await;
     owner.say("b-scoped", "hello").await;
     owner.wait_idle("b-scoped").await;
     let document = server.api.get("/v1/openapi.json").await.body;

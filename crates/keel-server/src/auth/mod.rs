@@ -14,8 +14,9 @@
 //!
 //! Anything else is `401 unauthorized`, the same answer whichever part
 //! failed (the reason is logged at debug level). Credentials are never
-//! logged or echoed. `/metrics` takes the operator's token only (a key or a
-//! JWT is `401` there): its numbers are the whole server's.
+//! logged or echoed. `/metrics` needs `admin` on every tenant (a key or a
+//! JWT of one tenant is `403 missing_scope_admin` there): its numbers are
+//! the whole server's.
 //!
 //! **No credentials at all.** A server on loopback without a token has
 //! always treated every request as the operator's (it is the operator's
@@ -51,7 +52,7 @@ pub(crate) mod keys;
 mod principal;
 
 pub use principal::Scope;
-pub(crate) use principal::{Principal, Scopes, Tenancy};
+pub(crate) use principal::{Principal, Scopes};
 
 /// The server's bearer token. Its `Debug` does not show it.
 #[derive(Clone)]
@@ -162,8 +163,6 @@ pub(crate) async fn authenticate(State(server): State<Arc<Server>>, mut request:
             .and_then(|_| query_token(&request))
             .and_then(|given| auth.principal_of(&given, now))
     });
-    // The metrics describe the whole server: the operator's only.
-    let found = found.filter(|(principal, _)| route != Some("/metrics") || principal.tenancy == Tenancy::All);
     match found {
         Some((principal, liveness)) => {
             request.extensions_mut().insert(principal);

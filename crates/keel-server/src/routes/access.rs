@@ -76,6 +76,25 @@ pub(crate) fn new_session_tenant(principal: &Principal, asked: Option<&str>) -> 
     Ok(asked.to_owned())
 }
 
+/// The id of a new session: the one `asked` when the principal may choose
+/// it, else a fresh one. Session ids are one namespace across tenants, so a
+/// principal of one tenant that chose an id taken by another tenant would
+/// be told it exists (`409`): only a principal that sees every tenant (the
+/// operator) may choose one (`403 tenant_forbidden` otherwise).
+pub(crate) fn new_session_id(principal: &Principal, asked: Option<String>) -> Result<String, ApiError> {
+    match asked {
+        None => Ok(keel_protocol::new_id()),
+        Some(_) if principal.tenant_filter().is_some() => Err(ApiError::Forbidden {
+            code: "tenant_forbidden",
+            message: "credentials of one tenant cannot choose a session's `id` (ids are shared by every \
+                      tenant, so a chosen one could tell whether another tenant uses it); leave it out to get \
+                      a fresh one"
+                .to_owned(),
+        }),
+        Some(id) => Ok(id),
+    }
+}
+
 /// Checks a tenant name (given at creation or as a filter) with an API
 /// message: the bound of a bot id, since it is stored with each session.
 pub(crate) fn check_tenant(tenant: &str) -> Result<(), ApiError> {
@@ -120,6 +139,15 @@ mod tests {
         assert_eq!(
             new_session_tenant(&acme, Some("beta")).map_err(|error| error.code()),
             Err("tenant_forbidden")
+        );
+        assert_eq!(
+            new_session_id(&acme, Some("guessable".into())).map_err(|error| error.code()),
+            Err("tenant_forbidden")
+        );
+        assert!(new_session_id(&acme, None).is_ok_and(|id| !id.is_empty()));
+        assert_eq!(
+            new_session_id(&operator, Some("chosen".into())),
+            Ok("chosen".to_owned())
         );
         for bad in ["", "a\u{e9}", "a\tb"] {
             assert_eq!(

@@ -247,8 +247,7 @@ pub(crate) async fn show_session(
     Path(id): Path<String>,
     Extension(principal): Extension<Principal>,
 ) -> Result<Json<BudgetView>, ApiError> {
-    require_server_admin(&principal)?;
-    let tenant = session_tenant(&server, &id).await?;
+    let tenant = budget_session(&server, &principal, &id).await?;
     Ok(Json(view(&server, tenant, Some(id)).await?))
 }
 
@@ -272,8 +271,7 @@ pub(crate) async fn set_session(
     Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<BudgetBody>,
 ) -> Result<Json<BudgetView>, ApiError> {
-    require_server_admin(&principal)?;
-    let tenant = session_tenant(&server, &id).await?;
+    let tenant = budget_session(&server, &principal, &id).await?;
     let budget = check_budget(&body)?;
     let target = BudgetTarget::Session(id.clone());
     server.host.factory.budgets.set(&target, Some(&budget)).await?;
@@ -297,8 +295,7 @@ pub(crate) async fn delete_session(
     Path(id): Path<String>,
     Extension(principal): Extension<Principal>,
 ) -> Result<StatusCode, ApiError> {
-    require_server_admin(&principal)?;
-    session_tenant(&server, &id).await?;
+    budget_session(&server, &principal, &id).await?;
     server
         .host
         .factory
@@ -343,14 +340,14 @@ fn check_budget(body: &BudgetBody) -> Result<BudgetConfig, ApiError> {
     Ok(budget)
 }
 
-/// The tenant of session `id`; `404` when there is no such session.
-async fn session_tenant(server: &Server, id: &str) -> Result<String, ApiError> {
-    let summary = server
-        .host
-        .store
-        .session_summary(id)
+/// The tenant of session `id`, for a budget route: the session's check
+/// first (`admin`, then `404` for a session the principal does not see, as
+/// for one that does not exist), then `admin` on every tenant.
+async fn budget_session(server: &Server, principal: &Principal, id: &str) -> Result<String, ApiError> {
+    let summary = access::session(server, principal, Scope::Admin, id)
         .await?
         .ok_or_else(|| ApiError::unknown_session(id))?;
+    require_server_admin(principal)?;
     Ok(summary.context.tenant)
 }
 

@@ -20,7 +20,7 @@ use crate::extract::ApiJson;
 use crate::openapi::errors::{BODY, CEILING, LOADING, QUEUEING, route_errors};
 use crate::routes::submissions::{check_op, submit_op};
 use keel_agent::{ForkError, MAX_SESSION_ID_BYTES, fork_session, point_before_turn};
-use keel_protocol::{Op, TranscriptItem, new_id};
+use keel_protocol::{Op, TranscriptItem};
 use keel_store::{CheckpointStoreExt, title_of};
 
 /// The body of `POST /v1/sessions/{id}/fork`: one of `at_sequence` and
@@ -113,7 +113,14 @@ route_errors!(
     CEILING,
     LOADING,
     QUEUEING,
-    ["not_found", "conflict", "workspace_exists", "invalid_fork_point", "missing_scope_submit"]
+    [
+        "not_found",
+        "conflict",
+        "workspace_exists",
+        "invalid_fork_point",
+        "missing_scope_submit",
+        "tenant_forbidden"
+    ]
 );
 
 /// `POST /v1/sessions/{id}/fork`: a new session whose history is the
@@ -154,7 +161,7 @@ pub(crate) async fn fork(
         .ok_or_else(|| ApiError::unknown_session(&parent))?
         .context
         .tenant;
-    let id = request.id.unwrap_or_else(new_id);
+    let id = access::new_session_id(&principal, request.id)?;
     check_id(&id)?;
     // A live session may not be stored yet (it is created first).
     if server.host.status(&id).is_some() {

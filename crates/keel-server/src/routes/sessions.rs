@@ -19,7 +19,7 @@ use crate::extract::{ApiJson, ApiQuery};
 use crate::openapi::errors::{BODY, CEILING, LOADING, route_errors};
 use crate::settings::{SessionSettings, ToolsOverrides};
 use keel_agent::{BusyPolicy, MAX_BOT_ID_BYTES, MAX_SESSION_ID_BYTES, QueueMode, SessionContext, SessionStatus};
-use keel_protocol::{TokenUsage, new_id};
+use keel_protocol::TokenUsage;
 use keel_store::{CheckpointStoreExt, MAX_TITLE_CHARS, SessionSummary};
 use keel_tools::ApprovalRules;
 
@@ -270,7 +270,7 @@ pub(crate) async fn create(
     // `null` is the empty body, as the description allows.
     let request = request.unwrap_or_default();
     let tenant = access::new_session_tenant(&principal, request.tenant.as_deref())?;
-    let id = request.id.unwrap_or_else(new_id);
+    let id = access::new_session_id(&principal, request.id)?;
     check_id(&id)?;
     if let Some(bot_id) = &request.bot_id {
         check_bot_id(bot_id)?;
