@@ -124,20 +124,18 @@ async fn web_ui_with_keys_shows_the_tenant_hides_what_the_scopes_forbid_and_sign
         })
     };
 
-    // Read only: no Approve, no message box, no New chat, no Delete.
-    let read_only = scenario(
-        &tools,
-        "principals",
-        &server.api.base,
-        params(&reader, "reader", &["read"]),
-    )
-    .await;
+    // Read only: no Approve, no message box, no New chat, no Delete; the
+    // message the writer key sent names it.
+    let mut reading = params(&reader, "reader", &["read"]);
+    reading["sender"] = json!("writer");
+    let read_only = scenario(&tools, "principals", &server.api.base, reading).await;
     assert_eq!(read_only.result["shown"]["approve"], false);
     assert_eq!(read_only.result["shown"]["composer"], false);
 
     // Read and submit, not approve: the message box, but no Approve; then
     // the key is revoked while the page follows the session.
     let mut submitter = params(&helper, "helper", &["read", "submit"]);
+    submitter["sender"] = json!("writer");
     submitter["revoke"] = json!({"method": "DELETE", "path": format!("/v1/keys/{helper_id}"), "token": token});
     let outcome = scenario(&tools, "principals", &server.api.base, submitter).await;
     assert_eq!(outcome.result["shown"]["approve"], false);

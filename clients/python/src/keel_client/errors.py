@@ -51,7 +51,8 @@ class MissingScope(Forbidden):
 
 
 class TenantForbidden(Forbidden):
-    """403 ``tenant_forbidden``: credentials of one tenant naming another."""
+    """403 ``tenant_forbidden``: credentials of one tenant naming another, or
+    choosing a new session's id."""
 
 
 class BudgetExhausted(KeelError):
