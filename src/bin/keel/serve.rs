@@ -244,8 +244,9 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     for line in banner.lines() {
         eprintln!("{line}");
     }
+    let shutdown = shutdown_signal();
     eprintln!("keel serve listening on http://{address}");
-    serve(listener, config, shutdown_signal()).await?;
+    serve(listener, config, shutdown).await?;
     drop(lock);
     eprintln!("keel serve stopped");
     Ok(ExitCode::SUCCESS)
@@ -296,20 +297,34 @@ fn default_node_id(pid: u32) -> String {
     format!("{host}-{pid}-{suffix}")
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is
+/// called, not when the future is first polled: the server does work
+/// before it polls it, and a SIGTERM in that window must stop it
+/// gracefully rather than kill it.
+fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    let watch = |kind: SignalKind, name: &str| match signal(kind) {
+        Ok(stream) => Some(stream),
         Err(error) => {
-            tracing::warn!(%error, "cannot watch for SIGTERM; stopping on Ctrl-C only");
-            let _ = tokio::signal::ctrl_c().await;
+            tracing::warn!(%error, "cannot watch for {name}");
+            None
+        }
+    };
+    async fn next(stream: Option<Signal>) {
+        match stream {
+            Some(mut stream) => {
+                stream.recv().await;
+            }
+            None => std::future::pending().await,
         }
     }
-    eprintln!("keel serve shutting down");
+    let terminate = watch(SignalKind::terminate(), "SIGTERM");
+    let interrupt = watch(SignalKind::interrupt(), "SIGINT");
+    async move {
+        tokio::select! {
+            () = next(terminate) => {}
+            () = next(interrupt) => {}
+        }
+        eprintln!("keel serve shutting down");
+    }
 }

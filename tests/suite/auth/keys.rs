@@ -144,9 +144,10 @@ async fn a_key_made_by_the_cli_works_and_once_revoked_stops_at_once_streams_incl
     );
 
     let acme = with(api, &key);
-    let created = acme.post("/v1/sessions", &json!({"id": "s1", "model": model})).await;
+    let created = acme.post("/v1/sessions", &json!({"model": model})).await;
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
-    let streams = open_streams(api, &key, "s1").await;
+    let session = created.body["id"].as_str().expect("the session's id");
+    let streams = open_streams(api, &key, session).await;
 
     // The list shows the key without its secret or hash.
     let listed = keel_keys(&db, &["list", "--json"]);
@@ -187,11 +188,10 @@ async fn an_expired_key_is_401_and_its_streams_end() {
     let key = made["key"].as_str().expect("the key").to_owned();
     let expires_at = made["expires_at_ms"].as_u64().expect("an expiry");
     key_works(api, &key).await;
-    let created = with(api, &key)
-        .post("/v1/sessions", &json!({"id": "s1", "model": model}))
-        .await;
+    let created = with(api, &key).post("/v1/sessions", &json!({"model": model})).await;
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
-    let streams = open_streams(api, &key, "s1").await;
+    let session = created.body["id"].as_str().expect("the session's id");
+    let streams = open_streams(api, &key, session).await;
     for stream in streams {
         guard("a stream of an expiring key", stream).await.expect("the watcher");
     }
