@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{browser_test, scenario, serve};
 use crate::suite::support::api::Api;
-use crate::suite::support::server::Scratch;
+use crate::suite::support::server::{Scratch, ServeProcess};
 use crate::suite::support::wait::wait_until_async;
 
 /// A script: an answer, then a `write_file` call that waits for approval.
@@ -36,11 +36,18 @@ async fn session_waiting_for_approval(api: &Api) -> String {
     id
 }
 
-/// Writes `token` to a file in `scratch`; its path.
-fn token_file(scratch: &Scratch, token: &str) -> String {
+/// The operator's token of these tests.
+const OPERATOR_TOKEN: &str = "web-ui-operator";
+
+/// A server whose model answers and then asks for an approval, behind
+/// [`OPERATOR_TOKEN`]; its `api` carries that token.
+fn operator_server(scratch: &Scratch) -> ServeProcess {
+    let model = answer_then_approval(scratch);
     let path = scratch.dir.path().join("token");
-    std::fs::write(&path, format!("{token}\n")).expect("write the token file");
-    path.display().to_string()
+    std::fs::write(&path, format!("{OPERATOR_TOKEN}\n")).expect("write the token file");
+    let mut server = serve(scratch, &model, &["--token-file", &path.display().to_string()]);
+    server.api.token = Some(OPERATOR_TOKEN.to_owned());
+    server
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,11 +57,7 @@ async fn web_ui_signed_in_with_the_token_is_the_operator_with_every_action() {
     else {
         return;
     };
-    let token = "web-ui-operator";
-    let model = answer_then_approval(&scratch);
-    let path = token_file(&scratch, token);
-    let mut server = serve(&scratch, &model, &["--token-file", &path]);
-    server.api.token = Some(token.to_owned());
+    let server = operator_server(&scratch);
     let id = session_waiting_for_approval(&server.api).await;
 
     let outcome = scenario(
@@ -62,7 +65,7 @@ async fn web_ui_signed_in_with_the_token_is_the_operator_with_every_action() {
         "principals",
         &server.api.base,
         json!({
-            "credential": token,
+            "credential": OPERATOR_TOKEN,
             "session_id": id,
             "badge": "^Operator$",
             "tenant": "",
@@ -105,11 +108,7 @@ async fn web_ui_with_keys_shows_the_tenant_hides_what_the_scopes_forbid_and_sign
     else {
         return;
     };
-    let token = "web-ui-operator";
-    let model = answer_then_approval(&scratch);
-    let path = token_file(&scratch, token);
-    let mut server = serve(&scratch, &model, &["--token-file", &path]);
-    server.api.token = Some(token.to_owned());
+    let server = operator_server(&scratch);
     let (_, writer) = make_key(&server.api, "acme", "writer", &["read", "submit"]).await;
     let (_, reader) = make_key(&server.api, "acme", "reader", &["read"]).await;
     let (helper_id, helper) = make_key(&server.api, "acme", "helper", &["read", "submit"]).await;
@@ -136,7 +135,7 @@ async fn web_ui_with_keys_shows_the_tenant_hides_what_the_scopes_forbid_and_sign
     // the key is revoked while the page follows the session.
     let mut submitter = params(&helper, "helper", &["read", "submit"]);
     submitter["sender"] = json!("writer");
-    submitter["revoke"] = json!({"method": "DELETE", "path": format!("/v1/keys/{helper_id}"), "token": token});
+    submitter["revoke"] = json!({"method": "DELETE", "path": format!("/v1/keys/{helper_id}"), "token": OPERATOR_TOKEN});
     let outcome = scenario(&tools, "principals", &server.api.base, submitter).await;
     assert_eq!(outcome.result["shown"]["approve"], false);
     assert_eq!(outcome.result["shown"]["composer"], true);

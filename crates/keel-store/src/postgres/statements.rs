@@ -27,6 +27,28 @@ pub(super) struct Statements {
 pub(super) const INSERT_SESSION: &str = "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint, tenant)
      VALUES ($1, $2, $2, '\\x'::bytea, $3) ON CONFLICT (id) DO NOTHING RETURNING key";
 
+/// The ledger's insert of one hour's usage per target (session, tenant),
+/// shared by the one-session and the many-session appends.
+macro_rules! usage_hours_insert {
+    () => {
+        "         INSERT INTO usage_hours (kind, target, hour_ms, input_tokens, cached_input_tokens, output_tokens,
+                                  reasoning_tokens)
+"
+    };
+}
+
+/// What a ledger row already there for the hour gets: the new tokens added.
+macro_rules! usage_hours_add {
+    () => {
+        "         ON CONFLICT (kind, target, hour_ms) DO UPDATE SET
+             input_tokens = usage_hours.input_tokens + excluded.input_tokens,
+             cached_input_tokens = usage_hours.cached_input_tokens + excluded.cached_input_tokens,
+             output_tokens = usage_hours.output_tokens + excluded.output_tokens,
+             reasoning_tokens = usage_hours.reasoning_tokens + excluded.reasoning_tokens
+"
+    };
+}
+
 /// One statement takes the sequences, rewrites the checkpoint, extends the
 /// history, sets a first title, adds the log row, adds the usage its events
 /// report (`$14` to `$17`, null for none) to the ledgers of the session and
@@ -37,7 +59,8 @@ pub(super) const INSERT_SESSION: &str = "INSERT INTO sessions (id, created_at_ms
 /// nothing. The row lock the update takes orders concurrent writers of one
 /// session (in any process): the second waits, then numbers its events
 /// after the first's.
-pub(super) const WRITE: &str = "WITH s AS (
+pub(super) const WRITE: &str = concat!(
+    "WITH s AS (
          UPDATE sessions SET
              last_sequence = last_sequence + $1,
              updated_at_ms = $2,
@@ -52,21 +75,19 @@ pub(super) const WRITE: &str = "WITH s AS (
          INSERT INTO log (session_key, first_sequence, last_sequence, recorded_at_ms, history_cut, history, events)
          SELECT key, last_sequence - $1 + 1, last_sequence, $2, $9, $11, $12 FROM s WHERE $13
      ), ledger AS (
-         INSERT INTO usage_hours (kind, target, hour_ms, input_tokens, cached_input_tokens, output_tokens,
-                                  reasoning_tokens)
-         SELECT u.kind, u.target, $2 - $2 % 3600000, $14, $15, $16, $17
+",
+    usage_hours_insert!(),
+    "         SELECT u.kind, u.target, $2 - $2 % 3600000, $14, $15, $16, $17
          FROM s, LATERAL (VALUES ('session', $6), ('tenant', s.tenant)) AS u (kind, target)
          WHERE $14 IS NOT NULL
          ORDER BY u.kind, u.target
-         ON CONFLICT (kind, target, hour_ms) DO UPDATE SET
-             input_tokens = usage_hours.input_tokens + excluded.input_tokens,
-             cached_input_tokens = usage_hours.cached_input_tokens + excluded.cached_input_tokens,
-             output_tokens = usage_hours.output_tokens + excluded.output_tokens,
-             reasoning_tokens = usage_hours.reasoning_tokens + excluded.reasoning_tokens
-     )
+",
+    usage_hours_add!(),
+    "     )
      SELECT key, last_sequence, lease,
             CASE WHEN $1 > 0 THEN pg_notify('keel_log', $6 || ' ' || last_sequence) END
-     FROM s";
+     FROM s"
+);
 
 /// [`WRITE`] for appends to many sessions (one each) in one statement: each
 /// array holds one value per append; `ord` numbers them, and the result
@@ -77,7 +98,8 @@ pub(super) const WRITE: &str = "WITH s AS (
 /// may change only once. Ledger rows are locked in one order (kind,
 /// target), as every writer locks them, so two nodes' commits wait for
 /// each other rather than deadlock.
-pub(super) const APPEND_MANY: &str = "WITH input AS (
+pub(super) const APPEND_MANY: &str = concat!(
+    "WITH input AS (
          SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[], $5::int8[], $6::int8[],
                               $7::text[], $8::int8[], $9::text[], $10::bytea[], $11::bytea[], $12::bool[], $13::int4[],
                               $15::int8[], $16::int8[], $17::int8[], $18::int8[])
@@ -104,24 +126,22 @@ pub(super) const APPEND_MANY: &str = "WITH input AS (
          WHERE i.logged
          ORDER BY i.ord
      ), ledger AS (
-         INSERT INTO usage_hours (kind, target, hour_ms, input_tokens, cached_input_tokens, output_tokens,
-                                  reasoning_tokens)
-         SELECT u.kind, u.target, $14 - $14 % 3600000,
+",
+    usage_hours_insert!(),
+    "         SELECT u.kind, u.target, $14 - $14 % 3600000,
                 sum(i.input)::int8, sum(i.cached)::int8, sum(i.output)::int8, sum(i.reasoning)::int8
          FROM s JOIN input i ON i.ord = s.ord,
               LATERAL (VALUES ('session', s.id), ('tenant', s.tenant)) AS u (kind, target)
          WHERE i.input IS NOT NULL
          GROUP BY u.kind, u.target
          ORDER BY u.kind, u.target
-         ON CONFLICT (kind, target, hour_ms) DO UPDATE SET
-             input_tokens = usage_hours.input_tokens + excluded.input_tokens,
-             cached_input_tokens = usage_hours.cached_input_tokens + excluded.cached_input_tokens,
-             output_tokens = usage_hours.output_tokens + excluded.output_tokens,
-             reasoning_tokens = usage_hours.reasoning_tokens + excluded.reasoning_tokens
-     )
+",
+    usage_hours_add!(),
+    "     )
      SELECT ord, key, last_sequence, lease,
             CASE WHEN count > 0 THEN pg_notify('keel_log', id || ' ' || last_sequence) END
-     FROM s";
+     FROM s"
+);
 
 pub(super) const APPEND_MANY_TYPES: [Type; 18] = [
     Type::TEXT_ARRAY,
