@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use super::error::ApiError;
 use super::settings::{ToolsOverrides, merge_approvals};
 use super::tenant_ceiling::Ceiling;
+pub(crate) use crate::script_dir::ScriptDir;
 use keel_config::{KeelConfig, ServerPolicy, ToolsConfig};
 use keel_tools::{ApprovalPolicy, ApprovalRules};
 
@@ -143,38 +144,6 @@ fn over_auto(what: &str) -> ApiError {
              allow it with [server] auto_approve in keel.toml or `keel serve --auto-approve`"
         ),
     )
-}
-
-/// Where API clients' `script:` models may come from: the directory as
-/// configured and as resolved (symlinks and `..` gone).
-#[derive(Debug, Clone)]
-pub(crate) struct ScriptDir {
-    configured: PathBuf,
-    canonical: PathBuf,
-}
-
-impl ScriptDir {
-    /// Resolves the configured directory; it must exist.
-    pub(crate) fn new(configured: &Path) -> Result<Self, String> {
-        let canonical = configured
-            .canonicalize()
-            .map_err(|error| format!("the script directory {}: {error}", configured.display()))?;
-        if !canonical.is_dir() {
-            return Err(format!(
-                "the script directory {} is not a directory",
-                configured.display()
-            ));
-        }
-        Ok(Self {
-            configured: configured.to_path_buf(),
-            canonical,
-        })
-    }
-
-    /// Whether this directory is `other` or inside it, as resolved.
-    pub(crate) fn is_inside(&self, other: &ScriptDir) -> bool {
-        self.canonical.starts_with(&other.canonical)
-    }
 }
 
 /// `403 script_model_over_ceiling`.

@@ -37,7 +37,7 @@ pub enum ApiError {
     /// A principal without the scope the request needs (403): the code
     /// names it (`missing_scope_read`, `…_submit`, `…_approve`, `…_admin`).
     #[error("this request needs the `{0}` scope, which the credentials do not grant")]
-    MissingScope(crate::auth::Scope),
+    MissingScope(crate::auth::scope::Scope),
     /// A request from a browser page of another origin (403), refused so
     /// no web page can drive the server.
     #[error("{0}")]
@@ -99,7 +99,7 @@ pub enum ApiError {
     /// as many turns as it may at once (429): the body's `budget` says
     /// which, and when it opens again.
     #[error("{0}")]
-    BudgetExhausted(Box<crate::budget::Exhausted>),
+    BudgetExhausted(Box<crate::budget::window::Exhausted>),
     /// The request body did not arrive within the body timeout (408); the
     /// connection is closed with the answer.
     #[error("{0}")]
@@ -184,10 +184,10 @@ impl ApiError {
             Self::Unauthorized => "unauthorized",
             Self::Forbidden { code, .. } => code,
             Self::MissingScope(scope) => match scope {
-                crate::auth::Scope::Read => "missing_scope_read",
-                crate::auth::Scope::Submit => "missing_scope_submit",
-                crate::auth::Scope::Approve => "missing_scope_approve",
-                crate::auth::Scope::Admin => "missing_scope_admin",
+                crate::auth::scope::Scope::Read => "missing_scope_read",
+                crate::auth::scope::Scope::Submit => "missing_scope_submit",
+                crate::auth::scope::Scope::Approve => "missing_scope_approve",
+                crate::auth::scope::Scope::Admin => "missing_scope_admin",
             },
             Self::ForbiddenOrigin(_) => "forbidden_origin",
             Self::NotFound(_) => "not_found",
@@ -243,8 +243,8 @@ pub(crate) struct ErrorBody {
     pub(crate) message: String,
     /// With `budget_exhausted`: the limit spent and when it opens again.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::budget::Exhausted>)]
-    pub(crate) budget: Option<crate::budget::Exhausted>,
+    #[schema(value_type = Option<crate::budget::window::Exhausted>)]
+    pub(crate) budget: Option<crate::budget::window::Exhausted>,
 }
 
 #[derive(Serialize)]
@@ -340,7 +340,7 @@ mod tests {
             ),
             (ApiError::ForbiddenOrigin("x".into()), 403, "forbidden_origin"),
             (
-                ApiError::MissingScope(crate::auth::Scope::Approve),
+                ApiError::MissingScope(crate::auth::scope::Scope::Approve),
                 403,
                 "missing_scope_approve",
             ),
@@ -373,7 +373,7 @@ mod tests {
             ),
             (ApiError::MisdirectedRequest("x".into()), 421, "misdirected_request"),
             (
-                ApiError::BudgetExhausted(Box::new(crate::budget::Exhausted {
+                ApiError::BudgetExhausted(Box::new(crate::budget::window::Exhausted {
                     applies_to: "tenant",
                     tenant: "acme".into(),
                     session_id: None,

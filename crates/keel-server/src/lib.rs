@@ -40,6 +40,7 @@ mod host;
 mod metrics;
 mod openapi;
 pub(crate) mod routes;
+mod script_dir;
 mod settings;
 mod sse;
 mod tenant_ceiling;

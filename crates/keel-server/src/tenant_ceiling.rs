@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::ceiling::ScriptDir;
+use crate::script_dir::ScriptDir;
 use keel_config::{KeelConfig, ServerPolicy, ToolsConfig};
 
 /// What the sessions of one tenant start from and may ask for.

@@ -30,7 +30,8 @@ use keel_protocol::ActorKind;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::principal::{Principal, Scope, Scopes};
+use super::principal::Principal;
+use super::scope::{Scope, Scopes};
 use super::{Liveness, keys::valid_tenant};
 
 /// The most verified tokens remembered at once.

@@ -26,7 +26,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
-use super::principal::{Principal, Scope, Scopes};
+use super::principal::Principal;
+use super::scope::{Scope, Scopes};
 use super::{Liveness, now_ms};
 
 /// What every key starts with, so that scanners for leaked secrets and

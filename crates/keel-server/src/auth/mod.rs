@@ -50,9 +50,11 @@ pub(crate) use keel_protocol::now_ms;
 pub(crate) mod jwt;
 pub(crate) mod keys;
 mod principal;
+pub(crate) mod scope;
 
-pub use principal::Scope;
-pub(crate) use principal::{Principal, Scopes};
+pub(crate) use principal::Principal;
+pub use scope::Scope;
+pub(crate) use scope::Scopes;
 
 /// The server's bearer token. Its `Debug` does not show it.
 #[derive(Clone)]

@@ -19,7 +19,7 @@
 
 mod clock;
 mod gate;
-mod window;
+pub(crate) mod window;
 
 pub use self::clock::BudgetClock;
 pub(crate) use self::gate::BudgetGate;
