@@ -163,6 +163,9 @@ export function assertGapless(sequences, last) {
 /** Opens the "New chat" dialog (the drawer first at phone width). */
 export async function openNewChat(page) {
   const button = page.getByTestId("new-chat");
+  // The button shows once the page knows its principal's scopes (GET
+  // /v1/whoami); before that it is hidden at any width.
+  await page.locator("body:not(.scopes-pending)").waitFor({ state: "attached" });
   if (!(await button.isVisible())) {
     await page.getByTestId("sessions-toggle").click();
   }
