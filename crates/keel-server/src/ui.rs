@@ -1,6 +1,17 @@
 //! The web UI: static files embedded in the binary, served without a token
 //! (the page asks for an API key, a JWT or the token and sends it with its
 //! API calls).
+//!
+//! The page's modules each have one job: `app` (routing, wiring), `chat`
+//! (the conversation; `tool_card` its tool calls), `follow` (sticking to
+//! the bottom unless the reader scrolled up), `inherited` (a fork's
+//! inherited items), `drafts`, `panels`, `shortcuts`, `sidebar`,
+//! `new_chat`, `feed` (the event stream), `timeline`, `markdown`, `dom`
+//! (element helpers), `api` (requests with the credential, kept in
+//! sessionStorage), `signin` (the sign-in box) and `principal` (who the
+//! page is, from `GET /v1/whoami`; what its scopes forbid is hidden
+//! through `data-needs` marks). highlight.js runs on sanitized code
+//! blocks' text and its output is sanitized again.
 
 use axum::Router;
 use axum::http::header;
