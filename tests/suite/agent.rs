@@ -120,6 +120,7 @@ async fn plain_turn_records_every_step_in_order_and_stores_what_it_delivers() {
         EventMsg::ModelStepStarted(ModelStepStartedEvent {
             turn_id: turn_id.clone(),
             step: 1,
+            message_id: Some(format!("{turn_id}-1")),
         })
     );
     assert_eq!(deltas(&delivered), ["Hel", "lo, ", "world"]);
@@ -1114,6 +1115,7 @@ fn every_event_kind_is_its_wire_type() {
         EventMsg::ModelStepStarted(ModelStepStartedEvent {
             turn_id: turn_id(),
             step: 1,
+            message_id: Some("m-1".to_owned()),
         }),
         EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
             turn_id: turn_id(),
@@ -1122,6 +1124,7 @@ fn every_event_kind_is_its_wire_type() {
         EventMsg::AssistantMessage(AssistantMessageEvent {
             turn_id: turn_id(),
             text: "t".to_owned(),
+            message_id: None,
         }),
         EventMsg::TurnComplete(TurnCompleteEvent {
             turn_id: turn_id(),
@@ -1157,6 +1160,13 @@ fn every_event_kind_is_its_wire_type() {
             added: vec!["a".to_owned()],
             removed: vec![],
         }),
+        EventMsg::ClientToolRequested(ClientToolRequestedEvent {
+            turn_id: turn_id(),
+            call_id: "c".to_owned(),
+            name: "pick_color".to_owned(),
+            arguments: "{}".to_owned(),
+            expires_at_ms: Some(9),
+        }),
     ];
     let mut seen = std::collections::BTreeSet::new();
     for msg in &all {
@@ -1165,7 +1175,7 @@ fn every_event_kind_is_its_wire_type() {
         assert_eq!(&serde_json::from_value::<EventMsg>(value).expect("parse"), msg);
         assert!(seen.insert(msg.kind()), "duplicate kind {}", msg.kind());
     }
-    assert_eq!(seen.len(), 14);
+    assert_eq!(seen.len(), 15);
 
     for (reason, wire) in [
         (AbortReason::Interrupted, "interrupted"),

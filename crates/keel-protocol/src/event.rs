@@ -77,6 +77,10 @@ pub enum EventMsg {
     ToolCallCompleted(ToolCallCompletedEvent),
     /// A running tool call reported how far it got (an MCP server's progress).
     ToolCallProgress(ToolCallProgressEvent),
+    /// The model called a tool that the client executes: the turn waits,
+    /// durably, for a `client_tool_result` op naming the call (or for the
+    /// wait's deadline, which answers the call as an error).
+    ClientToolRequested(ClientToolRequestedEvent),
     /// The tools offered to the model changed (an MCP server's
     /// `tools/list_changed`); the next model step gets the new list.
     ToolsChanged(ToolsChangedEvent),
@@ -129,6 +133,7 @@ impl EventMsg {
             EventMsg::ToolCallStarted(_) => "tool_call_started",
             EventMsg::ToolCallCompleted(_) => "tool_call_completed",
             EventMsg::ToolCallProgress(_) => "tool_call_progress",
+            EventMsg::ClientToolRequested(_) => "client_tool_requested",
             EventMsg::ToolsChanged(_) => "tools_changed",
             EventMsg::TokenUsage(_) => "token_usage",
             EventMsg::TurnComplete(_) => "turn_complete",
@@ -159,6 +164,7 @@ impl EventMsg {
             EventMsg::ToolCallStarted(e) => Some(&e.turn_id),
             EventMsg::ToolCallCompleted(e) => Some(&e.turn_id),
             EventMsg::ToolCallProgress(e) => Some(&e.turn_id),
+            EventMsg::ClientToolRequested(e) => Some(&e.turn_id),
             EventMsg::ToolsChanged(e) => Some(&e.turn_id),
             EventMsg::TokenUsage(e) => Some(&e.turn_id),
             EventMsg::TurnComplete(e) => Some(&e.turn_id),
@@ -267,6 +273,29 @@ pub struct ModelStepStartedEvent {
     pub turn_id: String,
     /// The step's number within the turn, from 1.
     pub step: u32,
+    /// The id of the assistant message this step writes (its text and tool
+    /// calls), stable for front ends that key messages by id. Absent in
+    /// logs written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+}
+
+/// Payload of [`EventMsg::ClientToolRequested`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClientToolRequestedEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// The call waiting; answer with a `client_tool_result` op naming it.
+    pub call_id: String,
+    /// The client tool.
+    pub name: String,
+    /// The arguments as the model wrote them (JSON text, possibly malformed).
+    pub arguments: String,
+    /// When the wait ends with an error result if no answer came, in
+    /// milliseconds since the Unix epoch; absent when it never does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
 }
 
 /// Payload of [`EventMsg::AssistantContentDelta`].
@@ -475,6 +504,10 @@ pub struct AssistantMessageEvent {
     pub turn_id: String,
     /// The complete message.
     pub text: String,
+    /// The message's id: its step's `model_step_started.message_id`.
+    /// Absent in logs written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
 }
 
 /// Payload of [`EventMsg::TurnComplete`].

@@ -10,6 +10,7 @@
 //! validating limits.
 
 mod actor;
+mod client_tool;
 pub mod error;
 mod event;
 mod instructions;
@@ -19,6 +20,7 @@ mod store_error;
 mod transcript;
 
 pub use actor::{Actor, ActorKind, DEFAULT_TENANT};
+pub use client_tool::{ClientToolSpec, MAX_CLIENT_TOOL_OUTPUT_BYTES};
 pub use event::*;
 pub use instructions::*;
 pub use op::*;

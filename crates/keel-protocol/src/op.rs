@@ -63,6 +63,17 @@ pub enum Op {
     /// events stay in the log) and a new turn answers anew. Waits in the
     /// queue behind running work.
     Regenerate,
+    /// Answers a `client_tool_requested` event: the result of a tool the
+    /// client executed, which goes back to the model.
+    ClientToolResult {
+        /// The tool call answered.
+        call_id: String,
+        /// The result (or, with `is_error`, the error message).
+        output: String,
+        /// Whether the call failed.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
 }
 
 /// [`Op`] as parsed: the same tags and fields, with unknown fields refused.
@@ -88,6 +99,12 @@ enum OpWire {
     },
     Compact {},
     Regenerate {},
+    ClientToolResult {
+        call_id: String,
+        output: String,
+        #[serde(default)]
+        is_error: bool,
+    },
 }
 
 impl From<OpWire> for Op {
@@ -100,6 +117,15 @@ impl From<OpWire> for Op {
             OpWire::Steer { text } => Op::Steer { text },
             OpWire::Compact {} => Op::Compact,
             OpWire::Regenerate {} => Op::Regenerate,
+            OpWire::ClientToolResult {
+                call_id,
+                output,
+                is_error,
+            } => Op::ClientToolResult {
+                call_id,
+                output,
+                is_error,
+            },
         }
     }
 }
@@ -170,6 +196,11 @@ impl Op {
                 text.len()
             )),
             Op::UserInput { text } | Op::Steer { text } if text.trim().is_empty() => Err("message is empty".into()),
+            Op::ClientToolResult { output, .. } if output.len() > crate::MAX_CLIENT_TOOL_OUTPUT_BYTES => Err(format!(
+                "the client tool result is {} bytes; the limit is {}",
+                output.len(),
+                crate::MAX_CLIENT_TOOL_OUTPUT_BYTES
+            )),
             _ => Ok(()),
         }
     }
@@ -177,7 +208,10 @@ impl Op {
     /// Whether the op must reach a running turn at once instead of waiting
     /// in the queue behind user messages.
     pub fn is_control(&self) -> bool {
-        matches!(self, Op::Interrupt { .. } | Op::Approval { .. } | Op::Steer { .. })
+        matches!(
+            self,
+            Op::Interrupt { .. } | Op::Approval { .. } | Op::Steer { .. } | Op::ClientToolResult { .. }
+        )
     }
 
     /// Whether the op is work that waits in the queue and is stored before

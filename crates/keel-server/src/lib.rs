@@ -77,7 +77,7 @@ use keel_store::{AccessStore, ClusterStore, NoticeListener};
 
 /// The version of the HTTP API (the OpenAPI document's `info.version`):
 /// the major changes only with a breaking change to the API.
-pub const API_VERSION: &str = "1.3.0";
+pub const API_VERSION: &str = "1.4.0";
 
 /// The response header that carries [`API_VERSION`], so that a client can
 /// refuse a server of another major version before it misreads an answer.

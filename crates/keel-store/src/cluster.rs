@@ -57,7 +57,7 @@ pub enum Relayed {
         relay_id: u64,
     },
     /// A submission with the same idempotency key waits already: this one.
-    Duplicate(RelayedSubmission),
+    Duplicate(Box<RelayedSubmission>),
     /// As many submissions as allowed wait already; nothing was stored.
     Full,
 }

@@ -257,6 +257,7 @@ pub(crate) fn event(session_id: &str, n: usize) -> Event {
         2 => EventMsg::ModelStepStarted(ModelStepStartedEvent {
             turn_id,
             step: u32::try_from(n).expect("small n"),
+            message_id: None,
         }),
         3 => EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
             turn_id,

@@ -72,7 +72,7 @@ fn every_route_is_described_with_its_errors_and_the_version() {
         .as_array()
         .expect("EventMsg variants")
         .len();
-    assert_eq!(variants, 26, "one schema per EventMsg variant");
+    assert_eq!(variants, 27, "one schema per EventMsg variant");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -505,6 +505,11 @@ export interface components {
             turn_id: string;
             /** @description The complete message. */
             text: string;
+            /**
+             * @description The message's id: its step's `model_step_started.message_id`.
+             *     Absent in logs written before it existed.
+             */
+            message_id?: string | null;
         };
         /** @description One bot's line of the report. */
         BotLine: {
@@ -635,6 +640,23 @@ export interface components {
          * @enum {string}
          */
         BusyPolicy: "queue" | "interrupt" | "reject" | "steer";
+        /** @description Payload of [`EventMsg::ClientToolRequested`]. */
+        ClientToolRequestedEvent: {
+            /** @description The turn. */
+            turn_id: string;
+            /** @description The call waiting; answer with a `client_tool_result` op naming it. */
+            call_id: string;
+            /** @description The client tool. */
+            name: string;
+            /** @description The arguments as the model wrote them (JSON text, possibly malformed). */
+            arguments: string;
+            /**
+             * Format: int64
+             * @description When the wait ends with an error result if no answer came, in
+             *     milliseconds since the Unix epoch; absent when it never does.
+             */
+            expires_at_ms?: number | null;
+        };
         /**
          * @description Why the history was compacted.
          * @enum {string}
@@ -830,6 +852,9 @@ export interface components {
         }) | (components["schemas"]["ToolCallProgressEvent"] & {
             /** @enum {string} */
             type: "tool_call_progress";
+        }) | (components["schemas"]["ClientToolRequestedEvent"] & {
+            /** @enum {string} */
+            type: "client_tool_requested";
         }) | (components["schemas"]["ToolsChangedEvent"] & {
             /** @enum {string} */
             type: "tools_changed";
@@ -990,6 +1015,12 @@ export interface components {
              * @description The step's number within the turn, from 1.
              */
             step: number;
+            /**
+             * @description The id of the assistant message this step writes (its text and tool
+             *     calls), stable for front ends that key messages by id. Absent in
+             *     logs written before it existed.
+             */
+            message_id?: string | null;
         };
         /** @description One model a session can use. */
         ModelView: {
@@ -1051,6 +1082,15 @@ export interface components {
         } | {
             /** @enum {string} */
             type: "regenerate";
+        } | {
+            /** @description The tool call answered. */
+            call_id: string;
+            /** @description The result (or, with `is_error`, the error message). */
+            output: string;
+            /** @description Whether the call failed. */
+            is_error?: boolean;
+            /** @enum {string} */
+            type: "client_tool_result";
         };
         /**
          * @description The project instructions a session read from `AGENTS.md` files at its

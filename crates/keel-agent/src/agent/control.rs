@@ -147,6 +147,7 @@ pub(super) async fn refuse(recorder: &EventRecorder, submission: &Submission, re
 fn stray_reason(op: &Op) -> String {
     match op {
         Op::Approval { call_id, .. } => format!("no tool call {call_id} is waiting for approval"),
+        Op::ClientToolResult { call_id, .. } => format!("no client tool call {call_id} is waiting for a result"),
         Op::Interrupt { turn_id: Some(id) } => format!("turn {id} is not running"),
         _ => "turn (none) is not running".to_owned(),
     }

@@ -76,7 +76,7 @@ impl Session {
                 }
             }
             // Nothing waits for them: the control lane's rule refuses them.
-            Op::Interrupt { .. } | Op::Approval { .. } => {
+            Op::Interrupt { .. } | Op::Approval { .. } | Op::ClientToolResult { .. } => {
                 self.control_lane().settle(submission, During::Idle).await?;
             }
             Op::Shutdown => return Ok(Some(submission)),

@@ -417,6 +417,7 @@ impl Session {
         let started = turn.event(EventMsg::ModelStepStarted(ModelStepStartedEvent {
             turn_id: turn.id().to_owned(),
             step,
+            message_id: Some(step_message_id(turn.id(), step)),
         }));
         let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
         self.recorder.append(vec![started], Some(write)).await?;
@@ -440,6 +441,7 @@ impl Session {
             events.push(turn.event(EventMsg::AssistantMessage(AssistantMessageEvent {
                 turn_id: turn_id.clone(),
                 text: output.text.clone(),
+                message_id: Some(step_message_id(&turn_id, step)),
             })));
             history.push(TranscriptItem::AssistantMessage {
                 text: output.text,
@@ -595,4 +597,10 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("unknown panic")
+}
+
+/// The id of the assistant message model step `step` of turn `turn_id`
+/// writes: derived from both, so a step resumed or replayed keeps its id.
+pub(crate) fn step_message_id(turn_id: &str, step: u32) -> String {
+    format!("{turn_id}-{step}")
 }

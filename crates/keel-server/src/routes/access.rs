@@ -95,6 +95,39 @@ pub(crate) fn new_session_id(principal: &Principal, asked: Option<String>) -> Re
     }
 }
 
+/// The session a front-end protocol's thread (the AI SDK's chat `id`,
+/// AG-UI's `threadId`) stands for. Those clients choose their own ids, and
+/// session ids are one namespace, so for a principal of one tenant the
+/// thread lives in that tenant's part of it: `<tenant>~<thread>`, with `~`
+/// refused in the thread so two tenants' threads never meet. The operator's
+/// thread is the session of that id. The session may not exist yet: the
+/// caller creates it under this id, which no other tenant can reach.
+#[cfg_attr(not(test), allow(dead_code))] // the protocol routes use it
+pub(crate) fn thread_session_id(principal: &Principal, thread: &str) -> Result<String, ApiError> {
+    let id = match principal.tenant_filter() {
+        None => thread.to_owned(),
+        Some(_) if thread.contains('~') => {
+            return Err(ApiError::InvalidRequest(
+                "a thread id of a tenant's credentials cannot contain `~`".to_owned(),
+            ));
+        }
+        Some(tenant) => format!("{tenant}~{thread}"),
+    };
+    if thread.is_empty()
+        || id.len() > MAX_THREAD_SESSION_ID_BYTES
+        || !id.bytes().all(|byte| (b' '..=b'~').contains(&byte))
+    {
+        return Err(ApiError::InvalidRequest(format!(
+            "a thread id is printable ASCII, at most {MAX_THREAD_SESSION_ID_BYTES} bytes with the tenant's prefix"
+        )));
+    }
+    Ok(id)
+}
+
+/// The longest session id a thread may make (a session id's bound).
+#[cfg_attr(not(test), allow(dead_code))]
+const MAX_THREAD_SESSION_ID_BYTES: usize = 128;
+
 /// Checks a tenant name (given at creation or as a filter) with an API
 /// message: the bound of a bot id, since it is stored with each session.
 pub(crate) fn check_tenant(tenant: &str) -> Result<(), ApiError> {
@@ -156,6 +189,30 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_tenants_threads_live_in_its_own_part_of_the_session_ids() {
+        let operator = Principal::operator();
+        assert_eq!(thread_session_id(&operator, "chat-1"), Ok("chat-1".to_owned()));
+        assert_eq!(
+            thread_session_id(&tenant("acme"), "chat-1"),
+            Ok("acme~chat-1".to_owned())
+        );
+        // `a~b`'s thread `c` and `a`'s thread `b~c` would be the same session.
+        assert_eq!(thread_session_id(&tenant("a~b"), "c"), Ok("a~b~c".to_owned()));
+        assert_eq!(
+            thread_session_id(&tenant("a"), "b~c").map_err(|error| error.code()),
+            Err("invalid_request")
+        );
+        for bad in ["", "a\u{e9}", "a\nb", &"x".repeat(124)] {
+            assert_eq!(
+                thread_session_id(&tenant("acme"), bad).map_err(|error| error.code()),
+                Err("invalid_request"),
+                "{bad:?}"
+            );
+        }
+        assert!(thread_session_id(&operator, &"x".repeat(128)).is_ok());
     }
 
     #[test]

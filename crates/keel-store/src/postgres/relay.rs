@@ -147,7 +147,7 @@ pub(super) async fn relay(
             Some(key.to_owned()),
             row.try_get(2).map_err(pg_error)?,
         )?;
-        return Ok(Relayed::Duplicate(earlier));
+        return Ok(Relayed::Duplicate(Box::new(earlier)));
     }
     Err(StoreError::Unavailable(format!(
         "the relayed submissions of session '{session_id}' kept changing"

@@ -1,0 +1,1 @@
+//! AG-UI 1.0 events.

@@ -1,0 +1,1 @@
+//! The AI SDK's UI message stream, protocol v1.

@@ -1,0 +1,30 @@
+//! Tools the client executes: declared by a session (or its bot), called
+//! by the model, answered by the client with a `client_tool_result` op.
+
+use serde::{Deserialize, Serialize};
+
+/// The largest result a client may send for a call, in bytes: the same
+/// bound as a built-in tool's output, so a client cannot grow the history
+/// faster than a tool can.
+pub const MAX_CLIENT_TOOL_OUTPUT_BYTES: usize = 256 * 1024;
+
+/// A tool the client executes, as offered to the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ClientToolSpec {
+    /// The tool's name, as the model calls it: 1 to 64 of `A-Z a-z 0-9 _ -`,
+    /// and not the name of a tool the server runs.
+    pub name: String,
+    /// What the tool does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// The JSON Schema of the tool's arguments (an object schema).
+    #[serde(default = "empty_object_schema")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub parameters: serde_json::Value,
+}
+
+fn empty_object_schema() -> serde_json::Value {
+    serde_json::json!({"type": "object", "properties": {}})
+}
