@@ -114,19 +114,15 @@ pub(crate) fn thread_session_id(principal: &Principal, thread: &str) -> Result<S
         Some(tenant) => format!("{tenant}~{thread}"),
     };
     if thread.is_empty()
-        || id.len() > MAX_THREAD_SESSION_ID_BYTES
+        || id.len() > keel_agent::MAX_SESSION_ID_BYTES
         || !id.bytes().all(|byte| (b' '..=b'~').contains(&byte))
     {
         return Err(ApiError::InvalidRequest(format!(
-            "a thread id is printable ASCII, at most {MAX_THREAD_SESSION_ID_BYTES} bytes with the tenant's prefix"
+            "a thread id is printable ASCII, at most {keel_agent::MAX_SESSION_ID_BYTES} bytes with the tenant's prefix"
         )));
     }
     Ok(id)
 }
-
-/// The longest session id a thread may make (a session id's bound).
-#[cfg_attr(not(test), allow(dead_code))]
-const MAX_THREAD_SESSION_ID_BYTES: usize = 128;
 
 /// Checks a tenant name (given at creation or as a filter) with an API
 /// message: the bound of a bot id, since it is stored with each session.

@@ -38,38 +38,38 @@ const DEFAULT_BOT_ID: &str = "keel-server";
 pub(crate) struct CreateSession {
     /// The session's id; a fresh UUID when absent.
     #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
-    id: Option<String>,
+    pub(crate) id: Option<String>,
     /// The model spec (`provider:model`, or a model named in the server's
     /// keel.toml); the server's default when absent.
     #[schema(min_length = 1)]
-    model: Option<String>,
+    pub(crate) model: Option<String>,
     /// The bot the session belongs to (`keel-server` when absent).
     #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
-    bot_id: Option<String>,
+    pub(crate) bot_id: Option<String>,
     /// The tenant the session belongs to: the credentials' own when absent
     /// (`default` for the operator). Only the operator may name another.
     #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
-    tenant: Option<String>,
+    pub(crate) tenant: Option<String>,
     /// Metadata kept with the session and shown with it.
-    context: Option<serde_json::Map<String, serde_json::Value>>,
+    pub(crate) context: Option<serde_json::Map<String, serde_json::Value>>,
     /// The system prompt. When absent: the bot's (`[bots.<id>]
     /// instructions` in keel.toml), else Keel's default coding-agent prompt
     /// when the session has tools and its bot is a coding agent, else none;
     /// `""` asks for none. Fixed when the session is created.
-    instructions: Option<String>,
+    pub(crate) instructions: Option<String>,
     /// Overrides of the server's `[tools]`, within its ceiling.
     #[serde(default, deserialize_with = "crate::extract::object")]
-    tools: Option<ToolsOverrides>,
+    pub(crate) tools: Option<ToolsOverrides>,
     /// Approval policies over the server's `[approvals]`, within its ceiling.
     #[serde(default, deserialize_with = "crate::extract::object")]
-    approvals: Option<ApprovalRules>,
+    pub(crate) approvals: Option<ApprovalRules>,
     /// What a message does while the session is busy, by default.
-    on_busy: Option<BusyPolicy>,
+    pub(crate) on_busy: Option<BusyPolicy>,
     /// How messages waiting in the queue become turns: `merge` (all that
     /// wait join the next turn, one answer) or `each` (one turn and answer
     /// per message). Default: the bot's (`merge` for a coding agent,
     /// `each` for a bot with `coding_agent = false`).
-    queue_mode: Option<QueueMode>,
+    pub(crate) queue_mode: Option<QueueMode>,
 }
 
 /// A session as the API shows it.
@@ -268,9 +268,24 @@ pub(crate) async fn create(
 ) -> Result<Created, ApiError> {
     principal.require(Scope::Submit)?;
     // `null` is the empty body, as the description allows.
-    let request = request.unwrap_or_default();
-    let tenant = access::new_session_tenant(&principal, request.tenant.as_deref())?;
-    let id = access::new_session_id(&principal, request.id)?;
+    let mut request = request.unwrap_or_default();
+    let id = access::new_session_id(&principal, request.id.take())?;
+    let (summary, status) = create_session(&server, &principal, &id, request).await?;
+    Ok(Created(SessionView::new(&server, summary, Some(status))))
+}
+
+/// Creates and loads the session `id` from `request` (its `id` is not
+/// read: the caller chose `id`, for whom it may), in the tenant the
+/// principal may create it in. Its stored summary and live status.
+pub(crate) async fn create_session(
+    server: &Server,
+    principal: &Principal,
+    id: &str,
+    request: CreateSession,
+) -> Result<(SessionSummary, keel_agent::SessionStatus), ApiError> {
+    principal.require(Scope::Submit)?;
+    let tenant = access::new_session_tenant(principal, request.tenant.as_deref())?;
+    let id = id.to_owned();
     check_id(&id)?;
     if let Some(bot_id) = &request.bot_id {
         check_bot_id(bot_id)?;
@@ -312,7 +327,7 @@ pub(crate) async fn create(
         .session_summary(&id)
         .await?
         .ok_or_else(|| ApiError::Internal(format!("session '{id}' was created but cannot be read")))?;
-    Ok(Created(SessionView::new(&server, summary, Some(status))))
+    Ok((summary, status))
 }
 
 route_errors!(
