@@ -118,7 +118,8 @@ pub(crate) fn thread_session_id(principal: &Principal, thread: &str) -> Result<S
         || !id.bytes().all(|byte| (b' '..=b'~').contains(&byte))
     {
         return Err(ApiError::InvalidRequest(format!(
-            "a thread id is printable ASCII, at most {keel_agent::MAX_SESSION_ID_BYTES} bytes with the tenant's prefix"
+            "a thread id is printable ASCII, at most {} bytes with the tenant's prefix",
+            keel_agent::MAX_SESSION_ID_BYTES
         )));
     }
     Ok(id)
