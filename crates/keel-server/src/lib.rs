@@ -33,6 +33,7 @@ mod extract;
 mod factory;
 mod fanout;
 mod front;
+mod frontends;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
