@@ -8,7 +8,8 @@
 //!   and without group commit;
 //! - [`serve`]: the same turns driven over `keel serve`'s HTTP API and event
 //!   streams, with many subscribers and a stalled one, and with each kind of
-//!   credential ([`auth`]);
+//!   credential ([`auth`]), and through the front-end protocols' streams
+//!   ([`frontends`]);
 //! - [`cluster`]: those turns across several `keel serve` nodes on one
 //!   PostgreSQL database, requests and streams on random nodes.
 //!
@@ -23,6 +24,7 @@
 pub mod auth;
 pub mod cluster;
 mod database;
+pub mod frontends;
 mod http;
 pub mod recorder;
 pub mod serve;

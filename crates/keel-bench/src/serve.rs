@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use super::auth::{self, BenchAuth};
 use super::database::{BenchDatabase, BenchStore, Grouping};
+use super::frontends::{BenchVia, Thread, TurnTimes, protocol_turn};
 use super::http::{
     BenchServer, WireEvent, check, create_session, events_read, http_client_with, http_error, io_error, join_sessions,
     next_turn_event, read_events, read_stream, write_script,
@@ -54,6 +55,9 @@ pub struct ServeParams {
     pub database: BenchDatabase,
     /// The credential every request carries.
     pub auth: BenchAuth,
+    /// How the turns are driven and watched: the native API, or a
+    /// front-end protocol's stream (then no event-stream subscriber).
+    pub via: BenchVia,
 }
 
 /// What one run measured.
@@ -63,12 +67,15 @@ pub struct ServeReport {
     pub sessions: usize,
     /// Turns per session.
     pub turns: usize,
-    /// Reading subscribers per session.
+    /// Reading subscribers per session (none when a protocol's stream
+    /// watched the turns).
     pub subscribers: usize,
     /// Whether each session also had a stalled subscriber.
     pub stalled: bool,
     /// The credential every request carried.
     pub auth: &'static str,
+    /// How the turns were driven.
+    pub via: &'static str,
     /// Wall time of the timed part.
     pub wall_s: f64,
     /// Completed turns per second, all sessions together.
@@ -157,9 +164,13 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
     Ok(ServeReport {
         sessions: params.sessions,
         turns: params.turns,
-        subscribers: params.subscribers.max(1),
+        subscribers: match params.via {
+            BenchVia::Native => params.subscribers.max(1),
+            _ => 0,
+        },
         stalled: params.stalled,
         auth: params.auth.name(),
+        via: params.via.name(),
         wall_s: wall.as_secs_f64(),
         turns_per_s: times.len() as f64 / wall.as_secs_f64(),
         accept_p50_ms: percentile(&accept, 50.0),
@@ -185,13 +196,6 @@ async fn catch_ups(client: &reqwest::Client, base: &str) -> Result<u64> {
         .ok_or_else(|| Error::Model("the metrics have no keel_subscriber_catch_ups_total".to_owned()))
 }
 
-/// The times of one turn, from sending its POST.
-struct TurnTimes {
-    accept_ms: f64,
-    first_delta_ms: f64,
-    turn_ms: f64,
-}
-
 /// One session under load: its id, its reading subscribers and the stalled
 /// one.
 struct BenchSession {
@@ -203,6 +207,10 @@ struct BenchSession {
     readers: Vec<tokio::task::JoinHandle<Result<u64>>>,
     /// The connection of the subscriber that reads nothing until the end.
     stalled: Option<TcpStream>,
+    /// How its turns are driven.
+    via: BenchVia,
+    /// What a protocol client keeps between turns.
+    thread: Thread,
 }
 
 impl BenchSession {
@@ -212,7 +220,12 @@ impl BenchSession {
         let (first_sender, events) = mpsc::unbounded_channel();
         let mut first = Some(first_sender);
         let mut readers = Vec::new();
-        for _ in 0..params.subscribers.max(1) {
+        // A protocol's stream is the turn's only reader.
+        let subscribers = match params.via {
+            BenchVia::Native => params.subscribers.max(1),
+            _ => 0,
+        };
+        for _ in 0..subscribers {
             let response = check(client.get(&stream_url).send().await).await?;
             readers.push(tokio::spawn(read_stream(response, first.take())));
         }
@@ -225,6 +238,8 @@ impl BenchSession {
             events,
             readers,
             stalled,
+            via: params.via,
+            thread: Thread::default(),
         })
     }
 
@@ -237,6 +252,9 @@ impl BenchSession {
 
     /// Submits `text` and waits for its turn to complete.
     async fn turn(&mut self, client: &reqwest::Client, base: &str, text: &str) -> Result<TurnTimes> {
+        if self.via != BenchVia::Native {
+            return protocol_turn(self.via, client, base, &self.id, &mut self.thread, text).await;
+        }
         let started = Instant::now();
         self.submit(client, base, json!({"type": "user_input", "text": text}))
             .await?;

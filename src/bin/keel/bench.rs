@@ -7,6 +7,7 @@ use keel::agent::StreamingOptions;
 use keel::bench::BenchDatabase;
 use keel::bench::auth::BenchAuth;
 use keel::bench::cluster::{ClusterParams, ClusterReport, run_cluster};
+use keel::bench::frontends::BenchVia;
 use keel::bench::recorder::{RecorderParams, run_recorder};
 use keel::bench::serve::{ServeParams, ServeReport, run_serve};
 use keel::bench::turns::{TurnsParams, Variant, run_turns};
@@ -103,6 +104,13 @@ pub(crate) enum BenchCommand {
         /// token's.
         #[arg(long, value_delimiter = ',', value_name = "token,key,jwt")]
         auth: Vec<String>,
+        /// What the front-end protocols cost instead: the one-subscriber
+        /// HTTP run driven through each protocol listed (comma-separated:
+        /// `native` Keel's submissions and event stream, `ai-sdk` the AI
+        /// SDK's UI message stream, `ag-ui` AG-UI), interleaved, with each
+        /// one's turns/s and first delta against the native API's.
+        #[arg(long, value_delimiter = ',', value_name = "native,ai-sdk,ag-ui")]
+        via: Vec<String>,
     },
 }
 
@@ -209,14 +217,22 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             nodes,
             seed,
             auth,
+            via,
         } => {
             let database = db.as_deref().map(BenchDatabase::parse).unwrap_or_default();
             let auth = auth
                 .iter()
                 .map(|name| BenchAuth::parse(name))
                 .collect::<Result<Vec<_>, _>>()?;
-            if nodes > 1 && !auth.is_empty() {
-                anyhow::bail!("--auth runs on one node: omit --nodes");
+            let via = via
+                .iter()
+                .map(|name| BenchVia::parse(name))
+                .collect::<Result<Vec<_>, _>>()?;
+            if nodes > 1 && !(auth.is_empty() && via.is_empty()) {
+                anyhow::bail!("--auth and --via run on one node: omit --nodes");
+            }
+            if !auth.is_empty() && !via.is_empty() {
+                anyhow::bail!("--auth and --via are separate comparisons: give one");
             }
             if nodes > 1 {
                 let BenchDatabase::Postgres(url) = database else {
@@ -244,11 +260,14 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                     stalled: false,
                     database,
                     auth: BenchAuth::None,
+                    via: BenchVia::Native,
                 };
-                if auth.is_empty() {
-                    bench_serve(&params, subscribers, repeat).await?;
-                } else {
+                if !auth.is_empty() {
                     bench_auth(&params, &auth, repeat).await?;
+                } else if !via.is_empty() {
+                    bench_via(&params, &via, repeat).await?;
+                } else {
+                    bench_serve(&params, subscribers, repeat).await?;
                 }
             }
         }
@@ -342,53 +361,83 @@ async fn bench_serve(params: &ServeParams, subscribers: usize, repeat: usize) ->
 /// `repeat` times, interleaved, and prints their medians and each one's
 /// turns/s against the token's.
 async fn bench_auth(params: &ServeParams, auths: &[BenchAuth], repeat: usize) -> anyhow::Result<()> {
-    let mut reports: Vec<Vec<ServeReport>> = vec![Vec::new(); auths.len()];
+    let runs = auths
+        .iter()
+        .map(|&auth| (auth.name(), ServeParams { auth, ..params.clone() }))
+        .collect::<Vec<_>>();
+    bench_compare(params, "credential", &runs, "token", repeat).await
+}
+
+/// Runs the one-subscriber server workload driven through each protocol of
+/// `vias` `repeat` times, interleaved, and prints their medians and each
+/// one's turns/s and first delta against the native API's.
+async fn bench_via(params: &ServeParams, vias: &[BenchVia], repeat: usize) -> anyhow::Result<()> {
+    let runs = vias
+        .iter()
+        .map(|&via| (via.name(), ServeParams { via, ..params.clone() }))
+        .collect::<Vec<_>>();
+    bench_compare(params, "protocol", &runs, "native", repeat).await
+}
+
+/// Runs each of `runs` `repeat` times, interleaved so that the machine's
+/// drift touches them alike, and prints their medians, each against the
+/// run named `baseline` (if listed): its turns/s as a ratio, its first
+/// delta as a difference.
+async fn bench_compare(
+    params: &ServeParams,
+    what: &str,
+    runs: &[(&'static str, ServeParams)],
+    baseline: &str,
+    repeat: usize,
+) -> anyhow::Result<()> {
+    let mut reports: Vec<Vec<ServeReport>> = vec![Vec::new(); runs.len()];
     for _ in 0..repeat.max(1) {
-        for (&auth, reports) in auths.iter().zip(&mut reports) {
-            reports.push(run_serve(&ServeParams { auth, ..params.clone() }).await?);
+        for ((_, run), reports) in runs.iter().zip(&mut reports) {
+            reports.push(run_serve(run).await?);
         }
     }
     let median_of = |reports: &[ServeReport], pick: fn(&ServeReport) -> f64| {
         keel::bench::median(&reports.iter().map(pick).collect::<Vec<_>>())
     };
-    let turns_of = |auth: BenchAuth| {
-        auths
-            .iter()
-            .position(|listed| *listed == auth)
-            .map(|index| median_of(&reports[index], |report| report.turns_per_s))
-    };
-    let token = turns_of(BenchAuth::Token);
+    let base = runs.iter().position(|(name, _)| *name == baseline).map(|index| {
+        (
+            median_of(&reports[index], |report| report.turns_per_s),
+            median_of(&reports[index], |report| report.first_delta_p50_ms),
+        )
+    });
     print_line(&format!(
-        "S={} T={} K={} B={}, one subscriber per session, medians of {} runs",
+        "S={} T={} K={} B={}, one stream per session, medians of {} runs",
         params.sessions,
         params.turns,
         params.chunks,
         params.chunk_bytes,
         repeat.max(1)
     ))?;
-    print_line("| credential | turns/s | × token | 202 p50 ms | 202 p99 ms | first delta p50 ms | turn p50 ms |")?;
-    print_line("|---|---|---|---|---|---|---|")?;
-    for (auth, reports) in auths.iter().zip(&reports) {
+    print_line(&format!(
+        "| {what} | turns/s | × {baseline} | 202 p50 ms | 202 p99 ms | first delta p50 ms | Δ first delta ms | turn p50 ms |"
+    ))?;
+    print_line("|---|---|---|---|---|---|---|---|")?;
+    for ((name, _), reports) in runs.iter().zip(&reports) {
         let turns_per_s = median_of(reports, |report| report.turns_per_s);
-        let ratio = token.map_or_else(|| "-".to_owned(), |token| format!("{:.3}", turns_per_s / token));
+        let first_delta = median_of(reports, |report| report.first_delta_p50_ms);
+        let (ratio, delta) = base.map_or_else(
+            || ("-".to_owned(), "-".to_owned()),
+            |(turns, first)| {
+                (
+                    format!("{:.3}", turns_per_s / turns),
+                    format!("{:+.2}", first_delta - first),
+                )
+            },
+        );
         print_line(&format!(
-            "| {} | {turns_per_s:.1} | {ratio} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            auth.name(),
+            "| {name} | {turns_per_s:.1} | {ratio} | {:.2} | {:.2} | {first_delta:.2} | {delta} | {:.2} |",
             median_of(reports, |report| report.accept_p50_ms),
             median_of(reports, |report| report.accept_p99_ms),
-            median_of(reports, |report| report.first_delta_p50_ms),
             median_of(reports, |report| report.turn_p50_ms),
         ))?;
     }
-    if let Some(token) = token {
-        for auth in auths.iter().filter(|auth| **auth != BenchAuth::Token) {
-            if let Some(turns) = turns_of(*auth) {
-                print_line(&format!("{}/token turns/s: {:.3}", auth.name(), turns / token))?;
-            }
-        }
-    }
     print_line(&serde_json::to_string(&serde_json::json!({
-        "runs": auths.iter().zip(&reports).map(|(auth, reports)| serde_json::json!({"auth": auth.name(), "reports": reports})).collect::<Vec<_>>(),
+        "runs": runs.iter().zip(&reports).map(|((name, _), reports)| serde_json::json!({what: name, "reports": reports})).collect::<Vec<_>>(),
     }))?)?;
     Ok(())
 }
