@@ -97,3 +97,145 @@ async fn a_declared_client_tool_is_requested_and_its_result_completes_the_turn()
     assert_eq!(shown["pending_client_tools"], json!([]));
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_declaration_is_refused_with_its_code_and_nothing_is_stored() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server.scratch.script("s.jsonl", &[r#"{"text": "hi"}"#]);
+    let tool = |name: &str, parameters: Value| json!({"name": name, "parameters": parameters});
+    let object = json!({"type": "object"});
+    let cases = [
+        (json!([tool("has space", object.clone())]), 400, "invalid_client_tool"),
+        (
+            json!([tool("pick", json!({"type": "string"}))]),
+            400,
+            "invalid_client_tool",
+        ),
+        (
+            json!([tool(
+                "pick",
+                json!({"type": "object", "properties": {"q": {"type": 7}}})
+            )]),
+            400,
+            "invalid_client_tool",
+        ),
+        (json!([tool("shell", object.clone())]), 409, "client_tool_conflict"),
+        (json!([tool("read_file", object.clone())]), 409, "client_tool_conflict"),
+        (
+            json!([tool("pick", object.clone()), tool("pick", object.clone())]),
+            409,
+            "client_tool_conflict",
+        ),
+    ];
+    for (i, (tools, status, code)) in cases.into_iter().enumerate() {
+        let id = format!("bad-{i}");
+        let reply = server
+            .api
+            .post(
+                "/v1/sessions",
+                &json!({"id": id, "model": model, "client_tools": tools}),
+            )
+            .await;
+        assert_eq!(
+            (reply.status.as_u16(), reply.code()),
+            (status, code),
+            "{tools}: {}",
+            reply.body
+        );
+        assert_eq!(
+            server.api.get(&format!("/v1/sessions/{id}")).await.status,
+            404,
+            "nothing stored"
+        );
+    }
+    // A schema without `type` is an object schema.
+    let created = server
+        .api
+        .create(json!({"id": "typeless", "model": model, "client_tools": [{"name": "pick"}]}))
+        .await;
+    assert_eq!(created["client_tools"][0]["parameters"]["type"], "object", "{created}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_results_are_refused_with_their_codes_and_patch_waits_for_the_turn() {
+    let server = TestServer::start(|_, _| {}).await;
+    let model = server
+        .scratch
+        .script("s.jsonl", &[&calls_pick_color("call-1"), r#"{"text": "red it is"}"#]);
+    server
+        .api
+        .create(json!({"id": "refuser", "model": model, "client_tools": [pick_color()]}))
+        .await;
+    // Nothing waits yet.
+    let early = server.api.submit("refuser", result("call-1", "red")).await;
+    assert_eq!(
+        (early.status.as_u16(), early.code()),
+        (404, "unknown_tool_call"),
+        "{}",
+        early.body
+    );
+    let mut stream = server.api.stream("refuser", Resume::Start).await;
+    server.api.say("refuser", "pick one").await;
+    stream.until(|event| event.msg.kind() == "client_tool_requested").await;
+
+    let big = "x".repeat(keel::protocol::MAX_CLIENT_TOOL_OUTPUT_BYTES + 1);
+    let oversize = server.api.submit("refuser", result("call-1", &big)).await;
+    assert_eq!(
+        (oversize.status.as_u16(), oversize.code()),
+        (413, "client_tool_output_too_large"),
+        "{}",
+        oversize.body
+    );
+    let unknown = server.api.submit("refuser", result("call-9", "red")).await;
+    assert_eq!((unknown.status.as_u16(), unknown.code()), (404, "unknown_tool_call"));
+    let busy = server
+        .api
+        .patch("/v1/sessions/refuser", &json!({"client_tools": []}))
+        .await;
+    assert_eq!(
+        (busy.status.as_u16(), busy.code()),
+        (409, "session_busy"),
+        "{}",
+        busy.body
+    );
+
+    let reply = server.api.submit("refuser", result("call-1", "red")).await;
+    assert_eq!(reply.status, reqwest::StatusCode::ACCEPTED, "{}", reply.body);
+    stream.until(ends_turn).await;
+    let again = server.api.submit("refuser", result("call-1", "blue")).await;
+    assert_eq!(
+        (again.status.as_u16(), again.code()),
+        (409, "tool_call_answered"),
+        "{}",
+        again.body
+    );
+
+    // Nothing was stored for the refused results.
+    let log = server.api.get("/v1/sessions/refuser/events?limit=1000").await;
+    let events: Vec<RecordedEvent> = serde_json::from_value(log.body["events"].clone()).expect("events");
+    assert!(!kinds(&events).contains(&"submission_rejected"), "{:?}", kinds(&events));
+    assert_eq!(
+        kinds(&events)
+            .iter()
+            .filter(|kind| **kind == "tool_call_completed")
+            .count(),
+        1
+    );
+
+    // Between turns the list is replaced.
+    let bad = server
+        .api
+        .patch("/v1/sessions/refuser", &json!({"client_tools": [{"name": "shell"}]}))
+        .await;
+    assert_eq!((bad.status.as_u16(), bad.code()), (409, "client_tool_conflict"));
+    let other = json!({"name": "ask_user", "description": "", "parameters": {"type": "object"}});
+    let patched = server
+        .api
+        .patch("/v1/sessions/refuser", &json!({"client_tools": [other]}))
+        .await;
+    assert_eq!(patched.status, 200, "{}", patched.body);
+    assert_eq!(patched.body["client_tools"], json!([other]));
+    assert_eq!(server.api.session("refuser").await["client_tools"], json!([other]));
+    server.stop().await;
+}

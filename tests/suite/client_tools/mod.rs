@@ -3,4 +3,5 @@
 //! waits durably.
 
 mod agent;
+mod durable;
 mod http;
