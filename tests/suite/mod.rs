@@ -6,7 +6,7 @@ mod approvals;
 mod auth;
 mod chaos;
 mod cli;
-mod client_tools;
+pub(crate) mod client_tools;
 mod clients;
 mod compaction;
 mod contract;

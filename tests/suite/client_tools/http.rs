@@ -10,7 +10,7 @@ use crate::suite::support::events::{ends_turn, kinds};
 use crate::suite::support::server::TestServer;
 
 /// The declaration of one client tool, `pick_color`.
-pub(super) fn pick_color() -> Value {
+pub(crate) fn pick_color() -> Value {
     json!({
         "name": "pick_color",
         "description": "Asks the user to pick a color.",
@@ -19,17 +19,17 @@ pub(super) fn pick_color() -> Value {
 }
 
 /// A scripted model step calling `pick_color` as `call_id`.
-pub(super) fn calls_pick_color(call_id: &str) -> String {
+pub(crate) fn calls_pick_color(call_id: &str) -> String {
     json!({"tool_calls": [{"id": call_id, "name": "pick_color", "arguments": {"hint": "warm"}}]}).to_string()
 }
 
 /// The `client_tool_result` op's body.
-pub(super) fn result(call_id: &str, output: &str) -> Value {
+pub(crate) fn result(call_id: &str, output: &str) -> Value {
     json!({"op": {"type": "client_tool_result", "call_id": call_id, "output": output, "is_error": false}})
 }
 
 /// The `client_tool_requested` event of `events`, if any.
-pub(super) fn requested(events: &[RecordedEvent]) -> Option<&RecordedEvent> {
+pub(crate) fn requested(events: &[RecordedEvent]) -> Option<&RecordedEvent> {
     events
         .iter()
         .find(|event| matches!(event.msg, EventMsg::ClientToolRequested(_)))

@@ -4,4 +4,4 @@
 
 mod agent;
 mod durable;
-mod http;
+pub(crate) mod http;
