@@ -10,7 +10,7 @@
 //!   coalescing sink (`stream`).
 //!
 //! The session task's modules depend on each other in one direction only:
-//! `task` (the loop) → `turn` → `tool_phase`, `compaction` → `session` (the
+//! `task` (the loop) → `turn` → `tool_phase` (→ `client_wait`), `compaction` → `session` (the
 //! state they share: `Session`, `Turn`) → `control` (what an interrupt, a
 //! steered message or an approval does, for every place that waits).
 //! `recovery` closes what a stopped runtime left when the session is opened.
