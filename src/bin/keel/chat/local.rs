@@ -10,6 +10,7 @@ use keel::store::CheckpointStore;
 
 use crate::db::Hold;
 
+use super::client_calls::waiting_calls;
 use super::commands::Unrecoverable;
 use super::switch::SwitchableModel;
 use super::{BOT_ID, ChatArgs, Opened, Session};
@@ -137,6 +138,7 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
             model,
             _hold: hold,
         })),
+        pending_calls: waiting_calls(history.iter().chain(&startup)),
         history,
         startup,
         pending,

@@ -3,7 +3,8 @@
 //! forwards for the history, `POST …/submissions` for messages (with an
 //! idempotency key, so a retried request queues nothing twice), interrupts
 //! and approvals, and the events followed over SSE, resumed after a dropped
-//! connection with `Last-Event-ID`.
+//! connection with `Last-Event-ID`. The chat's client tools are declared
+//! with the new session, or with `PATCH /v1/sessions/{id}` on a resumed one.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -17,6 +18,8 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::client_calls::waiting_calls;
+use super::client_tools::specs;
 use super::commands::Unrecoverable;
 use super::{BOT_ID, ChatArgs, Opened, Session};
 
@@ -127,6 +130,11 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
                 bail!("a server's session keeps the system prompt it was created with: omit --system with --session");
             }
             let view = api.session(id).await?;
+            if !args.client_tools.is_empty() {
+                let body = json!({ "client_tools": specs(&args.client_tools) });
+                api.send(api.request(Method::PATCH, &["sessions", id]).json(&body))
+                    .await?;
+            }
             let history = api.history(id).await?;
             (view, history, Vec::new())
         }
@@ -140,6 +148,9 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
             }
             if let Some(model) = &args.model.model {
                 body["model"] = json!(model);
+            }
+            if !args.client_tools.is_empty() {
+                body["client_tools"] = json!(specs(&args.client_tools));
             }
             if args.tools.no_tools {
                 body["tools"] = json!({"builtin": false, "write": false, "shell": false});
@@ -164,6 +175,7 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
             _ => None,
         })
         .collect();
+    let pending_calls = waiting_calls(history.iter().chain(&startup));
     // The stream goes on after what was read.
     let after = history
         .iter()
@@ -183,6 +195,7 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
         history,
         startup,
         pending,
+        pending_calls,
     })
 }
 
