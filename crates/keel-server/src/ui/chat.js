@@ -264,7 +264,7 @@ export class ChatView {
       }
       case "tool_call_started": {
         const card = this.card(msg.call_id, msg.name, msg.arguments, msg.turn_id);
-        if (card.root.dataset.state !== "denied") {
+        if (card.root.dataset.state !== "denied" && !card.clientTool) {
           setCardState(card, "running", "running");
         }
         break;
