@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use futures::StreamExt;
-use keel::protocol::{EventMsg, Op, RecordedEvent, new_id};
+use keel::protocol::{ClientToolSpec, EventMsg, Op, RecordedEvent, new_id};
 use keel::provider::sse::SseParser;
 use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
 use serde::Deserialize;
@@ -62,6 +62,9 @@ struct SessionView {
     queued: usize,
     #[serde(default)]
     pending_approvals: Vec<String>,
+    /// The tools its clients execute, as declared.
+    #[serde(default)]
+    client_tools: Vec<ClientToolSpec>,
 }
 
 impl SessionView {
@@ -130,8 +133,11 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
                 bail!("a server's session keeps the system prompt it was created with: omit --system with --session");
             }
             let view = api.session(id).await?;
-            if !args.client_tools.is_empty() {
-                let body = json!({ "client_tools": specs(&args.client_tools) });
+            let declared = specs(&args.client_tools);
+            // Declared already (by an earlier chat with the same tools): no
+            // change, which a session waiting for one of them would refuse.
+            if !declared.is_empty() && declared != view.client_tools {
+                let body = json!({ "client_tools": declared });
                 api.send(api.request(Method::PATCH, &["sessions", id]).json(&body))
                     .await?;
             }
