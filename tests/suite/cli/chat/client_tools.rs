@@ -294,3 +294,39 @@ fn against_a_server_a_refused_result_prints_its_code_and_the_prompt_comes_back()
         "the timeout answered the call as an error: {completed:?}"
     );
 }
+
+#[test]
+fn a_local_session_left_waiting_for_a_client_result_asks_again_when_resumed() {
+    let cli = Cli::new();
+    let ask = call("ask_user", json!({"question": "Which sea?"}));
+    let model = cli.model(&[&ask, r#"{"text": "A calm sea."}"#]);
+    let args = ["--model", model.as_str(), "--no-tools", "--client-tool", "ask_user"];
+    let mut pty = cli.chat_pty(&args);
+    pty.type_line("ask me");
+    pty.expect("? Which sea? ");
+    let id = pty.id.clone();
+    // The terminal goes away without an answer: the call waits, durably.
+    pty.session
+        .process_mut()
+        .signal(rexpect::process::Signal::SIGKILL)
+        .expect("kill keel chat");
+    drop(pty);
+
+    let mut resumed = vec!["--session", id.as_str()];
+    resumed.extend_from_slice(&args);
+    let again = cli.chat_piped(&resumed, "Baltic\n");
+    let err = stderr(&again);
+    assert_eq!(again.status.code(), Some(0), "{err}");
+    assert!(err.contains("? Which sea? "), "{err}");
+    assert_eq!(stdout(&again), "> ask me\nA calm sea.\n");
+    let events = cli.events(&id);
+    let (requested, completed) = client_calls(&events);
+    assert_eq!(requested, ["ask_user"]);
+    assert_eq!(completed, [("Baltic".to_owned(), false)]);
+    let ends: Vec<&str> = events
+        .iter()
+        .filter(|event| event.msg.ends_turn())
+        .map(|event| event.msg.kind())
+        .collect();
+    assert_eq!(ends, ["turn_complete"], "the waiting turn went on, not closed");
+}
