@@ -25,6 +25,7 @@ use crate::suite::support::server::{Scratch, ServeProcess};
 use crate::suite::support::skip;
 use crate::suite::support::wait::{next_millisecond, wait_until_async};
 
+mod client_tools;
 mod principals;
 mod sidebar;
 

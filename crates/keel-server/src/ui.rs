@@ -3,7 +3,8 @@
 //! API calls).
 //!
 //! The page's modules each have one job: `app` (routing, wiring), `chat`
-//! (the conversation; `tool_card` its tool calls), `follow` (sticking to
+//! (the conversation; `tool_card` its tool calls, `client_tool` the result
+//! form of a client tool's call), `follow` (sticking to
 //! the bottom unless the reader scrolled up), `inherited` (a fork's
 //! inherited items), `drafts`, `panels`, `shortcuts`, `sidebar`,
 //! `new_chat`, `feed` (the event stream), `timeline`, `markdown`, `dom`
@@ -73,6 +74,7 @@ const FILES: &[(&str, &str, &str)] = &[
     ("/assets/principal.js", JS, include_str!("ui/principal.js")),
     ("/assets/signin.js", JS, include_str!("ui/signin.js")),
     ("/assets/tool_card.js", JS, include_str!("ui/tool_card.js")),
+    ("/assets/client_tool.js", JS, include_str!("ui/client_tool.js")),
     ("/assets/principal.css", CSS, include_str!("ui/principal.css")),
     ("/assets/icon.svg", SVG, include_str!("ui/icon.svg")),
 ];

@@ -862,5 +862,6 @@ fn slash_retry_answers_again_and_slash_edit_goes_on_in_a_fork_locally_and_agains
     assert_eq!(user_messages(&forked), ["hello instead", "more"]);
 }
 
+mod client_tools;
 mod credentials;
 mod recovery;

@@ -83,7 +83,7 @@ async fn web_ui_signed_in_with_the_token_is_the_operator_with_every_action() {
 
 /// An API key made by the operator through `POST /v1/keys`: its id and
 /// the key itself.
-async fn make_key(operator: &Api, tenant: &str, name: &str, scopes: &[&str]) -> (String, String) {
+pub(super) async fn make_key(operator: &Api, tenant: &str, name: &str, scopes: &[&str]) -> (String, String) {
     let reply = operator
         .post("/v1/keys", &json!({"tenant": tenant, "name": name, "scopes": scopes}))
         .await;
@@ -93,7 +93,7 @@ async fn make_key(operator: &Api, tenant: &str, name: &str, scopes: &[&str]) -> 
 }
 
 /// `api`'s server, with `key` as the bearer.
-fn as_key(api: &Api, key: &str) -> Api {
+pub(super) fn as_key(api: &Api, key: &str) -> Api {
     let mut keyed = Api::new(api.base.clone());
     keyed.token = Some(key.to_owned());
     keyed

@@ -138,8 +138,15 @@ function formatTime(ms) {
   return new Date(ms).toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" });
 }
 
+const STATE_LABELS = {
+  idle: "idle",
+  running: "running",
+  awaiting_approval: "awaiting approval",
+  awaiting_client_tool: "awaiting a client tool",
+};
+
 function stateLabel(state) {
-  return { idle: "idle", running: "running", awaiting_approval: "awaiting approval" }[state] ?? state;
+  return STATE_LABELS[state] ?? state;
 }
 
 function sessionItem(session) {
@@ -299,6 +306,7 @@ let current = null;
 const TURN_STATUS = {
   running: "Running…",
   awaiting_approval: "Waiting for your approval",
+  awaiting_client_tool: "Waiting for a client tool's result",
   idle: "",
 };
 
@@ -336,6 +344,8 @@ const chat = new ChatView({
       body: { op: { type: "approval", call_id: callId, decision } },
     });
   },
+  onClientToolResult: (callId, output, isError) =>
+    submitOp({ type: "client_tool_result", call_id: callId, output, is_error: isError }),
   onTurn: (turnId, state) => {
     if (turnId && state === "running" && ui.sessionStatus.dataset.kind !== "tools_changed") {
       showLifecycle("started");

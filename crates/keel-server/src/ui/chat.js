@@ -19,6 +19,7 @@
 import { h } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { progressLabel, summary, Timeline } from "./timeline.js";
+import { attachClientTool } from "./client_tool.js";
 import { closeActions, setCardState, showDecision, toolCard } from "./tool_card.js";
 
 export { h };
@@ -54,9 +55,10 @@ function actionButton(label, ariaLabel, testId, onclick) {
 export class ChatView {
   /**
    * `messages` and `timeline` are the lists to fill. `onApproval(callId,
-   * decision)` sends a decision and resolves when the server took it;
-   * `onTurn(turnId | null, state)` hears when a turn starts, waits for an
-   * approval or ends; `onUsage(total)` hears the session's token totals;
+   * decision)` sends a decision and resolves when the server took it, as
+   * `onClientToolResult(callId, output, isError)` does a client tool's
+   * result; `onTurn(turnId | null, state)` hears when a turn starts, waits
+   * for an approval or a client tool's result, or ends; `onUsage(total)` hears the session's token totals;
    * `onUserMessage()` hears each user message; `onLifecycle(kind, event,
    * detail)` hears the runtime's own events (started, resumed, shut down,
    * tools changed), which are status, not conversation; `onForked(msg,
@@ -71,6 +73,7 @@ export class ChatView {
     messages,
     timeline,
     onApproval,
+    onClientToolResult = async () => {},
     onTurn = () => {},
     onUsage = () => {},
     onUserMessage = () => {},
@@ -82,6 +85,7 @@ export class ChatView {
     this.messages = messages;
     this.timeline = new Timeline(timeline);
     this.onApproval = onApproval;
+    this.onClientToolResult = onClientToolResult;
     this.onTurn = onTurn;
     this.onUsage = onUsage;
     this.onUserMessage = onUserMessage;
@@ -251,9 +255,16 @@ export class ChatView {
         }
         break;
       }
+      case "client_tool_requested": {
+        const card = this.card(msg.call_id, msg.name, msg.arguments, msg.turn_id);
+        attachClientTool(card, msg, (output, isError) => this.onClientToolResult(msg.call_id, output, isError));
+        this.waiting.add(msg.call_id);
+        this.onTurn(msg.turn_id, "awaiting_client_tool");
+        break;
+      }
       case "tool_call_started": {
         const card = this.card(msg.call_id, msg.name, msg.arguments, msg.turn_id);
-        if (card.root.dataset.state !== "denied") {
+        if (card.root.dataset.state !== "denied" && !card.clientTool) {
           setCardState(card, "running", "running");
         }
         break;
@@ -267,6 +278,9 @@ export class ChatView {
         card.root.classList.toggle("failed", Boolean(msg.is_error));
         const denied = card.root.dataset.state === "denied";
         setCardState(card, msg.is_error ? "error" : "done", denied ? "denied" : msg.is_error ? "failed" : "done");
+        if (this.waiting.delete(msg.call_id) && this.waiting.size === 0 && this.running) {
+          this.onTurn(this.running, "running");
+        }
         break;
       }
       case "tool_call_progress": {

@@ -24,6 +24,7 @@ export const EVENT_KINDS = [
   "assistant_message",
   "approval_requested",
   "approval_decided",
+  "client_tool_requested",
   "tool_call_started",
   "tool_call_completed",
   "tool_call_progress",

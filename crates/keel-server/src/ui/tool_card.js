@@ -2,7 +2,8 @@
 // its state, the Approve / Always / Deny buttons while it waits for a
 // decision (shown only to a principal with the `approve` scope; others see
 // why they cannot decide), who decided, and the result. chat.js makes the
-// cards and moves them through their states as the events arrive.
+// cards and moves them through their states as the events arrive; a client
+// tool's call gets its result form from client_tool.js.
 
 import { h } from "./dom.js";
 
@@ -81,8 +82,9 @@ export function setCardState(card, state, label) {
   card.status.textContent = label ?? state;
 }
 
-/** Takes the decision buttons away. */
+/** Takes the decision buttons (and a client tool's result form) away. */
 export function closeActions(card) {
+  card.clientTool?.close();
   card.actions.hidden = true;
   for (const button of card.buttons) {
     button.disabled = true;

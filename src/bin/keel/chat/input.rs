@@ -84,18 +84,23 @@ impl Input {
         question: &str,
         interrupts: &mut Interrupts,
     ) -> anyhow::Result<Option<ApprovalDecision>> {
-        let read = match self {
-            Input::Editor(editor) => editor.readline(question.to_owned()).await?,
-            Input::Lines(lines) => {
-                eprint!("{question}");
-                lines.read(interrupts).await?
-            }
-        };
-        Ok(match read {
+        Ok(match self.question(question, interrupts).await? {
             Read::Line(answer) => Some(parse_answer(&answer)),
             Read::Eof => Some(ApprovalDecision::Deny),
             Read::Interrupted => None,
         })
+    }
+
+    /// Puts `question` and reads the answer: on the terminal with the line
+    /// editor; from a script, the next line of stdin.
+    pub(super) async fn question(&mut self, question: &str, interrupts: &mut Interrupts) -> anyhow::Result<Read> {
+        match self {
+            Input::Editor(editor) => editor.readline(question.to_owned()).await,
+            Input::Lines(lines) => {
+                eprint!("{question}");
+                lines.read(interrupts).await
+            }
+        }
     }
 }
 

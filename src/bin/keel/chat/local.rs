@@ -10,6 +10,8 @@ use keel::store::CheckpointStore;
 
 use crate::db::Hold;
 
+use super::client_calls::waiting_calls;
+use super::client_tools::specs;
 use super::commands::Unrecoverable;
 use super::switch::SwitchableModel;
 use super::{BOT_ID, ChatArgs, Opened, Session};
@@ -95,6 +97,9 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
         .to_value(),
     );
     config.instructions = instructions;
+    // Declared at every opening: the chat that runs them is this one.
+    config.client_tools = specs(&args.client_tools);
+    config.client_tool_timeout = keel_config.tools.client_tool_timeout;
     let warnings = config.startup_warnings.len();
     let mut agent = create_agent(config).await?;
 
@@ -110,8 +115,11 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
     for _ in 0..warnings {
         startup.push(agent.next_event().await.context("the session stopped as it opened")?);
     }
+    // A turn waiting for approvals or client results goes on waiting; any
+    // other the runtime left is closed as the session opens.
+    let waiting = waiting_calls(&history);
     let unfinished = unfinished_turn(&history);
-    if let Some(turn_id) = unfinished.filter(|_| pending_ids.is_empty()) {
+    if let Some(turn_id) = unfinished.filter(|_| pending_ids.is_empty() && waiting.is_empty()) {
         loop {
             let event = agent.next_event().await.context("the session stopped as it opened")?;
             let closes = event.msg.ends_turn() && event.msg.turn_id() == Some(turn_id.as_str());
@@ -137,6 +145,7 @@ pub(super) async fn open(args: &ChatArgs) -> anyhow::Result<Opened> {
             model,
             _hold: hold,
         })),
+        pending_calls: waiting,
         history,
         startup,
         pending,

@@ -15,10 +15,14 @@
 //! - `session`: one interface over a local and a remote session;
 //! - `commands`: what each line does, and going on after a failed one;
 //! - `served`: going through the server that serves the database;
-//! - `switch`: the local session's model, which `/model` replaces.
+//! - `switch`: the local session's model, which `/model` replaces;
+//! - `client_tools`: the test tools `--client-tool` offers the model, which
+//!   the chat runs itself; `client_calls`: answering their calls.
 //!
 //! Following a turn's events is [`crate::turn`]'s, shared with `keel run`.
 
+mod client_calls;
+mod client_tools;
 mod commands;
 mod credential;
 mod input;
@@ -37,7 +41,10 @@ use std::time::Duration;
 
 use anyhow::bail;
 use clap::Args;
-use keel::protocol::{ApprovalDecision, ApprovalRequestedEvent, EventMsg, Op, RecordedEvent};
+use keel::protocol::{ApprovalDecision, ApprovalRequestedEvent, ClientToolRequestedEvent, EventMsg, Op, RecordedEvent};
+
+use self::client_calls::Answered;
+use self::client_tools::ClientTool;
 
 use self::commands::Next;
 use self::input::{Input, Read};
@@ -94,6 +101,13 @@ pub(crate) struct ChatArgs {
     approve: ApproveMode,
     #[command(flatten)]
     tools: ToolArgs,
+    /// Offer the model this test tool as a client tool of the session, run
+    /// by the chat itself: local_time (this machine's clock), echo (sends
+    /// its text back) or ask_user (asks you; in a script, the next line of
+    /// input is the answer). Repeat for more than one; a resumed session
+    /// gets them declared anew.
+    #[arg(long = "client-tool", value_enum, value_name = "TOOL")]
+    client_tools: Vec<ClientTool>,
     /// Where the line editor keeps the lines typed, across chats [default:
     /// <data dir>/keel/chat_history].
     #[arg(long, env = "KEEL_CHAT_HISTORY", value_name = "FILE")]
@@ -132,6 +146,7 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
         history,
         startup,
         pending,
+        pending_calls,
     } = opened;
     eprintln!("session {}", terminal_safe(session.id()));
     let colour = interactive && std::env::var_os("NO_COLOR").is_none();
@@ -161,7 +176,7 @@ pub(crate) async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
         render,
         interactive,
     };
-    let finish = chat.run(pending).await?;
+    let finish = chat.run(pending, pending_calls).await?;
     let Chat { session, .. } = chat;
     match finish {
         // The turn is closed (runtime_stopped) when the session is next opened.
@@ -213,6 +228,8 @@ pub(super) struct Opened {
     pub(super) startup: Vec<RecordedEvent>,
     /// Approval requests of a turn that was waiting for them.
     pub(super) pending: Vec<ApprovalRequestedEvent>,
+    /// Client tool calls of a turn that was waiting for their results.
+    pub(super) pending_calls: Vec<ClientToolRequestedEvent>,
 }
 
 /// A chat under way.
@@ -241,17 +258,31 @@ impl Chat {
 
     /// Settles what the session was doing when it was opened, then reads
     /// and submits lines until the end of the input.
-    async fn run(&mut self, pending: Vec<ApprovalRequestedEvent>) -> anyhow::Result<Finish> {
-        if let Some(first) = pending.first() {
-            let turn_id = first.turn_id.clone();
+    async fn run(
+        &mut self,
+        pending: Vec<ApprovalRequestedEvent>,
+        pending_calls: Vec<ClientToolRequestedEvent>,
+    ) -> anyhow::Result<Finish> {
+        let waiting_turn = (pending.first().map(|request| &request.turn_id))
+            .or_else(|| pending_calls.first().map(|request| &request.turn_id))
+            .cloned();
+        if let Some(turn_id) = waiting_turn {
+            let mut settled = true;
             for request in &pending {
                 self.render.awaiting(request);
                 match self.decide(request).await? {
                     Some(decision) => self.answer(request, decision).await?,
                     None => {
                         self.interrupt(Some(turn_id.clone())).await?;
+                        settled = false;
                         break;
                     }
+                }
+            }
+            for request in pending_calls.iter().filter(|_| settled) {
+                if self.answer_client_tool(request).await? == Answered::Interrupted {
+                    self.interrupt(Some(turn_id.clone())).await?;
+                    break;
                 }
             }
             if self.follow(Until::Turn(turn_id)).await? == Outcome::Leave {
@@ -357,6 +388,16 @@ impl Chat {
             self.render.event(&event)?;
             if let EventMsg::TurnStarted(started) = &event.msg {
                 self.last_turn = Some(started.turn_id.clone());
+            }
+            // Ctrl-C at a client tool's question interrupts the turn.
+            if let EventMsg::ClientToolRequested(request) = &event.msg
+                && self.answer_client_tool(request).await? == Answered::Interrupted
+            {
+                if interrupted {
+                    return Ok(Outcome::Leave);
+                }
+                interrupted = true;
+                self.interrupt(Some(request.turn_id.clone())).await?;
             }
             match turn.observe(&event) {
                 Step::Nothing => {}

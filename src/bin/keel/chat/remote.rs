@@ -3,20 +3,23 @@
 //! forwards for the history, `POST …/submissions` for messages (with an
 //! idempotency key, so a retried request queues nothing twice), interrupts
 //! and approvals, and the events followed over SSE, resumed after a dropped
-//! connection with `Last-Event-ID`.
+//! connection with `Last-Event-ID`. The chat's client tools are declared
+//! with the new session, or with `PATCH /v1/sessions/{id}` on a resumed one.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use futures::StreamExt;
-use keel::protocol::{EventMsg, Op, RecordedEvent, new_id};
+use keel::protocol::{ClientToolSpec, EventMsg, Op, RecordedEvent, new_id};
 use keel::provider::sse::SseParser;
 use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::client_calls::waiting_calls;
+use super::client_tools::specs;
 use super::commands::Unrecoverable;
 use super::{BOT_ID, ChatArgs, Opened, Session};
 
@@ -59,6 +62,9 @@ struct SessionView {
     queued: usize,
     #[serde(default)]
     pending_approvals: Vec<String>,
+    /// The tools its clients execute, as declared.
+    #[serde(default)]
+    client_tools: Vec<ClientToolSpec>,
 }
 
 impl SessionView {
@@ -127,6 +133,14 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
                 bail!("a server's session keeps the system prompt it was created with: omit --system with --session");
             }
             let view = api.session(id).await?;
+            let declared = specs(&args.client_tools);
+            // Declared already (by an earlier chat with the same tools): no
+            // change, which a session waiting for one of them would refuse.
+            if !declared.is_empty() && declared != view.client_tools {
+                let body = json!({ "client_tools": declared });
+                api.send(api.request(Method::PATCH, &["sessions", id]).json(&body))
+                    .await?;
+            }
             let history = api.history(id).await?;
             (view, history, Vec::new())
         }
@@ -140,6 +154,9 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
             }
             if let Some(model) = &args.model.model {
                 body["model"] = json!(model);
+            }
+            if !args.client_tools.is_empty() {
+                body["client_tools"] = json!(specs(&args.client_tools));
             }
             if args.tools.no_tools {
                 body["tools"] = json!({"builtin": false, "write": false, "shell": false});
@@ -164,6 +181,7 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
             _ => None,
         })
         .collect();
+    let pending_calls = waiting_calls(history.iter().chain(&startup));
     // The stream goes on after what was read.
     let after = history
         .iter()
@@ -183,6 +201,7 @@ pub(super) async fn open(args: &ChatArgs, server: &str) -> anyhow::Result<Opened
         history,
         startup,
         pending,
+        pending_calls,
     })
 }
 
