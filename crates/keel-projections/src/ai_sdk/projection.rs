@@ -101,6 +101,12 @@ impl Projection {
         self.finished
     }
 
+    /// Whether a message is open: `start` sent, and neither a finish nor a
+    /// [`Self::pause`] since.
+    pub fn is_open(&self) -> bool {
+        self.started && !self.finished
+    }
+
     /// The calls the turn waits on the client for.
     pub fn waiting(&self) -> &HashMap<String, Wait> {
         &self.waiting

@@ -41,6 +41,8 @@ pub struct ChatRequest {
     pub id: String,
     /// What the client asks.
     pub trigger: Trigger,
+    /// The message a regeneration replaces (`messageId`), when given.
+    pub message_id: Option<String>,
     /// The messages, oldest first.
     pub messages: Vec<UiMessage>,
     /// Tools the client executes, for a session created by this request
@@ -111,6 +113,8 @@ struct RawRequest {
     id: String,
     messages: Vec<RawMessage>,
     trigger: String,
+    #[serde(default)]
+    message_id: Option<String>,
     // The transport's `body` option may add fields; they are not Keel's.
     #[serde(default)]
     client_tools: Option<Vec<ClientToolSpec>>,
@@ -160,6 +164,7 @@ impl ChatRequest {
         Ok(Self {
             id: raw.id,
             trigger,
+            message_id: raw.message_id,
             messages,
             client_tools: raw.client_tools,
         })
