@@ -5,7 +5,7 @@
 //
 // Usage: node chat.mjs <base URL> <params JSON>; KEEL_TOKEN holds the
 // bearer token; KEEL_NODE_MODULES where `ai` is installed (.ci/node's by
-// default). Prints `FIRST` when the first chunk of the first stream
+// default). Prints `FIRST` once the first text of a stream
 // arrived, then `RESULT <json>`.
 
 import { dirname, join, resolve } from "node:path";
@@ -64,7 +64,7 @@ async function assemble(stream, message) {
   try {
     for await (const state of readUIMessageStream({ stream, message, onError: (error) => errors.push(String(error)) })) {
       last = structuredClone(state);
-      if (!firstSeen) {
+      if (!firstSeen && state.parts.some((part) => part.type === "text" && part.text !== "")) {
         firstSeen = true;
         console.log("FIRST");
       }

@@ -144,7 +144,7 @@ pub(crate) async fn chat(
             // The assistant message's id is its turn's (the stream's
             // `start`), so a resent answer finds its turn after it ended.
             let named = request.messages.last().map(|message| message.id.clone());
-            let running = summary.and_then(|summary| summary.running_turn_id);
+            let running = running_turn(&server, &id, summary);
             let mut found = None;
             for turn_id in named.into_iter().chain(running) {
                 if let Some(start) = stream::turn_start(&server, &id, &turn_id).await? {
@@ -234,7 +234,7 @@ pub(crate) async fn resume(
 ) -> Result<Response, ApiError> {
     let id = access::thread_session_id(&principal, &chat)?;
     let summary = access::session(&server, &principal, Scope::Read, &id).await?;
-    let Some(turn_id) = summary.and_then(|summary| summary.running_turn_id) else {
+    let Some(turn_id) = running_turn(&server, &id, summary) else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
     let Some(start) = stream::turn_start(&server, &id, &turn_id).await? else {
@@ -251,6 +251,16 @@ pub(crate) async fn resume(
         replay,
         liveness,
     ))
+}
+
+/// The turn running in session `id`: the live status where the session
+/// runs on this node (the stored summary says what the last write did,
+/// which may be behind a turn that just started), else the summary's.
+fn running_turn(server: &Server, id: &str, summary: Option<keel_store::SessionSummary>) -> Option<String> {
+    match server.host.status(id) {
+        Some(status) => status.running_turn_id,
+        None => summary.and_then(|summary| summary.running_turn_id),
+    }
 }
 
 /// `POST /v1/ai-sdk/chat/{id}/stop`.
