@@ -366,10 +366,34 @@ async fn crash(db: &Db) {
     assert_eq!(after["none"], true, "{after}");
 }
 
+/// The stop route interrupts the turn: its stream ends with `abort`.
+async fn stop(db: &Db) {
+    let keel = Keel::start(db, &[&slow_chunks(40, 100)]);
+    let base = keel.api().base.clone();
+    let mut sending = NodeRun::start(&base, &json!({"action": "send", "chat": "chat-4", "message_id": "m1"}));
+    sending.line("FIRST").await;
+    let stopped = keel.api().post("/v1/ai-sdk/chat/chat-4/stop", &json!({})).await;
+    assert_eq!(stopped.status.as_u16(), 202, "{}", stopped.body);
+    let result = sending.result().await;
+    assert_streams_sound(&result);
+    let last = result["streams"][0]["chunks"]
+        .as_array()
+        .and_then(|chunks| chunks.last())
+        .cloned();
+    assert_eq!(
+        last.as_ref().map(|chunk| chunk["type"].clone()),
+        Some(json!("abort")),
+        "{result}"
+    );
+    let log = keel.log("chat-4").await;
+    assert_eq!(of_type(&log, "turn_aborted")[0]["reason"], "interrupted", "{log:?}");
+}
+
 async fn every_check(db: Db) {
     streamed_answer(&db).await;
     approval(&db).await;
     crash(&db).await;
+    stop(&db).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

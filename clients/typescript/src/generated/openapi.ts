@@ -503,6 +503,13 @@ export interface components {
          * @enum {string}
          */
         ActorKind: "operator" | "api_key" | "jwt";
+        /** @description An approval answer. */
+        Approval: {
+            /** @description The approval's id (the call's). */
+            id: string;
+            /** @description Whether the call may run. */
+            approved: boolean;
+        };
         /**
          * @description Payload of [`EventMsg::ApprovalDecided`]; the envelope's `submission_id`
          *     is the approval op's.
@@ -521,6 +528,17 @@ export interface components {
          * @enum {string}
          */
         ApprovalDecision: "approve" | "approve_for_session" | "deny";
+        /** @description A tool part the user answered (`approval-responded`). */
+        ApprovalPart: {
+            /** @description `tool-<name>`. */
+            type: string;
+            /** @description The call. */
+            toolCallId: string;
+            /** @description `approval-responded`. */
+            state: components["schemas"]["ApprovalState"];
+            /** @description The answer. */
+            approval: components["schemas"]["Approval"];
+        };
         /**
          * @description What happens to a call of a tool.
          * @enum {string}
@@ -552,12 +570,23 @@ export interface components {
                 [key: string]: components["schemas"]["ApprovalPolicy"];
             };
         };
+        /** @enum {string} */
+        ApprovalState: "approval-responded";
         /** @description Payload of [`EventMsg::AssistantContentDelta`]. */
         AssistantContentDeltaEvent: {
             /** @description The turn. */
             turn_id: string;
             /** @description Text to append to what was streamed so far. */
             delta: string;
+        };
+        /** @description An assistant message: its id is its turn's. */
+        AssistantMessage: {
+            /** @description Its id. */
+            id: string;
+            /** @description `assistant`. */
+            role: components["schemas"]["AssistantRole"];
+            /** @description Its parts. */
+            parts: components["schemas"]["AssistantPart"][];
         };
         /** @description Payload of [`EventMsg::AssistantMessage`]. */
         AssistantMessageEvent: {
@@ -571,6 +600,10 @@ export interface components {
              */
             message_id?: string | null;
         };
+        /** @description A part of an assistant message. */
+        AssistantPart: components["schemas"]["TextPart"] | components["schemas"]["StepPart"] | components["schemas"]["ApprovalPart"] | components["schemas"]["ToolPart"];
+        /** @enum {string} */
+        AssistantRole: "assistant";
         /** @description One bot's line of the report. */
         BotLine: {
             /** @description The bot. */
@@ -700,6 +733,30 @@ export interface components {
          * @enum {string}
          */
         BusyPolicy: "queue" | "interrupt" | "reject" | "steer";
+        /**
+         * @description The body `DefaultChatTransport` posts (fields its `body` option adds
+         *     are ignored).
+         */
+        ChatBody: {
+            /** @description The chat's id: the session's thread. */
+            id: string;
+            /**
+             * @description The chat's messages, oldest first; only the trailing one is read as
+             *     new.
+             */
+            messages: components["schemas"]["ChatMessage"][];
+            /** @description What the client asks. */
+            trigger: components["schemas"]["ChatTrigger"];
+            /** @description The message a regeneration replaces. */
+            messageId?: string | null;
+        };
+        /** @description A message of the chat. */
+        ChatMessage: components["schemas"]["UserMessage"] | components["schemas"]["AssistantMessage"];
+        /**
+         * @description `sendMessages`' trigger.
+         * @enum {string}
+         */
+        ChatTrigger: "submit-message" | "regenerate-message";
         /** @description Payload of [`EventMsg::ClientToolRequested`]. */
         ClientToolRequestedEvent: {
             /** @description The turn. */
@@ -1362,6 +1419,21 @@ export interface components {
             window: components["schemas"]["DayWindow"];
             all_time?: components["schemas"]["Tally"] | null;
         };
+        /** @description A step's start. */
+        StepPart: {
+            /** @description `step-start`. */
+            type: components["schemas"]["StepType"];
+        };
+        /** @enum {string} */
+        StepType: "step-start";
+        /** @description One server-sent event of a UI message stream, by its SSE fields. */
+        StreamFrame: {
+            /**
+             * @description A UI message chunk's JSON (`{"type": "text-delta", …}`, as the `ai`
+             *     package's `uiMessageChunkSchema` reads it), or `[DONE]` last.
+             */
+            data: string;
+        };
         /** @description Payload of [`EventMsg::SubmissionQueued`]. */
         SubmissionQueuedEvent: {
             /** @description The op, as it will run. */
@@ -1418,6 +1490,15 @@ export interface components {
              */
             total_tokens: number;
         };
+        /** @description A text part. */
+        TextPart: {
+            /** @description `text`. */
+            type: components["schemas"]["TextType"];
+            /** @description The text (a user message needs some that is not white space). */
+            text: string;
+        };
+        /** @enum {string} */
+        TextType: "text";
         /** @description Tokens a model call used, as the provider reported them. */
         TokenUsage: {
             /**
@@ -1499,6 +1580,23 @@ export interface components {
             /** @description The arguments as the model wrote them (JSON text, possibly malformed). */
             arguments: string;
         };
+        /** @description A tool part in any other state. */
+        ToolPart: {
+            /** @description `tool-<name>`. */
+            type: string;
+            /** @description The call. */
+            toolCallId: string;
+            /** @description Where the call is. */
+            state: components["schemas"]["ToolState"];
+            /** @description The call's input. */
+            input: Record<string, never>;
+            /** @description The client's output (`output-available`). */
+            output: Record<string, never>;
+            /** @description The client's error (`output-error`). */
+            errorText?: string | null;
+        };
+        /** @enum {string} */
+        ToolState: "input-streaming" | "input-available" | "approval-requested" | "output-available" | "output-error" | "output-denied";
         /** @description Payload of [`EventMsg::ToolsChanged`]. */
         ToolsChangedEvent: {
             /** @description The turn whose next model step sees the change. */
@@ -1606,6 +1704,15 @@ export interface components {
             /** @description Per session. */
             sessions: components["schemas"]["SessionLine"][];
         };
+        /** @description A user message: text parts only. */
+        UserMessage: {
+            /** @description Its id: the submission's `Idempotency-Key`. */
+            id: string;
+            /** @description `user`. */
+            role: components["schemas"]["UserRole"];
+            /** @description Its text. */
+            parts: components["schemas"]["TextPart"][];
+        };
         /** @description Payload of [`EventMsg::UserMessage`]. */
         UserMessageEvent: {
             /** @description The turn the message joined. */
@@ -1613,6 +1720,8 @@ export interface components {
             /** @description The message text. */
             text: string;
         };
+        /** @enum {string} */
+        UserRole: "user";
         /**
          * @description What a session is doing.
          * @enum {string}
@@ -5226,7 +5335,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/json": Record<string, never>;
+                "application/json": components["schemas"]["ChatBody"];
             };
         };
         responses: {
@@ -5236,7 +5345,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": components["schemas"]["StreamFrame"];
                 };
             };
             /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
@@ -5311,7 +5420,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. */
+            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5320,7 +5429,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "queue_full" | "session_busy" | "conflict" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused";
+                            code?: "queue_full" | "session_busy" | "conflict" | "workspace_exists" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused";
                         };
                     };
                 };
@@ -5431,7 +5540,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": components["schemas"]["StreamFrame"];
                 };
             };
             /** @description No turn runs. */

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use keel_protocol::{ApprovalDecision, ClientToolSpec, Op};
+use keel_protocol::{ApprovalDecision, Op};
 use serde::Deserialize;
 
 use super::projection::Wait;
@@ -45,10 +45,6 @@ pub struct ChatRequest {
     pub message_id: Option<String>,
     /// The messages, oldest first.
     pub messages: Vec<UiMessage>,
-    /// Tools the client executes, for a session created by this request
-    /// (`clientTools`, an extension of the body a transport's `body`
-    /// option adds).
-    pub client_tools: Option<Vec<ClientToolSpec>>,
 }
 
 /// A message of the chat, reduced to what Keel reads.
@@ -116,8 +112,6 @@ struct RawRequest {
     #[serde(default)]
     message_id: Option<String>,
     // The transport's `body` option may add fields; they are not Keel's.
-    #[serde(default)]
-    client_tools: Option<Vec<ClientToolSpec>>,
 }
 
 #[derive(Deserialize)]
@@ -166,7 +160,6 @@ impl ChatRequest {
             trigger,
             message_id: raw.message_id,
             messages,
-            client_tools: raw.client_tools,
         })
     }
 

@@ -4,6 +4,7 @@
 //! `POST /v1/ai-sdk/chat/{id}/stop` interrupts it. The chat's `id` is the
 //! session's thread ([`access::thread_session_id`]).
 
+mod schema;
 mod stream;
 
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use crate::Server;
 use crate::auth::{Liveness, Principal, Scope};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::openapi::errors::{BODY, LOADING, QUEUEING, route_errors};
+use crate::openapi::errors::{BODY, CEILING, LOADING, QUEUEING, route_errors};
 use crate::routes::access;
 use crate::routes::sessions::{CreateSession, create_session};
 use crate::routes::submissions::{AcceptedView, submit_op};
@@ -38,11 +39,13 @@ pub(crate) fn routes() -> OpenApiRouter<Arc<Server>> {
 route_errors!(
     /// What `POST /v1/ai-sdk/chat` can answer instead of a stream.
     ChatErrors: BODY,
+    CEILING,
     LOADING,
     QUEUEING,
     [
         "not_found",
         "conflict",
+        "workspace_exists",
         "idempotency_key_reused",
         "session_elsewhere",
         "owner_unavailable",
@@ -90,10 +93,10 @@ fn refused(error: RequestError) -> ApiError {
         responses or client tool outputs for the calls the turn waits on answers them, and the stream goes \
         on with the same turn. A turn that waits for the client ends its stream with `finish` \
         (`tool-calls`). See docs/ai-sdk.md.",
-    request_body(content = Object, content_type = "application/json"),
+    request_body(content = schema::ChatBody, content_type = "application/json"),
     security(("bearer" = ["submit"])),
     responses(
-        (status = 200, description = "The turn's UI message stream.", content_type = "text/event-stream", body = String),
+        (status = 200, description = "The turn's UI message stream.", content_type = "text/event-stream", body = schema::StreamFrame),
         ChatErrors,
     ),
 )]
@@ -130,7 +133,9 @@ pub(crate) async fn chat(
                 .message_id
                 .as_deref()
                 .or_else(|| request.messages.last().map(|message| message.id.as_str()))
-                .map(|message| format!("ai-sdk-regenerate:{message}"));
+                .map(|message| format!("ai-sdk-regenerate:{message}"))
+                // An id too long for a key regenerates without one.
+                .filter(|key| keel_protocol::validate_idempotency_key(key).is_ok());
             let accepted = submit_op(&server, &id, Op::Regenerate, None, key, actor).await?;
             (
                 Projection::of_submission(&accepted.submission_id),
@@ -218,10 +223,17 @@ async fn open_chat(
     description = "The `DefaultChatTransport`'s reconnect URL: the running turn of the chat as a UI message \
         stream, replayed from its start and then followed live (so a client that reconnects after a cut, on \
         any node, assembles the whole message once), or `204` when no turn runs.",
-    params(("id" = String, Path, description = "The chat's id.")),
+    params((
+        "id" = String,
+        Path,
+        description = "The chat's id.",
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^[ -~]+$"
+    )),
     security(("bearer" = ["read"])),
     responses(
-        (status = 200, description = "The running turn's UI message stream.", content_type = "text/event-stream", body = String),
+        (status = 200, description = "The running turn's UI message stream.", content_type = "text/event-stream", body = schema::StreamFrame),
         (status = 204, description = "No turn runs."),
         ResumeErrors,
     ),
@@ -271,7 +283,14 @@ fn running_turn(server: &Server, id: &str, summary: Option<keel_store::SessionSu
     operation_id = "ai_sdk_stop",
     summary = "Stop a chat's running turn (AI SDK)",
     description = "Submits an `interrupt`: the running turn ends, and its stream with an `abort` chunk.",
-    params(("id" = String, Path, description = "The chat's id.")),
+    params((
+        "id" = String,
+        Path,
+        description = "The chat's id.",
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^[ -~]+$"
+    )),
     security(("bearer" = ["submit"])),
     responses(
         (status = 202, description = "The interrupt is stored.", body = AcceptedView),
