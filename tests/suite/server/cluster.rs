@@ -21,6 +21,7 @@ use crate::suite::support::store::stored_events_in;
 use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 
 mod answers;
+mod client_tools;
 mod shared_budgets;
 
 /// Nodes' lease time to live in these tests: short, so take-overs after a
