@@ -389,7 +389,54 @@ async fn stop(db: &Db) {
     assert_eq!(of_type(&log, "turn_aborted")[0]["reason"], "interrupted", "{log:?}");
 }
 
+/// A tool the client executes: the stream ends with its input and no
+/// output, and the output `addToolOutput` leaves in the message answers
+/// the call (`client_tool_result`) and completes the turn.
+async fn client_tool(db: &Db) {
+    let keel = Keel::start(
+        db,
+        &[
+            r#"{"tool_calls": [{"name": "pick_color", "arguments": {"shade": "dark"}}]}"#,
+            r#"{"text": "Blue it is."}"#,
+        ],
+    );
+    // The UI message protocol cannot declare tools: the chat's session does.
+    let created = keel
+        .api()
+        .post(
+            "/v1/sessions",
+            &json!({"id": "chat-5", "client_tools": [{"name": "pick_color", "description": "Asks the user for a color"}]}),
+        )
+        .await;
+    assert_eq!(created.status.as_u16(), 201, "{}", created.body);
+    let base = keel.api().base.clone();
+    let params = json!({"action": "answer", "chat": "chat-5", "outputs": {"pick_color": "blue"}});
+    let result = node(&base, params).await;
+    assert_streams_sound(&result);
+    let streams = result["streams"].as_array().expect("streams");
+    let first = chunk_types(&streams[0]);
+    assert!(first.contains(&"tool-input-available".to_owned()), "{first:?}");
+    assert!(!first.iter().any(|kind| kind.starts_with("tool-output")), "{first:?}");
+    assert_eq!(
+        streams[0]["chunks"].as_array().and_then(|chunks| chunks.last()),
+        Some(&json!({"type": "finish", "finishReason": "tool-calls"}))
+    );
+    let log = keel.log("chat-5").await;
+    assert_eq!(of_type(&log, "client_tool_requested").len(), 1, "{log:?}");
+    let completed = of_type(&log, "tool_call_completed");
+    assert_eq!(completed.len(), 1, "{log:?}");
+    assert_eq!(completed[0]["output"], "blue");
+    assert_eq!(completed[0]["is_error"], false);
+    let stored = of_type(&log, "assistant_message");
+    assert_eq!(
+        texts(&result["second"]["message"]),
+        [stored[0]["text"].as_str().expect("text")]
+    );
+    assert_eq!(of_type(&log, "turn_complete").len(), 1, "{log:?}");
+}
+
 async fn every_check(db: Db) {
+    client_tool(&db).await;
     streamed_answer(&db).await;
     approval(&db).await;
     crash(&db).await;
