@@ -95,8 +95,9 @@ async fn schemathesis_finds_no_failure_against_a_live_server() {
 }
 
 /// The sessions the recorded answers leave, in the order they were sent:
-/// each `201` to a session's create or fork adds one, each `204` to a
-/// session's delete takes one away. Also how many were made.
+/// each `201` to a session's create or fork adds one (as does a `200` to
+/// an AI SDK chat, made by its first message), each `204` to a session's
+/// delete takes one away. Also how many were made.
 fn sessions_left(har: &Value) -> (BTreeSet<String>, usize) {
     let mut entries: Vec<&Value> = har["log"]["entries"].as_array().expect("HAR entries").iter().collect();
     entries.sort_by_key(|entry| entry["startedDateTime"].as_str().unwrap_or_default().to_owned());
@@ -119,6 +120,15 @@ fn sessions_left(har: &Value) -> (BTreeSet<String>, usize) {
                     serde_json::from_str(entry["response"]["content"]["text"].as_str().unwrap_or("{}")).expect("JSON");
                 left.insert(body["id"].as_str().expect("the made session's id").to_owned());
                 made += 1;
+            }
+            // An AI SDK chat's first message creates the chat's session
+            // (the operator's: the session id is the chat's `id`).
+            ("POST", 200) if path == "ai-sdk/chat" => {
+                let body: Value =
+                    serde_json::from_str(entry["request"]["postData"]["text"].as_str().unwrap_or("{}")).expect("JSON");
+                if let Some(id) = body["id"].as_str() {
+                    left.insert(id.to_owned());
+                }
             }
             // A session's delete; a budget's (`…/budget`) deletes no session.
             ("DELETE", 204) if path.starts_with("sessions/") && !path.ends_with("/budget") => {

@@ -68,7 +68,8 @@ pub(crate) fn documented() -> Documented {
             .routes(routes!(models::list))
             .routes(routes!(keys::whoami))
             .routes(routes!(keys::create, keys::list))
-            .routes(routes!(keys::revoke)),
+            .routes(routes!(keys::revoke))
+            .merge(crate::frontends::ai_sdk::routes()),
         v1_open: OpenApiRouter::new().routes(routes!(describe)),
         metrics: OpenApiRouter::new().routes(routes!(ops::metrics)),
         probes: OpenApiRouter::new()

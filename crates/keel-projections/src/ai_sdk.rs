@@ -1,1 +1,0 @@
-//! The AI SDK's UI message stream, protocol v1.
