@@ -11,6 +11,7 @@ mod compaction;
 mod contract;
 mod durable_submissions;
 mod examples;
+mod frontends;
 mod fuzz_seeds;
 mod io_faults;
 mod log_paging;

@@ -138,6 +138,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/ag-ui": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Run an AG-UI agent (AG-UI 1.0)
+         * @description AG-UI 1.0's `HttpAgent` endpoint. The body is a `RunAgentInput`: `threadId` names the session (created on first use with the server's defaults; a tenant's credentials get their own namespace), `messages` must start with the session's history (roles and texts) and may end with new user messages, which become submissions keyed by their ids (a retried run makes no second turn), or tool messages answering waiting client tools; `resume` entries answer the last run's interrupts (approvals). The answer is the run's AG-UI events, as server-sent events (`data:` lines of JSON), projected from the log: `RUN_STARTED` (the turn's id as `runId`), `STEP_*`, `TEXT_MESSAGE_*`, `TOOL_CALL_*`, `TOOL_CALL_RESULT`, `REASONING_*`, then `RUN_FINISHED` (success, the interrupt outcome while approvals wait, `pendingToolCallIds` while client tools wait, cancelled after an interrupt) or `RUN_ERROR`. A request with nothing new answers the thread's `MESSAGES_SNAPSHOT`. See docs/ag-ui.md. Needs the `submit` scope.
+         */
+        post: operations["ag_ui_run"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{id}/ws": {
         parameters: {
             query?: never;
@@ -929,6 +949,49 @@ export interface components {
             /** @description A user message submitted to the fork once it exists (not only white space): with a point just before a past message's turn, this edits that message. */
             message?: string | null;
         };
+        /** @description A message of `RunAgentInput.messages`, by `role`. */
+        InputMessage: {
+            /** @description Its id (the submission's idempotency key). */
+            id: string;
+            /** @description Its text. */
+            content: components["schemas"]["UserContent"];
+            /** @enum {string} */
+            role: "user";
+        } | {
+            /** @description Its id. */
+            id: string;
+            /** @description Its text. */
+            content?: string | null;
+            /** @description Its tool calls. */
+            toolCalls?: Record<string, never>[] | null;
+            /** @enum {string} */
+            role: "assistant";
+        } | {
+            /** @description Its id. */
+            id: string;
+            /** @description The call it answers. */
+            toolCallId: string;
+            /** @description The result. */
+            content: components["schemas"]["ToolContent"];
+            /** @description Set when the call failed. */
+            error?: string | null;
+            /** @enum {string} */
+            role: "tool";
+        } | {
+            /** @description Its id. */
+            id: string;
+            /** @description Its text. */
+            content: string;
+            /** @enum {string} */
+            role: "system";
+        } | {
+            /** @description Its id. */
+            id: string;
+            /** @description Its text. */
+            content: string;
+            /** @enum {string} */
+            role: "developer";
+        };
         /** @description One `AGENTS.md` file that went into [`ProjectInstructions`]. */
         InstructionSource: {
             /**
@@ -1145,6 +1208,44 @@ export interface components {
              */
             recorded_at_ms: number;
         };
+        /** @description An answer to one interrupt. */
+        ResumeEntry: {
+            /** @description The interrupt answered: the waiting call's id. */
+            interruptId: string;
+            /**
+             * @description `resolved` (approve, unless the payload says `false`, `"deny"`,
+             *     `{"approved": false}` or `{"decision": "deny"}`) or `cancelled`
+             *     (deny).
+             */
+            status: components["schemas"]["ResumeStatus"];
+            /** @description The answer. */
+            payload?: Record<string, never> | null;
+        };
+        /**
+         * @description How a resume entry ends its interrupt.
+         * @enum {string}
+         */
+        ResumeStatus: "resolved" | "cancelled";
+        /**
+         * @description AG-UI's `RunAgentInput`. Other fields (`state`, `context`,
+         *     `forwardedProps`, `protocolVersion`, `parentRunId`) are accepted and
+         *     not used.
+         */
+        RunAgentInput: {
+            /**
+             * @description The thread: the session's id (a tenant's credentials get their own
+             *     namespace of threads).
+             */
+            threadId: string;
+            /** @description The client's id for the run (Keel's runs are named by turn). */
+            runId: string;
+            /** @description The conversation: the session's history, then the new messages. */
+            messages: components["schemas"]["InputMessage"][];
+            /** @description Frontend tools, offered to the model as the session's client tools. */
+            tools?: components["schemas"]["Tool"][] | null;
+            /** @description Answers to the last run's interrupts. */
+            resume?: components["schemas"]["ResumeEntry"][] | null;
+        };
         /**
          * @description The sandbox a session's shell commands run under, as recorded in
          *     [`SessionStartedEvent`]. Each shell result also starts with the status
@@ -1358,6 +1459,13 @@ export interface components {
              */
             total_tokens: number;
         };
+        /** @description A text part. */
+        TextPart: {
+            /** @description Always `text`. */
+            type: string;
+            /** @description The text. */
+            text: string;
+        };
         /** @description Tokens a model call used, as the provider reported them. */
         TokenUsage: {
             /**
@@ -1394,6 +1502,15 @@ export interface components {
             usage: components["schemas"]["TokenUsage"];
             /** @description What the session has used so far, this step included. */
             session_total: components["schemas"]["TokenUsage"];
+        };
+        /** @description A frontend tool. */
+        Tool: {
+            /** @description Its name. */
+            name: string;
+            /** @description What it does. */
+            description: string;
+            /** @description The JSON Schema of its arguments. */
+            parameters?: Record<string, never> | null;
         };
         /** @description Payload of [`EventMsg::ToolCallCompleted`]. */
         ToolCallCompletedEvent: {
@@ -1439,6 +1556,8 @@ export interface components {
             /** @description The arguments as the model wrote them (JSON text, possibly malformed). */
             arguments: string;
         };
+        /** @description A tool message's content: text, or text parts. */
+        ToolContent: string | components["schemas"]["TextPart"][];
         /** @description Payload of [`EventMsg::ToolsChanged`]. */
         ToolsChangedEvent: {
             /** @description The turn whose next model step sees the change. */
@@ -1546,6 +1665,8 @@ export interface components {
             /** @description Per session. */
             sessions: components["schemas"]["SessionLine"][];
         };
+        /** @description Text, or text parts (other parts are refused). */
+        UserContent: string | components["schemas"]["TextPart"][];
         /** @description Payload of [`EventMsg::UserMessage`]. */
         UserMessageEvent: {
             /** @description The turn the message joined. */
@@ -3168,6 +3289,203 @@ export interface operations {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
                             code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    ag_ui_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description AG-UI's `RunAgentInput`. */
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RunAgentInput"];
+            };
+        };
+        responses: {
+            /** @description The run's AG-UI events, one per SSE `data:` line, ending with `RUN_FINISHED` or `RUN_ERROR`. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": Record<string, never>;
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_read" | "missing_scope_submit" | "missing_scope_approve" | "tenant_forbidden";
+                        };
+                    };
+                };
+            };
+            /** @description `model_not_found`: A model spec this server cannot build (unknown provider or model, no key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "model_not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `history_mismatch`: AG-UI: the request's messages are not the session's history; the message names the first difference. `call_not_waiting`: AG-UI: a resume entry or tool message answers a tool call that does not wait for an answer. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "queue_full" | "session_busy" | "conflict" | "history_mismatch" | "call_not_waiting" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `unsupported_media_type`: A body not sent as `application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `budget_exhausted`: A token budget of the session or its tenant is spent, or the tenant runs its most concurrent turns; `budget` says which and when it resets. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "budget_exhausted";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `too_many_sessions`: The live-session bound is reached and none can be unloaded. `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. `owner_unavailable`: Several nodes: the node running the session did not take the submission up in time; retry with the same key. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full" | "owner_unavailable";
                         };
                     };
                 };

@@ -114,7 +114,7 @@ struct Wire {
     run_id: String,
     messages: Vec<Value>,
     #[serde(default)]
-    tools: Vec<WireTool>,
+    tools: Option<Vec<WireTool>>,
     #[serde(default)]
     resume: Option<Vec<ResumeEntry>>,
 }
@@ -122,16 +122,15 @@ struct Wire {
 #[derive(Deserialize)]
 struct WireTool {
     name: String,
-    #[serde(default)]
     description: String,
     #[serde(default)]
     parameters: Option<Value>,
 }
 
-/// Reads a `RunAgentInput` body.
-pub fn parse(body: &[u8]) -> Result<RunInput, InputError> {
+/// Reads a `RunAgentInput` body (already read as JSON).
+pub fn parse(body: Value) -> Result<RunInput, InputError> {
     let wire: Wire =
-        serde_json::from_slice(body).map_err(|error| InputError::Malformed(format!("not a RunAgentInput: {error}")))?;
+        serde_json::from_value(body).map_err(|error| InputError::Malformed(format!("not a RunAgentInput: {error}")))?;
     let messages = wire
         .messages
         .iter()
@@ -139,24 +138,28 @@ pub fn parse(body: &[u8]) -> Result<RunInput, InputError> {
         .map(|(index, message)| message_of(index, message))
         .collect::<Result<Vec<_>, _>>()?;
     let resume = wire.resume.unwrap_or_default();
-    let mut seen = HashSet::new();
-    if let Some(twice) = resume.iter().find(|entry| !seen.insert(entry.interrupt_id.as_str())) {
-        return Err(InputError::Malformed(format!(
-            "`resume` answers the interrupt '{}' twice",
-            twice.interrupt_id
-        )));
-    }
     let tools = wire
         .tools
+        .unwrap_or_default()
         .into_iter()
-        .map(|tool| ClientToolSpec {
-            name: tool.name,
-            description: tool.description,
-            parameters: tool
-                .parameters
-                .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+        .map(|tool| {
+            let parameters = match tool.parameters {
+                None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+                Some(parameters @ Value::Object(_)) => parameters,
+                Some(_) => {
+                    return Err(InputError::Malformed(format!(
+                        "the tool '{}': `parameters` is a JSON Schema object",
+                        tool.name
+                    )));
+                }
+            };
+            Ok(ClientToolSpec {
+                name: tool.name,
+                description: tool.description,
+                parameters,
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(RunInput {
         thread_id: wire.thread_id,
         run_id: wire.run_id,
@@ -284,13 +287,20 @@ pub fn plan(input: &RunInput, thread: &Thread) -> Result<Plan, InputError> {
             InputMessage::Assistant { .. } | InputMessage::Ignored => {}
         }
     }
+    let mut resumed = HashSet::new();
     for entry in &input.resume {
-        if plan.answers.iter().any(|(call, _)| *call == entry.interrupt_id) {
-            continue;
-        }
         let wait = thread
             .wait(&entry.interrupt_id)
             .ok_or_else(|| not_waiting(&entry.interrupt_id))?;
+        if !resumed.insert(entry.interrupt_id.as_str()) {
+            return Err(InputError::Malformed(format!(
+                "`resume` answers the interrupt '{}' twice",
+                entry.interrupt_id
+            )));
+        }
+        if plan.answers.iter().any(|(call, _)| *call == entry.interrupt_id) {
+            continue;
+        }
         let op = match wait.kind {
             WaitKind::Approval => Op::Approval {
                 call_id: wait.call_id.clone(),
@@ -334,16 +344,21 @@ fn compare(history: &[&InputMessage], session: &[Message]) -> Result<(), InputEr
             )));
         }
     }
-    if history.len() != session.len() {
-        let (more, fewer, which) = if history.len() > session.len() {
-            (history.len(), session.len(), "the request")
-        } else {
-            (session.len(), history.len(), "the session")
-        };
+    if let Some(have) = session.get(history.len()) {
         return Err(InputError::HistoryMismatch(format!(
-            "the history forks from the session's at message {}: {which} has {more} messages before the new ones, \
-             the other {fewer}",
-            fewer + 1
+            "the history forks from the session's at message {}: the request's history ends before it, the \
+             session's goes on with the {} message {}",
+            history.len() + 1,
+            have.role(),
+            excerpt(have.text())
+        )));
+    }
+    if let Some((role, text)) = history.get(session.len()).and_then(|sent| sent.compared()) {
+        return Err(InputError::HistoryMismatch(format!(
+            "the history forks from the session's at message {}: the session's history ends before it, the \
+             request's goes on with the {role} message {}",
+            session.len() + 1,
+            excerpt(text)
         )));
     }
     Ok(())

@@ -1,0 +1,3 @@
+//! Front-end protocols driven by their own client libraries from npm.
+
+mod ag_ui;
