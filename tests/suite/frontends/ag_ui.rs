@@ -189,13 +189,11 @@ async fn text_approval_and_resume(modules: &Path, urls: [String; 3], api: &Api) 
 
 /// Posts a `RunAgentInput` to `/v1/ag-ui`.
 async fn post(api: &Api, body: &Value) -> (StatusCode, String) {
-    let response = api
-        .client
-        .post(api.url("/v1/ag-ui"))
-        .json(body)
-        .send()
-        .await
-        .expect("POST /v1/ag-ui");
+    let mut request = api.client.post(api.url("/v1/ag-ui")).json(body);
+    if let Some(token) = &api.token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.expect("POST /v1/ag-ui");
     let status = response.status();
     (status, response.text().await.expect("body"))
 }
@@ -354,4 +352,82 @@ async fn ag_ui_resume_sent_to_another_node_of_a_postgres_cluster_finishes_the_tu
         &json!({"id": first, "role": "user", "content": "Say hello"}),
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ag_ui_obeys_the_front_door_credentials_scopes_and_tenants() {
+    let scratch = Scratch::new();
+    let token_file = scratch.dir.path().join("token");
+    std::fs::write(&token_file, "ag-ui-operator\n").expect("write the token");
+    let model = scratch.script("answer.jsonl", &[r#"{"text": "Hi there."}"#; 8]);
+    let server = ServeProcess::start(
+        &scratch,
+        &["--token-file", token_file.to_str().expect("utf-8"), "--model", &model],
+    );
+    let anonymous = server.api.clone();
+    let operator = Api {
+        token: Some("ag-ui-operator".to_owned()),
+        ..server.api.clone()
+    };
+    let hello = |thread: &str| json!({"threadId": thread, "runId": "r", "messages": [{"id": "m1", "role": "user", "content": "Hello"}]});
+
+    let (status, text) = post(&anonymous, &hello("t1")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{text}");
+    let cross_site = operator
+        .client
+        .post(operator.url("/v1/ag-ui"))
+        .bearer_auth("ag-ui-operator")
+        .header("origin", "https://elsewhere.example")
+        .json(&hello("t1"));
+    let reply = operator.send(cross_site).await;
+    assert_eq!(
+        (reply.status, reply.code()),
+        (StatusCode::FORBIDDEN, "forbidden_origin")
+    );
+    let plain = operator
+        .client
+        .post(operator.url("/v1/ag-ui"))
+        .bearer_auth("ag-ui-operator")
+        .header("content-type", "text/plain")
+        .body(hello("t1").to_string());
+    let reply = operator.send(plain).await;
+    assert_eq!(
+        (reply.status, reply.code()),
+        (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+    );
+
+    let key = async |tenant: &str, scopes: &[&str]| {
+        let reply = operator
+            .post(
+                "/v1/keys",
+                &json!({"tenant": tenant, "name": format!("{tenant} {scopes:?}"), "scopes": scopes}),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+        Api {
+            token: Some(reply.body["key"].as_str().expect("the key").to_owned()),
+            ..server.api.clone()
+        }
+    };
+    let reader = key("acme", &["read"]).await;
+    let (status, text) = post(&reader, &hello("t1")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{text}");
+    assert!(text.contains("missing_scope_submit"), "{text}");
+    assert_eq!(operator.get("/v1/sessions/acme~t1").await.status, StatusCode::NOT_FOUND);
+
+    // Each tenant's thread `t1` is its own session.
+    for tenant in ["acme", "beta"] {
+        let writer = key(tenant, &["read", "submit"]).await;
+        let (status, text) = post(&writer, &hello("t1")).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert!(
+            text.contains("\"RUN_FINISHED\"") && text.contains("Hi there."),
+            "{text}"
+        );
+        let session = operator.get(&format!("/v1/sessions/{tenant}~t1")).await;
+        assert_eq!(session.status, StatusCode::OK, "{}", session.body);
+        assert_eq!(session.body["tenant"], tenant);
+        let (status, text) = post(&writer, &hello("a~b")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    }
 }
