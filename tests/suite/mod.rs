@@ -6,6 +6,7 @@ mod approvals;
 mod auth;
 mod chaos;
 mod cli;
+mod client_tools;
 mod clients;
 mod compaction;
 mod contract;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer};
 
 use super::KeelConfig;
-use keel_agent::{CODING_AGENT_PROMPT, MAX_BOT_ID_BYTES, QueueMode};
+use keel_agent::{CODING_AGENT_PROMPT, ClientToolSpec, MAX_BOT_ID_BYTES, QueueMode};
 
 /// One bot's defaults (`[bots.<id>]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -32,6 +32,24 @@ pub struct BotConfig {
     /// How queued messages become turns (default: `merge` for a coding
     /// agent, `each` otherwise).
     pub queue_mode: Option<QueueMode>,
+    /// Tools the client executes, offered to the bot's sessions that
+    /// declare none of their own (a session's list replaces this one).
+    #[serde(default, deserialize_with = "client_tools")]
+    pub client_tools: Vec<ClientToolSpec>,
+    /// How long a client has to answer a call of the bot's sessions, in
+    /// seconds (0: for ever); `[tools] client_tool_timeout_secs` when unset.
+    pub client_tool_timeout_secs: Option<u64>,
+}
+
+/// `client_tools`, checked as a session's are (names, schemas, bounds),
+/// so a table no session could use is an error with its place in the file.
+fn client_tools<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<ClientToolSpec>, D::Error> {
+    let mut tools = Vec::<ClientToolSpec>::deserialize(deserializer)?;
+    keel_tools::client::complete_client_tools(&mut tools);
+    let reserved = keel_tools::client::server_tool_names();
+    keel_tools::client::check_client_tools(&tools, |name| reserved.iter().any(|taken| taken == name))
+        .map_err(serde::de::Error::custom)?;
+    Ok(tools)
 }
 
 impl BotConfig {

@@ -15,11 +15,16 @@ pub const MAX_CLIENT_TOOL_OUTPUT_BYTES: usize = 256 * 1024;
 pub struct ClientToolSpec {
     /// The tool's name, as the model calls it: 1 to 64 of `A-Z a-z 0-9 _ -`,
     /// and not the name of a tool the server runs.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = r"^[A-Za-z0-9_-]{1,64}$", min_length = 1, max_length = 64)
+    )]
     pub name: String,
     /// What the tool does, for the model.
     #[serde(default)]
     pub description: String,
-    /// The JSON Schema of the tool's arguments (an object schema).
+    /// The JSON Schema of the tool's arguments (an object schema; one
+    /// without `type` is taken as `"type": "object"`).
     #[serde(default = "empty_object_schema")]
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub parameters: serde_json::Value,

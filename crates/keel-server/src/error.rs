@@ -148,6 +148,18 @@ pub enum ApiError {
     /// stored; retry once space is freed.
     #[error("{0}")]
     StoreFull(String),
+    /// A client tool declaration or result the request may not make:
+    /// `invalid_client_tool` (400), `client_tool_conflict` (409, the name
+    /// of a tool the server runs), `unknown_tool_call` (404, no such call
+    /// waits), `tool_call_answered` (409), `client_tool_output_too_large`
+    /// (413). Nothing was stored.
+    #[error("{message}")]
+    ClientTool {
+        /// The machine code.
+        code: &'static str,
+        /// What was refused.
+        message: String,
+    },
     /// A store failure or another server fault (500).
     #[error("{0}")]
     Internal(String),
@@ -183,6 +195,7 @@ impl ApiError {
             | Self::OwnerUnavailable { .. }
             | Self::StoreUnavailable(_)
             | Self::StoreFull(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ClientTool { code, .. } => client_tool_status(code),
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -222,6 +235,7 @@ impl ApiError {
             Self::OwnerUnavailable { .. } => "owner_unavailable",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::StoreFull(_) => "store_full",
+            Self::ClientTool { code, .. } => code,
             Self::Internal(_) => "internal",
         }
     }
@@ -241,6 +255,16 @@ impl ApiError {
                 _ => None,
             },
         }
+    }
+}
+
+/// The status of a client tool error's code.
+fn client_tool_status(code: &str) -> StatusCode {
+    match code {
+        "unknown_tool_call" => StatusCode::NOT_FOUND,
+        "client_tool_conflict" | "tool_call_answered" => StatusCode::CONFLICT,
+        "client_tool_output_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+        _ => StatusCode::BAD_REQUEST,
     }
 }
 

@@ -247,6 +247,12 @@ impl SessionFactory {
         self.keel
             .install_tools(&mut config, &tools, self.launcher.clone())
             .await;
+        config.client_tools = settings.client_tools.clone();
+        config.client_tool_timeout = match settings.client_tool_timeout_secs {
+            Some(0) => None,
+            Some(secs) => Some(std::time::Duration::from_secs(secs)),
+            None => tools.client_tool_timeout,
+        };
         Ok(config)
     }
 }

@@ -27,6 +27,7 @@
 mod auth;
 mod budget;
 mod ceiling;
+mod client_tools;
 mod conn;
 mod error;
 mod extract;
@@ -516,6 +517,7 @@ async fn run(
         retention.map(|(max_idle, every)| spawn_on(&host, |host| async move { host.retain(max_idle, every).await }));
     let recovery = spawn_on(&host, |host| async move { host.recover().await });
     let budgets = spawn_on(&host, |host| async move { host.follow_budgets().await });
+    let client_deadlines = spawn_on(&host, |host| async move { host.follow_client_deadlines().await });
     // Several nodes: renewals, take-overs and the database's notices.
     let renewals = spawn_on(&host, |host| async move { host.keep_leases().await });
     let takeovers = spawn_on(&host, |host| async move { host.take_over().await });
@@ -534,6 +536,7 @@ async fn run(
     host.begin_shutdown();
     recovery.abort();
     budgets.abort();
+    client_deadlines.abort();
     let _ = reaper.await;
     if let Some(retainer) = retainer {
         let _ = retainer.await;

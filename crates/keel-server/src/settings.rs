@@ -87,6 +87,13 @@ pub(crate) struct SessionSettings {
     /// turn (a coding agent's session created since they are read).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) project_instructions: bool,
+    /// The tools the client executes: the request's, else its bot's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) client_tools: Vec<keel_protocol::ClientToolSpec>,
+    /// How long a client has to answer a call, in seconds (0: for ever);
+    /// `None`: the server's `[tools] client_tool_timeout_secs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) client_tool_timeout_secs: Option<u64>,
 }
 
 impl SessionSettings {

@@ -224,6 +224,9 @@ pub(crate) fn assistant(text: &str, interrupted: bool) -> TranscriptItem {
     }
 }
 
+/// When the sample execution's client call times out.
+const CLIENT_DEADLINE_MS: u64 = 1_764_430_600_000;
+
 pub(crate) fn execution(turn_id: &str) -> TurnExecution {
     TurnExecution {
         turn_id: turn_id.into(),
@@ -233,6 +236,9 @@ pub(crate) fn execution(turn_id: &str) -> TurnExecution {
         awaiting_approval: vec!["call-7".into()],
         decisions: [("call-6".to_owned(), keel_protocol::ApprovalDecision::Deny)].into(),
         started_calls: Some(vec!["call-5".into()]),
+        awaiting_client: vec!["call-8".into(), "call-9".into()],
+        // call-9 waits for ever; call-8's deadline is the session's.
+        client_deadlines: [("call-8".to_owned(), CLIENT_DEADLINE_MS)].into(),
     }
 }
 
@@ -1516,6 +1522,8 @@ pub(crate) async fn list_sessions_puts_the_newest_update_first_with_bot_and_runn
             usage: checkpoint("c", "bot-c", 1).usage,
             turns_completed: 0,
             awaiting_approval: vec!["call-7".into()],
+            awaiting_client: vec!["call-8".into(), "call-9".into()],
+            client_deadline_ms: Some(CLIENT_DEADLINE_MS),
             title: None,
         }
     );
@@ -1532,6 +1540,8 @@ pub(crate) async fn list_sessions_puts_the_newest_update_first_with_bot_and_runn
             usage: TokenUsage::default(),
             turns_completed: 0,
             awaiting_approval: vec![],
+            awaiting_client: vec![],
+            client_deadline_ms: None,
             // Its first user message titled it.
             title: Some("question 1 of a: ünïcødé ✓ \"quoted\" \\".into()),
         }
@@ -1549,6 +1559,8 @@ pub(crate) async fn list_sessions_puts_the_newest_update_first_with_bot_and_runn
             usage: TokenUsage::default(),
             turns_completed: 0,
             awaiting_approval: vec!["call-7".into()],
+            awaiting_client: vec!["call-8".into(), "call-9".into()],
+            client_deadline_ms: Some(CLIENT_DEADLINE_MS),
             title: None,
         }
     );

@@ -163,9 +163,14 @@ impl SummaryRow {
         let mut checkpoint: Checkpoint = decode(&self.checkpoint, what)?;
         checkpoint.session_context.tenant = self.tenant;
         let execution: Option<TurnExecution> = self.execution.map(|json| decode(&json, what)).transpose()?;
-        let (running_turn_id, awaiting_approval) = match execution {
-            Some(execution) => (Some(execution.turn_id), execution.awaiting_approval),
-            None => (None, Vec::new()),
+        let client_deadline_ms = execution.as_ref().and_then(TurnExecution::next_client_deadline_ms);
+        let (running_turn_id, awaiting_approval, awaiting_client) = match execution {
+            Some(execution) => (
+                Some(execution.turn_id),
+                execution.awaiting_approval,
+                execution.awaiting_client,
+            ),
+            None => (None, Vec::new(), Vec::new()),
         };
         Ok(SessionSummary {
             bot_id: checkpoint.session_context.bot_id.clone(),
@@ -178,6 +183,8 @@ impl SummaryRow {
             usage: checkpoint.usage,
             turns_completed: checkpoint.turns_completed,
             awaiting_approval,
+            awaiting_client,
+            client_deadline_ms,
             title: self.title,
         })
     }

@@ -147,6 +147,25 @@ pub struct TurnExecution {
     /// did not keep it: then any unanswered call may have run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_calls: Option<Vec<String>>,
+    /// Calls of this step to tools the client executes, requested
+    /// (`client_tool_requested`) and not answered yet. A turn found waiting
+    /// for them when the session is opened goes on waiting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub awaiting_client: Vec<String>,
+    /// When each call of `awaiting_client` times out, in milliseconds
+    /// since the Unix epoch, by call id; a call without one waits for ever.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub client_deadlines: BTreeMap<String, u64>,
+}
+
+impl TurnExecution {
+    /// The earliest time a call waiting for the client times out.
+    pub fn next_client_deadline_ms(&self) -> Option<u64> {
+        self.awaiting_client
+            .iter()
+            .filter_map(|call_id| self.client_deadlines.get(call_id).copied())
+            .min()
+    }
 }
 
 /// Everything needed to resume a session.
@@ -229,6 +248,13 @@ pub struct SessionSummary {
     pub turns_completed: u64,
     /// Tool calls waiting for the user's decision.
     pub awaiting_approval: Vec<String>,
+    /// Calls of tools the client executes waiting for their result.
+    #[serde(default)]
+    pub awaiting_client: Vec<String>,
+    /// The earliest time one of `awaiting_client` times out, in
+    /// milliseconds since the Unix epoch; `None` when none can.
+    #[serde(default)]
+    pub client_deadline_ms: Option<u64>,
     /// The session's title: its first user message, shortened, until it
     /// is renamed; `None` before any message.
     #[serde(default)]

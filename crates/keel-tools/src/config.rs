@@ -29,7 +29,13 @@ pub struct ToolsConfig {
     pub shell_timeout: Duration,
     /// The longest timeout a call may ask for.
     pub shell_max_timeout: Duration,
+    /// How long a client has to answer a call of a tool it executes before
+    /// the call is answered as an error; `None` (`0` in the file): for ever.
+    pub client_tool_timeout: Option<Duration>,
 }
+
+/// How long a client has to answer a call by default.
+pub const DEFAULT_CLIENT_TOOL_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl Default for ToolsConfig {
     fn default() -> Self {
@@ -42,6 +48,7 @@ impl Default for ToolsConfig {
             network: shell.network,
             shell_timeout: shell.timeout,
             shell_max_timeout: shell.max_timeout,
+            client_tool_timeout: Some(DEFAULT_CLIENT_TOOL_TIMEOUT),
         }
     }
 }
@@ -62,6 +69,7 @@ struct RawToolsConfig {
     network: bool,
     shell_timeout_secs: Option<u64>,
     shell_max_timeout_secs: Option<u64>,
+    client_tool_timeout_secs: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -95,6 +103,11 @@ impl TryFrom<RawToolsConfig> for ToolsConfig {
             network: raw.network,
             shell_timeout,
             shell_max_timeout,
+            client_tool_timeout: match raw.client_tool_timeout_secs {
+                Some(0) => None,
+                Some(secs) => Some(Duration::from_secs(secs)),
+                None => defaults.client_tool_timeout,
+            },
         })
     }
 }
@@ -134,6 +147,15 @@ mod tests {
         assert_eq!(config.sandbox, SandboxPolicy::ReadOnly);
         assert_eq!(config.shell_timeout, Duration::from_secs(5));
         assert_eq!(config.shell_max_timeout, Duration::from_secs(30));
+        assert_eq!(config.client_tool_timeout, Some(DEFAULT_CLIENT_TOOL_TIMEOUT));
+    }
+
+    #[test]
+    fn the_client_tool_timeout_is_set_in_seconds_and_zero_is_never() {
+        let short = tools("[tools]\nclient_tool_timeout_secs = 3\n").expect("valid");
+        assert_eq!(short.client_tool_timeout, Some(Duration::from_secs(3)));
+        let never = tools("[tools]\nclient_tool_timeout_secs = 0\n").expect("valid");
+        assert_eq!(never.client_tool_timeout, None);
     }
 
     #[test]

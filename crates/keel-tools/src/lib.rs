@@ -15,6 +15,7 @@
 //! `keel.toml`.
 
 mod approval;
+pub mod client;
 mod clock;
 mod config;
 pub mod mcp;
@@ -32,7 +33,7 @@ use futures::FutureExt;
 
 pub use self::approval::{ApprovalPolicy, ApprovalRules};
 pub use self::clock::Clock;
-pub use self::config::ToolsConfig;
+pub use self::config::{DEFAULT_CLIENT_TOOL_TIMEOUT, ToolsConfig};
 pub use self::progress::{MAX_PROGRESS_MESSAGE_BYTES, ProgressBoard, ProgressSink, ToolProgress};
 pub use self::session::{SessionTools, session_tools};
 use keel_model::{BoxFuture, ToolCall, ToolSpec};

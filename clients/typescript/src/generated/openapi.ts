@@ -52,8 +52,8 @@ export interface paths {
         options?: never;
         head?: never;
         /**
-         * Rename a session or switch its model
-         * @description Sets the session's `title`, its `model`, or both. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again. Needs the `submit` scope.
+         * Rename a session, switch its model or replace its client tools
+         * @description Sets the session's `title`, its `model`, its `client_tools`, or several. A new model is checked as at creation, recorded in the log (`model_changed`) and used from the next turn; new client tools are checked as at creation and offered from the next turn; both are refused while a turn is in flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) is made to load again. Needs the `submit` scope.
          */
         patch: operations["update_session"];
         trace?: never;
@@ -677,6 +677,21 @@ export interface components {
              */
             expires_at_ms?: number | null;
         };
+        /** @description A tool the client executes, as offered to the model. */
+        ClientToolSpec: {
+            /**
+             * @description The tool's name, as the model calls it: 1 to 64 of `A-Z a-z 0-9 _ -`,
+             *     and not the name of a tool the server runs.
+             */
+            name: string;
+            /** @description What the tool does, for the model. */
+            description?: string;
+            /**
+             * @description The JSON Schema of the tool's arguments (an object schema; one
+             *     without `type` is taken as `"type": "object"`).
+             */
+            parameters?: Record<string, never>;
+        };
         /**
          * @description Why the history was compacted.
          * @enum {string}
@@ -779,6 +794,20 @@ export interface components {
             approvals?: components["schemas"]["ApprovalRules"] | null;
             on_busy?: components["schemas"]["BusyPolicy"] | null;
             queue_mode?: components["schemas"]["QueueMode"] | null;
+            /**
+             * @description Tools the client executes (see "Client tools"): offered to the
+             *     model with the server's tools; a call waits for a
+             *     `client_tool_result` op. Default: the bot's (`[bots.<id>]
+             *     client_tools`); a list given here replaces the bot's (`[]`: none).
+             */
+            client_tools?: components["schemas"]["ClientToolSpec"][] | null;
+            /**
+             * Format: int64
+             * @description How long the client has to answer a call, in seconds; `0` waits for
+             *     ever. Default: the bot's, else the server's `[tools]
+             *     client_tool_timeout_secs` (600).
+             */
+            client_tool_timeout_secs?: number | null;
         };
         /** @description The answer of `POST /v1/keys`: the key, this once, and what was stored. */
         CreatedKey: components["schemas"]["KeyView"] & {
@@ -1383,6 +1412,10 @@ export interface components {
             queued: number;
             /** @description The tool calls waiting for a decision. */
             pending_approvals: string[];
+            /** @description The calls of client tools waiting for their result. */
+            pending_client_tools: string[];
+            /** @description The tools the client executes, as declared. */
+            client_tools: components["schemas"]["ClientToolSpec"][];
             /** @description Tokens used, summed over its model steps. */
             usage: components["schemas"]["TokenUsage"];
             /**
@@ -1646,6 +1679,12 @@ export interface components {
              *     (`409 session_busy`) while a turn is in flight or submissions wait.
              */
             model?: string;
+            /**
+             * @description The session's client tools, replacing its list (`[]`: none),
+             *     checked as at creation; used from the next turn. Refused (`409
+             *     session_busy`) while a turn is in flight, waiting included.
+             */
+            client_tools?: components["schemas"]["ClientToolSpec"][];
         };
         /** @description The body of `GET /v1/usage`. */
         UsageReport: {
@@ -1678,7 +1717,7 @@ export interface components {
          * @description What a session is doing.
          * @enum {string}
          */
-        ViewState: "idle" | "running" | "awaiting_approval";
+        ViewState: "idle" | "running" | "awaiting_approval" | "awaiting_client_tool";
         /** @description Payload of [`EventMsg::Warning`]. */
         WarningEvent: {
             /** @description What to know. */
@@ -1893,7 +1932,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionView"];
                 };
             };
-            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. `invalid_client_tool`: A `client_tools` declaration with a bad name, a schema that is not an object schema, or too many or too large. */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1902,7 +1941,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "invalid_request";
+                            code?: "invalid_request" | "invalid_client_tool";
                         };
                     };
                 };
@@ -1965,7 +2004,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `conflict`: A session with that id exists. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. */
+            /** @description `conflict`: A session with that id exists. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `client_tool_conflict`: A client tool with the name of a tool the server runs (built-in or MCP), or a name declared twice. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1974,7 +2013,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "conflict" | "workspace_exists" | "workspace_not_keels" | "session_model_unavailable";
+                            code?: "conflict" | "workspace_exists" | "workspace_not_keels" | "session_model_unavailable" | "client_tool_conflict";
                         };
                     };
                 };
@@ -2399,7 +2438,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionView"];
                 };
             };
-            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. `invalid_client_tool`: A `client_tools` declaration with a bad name, a schema that is not an object schema, or too many or too large. */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2408,7 +2447,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "invalid_request";
+                            code?: "invalid_request" | "invalid_client_tool";
                         };
                     };
                 };
@@ -2471,7 +2510,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `session_busy`: `on_busy: reject` while a turn runs or input is queued. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. */
+            /** @description `session_busy`: `on_busy: reject` while a turn runs or input is queued. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `client_tool_conflict`: A client tool with the name of a tool the server runs (built-in or MCP), or a name declared twice. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2480,7 +2519,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "session_busy" | "session_elsewhere";
+                            code?: "session_busy" | "session_elsewhere" | "client_tool_conflict";
                         };
                     };
                 };
@@ -2832,7 +2871,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `not_found`: An unknown session or route. */
+            /** @description `not_found`: An unknown session or route. `unknown_tool_call`: A `client_tool_result` for a call that is not waiting for the client. */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2841,7 +2880,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "not_found";
+                            code?: "not_found" | "unknown_tool_call";
                         };
                     };
                 };
@@ -2860,7 +2899,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. */
+            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. `tool_call_answered`: A `client_tool_result` for a call answered already (by the client, a timeout or an interrupt). */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2869,12 +2908,12 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "queue_full" | "session_busy" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused";
+                            code?: "queue_full" | "session_busy" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused" | "tool_call_answered";
                         };
                     };
                 };
             };
-            /** @description `too_large`: The body or the message is over its limit. */
+            /** @description `too_large`: The body or the message is over its limit. `client_tool_output_too_large`: A `client_tool_result` whose output is over 256 KiB. */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -2883,7 +2922,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "too_large";
+                            code?: "too_large" | "client_tool_output_too_large";
                         };
                     };
                 };

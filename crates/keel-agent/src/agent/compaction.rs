@@ -98,7 +98,7 @@ impl Session {
         let Some(limits) = self.context_limits else {
             return false;
         };
-        let tools = self.tools.specs();
+        let tools = self.offered_tools();
         let estimated = self.estimate_tokens(&self.model_history(), &tools);
         estimated as f64 > limits.window as f64 * limits.threshold
     }
@@ -116,7 +116,7 @@ impl Session {
         let Some(cut) = self.compaction_cut() else {
             return Ok(CompactEnd::NotDone("there is no older history to compact".to_owned()));
         };
-        let tools = self.tools.specs();
+        let tools = self.offered_tools();
         let before_history = self.model_history();
         let tokens_before = self.estimate_tokens(&before_history, &tools);
         // The earlier summary, if any, and the items after it up to the cut.
@@ -218,6 +218,7 @@ impl Session {
             inbox: &mut self.inbox,
             steering: &mut self.steering,
             recorder: &self.recorder,
+            transcript: &self.transcript,
         };
         loop {
             tokio::select! {

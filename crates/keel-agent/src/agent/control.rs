@@ -1,5 +1,5 @@
 //! The control lane's rule, written once: what an interrupt, a steered
-//! message or an approval does, depending on what the session is doing
+//! message, an approval or a client tool's result does, depending on what the session is doing
 //! when it arrives.
 //!
 //! Every place that waits (a model step, a step's tool calls, the wait for
@@ -13,7 +13,7 @@
 use super::recorder::EventRecorder;
 use super::submission::Inbox;
 use keel_protocol::Result;
-use keel_protocol::{ApprovalDecision, Event, EventMsg, Op, Submission, SubmissionRejectedEvent};
+use keel_protocol::{ApprovalDecision, Event, EventMsg, Op, Submission, SubmissionRejectedEvent, TranscriptItem};
 
 /// What the session is doing while a control submission arrives.
 #[derive(Debug, Clone, Copy)]
@@ -33,6 +33,13 @@ pub(super) enum During<'a> {
         /// The ids of the calls still undecided.
         calls: &'a [String],
     },
+    /// Turn `turn_id` waits for the client's results of `calls`.
+    ClientTool {
+        /// The waiting turn.
+        turn_id: &'a str,
+        /// The ids of the calls still unanswered.
+        calls: &'a [String],
+    },
 }
 
 /// What the waiting caller must do about a control submission.
@@ -50,6 +57,17 @@ pub(super) enum Wake {
         /// What the user decided.
         decision: ApprovalDecision,
     },
+    /// The client answered one of the calls waiting for it.
+    Answered {
+        /// The `client_tool_result` op, whose id the result's event carries.
+        submission: Submission,
+        /// The call answered.
+        call_id: String,
+        /// What the client's tool returned.
+        output: String,
+        /// Whether the client's tool failed.
+        is_error: bool,
+    },
 }
 
 /// What the rule makes of one op.
@@ -57,6 +75,7 @@ pub(super) enum Wake {
 enum Verdict {
     Interrupt,
     Decide,
+    Answer,
     Steer,
     Refuse(String),
 }
@@ -68,9 +87,16 @@ fn verdict(op: &Op, during: During<'_>) -> Verdict {
         // Idle, a steered message is taken up as the next turn's input.
         (During::Idle, Op::Steer { .. }) => Verdict::Steer,
         (During::Approval { calls, .. }, Op::Approval { call_id, .. }) if calls.contains(call_id) => Verdict::Decide,
+        (During::ClientTool { calls, .. }, Op::ClientToolResult { call_id, .. }) if calls.contains(call_id) => {
+            Verdict::Answer
+        }
         (During::Compaction, Op::Interrupt { turn_id: None }) => Verdict::Interrupt,
-        (During::Turn(turn_id) | During::Approval { turn_id, .. }, op) if interrupts(op, turn_id) => Verdict::Interrupt,
-        (During::Turn(_) | During::Approval { .. }, Op::Steer { .. }) => Verdict::Steer,
+        (During::Turn(turn_id) | During::Approval { turn_id, .. } | During::ClientTool { turn_id, .. }, op)
+            if interrupts(op, turn_id) =>
+        {
+            Verdict::Interrupt
+        }
+        (During::Turn(_) | During::Approval { .. } | During::ClientTool { .. }, Op::Steer { .. }) => Verdict::Steer,
         (_, op) => Verdict::Refuse(stray_reason(op)),
     }
 }
@@ -84,6 +110,9 @@ pub(super) struct ControlLane<'a> {
     pub(super) steering: &'a mut Vec<Submission>,
     /// Where refusals are recorded.
     pub(super) recorder: &'a EventRecorder,
+    /// The session's history, to tell a client result for a call answered
+    /// already from one for a call that never waited.
+    pub(super) transcript: &'a [TranscriptItem],
 }
 
 impl ControlLane<'_> {
@@ -111,11 +140,32 @@ impl ControlLane<'_> {
                 })),
                 _ => Ok(None),
             },
+            Verdict::Answer => match submission.op {
+                Op::ClientToolResult {
+                    ref call_id,
+                    ref output,
+                    is_error,
+                } => Ok(Some(Wake::Answered {
+                    call_id: call_id.clone(),
+                    output: output.clone(),
+                    is_error,
+                    submission,
+                })),
+                _ => Ok(None),
+            },
             Verdict::Steer => {
                 self.steering.push(submission);
                 Ok(None)
             }
-            Verdict::Refuse(reason) => refuse(self.recorder, &submission, &reason).await.map(|()| None),
+            Verdict::Refuse(reason) => {
+                let reason = match &submission.op {
+                    Op::ClientToolResult { call_id, .. } if answered(self.transcript, call_id) => {
+                        format!("client tool call {call_id} was already answered")
+                    }
+                    _ => reason,
+                };
+                refuse(self.recorder, &submission, &reason).await.map(|()| None)
+            }
         }
     }
 
@@ -151,6 +201,13 @@ fn stray_reason(op: &Op) -> String {
         Op::Interrupt { turn_id: Some(id) } => format!("turn {id} is not running"),
         _ => "turn (none) is not running".to_owned(),
     }
+}
+
+/// Whether the history holds a result for the call `call_id`.
+fn answered(transcript: &[TranscriptItem], call_id: &str) -> bool {
+    transcript
+        .iter()
+        .any(|item| matches!(item, TranscriptItem::ToolResult { call_id: id, .. } if id == call_id))
 }
 
 /// Whether an op interrupts the turn `turn_id`.
@@ -241,5 +298,44 @@ mod tests {
             Verdict::Refuse("no tool call c1 is waiting for approval".to_owned())
         );
         assert_eq!(verdict(&steer(), waiting), Verdict::Steer);
+    }
+
+    fn client_result(call_id: &str) -> Op {
+        Op::ClientToolResult {
+            call_id: call_id.to_owned(),
+            output: "done".to_owned(),
+            is_error: false,
+        }
+    }
+
+    #[test]
+    fn a_client_result_answers_only_a_call_waiting_for_the_client() {
+        let calls = ["c1".to_owned()];
+        let waiting = During::ClientTool {
+            turn_id: "t1",
+            calls: &calls,
+        };
+        assert_eq!(verdict(&client_result("c1"), waiting), Verdict::Answer);
+        let stray = Verdict::Refuse("no client tool call c2 is waiting for a result".to_owned());
+        assert_eq!(verdict(&client_result("c2"), waiting), stray);
+        let approving = During::Approval {
+            turn_id: "t1",
+            calls: &calls,
+        };
+        assert_ne!(verdict(&client_result("c1"), approving), Verdict::Answer);
+        assert_ne!(verdict(&approval("c1"), waiting), Verdict::Decide);
+        assert_eq!(verdict(&interrupt(Some("t1")), waiting), Verdict::Interrupt);
+        assert_eq!(verdict(&steer(), waiting), Verdict::Steer);
+    }
+
+    #[test]
+    fn a_result_for_a_call_answered_already_is_told_apart() {
+        let transcript = [TranscriptItem::ToolResult {
+            call_id: "c1".to_owned(),
+            output: "done".to_owned(),
+            is_error: false,
+        }];
+        assert!(answered(&transcript, "c1"));
+        assert!(!answered(&transcript, "c2"));
     }
 }

@@ -15,6 +15,7 @@
 //! steered message or an approval does, for every place that waits).
 //! `recovery` closes what a stopped runtime left when the session is opened.
 
+mod client_wait;
 mod compaction;
 mod control;
 mod first_turn;
@@ -76,6 +77,7 @@ pub use keel_store::{
     Checkpoint, CheckpointStore, CheckpointStoreExt, CheckpointWrite, EventPage, EventPageRequest, Lease, LeaseStore,
     SessionContext, SessionState, SqliteCheckpoint, StoreError,
 };
+pub use keel_tools::DEFAULT_CLIENT_TOOL_TIMEOUT;
 use keel_tools::{ApprovalRules, ToolSet};
 
 /// Queued submissions a session holds by default.
@@ -110,6 +112,13 @@ pub struct AgentConfig {
     pub streaming: StreamingOptions,
     /// The tools offered to the model.
     pub tools: ToolSet,
+    /// Tools the client executes, offered to the model with `tools` (a
+    /// name `tools` has stays the server's tool). Their calls wait,
+    /// durably, for a `client_tool_result` op.
+    pub client_tools: Vec<ClientToolSpec>,
+    /// How long a client has to answer a call of a client tool before the
+    /// call is answered as an error; `None` waits for ever.
+    pub client_tool_timeout: Option<std::time::Duration>,
     /// Which tool calls run at once, wait for the user's approval, or are
     /// refused (by default: reading tools run, the others ask).
     pub approvals: ApprovalRules,
@@ -160,6 +169,8 @@ impl AgentConfig {
             submission_capacity: DEFAULT_SUBMISSION_CAPACITY,
             streaming: StreamingOptions::default(),
             tools: ToolSet::new(),
+            client_tools: Vec::new(),
+            client_tool_timeout: Some(DEFAULT_CLIENT_TOOL_TIMEOUT),
             approvals: ApprovalRules::default(),
             instructions: None,
             project_docs: None,
@@ -361,6 +372,8 @@ fn session(config: AgentConfig, opened: Opened) -> Session {
         transcript: opened.transcript,
         streaming: config.streaming,
         tools: config.tools,
+        client_tools: config.client_tools,
+        client_tool_timeout: config.client_tool_timeout,
         approvals: config.approvals,
         resume: opened.resume,
         instructions,

@@ -2,8 +2,8 @@
 //! runtime left behind.
 //!
 //! A turn left in flight is closed (`turn_aborted`, reason
-//! `runtime_stopped`), unless it was waiting for the user's approval, which
-//! goes on waiting. Its tool calls without a result get one, saying whether
+//! `runtime_stopped`), unless it was waiting for the user's approval or
+//! for the client's result of a tool call, which goes on waiting. Its tool calls without a result get one, saying whether
 //! they may have run; the text its last step streamed joins the history,
 //! marked cut; and the messages stored but not taken up are queued again.
 
@@ -22,7 +22,8 @@ use keel_store::{Checkpoint, CheckpointStore, CheckpointWrite, QueuedSubmission,
 /// becomes of it.
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
-    /// Waiting for the user's approval: it goes on waiting.
+    /// Waiting for the user's approval or a client's result: it goes on
+    /// waiting.
     pub(super) resume: Option<TurnExecution>,
     /// Stopped with the runtime: it is closed (see [`close_stale_turn`]).
     pub(super) stale: Option<TurnExecution>,
@@ -32,10 +33,12 @@ impl InFlight {
     /// Sorts the turn `execution` (if any) the store says is in flight.
     pub(super) fn sort(execution: Option<TurnExecution>) -> Self {
         match execution {
-            Some(execution) if !execution.awaiting_approval.is_empty() => Self {
-                resume: Some(execution),
-                stale: None,
-            },
+            Some(execution) if !execution.awaiting_approval.is_empty() || !execution.awaiting_client.is_empty() => {
+                Self {
+                    resume: Some(execution),
+                    stale: None,
+                }
+            }
             stale => Self { resume: None, stale },
         }
     }
@@ -157,13 +160,7 @@ pub(super) fn requeue(
 /// The tool calls at the end of `transcript` that have no result yet, in
 /// order: those of the step a turn was in when it stopped.
 pub(super) fn unanswered_calls(transcript: &[TranscriptItem]) -> Vec<ToolCall> {
-    let answered: HashSet<&str> = transcript
-        .iter()
-        .filter_map(|item| match item {
-            TranscriptItem::ToolResult { call_id, .. } => Some(call_id.as_str()),
-            _ => None,
-        })
-        .collect();
+    let answered = answered_calls(transcript);
     transcript
         .iter()
         .filter_map(|item| match item {
@@ -176,6 +173,17 @@ pub(super) fn unanswered_calls(transcript: &[TranscriptItem]) -> Vec<ToolCall> {
                 name: name.clone(),
                 arguments: arguments.clone(),
             }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The ids of the calls in `transcript` that have a result.
+pub(super) fn answered_calls(transcript: &[TranscriptItem]) -> HashSet<&str> {
+    transcript
+        .iter()
+        .filter_map(|item| match item {
+            TranscriptItem::ToolResult { call_id, .. } => Some(call_id.as_str()),
             _ => None,
         })
         .collect()

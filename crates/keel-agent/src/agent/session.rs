@@ -19,7 +19,7 @@ use super::stream::StreamingOptions;
 use super::submission::Inbox;
 use keel_model::{ContextLimits, Model};
 use keel_protocol::Result;
-use keel_protocol::{Event, EventMsg, QueueMode, Submission, TranscriptItem};
+use keel_protocol::{ClientToolSpec, Event, EventMsg, QueueMode, Submission, TranscriptItem};
 use keel_store::{Checkpoint, CheckpointStore, CheckpointWrite, TurnExecution};
 use keel_tools::{ApprovalRules, ToolSet};
 
@@ -34,9 +34,13 @@ pub(super) struct Session {
     pub(super) streaming: StreamingOptions,
     /// The tools offered to the model.
     pub(super) tools: ToolSet,
+    /// The tools the client executes, offered to the model with `tools`.
+    pub(super) client_tools: Vec<ClientToolSpec>,
+    /// How long a client has to answer a call; `None`: for ever.
+    pub(super) client_tool_timeout: Option<std::time::Duration>,
     /// Which tool calls run, wait for the user, or are refused.
     pub(super) approvals: ApprovalRules,
-    /// A turn found waiting for approvals when the session was opened; it
+    /// A turn found waiting for approvals or client results when the session was opened; it
     /// goes on before anything else.
     pub(super) resume: Option<TurnExecution>,
     /// The system prompt sent: the session's instructions plus its project
@@ -104,6 +108,7 @@ impl Session {
             inbox: &mut self.inbox,
             steering: &mut self.steering,
             recorder: &self.recorder,
+            transcript: &self.transcript,
         }
     }
 

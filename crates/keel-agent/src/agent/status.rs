@@ -13,6 +13,9 @@ pub struct SessionStatus {
     pub queued: usize,
     /// Tool calls of the running turn waiting for the user's decision.
     pub awaiting_approval: Vec<String>,
+    /// Calls of the running turn to tools the client executes, waiting for
+    /// their result.
+    pub awaiting_client: Vec<String>,
     /// The sequence of the newest committed event.
     pub last_sequence: u64,
     /// Whether a new message would have to wait: a turn runs (or is about to
@@ -30,6 +33,7 @@ pub(super) struct StatusCell {
 struct Activity {
     running_turn_id: Option<String>,
     awaiting_approval: Vec<String>,
+    awaiting_client: Vec<String>,
     /// The task took a submission and is acting on it; a turn may be about
     /// to start.
     working: bool,
@@ -69,7 +73,12 @@ impl StatusCell {
         self.with(|activity| {
             activity.running_turn_id = None;
             activity.awaiting_approval.clear();
+            activity.awaiting_client.clear();
         });
+    }
+
+    pub(super) fn set_awaiting_client(&self, calls: &[String]) {
+        self.with(|activity| activity.awaiting_client = calls.to_vec());
     }
 
     pub(super) fn set_awaiting_approval(&self, calls: &[String]) {
@@ -85,6 +94,7 @@ impl StatusCell {
             running_turn_id: activity.running_turn_id.clone(),
             queued,
             awaiting_approval: activity.awaiting_approval.clone(),
+            awaiting_client: activity.awaiting_client.clone(),
             last_sequence,
             busy: activity.working || activity.running_turn_id.is_some() || queued > 0 || last_queued > activity.acted,
         })

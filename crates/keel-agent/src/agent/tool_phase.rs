@@ -9,7 +9,10 @@
 //! otherwise in order. Each call is durable (`tool_call_started`) before it
 //! runs; its result is recorded with the history it joins, in the order of
 //! the calls, whatever order they finish in. While they run, the progress
-//! they report is recorded as `tool_call_progress` events.
+//! they report is recorded as `tool_call_progress` events. Calls of tools
+//! the client executes wait for the client after the approvals are decided
+//! and before the server's calls run (see `client_wait`); their results
+//! join the history as they arrive.
 
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
@@ -62,6 +65,8 @@ enum Verdict {
     Run,
     Refuse(String),
     Ask,
+    /// The client executes it: it waits for the client's result.
+    Client,
 }
 
 impl Session {
@@ -108,11 +113,26 @@ impl Session {
             }
             verdicts = calls.iter().map(|call| self.verdict(turn, call)).collect();
         }
+        let client: Vec<&ToolCall> = calls
+            .iter()
+            .zip(&verdicts)
+            .filter(|(_, verdict)| **verdict == Verdict::Client)
+            .map(|(call, _)| call)
+            .collect();
+        if !client.is_empty()
+            && let Some(interrupt) = self.await_client(turn, &client).await?
+        {
+            self.answer_not_run(turn, calls).await?;
+            return Ok(ToolsEnd::Interrupted(interrupt));
+        }
         self.run_calls(turn, calls, &verdicts).await
     }
 
     /// Judges one call from the session's rules and the decisions made.
     fn verdict(&self, turn: &Turn, call: &ToolCall) -> Verdict {
+        if self.is_client_tool(&call.name) {
+            return Verdict::Client;
+        }
         match turn.execution.decisions.get(&call.call_id) {
             Some(ApprovalDecision::Deny) => return Verdict::Refuse(DENIED_BY_USER.to_owned()),
             Some(_) => return Verdict::Run,
@@ -180,6 +200,8 @@ impl Session {
                     call_id,
                     decision,
                 } => self.decide(turn, calls, submission, call_id, decision).await?,
+                // Client calls are requested once the approvals are decided.
+                Wake::Answered { .. } => {}
                 Wake::Interrupted(submission) => {
                     self.status.set_awaiting_approval(&[]);
                     return Ok(Some(submission));
@@ -243,7 +265,13 @@ impl Session {
             board: ProgressBoard::new(),
             next_at: tokio::time::Instant::now(),
         };
-        for (call, verdict) in calls.iter().zip(verdicts) {
+        // The client's calls have their results already.
+        let calls: Vec<(&ToolCall, &Verdict)> = calls
+            .iter()
+            .zip(verdicts)
+            .filter(|(_, verdict)| **verdict != Verdict::Client)
+            .collect();
+        for &(call, verdict) in &calls {
             self.record_started(turn, call).await?;
             match verdict {
                 Verdict::Refuse(reason) => {
@@ -278,7 +306,7 @@ impl Session {
             }
         }
         if together {
-            for call in calls {
+            for &(call, _) in &calls {
                 let outcome = self
                     .next_outcome(turn, &mut running, &mut progress, &mut interrupted)
                     .await?;
@@ -287,7 +315,8 @@ impl Session {
         }
         match interrupted {
             Some(interrupt) => {
-                self.answer_not_run(turn, calls).await?;
+                let calls: Vec<ToolCall> = calls.into_iter().map(|(call, _)| call.clone()).collect();
+                self.answer_not_run(turn, &calls).await?;
                 Ok(ToolsEnd::Interrupted(interrupt))
             }
             None => Ok(ToolsEnd::Done),
@@ -348,6 +377,7 @@ impl Session {
             inbox: &mut self.inbox,
             steering: &mut self.steering,
             recorder,
+            transcript: &self.transcript,
         };
         loop {
             tokio::select! {
@@ -392,16 +422,32 @@ impl Session {
     }
 
     /// Records a call's result with the history item it adds.
-    async fn record_result(&mut self, turn: &Turn, call: &ToolCall, mut outcome: ToolOutcome) -> Result<()> {
+    async fn record_result(&mut self, turn: &Turn, call: &ToolCall, outcome: ToolOutcome) -> Result<()> {
+        self.record_result_of(turn, call, outcome, None).await
+    }
+
+    /// Records a call's result with the history item it adds; its event
+    /// carries `submission_id` (the op that brought the result) when given,
+    /// the turn's otherwise.
+    pub(super) async fn record_result_of(
+        &mut self,
+        turn: &Turn,
+        call: &ToolCall,
+        mut outcome: ToolOutcome,
+        submission_id: Option<String>,
+    ) -> Result<()> {
         // A command's output (`env`, a config file) may hold a provider key;
         // neither the log nor the next request carries it.
         outcome.output = redact_owned(outcome.output);
-        let completed = turn.event(EventMsg::ToolCallCompleted(ToolCallCompletedEvent {
+        let mut completed = turn.event(EventMsg::ToolCallCompleted(ToolCallCompletedEvent {
             turn_id: turn.id().to_owned(),
             call_id: call.call_id.clone(),
             output: outcome.output.clone(),
             is_error: outcome.is_error,
         }));
+        if submission_id.is_some() {
+            completed.submission_id = submission_id;
+        }
         let result = TranscriptItem::ToolResult {
             call_id: call.call_id.clone(),
             output: outcome.output,

@@ -138,6 +138,8 @@ impl Session {
                 awaiting_approval: Vec::new(),
                 decisions: BTreeMap::new(),
                 started_calls: Some(Vec::new()),
+                awaiting_client: Vec::new(),
+                client_deadlines: BTreeMap::new(),
             },
         };
         self.status.begin_turn(turn.id());
@@ -169,7 +171,8 @@ impl Session {
         self.drive_turn(turn).await
     }
 
-    /// Goes on with a turn that was waiting for approvals when the session
+    /// Goes on with a turn that was waiting for approvals (or for a client's
+    /// results) when the session
     /// was last closed: the calls of its step that have no result yet are
     /// decided (the pending ones by the user) and run, then the turn goes on.
     pub(super) async fn resume_turn(&mut self, execution: TurnExecution) -> Result<()> {
@@ -267,6 +270,7 @@ impl Session {
             turn.execution.step += 1;
             turn.execution.decisions.clear();
             turn.execution.started_calls = Some(Vec::new());
+            turn.execution.client_deadlines.clear();
         }
     }
 
@@ -339,7 +343,7 @@ impl Session {
             self.streaming,
         );
         let _close_on_drop = CloseOnDrop(Arc::clone(&stream));
-        let tools = self.tools.specs();
+        let tools = self.offered_tools();
         let history = self.model_history();
         let raw_estimate = self.raw_estimate(&history, &tools);
         let mut request = ModelRequest::new(&self.session_id, turn.id(), &history, call_index);
@@ -356,6 +360,7 @@ impl Session {
             inbox: &mut self.inbox,
             steering: &mut self.steering,
             recorder,
+            transcript: &self.transcript,
         };
         let end = loop {
             let congested = recorder.is_congested();

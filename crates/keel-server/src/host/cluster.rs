@@ -28,6 +28,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::answers::{AnswerWatch, client_answer, owner_answer};
+use super::client_deadlines::waits_durably;
 use super::live::{LiveSession, SessionInUse};
 use super::pump::CloseMode;
 use super::{Host, RelayKey};
@@ -504,14 +505,19 @@ impl Host {
     }
 
     /// Whether a session without a live owner should be loaded: not one
-    /// whose turn waits for approval with nothing relayed to it (that wait
-    /// is durable; whoever receives the decision loads it).
+    /// whose turn waits for approval or a client's result (none timed out)
+    /// with nothing relayed to it (that wait is durable; whoever receives
+    /// the answer loads it).
     async fn worth_taking(&self, session_id: &str) -> bool {
         match self.store.session_summary(session_id).await {
-            Ok(Some(summary)) if summary.awaiting_approval.is_empty() => true,
-            Ok(Some(_)) => async { self.shared()?.relayed(session_id, 1).await }
-                .await
-                .is_ok_and(|relayed| !relayed.is_empty()),
+            Ok(Some(summary)) if !waits_durably(&summary) => true,
+            Ok(Some(summary)) => {
+                // Its client calls time out here if no node loads it first.
+                self.arm_client_deadline(&summary);
+                async { self.shared()?.relayed(session_id, 1).await }
+                    .await
+                    .is_ok_and(|relayed| !relayed.is_empty())
+            }
             Ok(None) => false,
             Err(error) => {
                 tracing::warn!(%session_id, %error, "cannot read a session to take over");

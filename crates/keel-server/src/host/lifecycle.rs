@@ -194,9 +194,14 @@ impl Host {
     /// stops it, the way its status calls for unless `mode` is given.
     pub(super) async fn unload(&self, session: Arc<LiveSession>, mode: Option<CloseMode>) {
         self.released();
-        let mode = mode.unwrap_or_else(|| close_mode(&session.handle.status()));
+        let status = session.handle.status();
+        let mode = mode.unwrap_or_else(|| close_mode(&status));
         let session_id = session.handle.session_id().to_owned();
         self.close(session, mode).await;
+        if !status.awaiting_client.is_empty() {
+            // Its calls time out while it is not loaded: the host wakes it.
+            self.arm_client_deadline_of(&session_id).await;
+        }
         if self.cluster.is_some() {
             // Another node may write it from now on, or may have already
             // (a lost lease): its subscribers here look at the store.

@@ -86,9 +86,11 @@ impl LiveSession {
 }
 
 /// Whether a session's status lets it stop without cutting a turn short:
-/// idle, or waiting for approval with nothing queued (that wait is durable).
+/// idle, or waiting for approval or a client's result with nothing queued
+/// (those waits are durable).
 pub(super) fn at_rest(status: &SessionStatus) -> bool {
-    !status.busy || (!status.awaiting_approval.is_empty() && status.queued == 0)
+    let waiting = !status.awaiting_approval.is_empty() || !status.awaiting_client.is_empty();
+    !status.busy || (waiting && status.queued == 0)
 }
 
 /// A live session in use by a request; it is not unloaded while in use.

@@ -26,6 +26,7 @@
 //! `shutdown`.
 
 mod answers;
+mod client_deadlines;
 mod cluster;
 mod lifecycle;
 mod live;
@@ -37,6 +38,7 @@ mod retention;
 mod shutdown;
 
 pub(crate) use cluster::Node;
+pub(crate) use model_change::SettingsChange;
 pub use relay_seal::RelayKey;
 
 use std::collections::HashMap;
@@ -96,6 +98,8 @@ pub(crate) struct Host {
     relay_wait: Duration,
     /// The requests waiting for an owner's answer (several nodes only).
     answers: answers::AnswerWaiters,
+    /// When the client calls of sessions not loaded time out.
+    client_deadlines: client_deadlines::ClientDeadlines,
 }
 
 impl Host {
@@ -126,6 +130,7 @@ impl Host {
             relay_key,
             relay_wait,
             answers: answers::AnswerWaiters::default(),
+            client_deadlines: client_deadlines::ClientDeadlines::default(),
         }
     }
 

@@ -1,14 +1,52 @@
-//! Changing a stored session's model (`PATCH /v1/sessions/{id}` with
-//! `model`): between turns only, with the session unloaded, so that the
-//! next load builds the new model and no runtime writes a checkpoint with
-//! the old settings over the new ones.
+//! Changing a stored session's settings (`PATCH /v1/sessions/{id}` with
+//! `model` or `client_tools`): between turns only, with the session
+//! unloaded, so that the next load builds the new model and tools and no
+//! runtime writes a checkpoint with the old settings over the new ones.
 
 use super::Host;
 use super::pump::CloseMode;
 use crate::error::ApiError;
 use crate::settings::SessionSettings;
-use keel_protocol::{Event, EventMsg, ModelChangedEvent};
+use keel_protocol::{ClientToolSpec, Event, EventMsg, ModelChangedEvent};
 use keel_store::{AppendBatch, CheckpointStoreExt, CheckpointWrite, EncodedEvent, SessionSummary};
+
+/// A change of a session's settings, already checked.
+pub(crate) enum SettingsChange {
+    /// A new model spec, recorded as `model_changed`.
+    Model(String),
+    /// A new list of client tools, replacing the session's.
+    ClientTools(Vec<ClientToolSpec>),
+}
+
+impl SettingsChange {
+    /// Applies the change to `settings`; the event recording it, if any.
+    fn apply(&self, settings: &mut SessionSettings, from: Option<String>) -> Option<Event> {
+        match self {
+            Self::Model(spec) => {
+                settings.model = Some(spec.clone());
+                Some(Event {
+                    submission_id: None,
+                    msg: EventMsg::ModelChanged(ModelChangedEvent {
+                        previous: from,
+                        model: spec.clone(),
+                    }),
+                })
+            }
+            Self::ClientTools(tools) => {
+                settings.client_tools = tools.clone();
+                None
+            }
+        }
+    }
+
+    /// Whether the session has this already.
+    fn is_had(&self, settings: &SessionSettings, from: Option<&str>) -> bool {
+        match self {
+            Self::Model(spec) => from == Some(spec.as_str()) && settings.model.is_some(),
+            Self::ClientTools(tools) => settings.client_tools == *tools,
+        }
+    }
+}
 
 impl Host {
     /// Stores `spec` (already checked) as the model of `session_id` and
@@ -18,12 +56,24 @@ impl Host {
     /// another model than it started with), `409 session_elsewhere` when
     /// another node runs it.
     pub(crate) async fn change_model(&self, session_id: &str, spec: &str) -> Result<(), ApiError> {
+        self.change_settings(session_id, SettingsChange::Model(spec.to_owned()))
+            .await
+    }
+
+    /// Makes `change` to the stored settings of `session_id`, under the
+    /// rules of [`Self::change_model`] (a turn goes on with the tools it
+    /// started with, as with its model).
+    pub(crate) async fn change_settings(&self, session_id: &str, change: SettingsChange) -> Result<(), ApiError> {
         let slot = self.open_slot(session_id)?;
         let result = async {
             let mut live = self.lock_open(&slot).await?;
             if let Some(session) = live.as_ref().filter(|session| !session.stopped()) {
                 let status = session.handle.status();
-                if status.busy || status.queued > 0 || !status.awaiting_approval.is_empty() {
+                if status.busy
+                    || status.queued > 0
+                    || !status.awaiting_approval.is_empty()
+                    || !status.awaiting_client.is_empty()
+                {
                     return Err(busy(session_id));
                 }
             }
@@ -37,7 +87,7 @@ impl Host {
             }
             let settings = SessionSettings::stored(session_id, &summary.context)?;
             let from = self.factory.model_spec(&settings);
-            if from.as_deref() == Some(spec) && settings.model.is_some() {
+            if change.is_had(&settings, from.as_deref()) {
                 return Ok(());
             }
             // The runtime goes first: it would write its settings back.
@@ -45,12 +95,13 @@ impl Host {
                 self.unload(session, Some(CloseMode::Graceful)).await;
             }
             let claimed = self.claim(session_id).await?;
-            let written = self.write_model(session_id, claimed.as_ref(), from, spec).await;
+            let written = self.write_settings(session_id, claimed.as_ref(), from, &change).await;
             if let Some(lease) = &claimed {
                 self.release(lease).await;
             }
-            let last_sequence = written?;
-            self.hubs.poke(session_id, last_sequence);
+            if let Some(last_sequence) = written? {
+                self.hubs.poke(session_id, last_sequence);
+            }
             Ok(())
         }
         .await;
@@ -58,16 +109,16 @@ impl Host {
         result
     }
 
-    /// Writes the new settings and the `model_changed` event in one batch,
-    /// under the session's lease (this node's claim, or one taken here);
-    /// returns the event's sequence.
-    async fn write_model(
+    /// Writes the new settings and the event recording them (if any) in
+    /// one batch, under the session's lease (this node's claim, or one
+    /// taken here); returns the event's sequence.
+    async fn write_settings(
         &self,
         session_id: &str,
         claimed: Option<&keel_store::Lease>,
         from: Option<String>,
-        spec: &str,
-    ) -> Result<u64, ApiError> {
+        change: &SettingsChange,
+    ) -> Result<Option<u64>, ApiError> {
         let lease = match claimed {
             Some(lease) => lease.epoch,
             None => self.store.acquire(session_id).await?,
@@ -82,23 +133,21 @@ impl Host {
         }
         let mut checkpoint = state.checkpoint;
         let mut settings = SessionSettings::stored(session_id, &checkpoint.session_context)?;
-        settings.model = Some(spec.to_owned());
+        let event = change.apply(&mut settings, from);
         checkpoint.session_context.settings = Some(settings.to_value());
-        let event = Event {
-            submission_id: None,
-            msg: EventMsg::ModelChanged(ModelChangedEvent {
-                previous: from,
-                model: spec.to_owned(),
-            }),
-        };
         let batch = AppendBatch {
-            events: vec![EncodedEvent::encode(&event)?],
+            events: event.iter().map(EncodedEvent::encode).collect::<Result<_, _>>()?,
             checkpoint: Some(CheckpointWrite::new(&checkpoint, &[], None)),
             lease: Some(lease),
         };
         let receipt = self.store.append(session_id, batch).await?;
-        tracing::info!(session_id, model = spec, "session model changed");
-        Ok(receipt.first_sequence)
+        match change {
+            SettingsChange::Model(spec) => tracing::info!(session_id, model = %spec, "session model changed"),
+            SettingsChange::ClientTools(tools) => {
+                tracing::info!(session_id, client_tools = tools.len(), "session client tools changed");
+            }
+        }
+        Ok(event.map(|_| receipt.first_sequence))
     }
 }
 
@@ -107,10 +156,11 @@ fn in_flight(summary: &SessionSummary) -> bool {
     summary.running_turn_id.is_some() || !summary.awaiting_approval.is_empty()
 }
 
-/// `409 session_busy` for a model change in the middle of a turn.
+/// `409 session_busy` for a settings change in the middle of a turn.
 fn busy(session_id: &str) -> ApiError {
     ApiError::SessionBusy(format!(
-        "session '{session_id}' has a turn in flight or submissions waiting; its model can be changed once \
-         they are done (a turn is answered by one model from start to end)"
+        "session '{session_id}' has a turn in flight (running, or waiting for an approval or a client tool's \
+         result) or submissions waiting; its model and client tools can be changed once they are done (a turn \
+         is answered with one model and one set of tools from start to end)"
     ))
 }

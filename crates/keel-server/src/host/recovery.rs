@@ -2,6 +2,7 @@
 //! loaded so that their work runs without waiting for a request.
 
 use super::Host;
+use super::client_deadlines::waits_durably;
 
 /// Sessions with stored work listed per store read at start.
 const RECOVERY_PAGE: usize = 500;
@@ -11,7 +12,9 @@ impl Host {
     /// in flight (closed as `runtime_stopped`) or acknowledged messages
     /// still queued (a crash after a `202`, or during an earlier recovery),
     /// so they run without waiting for a request. Turns waiting for approval
-    /// wait on, unloaded, with whatever is queued behind them.
+    /// or for a client's result wait on, unloaded, with whatever is queued
+    /// behind them (a client call's deadline is armed; one that passed
+    /// while the server was down loads the session, to time the call out).
     pub(crate) async fn recover(&self) {
         if self.cluster.is_some() {
             // The take-over sweep claims what no live node runs.
@@ -32,8 +35,12 @@ impl Host {
             after = page.last().cloned();
             for session_id in page {
                 match self.store.session_summary(&session_id).await {
-                    Ok(Some(summary)) if summary.awaiting_approval.is_empty() => {}
-                    Ok(_) => continue,
+                    Ok(Some(summary)) if waits_durably(&summary) => {
+                        self.arm_client_deadline(&summary);
+                        continue;
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => continue,
                     Err(error) => {
                         tracing::warn!(%session_id, %error, "cannot read a session to recover");
                         continue;

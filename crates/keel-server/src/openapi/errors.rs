@@ -147,6 +147,31 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
         503,
         "Several nodes: the node running the session did not take the submission up in time; retry with the same key.",
     ),
+    (
+        "invalid_client_tool",
+        400,
+        "A `client_tools` declaration with a bad name, a schema that is not an object schema, or too many or too large.",
+    ),
+    (
+        "client_tool_conflict",
+        409,
+        "A client tool with the name of a tool the server runs (built-in or MCP), or a name declared twice.",
+    ),
+    (
+        "unknown_tool_call",
+        404,
+        "A `client_tool_result` for a call that is not waiting for the client.",
+    ),
+    (
+        "tool_call_answered",
+        409,
+        "A `client_tool_result` for a call answered already (by the client, a timeout or an interrupt).",
+    ),
+    (
+        "client_tool_output_too_large",
+        413,
+        "A `client_tool_result` whose output is over 256 KiB.",
+    ),
     ("internal", 500, "A store failure or another server fault."),
 ];
 

@@ -16,10 +16,11 @@ use crate::Server;
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiQuery};
+use crate::host::SettingsChange;
 use crate::openapi::errors::{BODY, CEILING, LOADING, route_errors};
 use crate::settings::{SessionSettings, ToolsOverrides};
 use keel_agent::{BusyPolicy, MAX_BOT_ID_BYTES, MAX_SESSION_ID_BYTES, QueueMode, SessionContext, SessionStatus};
-use keel_protocol::TokenUsage;
+use keel_protocol::{ClientToolSpec, TokenUsage};
 use keel_store::{CheckpointStoreExt, MAX_TITLE_CHARS, SessionSummary};
 use keel_tools::ApprovalRules;
 
@@ -70,6 +71,16 @@ pub(crate) struct CreateSession {
     /// per message). Default: the bot's (`merge` for a coding agent,
     /// `each` for a bot with `coding_agent = false`).
     pub(crate) queue_mode: Option<QueueMode>,
+    /// Tools the client executes (see "Client tools"): offered to the
+    /// model with the server's tools; a call waits for a
+    /// `client_tool_result` op. Default: the bot's (`[bots.<id>]
+    /// client_tools`); a list given here replaces the bot's (`[]`: none).
+    #[schema(max_items = 64)]
+    pub(crate) client_tools: Option<Vec<ClientToolSpec>>,
+    /// How long the client has to answer a call, in seconds; `0` waits for
+    /// ever. Default: the bot's, else the server's `[tools]
+    /// client_tool_timeout_secs` (600).
+    pub(crate) client_tool_timeout_secs: Option<u64>,
 }
 
 /// A session as the API shows it.
@@ -107,6 +118,10 @@ pub(crate) struct SessionView {
     queued: usize,
     /// The tool calls waiting for a decision.
     pending_approvals: Vec<String>,
+    /// The calls of client tools waiting for their result.
+    pending_client_tools: Vec<String>,
+    /// The tools the client executes, as declared.
+    client_tools: Vec<ClientToolSpec>,
     /// Tokens used, summed over its model steps.
     usage: TokenUsage,
     /// Turns that ended normally.
@@ -125,6 +140,8 @@ pub(crate) enum ViewState {
     Running,
     /// A turn waits for a decision about a tool call.
     AwaitingApproval,
+    /// A turn waits for the client's result of a client tool call.
+    AwaitingClientTool,
 }
 
 /// What a session id keeps as it is in a path segment: the unreserved
@@ -165,10 +182,16 @@ impl SessionView {
                 false,
             ),
         };
+        let pending_client_tools = match &live {
+            Some(status) => status.awaiting_client.clone(),
+            None => summary.awaiting_client.clone(),
+        };
         // A live session that took a submission is `running` from then on,
         // before its turn has an id, until what it did is stored.
         let state = if !pending_approvals.is_empty() {
             ViewState::AwaitingApproval
+        } else if !pending_client_tools.is_empty() {
+            ViewState::AwaitingClientTool
         } else if running_turn_id.is_some() || acting {
             ViewState::Running
         } else {
@@ -184,7 +207,11 @@ impl SessionView {
                 .as_ref()
                 .and_then(|settings| server.host.factory.model_spec(settings)),
             on_busy: settings.as_ref().map(|settings| settings.on_busy).unwrap_or_default(),
-            queue_mode: settings.map(|settings| settings.queue_mode).unwrap_or_default(),
+            queue_mode: settings
+                .as_ref()
+                .map(|settings| settings.queue_mode)
+                .unwrap_or_default(),
+            client_tools: settings.map(|settings| settings.client_tools).unwrap_or_default(),
             created_at_ms: summary.created_at_ms,
             updated_at_ms: summary.updated_at_ms,
             last_sequence,
@@ -192,6 +219,7 @@ impl SessionView {
             running_turn_id,
             queued,
             pending_approvals,
+            pending_client_tools,
             usage: summary.usage,
             turns_completed: summary.turns_completed,
             live: live.is_some(),
@@ -234,7 +262,15 @@ route_errors!(
     CreateErrors: BODY,
     CEILING,
     LOADING,
-    ["conflict", "workspace_exists", "model_not_found", "missing_scope_submit", "tenant_forbidden"]
+    [
+        "conflict",
+        "workspace_exists",
+        "model_not_found",
+        "missing_scope_submit",
+        "tenant_forbidden",
+        "invalid_client_tool",
+        "client_tool_conflict"
+    ]
 );
 
 /// `POST /v1/sessions`.
@@ -291,7 +327,12 @@ pub(crate) async fn create_session(
         check_bot_id(bot_id)?;
     }
     let bot_id = request.bot_id.unwrap_or_else(|| DEFAULT_BOT_ID.to_owned());
+    let bot = server.host.factory.keel.bot(&bot_id);
+    let mut client_tools = request.client_tools.unwrap_or(bot.client_tools);
+    crate::client_tools::check_declared(&server.host.factory.keel, &mut client_tools)?;
     let asked = SessionSettings {
+        client_tools,
+        client_tool_timeout_secs: request.client_tool_timeout_secs.or(bot.client_tool_timeout_secs),
         model: request.model,
         instructions: request.instructions,
         tools: request.tools,
@@ -437,6 +478,12 @@ pub(crate) struct UpdateSession {
     #[serde(default, deserialize_with = "crate::extract::not_null")]
     #[schema(value_type = String, required = false, min_length = 1)]
     model: Option<String>,
+    /// The session's client tools, replacing its list (`[]`: none),
+    /// checked as at creation; used from the next turn. Refused (`409
+    /// session_busy`) while a turn is in flight, waiting included.
+    #[serde(default, deserialize_with = "crate::extract::not_null")]
+    #[schema(value_type = Vec<ClientToolSpec>, required = false, max_items = 64)]
+    client_tools: Option<Vec<ClientToolSpec>>,
 }
 
 route_errors!(
@@ -449,20 +496,24 @@ route_errors!(
         "session_busy",
         "session_elsewhere",
         "unavailable",
-        "missing_scope_submit"
+        "missing_scope_submit",
+        "invalid_client_tool",
+        "client_tool_conflict"
     ]
 );
 
-/// `PATCH /v1/sessions/{id}`: renames the session or switches its model;
+/// `PATCH /v1/sessions/{id}`: renames the session, switches its model or
+/// replaces its client tools;
 /// answers the session.
 #[utoipa::path(
     patch,
     path = "/sessions/{id}",
     tag = "sessions",
     operation_id = "update_session",
-    summary = "Rename a session or switch its model",
-    description = "Sets the session's `title`, its `model`, or both. A new model is checked as at creation, \
-        recorded in the log (`model_changed`) and used from the next turn; it is refused while a turn is in \
+    summary = "Rename a session, switch its model or replace its client tools",
+    description = "Sets the session's `title`, its `model`, its `client_tools`, or several. A new model is \
+        checked as at creation, recorded in the log (`model_changed`) and used from the next turn; new client \
+        tools are checked as at creation and offered from the next turn; both are refused while a turn is in \
         flight. This is how a session whose model the server no longer offers (`session_model_unavailable`) \
         is made to load again.",
     params(("id" = String, Path, description = "The session's id.")),
@@ -478,8 +529,14 @@ pub(crate) async fn update(
 ) -> Result<Json<SessionView>, ApiError> {
     let stored = access::session(&server, &principal, Scope::Submit, &id).await?;
     let title = request.title.as_deref().map(checked_title).transpose()?;
-    if title.is_none() && request.model.is_none() {
-        return Err(ApiError::InvalidRequest("give `title`, `model` or both".to_owned()));
+    if title.is_none() && request.model.is_none() && request.client_tools.is_none() {
+        return Err(ApiError::InvalidRequest(
+            "give `title`, `model`, `client_tools` or several".to_owned(),
+        ));
+    }
+    let mut client_tools = request.client_tools;
+    if let Some(tools) = &mut client_tools {
+        crate::client_tools::check_declared(&server.host.factory.keel, tools)?;
     }
     let Some(stored) = stored else {
         return Err(ApiError::unknown_session(&id));
@@ -487,6 +544,12 @@ pub(crate) async fn update(
     if let Some(model) = &request.model {
         let spec = server.host.factory.check_model(&stored.context.tenant, model).await?;
         server.host.change_model(&id, &spec).await?;
+    }
+    if let Some(tools) = client_tools {
+        server
+            .host
+            .change_settings(&id, SettingsChange::ClientTools(tools))
+            .await?;
     }
     if let Some(title) = title
         && !server.host.store.rename_session(&id, title).await?

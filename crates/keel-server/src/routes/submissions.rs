@@ -56,7 +56,10 @@ route_errors!(
         "owner_unavailable",
         "missing_scope_submit",
         "missing_scope_approve",
-        "missing_scope_admin"
+        "missing_scope_admin",
+        "unknown_tool_call",
+        "tool_call_answered",
+        "client_tool_output_too_large"
     ]
 );
 
@@ -144,6 +147,7 @@ pub(crate) async fn submit_op(
     if let Some(key) = &idempotency_key {
         validate_idempotency_key(key).map_err(ApiError::InvalidRequest)?;
     }
+    crate::client_tools::check_result(server, session_id, &op).await?;
     check_op(&op)?;
     server
         .host

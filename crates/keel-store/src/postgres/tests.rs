@@ -144,6 +144,8 @@ fn execution(turn_id: &str) -> TurnExecution {
         awaiting_approval: vec!["call-1".into()],
         decisions: Default::default(),
         started_calls: None,
+        awaiting_client: Vec::new(),
+        client_deadlines: Default::default(),
     }
 }
 
