@@ -431,3 +431,55 @@ async fn ag_ui_obeys_the_front_door_credentials_scopes_and_tenants() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ag_ui_frontend_tool_round_trip_through_http_agent() {
+    let Some(modules) = node_modules("ag_ui_frontend_tool_round_trip_through_http_agent") else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let call = json!({"tool_calls": [{"name": "get_location", "arguments": {}}]});
+    let model = scratch.script(
+        "client-tool.jsonl",
+        &[&call.to_string(), r#"{"text": "You are in Paris."}"#],
+    );
+    let server = ServeProcess::start(&scratch, &["--model", &model]);
+    let url = server.api.url("/v1/ag-ui");
+    let tools = json!([{"name": "get_location", "description": "Where the user is.", "parameters": {"type": "object", "properties": {}}}]);
+    let report = drive(
+        &modules,
+        &json!({"thread": "tools", "runs": [
+            {"url": url, "message": "Where am I?", "tools": tools},
+            {"url": url, "toolResult": {"content": "Paris"}, "tools": tools},
+        ]}),
+    );
+    let runs = report["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2, "{report:#}");
+    for run in runs {
+        assert_eq!(run["error"], Value::Null, "a run failed: {run:#}");
+        assert_eq!(run["schemaErrors"], json!([]), "an event does not parse: {run:#}");
+    }
+    let log = log_of(&server.api, "tools").await;
+    let requested = of_kind(&log, "client_tool_requested");
+    assert_eq!(requested.len(), 1, "{log:#?}");
+    let call_id = requested[0]["msg"]["call_id"].as_str().expect("call id");
+    // The first run stops at the frontend tool, as success naming the call.
+    assert_eq!(
+        runs[0]["outcome"],
+        json!({"type": "success", "pendingToolCallIds": [call_id]})
+    );
+    // The tool message of the second run is the call's result.
+    let completed = of_kind(&log, "tool_call_completed");
+    assert_eq!(completed.len(), 1);
+    assert_eq!(completed[0]["msg"]["call_id"], call_id);
+    assert_eq!(completed[0]["msg"]["output"], "Paris");
+    assert_eq!(runs[1]["outcome"], json!({"type": "success"}), "{:#}", runs[1]);
+    assert_eq!(of_kind(&log, "turn_complete").len(), 1);
+    let session = server.api.session("tools").await;
+    assert_eq!(session["client_tools"][0]["name"], "get_location", "{session:#}");
+    let last = report["messages"]
+        .as_array()
+        .and_then(|messages| messages.last())
+        .expect("a message");
+    assert_eq!(last["content"], "You are in Paris.");
+}

@@ -26,9 +26,11 @@ use crate::auth::{Liveness, Principal, Scope};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::fanout::Subscription;
+use crate::host::SettingsChange;
 use crate::openapi::errors::{BODY, LOADING, QUEUEING, route_errors};
 use crate::routes::sessions::{CreateSession, create_session};
 use crate::routes::{access, submissions};
+use crate::settings::SessionSettings;
 
 /// How long a run whose turn waits for the client waits for more of the
 /// log before it ends: a step's requests are one commit, so what follows
@@ -96,11 +98,14 @@ pub(crate) async fn run(
     principal.require(Scope::Read)?;
     let input = ag_ui::parse(body).map_err(input_error)?;
     let id = access::thread_session_id(&principal, &input.thread_id)?;
-    let exists = match access::session(&server, &principal, Scope::Read, &id).await {
-        Ok(_) => true,
-        Err(ApiError::NotFound(_)) => false,
+    let stored = match access::session(&server, &principal, Scope::Read, &id).await {
+        Ok(stored) => Some(stored),
+        Err(ApiError::NotFound(_)) => None,
         Err(error) => return Err(error),
     };
+    let exists = stored.is_some();
+    let mut tools = input.tools.clone();
+    crate::client_tools::check_declared(&server.host.factory.keel, &mut tools)?;
     let log = if exists {
         read_log(&server, &id).await?
     } else {
@@ -117,8 +122,15 @@ pub(crate) async fn run(
     if plan.answers.is_empty() && plan.user_messages.is_empty() {
         return Ok(snapshot(&input, &thread));
     }
-    if !exists {
-        create_session(&server, &principal, &id, CreateSession::default()).await?;
+    match stored {
+        None => {
+            let request = CreateSession {
+                client_tools: (!tools.is_empty()).then_some(tools),
+                ..CreateSession::default()
+            };
+            create_session(&server, &principal, &id, request).await?;
+        }
+        Some(summary) => update_client_tools(&server, &id, summary.as_ref(), tools).await?,
     }
     let (after, start) = if let Some((call_id, _)) = plan.answers.first() {
         let turn_id = thread
@@ -157,6 +169,31 @@ pub(crate) async fn run(
         .headers_mut()
         .insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(response)
+}
+
+/// Makes the run's frontend tools the session's client tools when they
+/// differ from the ones it has (a run without tools leaves them alone).
+/// Changing them while a turn runs is `409 session_busy`.
+async fn update_client_tools(
+    server: &Server,
+    id: &str,
+    summary: Option<&keel_store::SessionSummary>,
+    tools: Vec<keel_protocol::ClientToolSpec>,
+) -> Result<(), ApiError> {
+    if tools.is_empty() {
+        return Ok(());
+    }
+    let current = summary
+        .and_then(|summary| SessionSettings::of(&summary.context).ok())
+        .map(|settings| settings.client_tools)
+        .unwrap_or_default();
+    if current == tools {
+        return Ok(());
+    }
+    server
+        .host
+        .change_settings(id, SettingsChange::ClientTools(tools))
+        .await
 }
 
 /// Submits the run's new user messages, each keyed by its id (a retried
