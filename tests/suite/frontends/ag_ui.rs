@@ -187,6 +187,23 @@ async fn text_approval_and_resume(modules: &Path, urls: [String; 3], api: &Api) 
     assert_eq!(completed[0]["msg"]["is_error"], false);
 }
 
+/// `keel serve` node `index` on the PostgreSQL database `url`.
+fn postgres_node(url: &str, scratch: &Scratch, model: &str, index: usize) -> ServeProcess {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(["serve", "--db", url, "--listen", "127.0.0.1:0", "--model", model])
+        .args(["--node-id", &format!("node-{index}")])
+        .arg("--workspace-root")
+        .arg(scratch.workspaces())
+        .arg("--script-dir")
+        .arg(scratch.dir.path())
+        .env_remove("KEEL_MODEL")
+        .env_remove("KEEL_CONFIG")
+        .env("KEEL_LOG", "warn")
+        .current_dir(scratch.dir.path());
+    ServeProcess::spawn(command)
+}
+
 /// Posts a `RunAgentInput` to `/v1/ag-ui`.
 async fn post(api: &Api, body: &Value) -> (StatusCode, String) {
     let mut request = api.client.post(api.url("/v1/ag-ui")).json(body);
@@ -326,21 +343,7 @@ async fn ag_ui_resume_sent_to_another_node_of_a_postgres_cluster_finishes_the_tu
     let scratch = Scratch::new();
     let model = script(&scratch);
     let nodes: Vec<ServeProcess> = (0..3)
-        .map(|index| {
-            let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
-            command
-                .args(["serve", "--db", &url, "--listen", "127.0.0.1:0", "--model", &model])
-                .args(["--node-id", &format!("node-{index}")])
-                .arg("--workspace-root")
-                .arg(scratch.workspaces())
-                .arg("--script-dir")
-                .arg(scratch.dir.path())
-                .env_remove("KEEL_MODEL")
-                .env_remove("KEEL_CONFIG")
-                .env("KEEL_LOG", "warn")
-                .current_dir(scratch.dir.path());
-            ServeProcess::spawn(command)
-        })
+        .map(|index| postgres_node(&url, &scratch, &model, index))
         .collect();
     let urls = [0, 1, 2].map(|index| nodes[index].api.url("/v1/ag-ui"));
     text_approval_and_resume(&modules, urls, &nodes[2].api).await;
@@ -432,22 +435,49 @@ async fn ag_ui_obeys_the_front_door_credentials_scopes_and_tenants() {
     }
 }
 
+/// The model of the frontend tool tests: a `get_location` call, then an
+/// answer.
+fn client_tool_script(scratch: &Scratch) -> String {
+    let call = json!({"tool_calls": [{"name": "get_location", "arguments": {}}]});
+    scratch.script(
+        "client-tool.jsonl",
+        &[&call.to_string(), r#"{"text": "You are in Paris."}"#],
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ag_ui_frontend_tool_round_trip_through_http_agent() {
     let Some(modules) = node_modules("ag_ui_frontend_tool_round_trip_through_http_agent") else {
         return;
     };
     let scratch = Scratch::new();
-    let call = json!({"tool_calls": [{"name": "get_location", "arguments": {}}]});
-    let model = scratch.script(
-        "client-tool.jsonl",
-        &[&call.to_string(), r#"{"text": "You are in Paris."}"#],
-    );
+    let model = client_tool_script(&scratch);
     let server = ServeProcess::start(&scratch, &["--model", &model]);
-    let url = server.api.url("/v1/ag-ui");
+    frontend_tool_round_trip(&modules, &server.api).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ag_ui_frontend_tool_round_trip_on_postgres() {
+    let Some(modules) = node_modules("ag_ui_frontend_tool_round_trip_on_postgres") else {
+        return;
+    };
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
+    let url = postgres.fresh_database();
+    let scratch = Scratch::new();
+    let model = client_tool_script(&scratch);
+    let server = postgres_node(&url, &scratch, &model, 0);
+    frontend_tool_round_trip(&modules, &server.api).await;
+}
+
+/// A frontend tool through `HttpAgent`: the first run stops at the call,
+/// the second answers it with a tool message, and the turn completes.
+async fn frontend_tool_round_trip(modules: &Path, api: &Api) {
+    let url = api.url("/v1/ag-ui");
     let tools = json!([{"name": "get_location", "description": "Where the user is.", "parameters": {"type": "object", "properties": {}}}]);
     let report = drive(
-        &modules,
+        modules,
         &json!({"thread": "tools", "runs": [
             {"url": url, "message": "Where am I?", "tools": tools},
             {"url": url, "toolResult": {"content": "Paris"}, "tools": tools},
@@ -459,7 +489,7 @@ async fn ag_ui_frontend_tool_round_trip_through_http_agent() {
         assert_eq!(run["error"], Value::Null, "a run failed: {run:#}");
         assert_eq!(run["schemaErrors"], json!([]), "an event does not parse: {run:#}");
     }
-    let log = log_of(&server.api, "tools").await;
+    let log = log_of(api, "tools").await;
     let requested = of_kind(&log, "client_tool_requested");
     assert_eq!(requested.len(), 1, "{log:#?}");
     let call_id = requested[0]["msg"]["call_id"].as_str().expect("call id");
@@ -475,7 +505,7 @@ async fn ag_ui_frontend_tool_round_trip_through_http_agent() {
     assert_eq!(completed[0]["msg"]["output"], "Paris");
     assert_eq!(runs[1]["outcome"], json!({"type": "success"}), "{:#}", runs[1]);
     assert_eq!(of_kind(&log, "turn_complete").len(), 1);
-    let session = server.api.session("tools").await;
+    let session = api.session("tools").await;
     assert_eq!(session["client_tools"][0]["name"], "get_location", "{session:#}");
     let last = report["messages"]
         .as_array()

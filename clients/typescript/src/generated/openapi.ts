@@ -463,6 +463,117 @@ export interface components {
          * @enum {string}
          */
         ActorKind: "operator" | "api_key" | "jwt";
+        /** @description A message of `RunAgentInput.messages`, by `role`. */
+        AgUiInputMessage: {
+            /** @description Its id (the submission's idempotency key). */
+            id: string;
+            /** @description Its text. */
+            content: components["schemas"]["AgUiUserContent"];
+            /** @enum {string} */
+            role: "user";
+        } | {
+            /** @description Its id. */
+            id: string;
+            /** @description Its text. */
+            content?: string | null;
+            /** @description Its tool calls. */
+            toolCalls?: Record<string, never>[] | null;
+            /** @enum {string} */
+            role: "assistant";
+        } | {
+            /** @description Its id. */
+            id: string;
+            /** @description The call it answers. */
+            toolCallId: string;
+            /** @description The result. */
+            content: components["schemas"]["AgUiToolContent"];
+            /** @description Set when the call failed. */
+            error?: string | null;
+            /** @enum {string} */
+            role: "tool";
+        } | {
+            /** @description Its id. */
+            id: string;
+            /** @description Its text. */
+            content: string;
+            /** @enum {string} */
+            role: "system";
+        } | {
+            /** @description Its id. */
+            id: string;
+            /** @description Its text. */
+            content: string;
+            /** @enum {string} */
+            role: "developer";
+        };
+        /** @description An answer to one interrupt. */
+        AgUiResumeEntry: {
+            /** @description The interrupt answered: the waiting call's id. */
+            interruptId: string;
+            /**
+             * @description `resolved` (approve, unless the payload says `false`, `"deny"`,
+             *     `{"approved": false}` or `{"decision": "deny"}`) or `cancelled`
+             *     (deny).
+             */
+            status: components["schemas"]["AgUiResumeStatus"];
+            /** @description The answer. */
+            payload?: Record<string, never> | null;
+        };
+        /**
+         * @description How a resume entry ends its interrupt.
+         * @enum {string}
+         */
+        AgUiResumeStatus: "resolved" | "cancelled";
+        /**
+         * @description AG-UI's `RunAgentInput`. Other fields (`state`, `context`,
+         *     `forwardedProps`, `protocolVersion`, `parentRunId`) are accepted and
+         *     not used.
+         */
+        AgUiRunAgentInput: {
+            /**
+             * @description The thread: the session's id (a tenant's credentials get their own
+             *     namespace of threads).
+             */
+            threadId: string;
+            /** @description The client's id for the run (Keel's runs are named by turn). */
+            runId: string;
+            /** @description The conversation: the session's history, then the new messages. */
+            messages: components["schemas"]["AgUiInputMessage"][];
+            /** @description Frontend tools, offered to the model as the session's client tools. */
+            tools?: components["schemas"]["AgUiTool"][] | null;
+            /** @description Answers to the last run's interrupts. */
+            resume?: components["schemas"]["AgUiResumeEntry"][] | null;
+        };
+        /** @description A text part. */
+        AgUiTextPart: {
+            /** @description Always `text`. */
+            type: string;
+            /** @description The text. */
+            text: string;
+        };
+        /** @description A frontend tool. */
+        AgUiTool: {
+            /**
+             * @description Its name, as the model calls it (not the name of a tool the server
+             *     runs).
+             */
+            name: string;
+            /** @description What it does. */
+            description: string;
+            parameters?: components["schemas"]["AgUiToolParameters"] | null;
+        };
+        /** @description A tool message's content: text, or text parts. */
+        AgUiToolContent: string | components["schemas"]["AgUiTextPart"][];
+        /**
+         * @description A frontend tool's `parameters`: a JSON Schema describing an object
+         *     (its other keywords as JSON Schema has them).
+         */
+        AgUiToolParameters: {
+            /** @description Always `object`. */
+            type: string;
+        };
+        /** @description Text, or text parts (other parts are refused). */
+        AgUiUserContent: string | components["schemas"]["AgUiTextPart"][];
         /**
          * @description Payload of [`EventMsg::ApprovalDecided`]; the envelope's `submission_id`
          *     is the approval op's.
@@ -978,49 +1089,6 @@ export interface components {
             /** @description A user message submitted to the fork once it exists (not only white space): with a point just before a past message's turn, this edits that message. */
             message?: string | null;
         };
-        /** @description A message of `RunAgentInput.messages`, by `role`. */
-        InputMessage: {
-            /** @description Its id (the submission's idempotency key). */
-            id: string;
-            /** @description Its text. */
-            content: components["schemas"]["UserContent"];
-            /** @enum {string} */
-            role: "user";
-        } | {
-            /** @description Its id. */
-            id: string;
-            /** @description Its text. */
-            content?: string | null;
-            /** @description Its tool calls. */
-            toolCalls?: Record<string, never>[] | null;
-            /** @enum {string} */
-            role: "assistant";
-        } | {
-            /** @description Its id. */
-            id: string;
-            /** @description The call it answers. */
-            toolCallId: string;
-            /** @description The result. */
-            content: components["schemas"]["ToolContent"];
-            /** @description Set when the call failed. */
-            error?: string | null;
-            /** @enum {string} */
-            role: "tool";
-        } | {
-            /** @description Its id. */
-            id: string;
-            /** @description Its text. */
-            content: string;
-            /** @enum {string} */
-            role: "system";
-        } | {
-            /** @description Its id. */
-            id: string;
-            /** @description Its text. */
-            content: string;
-            /** @enum {string} */
-            role: "developer";
-        };
         /** @description One `AGENTS.md` file that went into [`ProjectInstructions`]. */
         InstructionSource: {
             /**
@@ -1236,44 +1304,6 @@ export interface components {
              * @description When the event was committed, in milliseconds since the Unix epoch.
              */
             recorded_at_ms: number;
-        };
-        /** @description An answer to one interrupt. */
-        ResumeEntry: {
-            /** @description The interrupt answered: the waiting call's id. */
-            interruptId: string;
-            /**
-             * @description `resolved` (approve, unless the payload says `false`, `"deny"`,
-             *     `{"approved": false}` or `{"decision": "deny"}`) or `cancelled`
-             *     (deny).
-             */
-            status: components["schemas"]["ResumeStatus"];
-            /** @description The answer. */
-            payload?: Record<string, never> | null;
-        };
-        /**
-         * @description How a resume entry ends its interrupt.
-         * @enum {string}
-         */
-        ResumeStatus: "resolved" | "cancelled";
-        /**
-         * @description AG-UI's `RunAgentInput`. Other fields (`state`, `context`,
-         *     `forwardedProps`, `protocolVersion`, `parentRunId`) are accepted and
-         *     not used.
-         */
-        RunAgentInput: {
-            /**
-             * @description The thread: the session's id (a tenant's credentials get their own
-             *     namespace of threads).
-             */
-            threadId: string;
-            /** @description The client's id for the run (Keel's runs are named by turn). */
-            runId: string;
-            /** @description The conversation: the session's history, then the new messages. */
-            messages: components["schemas"]["InputMessage"][];
-            /** @description Frontend tools, offered to the model as the session's client tools. */
-            tools?: components["schemas"]["Tool"][] | null;
-            /** @description Answers to the last run's interrupts. */
-            resume?: components["schemas"]["ResumeEntry"][] | null;
         };
         /**
          * @description The sandbox a session's shell commands run under, as recorded in
@@ -1492,13 +1522,6 @@ export interface components {
              */
             total_tokens: number;
         };
-        /** @description A text part. */
-        TextPart: {
-            /** @description Always `text`. */
-            type: string;
-            /** @description The text. */
-            text: string;
-        };
         /** @description Tokens a model call used, as the provider reported them. */
         TokenUsage: {
             /**
@@ -1535,15 +1558,6 @@ export interface components {
             usage: components["schemas"]["TokenUsage"];
             /** @description What the session has used so far, this step included. */
             session_total: components["schemas"]["TokenUsage"];
-        };
-        /** @description A frontend tool. */
-        Tool: {
-            /** @description Its name. */
-            name: string;
-            /** @description What it does. */
-            description: string;
-            /** @description The JSON Schema of its arguments. */
-            parameters?: Record<string, never> | null;
         };
         /** @description Payload of [`EventMsg::ToolCallCompleted`]. */
         ToolCallCompletedEvent: {
@@ -1589,8 +1603,6 @@ export interface components {
             /** @description The arguments as the model wrote them (JSON text, possibly malformed). */
             arguments: string;
         };
-        /** @description A tool message's content: text, or text parts. */
-        ToolContent: string | components["schemas"]["TextPart"][];
         /** @description Payload of [`EventMsg::ToolsChanged`]. */
         ToolsChangedEvent: {
             /** @description The turn whose next model step sees the change. */
@@ -1704,8 +1716,6 @@ export interface components {
             /** @description Per session. */
             sessions: components["schemas"]["SessionLine"][];
         };
-        /** @description Text, or text parts (other parts are refused). */
-        UserContent: string | components["schemas"]["TextPart"][];
         /** @description Payload of [`EventMsg::UserMessage`]. */
         UserMessageEvent: {
             /** @description The turn the message joined. */
@@ -3344,7 +3354,7 @@ export interface operations {
         /** @description AG-UI's `RunAgentInput`. */
         requestBody: {
             content: {
-                "application/json": components["schemas"]["RunAgentInput"];
+                "application/json": components["schemas"]["AgUiRunAgentInput"];
             };
         };
         responses: {
@@ -3357,7 +3367,7 @@ export interface operations {
                     "text/event-stream": Record<string, never>;
                 };
             };
-            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. `invalid_client_tool`: A `client_tools` declaration with a bad name, a schema that is not an object schema, or too many or too large. */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3366,7 +3376,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "invalid_request";
+                            code?: "invalid_request" | "invalid_client_tool";
                         };
                     };
                 };
@@ -3429,7 +3439,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `history_mismatch`: AG-UI: the request's messages are not the session's history; the message names the first difference. `call_not_waiting`: AG-UI: a resume entry or tool message answers a tool call that does not wait for an answer. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. */
+            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `history_mismatch`: AG-UI: the request's messages are not the session's history; the message names the first difference. `call_not_waiting`: AG-UI: a resume entry or tool message answers a tool call that does not wait for an answer. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. `client_tool_conflict`: A client tool with the name of a tool the server runs (built-in or MCP), or a name declared twice. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3438,7 +3448,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "queue_full" | "session_busy" | "conflict" | "history_mismatch" | "call_not_waiting" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused";
+                            code?: "queue_full" | "session_busy" | "conflict" | "history_mismatch" | "call_not_waiting" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused" | "client_tool_conflict";
                         };
                     };
                 };

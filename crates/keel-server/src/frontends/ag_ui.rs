@@ -48,6 +48,8 @@ route_errors!(
     [
         "history_mismatch",
         "call_not_waiting",
+        "invalid_client_tool",
+        "client_tool_conflict",
         "idempotency_key_reused",
         "session_elsewhere",
         "owner_unavailable",
@@ -77,7 +79,7 @@ route_errors!(
         `TOOL_CALL_RESULT`, `REASONING_*`, then `RUN_FINISHED` (success, the interrupt outcome while approvals \
         wait, `pendingToolCallIds` while client tools wait, cancelled after an interrupt) or `RUN_ERROR`. A \
         request with nothing new answers the thread's `MESSAGES_SNAPSHOT`. See docs/ag-ui.md.",
-    request_body(content = super::ag_ui_schema::RunAgentInput, description = "AG-UI's `RunAgentInput`.", content_type = "application/json"),
+    request_body(content = super::ag_ui_schema::AgUiRunAgentInput, description = "AG-UI's `RunAgentInput`.", content_type = "application/json"),
     security(("bearer" = ["submit"])),
     responses(
         (

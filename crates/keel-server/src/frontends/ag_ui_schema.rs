@@ -16,7 +16,7 @@ use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema,
 /// not used.
 #[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct RunAgentInput {
+pub(crate) struct AgUiRunAgentInput {
     /// The thread: the session's id (a tenant's credentials get their own
     /// namespace of threads).
     #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
@@ -24,24 +24,25 @@ pub(crate) struct RunAgentInput {
     /// The client's id for the run (Keel's runs are named by turn).
     run_id: String,
     /// The conversation: the session's history, then the new messages.
-    messages: Vec<InputMessage>,
+    messages: Vec<AgUiInputMessage>,
     /// Frontend tools, offered to the model as the session's client tools.
-    tools: Option<Vec<Tool>>,
+    #[schema(max_items = 64)]
+    tools: Option<Vec<AgUiTool>>,
     /// Answers to the last run's interrupts.
-    resume: Option<Vec<ResumeEntry>>,
+    resume: Option<Vec<AgUiResumeEntry>>,
 }
 
 /// A message of `RunAgentInput.messages`, by `role`.
 #[derive(Deserialize, ToSchema)]
 #[serde(tag = "role", rename_all = "lowercase")]
-pub(crate) enum InputMessage {
+pub(crate) enum AgUiInputMessage {
     /// A user message; a new one becomes a submission keyed by its id.
     User {
         /// Its id (the submission's idempotency key).
         #[schema(min_length = 1, max_length = 128, pattern = r"^[!-~]+$")]
         id: String,
         /// Its text.
-        content: UserContent,
+        content: AgUiUserContent,
     },
     /// An assistant message, as the last runs sent it.
     Assistant {
@@ -62,7 +63,7 @@ pub(crate) enum InputMessage {
         #[serde(rename = "toolCallId")]
         tool_call_id: String,
         /// The result.
-        content: ToolContent,
+        content: AgUiToolContent,
         /// Set when the call failed.
         error: Option<String>,
     },
@@ -86,21 +87,21 @@ pub(crate) enum InputMessage {
 /// refused), not only white space.
 #[derive(Deserialize)]
 #[serde(untagged)]
-pub(crate) enum UserContent {
+pub(crate) enum AgUiUserContent {
     /// The text.
     Text(String),
     /// Text parts, joined.
-    Parts(Vec<TextPart>),
+    Parts(Vec<AgUiTextPart>),
 }
 
-impl utoipa::PartialSchema for UserContent {
+impl utoipa::PartialSchema for AgUiUserContent {
     fn schema() -> RefOr<Schema> {
         let text = ObjectBuilder::new()
             .schema_type(Type::String)
             .pattern(Some(r"\S"))
             .description(Some("The text (not only white space)."));
         let parts = ArrayBuilder::new()
-            .items(RefOr::Ref(utoipa::openapi::Ref::from_schema_name("TextPart")))
+            .items(RefOr::Ref(utoipa::openapi::Ref::from_schema_name("AgUiTextPart")))
             .min_items(Some(1))
             .description(Some("Text parts, joined."));
         OneOfBuilder::new()
@@ -111,11 +112,11 @@ impl utoipa::PartialSchema for UserContent {
     }
 }
 
-impl ToSchema for UserContent {
+impl ToSchema for AgUiUserContent {
     fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
         schemas.push((
-            TextPart::name().into_owned(),
-            <TextPart as utoipa::PartialSchema>::schema(),
+            AgUiTextPart::name().into_owned(),
+            <AgUiTextPart as utoipa::PartialSchema>::schema(),
         ));
     }
 }
@@ -123,16 +124,16 @@ impl ToSchema for UserContent {
 /// A tool message's content: text, or text parts.
 #[derive(Deserialize, ToSchema)]
 #[serde(untagged)]
-pub(crate) enum ToolContent {
+pub(crate) enum AgUiToolContent {
     /// The text.
     Text(String),
     /// Text parts, joined.
-    Parts(Vec<TextPart>),
+    Parts(Vec<AgUiTextPart>),
 }
 
 /// A text part.
 #[derive(Deserialize, ToSchema)]
-pub(crate) struct TextPart {
+pub(crate) struct AgUiTextPart {
     /// Always `text`.
     #[serde(rename = "type")]
     #[schema(pattern = "^text$")]
@@ -144,26 +145,37 @@ pub(crate) struct TextPart {
 
 /// A frontend tool.
 #[derive(Deserialize, ToSchema)]
-pub(crate) struct Tool {
-    /// Its name.
+pub(crate) struct AgUiTool {
+    /// Its name, as the model calls it (not the name of a tool the server
+    /// runs).
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     name: String,
     /// What it does.
     description: String,
-    /// The JSON Schema of its arguments.
-    #[schema(value_type = Option<Object>)]
-    parameters: Option<Value>,
+    /// The JSON Schema of its arguments: an object schema.
+    parameters: Option<AgUiToolParameters>,
+}
+
+/// A frontend tool's `parameters`: a JSON Schema describing an object
+/// (its other keywords as JSON Schema has them).
+#[derive(Deserialize, ToSchema)]
+pub(crate) struct AgUiToolParameters {
+    /// Always `object`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^object$")]
+    kind: String,
 }
 
 /// An answer to one interrupt.
 #[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct ResumeEntry {
+pub(crate) struct AgUiResumeEntry {
     /// The interrupt answered: the waiting call's id.
     interrupt_id: String,
     /// `resolved` (approve, unless the payload says `false`, `"deny"`,
     /// `{"approved": false}` or `{"decision": "deny"}`) or `cancelled`
     /// (deny).
-    status: ResumeStatus,
+    status: AgUiResumeStatus,
     /// The answer.
     #[schema(value_type = Option<Object>)]
     payload: Option<Value>,
@@ -172,7 +184,7 @@ pub(crate) struct ResumeEntry {
 /// How a resume entry ends its interrupt.
 #[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum ResumeStatus {
+pub(crate) enum AgUiResumeStatus {
     /// Answered.
     Resolved,
     /// Dismissed.
