@@ -66,6 +66,15 @@ pub enum ApiError {
     /// The resource exists already (409).
     #[error("{0}")]
     Conflict(String),
+    /// A front-end protocol's request that does not fit the session's
+    /// state (`409`): `history_mismatch`, `call_not_waiting`.
+    #[error("{message}")]
+    ProtocolConflict {
+        /// The machine code.
+        code: &'static str,
+        /// What does not fit.
+        message: String,
+    },
     /// A stored session whose model this server cannot build now (409):
     /// the operator changed the server's models since the session was made
     /// (a model beyond a lowered ceiling keeps the ceiling's `403`). The session is kept as it is; a `PATCH` of its
@@ -169,6 +178,7 @@ impl ApiError {
             Self::QueueFull
             | Self::SessionBusy(_)
             | Self::Conflict(_)
+            | Self::ProtocolConflict { .. }
             | Self::SessionModelUnavailable(_)
             | Self::KeyReused(_)
             | Self::InvalidForkPoint(_)
@@ -210,6 +220,7 @@ impl ApiError {
             Self::QueueFull => "queue_full",
             Self::SessionBusy(_) => "session_busy",
             Self::Conflict(_) => "conflict",
+            Self::ProtocolConflict { code, .. } => code,
             Self::SessionModelUnavailable(_) => "session_model_unavailable",
             Self::Workspace { code, .. } => code,
             Self::Elsewhere(_) => "session_elsewhere",
@@ -371,6 +382,14 @@ mod tests {
             (ApiError::NotFound("x".into()), 404, "not_found"),
             (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
             (ApiError::QueueFull, 409, "queue_full"),
+            (
+                ApiError::ProtocolConflict {
+                    code: "history_mismatch",
+                    message: "x".into(),
+                },
+                409,
+                "history_mismatch",
+            ),
             (ApiError::SessionBusy("x".into()), 409, "session_busy"),
             (ApiError::KeyReused("x".into()), 409, "idempotency_key_reused"),
             (ApiError::Conflict("x".into()), 409, "conflict"),

@@ -65,6 +65,16 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
     ),
     ("conflict", 409, "A session with that id exists."),
     (
+        "history_mismatch",
+        409,
+        "AG-UI: the request's messages are not the session's history; the message names the first difference.",
+    ),
+    (
+        "call_not_waiting",
+        409,
+        "AG-UI: a resume entry or tool message answers a tool call that does not wait for an answer.",
+    ),
+    (
         "invalid_fork_point",
         409,
         "A fork point past the parent's log or inside a turn.",
@@ -338,6 +348,14 @@ mod tests {
             ApiError::QueueFull,
             ApiError::SessionBusy(String::new()),
             ApiError::Conflict(String::new()),
+            ApiError::ProtocolConflict {
+                code: "history_mismatch",
+                message: String::new(),
+            },
+            ApiError::ProtocolConflict {
+                code: "call_not_waiting",
+                message: String::new(),
+            },
             ApiError::Elsewhere(String::new()),
             ApiError::KeyReused(String::new()),
             ApiError::RequestTimeout(String::new()),

@@ -40,6 +40,7 @@ use crate::API_VERSION;
         (name = "sessions", description = "Create, read, fork, rename and delete sessions, switch their model; the server's models."),
         (name = "submissions", description = "Ops in: messages, interrupts, approvals."),
         (name = "events", description = "Events out: pages of the log, server-sent events, a WebSocket."),
+        (name = "frontends", description = "Front-end protocols over the same sessions: AG-UI 1.0, the AI SDK's UI message stream."),
         (name = "usage", description = "Token usage."),
         (name = "auth", description = "Who a credential is; API keys (admin)."),
         (name = "operations", description = "Health, readiness, metrics, this description."),

@@ -53,6 +53,7 @@ pub(crate) fn documented() -> Documented {
             .routes(routes!(submissions::submit))
             .routes(routes!(events::page))
             .routes(routes!(sse::stream))
+            .routes(routes!(crate::frontends::ag_ui::run))
             .routes(routes!(ws::upgrade))
             .routes(routes!(usage::show))
             .routes(routes!(

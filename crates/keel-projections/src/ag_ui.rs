@@ -1,1 +1,0 @@
-//! AG-UI 1.0 events.

@@ -1,0 +1,441 @@
+//! `RunAgentInput` read as Keel ops: the run's new trailing user messages
+//! become submissions, tool messages and `resume` entries answer the calls
+//! that wait, and the history before them must be the session's.
+
+use std::collections::HashSet;
+
+use keel_protocol::{ApprovalDecision, ClientToolSpec, Op};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::events::Message;
+use super::thread::{Thread, WaitKind};
+
+/// Why a request cannot run. Nothing is stored for any of them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    /// The body is not a `RunAgentInput` Keel takes (`400`).
+    #[error("{0}")]
+    Malformed(String),
+    /// The history the client sent is not the session's (`409`).
+    #[error("{0}")]
+    HistoryMismatch(String),
+    /// A resume entry or tool message answers a call that does not wait
+    /// (`409`).
+    #[error("{0}")]
+    NotWaiting(String),
+}
+
+/// A message of the request, reduced to what Keel compares and takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InputMessage {
+    /// A user message.
+    User {
+        /// The client's id.
+        id: String,
+        /// Its text (its text parts, joined).
+        text: String,
+    },
+    /// An assistant message.
+    Assistant {
+        /// The id.
+        id: String,
+        /// Its text (empty when absent).
+        text: String,
+    },
+    /// A tool result.
+    Tool {
+        /// The call it answers.
+        tool_call_id: String,
+        /// Its text.
+        text: String,
+        /// Whether it reports an error.
+        is_error: bool,
+    },
+    /// A message Keel does not keep in its history (`system`, `developer`,
+    /// `reasoning`, `activity`): not compared.
+    Ignored,
+}
+
+impl InputMessage {
+    fn compared(&self) -> Option<(&'static str, &str)> {
+        match self {
+            InputMessage::User { text, .. } => Some(("user", text)),
+            InputMessage::Assistant { text, .. } => Some(("assistant", text)),
+            InputMessage::Tool { text, .. } => Some(("tool", text)),
+            InputMessage::Ignored => None,
+        }
+    }
+}
+
+/// How a resume entry ends its interrupt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeStatus {
+    /// Answered (with the payload).
+    Resolved,
+    /// Dismissed.
+    Cancelled,
+}
+
+/// An answer to one interrupt.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumeEntry {
+    /// The interrupt answered (the call's id).
+    pub interrupt_id: String,
+    /// Whether it was answered or dismissed.
+    pub status: ResumeStatus,
+    /// The answer.
+    #[serde(default)]
+    pub payload: Option<Value>,
+}
+
+/// A `RunAgentInput`, as far as Keel reads it (`state`, `context` and
+/// `forwardedProps` are accepted and not used).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunInput {
+    /// The thread: the session.
+    pub thread_id: String,
+    /// The client's id for the run.
+    pub run_id: String,
+    /// The conversation as the client has it.
+    pub messages: Vec<InputMessage>,
+    /// The frontend tools, as client tools.
+    pub tools: Vec<ClientToolSpec>,
+    /// The answers to the last run's interrupts.
+    pub resume: Vec<ResumeEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Wire {
+    thread_id: String,
+    run_id: String,
+    messages: Vec<Value>,
+    #[serde(default)]
+    tools: Option<Vec<WireTool>>,
+    #[serde(default)]
+    resume: Option<Vec<ResumeEntry>>,
+}
+
+#[derive(Deserialize)]
+struct WireTool {
+    name: String,
+    description: String,
+    #[serde(default)]
+    parameters: Option<Value>,
+}
+
+/// Reads a `RunAgentInput` body (already read as JSON).
+pub fn parse(body: Value) -> Result<RunInput, InputError> {
+    let wire: Wire =
+        serde_json::from_value(body).map_err(|error| InputError::Malformed(format!("not a RunAgentInput: {error}")))?;
+    let messages = wire
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(index, message)| message_of(index, message))
+        .collect::<Result<Vec<_>, _>>()?;
+    let resume = wire.resume.unwrap_or_default();
+    let tools = wire
+        .tools
+        .unwrap_or_default()
+        .into_iter()
+        .map(|tool| {
+            let parameters = match tool.parameters {
+                None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+                Some(parameters @ Value::Object(_)) => parameters,
+                Some(_) => {
+                    return Err(InputError::Malformed(format!(
+                        "the tool '{}': `parameters` is a JSON Schema object",
+                        tool.name
+                    )));
+                }
+            };
+            Ok(ClientToolSpec {
+                name: tool.name,
+                description: tool.description,
+                parameters,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RunInput {
+        thread_id: wire.thread_id,
+        run_id: wire.run_id,
+        messages,
+        tools,
+        resume,
+    })
+}
+
+fn message_of(index: usize, message: &Value) -> Result<InputMessage, InputError> {
+    let at = |what: &str| InputError::Malformed(format!("messages[{index}]: {what}"));
+    let field = |name: &str| message.get(name).and_then(Value::as_str).map(str::to_owned);
+    let role = field("role").ok_or_else(|| at("has no `role`"))?;
+    let id = field("id").ok_or_else(|| at("has no `id`"))?;
+    match role.as_str() {
+        "user" => Ok(InputMessage::User {
+            id,
+            text: content_text(index, message.get("content"))?,
+        }),
+        "assistant" => Ok(InputMessage::Assistant {
+            id,
+            text: match message.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(text)) => text.clone(),
+                Some(_) => return Err(at("an assistant message's `content` is text")),
+            },
+        }),
+        "tool" => Ok(InputMessage::Tool {
+            tool_call_id: field("toolCallId").ok_or_else(|| at("a tool message needs `toolCallId`"))?,
+            text: content_text(index, message.get("content"))?,
+            is_error: message.get("error").is_some_and(|error| !error.is_null()),
+        }),
+        "system" | "developer" | "reasoning" | "activity" => Ok(InputMessage::Ignored),
+        other => Err(at(&format!("unknown role '{other}'"))),
+    }
+}
+
+/// A message's text: a string, or text parts (other parts are refused:
+/// Keel's messages are text).
+fn content_text(index: usize, content: Option<&Value>) -> Result<String, InputError> {
+    match content {
+        Some(Value::String(text)) => Ok(text.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") => text.push_str(part.get("text").and_then(Value::as_str).unwrap_or("")),
+                    Some(kind) => {
+                        return Err(InputError::Malformed(format!(
+                            "messages[{index}]: content parts of type '{kind}' are not supported; send text"
+                        )));
+                    }
+                    None => {
+                        return Err(InputError::Malformed(format!(
+                            "messages[{index}]: a content part has no `type`"
+                        )));
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(InputError::Malformed(format!(
+            "messages[{index}]: `content` is text or a list of text parts"
+        ))),
+    }
+}
+
+/// What a request asks Keel to do, once checked against the thread.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// Answers to waiting calls (`approval`, `client_tool_result` ops), by
+    /// call id; they come first.
+    pub answers: Vec<(String, Op)>,
+    /// The new user messages: (the client's id, used as the idempotency
+    /// key, and the text).
+    pub user_messages: Vec<(String, String)>,
+}
+
+/// Checks `input` against the session's `thread` and says what to submit.
+pub fn plan(input: &RunInput, thread: &Thread) -> Result<Plan, InputError> {
+    let compared: Vec<&InputMessage> = input
+        .messages
+        .iter()
+        .filter(|message| message.compared().is_some())
+        .collect();
+    // The new messages: the trailing user and tool messages.
+    let split = compared
+        .iter()
+        .rposition(|message| !matches!(message, InputMessage::User { .. } | InputMessage::Tool { .. }))
+        .map_or(0, |last| last + 1);
+    let (history, new) = compared.split_at(split);
+    let session = thread.messages();
+    // New messages the session has already (a retried run) are part of
+    // its history: compare only what comes before the first of them.
+    let cut = new
+        .iter()
+        .filter_map(|message| position_in(&session, message))
+        .min()
+        .unwrap_or(session.len());
+    compare(history, &session[..cut])?;
+    let mut plan = Plan::default();
+    for message in new {
+        match message {
+            InputMessage::User { id, text } => plan.user_messages.push((id.clone(), text.clone())),
+            InputMessage::Tool {
+                tool_call_id,
+                text,
+                is_error,
+            } => {
+                if thread.answered(tool_call_id) {
+                    continue;
+                }
+                match thread.wait(tool_call_id) {
+                    Some(wait) if wait.kind == WaitKind::ClientTool => plan.answers.push((
+                        tool_call_id.clone(),
+                        Op::ClientToolResult {
+                            call_id: tool_call_id.clone(),
+                            output: text.clone(),
+                            is_error: *is_error,
+                        },
+                    )),
+                    _ => return Err(not_waiting(tool_call_id)),
+                }
+            }
+            InputMessage::Assistant { .. } | InputMessage::Ignored => {}
+        }
+    }
+    let mut resumed = HashSet::new();
+    for entry in &input.resume {
+        let wait = thread
+            .wait(&entry.interrupt_id)
+            .ok_or_else(|| not_waiting(&entry.interrupt_id))?;
+        if !resumed.insert(entry.interrupt_id.as_str()) {
+            return Err(InputError::Malformed(format!(
+                "`resume` answers the interrupt '{}' twice",
+                entry.interrupt_id
+            )));
+        }
+        if plan.answers.iter().any(|(call, _)| *call == entry.interrupt_id) {
+            continue;
+        }
+        let op = match wait.kind {
+            WaitKind::Approval => Op::Approval {
+                call_id: wait.call_id.clone(),
+                decision: decision_of(entry)?,
+            },
+            WaitKind::ClientTool => client_result_of(&wait.call_id, entry),
+        };
+        plan.answers.push((wait.call_id.clone(), op));
+    }
+    Ok(plan)
+}
+
+fn not_waiting(call_id: &str) -> InputError {
+    InputError::NotWaiting(format!("no tool call '{call_id}' waits for an answer in this thread"))
+}
+
+/// Where the session has `message` already, for a new message a retried
+/// run sends again.
+fn position_in(session: &[Message], message: &InputMessage) -> Option<usize> {
+    session.iter().position(|have| match (have, message) {
+        (Message::User { id, .. }, InputMessage::User { id: sent, .. }) => id == sent,
+        (Message::Tool { tool_call_id, .. }, InputMessage::Tool { tool_call_id: sent, .. }) => tool_call_id == sent,
+        _ => false,
+    })
+}
+
+/// The request's history must be the session's: the same roles and texts.
+fn compare(history: &[&InputMessage], session: &[Message]) -> Result<(), InputError> {
+    for (index, (sent, have)) in history.iter().zip(session).enumerate() {
+        let Some((role, text)) = sent.compared() else {
+            continue;
+        };
+        if role != have.role() || text != have.text() {
+            return Err(InputError::HistoryMismatch(format!(
+                "the history forks from the session's at message {}: the session has the {} message {}, the request \
+                 the {role} message {}",
+                index + 1,
+                have.role(),
+                excerpt(have.text()),
+                excerpt(text)
+            )));
+        }
+    }
+    if let Some(have) = session.get(history.len()) {
+        return Err(InputError::HistoryMismatch(format!(
+            "the history forks from the session's at message {}: the request's history ends before it, the \
+             session's goes on with the {} message {}",
+            history.len() + 1,
+            have.role(),
+            excerpt(have.text())
+        )));
+    }
+    if let Some((role, text)) = history.get(session.len()).and_then(|sent| sent.compared()) {
+        return Err(InputError::HistoryMismatch(format!(
+            "the history forks from the session's at message {}: the session's history ends before it, the \
+             request's goes on with the {role} message {}",
+            session.len() + 1,
+            excerpt(text)
+        )));
+    }
+    Ok(())
+}
+
+fn excerpt(text: &str) -> String {
+    const MAX: usize = 60;
+    if text.chars().count() <= MAX {
+        format!("{text:?}")
+    } else {
+        format!("{:?}…", text.chars().take(MAX).collect::<String>())
+    }
+}
+
+/// An approval's decision: `cancelled` denies; a resolved entry approves
+/// unless its payload says otherwise (`false`, `"deny"`,
+/// `{"approved": false}`, `{"decision": "deny"}`).
+fn decision_of(entry: &ResumeEntry) -> Result<ApprovalDecision, InputError> {
+    if entry.status == ResumeStatus::Cancelled {
+        return Ok(ApprovalDecision::Deny);
+    }
+    let named = |name: &str| match name {
+        "approve" => Ok(ApprovalDecision::Approve),
+        "approve_for_session" => Ok(ApprovalDecision::ApproveForSession),
+        "deny" => Ok(ApprovalDecision::Deny),
+        other => Err(InputError::Malformed(format!(
+            "resume '{}': the decision '{other}' is not approve, approve_for_session or deny",
+            entry.interrupt_id
+        ))),
+    };
+    let yes_no = |approved: bool| {
+        if approved {
+            ApprovalDecision::Approve
+        } else {
+            ApprovalDecision::Deny
+        }
+    };
+    match &entry.payload {
+        None | Some(Value::Null) => Ok(ApprovalDecision::Approve),
+        Some(Value::Bool(approved)) => Ok(yes_no(*approved)),
+        Some(Value::String(name)) => named(name),
+        Some(Value::Object(fields)) => match (fields.get("decision"), fields.get("approved")) {
+            (Some(Value::String(name)), _) => named(name),
+            (None, Some(Value::Bool(approved))) => Ok(yes_no(*approved)),
+            (None, None) => Ok(ApprovalDecision::Approve),
+            _ => Err(InputError::Malformed(format!(
+                "resume '{}': `decision` is a string, `approved` a boolean",
+                entry.interrupt_id
+            ))),
+        },
+        Some(_) => Err(InputError::Malformed(format!(
+            "resume '{}': an approval's payload is a boolean, a decision or an object",
+            entry.interrupt_id
+        ))),
+    }
+}
+
+/// A client tool's result from a resume entry: a string payload is the
+/// output; `{"output": …, "isError": …}` names both; other JSON is the
+/// output as JSON text; `cancelled` is an error result.
+fn client_result_of(call_id: &str, entry: &ResumeEntry) -> Op {
+    let (output, is_error) = match (&entry.status, &entry.payload) {
+        (ResumeStatus::Cancelled, _) => ("the user cancelled the call".to_owned(), true),
+        (_, None | Some(Value::Null)) => (String::new(), false),
+        (_, Some(Value::String(text))) => (text.clone(), false),
+        (_, Some(Value::Object(fields))) if fields.contains_key("output") => (
+            match &fields["output"] {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            },
+            fields.get("isError").and_then(Value::as_bool).unwrap_or(false),
+        ),
+        (_, Some(other)) => (other.to_string(), false),
+    };
+    Op::ClientToolResult {
+        call_id: call_id.to_owned(),
+        output,
+        is_error,
+    }
+}
