@@ -98,7 +98,7 @@ async fn every_streamed_event_matches_the_description() {
 async fn every_websocket_frame_matches_the_description() {
     let server = asking_server().await;
     let doc = document();
-    let frames = &doc["paths"]["/v1/sessions/{id}/ws"]["get"]["x-websocket-frames"];
+    let frames = &doc["paths"]["/v1/sessions/{id}/ws"]["get"]["responses"]["101"]["x-websocket-frames"];
     let client = validator(&frames["client"]);
     let from_server = validator(&frames["server"]);
     let url = format!(

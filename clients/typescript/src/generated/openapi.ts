@@ -338,6 +338,66 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/ai-sdk/chat": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Chat with the AI SDK's UI message stream
+         * @description Takes the body of the `ai` package's `DefaultChatTransport` (`id`, `messages`, `trigger`, `messageId`) and answers with the turn as a UI message stream (protocol v1, header `x-vercel-ai-ui-message-stream: v1`), ending with `data: [DONE]`. The chat `id` is the session's thread: the session is created under the server's defaults by its first message. A trailing user message is submitted with its id as `Idempotency-Key` (a resent message streams the same turn); `regenerate-message` regenerates the last answer; a trailing assistant message carrying approval responses or client tool outputs for the calls the turn waits on answers them, and the stream goes on with the same turn. A turn that waits for the client ends its stream with `finish` (`tool-calls`). See docs/ai-sdk.md. Needs the `submit` scope.
+         */
+        post: operations["ai_sdk_chat"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/ai-sdk/chat/{id}/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Resume a chat's running turn (AI SDK)
+         * @description The `DefaultChatTransport`'s reconnect URL: the running turn of the chat as a UI message stream, replayed from its start and then followed live (so a client that reconnects after a cut, on any node, assembles the whole message once), or `204` when no turn runs. Needs the `read` scope.
+         */
+        get: operations["ai_sdk_resume"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/ai-sdk/chat/{id}/stop": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Stop a chat's running turn (AI SDK)
+         * @description Submits an `interrupt`: the running turn ends, and its stream with an `abort` chunk. Needs the `submit` scope.
+         */
+        post: operations["ai_sdk_stop"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/openapi.json": {
         parameters: {
             query?: never;
@@ -574,6 +634,13 @@ export interface components {
         };
         /** @description Text, or text parts (other parts are refused). */
         AgUiUserContent: string | components["schemas"]["AgUiTextPart"][];
+        /** @description An approval answer. */
+        Approval: {
+            /** @description The approval's id (the call's). */
+            id: string;
+            /** @description Whether the call may run. */
+            approved: boolean;
+        };
         /**
          * @description Payload of [`EventMsg::ApprovalDecided`]; the envelope's `submission_id`
          *     is the approval op's.
@@ -592,6 +659,17 @@ export interface components {
          * @enum {string}
          */
         ApprovalDecision: "approve" | "approve_for_session" | "deny";
+        /** @description A tool part the user answered (`approval-responded`). */
+        ApprovalPart: {
+            /** @description `tool-<name>`. */
+            type: string;
+            /** @description The call. */
+            toolCallId: string;
+            /** @description `approval-responded`. */
+            state: components["schemas"]["ApprovalState"];
+            /** @description The answer. */
+            approval: components["schemas"]["Approval"];
+        };
         /**
          * @description What happens to a call of a tool.
          * @enum {string}
@@ -623,12 +701,23 @@ export interface components {
                 [key: string]: components["schemas"]["ApprovalPolicy"];
             };
         };
+        /** @enum {string} */
+        ApprovalState: "approval-responded";
         /** @description Payload of [`EventMsg::AssistantContentDelta`]. */
         AssistantContentDeltaEvent: {
             /** @description The turn. */
             turn_id: string;
             /** @description Text to append to what was streamed so far. */
             delta: string;
+        };
+        /** @description An assistant message: its id is its turn's. */
+        AssistantMessage: {
+            /** @description Its id. */
+            id: string;
+            /** @description `assistant`. */
+            role: components["schemas"]["AssistantRole"];
+            /** @description Its parts. */
+            parts: components["schemas"]["AssistantPart"][];
         };
         /** @description Payload of [`EventMsg::AssistantMessage`]. */
         AssistantMessageEvent: {
@@ -642,6 +731,10 @@ export interface components {
              */
             message_id?: string | null;
         };
+        /** @description A part of an assistant message. */
+        AssistantPart: components["schemas"]["TextPart"] | components["schemas"]["StepPart"] | components["schemas"]["ApprovalPart"] | components["schemas"]["ToolPart"];
+        /** @enum {string} */
+        AssistantRole: "assistant";
         /** @description One bot's line of the report. */
         BotLine: {
             /** @description The bot. */
@@ -771,6 +864,30 @@ export interface components {
          * @enum {string}
          */
         BusyPolicy: "queue" | "interrupt" | "reject" | "steer";
+        /**
+         * @description The body `DefaultChatTransport` posts (fields its `body` option adds
+         *     are ignored).
+         */
+        ChatBody: {
+            /** @description The chat's id: the session's thread. */
+            id: string;
+            /**
+             * @description The chat's messages, oldest first; only the trailing one is read as
+             *     new.
+             */
+            messages: components["schemas"]["ChatMessage"][];
+            /** @description What the client asks. */
+            trigger: components["schemas"]["ChatTrigger"];
+            /** @description The message a regeneration replaces. */
+            messageId?: string | null;
+        };
+        /** @description A message of the chat. */
+        ChatMessage: components["schemas"]["UserMessage"] | components["schemas"]["AssistantMessage"];
+        /**
+         * @description `sendMessages`' trigger.
+         * @enum {string}
+         */
+        ChatTrigger: "submit-message" | "regenerate-message";
         /** @description Payload of [`EventMsg::ClientToolRequested`]. */
         ClientToolRequestedEvent: {
             /** @description The turn. */
@@ -1466,6 +1583,21 @@ export interface components {
             window: components["schemas"]["DayWindow"];
             all_time?: components["schemas"]["Tally"] | null;
         };
+        /** @description A step's start. */
+        StepPart: {
+            /** @description `step-start`. */
+            type: components["schemas"]["StepType"];
+        };
+        /** @enum {string} */
+        StepType: "step-start";
+        /** @description One server-sent event of a UI message stream, by its SSE fields. */
+        StreamFrame: {
+            /**
+             * @description A UI message chunk's JSON (`{"type": "text-delta", …}`, as the `ai`
+             *     package's `uiMessageChunkSchema` reads it), or `[DONE]` last.
+             */
+            data: string;
+        };
         /** @description Payload of [`EventMsg::SubmissionQueued`]. */
         SubmissionQueuedEvent: {
             /** @description The op, as it will run. */
@@ -1522,6 +1654,15 @@ export interface components {
              */
             total_tokens: number;
         };
+        /** @description A text part. */
+        TextPart: {
+            /** @description `text`. */
+            type: components["schemas"]["TextType"];
+            /** @description The text (a user message needs some that is not white space). */
+            text: string;
+        };
+        /** @enum {string} */
+        TextType: "text";
         /** @description Tokens a model call used, as the provider reported them. */
         TokenUsage: {
             /**
@@ -1603,6 +1744,23 @@ export interface components {
             /** @description The arguments as the model wrote them (JSON text, possibly malformed). */
             arguments: string;
         };
+        /** @description A tool part in any other state. */
+        ToolPart: {
+            /** @description `tool-<name>`. */
+            type: string;
+            /** @description The call. */
+            toolCallId: string;
+            /** @description Where the call is. */
+            state: components["schemas"]["ToolState"];
+            /** @description The call's input. */
+            input: Record<string, never>;
+            /** @description The client's output (`output-available`). */
+            output: Record<string, never>;
+            /** @description The client's error (`output-error`). */
+            errorText?: string | null;
+        };
+        /** @enum {string} */
+        ToolState: "input-streaming" | "input-available" | "approval-requested" | "output-available" | "output-error" | "output-denied";
         /** @description Payload of [`EventMsg::ToolsChanged`]. */
         ToolsChangedEvent: {
             /** @description The turn whose next model step sees the change. */
@@ -1716,6 +1874,15 @@ export interface components {
             /** @description Per session. */
             sessions: components["schemas"]["SessionLine"][];
         };
+        /** @description A user message: text parts only. */
+        UserMessage: {
+            /** @description Its id: the submission's `Idempotency-Key`. */
+            id: string;
+            /** @description `user`. */
+            role: components["schemas"]["UserRole"];
+            /** @description Its text. */
+            parts: components["schemas"]["TextPart"][];
+        };
         /** @description Payload of [`EventMsg::UserMessage`]. */
         UserMessageEvent: {
             /** @description The turn the message joined. */
@@ -1723,6 +1890,8 @@ export interface components {
             /** @description The message text. */
             text: string;
         };
+        /** @enum {string} */
+        UserRole: "user";
         /**
          * @description What a session is doing.
          * @enum {string}
@@ -5518,6 +5687,543 @@ export interface operations {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
                             code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    ai_sdk_chat: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ChatBody"];
+            };
+        };
+        responses: {
+            /** @description The turn's UI message stream. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": components["schemas"]["StreamFrame"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "missing_scope_approve";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. `model_not_found`: A model spec this server cannot build (unknown provider or model, no key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found" | "model_not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "queue_full" | "session_busy" | "conflict" | "workspace_exists" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `unsupported_media_type`: A body not sent as `application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `budget_exhausted`: A token budget of the session or its tenant is spent, or the tenant runs its most concurrent turns; `budget` says which and when it resets. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "budget_exhausted";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `too_many_sessions`: The live-session bound is reached and none can be unloaded. `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. `owner_unavailable`: Several nodes: the node running the session did not take the submission up in time; retry with the same key. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full" | "owner_unavailable";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    ai_sdk_resume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The chat's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The running turn's UI message stream. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": components["schemas"]["StreamFrame"];
+                };
+            };
+            /** @description No turn runs. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_read";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    ai_sdk_stop: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The chat's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The interrupt is stored. */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AcceptedView"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "queue_full" | "session_busy" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `budget_exhausted`: A token budget of the session or its tenant is spent, or the tenant runs its most concurrent turns; `budget` says which and when it resets. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "budget_exhausted";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `too_many_sessions`: The live-session bound is reached and none can be unloaded. `unavailable`: The server is shutting down, or the session stopped. `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. `owner_unavailable`: Several nodes: the node running the session did not take the submission up in time; retry with the same key. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_many_sessions" | "unavailable" | "store_unavailable" | "store_full" | "owner_unavailable";
                         };
                     };
                 };

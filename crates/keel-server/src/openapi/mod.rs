@@ -136,8 +136,8 @@ fn link_sessions(openapi: &mut OpenApi) {
 }
 
 /// Describes the WebSocket's frames, which OpenAPI has no field for, in an
-/// extension of its operation: text frames holding a submission frame in,
-/// text frames holding a `RecordedEvent` or a reply out.
+/// extension: text frames holding a submission frame in,
+/// text frames holding a `RecordedEvent` or a reply out, on its `101`.
 fn describe_frames(openapi: &mut OpenApi) {
     let Some(get) = openapi
         .paths
@@ -155,9 +155,15 @@ fn describe_frames(openapi: &mut OpenApi) {
             inline(crate::ws::Reply::schema()),
         ]},
     });
-    get.extensions
-        .get_or_insert_with(Default::default)
-        .merge(Extensions::builder().add("x-websocket-frames", frames).build());
+    // On the `101` answer rather than the operation: the operation's
+    // extensions also hold `x-keel-scope`, and extensions are a hash map,
+    // so two of them would be written in a different order by each process.
+    if let Some(RefOr::T(switching)) = get.responses.responses.get_mut("101") {
+        switching
+            .extensions
+            .get_or_insert_with(Default::default)
+            .merge(Extensions::builder().add("x-websocket-frames", frames).build());
+    }
 }
 
 /// States the scope each operation needs, from its security requirement
