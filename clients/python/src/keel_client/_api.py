@@ -16,6 +16,8 @@ from .models import (
     Approval,
     Approvals,
     BusyPolicy,
+    ClientToolResult,
+    ClientToolSpec,
     CreateSession,
     Decision,
     ForkSession,
@@ -80,6 +82,8 @@ class Calls:
         approvals: Approvals | dict[str, Any] | None,
         on_busy: BusyPolicy | None,
         queue_mode: QueueMode | None = None,
+        client_tools: list[ClientToolSpec] | None = None,
+        client_tool_timeout_secs: int | None = None,
     ) -> Flow[Session]:
         body = CreateSession(
             id=id,
@@ -91,6 +95,8 @@ class Calls:
             approvals=approvals,  # type: ignore[arg-type]
             on_busy=on_busy,
             queue_mode=queue_mode,
+            client_tools=client_tools,
+            client_tool_timeout_secs=client_tool_timeout_secs,
         )
         return call(Request("POST", "/v1/sessions", json=to_json(body)), self.retries, _parser(Session))
 
@@ -123,6 +129,10 @@ class Calls:
         request = Request("PATCH", _session_path(session_id), json=to_json(UpdateSession(model=model)))
         return call(request, self.retries, _parser(Session))
 
+    def set_session_client_tools(self, session_id: str, tools: list[ClientToolSpec]) -> Flow[Session]:
+        request = Request("PATCH", _session_path(session_id), json=to_json(UpdateSession(client_tools=tools)))
+        return call(request, self.retries, _parser(Session))
+
     def delete_session(self, session_id: str, workspace: bool) -> Flow[None]:
         params = _query(workspace=True) if workspace else None
         return no_body(Request("DELETE", _session_path(session_id), params=params), self.retries)
@@ -148,6 +158,9 @@ class Calls:
 
     def approve(self, session_id: str, call_id: str, decision: Decision) -> Flow[Accepted]:
         return self.submit(session_id, Approval(call_id=call_id, decision=decision), None, None)
+
+    def answer_client_tool(self, session_id: str, call_id: str, output: str, is_error: bool) -> Flow[Accepted]:
+        return self.submit(session_id, ClientToolResult(call_id=call_id, output=output, is_error=is_error), None, None)
 
     def events_page(self, session_id: str, after: int | None, before: int | None, limit: int | None) -> Flow[EventPage]:
         params = _query(after=after, before=before, limit=limit)

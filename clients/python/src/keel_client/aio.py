@@ -17,6 +17,7 @@ from .models import (
     Accepted,
     Approvals,
     BusyPolicy,
+    ClientToolSpec,
     Decision,
     Interrupt,
     Op,
@@ -49,11 +50,25 @@ class AsyncSessions:
         approvals: Approvals | dict[str, Any] | None = None,
         on_busy: BusyPolicy | None = None,
         queue_mode: QueueMode | None = None,
+        client_tools: list[ClientToolSpec] | None = None,
+        client_tool_timeout_secs: int | None = None,
     ) -> Session:
         """Creates a session (``POST /v1/sessions``); every field is optional."""
         calls = self._client._calls
         return await self._client._drive(
-            calls.create_session(id, model, bot_id, context, instructions, tools, approvals, on_busy, queue_mode)
+            calls.create_session(
+                id,
+                model,
+                bot_id,
+                context,
+                instructions,
+                tools,
+                approvals,
+                on_busy,
+                queue_mode,
+                client_tools,
+                client_tool_timeout_secs,
+            )
         )
 
     async def get(self, session_id: str) -> Session:
@@ -98,6 +113,11 @@ class AsyncSessions:
         """Switches the session's model from its next turn (``PATCH /v1/sessions/{id}``
         with ``model``); refused with ``session_busy`` while a turn runs."""
         return await self._client._drive(self._client._calls.set_session_model(session_id, model))
+
+    async def set_client_tools(self, session_id: str, tools: list[ClientToolSpec]) -> Session:
+        """Replaces the tools the client executes (``PATCH /v1/sessions/{id}`` with
+        ``client_tools``), from the next turn; ``session_busy`` while a turn runs or waits."""
+        return await self._client._drive(self._client._calls.set_session_client_tools(session_id, tools))
 
     async def delete(self, session_id: str, *, workspace: bool = False) -> None:
         """Deletes the session for good (its workspace too with `workspace`)."""
@@ -175,6 +195,12 @@ class AsyncKeel:
     async def approve(self, session_id: str, call_id: str, decision: Decision = "approve") -> Accepted:
         """Decides a tool call waiting for approval."""
         return await self._drive(self._calls.approve(session_id, call_id, decision))
+
+    async def answer_client_tool(
+        self, session_id: str, call_id: str, output: str, *, is_error: bool = False
+    ) -> Accepted:
+        """Answers a ``client_tool_requested`` call with the client's result (or error)."""
+        return await self._drive(self._calls.answer_client_tool(session_id, call_id, output, is_error))
 
     async def interrupt(self, session_id: str, turn_id: str | None = None) -> Accepted:
         """Aborts the running turn (only `turn_id`, when given)."""

@@ -15,6 +15,7 @@ from .models import (
     Accepted,
     Approvals,
     BusyPolicy,
+    ClientToolSpec,
     Decision,
     Interrupt,
     Op,
@@ -60,11 +61,25 @@ class Sessions:
         approvals: Approvals | dict[str, Any] | None = None,
         on_busy: BusyPolicy | None = None,
         queue_mode: QueueMode | None = None,
+        client_tools: list[ClientToolSpec] | None = None,
+        client_tool_timeout_secs: int | None = None,
     ) -> Session:
         """Creates a session (``POST /v1/sessions``); every field is optional."""
         calls = self._client._calls
         return self._client._drive(
-            calls.create_session(id, model, bot_id, context, instructions, tools, approvals, on_busy, queue_mode)
+            calls.create_session(
+                id,
+                model,
+                bot_id,
+                context,
+                instructions,
+                tools,
+                approvals,
+                on_busy,
+                queue_mode,
+                client_tools,
+                client_tool_timeout_secs,
+            )
         )
 
     def get(self, session_id: str) -> Session:
@@ -105,6 +120,11 @@ class Sessions:
         """Switches the session's model from its next turn (``PATCH /v1/sessions/{id}``
         with ``model``); refused with ``session_busy`` while a turn runs."""
         return self._client._drive(self._client._calls.set_session_model(session_id, model))
+
+    def set_client_tools(self, session_id: str, tools: list[ClientToolSpec]) -> Session:
+        """Replaces the tools the client executes (``PATCH /v1/sessions/{id}`` with
+        ``client_tools``), from the next turn; ``session_busy`` while a turn runs or waits."""
+        return self._client._drive(self._client._calls.set_session_client_tools(session_id, tools))
 
     def delete(self, session_id: str, *, workspace: bool = False) -> None:
         """Deletes the session for good (its workspace too with `workspace`)."""
@@ -195,6 +215,12 @@ class Keel:
         """Decides a tool call waiting for approval."""
         return self._drive(self._calls.approve(session_id, call_id, decision))
 
+    def answer_client_tool(
+        self, session_id: str, call_id: str, output: str, *, is_error: bool = False
+    ) -> Accepted:
+        """Answers a ``client_tool_requested`` call with the client's result (or error)."""
+        return self._drive(self._calls.answer_client_tool(session_id, call_id, output, is_error))
+
     def interrupt(self, session_id: str, turn_id: str | None = None) -> Accepted:
         """Aborts the running turn (only `turn_id`, when given)."""
         return self.submit(session_id, Interrupt(turn_id=turn_id))
@@ -252,7 +278,7 @@ class Keel:
         """Waits until the turn `accepted`'s submission started (or joined) ends.
 
         With `stop_at_approval`, returns at the turn's first
-        ``approval_requested`` instead. Raises `SubmissionRejected` if the
+        ``approval_requested`` or ``client_tool_requested`` instead. Raises `SubmissionRejected` if the
         submission was rejected, `TimeoutError` after `timeout` seconds.
         """
         tracker = TurnTracker(accepted, stop_at_approval)

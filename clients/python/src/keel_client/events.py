@@ -73,6 +73,7 @@ class ModelStepStarted:
     TYPE: ClassVar[str] = "model_step_started"
     turn_id: str
     step: int
+    message_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class AssistantMessage:
     TYPE: ClassVar[str] = "assistant_message"
     turn_id: str
     text: str
+    message_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,18 @@ class ToolCallStarted:
     call_id: str
     name: str
     arguments: str
+
+
+@dataclass(frozen=True)
+class ClientToolRequested:
+    """The model called a tool the client executes; answer with a ``ClientToolResult`` op."""
+
+    TYPE: ClassVar[str] = "client_tool_requested"
+    turn_id: str
+    call_id: str
+    name: str
+    arguments: str
+    expires_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -322,6 +336,7 @@ EVENT_TYPES: dict[str, type] = {
         ApprovalRequested,
         ApprovalDecided,
         ToolCallStarted,
+        ClientToolRequested,
         ToolCallCompleted,
         ToolCallProgress,
         ToolsChanged,
@@ -353,6 +368,7 @@ EventMsg = Union[
     ApprovalRequested,
     ApprovalDecided,
     ToolCallStarted,
+    ClientToolRequested,
     ToolCallCompleted,
     ToolCallProgress,
     ToolsChanged,
@@ -366,6 +382,7 @@ EventMsg = Union[
     ShutdownComplete,
     ContextCompacted,
     TurnRolledBack,
+    ModelChanged,
     InstructionsLoaded,
     UnknownEvent,
 ]

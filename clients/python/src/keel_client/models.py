@@ -80,6 +80,16 @@ class Approval:
 
 
 @dataclass(frozen=True)
+class ClientToolResult:
+    """Answers a ``client_tool_requested`` event with what the client's tool returned."""
+
+    TYPE: ClassVar[str] = "client_tool_result"
+    call_id: str
+    output: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Stops the session's runtime after its queued work."""
 
@@ -100,11 +110,11 @@ class Regenerate:
     TYPE: ClassVar[str] = "regenerate"
 
 
-Op = Union[UserInput, Steer, Interrupt, Approval, Shutdown, Compact, Regenerate]
+Op = Union[UserInput, Steer, Interrupt, Approval, ClientToolResult, Shutdown, Compact, Regenerate]
 """Every op of the protocol."""
 
 OP_TYPES: dict[str, type] = {
-    cls.TYPE: cls for cls in (UserInput, Steer, Interrupt, Approval, Shutdown, Compact, Regenerate)
+    cls.TYPE: cls for cls in (UserInput, Steer, Interrupt, Approval, ClientToolResult, Shutdown, Compact, Regenerate)
 }
 
 
@@ -142,6 +152,16 @@ class Approvals:
 
 
 @dataclass(frozen=True)
+class ClientToolSpec:
+    """A tool the client executes, as offered to the model: its name, what it does, its
+    arguments' JSON Schema."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class CreateSession:
     """The body of ``POST /v1/sessions``; every field is optional."""
 
@@ -155,6 +175,8 @@ class CreateSession:
     approvals: Approvals | None = None
     on_busy: BusyPolicy | None = None
     queue_mode: QueueMode | None = None
+    client_tools: list[ClientToolSpec] | None = None
+    client_tool_timeout_secs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -169,10 +191,11 @@ class ForkSession:
 
 @dataclass(frozen=True)
 class UpdateSession:
-    """The body of ``PATCH /v1/sessions/{id}``: a new title, a new model, or both."""
+    """The body of ``PATCH /v1/sessions/{id}``: a new title, model or list of client tools."""
 
     title: str | None = None
     model: str | None = None
+    client_tools: list[ClientToolSpec] | None = None
 
 
 @dataclass(frozen=True)
@@ -209,9 +232,11 @@ class Session:
     created_at_ms: int
     updated_at_ms: int
     last_sequence: int
-    state: Literal["idle", "running", "awaiting_approval"]
+    state: Literal["idle", "running", "awaiting_approval", "awaiting_client_tool"]
     queued: int
     pending_approvals: list[str]
+    pending_client_tools: list[str]
+    client_tools: list[ClientToolSpec]
     usage: TokenUsage
     turns_completed: int
     live: bool

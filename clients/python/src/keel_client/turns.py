@@ -9,9 +9,11 @@ from .events import (
     ApprovalDecided,
     ApprovalRequested,
     AssistantMessage,
+    ClientToolRequested,
     ContextCompacted,
     Event,
     ShutdownComplete,
+    ToolCallCompleted,
     TurnAborted,
     TurnComplete,
     TurnStarted,
@@ -22,7 +24,7 @@ from .models import Accepted
 
 # The events by which a submission's turn is known: it started the turn, its
 # message joined one, or its decision resumed one.
-_JOINS = (TurnStarted, UserMessage, ApprovalDecided)
+_JOINS = (TurnStarted, UserMessage, ApprovalDecided, ToolCallCompleted)
 
 
 @dataclass
@@ -31,7 +33,8 @@ class TurnResult:
 
     `end` is the event that ended it (`TurnComplete` or `TurnAborted`; for
     an op that runs no turn, its last event, such as `ContextCompacted`),
-    or an `ApprovalRequested` when waiting stopped at one. `events` are the
+    or an `ApprovalRequested` / `ClientToolRequested` when waiting stopped
+    at one (the turn waits for a person). `events` are the
     turn's events from the submission on.
     """
 
@@ -60,7 +63,8 @@ class TurnTracker:
 
     The turn is the one whose first event carrying the submission's id names
     it (the ``turn_started`` or ``user_message`` of a message, the
-    ``approval_decided`` of an approval).
+    ``approval_decided`` of an approval, the ``tool_call_completed`` of a
+    client tool's result).
     """
 
     def __init__(self, accepted: Accepted, stop_at_approval: bool = False) -> None:
@@ -89,7 +93,7 @@ class TurnTracker:
         msg = event.msg
         if isinstance(msg, (TurnComplete, TurnAborted)):
             return TurnResult(self.turn_id, event, self.events)
-        if self.stop_at_approval and isinstance(msg, ApprovalRequested):
+        if self.stop_at_approval and isinstance(msg, (ApprovalRequested, ClientToolRequested)):
             return TurnResult(self.turn_id, event, self.events)
         return None
 
