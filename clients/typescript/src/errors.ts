@@ -97,6 +97,8 @@ const CLASSES: Record<string, KeelErrorClass> = {
   conflict: ConflictError,
   client_tool_conflict: ConflictError,
   tool_call_answered: ConflictError,
+  history_mismatch: ConflictError,
+  call_not_waiting: ConflictError,
   session_elsewhere: ConflictError,
   session_model_unavailable: ConflictError,
   invalid_fork_point: ConflictError,

@@ -512,6 +512,11 @@ async fn run(
     notices: Option<NoticeListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
+    // The stored budgets are read before the first request is answered, so
+    // that a request right after a restart never finds a budget missing.
+    if let Err(error) = host.factory.budgets.reload().await {
+        tracing::warn!(%error, "cannot read the stored budgets");
+    }
     let reaper = spawn_on(&host, |host| async move { host.reap().await });
     let retainer =
         retention.map(|(max_idle, every)| spawn_on(&host, |host| async move { host.retain(max_idle, every).await }));

@@ -123,10 +123,21 @@ fn sessions_left(har: &Value) -> (BTreeSet<String>, usize) {
             }
             // An AI SDK chat's first message creates the chat's session
             // (the operator's: the session id is the chat's `id`).
-            ("POST", 200) if path == "ai-sdk/chat" => {
+            // So does an AG-UI run that brings a user message, for its
+            // `threadId` (one with nothing new is answered with a snapshot).
+            ("POST", 200) if path == "ai-sdk/chat" || path == "ag-ui" => {
                 let body: Value =
                     serde_json::from_str(entry["request"]["postData"]["text"].as_str().unwrap_or("{}")).expect("JSON");
-                if let Some(id) = body["id"].as_str() {
+                let (thread, creates) = match path {
+                    "ag-ui" => (
+                        "threadId",
+                        body["messages"]
+                            .as_array()
+                            .is_some_and(|messages| messages.iter().any(|message| message["role"] == "user")),
+                    ),
+                    _ => ("id", true),
+                };
+                if let Some(id) = body[thread].as_str().filter(|_| creates) {
                     left.insert(id.to_owned());
                 }
             }

@@ -97,7 +97,9 @@ pub(crate) async fn run(
     Extension(liveness): Extension<Liveness>,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
-    principal.require(Scope::Read)?;
+    // A run is a submission (its description says `submit`), checked
+    // before the body, so a missing scope is the same `403` whatever is sent.
+    principal.require(Scope::Submit)?;
     let input = ag_ui::parse(body).map_err(input_error)?;
     let id = access::thread_session_id(&principal, &input.thread_id)?;
     let stored = match access::session(&server, &principal, Scope::Read, &id).await {

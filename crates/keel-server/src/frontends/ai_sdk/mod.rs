@@ -106,6 +106,9 @@ pub(crate) async fn chat(
     Extension(liveness): Extension<Liveness>,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<Response, ApiError> {
+    // Checked before the body, so a missing scope is the same `403`
+    // whatever is sent (an approval answer needs `approve` as well).
+    principal.require(Scope::Submit)?;
     let request = ChatRequest::from_value(body).map_err(refused)?;
     let intent = request.intent().map_err(refused)?;
     let id = access::thread_session_id(&principal, &request.id)?;
