@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(doc)]
+use crate::EventMsg;
+
 /// The largest result a client may send for a call, in bytes: the same
 /// bound as a built-in tool's output, so a client cannot grow the history
 /// faster than a tool can.
@@ -32,4 +35,22 @@ pub struct ClientToolSpec {
 
 fn empty_object_schema() -> serde_json::Value {
     serde_json::json!({"type": "object", "properties": {}})
+}
+
+/// Payload of [`EventMsg::ClientToolRequested`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClientToolRequestedEvent {
+    /// The turn.
+    pub turn_id: String,
+    /// The call waiting; answer with a `client_tool_result` op naming it.
+    pub call_id: String,
+    /// The client tool.
+    pub name: String,
+    /// The arguments as the model wrote them (JSON text, possibly malformed).
+    pub arguments: String,
+    /// When the wait ends with an error result if no answer came, in
+    /// milliseconds since the Unix epoch; absent when it never does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
 }

@@ -80,7 +80,7 @@ pub enum EventMsg {
     /// The model called a tool that the client executes: the turn waits,
     /// durably, for a `client_tool_result` op naming the call (or for the
     /// wait's deadline, which answers the call as an error).
-    ClientToolRequested(ClientToolRequestedEvent),
+    ClientToolRequested(crate::ClientToolRequestedEvent),
     /// The tools offered to the model changed (an MCP server's
     /// `tools/list_changed`); the next model step gets the new list.
     ToolsChanged(ToolsChangedEvent),
@@ -278,24 +278,6 @@ pub struct ModelStepStartedEvent {
     /// logs written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_id: Option<String>,
-}
-
-/// Payload of [`EventMsg::ClientToolRequested`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ClientToolRequestedEvent {
-    /// The turn.
-    pub turn_id: String,
-    /// The call waiting; answer with a `client_tool_result` op naming it.
-    pub call_id: String,
-    /// The client tool.
-    pub name: String,
-    /// The arguments as the model wrote them (JSON text, possibly malformed).
-    pub arguments: String,
-    /// When the wait ends with an error result if no answer came, in
-    /// milliseconds since the Unix epoch; absent when it never does.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_at_ms: Option<u64>,
 }
 
 /// Payload of [`EventMsg::AssistantContentDelta`].

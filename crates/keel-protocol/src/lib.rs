@@ -20,7 +20,7 @@ mod store_error;
 mod transcript;
 
 pub use actor::{Actor, ActorKind, DEFAULT_TENANT};
-pub use client_tool::{ClientToolSpec, MAX_CLIENT_TOOL_OUTPUT_BYTES};
+pub use client_tool::{ClientToolRequestedEvent, ClientToolSpec, MAX_CLIENT_TOOL_OUTPUT_BYTES};
 pub use event::*;
 pub use instructions::*;
 pub use op::*;

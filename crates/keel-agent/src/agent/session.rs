@@ -131,3 +131,9 @@ impl Session {
         }
     }
 }
+
+/// The id of the assistant message model step `step` of turn `turn_id`
+/// writes: derived from both, so a step resumed or replayed keeps its id.
+pub(super) fn step_message_id(turn_id: &str, step: u32) -> String {
+    format!("{turn_id}-{step}")
+}

@@ -296,6 +296,37 @@ pub(crate) fn json_len(text: &str) -> usize {
         .sum::<usize>()
 }
 
+/// The size of a step's output as JSON: its text, its reasoning items and
+/// its tool calls (ids, names, arguments).
+pub(super) fn output_bytes(output: &keel_model::ModelOutput) -> usize {
+    let calls: usize = output
+        .tool_calls
+        .iter()
+        .map(|call| json_len(&call.call_id) + json_len(&call.name) + json_len(&call.arguments))
+        .sum();
+    let mut reasoning = ByteCount(0);
+    for item in &output.reasoning {
+        // Counting cannot fail; a value that cannot be serialized counts as 0
+        // here and fails where it is recorded.
+        let _ = serde_json::to_writer(&mut reasoning, item);
+    }
+    json_len(&output.text).saturating_add(calls).saturating_add(reasoning.0)
+}
+
+/// An `io::Write` that only counts the bytes written to it.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 = self.0.saturating_add(buf.len());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Closes the stream when the step's future is dropped (cancelled), so a
 /// model that kept the sink cannot write into a turn that is over.
 pub(crate) struct CloseOnDrop(pub(crate) Arc<StepStream>);

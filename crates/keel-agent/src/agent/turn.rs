@@ -18,9 +18,10 @@ use tokio::time::Instant;
 use super::compaction::CompactEnd;
 use super::control::{ControlLane, During, Wake};
 use super::recovery::unanswered_calls;
+use super::session::step_message_id;
 use super::session::{Session, Turn};
 use super::step_gate::StepVerdict;
-use super::stream::{CloseOnDrop, ClosedStream, MAX_STEP_OUTPUT_BYTES, StepStream, json_len, step_too_large};
+use super::stream::{CloseOnDrop, ClosedStream, MAX_STEP_OUTPUT_BYTES, StepStream, output_bytes, step_too_large};
 use super::tool_phase::ToolsEnd;
 use keel_model::{ModelOutput, ModelRequest};
 use keel_protocol::Result;
@@ -557,37 +558,6 @@ impl Session {
     }
 }
 
-/// The size of a step's output as JSON: its text, its reasoning items and
-/// its tool calls (ids, names, arguments).
-fn output_bytes(output: &ModelOutput) -> usize {
-    let calls: usize = output
-        .tool_calls
-        .iter()
-        .map(|call| json_len(&call.call_id) + json_len(&call.name) + json_len(&call.arguments))
-        .sum();
-    let mut reasoning = ByteCount(0);
-    for item in &output.reasoning {
-        // Counting cannot fail; a value that cannot be serialized counts as 0
-        // here and fails where it is recorded.
-        let _ = serde_json::to_writer(&mut reasoning, item);
-    }
-    json_len(&output.text).saturating_add(calls).saturating_add(reasoning.0)
-}
-
-/// An `io::Write` that only counts the bytes written to it.
-struct ByteCount(usize);
-
-impl std::io::Write for ByteCount {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 = self.0.saturating_add(buf.len());
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// An `error` event; its text is redacted (see [`keel_secrets`]).
 fn error_msg(turn_id: &str, message: &str) -> EventMsg {
     EventMsg::Error(ErrorEvent {
@@ -602,10 +572,4 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("unknown panic")
-}
-
-/// The id of the assistant message model step `step` of turn `turn_id`
-/// writes: derived from both, so a step resumed or replayed keeps its id.
-pub(crate) fn step_message_id(turn_id: &str, step: u32) -> String {
-    format!("{turn_id}-{step}")
 }
