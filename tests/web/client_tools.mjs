@@ -59,9 +59,22 @@ scenario("client_tools", async ({ page, base, params, log, context, newPage }) =
   assert.equal(await turnStatus.textContent(), "Waiting for a client tool's result");
   assert.equal(await first.getByTestId("approve").isVisible(), false, "no approval buttons on a client tool");
   await first.getByTestId("client-tool-input").fill("blue");
-  await first.getByTestId("client-tool-send").click();
+  // The POST's 202 is held until the call's completion has streamed in
+  // (the order a loaded server gives): the card must stay done.
   const done = page.locator('[data-testid=tool-card][data-state="done"]');
-  await done.first().waitFor();
+  await page.route("**/submissions", async (route) => {
+    const request = route.request();
+    if (request.method() !== "POST" || !request.postData()?.includes("client_tool_result")) {
+      return route.continue();
+    }
+    const response = await route.fetch();
+    await done.first().waitFor();
+    await route.fulfill({ response });
+  });
+  await first.getByTestId("client-tool-send").click();
+  await page.locator("[data-testid=tool-card][data-result-sent]").waitFor({ state: "attached" });
+  await page.unroute("**/submissions");
+  assert.equal(await cards(page).first().getAttribute("data-state"), "done", "a 202 after the completion leaves the card done");
   assert.equal(await done.first().getByTestId("tool-result").textContent(), "blue");
   assert.equal(await done.first().getByTestId("client-tool-form").isVisible(), false, "the box goes once answered");
   await page.locator('[data-testid=assistant-message][data-state="final"]').filter({ hasText: "You picked blue." }).waitFor();

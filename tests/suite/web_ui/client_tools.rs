@@ -58,6 +58,11 @@ async fn web_ui_answers_a_client_tool_call_with_a_result_or_an_error_and_shows_i
     let outcome = scenario(&tools, "client_tools", &server.api.base, json!({ "session_id": id })).await;
 
     assert_eq!(session_of(&outcome), id);
+    // The page sees the last answer's text before its turn's end is stored.
+    wait_until_async("the third turn to end", Duration::from_secs(20), async || {
+        of_kind(&log_of(&server.api, &id).await, "turn_complete").len() >= 3
+    })
+    .await;
     let log = log_of(&server.api, &id).await;
     let requested: Vec<&Value> = of_kind(&log, "client_tool_requested");
     assert_eq!(requested.len(), 3, "{log:#?}");

@@ -160,10 +160,10 @@ pub(crate) struct AgUiTool {
 /// (its other keywords as JSON Schema has them).
 #[derive(Deserialize, ToSchema)]
 pub(crate) struct AgUiToolParameters {
-    /// Always `object`.
+    /// `object`; a schema without `type` is taken as an object schema.
     #[serde(rename = "type")]
     #[schema(pattern = "^object$")]
-    kind: String,
+    kind: Option<String>,
 }
 
 /// An answer to one interrupt.

@@ -96,7 +96,12 @@ export function attachClientTool(card, msg, send) {
     }
     try {
       await send(output, isError);
-      setCardState(card, "answered", "result sent");
+      // The call's completion may have streamed in before the POST's 202
+      // (the server stores it first): a closed card keeps what it shows.
+      if (!state.closed) {
+        setCardState(card, "answered", "result sent");
+      }
+      card.root.dataset.resultSent = "true";
     } catch (failure) {
       error.textContent = `Could not send the result: ${failure.message}${failure.code ? ` (${failure.code})` : ""}`;
       error.hidden = false;
