@@ -139,6 +139,14 @@ pub(super) async fn protocol_turn(
     if !answer.ended {
         return Err(Error::stopped(format!("the {} stream ended during a turn", via.name())));
     }
+    let turn_ms = started.elapsed().as_secs_f64() * 1000.0;
+    // Read to the body's end, as `fetch` does, so the connection goes back
+    // to the pool instead of a new one per turn.
+    while tokio::time::timeout(TURN_TIMEOUT, frames.next())
+        .await
+        .map_err(|_| Error::stopped(format!("the {} stream did not end after its turn", via.name())))??
+        .is_some()
+    {}
     if via == BenchVia::AgUi {
         thread.messages.push(json!({
             "id": answer.message_id.unwrap_or_default(),
@@ -149,7 +157,7 @@ pub(super) async fn protocol_turn(
     Ok(TurnTimes {
         accept_ms,
         first_delta_ms: first_delta_ms.unwrap_or_default(),
-        turn_ms: started.elapsed().as_secs_f64() * 1000.0,
+        turn_ms,
     })
 }
 

@@ -23,6 +23,10 @@ const ANSWERED_LOOKBACK_EVENTS: usize = 20_000;
 /// server: their own rules, and no name of a tool the server runs (a
 /// built-in tool, or a tool of one of its MCP servers, `{server}__{tool}`).
 pub(crate) fn check_declared(keel: &KeelConfig, tools: &mut [ClientToolSpec]) -> Result<(), ApiError> {
+    if tools.is_empty() {
+        // Nothing to check (most requests), without listing the tool set.
+        return Ok(());
+    }
     complete_client_tools(tools);
     let builtin = server_tool_names();
     let mcp_prefixes: Vec<String> = keel.mcp.servers.keys().map(|name| format!("{name}__")).collect();

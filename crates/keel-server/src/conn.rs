@@ -130,6 +130,12 @@ pub(crate) async fn serve_connections(
         if permits.available_permits() > 0 {
             saturated = false;
         }
+        // Events are small writes that must leave at once: with Nagle's
+        // algorithm on, a stream's first event after its headers waited
+        // for the client's delayed ACK (40 ms on Linux).
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "TCP_NODELAY not set on a connection");
+        }
         let connection = builder
             .serve_connection(TokioIo::new(stream), service.clone())
             .with_upgrades();

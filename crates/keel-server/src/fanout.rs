@@ -17,7 +17,7 @@
 //! reads the rest from the store.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::{broadcast, watch};
@@ -58,6 +58,8 @@ pub(crate) struct Hub {
     subscribers: AtomicUsize,
     /// The newest sequence known stored by another node's commit.
     stored: watch::Sender<u64>,
+    /// The newest sequence published here (0 for none).
+    published: AtomicU64,
 }
 
 impl Hub {
@@ -65,6 +67,7 @@ impl Hub {
     pub(crate) fn publish(&self, event: &RecordedEvent) {
         // No receiver is not an error: the event is in the store.
         let _ = self.sender.send(Arc::new(LiveEvent::new(event)));
+        self.published.fetch_max(event.sequence, Ordering::Release);
     }
 
     /// How many subscriptions are open.
@@ -101,6 +104,7 @@ impl Hubs {
             sender: broadcast::channel(self.capacity).0,
             subscribers: AtomicUsize::new(0),
             stored: watch::Sender::new(0),
+            published: AtomicU64::new(0),
         });
         hubs.insert(session_id.to_owned(), Arc::downgrade(&hub));
         hub
@@ -180,6 +184,37 @@ impl Subscription {
             behind: true,
             closing,
         }
+    }
+
+    /// A subscription to `hub` handing out the events published from now
+    /// on, without reading the store, for a caller about to submit
+    /// something and follow it. `None` when the hub has published nothing
+    /// yet or another node stored more than it published (then only the
+    /// store knows where "now" is). Events the pump did not publish (stored
+    /// for an unloaded session) show as a gap before the next published
+    /// one, which the store fills as for any subscriber.
+    pub(crate) fn from_now(
+        hub: Arc<Hub>,
+        store: Arc<dyn CheckpointStore>,
+        metrics: Arc<Metrics>,
+        closing: watch::Receiver<bool>,
+    ) -> Option<Self> {
+        let mut subscription = Self::new(hub, 0, store, metrics, closing);
+        // Read after subscribing: whatever is published after this load
+        // is in the channel.
+        let published = subscription.hub.published.load(Ordering::Acquire);
+        let stored = *subscription.stored.borrow();
+        if published == 0 || stored > published {
+            return None;
+        }
+        subscription.last_sent = published;
+        subscription.behind = false;
+        Some(subscription)
+    }
+
+    /// Whether the event at `sequence` is still to be handed out.
+    pub(crate) fn sees(&self, sequence: u64) -> bool {
+        sequence > self.last_sent
     }
 
     /// The next event, in sequence order; `None` once the server is

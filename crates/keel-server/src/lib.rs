@@ -85,6 +85,10 @@ pub const API_VERSION: &str = "1.4.0";
 /// refuse a server of another major version before it misreads an answer.
 pub const API_VERSION_HEADER: &str = "keel-api-version";
 
+/// AG-UI threads a node keeps read (each holds its session's message
+/// texts), so a run of one of them reads only the events stored since.
+const AG_UI_THREADS: usize = 256;
+
 /// The largest request body, by default.
 pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
 
@@ -263,6 +267,8 @@ pub(crate) struct Server {
     front: front::FrontDoor,
     body_limit: usize,
     keep_alive: Duration,
+    /// The AG-UI threads read lately, so a run reads only what is new.
+    ag_ui_threads: frontends::ag_ui_threads::ThreadCache,
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then shuts down
@@ -348,6 +354,7 @@ pub async fn serve(
         front: door.front,
         body_limit: config.body_limit,
         keep_alive: config.keep_alive,
+        ag_ui_threads: frontends::ag_ui_threads::ThreadCache::new(AG_UI_THREADS),
     });
     let keys = server.auth.keys.clone();
     let app = routes::router(server);

@@ -1641,6 +1641,15 @@ pub(crate) async fn events_after_reads_forwards_across_batches_from_any_point(fa
         store.events_after("s", 2, 4).await.expect("middle"),
         written[2..6].to_vec()
     );
+    // Every point, the first and last of each batch among them (the read
+    // seeks the batch holding `after + 1`).
+    for after in 0..written.len() {
+        assert_eq!(
+            store.events_after("s", after as u64, 100).await.expect("tail"),
+            written[after..].to_vec(),
+            "after {after}"
+        );
+    }
     assert_eq!(store.events_after("s", 9, 10).await.expect("end"), vec![]);
     assert_eq!(store.events_after("s", u64::MAX, 10).await.expect("past"), vec![]);
     assert!(matches!(

@@ -133,7 +133,7 @@ pub fn parse(body: Value) -> Result<RunInput, InputError> {
         serde_json::from_value(body).map_err(|error| InputError::Malformed(format!("not a RunAgentInput: {error}")))?;
     let messages = wire
         .messages
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(index, message)| message_of(index, message))
         .collect::<Result<Vec<_>, _>>()?;
@@ -169,28 +169,33 @@ pub fn parse(body: Value) -> Result<RunInput, InputError> {
     })
 }
 
-fn message_of(index: usize, message: &Value) -> Result<InputMessage, InputError> {
+fn message_of(index: usize, mut message: Value) -> Result<InputMessage, InputError> {
     let at = |what: &str| InputError::Malformed(format!("messages[{index}]: {what}"));
-    let field = |name: &str| message.get(name).and_then(Value::as_str).map(str::to_owned);
-    let role = field("role").ok_or_else(|| at("has no `role`"))?;
-    let id = field("id").ok_or_else(|| at("has no `id`"))?;
+    // Taken out of the request, not copied: a run resends the whole thread.
+    let mut take = |name: &str| message.get_mut(name).map(Value::take);
+    let text = |value: Option<Value>| match value {
+        Some(Value::String(text)) => Some(text),
+        _ => None,
+    };
+    let role = text(take("role")).ok_or_else(|| at("has no `role`"))?;
+    let id = text(take("id")).ok_or_else(|| at("has no `id`"))?;
     match role.as_str() {
         "user" => Ok(InputMessage::User {
             id,
-            text: content_text(index, message.get("content"))?,
+            text: content_text(index, take("content"))?,
         }),
         "assistant" => Ok(InputMessage::Assistant {
             id,
-            text: match message.get("content") {
+            text: match take("content") {
                 None | Some(Value::Null) => String::new(),
-                Some(Value::String(text)) => text.clone(),
+                Some(Value::String(text)) => text,
                 Some(_) => return Err(at("an assistant message's `content` is text")),
             },
         }),
         "tool" => Ok(InputMessage::Tool {
-            tool_call_id: field("toolCallId").ok_or_else(|| at("a tool message needs `toolCallId`"))?,
-            text: content_text(index, message.get("content"))?,
-            is_error: message.get("error").is_some_and(|error| !error.is_null()),
+            tool_call_id: text(take("toolCallId")).ok_or_else(|| at("a tool message needs `toolCallId`"))?,
+            text: content_text(index, take("content"))?,
+            is_error: take("error").is_some_and(|error| !error.is_null()),
         }),
         "system" | "developer" | "reasoning" | "activity" => Ok(InputMessage::Ignored),
         other => Err(at(&format!("unknown role '{other}'"))),
@@ -199,9 +204,9 @@ fn message_of(index: usize, message: &Value) -> Result<InputMessage, InputError>
 
 /// A message's text: a string, or text parts (other parts are refused:
 /// Keel's messages are text).
-fn content_text(index: usize, content: Option<&Value>) -> Result<String, InputError> {
+fn content_text(index: usize, content: Option<Value>) -> Result<String, InputError> {
     match content {
-        Some(Value::String(text)) => Ok(text.clone()),
+        Some(Value::String(text)) => Ok(text),
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for part in parts {
@@ -251,7 +256,7 @@ pub fn plan(input: &RunInput, thread: &Thread) -> Result<Plan, InputError> {
         .rposition(|message| !matches!(message, InputMessage::User { .. } | InputMessage::Tool { .. }))
         .map_or(0, |last| last + 1);
     let (history, new) = compared.split_at(split);
-    let session = thread.messages();
+    let session = thread.history();
     // New messages the session has already (a retried run) are part of
     // its history: compare only what comes before the first of them.
     let cut = new
@@ -319,7 +324,7 @@ fn not_waiting(call_id: &str) -> InputError {
 
 /// Where the session has `message` already, for a new message a retried
 /// run sends again.
-fn position_in(session: &[Message], message: &InputMessage) -> Option<usize> {
+fn position_in(session: &[&Message], message: &InputMessage) -> Option<usize> {
     session.iter().position(|have| match (have, message) {
         (Message::User { id, .. }, InputMessage::User { id: sent, .. }) => id == sent,
         (Message::Tool { tool_call_id, .. }, InputMessage::Tool { tool_call_id: sent, .. }) => tool_call_id == sent,
@@ -328,7 +333,7 @@ fn position_in(session: &[Message], message: &InputMessage) -> Option<usize> {
 }
 
 /// The request's history must be the session's: the same roles and texts.
-fn compare(history: &[&InputMessage], session: &[Message]) -> Result<(), InputError> {
+fn compare(history: &[&InputMessage], session: &[&Message]) -> Result<(), InputError> {
     for (index, (sent, have)) in history.iter().zip(session).enumerate() {
         let Some((role, text)) = sent.compared() else {
             continue;

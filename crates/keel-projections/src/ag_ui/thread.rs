@@ -71,6 +71,12 @@ impl Thread {
         self.messages.iter().map(|(_, message)| message.clone()).collect()
     }
 
+    /// The thread's messages, oldest first, borrowed (what a run's history
+    /// is compared with).
+    pub fn history(&self) -> Vec<&Message> {
+        self.messages.iter().map(|(_, message)| message).collect()
+    }
+
     /// The calls waiting for the client.
     pub fn waits(&self) -> &[Wait] {
         &self.waits

@@ -107,15 +107,17 @@ pub(crate) async fn run(
         Err(ApiError::NotFound(_)) => None,
         Err(error) => return Err(error),
     };
-    let exists = stored.is_some();
     let mut tools = input.tools.clone();
     crate::client_tools::check_declared(&server.host.factory.keel, &mut tools)?;
-    let log = if exists {
-        read_log(&server, &id).await?
-    } else {
-        Vec::new()
+    let thread = match &stored {
+        Some(summary) => {
+            server
+                .ag_ui_threads
+                .read(server.host.store.as_ref(), &id, summary.as_ref())
+                .await?
+        }
+        None => Arc::new(Thread::new()),
     };
-    let thread = Thread::from_log(&log);
     let plan = ag_ui::plan(&input, &thread).map_err(input_error)?;
     for (_, op) in &plan.answers {
         principal.require(access::op_scope(op))?;
@@ -163,7 +165,11 @@ pub(crate) async fn run(
         let ids = accepted.into_iter().map(|(submission, _)| submission).collect();
         (after, RunStart::Submissions(ids))
     };
-    let primed = Thread::from_log(log.iter().take_while(|event| event.sequence <= after));
+    let primed = if after == thread.last_sequence() {
+        Thread::clone(&thread)
+    } else {
+        thread_until(&server, &id, after).await?
+    };
     let projection = RunProjection::new(input.thread_id.clone(), primed, start);
     let subscription = server.host.subscribe(&id, after);
     let keep_alive = KeepAlive::new().interval(server.keep_alive).text("keep-alive");
@@ -234,17 +240,21 @@ fn input_error(error: InputError) -> ApiError {
 }
 
 /// The whole stored log of session `id`.
-async fn read_log(server: &Server, id: &str) -> Result<Vec<RecordedEvent>, ApiError> {
-    let mut log = Vec::new();
-    loop {
-        let after = log.last().map_or(0, |event: &RecordedEvent| event.sequence);
-        let page = server.host.store.events_after(id, after, PAGE).await?;
+/// The thread of session `id` as of sequence `until`, read from the log
+/// (a retried run whose messages were stored before the thread's end).
+async fn thread_until(server: &Server, id: &str, until: u64) -> Result<Thread, ApiError> {
+    let mut thread = Thread::new();
+    while thread.last_sequence() < until {
+        let page = server.host.store.events_after(id, thread.last_sequence(), PAGE).await?;
         let full = page.len() == PAGE;
-        log.extend(page);
+        for event in page.iter().take_while(|event| event.sequence <= until) {
+            thread.apply(event);
+        }
         if !full {
-            return Ok(log);
+            break;
         }
     }
+    Ok(thread)
 }
 
 /// A run with nothing to do: the thread's messages, as a finished run.

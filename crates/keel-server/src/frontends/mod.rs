@@ -4,4 +4,5 @@
 
 pub(crate) mod ag_ui;
 mod ag_ui_schema;
+pub(crate) mod ag_ui_threads;
 pub(crate) mod ai_sdk;

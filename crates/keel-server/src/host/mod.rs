@@ -380,6 +380,16 @@ impl Host {
         )
     }
 
+    /// [`Subscription::from_now`] on `session_id`'s hub.
+    pub(crate) fn subscribe_from_now(&self, session_id: &str) -> Option<Subscription> {
+        Subscription::from_now(
+            self.hubs.get(session_id),
+            Arc::clone(&self.store),
+            Arc::clone(&self.metrics),
+            self.closing.subscribe(),
+        )
+    }
+
     /// The status of `session_id` if it is live (and not being loaded or
     /// unloaded right now).
     pub(crate) fn status(&self, session_id: &str) -> Option<SessionStatus> {

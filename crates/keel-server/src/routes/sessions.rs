@@ -448,6 +448,7 @@ pub(crate) async fn delete(
 ) -> Result<StatusCode, ApiError> {
     access::session(&server, &principal, Scope::Admin, &id).await?;
     if server.host.delete(&id, query.workspace).await? {
+        server.ag_ui_threads.forget(&id);
         tracing::info!(session_id = %id, workspace = query.workspace, "session deleted");
         Ok(StatusCode::NO_CONTENT)
     } else {

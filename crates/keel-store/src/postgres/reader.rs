@@ -180,17 +180,32 @@ pub(super) async fn events_after(
     let limit = limit.min(MAX_EVENT_PAGE);
     // Every row holds at least one event after `after`, so `limit` rows
     // are enough.
+    // The scan starts at the row holding `after + 1` (the last row that
+    // starts at or before it: rows never overlap), found in the index, so
+    // the tail of a long log costs what its head does.
     let select = client
         .prepare_cached(
-            "SELECT first_sequence, last_sequence, recorded_at_ms, events FROM log
-             WHERE session_key = (SELECT key FROM sessions WHERE id = $1)
+            "WITH s AS (SELECT key FROM sessions WHERE id = $1)
+             SELECT first_sequence, last_sequence, recorded_at_ms, events FROM log
+             WHERE session_key = (SELECT key FROM s)
+               AND first_sequence >= COALESCE(
+                   (SELECT MAX(first_sequence) FROM log
+                    WHERE session_key = (SELECT key FROM s) AND first_sequence <= $4), 0)
                AND last_sequence > $2 AND last_sequence >= first_sequence
              ORDER BY first_sequence, id LIMIT $3",
         )
         .await
         .map_err(pg_error)?;
     let rows = client
-        .query(&select, &[&session_id, &int(after), &(limit.max(1) as i64)])
+        .query(
+            &select,
+            &[
+                &session_id,
+                &int(after),
+                &(limit.max(1) as i64),
+                &int(after.saturating_add(1)),
+            ],
+        )
         .await
         .map_err(pg_error)?;
     if rows.is_empty() && !exists(client, session_id).await? {

@@ -216,17 +216,25 @@ pub(super) fn events_after(
     let limit = limit.min(MAX_EVENT_PAGE);
     let key = session_key(conn, session_id)?.ok_or_else(|| StoreError::UnknownSession(session_id.to_owned()))?;
     // Past i64::MAX nothing is newer.
-    let Ok(after_sql) = i64::try_from(after) else {
+    let (Ok(after_sql), Ok(next_sql)) = (i64::try_from(after), i64::try_from(after.saturating_add(1))) else {
         return Ok(Vec::new());
     };
+    // The scan starts at the row holding `after + 1` (the last row that
+    // starts at or before it: rows never overlap), found in the index, so
+    // the tail of a long log costs what its head does.
     let mut select = conn
         .prepare_cached(
             "SELECT first_sequence, last_sequence, recorded_at_ms, events FROM log
-             WHERE session_key = ?1 AND last_sequence > ?2 AND last_sequence >= first_sequence
+             WHERE session_key = ?1
+               AND first_sequence >= COALESCE(
+                   (SELECT MAX(first_sequence) FROM log WHERE session_key = ?1 AND first_sequence <= ?3), 0)
+               AND last_sequence > ?2 AND last_sequence >= first_sequence
              ORDER BY first_sequence, id",
         )
         .map_err(super::sqlite_error)?;
-    let mut rows = select.query(params![key, after_sql]).map_err(super::sqlite_error)?;
+    let mut rows = select
+        .query(params![key, after_sql, next_sql])
+        .map_err(super::sqlite_error)?;
     let mut events = Vec::with_capacity(limit.min(1024));
     while let Some(row) = rows.next().map_err(super::sqlite_error)? {
         let first: u64 = row.get(0).map_err(super::sqlite_error)?;

@@ -119,10 +119,18 @@ pub(crate) async fn chat(
         other => other?,
     };
     let actor = principal.actor.clone();
+    // A new turn is followed from before its submission, so its first
+    // events come from the channel, not from a store read (a retried
+    // submission, stored before, is read from the store).
+    let mut early = match intent {
+        Intent::UserMessage { .. } | Intent::Regenerate => server.host.subscribe_from_now(&id),
+        Intent::Answers(_) => None,
+    };
     let (projection, replay) = match intent {
         Intent::UserMessage { message_id, text } => {
             let op = Op::UserInput { text };
             let accepted = submit_op(&server, &id, op, None, Some(message_id), actor).await?;
+            early = early.filter(|early| early.sees(accepted.sequence));
             (
                 Projection::of_submission(&accepted.submission_id),
                 Replay {
@@ -140,6 +148,7 @@ pub(crate) async fn chat(
                 // An id too long for a key regenerates without one.
                 .filter(|key| keel_protocol::validate_idempotency_key(key).is_ok());
             let accepted = submit_op(&server, &id, Op::Regenerate, None, key, actor).await?;
+            early = early.filter(|early| early.sees(accepted.sequence));
             (
                 Projection::of_submission(&accepted.submission_id),
                 Replay {
@@ -189,7 +198,7 @@ pub(crate) async fn chat(
             )
         }
     };
-    Ok(stream::response(&server, &id, projection, replay, liveness))
+    Ok(stream::response(&server, &id, projection, replay, early, liveness))
 }
 
 /// Creates the session of a chat's first message. A chat the session has
@@ -264,6 +273,7 @@ pub(crate) async fn resume(
         &id,
         Projection::of_turn(&turn_id),
         replay,
+        None,
         liveness,
     ))
 }

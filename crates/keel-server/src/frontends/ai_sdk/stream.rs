@@ -40,15 +40,19 @@ pub(crate) struct Replay {
 }
 
 /// The SSE answer carrying `projection`'s chunks from the log of `session_id`,
-/// ending with `[DONE]` when the turn ends or waits for the client.
+/// ending with `[DONE]` when the turn ends or waits for the client. `early`
+/// is a subscription taken before the submission (it sees every event
+/// `replay` asks for without reading the store); without one, the stream
+/// subscribes after `replay.after`.
 pub(crate) fn response(
     server: &Server,
     session_id: &str,
     projection: Projection,
     replay: Replay,
+    early: Option<Subscription>,
     liveness: Liveness,
 ) -> Response {
-    let subscription = server.host.subscribe(session_id, replay.after);
+    let subscription = early.unwrap_or_else(|| server.host.subscribe(session_id, replay.after));
     let pump = Pump {
         subscription,
         projection,
