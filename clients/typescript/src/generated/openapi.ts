@@ -629,8 +629,8 @@ export interface components {
          *     (its other keywords as JSON Schema has them).
          */
         AgUiToolParameters: {
-            /** @description Always `object`. */
-            type: string;
+            /** @description `object`; a schema without `type` is taken as an object schema. */
+            type?: string | null;
         };
         /** @description Text, or text parts (other parts are refused). */
         AgUiUserContent: string | components["schemas"]["AgUiTextPart"][];
