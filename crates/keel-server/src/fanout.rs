@@ -9,7 +9,10 @@
 //! reads the missing range from the store and goes on. Every event is
 //! committed before it is published, so the store always has what the
 //! channel dropped: a subscriber never misses an event, never sees one
-//! twice, and is never disconnected for being slow.
+//! twice, and is never disconnected for being slow. A caller about to
+//! submit and follow what it submitted can start from the hub's newest
+//! published event instead ([`Subscription::from_now`]), without a store
+//! read.
 //!
 //! A session that runs on another node (several nodes on one database) has
 //! no local publisher: the node's log notices [`Hubs::poke`] its hub with

@@ -565,6 +565,20 @@ export interface components {
             content: string;
             /** @enum {string} */
             role: "developer";
+        } | {
+            /** @description Its id. */
+            id: string;
+            /** @description Its text. */
+            content: string;
+            /** @enum {string} */
+            role: "reasoning";
+        } | {
+            /** @description Its id. */
+            id: string;
+            /** @description What the activity shows. */
+            content: Record<string, never>;
+            /** @enum {string} */
+            role: "activity";
         };
         /** @description An answer to one interrupt. */
         AgUiResumeEntry: {
@@ -630,7 +644,7 @@ export interface components {
          */
         AgUiToolParameters: {
             /** @description `object`; a schema without `type` is taken as an object schema. */
-            type?: string | null;
+            type?: string;
         };
         /** @description Text, or text parts (other parts are refused). */
         AgUiUserContent: string | components["schemas"]["AgUiTextPart"][];

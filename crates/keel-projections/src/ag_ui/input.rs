@@ -197,7 +197,16 @@ fn message_of(index: usize, mut message: Value) -> Result<InputMessage, InputErr
             text: content_text(index, take("content"))?,
             is_error: take("error").is_some_and(|error| !error.is_null()),
         }),
-        "system" | "developer" | "reasoning" | "activity" => Ok(InputMessage::Ignored),
+        // Not kept, but checked as AG-UI has them: text, or (an activity)
+        // an object.
+        "system" | "developer" | "reasoning" => match take("content") {
+            Some(Value::String(_)) => Ok(InputMessage::Ignored),
+            _ => Err(at(&format!("a {role} message's `content` is text"))),
+        },
+        "activity" => match take("content") {
+            Some(Value::Object(_)) => Ok(InputMessage::Ignored),
+            _ => Err(at("an activity message's `content` is an object")),
+        },
         other => Err(at(&format!("unknown role '{other}'"))),
     }
 }

@@ -508,6 +508,14 @@ fn bad_input_is_refused_before_anything_is_planned() {
             json!({"threadId": "t", "runId": "r", "messages": [{"id": "x", "role": "user", "content": [{"type": "image", "source": {"type": "url", "value": "http://x"}}]}]}),
             "content parts of type 'image'",
         ),
+        (
+            json!({"threadId": "t", "runId": "r", "messages": [{"id": "x", "role": "developer", "content": {}}]}),
+            "a developer message's `content` is text",
+        ),
+        (
+            json!({"threadId": "t", "runId": "r", "messages": [{"id": "x", "role": "activity", "content": "?"}]}),
+            "an activity message's `content` is an object",
+        ),
     ] {
         let error = parse(body).unwrap_err();
         assert!(

@@ -81,6 +81,22 @@ pub(crate) enum AgUiInputMessage {
         /// Its text.
         content: String,
     },
+    /// Not kept in Keel's history (Keel records reasoning as events): not
+    /// compared, not used.
+    Reasoning {
+        /// Its id.
+        id: String,
+        /// Its text.
+        content: String,
+    },
+    /// Not kept in Keel's history: not compared, not used.
+    Activity {
+        /// Its id.
+        id: String,
+        /// What the activity shows.
+        #[schema(value_type = Object)]
+        content: Value,
+    },
 }
 
 /// A user message's content: text, or text parts (other parts are
@@ -162,7 +178,7 @@ pub(crate) struct AgUiTool {
 pub(crate) struct AgUiToolParameters {
     /// `object`; a schema without `type` is taken as an object schema.
     #[serde(rename = "type")]
-    #[schema(pattern = "^object$")]
+    #[schema(pattern = "^object$", nullable = false)]
     kind: Option<String>,
 }
 

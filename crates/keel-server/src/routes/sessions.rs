@@ -80,6 +80,7 @@ pub(crate) struct CreateSession {
     /// How long the client has to answer a call, in seconds; `0` waits for
     /// ever. Default: the bot's, else the server's `[tools]
     /// client_tool_timeout_secs` (600).
+    #[serde(default, deserialize_with = "crate::extract::json_int64")]
     pub(crate) client_tool_timeout_secs: Option<u64>,
 }
 
