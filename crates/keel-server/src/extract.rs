@@ -31,7 +31,10 @@ where
             None => false,
         };
         let bytes = Bytes::from_request(request, state).await.map_err(body_error)?;
-        let blank = bytes.iter().all(u8::is_ascii_whitespace);
+        // No body is the empty object. White space sent as JSON is not
+        // JSON (the description's media type says it must parse), so it
+        // is refused like any other text that does not.
+        let blank = bytes.is_empty() || (!declared_json && bytes.iter().all(u8::is_ascii_whitespace));
         if !blank && !declared_json {
             return Err(not_json());
         }
@@ -184,6 +187,29 @@ mod tests {
     struct Outer {
         #[serde(default, deserialize_with = "object")]
         inner: Option<Defaults>,
+    }
+
+    #[tokio::test]
+    async fn no_body_is_the_empty_object_and_white_space_sent_as_json_is_refused() {
+        async fn read(body: &'static str, json: bool) -> Result<serde_json::Value, ApiError> {
+            let mut request = axum::http::Request::builder().method("POST").uri("/");
+            if json {
+                request = request.header(header::CONTENT_TYPE, "application/json");
+            }
+            let request = request.body(axum::body::Body::from(body)).expect("a request");
+            ApiJson::<serde_json::Value>::from_request(request, &())
+                .await
+                .map(|ApiJson(value)| value)
+        }
+        assert_eq!(read("", true).await.ok(), Some(serde_json::json!({})));
+        assert_eq!(read("", false).await.ok(), Some(serde_json::json!({})));
+        assert_eq!(read(" ", false).await.ok(), Some(serde_json::json!({})));
+        for body in ["\t", " ", "\n\n"] {
+            assert!(
+                matches!(read(body, true).await, Err(ApiError::InvalidRequest(_))),
+                "{body:?}"
+            );
+        }
     }
 
     #[test]
