@@ -29,8 +29,49 @@ pub struct ClientToolSpec {
     /// The JSON Schema of the tool's arguments (an object schema; one
     /// without `type` is taken as `"type": "object"`).
     #[serde(default = "empty_object_schema")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = parameters_schema))]
     pub parameters: serde_json::Value,
+}
+
+/// `parameters` as the description gives it: any object, with the JSON
+/// Schema keywords whose values the server checks described (a subschema
+/// is an object or a boolean), so a generated request that is valid by the
+/// description is a schema the server accepts.
+#[cfg(feature = "openapi")]
+fn parameters_schema() -> utoipa::openapi::Object {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
+    let subschema = || ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::Object, Type::Boolean]));
+    let subschemas = || ArrayBuilder::new().items(subschema()).min_items(Some(1));
+    let mut parameters = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(
+            "The JSON Schema of the tool's arguments (an object schema; one without `type` is taken as \
+             `\"type\": \"object\"`).",
+        ))
+        .property(
+            "type",
+            ObjectBuilder::new().schema_type(Type::String).pattern(Some("^object$")),
+        )
+        .property(
+            "properties",
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .additional_properties(Some(subschema())),
+        )
+        .property(
+            "required",
+            ArrayBuilder::new()
+                .items(ObjectBuilder::new().schema_type(Type::String))
+                .unique_items(true),
+        )
+        .property("enum", ArrayBuilder::new());
+    for keyword in ["if", "then", "else", "not", "items", "additionalProperties"] {
+        parameters = parameters.property(keyword, subschema());
+    }
+    for keyword in ["allOf", "anyOf", "oneOf"] {
+        parameters = parameters.property(keyword, subschemas());
+    }
+    parameters.build()
 }
 
 fn empty_object_schema() -> serde_json::Value {

@@ -928,11 +928,24 @@ export interface components {
             name: string;
             /** @description What the tool does, for the model. */
             description?: string;
-            /**
-             * @description The JSON Schema of the tool's arguments (an object schema; one
-             *     without `type` is taken as `"type": "object"`).
-             */
-            parameters?: Record<string, never>;
+            /** @description The JSON Schema of the tool's arguments (an object schema; one without `type` is taken as `"type": "object"`). */
+            parameters?: {
+                type?: string;
+                properties?: {
+                    [key: string]: Record<string, never> | boolean;
+                };
+                required?: string[];
+                enum?: unknown[];
+                if?: Record<string, never> | boolean;
+                then?: Record<string, never> | boolean;
+                else?: Record<string, never> | boolean;
+                not?: Record<string, never> | boolean;
+                items?: Record<string, never> | boolean;
+                additionalProperties?: Record<string, never> | boolean;
+                allOf?: (Record<string, never> | boolean)[];
+                anyOf?: (Record<string, never> | boolean)[];
+                oneOf?: (Record<string, never> | boolean)[];
+            };
         };
         /**
          * @description Why the history was compacted.
