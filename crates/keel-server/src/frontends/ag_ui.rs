@@ -37,9 +37,6 @@ use crate::settings::SessionSettings;
 /// the first is readable at once.
 const SETTLE: Duration = Duration::from_millis(100);
 
-/// Events read from the log per store read.
-const PAGE: usize = 1000;
-
 route_errors!(
     /// What `POST /v1/ag-ui` can answer instead of the stream.
     RunErrors: BODY,
@@ -244,16 +241,7 @@ fn input_error(error: InputError) -> ApiError {
 /// (a retried run whose messages were stored before the thread's end).
 async fn thread_until(server: &Server, id: &str, until: u64) -> Result<Thread, ApiError> {
     let mut thread = Thread::new();
-    while thread.last_sequence() < until {
-        let page = server.host.store.events_after(id, thread.last_sequence(), PAGE).await?;
-        let full = page.len() == PAGE;
-        for event in page.iter().take_while(|event| event.sequence <= until) {
-            thread.apply(event);
-        }
-        if !full {
-            break;
-        }
-    }
+    super::ag_ui_threads::bring_forward(server.host.store.as_ref(), id, &mut thread, until).await?;
     Ok(thread)
 }
 

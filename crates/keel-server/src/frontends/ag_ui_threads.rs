@@ -73,17 +73,15 @@ impl ThreadCache {
             .filter(|kept| summary.is_some_and(|summary| kept.last_sequence() <= summary.last_sequence));
         let mut thread = kept.unwrap_or_default();
         let before = thread.last_sequence();
-        loop {
-            let events = store.events_after(id, thread.last_sequence(), PAGE).await?;
-            let full = events.len() == PAGE;
-            if !events.is_empty() {
-                let thread = Arc::make_mut(&mut thread);
-                for event in &events {
-                    thread.apply(event);
-                }
+        // The kept thread is copied only when something is new.
+        let events = store.events_after(id, before, PAGE).await?;
+        if !events.is_empty() {
+            let thread = Arc::make_mut(&mut thread);
+            for event in &events {
+                thread.apply(event);
             }
-            if !full {
-                break;
+            if events.len() == PAGE {
+                bring_forward(store, id, thread, u64::MAX).await?;
             }
         }
         if let Some(incarnation) = incarnation
@@ -148,4 +146,25 @@ impl ThreadCache {
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Applies to `thread` the stored events of session `id` after its last
+/// one, up to sequence `until`.
+pub(crate) async fn bring_forward(
+    store: &dyn CheckpointStore,
+    id: &str,
+    thread: &mut Thread,
+    until: u64,
+) -> Result<(), ApiError> {
+    while thread.last_sequence() < until {
+        let events = store.events_after(id, thread.last_sequence(), PAGE).await?;
+        let full = events.len() == PAGE;
+        for event in events.iter().take_while(|event| event.sequence <= until) {
+            thread.apply(event);
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(())
 }
