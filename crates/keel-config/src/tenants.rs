@@ -26,9 +26,10 @@ use keel_tools::workspace::SandboxPolicy;
 pub const MAX_TENANT_BYTES: usize = keel_agent::MAX_BOT_ID_BYTES;
 
 /// Whether `tenant` is a tenant name: 1 to [`MAX_TENANT_BYTES`] printable
-/// ASCII characters, as a bot id.
+/// ASCII characters other than `%` (it goes in URL paths: see
+/// [`keel_protocol::is_path_name`]).
 pub fn valid_tenant(tenant: &str) -> bool {
-    !tenant.is_empty() && tenant.len() <= MAX_TENANT_BYTES && tenant.bytes().all(|byte| (b' '..=b'~').contains(&byte))
+    keel_protocol::is_path_name(tenant, MAX_TENANT_BYTES)
 }
 
 /// One tenant's table.
@@ -121,9 +122,9 @@ mod tests {
     }
 
     #[test]
-    fn tenant_names_are_short_printable_ascii() {
+    fn tenant_names_are_short_printable_ascii_without_percent() {
         assert!(valid_tenant("acme") && valid_tenant("Acme Corp.") && valid_tenant(&"a".repeat(MAX_TENANT_BYTES)));
-        for bad in ["", "t\u{e9}", "a\nb", &"a".repeat(MAX_TENANT_BYTES + 1)] {
+        for bad in ["", "t\u{e9}", "a\nb", "t%C3%A9", &"a".repeat(MAX_TENANT_BYTES + 1)] {
             assert!(!valid_tenant(bad), "{bad:?}");
         }
     }

@@ -29,49 +29,106 @@ pub struct ClientToolSpec {
     /// The JSON Schema of the tool's arguments (an object schema; one
     /// without `type` is taken as `"type": "object"`).
     #[serde(default = "empty_object_schema")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = parameters_schema))]
+    #[cfg_attr(feature = "openapi", schema(value_type = described::ClientToolParameters))]
     pub parameters: serde_json::Value,
 }
 
-/// `parameters` as the description gives it: any object, with the JSON
-/// Schema keywords whose values the server checks described (a subschema
-/// is an object or a boolean), so a generated request that is valid by the
-/// description is a schema the server accepts.
+/// How the API description gives `parameters` and the schemas inside it:
+/// objects whose JSON Schema keywords the server checks are described
+/// (recursively, through the `JsonSchema` component), so a request that is
+/// valid by the description is a schema the server accepts, and one it
+/// refuses breaks the description.
 #[cfg(feature = "openapi")]
-fn parameters_schema() -> utoipa::openapi::Object {
-    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
-    let subschema = || ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::Object, Type::Boolean]));
-    let subschemas = || ArrayBuilder::new().items(subschema()).min_items(Some(1));
-    let mut parameters = ObjectBuilder::new()
-        .schema_type(Type::Object)
-        .description(Some(
-            "The JSON Schema of the tool's arguments (an object schema; one without `type` is taken as \
-             `\"type\": \"object\"`).",
-        ))
-        .property(
-            "type",
-            ObjectBuilder::new().schema_type(Type::String).pattern(Some("^object$")),
-        )
-        .property(
-            "properties",
-            ObjectBuilder::new()
-                .schema_type(Type::Object)
-                .additional_properties(Some(subschema())),
-        )
-        .property(
-            "required",
-            ArrayBuilder::new()
-                .items(ObjectBuilder::new().schema_type(Type::String))
-                .unique_items(true),
-        )
-        .property("enum", ArrayBuilder::new());
-    for keyword in ["if", "then", "else", "not", "items", "additionalProperties"] {
-        parameters = parameters.property(keyword, subschema());
+pub(crate) mod described {
+    use std::borrow::Cow;
+
+    use utoipa::openapi::schema::{AdditionalProperties, AnyOfBuilder, ArrayBuilder, ObjectBuilder, Schema, Type};
+    use utoipa::openapi::{Ref, RefOr};
+    use utoipa::{PartialSchema, ToSchema};
+
+    /// The component every subschema points at.
+    const SUBSCHEMA: &str = "JsonSchema";
+
+    /// JSON Schema's type names.
+    const TYPES: [&str; 7] = ["array", "boolean", "integer", "null", "number", "object", "string"];
+
+    /// A tool's `parameters`: an object schema.
+    pub struct ClientToolParameters;
+
+    /// A schema inside `parameters`: any JSON Schema object.
+    pub struct JsonSchema;
+
+    impl PartialSchema for ClientToolParameters {
+        fn schema() -> RefOr<Schema> {
+            let object = ObjectBuilder::new().schema_type(Type::String).pattern(Some("^object$"));
+            keywords(object.into())
+                .description(Some(
+                    "The JSON Schema of the tool's arguments (an object schema; one without `type` is taken \
+                     as `\"type\": \"object\"`).",
+                ))
+                .into()
+        }
     }
-    for keyword in ["allOf", "anyOf", "oneOf"] {
-        parameters = parameters.property(keyword, subschemas());
+
+    impl ToSchema for ClientToolParameters {
+        fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+            schemas.push((SUBSCHEMA.to_owned(), JsonSchema::schema()));
+        }
     }
-    parameters.build()
+
+    impl PartialSchema for JsonSchema {
+        fn schema() -> RefOr<Schema> {
+            let name = || ObjectBuilder::new().schema_type(Type::String).enum_values(Some(TYPES));
+            let names = ArrayBuilder::new().items(name()).min_items(Some(1)).unique_items(true);
+            let kind = AnyOfBuilder::new().item(name()).item(names);
+            keywords(kind.into())
+                .description(Some("A JSON Schema (2020-12) inside a client tool's `parameters`."))
+                .into()
+        }
+    }
+
+    impl ToSchema for JsonSchema {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed(SUBSCHEMA)
+        }
+    }
+
+    /// A schema object with `type` described by `kind` and the keywords
+    /// holding subschemas described as such.
+    fn keywords(kind: RefOr<Schema>) -> ObjectBuilder {
+        let subschema = || {
+            AnyOfBuilder::new()
+                .item(Ref::from_schema_name(SUBSCHEMA))
+                .item(ObjectBuilder::new().schema_type(Type::Boolean))
+        };
+        let subschemas = || ArrayBuilder::new().items(subschema()).min_items(Some(1));
+        // Other keywords (`description`, `minLength`, ...) are free: said
+        // so, a typed client lets them be written.
+        let mut schema = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(true)))
+            .property("type", kind)
+            .property(
+                "properties",
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .additional_properties(Some(RefOr::T(Schema::AnyOf(subschema().build())))),
+            )
+            .property(
+                "required",
+                ArrayBuilder::new()
+                    .items(ObjectBuilder::new().schema_type(Type::String))
+                    .unique_items(true),
+            )
+            .property("enum", ArrayBuilder::new());
+        for keyword in ["if", "then", "else", "not", "items", "additionalProperties"] {
+            schema = schema.property(keyword, subschema());
+        }
+        for keyword in ["allOf", "anyOf", "oneOf"] {
+            schema = schema.property(keyword, subschemas());
+        }
+        schema
+    }
 }
 
 fn empty_object_schema() -> serde_json::Value {

@@ -14,15 +14,19 @@ mod client_tool;
 pub mod error;
 mod event;
 mod instructions;
+mod name;
 mod op;
 mod provider_error;
 mod store_error;
 mod transcript;
 
 pub use actor::{Actor, ActorKind, DEFAULT_TENANT};
+#[cfg(feature = "openapi")]
+pub use client_tool::described::{ClientToolParameters, JsonSchema};
 pub use client_tool::{ClientToolRequestedEvent, ClientToolSpec, MAX_CLIENT_TOOL_OUTPUT_BYTES};
 pub use event::*;
 pub use instructions::*;
+pub use name::{PATH_NAME_PATTERN, is_path_name};
 pub use op::*;
 pub use transcript::*;
 

@@ -76,7 +76,7 @@ pub(crate) fn tenant_script_dirs(
     for (tenant, table) in &keel.tenants {
         if !keel_config::valid_tenant(tenant) {
             return Err(format!(
-                "[tenants.{tenant:?}]: a tenant name is 1 to {} printable ASCII characters",
+                "[tenants.{tenant:?}]: a tenant name is 1 to {} printable ASCII characters other than `%`",
                 keel_config::MAX_TENANT_BYTES
             ));
         }

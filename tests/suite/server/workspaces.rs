@@ -32,7 +32,13 @@ fn call(name: &str, arguments: Value) -> Value {
 
 /// A server whose clients may auto-approve every tool.
 async fn permissive_server() -> TestServer {
-    TestServer::start(|config, _| config.keel.server.auto_approve = vec!["*".to_owned()]).await
+    TestServer::start(|config, scratch| {
+        config.keel.server.auto_approve = vec!["*".to_owned()];
+        // The front-end protocols' first use makes a session under the
+        // server's defaults.
+        config.default_model = Some(scratch.script("default.jsonl", &[r#"{"text": "Hi."}"#]));
+    })
+    .await
 }
 
 /// The tool results (output, is error) of the session's log, once idle.
@@ -113,6 +119,34 @@ async fn an_existing_directory_or_link_is_never_a_new_sessions_workspace() {
             "{id} was stored"
         );
     }
+    // The front-end protocols make a session on first use: the same
+    // refusal, and their descriptions say they can answer it.
+    let doc: Value = serde_json::from_str(keel::server::openapi_json()).expect("the description");
+    let first_use = [
+        (
+            "/v1/ag-ui",
+            json!({"threadId": "src", "runId": "r1", "messages": [{"id": "m1", "role": "user", "content": "hi"}]}),
+        ),
+        (
+            "/v1/ai-sdk/chat",
+            json!({"id": "src", "trigger": "submit-message",
+                   "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}),
+        ),
+    ];
+    for (path, body) in first_use {
+        let reply = server.api.post(path, &body).await;
+        assert_eq!(reply.status, StatusCode::CONFLICT, "{path}: {}", reply.body);
+        assert_eq!(reply.code(), "workspace_exists", "{path}: {}", reply.body);
+        let described = &doc["paths"][path]["post"]["responses"]["409"]["content"]["application/json"]["schema"]["properties"]
+            ["error"]["allOf"][1]["properties"]["code"]["enum"];
+        assert!(
+            described
+                .as_array()
+                .is_some_and(|codes| codes.contains(&json!("workspace_exists"))),
+            "{path} answers a code its description does not name: {described}"
+        );
+    }
+    assert_eq!(server.api.get("/v1/sessions/src").await.status, StatusCode::NOT_FOUND);
     // A fork is a new session too: it gets a directory Keel makes, never
     // an existing one.
     server.api.create(json!({"id": "parent", "model": model})).await;

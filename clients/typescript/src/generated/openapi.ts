@@ -634,18 +634,10 @@ export interface components {
             name: string;
             /** @description What it does. */
             description: string;
-            parameters?: components["schemas"]["AgUiToolParameters"] | null;
+            parameters?: components["schemas"]["ClientToolParameters"] | null;
         };
         /** @description A tool message's content: text, or text parts. */
         AgUiToolContent: string | components["schemas"]["AgUiTextPart"][];
-        /**
-         * @description A frontend tool's `parameters`: a JSON Schema describing an object
-         *     (its other keywords as JSON Schema has them).
-         */
-        AgUiToolParameters: {
-            /** @description `object`; a schema without `type` is taken as an object schema. */
-            type?: string;
-        };
         /** @description Text, or text parts (other parts are refused). */
         AgUiUserContent: string | components["schemas"]["AgUiTextPart"][];
         /** @description An approval answer. */
@@ -902,6 +894,26 @@ export interface components {
          * @enum {string}
          */
         ChatTrigger: "submit-message" | "regenerate-message";
+        /** @description The JSON Schema of the tool's arguments (an object schema; one without `type` is taken as `"type": "object"`). */
+        ClientToolParameters: {
+            type?: string;
+            properties?: {
+                [key: string]: components["schemas"]["JsonSchema"] | boolean;
+            };
+            required?: string[];
+            enum?: unknown[];
+            if?: components["schemas"]["JsonSchema"] | boolean;
+            then?: components["schemas"]["JsonSchema"] | boolean;
+            else?: components["schemas"]["JsonSchema"] | boolean;
+            not?: components["schemas"]["JsonSchema"] | boolean;
+            items?: components["schemas"]["JsonSchema"] | boolean;
+            additionalProperties?: components["schemas"]["JsonSchema"] | boolean;
+            allOf?: (components["schemas"]["JsonSchema"] | boolean)[];
+            anyOf?: (components["schemas"]["JsonSchema"] | boolean)[];
+            oneOf?: (components["schemas"]["JsonSchema"] | boolean)[];
+        } & {
+            [key: string]: unknown;
+        };
         /** @description Payload of [`EventMsg::ClientToolRequested`]. */
         ClientToolRequestedEvent: {
             /** @description The turn. */
@@ -928,24 +940,11 @@ export interface components {
             name: string;
             /** @description What the tool does, for the model. */
             description?: string;
-            /** @description The JSON Schema of the tool's arguments (an object schema; one without `type` is taken as `"type": "object"`). */
-            parameters?: {
-                type?: string;
-                properties?: {
-                    [key: string]: Record<string, never> | boolean;
-                };
-                required?: string[];
-                enum?: unknown[];
-                if?: Record<string, never> | boolean;
-                then?: Record<string, never> | boolean;
-                else?: Record<string, never> | boolean;
-                not?: Record<string, never> | boolean;
-                items?: Record<string, never> | boolean;
-                additionalProperties?: Record<string, never> | boolean;
-                allOf?: (Record<string, never> | boolean)[];
-                anyOf?: (Record<string, never> | boolean)[];
-                oneOf?: (Record<string, never> | boolean)[];
-            };
+            /**
+             * @description The JSON Schema of the tool's arguments (an object schema; one
+             *     without `type` is taken as `"type": "object"`).
+             */
+            parameters?: components["schemas"]["ClientToolParameters"];
         };
         /**
          * @description Why the history was compacted.
@@ -1249,6 +1248,26 @@ export interface components {
             sha256: string;
             /** @description Whether only its beginning was used, to stay within the size cap. */
             truncated?: boolean;
+        };
+        /** @description A JSON Schema (2020-12) inside a client tool's `parameters`. */
+        JsonSchema: {
+            type?: ("array" | "boolean" | "integer" | "null" | "number" | "object" | "string") | ("array" | "boolean" | "integer" | "null" | "number" | "object" | "string")[];
+            properties?: {
+                [key: string]: components["schemas"]["JsonSchema"] | boolean;
+            };
+            required?: string[];
+            enum?: unknown[];
+            if?: components["schemas"]["JsonSchema"] | boolean;
+            then?: components["schemas"]["JsonSchema"] | boolean;
+            else?: components["schemas"]["JsonSchema"] | boolean;
+            not?: components["schemas"]["JsonSchema"] | boolean;
+            items?: components["schemas"]["JsonSchema"] | boolean;
+            additionalProperties?: components["schemas"]["JsonSchema"] | boolean;
+            allOf?: (components["schemas"]["JsonSchema"] | boolean)[];
+            anyOf?: (components["schemas"]["JsonSchema"] | boolean)[];
+            oneOf?: (components["schemas"]["JsonSchema"] | boolean)[];
+        } & {
+            [key: string]: unknown;
         };
         /** @description The body of `GET /v1/keys`. */
         KeyList: {
@@ -3635,7 +3654,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `history_mismatch`: AG-UI: the request's messages are not the session's history; the message names the first difference. `call_not_waiting`: AG-UI: a resume entry or tool message answers a tool call that does not wait for an answer. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. `client_tool_conflict`: A client tool with the name of a tool the server runs (built-in or MCP), or a name declared twice. */
+            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `history_mismatch`: AG-UI: the request's messages are not the session's history; the message names the first difference. `call_not_waiting`: AG-UI: a resume entry or tool message answers a tool call that does not wait for an answer. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. `client_tool_conflict`: A client tool with the name of a tool the server runs (built-in or MCP), or a name declared twice. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3644,7 +3663,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "queue_full" | "session_busy" | "conflict" | "history_mismatch" | "call_not_waiting" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused" | "client_tool_conflict";
+                            code?: "queue_full" | "session_busy" | "conflict" | "history_mismatch" | "call_not_waiting" | "workspace_exists" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused" | "client_tool_conflict";
                         };
                     };
                 };
@@ -4048,7 +4067,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The tenant: 1 to 128 printable ASCII characters. */
+                /** @description The tenant: 1 to 128 printable ASCII characters other than `%`. */
                 tenant: string;
             };
             cookie?: never;
@@ -4201,7 +4220,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The tenant: 1 to 128 printable ASCII characters. */
+                /** @description The tenant: 1 to 128 printable ASCII characters other than `%`. */
                 tenant: string;
             };
             cookie?: never;
@@ -4358,7 +4377,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The tenant: 1 to 128 printable ASCII characters. */
+                /** @description The tenant: 1 to 128 printable ASCII characters other than `%`. */
                 tenant: string;
             };
             cookie?: never;
@@ -5742,7 +5761,7 @@ export interface operations {
                     "text/event-stream": components["schemas"]["StreamFrame"];
                 };
             };
-            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. `invalid_client_tool`: A `client_tools` declaration with a bad name, a schema that is not an object schema, or too many or too large. */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5751,7 +5770,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "invalid_request";
+                            code?: "invalid_request" | "invalid_client_tool";
                         };
                     };
                 };
@@ -5772,7 +5791,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5781,7 +5800,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "missing_scope_approve";
+                            code?: "sandbox_over_ceiling" | "auto_approval_over_ceiling" | "network_over_ceiling" | "tool_over_ceiling" | "script_model_over_ceiling" | "forbidden_origin" | "missing_scope_submit" | "missing_scope_approve" | "tenant_forbidden";
                         };
                     };
                 };
@@ -5814,7 +5833,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. */
+            /** @description `queue_full`: The session's submission queue is full. `session_busy`: `on_busy: reject` while a turn runs or input is queued. `conflict`: A session with that id exists. `workspace_exists`: The new session's workspace name is taken by something Keel did not create. `workspace_not_keels`: A stored session's workspace is not the directory Keel created. `session_elsewhere`: The session runs on another node and the request cannot be handed to it. `session_model_unavailable`: A stored session whose model this server no longer offers; `PATCH` its `model` to load it again. `idempotency_key_reused`: An `Idempotency-Key` used before on this session for another request. `client_tool_conflict`: A client tool with the name of a tool the server runs (built-in or MCP), or a name declared twice. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5823,7 +5842,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "queue_full" | "session_busy" | "conflict" | "workspace_exists" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused";
+                            code?: "queue_full" | "session_busy" | "conflict" | "workspace_exists" | "workspace_not_keels" | "session_elsewhere" | "session_model_unavailable" | "idempotency_key_reused" | "client_tool_conflict";
                         };
                     };
                 };

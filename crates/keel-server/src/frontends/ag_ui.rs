@@ -27,7 +27,7 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::fanout::Subscription;
 use crate::host::SettingsChange;
-use crate::openapi::errors::{BODY, LOADING, QUEUEING, route_errors};
+use crate::openapi::errors::{BODY, CEILING, CREATING, LOADING, QUEUEING, route_errors};
 use crate::routes::sessions::{CreateSession, create_session};
 use crate::routes::{access, submissions};
 use crate::settings::SessionSettings;
@@ -40,7 +40,9 @@ const SETTLE: Duration = Duration::from_millis(100);
 route_errors!(
     /// What `POST /v1/ag-ui` can answer instead of the stream.
     RunErrors: BODY,
+    CEILING,
     LOADING,
+    CREATING,
     QUEUEING,
     [
         "history_mismatch",

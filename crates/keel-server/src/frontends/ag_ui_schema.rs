@@ -19,7 +19,7 @@ use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema,
 pub(crate) struct AgUiRunAgentInput {
     /// The thread: the session's id (a tenant's credentials get their own
     /// namespace of threads).
-    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -$&-~]+$")]
     thread_id: String,
     /// The client's id for the run (Keel's runs are named by turn).
     run_id: String,
@@ -168,18 +168,10 @@ pub(crate) struct AgUiTool {
     name: String,
     /// What it does.
     description: String,
-    /// The JSON Schema of its arguments: an object schema.
-    parameters: Option<AgUiToolParameters>,
-}
-
-/// A frontend tool's `parameters`: a JSON Schema describing an object
-/// (its other keywords as JSON Schema has them).
-#[derive(Deserialize, ToSchema)]
-pub(crate) struct AgUiToolParameters {
-    /// `object`; a schema without `type` is taken as an object schema.
-    #[serde(rename = "type")]
-    #[schema(pattern = "^object$", nullable = false)]
-    kind: Option<String>,
+    /// The JSON Schema of its arguments: an object schema, checked as a
+    /// client tool's.
+    #[schema(value_type = Option<keel_protocol::ClientToolParameters>)]
+    parameters: Option<Value>,
 }
 
 /// An answer to one interrupt.

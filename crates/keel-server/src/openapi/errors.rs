@@ -226,6 +226,20 @@ pub(crate) const LOADING: &[&str] = &[
     "session_model_unavailable",
 ];
 
+/// The codes of a route that may create a session (`create_session`): a
+/// taken id or workspace name, a model or client tool the server refuses,
+/// an id or tenant the credentials may not choose. Such a route also
+/// answers [`CEILING`]'s and [`LOADING`]'s codes.
+pub(crate) const CREATING: &[&str] = &[
+    "conflict",
+    "workspace_exists",
+    "model_not_found",
+    "missing_scope_submit",
+    "tenant_forbidden",
+    "invalid_client_tool",
+    "client_tool_conflict",
+];
+
 /// The codes of a route that queues a submission.
 pub(crate) const QUEUEING: &[&str] = &[
     "invalid_request",

@@ -227,3 +227,122 @@ fn finish(doc: &mut OpenApi) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    /// Every pattern the description gives a session id, a thread id or a
+    /// tenant, with where it is.
+    fn name_patterns(doc: &Value) -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+            for (method, operation) in item.as_object().into_iter().flatten() {
+                for parameter in operation["parameters"].as_array().into_iter().flatten() {
+                    let name = parameter["name"].as_str().unwrap_or_default();
+                    if let (true, Some(pattern)) = (
+                        ["id", "tenant"].contains(&name),
+                        parameter["schema"]["pattern"].as_str(),
+                    ) {
+                        found.push((format!("{method} {path} {name}"), pattern.to_owned()));
+                    }
+                }
+            }
+        }
+        let named = [
+            ("CreateSession", "id"),
+            ("CreateSession", "tenant"),
+            ("ChatBody", "id"),
+            ("AgUiRunAgentInput", "threadId"),
+        ];
+        for (schema, property) in named {
+            let pattern = doc["components"]["schemas"][schema]["properties"][property]["pattern"].as_str();
+            found.push((format!("{schema}.{property}"), pattern.unwrap_or("none").to_owned()));
+        }
+        for (branch, fork) in doc["components"]["schemas"]["ForkSession"]["anyOf"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let pattern = fork["properties"]["id"]["pattern"].as_str();
+            found.push((format!("ForkSession/{branch}.id"), pattern.unwrap_or("none").to_owned()));
+        }
+        found
+    }
+
+    #[test]
+    fn every_name_a_path_carries_is_described_by_the_one_pattern_and_it_means_is_path_name() {
+        let doc: Value = serde_json::from_str(crate::routes::openapi_json()).expect("the description is JSON");
+        let patterns = name_patterns(&doc);
+        assert!(patterns.len() >= 13, "{patterns:?}");
+        for (place, pattern) in &patterns {
+            assert_eq!(pattern, keel_protocol::PATH_NAME_PATTERN, "{place}");
+        }
+        let described =
+            jsonschema::validator_for(&json!({"type": "string", "pattern": keel_protocol::PATH_NAME_PATTERN}))
+                .expect("the pattern compiles");
+        for code in 0..=0x2000_u32 {
+            let Some(c) = char::from_u32(code) else { continue };
+            let name = format!("a{c}b");
+            assert_eq!(
+                described.is_valid(&json!(name)),
+                keel_protocol::is_path_name(&name, 128),
+                "{name:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_client_tools_parameters_are_valid_by_the_description_exactly_when_the_server_takes_them() {
+        let doc: Value = serde_json::from_str(crate::routes::openapi_json()).expect("the description is JSON");
+        let root = json!({"$ref": "#/components/schemas/ClientToolParameters", "components": doc["components"]});
+        let described = jsonschema::validator_for(&root).expect("the description's schema compiles");
+        let taken = |parameters: &Value| {
+            let mut tools = [keel_protocol::ClientToolSpec {
+                name: "ask".to_owned(),
+                description: String::new(),
+                parameters: parameters.clone(),
+            }];
+            keel_tools::client::complete_client_tools(&mut tools);
+            keel_tools::client::check_client_tools(&tools, |_| false).is_ok()
+        };
+        let cases = [
+            (json!({}), true),
+            (json!({"type": "object"}), true),
+            (
+                json!({"type": "object", "description": "a city", "required": ["q"],
+                       "properties": {"q": {"type": "string", "minLength": 1, "description": "its name"},
+                                      "n": {"type": ["integer", "null"]}, "any": true}}),
+                true,
+            ),
+            (
+                json!({"type": "object", "not": {"if": {"type": "object"}, "else": false,
+                       "anyOf": [true, {"properties": {"deep": {"items": {"type": "string"}}}}]}}),
+                true,
+            ),
+            // Found by schemathesis: a subschema below a subschema.
+            (json!({"type": "object", "not": {"else": [false, [null]]}}), false),
+            (
+                json!({"type": "object", "properties": {"a": {"properties": {"b": {"items": [1]}}}}}),
+                false,
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"type": "strung"}}}),
+                false,
+            ),
+            (json!({"type": "object", "properties": {"a": 5}}), false),
+            (json!({"type": "object", "required": [1]}), false),
+            (json!({"type": "object", "allOf": []}), false),
+            (json!({"type": "string"}), false),
+        ];
+        for (parameters, expected) in cases {
+            assert_eq!(taken(&parameters), expected, "the server on {parameters}");
+            assert_eq!(
+                described.is_valid(&parameters),
+                expected,
+                "the description on {parameters}"
+            );
+        }
+    }
+}

@@ -113,12 +113,9 @@ pub(crate) fn thread_session_id(principal: &Principal, thread: &str) -> Result<S
         }
         Some(tenant) => format!("{tenant}~{thread}"),
     };
-    if thread.is_empty()
-        || id.len() > keel_agent::MAX_SESSION_ID_BYTES
-        || !id.bytes().all(|byte| (b' '..=b'~').contains(&byte))
-    {
+    if thread.is_empty() || !keel_protocol::is_path_name(&id, keel_agent::MAX_SESSION_ID_BYTES) {
         return Err(ApiError::InvalidRequest(format!(
-            "a thread id is printable ASCII, at most {} bytes with the tenant's prefix",
+            "a thread id is printable ASCII other than `%`, at most {} bytes with the tenant's prefix",
             keel_agent::MAX_SESSION_ID_BYTES
         )));
     }
@@ -130,7 +127,7 @@ pub(crate) fn thread_session_id(principal: &Principal, thread: &str) -> Result<S
 pub(crate) fn check_tenant(tenant: &str) -> Result<(), ApiError> {
     if !keel_config::valid_tenant(tenant) {
         return Err(ApiError::InvalidRequest(format!(
-            "`tenant` must be 1 to {} printable ASCII characters",
+            "`tenant` must be 1 to {} printable ASCII characters other than `%`",
             keel_config::MAX_TENANT_BYTES
         )));
     }

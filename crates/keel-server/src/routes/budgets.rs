@@ -120,8 +120,8 @@ pub(crate) struct BudgetView {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub(crate) struct TenantPath {
-    /// The tenant: 1 to 128 printable ASCII characters.
-    #[param(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
+    /// The tenant: 1 to 128 printable ASCII characters other than `%`.
+    #[param(min_length = 1, max_length = 128, pattern = r"^[ -$&-~]+$")]
     tenant: String,
 }
 

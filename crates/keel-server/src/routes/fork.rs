@@ -93,7 +93,7 @@ fn point(named: &str, schema: ObjectBuilder, other: &str) -> Schema {
             nullable_string()
                 .min_length(Some(1))
                 .max_length(Some(MAX_SESSION_ID_BYTES))
-                .pattern(Some(r"^[ -~]+$"))
+                .pattern(Some(keel_protocol::PATH_NAME_PATTERN))
                 .description(Some("The fork's id; a fresh one when absent.")),
         )
         .property(

@@ -44,7 +44,7 @@ pub(crate) struct ListQuery {
     bot_id: Option<String>,
     /// Only the sessions of this tenant. A principal of one tenant sees
     /// only its own anyway (naming another finds none).
-    #[param(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
+    #[param(min_length = 1, max_length = 128, pattern = r"^[ -$&-~]+$")]
     tenant: Option<String>,
 }
 

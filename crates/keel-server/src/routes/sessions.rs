@@ -17,7 +17,7 @@ use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::host::SettingsChange;
-use crate::openapi::errors::{BODY, CEILING, LOADING, route_errors};
+use crate::openapi::errors::{BODY, CEILING, CREATING, LOADING, route_errors};
 use crate::settings::{SessionSettings, ToolsOverrides};
 use keel_agent::{BusyPolicy, MAX_BOT_ID_BYTES, MAX_SESSION_ID_BYTES, QueueMode, SessionContext, SessionStatus};
 use keel_protocol::{ClientToolSpec, TokenUsage};
@@ -38,7 +38,7 @@ const DEFAULT_BOT_ID: &str = "keel-server";
 }))]
 pub(crate) struct CreateSession {
     /// The session's id; a fresh UUID when absent.
-    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -$&-~]+$")]
     pub(crate) id: Option<String>,
     /// The model spec (`provider:model`, or a model named in the server's
     /// keel.toml); the server's default when absent.
@@ -49,7 +49,7 @@ pub(crate) struct CreateSession {
     pub(crate) bot_id: Option<String>,
     /// The tenant the session belongs to: the credentials' own when absent
     /// (`default` for the operator). Only the operator may name another.
-    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -$&-~]+$")]
     pub(crate) tenant: Option<String>,
     /// Metadata kept with the session and shown with it.
     pub(crate) context: Option<serde_json::Map<String, serde_json::Value>>,
@@ -230,9 +230,9 @@ impl SessionView {
 
 /// Checks a session id the way the runtime does, with an API message.
 pub(super) fn check_id(id: &str) -> Result<(), ApiError> {
-    if !printable_ascii(id, MAX_SESSION_ID_BYTES) {
+    if !keel_protocol::is_path_name(id, MAX_SESSION_ID_BYTES) {
         return Err(ApiError::InvalidRequest(format!(
-            "`id` must be 1 to {MAX_SESSION_ID_BYTES} printable ASCII characters"
+            "`id` must be 1 to {MAX_SESSION_ID_BYTES} printable ASCII characters other than `%`"
         )));
     }
     Ok(())
@@ -263,15 +263,7 @@ route_errors!(
     CreateErrors: BODY,
     CEILING,
     LOADING,
-    [
-        "conflict",
-        "workspace_exists",
-        "model_not_found",
-        "missing_scope_submit",
-        "tenant_forbidden",
-        "invalid_client_tool",
-        "client_tool_conflict"
-    ]
+    CREATING
 );
 
 /// `POST /v1/sessions`.

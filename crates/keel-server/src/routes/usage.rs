@@ -32,7 +32,7 @@ pub(crate) struct UsageQuery {
     /// Only this tenant's sessions. A principal of one tenant sees only its
     /// own (naming another finds none); without it, the operator's report
     /// covers every tenant, which needs the `admin` scope.
-    #[param(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
+    #[param(min_length = 1, max_length = 128, pattern = r"^[ -$&-~]+$")]
     tenant: Option<String>,
 }
 

@@ -23,7 +23,7 @@ use crate::Server;
 use crate::auth::{Liveness, Principal, Scope};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::openapi::errors::{BODY, CEILING, LOADING, QUEUEING, route_errors};
+use crate::openapi::errors::{BODY, CEILING, CREATING, LOADING, QUEUEING, route_errors};
 use crate::routes::access;
 use crate::routes::sessions::{CreateSession, create_session};
 use crate::routes::submissions::{AcceptedView, submit_op};
@@ -41,6 +41,7 @@ route_errors!(
     ChatErrors: BODY,
     CEILING,
     LOADING,
+    CREATING,
     QUEUEING,
     [
         "not_found",
@@ -241,7 +242,7 @@ async fn open_chat(
         description = "The chat's id.",
         min_length = 1,
         max_length = 128,
-        pattern = r"^[ -~]+$"
+        pattern = r"^[ -$&-~]+$"
     )),
     security(("bearer" = ["read"])),
     responses(
@@ -302,7 +303,7 @@ fn running_turn(server: &Server, id: &str, summary: Option<keel_store::SessionSu
         description = "The chat's id.",
         min_length = 1,
         max_length = 128,
-        pattern = r"^[ -~]+$"
+        pattern = r"^[ -$&-~]+$"
     )),
     security(("bearer" = ["submit"])),
     responses(

@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ChatBody {
     /// The chat's id: the session's thread.
-    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]+$")]
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -$&-~]+$")]
     id: String,
     /// The chat's messages, oldest first; only the trailing one is read as
     /// new.
