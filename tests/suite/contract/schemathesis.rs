@@ -88,10 +88,39 @@ async fn schemathesis_finds_no_failure_against_a_live_server() {
         output.status.success(),
         "schemathesis failed:\n{printed}\nkeel serve: {stderr:?}"
     );
-    assert!(printed.contains("No issues found"), "{printed}");
-    assert!(!printed.contains("WARNINGS"), "schemathesis warned:\n{printed}");
+    assert!(!printed.contains("FAILURES"), "{printed}");
+    let warned = unexpected_warnings(&printed);
+    assert!(warned.is_empty(), "schemathesis warned: {warned:?}\n{printed}");
+    assert!(
+        printed.contains("No issues found") || printed.contains(" 1 warning in "),
+        "{printed}"
+    );
     assert!(status.success(), "keel serve exited {status}: {stderr:?}");
     assert!(!stderr.iter().any(|line| line.contains("panicked")), "{stderr:?}");
+}
+
+/// The lines of schemathesis's warnings but one: that a fork was only ever
+/// answered `404`. A fork succeeds only from a session that exists and at a
+/// point of its log (the `at_sequence` of an event it has, a `before_turn`
+/// of a turn it ran), which random data seldom hits, so in a phase where
+/// no fork reaches a real session the warning comes whatever the API does;
+/// `server::fork` covers the route. Any other warning, and this one for
+/// another operation, is kept.
+fn unexpected_warnings(printed: &str) -> Vec<&str> {
+    let Some((_, rest)) = printed.split_once("= WARNINGS =") else {
+        return Vec::new();
+    };
+    let section = rest.split("= SUMMARY =").next().unwrap_or_default();
+    let tolerated = |line: &str| {
+        line.starts_with("Missing test data: 1 operation repeatedly returned 404")
+            || line == "  - POST /v1/sessions/{id}/fork"
+            || line.contains("Check the operations that create this data")
+    };
+    section
+        .lines()
+        .map(|line| line.trim_end_matches('='))
+        .filter(|line| !line.trim().is_empty() && !tolerated(line))
+        .collect()
 }
 
 /// The sessions the recorded answers leave, in the order they were sent:
