@@ -4,6 +4,8 @@
 //!   (the one LangGraph is measured with: S sessions × T turns of K
 //!   streamed chunks of B bytes, every chunk persisted), run through the
 //!   real agent runtime;
+//! - [`length`]: the same turns in one long session, to show that a
+//!   turn's cost does not grow with its session's length;
 //! - [`recorder`]: durable events per second through the event recorder, with
 //!   and without group commit;
 //! - [`serve`]: the same turns driven over `keel serve`'s HTTP API and event
@@ -26,10 +28,11 @@ pub mod cluster;
 mod database;
 pub mod frontends;
 mod http;
+pub mod length;
 pub mod recorder;
 pub mod serve;
 mod stats;
 pub mod turns;
 
 pub use database::BenchDatabase;
-pub use stats::{median, peak_rss_mib, percentile};
+pub use stats::{median, peak_rss_mib, percentile, process_cpu_s};

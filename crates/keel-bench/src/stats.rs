@@ -28,6 +28,16 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// The CPU time (user and system, every thread) the process has used, in
+/// seconds; 0 where it cannot be read.
+pub fn process_cpu_s() -> f64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |usage| {
+        let seconds = |time: nix::sys::time::TimeVal| time.tv_sec() as f64 + time.tv_usec() as f64 / 1e6;
+        seconds(usage.user_time()) + seconds(usage.system_time())
+    })
+}
+
 /// The process's peak resident set size in MiB (Linux `VmHWM`), if known.
 pub fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

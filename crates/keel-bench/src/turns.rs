@@ -124,6 +124,15 @@ pub fn chunk_text(turn: usize, index: usize, bytes: usize) -> String {
     text
 }
 
+/// The workload's model for `params`.
+pub(crate) fn chunk_model(params: &TurnsParams) -> Arc<dyn Model> {
+    Arc::new(ChunkModel {
+        chunks: params.chunks,
+        chunk_bytes: params.chunk_bytes,
+        variant: params.variant,
+    })
+}
+
 /// The workload's model: streams K chunks of B bytes in one burst (after a
 /// `lookup` call, in the tool variant).
 struct ChunkModel {
@@ -135,11 +144,10 @@ struct ChunkModel {
 impl Model for ChunkModel {
     fn respond<'a>(&'a self, request: ModelRequest<'a>, events: ModelEventSink) -> BoxFuture<'a, Result<ModelOutput>> {
         Box::pin(async move {
-            let turn = request
-                .history
-                .iter()
-                .filter(|item| matches!(item, TranscriptItem::UserMessage { .. }))
-                .count();
+            // The turn from the session's call count, not by counting the
+            // history's messages: the model must not cost what it measures.
+            let steps = if self.variant == Variant::Tool { 2 } else { 1 };
+            let turn = usize::try_from(request.call_index / steps).unwrap_or(usize::MAX);
             let asked = matches!(request.history.last(), Some(TranscriptItem::UserMessage { .. }));
             if self.variant == Variant::Tool && asked {
                 let arguments = serde_json::json!({"query": format!("turn-{turn}"), "limit": 3}).to_string();
@@ -208,9 +216,13 @@ impl Tool for Lookup {
 
 /// Per-turn measurements of one session.
 #[derive(Default)]
-struct SessionTimes {
-    latencies_ms: Vec<f64>,
-    first_chunk_ms: Vec<f64>,
+pub(crate) struct SessionTimes {
+    /// Each turn's latency (submit to `turn_complete`), ms, in order.
+    pub(crate) latencies_ms: Vec<f64>,
+    /// Each turn's time to its first text chunk, ms, in order.
+    pub(crate) first_chunk_ms: Vec<f64>,
+    /// The process's CPU time (user and system) when each turn ended, s.
+    pub(crate) cpu_at_end_s: Vec<f64>,
 }
 
 /// Runs the workload and reports what it measured.
@@ -223,11 +235,7 @@ pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
     )
     .await?;
     let store = database.store();
-    let model: Arc<dyn Model> = Arc::new(ChunkModel {
-        chunks: params.chunks,
-        chunk_bytes: params.chunk_bytes,
-        variant: params.variant,
-    });
+    let model = chunk_model(params);
 
     // Warm-up: two turns on a throwaway session, outside the timing.
     let warmup = format!("warmup-{}", keel_protocol::new_id());
@@ -280,7 +288,7 @@ pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
 }
 
 /// Runs `turns` turns in one session, checking every byte of every answer.
-async fn run_session(
+pub(crate) async fn run_session(
     params: &TurnsParams,
     store: &Arc<dyn CheckpointStore>,
     model: &Arc<dyn Model>,
@@ -325,6 +333,7 @@ async fn run_session(
             )));
         }
         times.latencies_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        times.cpu_at_end_s.push(super::stats::process_cpu_s());
         times
             .first_chunk_ms
             .push(first_chunk.unwrap_or_default().as_secs_f64() * 1000.0);

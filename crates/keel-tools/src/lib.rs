@@ -108,6 +108,62 @@ impl ToolOutcome {
     }
 }
 
+/// Compiled argument schemas, shared by every session whose tool has the
+/// same schema: each session has its own built-in tools (they know its
+/// workspace) but their schemas are the same, and a compiled schema takes
+/// kilobytes, so compiling one per session made an idle session's memory
+/// mostly copies of the same validators.
+mod validators {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, Weak};
+
+    /// How many entries the table holds before the dead ones are dropped.
+    const PRUNE_AT: usize = 1024;
+
+    static TABLE: Mutex<Option<HashMap<String, Weak<jsonschema::Validator>>>> = Mutex::new(None);
+
+    /// The compiled `parameters` of tool `name`, shared while any session
+    /// holds it; `None` when the schema does not compile (said in the log).
+    pub(super) fn shared(name: &str, parameters: &serde_json::Value) -> Option<Arc<jsonschema::Validator>> {
+        let key = parameters.to_string();
+        // A poisoned table still holds valid entries: a panic elsewhere
+        // cannot leave a half-made `Weak`.
+        let mut table = TABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let table = table.get_or_insert_with(HashMap::new);
+        if let Some(validator) = table.get(&key).and_then(Weak::upgrade) {
+            return Some(validator);
+        }
+        let validator = match jsonschema::validator_for(parameters) {
+            Ok(validator) => Arc::new(validator),
+            Err(error) => {
+                tracing::warn!(tool = %name, %error, "the tool's argument schema does not compile");
+                return None;
+            }
+        };
+        if table.len() >= PRUNE_AT {
+            table.retain(|_, weak| weak.strong_count() > 0);
+        }
+        table.insert(key, Arc::downgrade(&validator));
+        Some(validator)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn one_schema_is_compiled_once_while_it_is_held() {
+            let schema = serde_json::json!({"type": "object", "properties": {"shared-test": {"type": "string"}}});
+            let first = shared("a", &schema).expect("compiles");
+            let second = shared("b", &schema).expect("compiles");
+            assert!(Arc::ptr_eq(&first, &second));
+            let other = shared("c", &serde_json::json!({"type": "object", "required": ["shared-test"]}));
+            assert!(other.is_some_and(|other| !Arc::ptr_eq(&other, &first)));
+            assert!(shared("d", &serde_json::json!({"type": 5})).is_none());
+        }
+    }
+}
+
 /// A tool with its argument schema compiled once.
 #[derive(Clone)]
 struct Registered {
@@ -165,13 +221,7 @@ impl ToolSet {
     /// Adds (or replaces) a tool under its spec's name.
     pub fn add(&mut self, tool: Arc<dyn Tool>) {
         let spec = tool.spec();
-        let validator = match jsonschema::validator_for(&spec.parameters) {
-            Ok(validator) => Some(Arc::new(validator)),
-            Err(error) => {
-                tracing::warn!(tool = %spec.name, %error, "the tool's argument schema does not compile");
-                None
-            }
-        };
+        let validator = validators::shared(&spec.name, &spec.parameters);
         self.tools.insert(spec.name, Registered { tool, validator });
     }
 

@@ -8,6 +8,7 @@ use keel::bench::BenchDatabase;
 use keel::bench::auth::BenchAuth;
 use keel::bench::cluster::{ClusterParams, ClusterReport, run_cluster};
 use keel::bench::frontends::BenchVia;
+use keel::bench::length::run_lengths;
 use keel::bench::recorder::{RecorderParams, run_recorder};
 use keel::bench::serve::{ServeParams, ServeReport, run_serve};
 use keel::bench::turns::{TurnsParams, Variant, run_turns};
@@ -44,6 +45,27 @@ pub(crate) enum BenchCommand {
         /// own event. Every byte is still stored before it is delivered.
         #[arg(long)]
         coalesce: bool,
+        /// `plain` (one model step) or `tool` (a `lookup` tool call first).
+        #[arg(long, default_value = "plain", value_parser = ["plain", "tool"])]
+        variant: String,
+    },
+    /// Whether a turn costs more as its session grows: one session of each
+    /// length (the turns workload, one session at a time), with the cost of
+    /// its last turns against the shortest session's.
+    Length {
+        /// The sessions' lengths, in turns (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "10,1000,30000")]
+        lengths: Vec<usize>,
+        /// Text chunks per answer.
+        #[arg(short = 'K', long, default_value_t = 32)]
+        chunks: usize,
+        /// Bytes per chunk.
+        #[arg(short = 'B', long, default_value_t = 16)]
+        bytes: usize,
+        /// The database: a SQLite file, or a PostgreSQL URL
+        /// (postgres://…) [default: a fresh temporary SQLite file].
+        #[arg(long, value_name = "PATH|URL")]
+        db: Option<String>,
         /// `plain` (one model step) or `tool` (a `lookup` tool call first).
         #[arg(long, default_value = "plain", value_parser = ["plain", "tool"])]
         variant: String,
@@ -170,6 +192,54 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                 report.peak_rss_mib
             ))?;
             print_line(&serde_json::to_string(&report)?)?;
+        }
+        BenchCommand::Length {
+            lengths,
+            chunks,
+            bytes,
+            db,
+            variant,
+        } => {
+            anyhow::ensure!(
+                !lengths.is_empty() && lengths.iter().all(|&turns| turns > 0),
+                "--lengths takes turn counts above 0"
+            );
+            let params = TurnsParams {
+                sessions: 1,
+                chunks,
+                chunk_bytes: bytes,
+                database: db.as_deref().map(BenchDatabase::parse).unwrap_or_default(),
+                variant: if variant == "tool" {
+                    Variant::Tool
+                } else {
+                    Variant::Plain
+                },
+                ..TurnsParams::default()
+            };
+            let reports = run_lengths(&params, &lengths).await?;
+            print_line(
+                "| turns | turns/s | CPU ms/turn | last turns | last p50 ms | last CPU ms/turn | p50 × shortest | CPU × shortest |",
+            )?;
+            print_line("|---|---|---|---|---|---|---|---|")?;
+            let shortest = reports.iter().min_by_key(|report| report.turns).cloned();
+            for report in &reports {
+                let (p50, cpu) = shortest.as_ref().map_or((1.0, 1.0), |base| {
+                    (
+                        report.last_p50_ms / base.last_p50_ms.max(f64::MIN_POSITIVE),
+                        report.last_cpu_ms_per_turn / base.last_cpu_ms_per_turn.max(f64::MIN_POSITIVE),
+                    )
+                });
+                print_line(&format!(
+                    "| {} | {:.1} | {:.3} | {} | {:.3} | {:.3} | {p50:.2} | {cpu:.2} |",
+                    report.turns,
+                    report.turns_per_s,
+                    report.cpu_ms_per_turn,
+                    report.window,
+                    report.last_p50_ms,
+                    report.last_cpu_ms_per_turn,
+                ))?;
+            }
+            print_line(&serde_json::to_string(&reports)?)?;
         }
         BenchCommand::Recorder { db } => {
             let mut databases = vec![BenchDatabase::Sqlite];

@@ -12,6 +12,7 @@
 //! threshold, on the `compact` op, and once when the provider refuses a
 //! request as too long for its context (the step is then tried again).
 
+use std::borrow::Cow;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -55,21 +56,9 @@ pub(super) enum CompactEnd {
 }
 
 impl Session {
-    /// The history a model request carries: the summary of the compacted
-    /// part, if any, then the items after it.
-    pub(super) fn model_history(&self) -> Vec<TranscriptItem> {
-        match &self.checkpoint.compaction {
-            Some(compaction) => {
-                let from = usize::try_from(compaction.replaced_to)
-                    .unwrap_or(usize::MAX)
-                    .min(self.transcript.len());
-                let mut history = Vec::with_capacity(self.transcript.len() - from + 1);
-                history.push(summary_item(&compaction.summary));
-                history.extend(self.transcript[from..].iter().cloned());
-                history
-            }
-            None => self.transcript.clone(),
-        }
+    /// The history a model request carries: see [`model_history`].
+    pub(super) fn model_history(&self) -> Cow<'_, [TranscriptItem]> {
+        model_history(self.checkpoint.compaction.as_ref(), &self.transcript)
     }
 
     /// The estimated tokens of a request carrying `history`, with the
@@ -242,6 +231,29 @@ fn summary_item(summary: &str) -> TranscriptItem {
     }
 }
 
+/// The history a model request carries: the summary of the compacted
+/// part, if any, then the items after it. Without compaction it is the
+/// transcript itself, borrowed: a step must not copy the whole
+/// conversation, or a session's cost grows with the square of its length.
+/// With compaction the copy is bounded by the context window.
+pub(super) fn model_history<'a>(
+    compaction: Option<&Compaction>,
+    transcript: &'a [TranscriptItem],
+) -> Cow<'a, [TranscriptItem]> {
+    match compaction {
+        Some(compaction) => {
+            let from = usize::try_from(compaction.replaced_to)
+                .unwrap_or(usize::MAX)
+                .min(transcript.len());
+            let mut history = Vec::with_capacity(transcript.len() - from + 1);
+            history.push(summary_item(&compaction.summary));
+            history.extend(transcript[from..].iter().cloned());
+            Cow::Owned(history)
+        }
+        None => Cow::Borrowed(transcript),
+    }
+}
+
 fn raw_estimate(instructions: Option<&str>, history: &[TranscriptItem], tools: &[ToolSpec]) -> f64 {
     let items: usize = history
         .iter()
@@ -259,4 +271,27 @@ fn raw_estimate(instructions: Option<&str>, history: &[TranscriptItem], tools: &
         .map(|tool| tool.name.len() + tool.description.len() + tool.parameters.to_string().len())
         .sum();
     (instructions.map_or(0, str::len) + items + tools) as f64 / BYTES_PER_TOKEN
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn said(text: &str) -> TranscriptItem {
+        TranscriptItem::UserMessage { text: text.to_owned() }
+    }
+
+    #[test]
+    fn a_request_borrows_the_transcript_and_copies_only_what_follows_a_summary() {
+        let transcript = [said("a"), said("b"), said("c")];
+        let whole = model_history(None, &transcript);
+        assert!(matches!(whole, Cow::Borrowed(items) if std::ptr::eq(items, &transcript[..])));
+        let compaction = Compaction {
+            summary: "a and b".to_owned(),
+            replaced_to: 2,
+            count: 1,
+        };
+        let compacted = model_history(Some(&compaction), &transcript);
+        assert_eq!(&compacted[..], &[summary_item("a and b"), said("c")]);
+    }
 }

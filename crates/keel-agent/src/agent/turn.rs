@@ -345,8 +345,10 @@ impl Session {
         );
         let _close_on_drop = CloseOnDrop(Arc::clone(&stream));
         let tools = self.offered_tools();
-        let history = self.model_history();
-        let raw_estimate = self.raw_estimate(&history, &tools);
+        let history = super::compaction::model_history(self.checkpoint.compaction.as_ref(), &self.transcript);
+        // The estimate reads the whole history: only worth it where
+        // compaction will use what the provider reports.
+        let raw_estimate = self.context_limits.map(|_| self.raw_estimate(&history, &tools));
         let mut request = ModelRequest::new(&self.session_id, turn.id(), &history, call_index);
         request.instructions = self.instructions.as_deref();
         request.tools = &tools;
@@ -401,7 +403,7 @@ impl Session {
         let closed = stream.close();
         // Only now is the size of the whole output known (a call's arguments
         // are not streamed): one too large to record fails the step.
-        if let StepEnd::Completed(ModelOutput { usage: Some(usage), .. }) = &end {
+        if let (StepEnd::Completed(ModelOutput { usage: Some(usage), .. }), Some(raw_estimate)) = (&end, raw_estimate) {
             self.calibrate(raw_estimate, usage.input_tokens);
         }
         let end = match end {
