@@ -23,10 +23,19 @@ const context = phone
   : { viewport: { width, height: 900 } };
 
 async function openDrawer(page) {
-  if (phone && !(await page.getByTestId("new-chat").isVisible())) {
-    await page.getByTestId("sessions-toggle").click();
-    await page.getByTestId("sidebar").waitFor({ state: "visible" });
+  if (!phone) {
+    return;
   }
+  // Whether the drawer is open is its button's state: "New chat" inside it
+  // stays hidden until the page knows its principal's scopes (GET
+  // /v1/whoami), and clicking the button of a drawer already open would
+  // hit the drawer over it.
+  const toggle = page.getByTestId("sessions-toggle");
+  if ((await toggle.getAttribute("aria-expanded")) !== "true") {
+    await toggle.click();
+  }
+  await page.getByTestId("sidebar").waitFor({ state: "visible" });
+  await page.locator("body:not(.scopes-pending)").waitFor({ state: "attached" });
 }
 
 scenario(
