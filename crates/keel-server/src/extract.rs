@@ -25,6 +25,29 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        JsonBody::from_request(request, state).await?.parse().map(ApiJson)
+    }
+}
+
+/// A JSON object body, checked as [`ApiJson`] checks it but not read yet:
+/// for a route that must refuse a request (a missing scope, say) the same
+/// way whatever its body holds, and only then read it.
+pub(crate) struct JsonBody(Bytes);
+
+impl JsonBody {
+    /// The body as a `T`; `400 invalid_request` when it is not one.
+    pub(crate) fn parse<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        serde_json::from_slice(&self.0).map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))
+    }
+}
+
+impl<S> FromRequest<S> for JsonBody
+where
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
         let declared_json = match request.headers().get(header::CONTENT_TYPE) {
             Some(value) if is_json(value) => true,
             Some(_) => return Err(not_json()),
@@ -38,7 +61,7 @@ where
         if !blank && !declared_json {
             return Err(not_json());
         }
-        let bytes: &[u8] = if blank { b"{}" } else { &bytes };
+        let bytes = if blank { Bytes::from_static(b"{}") } else { bytes };
         // Every body of this API is an object (or, where it may be left
         // out, `null`): serde would read a struct from an array too.
         let text = bytes.trim_ascii_start();
@@ -47,9 +70,7 @@ where
                 "invalid JSON body: the body must be a JSON object".to_owned(),
             ));
         }
-        serde_json::from_slice(bytes)
-            .map(ApiJson)
-            .map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))
+        Ok(JsonBody(bytes))
     }
 }
 

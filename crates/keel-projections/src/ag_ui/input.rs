@@ -107,16 +107,37 @@ pub struct RunInput {
     pub resume: Vec<ResumeEntry>,
 }
 
+/// A `RunAgentInput` body as read from the wire, before [`read`] checks
+/// it. A server deserializes the request into it directly: a run resends
+/// the whole thread, and reading each message into its few fields, rather
+/// than into a JSON tree first, is most of what a long thread costs.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Wire {
+pub struct RunAgentBody {
     thread_id: String,
     run_id: String,
-    messages: Vec<Value>,
+    messages: Vec<WireMessage>,
     #[serde(default)]
     tools: Option<Vec<WireTool>>,
     #[serde(default)]
     resume: Option<Vec<ResumeEntry>>,
+}
+
+/// A message's fields Keel reads (others are skipped unread), each kept as
+/// sent so that [`message_of`] says which one is wrong.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireMessage {
+    #[serde(default)]
+    role: Option<Value>,
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    tool_call_id: Option<Value>,
+    #[serde(default)]
+    error: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -129,8 +150,13 @@ struct WireTool {
 
 /// Reads a `RunAgentInput` body (already read as JSON).
 pub fn parse(body: Value) -> Result<RunInput, InputError> {
-    let wire: Wire =
+    let wire: RunAgentBody =
         serde_json::from_value(body).map_err(|error| InputError::Malformed(format!("not a RunAgentInput: {error}")))?;
+    read(wire)
+}
+
+/// Checks a `RunAgentInput` read from the wire.
+pub fn read(wire: RunAgentBody) -> Result<RunInput, InputError> {
     let messages = wire
         .messages
         .into_iter()
@@ -169,41 +195,40 @@ pub fn parse(body: Value) -> Result<RunInput, InputError> {
     })
 }
 
-fn message_of(index: usize, mut message: Value) -> Result<InputMessage, InputError> {
+fn message_of(index: usize, message: WireMessage) -> Result<InputMessage, InputError> {
     let at = |what: &str| InputError::Malformed(format!("messages[{index}]: {what}"));
-    // Taken out of the request, not copied: a run resends the whole thread.
-    let mut take = |name: &str| message.get_mut(name).map(Value::take);
     let text = |value: Option<Value>| match value {
         Some(Value::String(text)) => Some(text),
         _ => None,
     };
-    let role = text(take("role")).ok_or_else(|| at("has no `role`"))?;
-    let id = text(take("id")).ok_or_else(|| at("has no `id`"))?;
+    let role = text(message.role).ok_or_else(|| at("has no `role`"))?;
+    let id = text(message.id).ok_or_else(|| at("has no `id`"))?;
+    let content = message.content;
     match role.as_str() {
         "user" => Ok(InputMessage::User {
             id,
-            text: content_text(index, take("content"))?,
+            text: content_text(index, content)?,
         }),
         "assistant" => Ok(InputMessage::Assistant {
             id,
-            text: match take("content") {
+            text: match content {
                 None | Some(Value::Null) => String::new(),
                 Some(Value::String(text)) => text,
                 Some(_) => return Err(at("an assistant message's `content` is text")),
             },
         }),
         "tool" => Ok(InputMessage::Tool {
-            tool_call_id: text(take("toolCallId")).ok_or_else(|| at("a tool message needs `toolCallId`"))?,
-            text: content_text(index, take("content"))?,
-            is_error: take("error").is_some_and(|error| !error.is_null()),
+            tool_call_id: text(message.tool_call_id).ok_or_else(|| at("a tool message needs `toolCallId`"))?,
+            text: content_text(index, content)?,
+            is_error: message.error.is_some_and(|error| !error.is_null()),
         }),
         // Not kept, but checked as AG-UI has them: text, or (an activity)
         // an object.
-        "system" | "developer" | "reasoning" => match take("content") {
+        "system" | "developer" | "reasoning" => match content {
             Some(Value::String(_)) => Ok(InputMessage::Ignored),
             _ => Err(at(&format!("a {role} message's `content` is text"))),
         },
-        "activity" => match take("content") {
+        "activity" => match content {
             Some(Value::Object(_)) => Ok(InputMessage::Ignored),
             _ => Err(at("an activity message's `content` is an object")),
         },

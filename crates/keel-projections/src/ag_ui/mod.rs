@@ -17,6 +17,6 @@ mod thread;
 mod tests;
 
 pub use events::{AgUiEvent, FunctionCall, Interrupt, Message, RunOutcome, ToolCall};
-pub use input::{InputError, InputMessage, Plan, ResumeEntry, ResumeStatus, RunInput, parse, plan};
+pub use input::{InputError, InputMessage, Plan, ResumeEntry, ResumeStatus, RunAgentBody, RunInput, parse, plan, read};
 pub use run::{RunProjection, RunStart};
 pub use thread::{Thread, Wait, WaitKind};

@@ -19,12 +19,11 @@ use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt as _};
 use keel_projections::ag_ui::{self, AgUiEvent, InputError, RunInput, RunOutcome, RunProjection, RunStart, Thread};
 use keel_protocol::RecordedEvent;
-use serde_json::Value;
 
 use crate::Server;
 use crate::auth::{Liveness, Principal, Scope};
 use crate::error::ApiError;
-use crate::extract::ApiJson;
+use crate::extract::JsonBody;
 use crate::fanout::Subscription;
 use crate::host::SettingsChange;
 use crate::openapi::errors::{BODY, CEILING, CREATING, LOADING, QUEUEING, route_errors};
@@ -94,12 +93,12 @@ pub(crate) async fn run(
     State(server): State<Arc<Server>>,
     Extension(principal): Extension<Principal>,
     Extension(liveness): Extension<Liveness>,
-    ApiJson(body): ApiJson<Value>,
+    body: JsonBody,
 ) -> Result<Response, ApiError> {
     // A run is a submission (its description says `submit`), checked
     // before the body, so a missing scope is the same `403` whatever is sent.
     principal.require(Scope::Submit)?;
-    let input = ag_ui::parse(body).map_err(input_error)?;
+    let input = ag_ui::read(body.parse()?).map_err(input_error)?;
     let id = access::thread_session_id(&principal, &input.thread_id)?;
     let stored = match access::session(&server, &principal, Scope::Read, &id).await {
         Ok(stored) => Some(stored),
