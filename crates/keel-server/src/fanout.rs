@@ -21,7 +21,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use tokio::sync::{broadcast, watch};
 
@@ -57,7 +57,11 @@ impl LiveEvent {
 #[derive(Debug)]
 pub(crate) struct Hub {
     session_id: String,
-    sender: broadcast::Sender<Arc<LiveEvent>>,
+    /// Made by the first subscription: a channel keeps room for
+    /// `capacity` events from the start, which an unwatched session (most
+    /// of those loaded) never needs.
+    sender: OnceLock<broadcast::Sender<Arc<LiveEvent>>>,
+    capacity: usize,
     subscribers: AtomicUsize,
     /// The newest sequence known stored by another node's commit.
     stored: watch::Sender<u64>,
@@ -68,9 +72,20 @@ pub(crate) struct Hub {
 impl Hub {
     /// Hands `event` to the current subscribers. Never waits.
     pub(crate) fn publish(&self, event: &RecordedEvent) {
-        // No receiver is not an error: the event is in the store.
-        let _ = self.sender.send(Arc::new(LiveEvent::new(event)));
-        self.published.fetch_max(event.sequence, Ordering::Release);
+        // Said before the send: a subscription made from now on starts
+        // after this event, one made before it gets it from the channel.
+        self.published.fetch_max(event.sequence, Ordering::SeqCst);
+        // Nobody listening: the event is in the store, and is not even
+        // encoded (a subscription made meanwhile sees a gap and reads the
+        // store).
+        if let Some(sender) = self.sender.get().filter(|sender| sender.receiver_count() > 0) {
+            let _ = sender.send(Arc::new(LiveEvent::new(event)));
+        }
+    }
+
+    /// The channel, made on first use.
+    fn sender(&self) -> &broadcast::Sender<Arc<LiveEvent>> {
+        self.sender.get_or_init(|| broadcast::channel(self.capacity).0)
     }
 
     /// How many subscriptions are open.
@@ -104,7 +119,8 @@ impl Hubs {
         hubs.retain(|_, hub| hub.strong_count() > 0);
         let hub = Arc::new(Hub {
             session_id: session_id.to_owned(),
-            sender: broadcast::channel(self.capacity).0,
+            sender: OnceLock::new(),
+            capacity: self.capacity,
             subscribers: AtomicUsize::new(0),
             stored: watch::Sender::new(0),
             published: AtomicU64::new(0),
@@ -172,7 +188,7 @@ impl Subscription {
         // Subscribe before the first store read: whatever is published from
         // now on is in the channel, and whatever was published before is in
         // the store.
-        let receiver = hub.sender.subscribe();
+        let receiver = hub.sender().subscribe();
         let mut stored = hub.stored.subscribe();
         stored.mark_unchanged();
         hub.subscribers.fetch_add(1, Ordering::Relaxed);
@@ -205,7 +221,7 @@ impl Subscription {
         let mut subscription = Self::new(hub, 0, store, metrics, closing);
         // Read after subscribing: whatever is published after this load
         // is in the channel.
-        let published = subscription.hub.published.load(Ordering::Acquire);
+        let published = subscription.hub.published.load(Ordering::SeqCst);
         let stored = *subscription.stored.borrow();
         if published == 0 || stored > published {
             return None;

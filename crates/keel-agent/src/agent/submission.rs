@@ -35,6 +35,11 @@ struct Sequencing {
     last_queued: Option<u64>,
 }
 
+/// What a lane holds: a submission, boxed. A channel allocates its first
+/// block of 32 slots when it is made, so a slot the size of a pointer
+/// rather than of a [`Submission`] saves 10 KiB per loaded session.
+type Queued = Box<Submission>;
+
 /// Creates a submission queue holding at most `capacity` queued ops (at least one).
 pub fn submission_channel(capacity: usize) -> (SubmissionSender, Inbox) {
     let (queue, queue_rx) = mpsc::channel(capacity.max(1));
@@ -58,8 +63,8 @@ pub fn submission_channel(capacity: usize) -> (SubmissionSender, Inbox) {
 /// (strong) sender lives.
 #[derive(Debug, Clone)]
 pub struct SubmissionSender {
-    queue: mpsc::Sender<Submission>,
-    control: mpsc::Sender<Submission>,
+    queue: mpsc::Sender<Queued>,
+    control: mpsc::Sender<Queued>,
     sequencing: Arc<Mutex<Sequencing>>,
 }
 
@@ -71,7 +76,7 @@ impl SubmissionSender {
         op.validate().map_err(Error::InvalidInput)?;
         let lane = self.lane(&op);
         match lane.try_reserve() {
-            Ok(permit) => Ok(self.accept(op, |submission| permit.send(submission))),
+            Ok(permit) => Ok(self.accept(op, |submission| permit.send(Box::new(submission)))),
             Err(mpsc::error::TrySendError::Full(())) => Err(Error::Busy(Box::new(op))),
             Err(mpsc::error::TrySendError::Closed(())) => Err(Error::stopped("submission queue is closed")),
         }
@@ -85,7 +90,7 @@ impl SubmissionSender {
             .reserve()
             .await
             .map_err(|_| Error::stopped("submission queue is closed"))?;
-        Ok(self.accept(op, |submission| permit.send(submission)))
+        Ok(self.accept(op, |submission| permit.send(Box::new(submission))))
     }
 
     /// Takes a place for `op` in its lane without sending it yet, so the
@@ -108,7 +113,7 @@ impl SubmissionSender {
         submitted_by: Option<Actor>,
     ) -> Submitted {
         self.accept_as(id, op, submitted_by, |submission| {
-            reservation.permit.send(submission);
+            reservation.permit.send(Box::new(submission));
         })
     }
 
@@ -136,7 +141,7 @@ impl SubmissionSender {
         }
     }
 
-    fn lane(&self, op: &Op) -> &mpsc::Sender<Submission> {
+    fn lane(&self, op: &Op) -> &mpsc::Sender<Queued> {
         if op.is_control() { &self.control } else { &self.queue }
     }
 
@@ -168,14 +173,14 @@ impl SubmissionSender {
 /// gives the place back.
 #[derive(Debug)]
 pub(crate) struct Reservation {
-    permit: mpsc::OwnedPermit<Submission>,
+    permit: mpsc::OwnedPermit<Queued>,
 }
 
 /// A [`SubmissionSender`] that does not keep the queue open.
 #[derive(Debug, Clone)]
 pub struct WeakSubmissionSender {
-    queue: mpsc::WeakSender<Submission>,
-    control: mpsc::WeakSender<Submission>,
+    queue: mpsc::WeakSender<Queued>,
+    control: mpsc::WeakSender<Queued>,
     sequencing: Arc<Mutex<Sequencing>>,
 }
 
@@ -193,8 +198,8 @@ impl WeakSubmissionSender {
 /// The receiving end of a submission queue, owned by the session's runtime.
 #[derive(Debug)]
 pub struct Inbox {
-    queue: mpsc::Receiver<Submission>,
-    control: mpsc::Receiver<Submission>,
+    queue: mpsc::Receiver<Queued>,
+    control: mpsc::Receiver<Queued>,
     sequencing: Arc<Mutex<Sequencing>>,
     /// The sequence of the last submission received from the queue lane.
     pub last_sequence: u64,
@@ -214,14 +219,14 @@ impl Inbox {
     /// The next queued submission, or `None` once every sender is gone and
     /// the queue is empty.
     pub async fn recv(&mut self) -> Option<Submission> {
-        let submission = self.queue.recv().await?;
+        let submission = *self.queue.recv().await?;
         self.last_sequence = submission.sequence;
         Some(submission)
     }
 
     /// The next queued submission if one is waiting.
     pub fn try_recv(&mut self) -> Option<Submission> {
-        let submission = self.queue.try_recv().ok()?;
+        let submission = *self.queue.try_recv().ok()?;
         self.last_sequence = submission.sequence;
         Some(submission)
     }
@@ -230,8 +235,8 @@ impl Inbox {
     /// queue lane is closed and empty.
     pub async fn recv_any(&mut self) -> Option<Submission> {
         enum Got {
-            Control(Option<Submission>),
-            Queued(Option<Submission>),
+            Control(Option<Queued>),
+            Queued(Option<Queued>),
         }
         loop {
             let got = tokio::select! {
@@ -240,10 +245,10 @@ impl Inbox {
                 queued = self.queue.recv() => Got::Queued(queued),
             };
             match got {
-                Got::Control(Some(submission)) => return Some(submission),
+                Got::Control(Some(submission)) => return Some(*submission),
                 Got::Control(None) => self.control.close(),
                 Got::Queued(queued) => {
-                    let submission = queued?;
+                    let submission = *queued?;
                     self.last_sequence = submission.sequence;
                     return Some(submission);
                 }
@@ -260,12 +265,12 @@ impl Inbox {
     /// The next control submission (an interrupt), or `None` once every
     /// sender is gone.
     pub async fn recv_control(&mut self) -> Option<Submission> {
-        self.control.recv().await
+        self.control.recv().await.map(|submission| *submission)
     }
 
     /// The next control submission if one is waiting.
     pub fn try_recv_control(&mut self) -> Option<Submission> {
-        self.control.try_recv().ok()
+        self.control.try_recv().ok().map(|submission| *submission)
     }
 
     /// Refuses further submissions; those already queued can still be received.
