@@ -136,6 +136,7 @@ pub(crate) async fn run(
         }
         Some(summary) => update_client_tools(&server, &id, summary.as_ref(), tools).await?,
     }
+    let mut early = None;
     let (after, start) = if let Some((call_id, _)) = plan.answers.first() {
         let turn_id = thread
             .wait(call_id)
@@ -157,9 +158,14 @@ pub(crate) async fn run(
             },
         )
     } else {
+        // Subscribed before submitting, from the hub's newest event: kept
+        // when that is exactly where the run starts (no store read), else
+        // the subscription below reads the store from there.
+        early = server.host.subscribe_from_now(&id);
         let accepted = submit_messages(&server, &principal, &id, &plan.user_messages).await?;
         let first = accepted.iter().map(|(_, sequence)| *sequence).min().unwrap_or(1);
         let after = first.saturating_sub(1).min(thread.last_sequence());
+        early = early.filter(|early| early.sees(after + 1) && !early.sees(after));
         let ids = accepted.into_iter().map(|(submission, _)| submission).collect();
         (after, RunStart::Submissions(ids))
     };
@@ -169,7 +175,7 @@ pub(crate) async fn run(
         thread_until(&server, &id, after).await?
     };
     let projection = RunProjection::new(input.thread_id.clone(), primed, start);
-    let subscription = server.host.subscribe(&id, after);
+    let subscription = early.unwrap_or_else(|| server.host.subscribe(&id, after));
     let keep_alive = KeepAlive::new().interval(server.keep_alive).text("keep-alive");
     let events = stream(projection, subscription).take_until(liveness.ended());
     let mut response = Sse::new(events).keep_alive(keep_alive).into_response();
