@@ -8,9 +8,8 @@
 
 use serde::Serialize;
 
-use super::database::{BenchStore, Grouping};
 use super::stats::{median, process_cpu_s};
-use super::turns::{TurnsParams, chunk_model, run_session};
+use super::turns::{TurnsParams, run_session, warmed_up};
 use keel_protocol::Result;
 
 /// How many of a session's last turns its cost is read from (all of a
@@ -39,17 +38,7 @@ pub struct LengthReport {
 pub async fn run_lengths(params: &TurnsParams, lengths: &[usize]) -> Result<Vec<LengthReport>> {
     let mut reports = Vec::with_capacity(lengths.len());
     for &turns in lengths {
-        let database = BenchStore::open(
-            &params.database,
-            "bench-length.sqlite3",
-            params.synchronous,
-            Grouping::Group,
-        )
-        .await?;
-        let store = database.store();
-        let model = chunk_model(params);
-        let warmup = format!("warmup-{}", keel_protocol::new_id());
-        run_session(params, &store, &model, warmup, 2).await?;
+        let (database, store, model) = warmed_up(params, "bench-length.sqlite3").await?;
         let cpu_before = process_cpu_s();
         let started = std::time::Instant::now();
         let session = format!("length-{turns}-{}", keel_protocol::new_id());

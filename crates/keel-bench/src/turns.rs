@@ -225,21 +225,23 @@ pub(crate) struct SessionTimes {
     pub(crate) cpu_at_end_s: Vec<f64>,
 }
 
-/// Runs the workload and reports what it measured.
-pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
-    let database = BenchStore::open(
-        &params.database,
-        "bench-turns.sqlite3",
-        params.synchronous,
-        Grouping::Group,
-    )
-    .await?;
+/// The workload's database (a fresh `file_name` for SQLite), store and
+/// model, warmed up by two turns on a throwaway session, outside any timing.
+pub(crate) async fn warmed_up(
+    params: &TurnsParams,
+    file_name: &str,
+) -> Result<(BenchStore, Arc<dyn CheckpointStore>, Arc<dyn Model>)> {
+    let database = BenchStore::open(&params.database, file_name, params.synchronous, Grouping::Group).await?;
     let store = database.store();
     let model = chunk_model(params);
-
-    // Warm-up: two turns on a throwaway session, outside the timing.
     let warmup = format!("warmup-{}", keel_protocol::new_id());
     run_session(params, &store, &model, warmup, 2).await?;
+    Ok((database, store, model))
+}
+
+/// Runs the workload and reports what it measured.
+pub async fn run_turns(params: &TurnsParams) -> Result<TurnsReport> {
+    let (database, store, model) = warmed_up(params, "bench-turns.sqlite3").await?;
 
     let before = database.stats();
     let started = Instant::now();
