@@ -105,10 +105,12 @@ pub(super) async fn protocol_turn(
             thread.push(&json!({"id": message_id, "role": "user", "content": text}));
             let head = json!({"threadId": session, "runId": format!("bench-run-{}", thread.turns)}).to_string();
             let head = head.strip_suffix('}').unwrap_or(&head);
-            let body = format!(
-                r#"{head},"messages":[{}],"tools":[],"context":[],"state":{{}},"forwardedProps":{{}}}}"#,
-                thread.messages
-            );
+            let tail = r#"],"tools":[],"context":[],"state":{},"forwardedProps":{}}"#;
+            let mut body = String::with_capacity(head.len() + thread.messages.len() + 16 + tail.len());
+            body.push_str(head);
+            body.push_str(r#","messages":["#);
+            body.push_str(&thread.messages);
+            body.push_str(tail);
             (format!("{base}/v1/ag-ui"), body)
         }
         BenchVia::Native => return Err(Error::Config("the native API is not a protocol stream".to_owned())),

@@ -5,6 +5,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -35,8 +36,9 @@ where
 pub(crate) struct JsonBody(Bytes);
 
 impl JsonBody {
-    /// The body as a `T`; `400 invalid_request` when it is not one.
-    pub(crate) fn parse<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+    /// The body as a `T` (which may borrow its strings from it); `400
+    /// invalid_request` when it is not one.
+    pub(crate) fn parse<'a, T: Deserialize<'a>>(&'a self) -> Result<T, ApiError> {
         serde_json::from_slice(&self.0).map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))
     }
 }

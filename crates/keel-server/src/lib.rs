@@ -268,7 +268,7 @@ pub(crate) struct Server {
     body_limit: usize,
     keep_alive: Duration,
     /// The AG-UI threads read lately, so a run reads only what is new.
-    ag_ui_threads: frontends::ag_ui_threads::ThreadCache,
+    ag_ui_threads: Arc<frontends::ag_ui_threads::ThreadCache>,
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then shuts down
@@ -354,7 +354,7 @@ pub async fn serve(
         front: door.front,
         body_limit: config.body_limit,
         keep_alive: config.keep_alive,
-        ag_ui_threads: frontends::ag_ui_threads::ThreadCache::new(AG_UI_THREADS),
+        ag_ui_threads: Arc::new(frontends::ag_ui_threads::ThreadCache::new(AG_UI_THREADS)),
     });
     let keys = server.auth.keys.clone();
     let app = routes::router(server);

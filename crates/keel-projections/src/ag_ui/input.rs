@@ -2,10 +2,13 @@
 //! become submissions, tool messages and `resume` entries answer the calls
 //! that wait, and the history before them must be the session's.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
+use std::fmt;
 
 use keel_protocol::{ApprovalDecision, ClientToolSpec, Op};
 use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::events::Message;
@@ -27,28 +30,30 @@ pub enum InputError {
 }
 
 /// A message of the request, reduced to what Keel compares and takes.
+/// Its texts are borrowed from the request's body where they can be (a
+/// run resends the whole thread, which is only compared).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InputMessage {
+pub enum InputMessage<'a> {
     /// A user message.
     User {
         /// The client's id.
-        id: String,
+        id: Cow<'a, str>,
         /// Its text (its text parts, joined).
-        text: String,
+        text: Cow<'a, str>,
     },
     /// An assistant message.
     Assistant {
         /// The id.
-        id: String,
+        id: Cow<'a, str>,
         /// Its text (empty when absent).
-        text: String,
+        text: Cow<'a, str>,
     },
     /// A tool result.
     Tool {
         /// The call it answers.
-        tool_call_id: String,
+        tool_call_id: Cow<'a, str>,
         /// Its text.
-        text: String,
+        text: Cow<'a, str>,
         /// Whether it reports an error.
         is_error: bool,
     },
@@ -57,7 +62,32 @@ pub enum InputMessage {
     Ignored,
 }
 
-impl InputMessage {
+impl InputMessage<'_> {
+    /// The message, owning its texts.
+    pub fn into_owned(self) -> InputMessage<'static> {
+        let owned = |text: Cow<'_, str>| Cow::Owned(text.into_owned());
+        match self {
+            InputMessage::User { id, text } => InputMessage::User {
+                id: owned(id),
+                text: owned(text),
+            },
+            InputMessage::Assistant { id, text } => InputMessage::Assistant {
+                id: owned(id),
+                text: owned(text),
+            },
+            InputMessage::Tool {
+                tool_call_id,
+                text,
+                is_error,
+            } => InputMessage::Tool {
+                tool_call_id: owned(tool_call_id),
+                text: owned(text),
+                is_error,
+            },
+            InputMessage::Ignored => InputMessage::Ignored,
+        }
+    }
+
     fn compared(&self) -> Option<(&'static str, &str)> {
         match self {
             InputMessage::User { text, .. } => Some(("user", text)),
@@ -94,13 +124,13 @@ pub struct ResumeEntry {
 /// A `RunAgentInput`, as far as Keel reads it (`state`, `context` and
 /// `forwardedProps` are accepted and not used).
 #[derive(Debug, Clone, PartialEq)]
-pub struct RunInput {
+pub struct RunInput<'a> {
     /// The thread: the session.
     pub thread_id: String,
     /// The client's id for the run.
     pub run_id: String,
     /// The conversation as the client has it.
-    pub messages: Vec<InputMessage>,
+    pub messages: Vec<InputMessage<'a>>,
     /// The frontend tools, as client tools.
     pub tools: Vec<ClientToolSpec>,
     /// The answers to the last run's interrupts.
@@ -113,10 +143,11 @@ pub struct RunInput {
 /// than into a JSON tree first, is most of what a long thread costs.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct RunAgentBody {
+pub struct RunAgentBody<'a> {
     thread_id: String,
     run_id: String,
-    messages: Vec<WireMessage>,
+    #[serde(borrow)]
+    messages: Vec<WireMessage<'a>>,
     #[serde(default)]
     tools: Option<Vec<WireTool>>,
     #[serde(default)]
@@ -127,17 +158,89 @@ pub struct RunAgentBody {
 /// sent so that [`message_of`] says which one is wrong.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct WireMessage {
-    #[serde(default)]
-    role: Option<Value>,
-    #[serde(default)]
-    id: Option<Value>,
-    #[serde(default)]
-    content: Option<Value>,
-    #[serde(default)]
-    tool_call_id: Option<Value>,
+struct WireMessage<'a> {
+    #[serde(default, borrow)]
+    role: Option<Loose<'a>>,
+    #[serde(default, borrow)]
+    id: Option<Loose<'a>>,
+    #[serde(default, borrow)]
+    content: Option<Loose<'a>>,
+    #[serde(default, borrow)]
+    tool_call_id: Option<Loose<'a>>,
     #[serde(default)]
     error: Option<Value>,
+}
+
+/// A field's value as sent: a string (borrowed from the body when it has
+/// no escapes), or any other JSON, for the error that names it.
+#[derive(Debug)]
+enum Loose<'a> {
+    Text(Cow<'a, str>),
+    Other(Value),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Loose<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(LooseVisitor(std::marker::PhantomData))
+    }
+}
+
+struct LooseVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for LooseVisitor<'a> {
+    type Value = Loose<'a>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+        Ok(Loose::Text(Cow::Borrowed(text)))
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+        Ok(Loose::Text(Cow::Owned(text.to_owned())))
+    }
+
+    fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
+        Ok(Loose::Text(Cow::Owned(text)))
+    }
+
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Self::Value, E> {
+        Ok(Loose::Other(Value::Bool(value)))
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Self::Value, E> {
+        Ok(Loose::Other(Value::from(value)))
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Self::Value, E> {
+        Ok(Loose::Other(Value::from(value)))
+    }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Self::Value, E> {
+        Ok(Loose::Other(Value::from(value)))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Loose::Other(Value::Null))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Loose::Other(Value::Null))
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        Loose::deserialize(deserializer)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        Value::deserialize(de::value::SeqAccessDeserializer::new(seq)).map(Loose::Other)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        Value::deserialize(de::value::MapAccessDeserializer::new(map)).map(Loose::Other)
+    }
 }
 
 #[derive(Deserialize)]
@@ -149,14 +252,18 @@ struct WireTool {
 }
 
 /// Reads a `RunAgentInput` body (already read as JSON).
-pub fn parse(body: Value) -> Result<RunInput, InputError> {
-    let wire: RunAgentBody =
-        serde_json::from_value(body).map_err(|error| InputError::Malformed(format!("not a RunAgentInput: {error}")))?;
-    read(wire)
+pub fn parse(body: Value) -> Result<RunInput<'static>, InputError> {
+    let wire = RunAgentBody::deserialize(&body)
+        .map_err(|error| InputError::Malformed(format!("not a RunAgentInput: {error}")))?;
+    let input = read(wire)?;
+    Ok(RunInput {
+        messages: input.messages.into_iter().map(InputMessage::into_owned).collect(),
+        ..input
+    })
 }
 
 /// Checks a `RunAgentInput` read from the wire.
-pub fn read(wire: RunAgentBody) -> Result<RunInput, InputError> {
+pub fn read(wire: RunAgentBody<'_>) -> Result<RunInput<'_>, InputError> {
     let messages = wire
         .messages
         .into_iter()
@@ -195,16 +302,18 @@ pub fn read(wire: RunAgentBody) -> Result<RunInput, InputError> {
     })
 }
 
-fn message_of(index: usize, message: WireMessage) -> Result<InputMessage, InputError> {
+fn message_of(index: usize, message: WireMessage<'_>) -> Result<InputMessage<'_>, InputError> {
     let at = |what: &str| InputError::Malformed(format!("messages[{index}]: {what}"));
-    let text = |value: Option<Value>| match value {
-        Some(Value::String(text)) => Some(text),
-        _ => None,
-    };
+    fn text(value: Option<Loose<'_>>) -> Option<Cow<'_, str>> {
+        match value {
+            Some(Loose::Text(text)) => Some(text),
+            _ => None,
+        }
+    }
     let role = text(message.role).ok_or_else(|| at("has no `role`"))?;
     let id = text(message.id).ok_or_else(|| at("has no `id`"))?;
     let content = message.content;
-    match role.as_str() {
+    match role.as_ref() {
         "user" => Ok(InputMessage::User {
             id,
             text: content_text(index, content)?,
@@ -212,8 +321,8 @@ fn message_of(index: usize, message: WireMessage) -> Result<InputMessage, InputE
         "assistant" => Ok(InputMessage::Assistant {
             id,
             text: match content {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(text)) => text,
+                None | Some(Loose::Other(Value::Null)) => Cow::Borrowed(""),
+                Some(Loose::Text(text)) => text,
                 Some(_) => return Err(at("an assistant message's `content` is text")),
             },
         }),
@@ -225,11 +334,11 @@ fn message_of(index: usize, message: WireMessage) -> Result<InputMessage, InputE
         // Not kept, but checked as AG-UI has them: text, or (an activity)
         // an object.
         "system" | "developer" | "reasoning" => match content {
-            Some(Value::String(_)) => Ok(InputMessage::Ignored),
+            Some(Loose::Text(_)) => Ok(InputMessage::Ignored),
             _ => Err(at(&format!("a {role} message's `content` is text"))),
         },
         "activity" => match content {
-            Some(Value::Object(_)) => Ok(InputMessage::Ignored),
+            Some(Loose::Other(Value::Object(_))) => Ok(InputMessage::Ignored),
             _ => Err(at("an activity message's `content` is an object")),
         },
         other => Err(at(&format!("unknown role '{other}'"))),
@@ -238,10 +347,10 @@ fn message_of(index: usize, message: WireMessage) -> Result<InputMessage, InputE
 
 /// A message's text: a string, or text parts (other parts are refused:
 /// Keel's messages are text).
-fn content_text(index: usize, content: Option<Value>) -> Result<String, InputError> {
+fn content_text(index: usize, content: Option<Loose<'_>>) -> Result<Cow<'_, str>, InputError> {
     match content {
-        Some(Value::String(text)) => Ok(text),
-        Some(Value::Array(parts)) => {
+        Some(Loose::Text(text)) => Ok(text),
+        Some(Loose::Other(Value::Array(parts))) => {
             let mut text = String::new();
             for part in parts {
                 match part.get("type").and_then(Value::as_str) {
@@ -258,7 +367,7 @@ fn content_text(index: usize, content: Option<Value>) -> Result<String, InputErr
                     }
                 }
             }
-            Ok(text)
+            Ok(Cow::Owned(text))
         }
         _ => Err(InputError::Malformed(format!(
             "messages[{index}]: `content` is text or a list of text parts"
@@ -278,7 +387,7 @@ pub struct Plan {
 }
 
 /// Checks `input` against the session's `thread` and says what to submit.
-pub fn plan(input: &RunInput, thread: &Thread) -> Result<Plan, InputError> {
+pub fn plan(input: &RunInput<'_>, thread: &Thread) -> Result<Plan, InputError> {
     let compared: Vec<&InputMessage> = input
         .messages
         .iter()
@@ -302,7 +411,7 @@ pub fn plan(input: &RunInput, thread: &Thread) -> Result<Plan, InputError> {
     let mut plan = Plan::default();
     for message in new {
         match message {
-            InputMessage::User { id, text } => plan.user_messages.push((id.clone(), text.clone())),
+            InputMessage::User { id, text } => plan.user_messages.push((id.to_string(), text.to_string())),
             InputMessage::Tool {
                 tool_call_id,
                 text,
@@ -313,10 +422,10 @@ pub fn plan(input: &RunInput, thread: &Thread) -> Result<Plan, InputError> {
                 }
                 match thread.wait(tool_call_id) {
                     Some(wait) if wait.kind == WaitKind::ClientTool => plan.answers.push((
-                        tool_call_id.clone(),
+                        tool_call_id.to_string(),
                         Op::ClientToolResult {
-                            call_id: tool_call_id.clone(),
-                            output: text.clone(),
+                            call_id: tool_call_id.to_string(),
+                            output: text.to_string(),
                             is_error: *is_error,
                         },
                     )),

@@ -88,6 +88,13 @@ impl RunProjection {
         &self.thread
     }
 
+    /// Ends the run and takes its thread, as of the last event taken in
+    /// (for the next run of the thread to start from).
+    pub fn take_thread(&mut self) -> Thread {
+        self.finished = true;
+        std::mem::take(&mut self.thread)
+    }
+
     /// Whether the run's turn waits for the client on a call this run has
     /// not answered: the run ends (see [`RunProjection::settle`]) once the
     /// log holds nothing more for now.

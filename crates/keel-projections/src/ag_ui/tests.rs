@@ -436,7 +436,7 @@ fn finished_thread() -> Thread {
     Thread::from_log(&log.0)
 }
 
-fn input(messages: serde_json::Value, extra: serde_json::Value) -> Result<RunInput, InputError> {
+fn input(messages: serde_json::Value, extra: serde_json::Value) -> Result<RunInput<'static>, InputError> {
     let mut body = json!({"threadId": "thread", "runId": "r", "messages": messages, "state": {}, "context": []});
     if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
         body.extend(extra.clone());
@@ -583,6 +583,68 @@ fn resume_payloads_become_approval_decisions() {
                     decision
                 }
             )]
+        );
+    }
+}
+
+/// The server reads a body's bytes straight into [`RunAgentBody`], its
+/// texts borrowed where they have no escapes: that reads what a parsed
+/// JSON tree reads, and refuses what it refuses, with the same messages.
+#[test]
+fn a_body_read_from_its_bytes_is_the_body_read_as_json() {
+    let thread = finished_thread();
+    let body = json!({"threadId": "thread", "runId": "r", "messages": [
+        {"id": "m1", "role": "user", "content": "Hi"},
+        {"id": "t1-1", "role": "assistant", "content": "Hello", "toolCalls": []},
+        {"id": "m2", "role": "user", "content": "two\nlines \"quoted\" \u{e9}"},
+        {"id": "m3", "role": "user", "content": [{"type": "text", "text": "parts"}]}
+    ]});
+    let bytes = body.to_string();
+    let wire: RunAgentBody<'_> = serde_json::from_str(&bytes).unwrap();
+    let read_from_bytes = read(wire).unwrap();
+    assert!(
+        matches!(
+            &read_from_bytes.messages[0],
+            InputMessage::User {
+                text: std::borrow::Cow::Borrowed("Hi"),
+                ..
+            }
+        ),
+        "an unescaped text is borrowed: {:?}",
+        read_from_bytes.messages[0]
+    );
+    assert_eq!(read_from_bytes, parse(body).unwrap());
+    assert_eq!(
+        plan(&read_from_bytes, &thread).unwrap().user_messages,
+        [
+            ("m2".to_owned(), "two\nlines \"quoted\" \u{e9}".to_owned()),
+            ("m3".to_owned(), "parts".to_owned())
+        ]
+    );
+    for (messages, needle) in [
+        (
+            r#"[{"id": "x", "role": 7, "content": "a"}]"#,
+            "messages[0]: has no `role`",
+        ),
+        (
+            r#"[{"id": ["x"], "role": "user", "content": "a"}]"#,
+            "messages[0]: has no `id`",
+        ),
+        (
+            r#"[{"id": "x", "role": "assistant", "content": {"text": "a"}}]"#,
+            "an assistant message's `content` is text",
+        ),
+        (
+            r#"[{"id": "x", "role": "user", "content": null}]"#,
+            "`content` is text or a list of text parts",
+        ),
+    ] {
+        let bytes = format!(r#"{{"threadId": "t", "runId": "r", "messages": {messages}}}"#);
+        let wire: RunAgentBody<'_> = serde_json::from_str(&bytes).unwrap();
+        let error = read(wire).unwrap_err();
+        assert!(
+            matches!(&error, InputError::Malformed(message) if message.contains(needle)),
+            "{messages}: {error:?}"
         );
     }
 }

@@ -20,6 +20,7 @@ use futures::{Stream, StreamExt as _};
 use keel_projections::ag_ui::{self, AgUiEvent, InputError, RunInput, RunOutcome, RunProjection, RunStart, Thread};
 use keel_protocol::RecordedEvent;
 
+use super::ag_ui_threads::Checkout;
 use crate::Server;
 use crate::auth::{Liveness, Principal, Scope};
 use crate::error::ApiError;
@@ -107,16 +108,17 @@ pub(crate) async fn run(
     };
     let mut tools = input.tools.clone();
     crate::client_tools::check_declared(&server.host.factory.keel, &mut tools)?;
-    let thread = match &stored {
+    let mut checkout = match &stored {
         Some(summary) => {
             server
                 .ag_ui_threads
-                .read(server.host.store.as_ref(), &id, summary.as_ref())
+                .checkout(server.host.store.as_ref(), &id, summary.as_ref())
                 .await?
         }
-        None => Arc::new(Thread::new()),
+        None => server.ag_ui_threads.detached(&id),
     };
-    let plan = ag_ui::plan(&input, &thread).map_err(input_error)?;
+    let thread = checkout.thread();
+    let plan = ag_ui::plan(&input, thread).map_err(input_error)?;
     for (_, op) in &plan.answers {
         principal.require(access::op_scope(op))?;
     }
@@ -124,7 +126,7 @@ pub(crate) async fn run(
         principal.require(Scope::Submit)?;
     }
     if plan.answers.is_empty() && plan.user_messages.is_empty() {
-        return Ok(snapshot(&input, &thread));
+        return Ok(snapshot(&input, thread));
     }
     match stored {
         None => {
@@ -169,15 +171,15 @@ pub(crate) async fn run(
         let ids = accepted.into_iter().map(|(submission, _)| submission).collect();
         (after, RunStart::Submissions(ids))
     };
-    let primed = if after == thread.last_sequence() {
-        Thread::clone(&thread)
+    let primed = if after == checkout.thread().last_sequence() {
+        checkout.take()
     } else {
         thread_until(&server, &id, after).await?
     };
     let projection = RunProjection::new(input.thread_id.clone(), primed, start);
     let subscription = early.unwrap_or_else(|| server.host.subscribe(&id, after));
     let keep_alive = KeepAlive::new().interval(server.keep_alive).text("keep-alive");
-    let events = stream(projection, subscription).take_until(liveness.ended());
+    let events = stream(projection, subscription, checkout).take_until(liveness.ended());
     let mut response = Sse::new(events).keep_alive(keep_alive).into_response();
     response
         .headers_mut()
@@ -243,7 +245,6 @@ fn input_error(error: InputError) -> ApiError {
     }
 }
 
-/// The whole stored log of session `id`.
 /// The thread of session `id` as of sequence `until`, read from the log
 /// (a retried run whose messages were stored before the thread's end).
 async fn thread_until(server: &Server, id: &str, until: u64) -> Result<Thread, ApiError> {
@@ -253,7 +254,7 @@ async fn thread_until(server: &Server, id: &str, until: u64) -> Result<Thread, A
 }
 
 /// A run with nothing to do: the thread's messages, as a finished run.
-fn snapshot(input: &RunInput, thread: &Thread) -> Response {
+fn snapshot(input: &RunInput<'_>, thread: &Thread) -> Response {
     let events = [
         AgUiEvent::RunStarted {
             thread_id: input.thread_id.clone(),
@@ -287,10 +288,23 @@ struct Follow {
     projection: RunProjection,
     subscription: Subscription,
     ready: VecDeque<AgUiEvent>,
+    /// Where the projection's thread goes when the run's stream ends
+    /// (finished, or dropped with its client).
+    checkout: Checkout,
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        self.checkout.give_back(self.projection.take_thread());
+    }
 }
 
 /// The run's events: the projection fed from the log until the run ends.
-fn stream(projection: RunProjection, subscription: Subscription) -> impl Stream<Item = Result<Event, Infallible>> {
+fn stream(
+    projection: RunProjection,
+    subscription: Subscription,
+    checkout: Checkout,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     let mut ready = VecDeque::new();
     let mut projection = projection;
     ready.extend(projection.open());
@@ -298,6 +312,7 @@ fn stream(projection: RunProjection, subscription: Subscription) -> impl Stream<
         projection,
         subscription,
         ready,
+        checkout,
     };
     futures::stream::unfold(state, |mut state| async move {
         loop {

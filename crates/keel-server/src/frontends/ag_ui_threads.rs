@@ -3,6 +3,12 @@
 //! resends the whole history every run; reading and parsing the whole log
 //! for each made a run's cost grow with the session's length.
 //!
+//! A run takes its thread out of the cache ([`Checkout`]) and gives it back
+//! when its stream ends, brought forward by every event the run streamed:
+//! the next run of the thread finds it up to date and neither copies it nor
+//! reads the store. Two runs of one thread at once are rare; the second
+//! finds nothing kept and reads the log.
+//!
 //! A thread is kept under its session's id and creation time, and is only
 //! ever brought forward from the store (the log is append-only and
 //! gap-free), so what a run reads is what reading the whole log would give:
@@ -20,19 +26,19 @@ use crate::error::ApiError;
 const PAGE: usize = 1000;
 
 /// Which incarnation of a session a thread is of.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct Incarnation {
     created_at_ms: u64,
 }
 
 struct Entry {
     incarnation: Incarnation,
-    thread: Arc<Thread>,
-    /// When it was last read, for eviction (a counter, not a clock).
+    thread: Thread,
+    /// When it was last given back, for eviction (a counter, not a clock).
     used: u64,
 }
 
-/// Up to `capacity` threads, the least recently read evicted first.
+/// Up to `capacity` threads, the least recently used evicted first.
 pub(crate) struct ThreadCache {
     entries: Mutex<Entries>,
     capacity: usize,
@@ -54,42 +60,47 @@ impl ThreadCache {
     }
 
     /// The thread of session `id` (stored as `summary`) up to the newest
-    /// stored event: the kept one brought forward, or the whole log read.
-    /// Without a summary (a session not stored yet) the log is read and
-    /// nothing kept.
-    pub(crate) async fn read(
-        &self,
+    /// event the summary counts, taken out of the cache until the checkout
+    /// is dropped: the kept one, brought forward from the store when it is
+    /// behind, or the whole log read. Without a summary (a session not
+    /// stored yet) the log is read and nothing is kept.
+    pub(crate) async fn checkout(
+        self: &Arc<Self>,
         store: &dyn CheckpointStore,
         id: &str,
         summary: Option<&SessionSummary>,
-    ) -> Result<Arc<Thread>, ApiError> {
+    ) -> Result<Checkout, ApiError> {
         let incarnation = summary.map(|summary| Incarnation {
             created_at_ms: summary.created_at_ms,
         });
-        let kept = incarnation
-            .as_ref()
-            .and_then(|incarnation| self.get(id, incarnation))
+        let newest = summary.map(|summary| summary.last_sequence);
+        let mut thread = incarnation
+            .and_then(|incarnation| self.take(id, incarnation))
             // A thread past the stored log's end is of another incarnation.
-            .filter(|kept| summary.is_some_and(|summary| kept.last_sequence() <= summary.last_sequence));
-        let mut thread = kept.unwrap_or_default();
-        let before = thread.last_sequence();
-        // The kept thread is copied only when something is new.
-        let events = store.events_after(id, before, PAGE).await?;
-        if !events.is_empty() {
-            let thread = Arc::make_mut(&mut thread);
-            for event in &events {
-                thread.apply(event);
-            }
-            if events.len() == PAGE {
-                bring_forward(store, id, thread, u64::MAX).await?;
-            }
+            .filter(|kept| newest.is_some_and(|newest| kept.last_sequence() <= newest))
+            .unwrap_or_default();
+        // The summary and the log are written in one transaction: a thread
+        // at the summary's last sequence has every event it counts.
+        if newest != Some(thread.last_sequence()) {
+            bring_forward(store, id, &mut thread, u64::MAX).await?;
         }
-        if let Some(incarnation) = incarnation
-            && (thread.last_sequence() != before || before == 0)
-        {
-            self.put(id, incarnation, Arc::clone(&thread));
+        Ok(Checkout {
+            cache: Arc::clone(self),
+            id: id.to_owned(),
+            incarnation,
+            thread,
+        })
+    }
+
+    /// A checkout of a session that does not exist yet: an empty thread,
+    /// kept by no one.
+    pub(crate) fn detached(self: &Arc<Self>, id: &str) -> Checkout {
+        Checkout {
+            cache: Arc::clone(self),
+            id: id.to_owned(),
+            incarnation: None,
+            thread: Thread::new(),
         }
-        Ok(thread)
     }
 
     /// Forgets session `id` (deleted).
@@ -97,19 +108,13 @@ impl ThreadCache {
         self.lock().by_session.remove(id);
     }
 
-    fn get(&self, id: &str, incarnation: &Incarnation) -> Option<Arc<Thread>> {
+    fn take(&self, id: &str, incarnation: Incarnation) -> Option<Thread> {
         let mut entries = self.lock();
-        entries.clock += 1;
-        let now = entries.clock;
-        let entry = entries.by_session.get_mut(id)?;
-        if entry.incarnation != *incarnation {
-            return None;
-        }
-        entry.used = now;
-        Some(Arc::clone(&entry.thread))
+        let entry = entries.by_session.remove(id)?;
+        (entry.incarnation == incarnation).then_some(entry.thread)
     }
 
-    fn put(&self, id: &str, incarnation: Incarnation, thread: Arc<Thread>) {
+    fn put(&self, id: &str, incarnation: Incarnation, thread: Thread) {
         if self.capacity == 0 {
             return;
         }
@@ -145,6 +150,45 @@ impl ThreadCache {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A thread taken out of the [`ThreadCache`] by one request, given back
+/// (as far as the request brought it) when dropped.
+pub(crate) struct Checkout {
+    cache: Arc<ThreadCache>,
+    id: String,
+    incarnation: Option<Incarnation>,
+    thread: Thread,
+}
+
+impl Checkout {
+    /// The thread as read.
+    pub(crate) fn thread(&self) -> &Thread {
+        &self.thread
+    }
+
+    /// Takes the thread out, for a run's projection to bring forward; the
+    /// checkout is empty until [`Checkout::give_back`].
+    pub(crate) fn take(&mut self) -> Thread {
+        std::mem::take(&mut self.thread)
+    }
+
+    /// Gives back a thread of the session, kept when it is at least as far
+    /// as the one held (a run started before the thread's end may finish
+    /// before it too).
+    pub(crate) fn give_back(&mut self, thread: Thread) {
+        if thread.last_sequence() >= self.thread.last_sequence() {
+            self.thread = thread;
+        }
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if let Some(incarnation) = self.incarnation {
+            self.cache.put(&self.id, incarnation, std::mem::take(&mut self.thread));
+        }
     }
 }
 
