@@ -6,6 +6,8 @@
 //!   real agent runtime;
 //! - [`length`]: the same turns in one long session, to show that a
 //!   turn's cost does not grow with its session's length;
+//! - [`memory`]: what a loaded idle session and an idle event stream cost
+//!   in a real `keel serve` process's memory;
 //! - [`recorder`]: durable events per second through the event recorder, with
 //!   and without group commit;
 //! - [`serve`]: the same turns driven over `keel serve`'s HTTP API and event
@@ -29,6 +31,7 @@ mod database;
 pub mod frontends;
 mod http;
 pub mod length;
+pub mod memory;
 pub mod recorder;
 pub mod serve;
 mod stats;

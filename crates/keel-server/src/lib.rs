@@ -224,7 +224,10 @@ impl ServerConfig {
             idle_unload: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(10),
             body_limit: DEFAULT_BODY_LIMIT,
-            live_buffer: 256,
+            // A watched session's ring costs about 30 bytes a slot; a turn's
+            // events (deltas coalesced) fit in 64 many times over, and a
+            // subscriber further behind reads the store.
+            live_buffer: 64,
             keep_alive: sse::DEFAULT_KEEP_ALIVE,
             max_steps: DEFAULT_MAX_STEPS,
             submission_capacity: DEFAULT_SUBMISSION_CAPACITY,

@@ -9,6 +9,7 @@ use keel::bench::auth::BenchAuth;
 use keel::bench::cluster::{ClusterParams, ClusterReport, run_cluster};
 use keel::bench::frontends::BenchVia;
 use keel::bench::length::run_lengths;
+use keel::bench::memory::{self, MemoryParams, run_memory};
 use keel::bench::recorder::{RecorderParams, run_recorder};
 use keel::bench::serve::{ServeParams, ServeReport, run_serve};
 use keel::bench::turns::{TurnsParams, Variant, run_turns};
@@ -69,6 +70,27 @@ pub(crate) enum BenchCommand {
         /// `plain` (one model step) or `tool` (a `lookup` tool call first).
         #[arg(long, default_value = "plain", value_parser = ["plain", "tool"])]
         variant: String,
+    },
+    /// Memory per loaded idle session and per idle event stream: a `keel
+    /// serve` process (this binary) on a fresh SQLite file, N sessions
+    /// created with the built-in tools on and left idle, then one stream on
+    /// each, then as many bare idle HTTP connections (what any connection
+    /// costs), the server's resident set read after each step (after a
+    /// warm-up that is not counted).
+    Memory {
+        /// Sessions counted, each with one stream.
+        #[arg(short = 'N', long, default_value_t = 2000)]
+        sessions: usize,
+        /// Sessions and streams made first and not counted.
+        #[arg(long, default_value_t = 100)]
+        warm_up: usize,
+        /// Runs, each on a fresh server; the table ends with the medians.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// The `keel` binary to run as the server (another build, to
+        /// compare) [default: this one].
+        #[arg(long, value_name = "PATH")]
+        server: Option<std::path::PathBuf>,
     },
     /// Durable events per second through the recorder (1, 8 and 64
     /// sessions, flooding and one event at a time), against a
@@ -239,6 +261,44 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                     report.last_cpu_ms_per_turn,
                 ))?;
             }
+            print_line(&serde_json::to_string(&reports)?)?;
+        }
+        BenchCommand::Memory {
+            sessions,
+            warm_up,
+            repeat,
+            server,
+        } => {
+            anyhow::ensure!(sessions > 0 && repeat > 0, "-N and --repeat take counts above 0");
+            let params = MemoryParams {
+                server: match server {
+                    Some(server) => server,
+                    None => std::env::current_exe()?,
+                },
+                sessions,
+                warm_up,
+            };
+            print_line(
+                "| run | sessions | server RSS after warm-up MiB | KiB per idle session | KiB per idle stream | KiB per idle connection |",
+            )?;
+            print_line("|---|---|---|---|---|---|")?;
+            let mut reports = Vec::with_capacity(repeat);
+            for run in 1..=repeat {
+                let report = run_memory(&params).await?;
+                print_line(&format!(
+                    "| {run} | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                    report.sessions,
+                    report.base_rss_kib as f64 / 1024.0,
+                    report.per_session_kib,
+                    report.per_stream_kib,
+                    report.per_connection_kib
+                ))?;
+                reports.push(report);
+            }
+            let (per_session, per_stream, per_connection) = memory::medians(&reports);
+            print_line(&format!(
+                "| median | {sessions} | | {per_session:.1} | {per_stream:.1} | {per_connection:.1} |"
+            ))?;
             print_line(&serde_json::to_string(&reports)?)?;
         }
         BenchCommand::Recorder { db } => {

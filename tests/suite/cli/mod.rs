@@ -474,6 +474,31 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
     assert!(text.contains("| in-process (baseline) |"), "{text}");
 }
 
+#[test]
+fn bench_memory_runs_a_server_process_and_reports_what_sessions_and_streams_cost() {
+    let cli = Cli::new();
+    let output = cli.run(&["bench", "memory", "-N", "40", "--warm-up", "5", "--repeat", "1"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.starts_with("| run | sessions |"), "{text}");
+    let last = text.lines().last().expect("output");
+    let reports: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
+    let report = &reports[0];
+    assert_eq!(report["sessions"], 40, "{report}");
+    // A server holds some MiB after its warm-up, and its resident set does
+    // not shrink as sessions and streams are added (the readings are of
+    // the server, not of this process or of nothing).
+    let base = report["base_rss_kib"].as_u64().expect("base");
+    let sessions = report["sessions_rss_kib"].as_u64().expect("sessions");
+    let streams = report["streams_rss_kib"].as_u64().expect("streams");
+    assert!(base > 4 * 1024, "{report}");
+    assert!(base <= sessions && sessions <= streams, "{report}");
+    assert!(
+        report["per_session_kib"].as_f64().is_some_and(|kib| kib > 0.0),
+        "{report}"
+    );
+}
+
 mod chat;
 mod configured_secrets;
 mod conveniences;
