@@ -68,7 +68,17 @@ pub(super) fn io_error(error: std::io::Error) -> Error {
 /// Creates a session without tools on the server at `base`; its id.
 pub(super) async fn create_session(client: &reqwest::Client, base: &str) -> Result<String> {
     let body = json!({"tools": {"builtin": false, "write": false, "shell": false}});
-    let created: serde_json::Value = check(client.post(format!("{base}/v1/sessions")).json(&body).send().await)
+    create_session_with(client, base, &body).await
+}
+
+/// Creates a session on the server at `base` with the `POST /v1/sessions`
+/// body `body`; its id.
+pub(super) async fn create_session_with(
+    client: &reqwest::Client,
+    base: &str,
+    body: &serde_json::Value,
+) -> Result<String> {
+    let created: serde_json::Value = check(client.post(format!("{base}/v1/sessions")).json(body).send().await)
         .await?
         .json()
         .await

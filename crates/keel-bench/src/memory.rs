@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
-use super::http::{check, http_client_with, http_error, io_error, write_script};
+use super::http::{check, create_session_with, http_client_with, http_error, io_error, write_script};
 use super::stats::median;
 use keel_protocol::{Error, Result};
 
@@ -187,19 +187,9 @@ async fn start_server(params: &MemoryParams, dir: &Path, script: &Path) -> Resul
 /// Creates `count` sessions with the server's default tools (the built-in
 /// tools on); their ids.
 async fn create_sessions(client: &reqwest::Client, base: &str, count: usize) -> Result<Vec<String>> {
+    let defaults = json!({});
     futures::stream::iter(0..count)
-        .map(|_| async move {
-            let created: serde_json::Value =
-                check(client.post(format!("{base}/v1/sessions")).json(&json!({})).send().await)
-                    .await?
-                    .json()
-                    .await
-                    .map_err(http_error)?;
-            created["id"]
-                .as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| Error::Config("the created session has no id".to_owned()))
-        })
+        .map(|_| create_session_with(client, base, &defaults))
         .buffer_unordered(CONCURRENCY)
         .try_collect()
         .await
