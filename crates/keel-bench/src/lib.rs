@@ -14,6 +14,8 @@
 //!   streams, with many subscribers and a stalled one, and with each kind of
 //!   credential ([`auth`]), and through the front-end protocols' streams
 //!   ([`frontends`]);
+//! - [`tail`]: reading near the end of a long log against reading its
+//!   newest page;
 //! - [`cluster`]: those turns across several `keel serve` nodes on one
 //!   PostgreSQL database, requests and streams on random nodes.
 //!
@@ -35,6 +37,7 @@ pub mod memory;
 pub mod recorder;
 pub mod serve;
 mod stats;
+pub mod tail;
 pub mod turns;
 
 pub use database::BenchDatabase;

@@ -12,6 +12,7 @@ use keel::bench::length::run_lengths;
 use keel::bench::memory::{self, MemoryParams, run_memory};
 use keel::bench::recorder::{RecorderParams, run_recorder};
 use keel::bench::serve::{ServeParams, ServeReport, run_serve};
+use keel::bench::tail::{TailParams, run_tail};
 use keel::bench::turns::{TurnsParams, Variant, run_turns};
 use keel::store::Synchronous;
 
@@ -91,6 +92,22 @@ pub(crate) enum BenchCommand {
         /// compare) [default: this one].
         #[arg(long, value_name = "PATH")]
         server: Option<std::path::PathBuf>,
+    },
+    /// Whether the tail of a long log costs what its newest page does: one
+    /// session of N events stored one per row, then the newest page, the
+    /// events after `LAST - 100` (`?after=`, an SSE resume) and after 0
+    /// read many times each.
+    Tail {
+        /// Events in the session, one per row.
+        #[arg(short = 'N', long, default_value_t = 1_000_000)]
+        events: u64,
+        /// Reads of each kind (the table shows medians).
+        #[arg(long, default_value_t = 200)]
+        reads: usize,
+        /// The database: a SQLite file, or a PostgreSQL URL
+        /// (postgres://…) [default: a fresh temporary SQLite file].
+        #[arg(long, value_name = "PATH|URL")]
+        db: Option<String>,
     },
     /// Durable events per second through the recorder (1, 8 and 64
     /// sessions, flooding and one event at a time), against a
@@ -300,6 +317,29 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                 "| median | {sessions} | | {per_session:.1} | {per_stream:.1} | {per_connection:.1} |"
             ))?;
             print_line(&serde_json::to_string(&reports)?)?;
+        }
+        BenchCommand::Tail { events, reads, db } => {
+            let params = TailParams {
+                events,
+                reads,
+                database: db.as_deref().map(BenchDatabase::parse).unwrap_or_default(),
+            };
+            let report = run_tail(&params).await?;
+            print_line(
+                "| backend | events (rows) | written in s | newest page ms | after LAST-100 ms | after 0 ms | tail × newest |",
+            )?;
+            print_line("|---|---|---|---|---|---|---|")?;
+            print_line(&format!(
+                "| {} | {} | {:.1} | {:.3} | {:.3} | {:.3} | {:.2} |",
+                report.backend,
+                report.events,
+                report.write_s,
+                report.newest_page_ms,
+                report.tail_after_ms,
+                report.head_after_ms,
+                report.tail_vs_newest
+            ))?;
+            print_line(&serde_json::to_string(&report)?)?;
         }
         BenchCommand::Recorder { db } => {
             let mut databases = vec![BenchDatabase::Sqlite];

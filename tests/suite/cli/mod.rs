@@ -499,6 +499,24 @@ fn bench_memory_runs_a_server_process_and_reports_what_sessions_and_streams_cost
     );
 }
 
+#[test]
+fn bench_tail_reads_exactly_the_last_events_of_a_log_of_small_rows() {
+    let cli = Cli::new();
+    let output = cli.run(&["bench", "tail", "-N", "500", "--reads", "5"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.starts_with("| backend | events (rows) |"), "{text}");
+    let report: serde_json::Value =
+        serde_json::from_str(text.lines().last().expect("output")).expect("last line is JSON");
+    assert_eq!(report["events"], 500, "{report}");
+    for key in ["newest_page_ms", "tail_after_ms", "head_after_ms", "tail_vs_newest"] {
+        assert!(
+            report[key].as_f64().is_some_and(|value| value > 0.0),
+            "{key} in {report}"
+        );
+    }
+}
+
 mod chat;
 mod configured_secrets;
 mod conveniences;
