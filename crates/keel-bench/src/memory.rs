@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 use super::http::{check, create_session_with, http_client_with, http_error, io_error, write_script};
-use super::stats::median;
+use super::stats::{median, status_kib};
 use keel_protocol::{Error, Result};
 
 /// Requests in flight at once while sessions are created and streams opened.
@@ -254,12 +254,9 @@ async fn open_connections(base: &str, count: usize) -> Result<Vec<TcpStream>> {
 
 /// The resident set of process `pid`, in KiB (Linux `/proc`).
 fn resident_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|error| Error::Config(format!("cannot read the server's memory (Linux /proc): {error}")))?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-        .ok_or_else(|| Error::Config("the server's /proc status has no VmRSS".to_owned()))
+    status_kib(&pid.to_string(), "VmRSS").ok_or_else(|| {
+        Error::Config(format!(
+            "cannot read the server's memory (Linux /proc/{pid}/status, VmRSS)"
+        ))
+    })
 }

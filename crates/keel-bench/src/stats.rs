@@ -40,10 +40,20 @@ pub fn process_cpu_s() -> f64 {
 
 /// The process's peak resident set size in MiB (Linux `VmHWM`), if known.
 pub fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
+    status_kib("self", "VmHWM").map(|kib| kib as f64 / 1024.0)
+}
+
+/// A KiB figure (`VmRSS`, `VmHWM`, …) of process `process` (a pid, or
+/// `self`) from Linux's `/proc/PROCESS/status`, if known.
+pub(crate) fn status_kib(process: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{process}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Bytes a SQLite database occupies on disk: the file, its WAL and its

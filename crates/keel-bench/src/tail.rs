@@ -106,7 +106,7 @@ pub async fn run_tail(params: &TailParams) -> Result<TailReport> {
     .await?;
     database.close().await;
     Ok(TailReport {
-        backend: store_backend(&params.database),
+        backend: params.database.backend(),
         events: params.events,
         write_s,
         newest_page_ms: newest,
@@ -167,11 +167,4 @@ fn expect_page(events: &[keel_protocol::RecordedEvent], first: u64, last: u64) -
         )));
     }
     Ok(())
-}
-
-fn store_backend(database: &BenchDatabase) -> &'static str {
-    match database {
-        BenchDatabase::Postgres(_) => "postgres",
-        _ => "sqlite",
-    }
 }
