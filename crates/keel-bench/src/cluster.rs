@@ -2,9 +2,9 @@
 //! database: turns per second per node and in total, and how much later an
 //! event reaches a subscriber on another node than one on its owner.
 //!
-//! N in-process servers (the library's [`serve`](keel_server::serve), each on a loopback port)
-//! share one database, each with a store and a notice listener of its own,
-//! as `keel serve` nodes do. Each of S sessions is created on a node picked
+//! N `keel serve` processes (each on a loopback port) share one database,
+//! as nodes on separate machines do: each has its own runtime, connections
+//! and CPU time, read from `/proc` apart from the client's (this process). Each of S sessions is created on a node picked
 //! by a seeded generator, which owns it; each of its T turns is `POST`ed to
 //! a node picked the same way, so about (N−1)/N of them are relayed through
 //! the database (answered `202` once stored) to the owner. Each session has
@@ -18,9 +18,9 @@
 //! store's clock when its commit began) to the wall clock at receipt, per
 //! kind of subscriber (ms precision).
 
-use std::path::Path;
-use std::sync::Arc;
-use std::time::Instant;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -30,13 +30,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::http::{
-    BenchServer, WireEvent, check, create_session, events_read, http_client, join_sessions, next_turn_event,
-    read_stream, write_script,
+    WireEvent, check, create_session, events_read, http_client, io_error, join_sessions, next_turn_event, read_stream,
+    write_script,
 };
+use super::process::{ServeProcess, cpu_s_of_processes_named};
 use super::stats::percentile;
 use keel_protocol::{Error, Result};
-use keel_server::{ClusterConfig, DEFAULT_LEASE_TTL, ServerConfig};
-use keel_store::{PostgresCheckpoint, PostgresOptions};
 
 /// Parameters of the cluster workload.
 #[derive(Debug, Clone)]
@@ -51,6 +50,8 @@ pub struct ClusterParams {
     pub chunks: usize,
     /// Bytes per chunk.
     pub chunk_bytes: usize,
+    /// The `keel` binary each node runs (`keel serve`).
+    pub server: PathBuf,
     /// The PostgreSQL database, by URL (it must exist; every run creates
     /// sessions of its own, so it can be reused).
     pub url: String,
@@ -117,6 +118,17 @@ pub struct ClusterReport {
     pub streams_same: usize,
     /// Streams on another node, checked gap-free.
     pub streams_cross: usize,
+    /// CPU time of the nodes' processes per timed turn, in ms.
+    pub keel_cpu_ms_per_turn: f64,
+    /// CPU time of this machine's PostgreSQL processes per timed turn, in
+    /// ms; `None` when PostgreSQL runs elsewhere.
+    pub postgres_cpu_ms_per_turn: Option<f64>,
+    /// Transactions in the database per timed turn (`pg_stat_database`),
+    /// the nodes' background work during the run included.
+    pub transactions_per_turn: f64,
+    /// The statements the timed turns ran most, with `pg_stat_statements`
+    /// loaded; empty otherwise.
+    pub statements: Vec<StatementCount>,
 }
 
 /// Runs the workload once: starts the nodes, drives the sessions, stops
@@ -135,7 +147,7 @@ pub async fn run_cluster(params: &ClusterParams) -> Result<ClusterReport> {
     let mut started = Ok(());
     for index in 0..params.nodes {
         // One at a time: each store checks the schema as it connects.
-        match Node::start(index, &params.url, &script, scratch.path()).await {
+        match Node::start(index, params, &script, scratch.path()).await {
             Ok(node) => nodes.push(node),
             Err(error) => {
                 started = Err(error);
@@ -157,45 +169,158 @@ pub async fn run_cluster(params: &ClusterParams) -> Result<ClusterReport> {
     Ok(report)
 }
 
-/// One in-process node.
+/// One node: a `keel serve` process on the database.
 struct Node {
-    server: BenchServer,
-    store: Arc<PostgresCheckpoint>,
+    process: ServeProcess,
 }
 
 impl Node {
-    /// Starts node `index` on the database at `url`.
-    async fn start(index: usize, url: &str, script: &Path, workspace_root: &Path) -> Result<Self> {
-        let store = Arc::new(PostgresCheckpoint::connect(url, PostgresOptions::default()).await?);
-        let notices = store.listen().await?;
-        let mut config = ServerConfig::new(store.clone());
-        config.default_model = Some(format!("script:{}", script.display()));
-        config.workspace_root = workspace_root.to_owned();
-        config.cluster = Some(ClusterConfig {
-            node_id: format!("bench-node-{index}"),
-            lease_ttl: DEFAULT_LEASE_TTL,
-            relay_wait: keel_server::DEFAULT_RELAY_WAIT,
-            // Sealed, as a cluster serving a token is.
-            relay_key: Some(keel_server::RelayKey::derive(b"keel bench cluster")),
-            store: store.clone(),
-            listener: notices,
-        });
-        let server = BenchServer::start(config).await?;
-        Ok(Self { server, store })
+    /// Starts node `index` on the database at `url`, in a scratch
+    /// directory of its own under `scratch`.
+    async fn start(index: usize, params: &ClusterParams, script: &Path, scratch: &Path) -> Result<Self> {
+        let dir = scratch.join(format!("node-{index}"));
+        let workspaces = dir.join("workspaces");
+        std::fs::create_dir_all(&workspaces).map_err(io_error)?;
+        // Sealed, as a cluster serving a token is: the same key on every node.
+        let key = scratch.join("cluster.key");
+        if !key.exists() {
+            std::fs::write(&key, "keel bench cluster key, 32 bytes or more").map_err(io_error)?;
+        }
+        let headroom = 2 * params.sessions + 64;
+        let mut args: Vec<OsString> = vec!["--db".into(), params.url.clone().into()];
+        args.extend(["--node-id".into(), format!("bench-node-{index}").into()]);
+        args.extend(["--cluster-key-file".into(), key.into_os_string()]);
+        args.extend(["--model".into(), format!("script:{}", script.display()).into()]);
+        args.extend(["--workspace-root".into(), workspaces.into_os_string()]);
+        args.extend(["--max-live-sessions".into(), headroom.to_string().into()]);
+        args.extend(["--max-connections".into(), (4 * headroom).to_string().into()]);
+        args.extend(["--idle-unload-secs".into(), "86400".into()]);
+        let process = ServeProcess::start(&params.server, &dir, &args).await?;
+        Ok(Self { process })
     }
 
-    /// Shuts the server down and closes its store.
+    /// Stops the server.
     async fn stop(self) -> Result<()> {
-        let outcome = self.server.stop("a bench node").await;
-        self.store.close().await;
-        outcome
+        self.process.stop().await
+    }
+}
+
+/// What the database did, read from PostgreSQL's own counters.
+struct DatabaseCounters {
+    client: tokio_postgres::Client,
+    /// Whether `pg_stat_statements` is loaded and could be reset.
+    statements: bool,
+}
+
+/// Statements listed per run, the most called first.
+const STATEMENTS_LISTED: i64 = 12;
+
+impl DatabaseCounters {
+    /// Connects to the database at `url`; resets `pg_stat_statements` where
+    /// the server loads it (`shared_preload_libraries`).
+    async fn connect(url: &str) -> Result<Self> {
+        let client = keel_store::postgres::connect_bare(url).await?;
+        let statements = client
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()")
+            .await
+            .is_ok();
+        Ok(Self { client, statements })
+    }
+
+    /// Transactions committed or rolled back in this database so far, as
+    /// far as the backends have reported them.
+    async fn transactions(&self) -> Result<i64> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT (xact_commit + xact_rollback)::int8 FROM pg_stat_database WHERE datname = current_database()",
+                &[],
+            )
+            .await
+            .map_err(|error| Error::Config(format!("cannot read pg_stat_database: {error}")))?;
+        Ok(row.get(0))
+    }
+
+    /// Forgets the statements counted so far.
+    async fn reset_statements(&self) -> Result<()> {
+        if self.statements {
+            self.client
+                .batch_execute("SELECT pg_stat_statements_reset()")
+                .await
+                .map_err(|error| Error::Config(format!("cannot reset pg_stat_statements: {error}")))?;
+        }
+        Ok(())
+    }
+
+    /// The statements run in this database since the last reset, the most
+    /// called first, with their calls per turn.
+    async fn statements(&self, turns: usize) -> Result<Vec<StatementCount>> {
+        if !self.statements {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .client
+            .query(
+                "SELECT calls, query FROM pg_stat_statements
+                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND query NOT LIKE '%pg_stat_%'
+                 ORDER BY calls DESC LIMIT $1",
+                &[&STATEMENTS_LISTED],
+            )
+            .await
+            .map_err(|error| Error::Config(format!("cannot read pg_stat_statements: {error}")))?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let calls: i64 = row.get(0);
+                let query: String = row.get(1);
+                StatementCount {
+                    calls_per_turn: calls as f64 / turns.max(1) as f64,
+                    statement: query.split_whitespace().collect::<Vec<_>>().join(" "),
+                }
+            })
+            .collect())
+    }
+}
+
+/// How long the backends get to report their counters before they are
+/// read (PostgreSQL flushes a busy backend's at most once a second).
+const COUNTERS_SETTLE: Duration = Duration::from_millis(1500);
+
+/// A statement and how often the timed turns ran it.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatementCount {
+    /// Calls per timed turn.
+    pub calls_per_turn: f64,
+    /// The statement, normalized by `pg_stat_statements`, on one line.
+    pub statement: String,
+}
+
+/// CPU seconds of the nodes and of the local PostgreSQL processes.
+#[derive(Clone, Copy)]
+struct CpuReading {
+    nodes: f64,
+    postgres: Option<f64>,
+}
+
+impl CpuReading {
+    fn take(nodes: &[Node]) -> Result<Self> {
+        let mut total = 0.0;
+        for node in nodes {
+            total += node.process.cpu_s()?;
+        }
+        Ok(Self {
+            nodes: total,
+            postgres: cpu_s_of_processes_named("postgres"),
+        })
     }
 }
 
 /// Creates the sessions, warms them up, runs the timed turns and shuts the
 /// sessions down; measures.
 async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> {
-    let bases: Vec<String> = nodes.iter().map(|node| node.server.base.clone()).collect();
+    let bases: Vec<String> = nodes.iter().map(|node| node.process.base.clone()).collect();
+    let counters = DatabaseCounters::connect(&params.url).await?;
     let client = http_client()?;
     let mut owners = StdRng::seed_from_u64(params.seed);
     let mut sessions = Vec::with_capacity(params.sessions);
@@ -211,6 +336,10 @@ async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> 
         session.timed_after = session.last_sequence();
     }
 
+    tokio::time::sleep(COUNTERS_SETTLE).await;
+    let transactions_before = counters.transactions().await?;
+    counters.reset_statements().await?;
+    let cpu_before = CpuReading::take(nodes)?;
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for (index, mut session) in sessions.into_iter().enumerate() {
@@ -227,6 +356,11 @@ async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> 
     }
     let (finished, posts) = join_sessions(tasks).await?;
     let wall = started.elapsed().as_secs_f64();
+    let cpu_after = CpuReading::take(nodes)?;
+    tokio::time::sleep(COUNTERS_SETTLE).await;
+    let transactions = counters.transactions().await? - transactions_before;
+    let statements = counters.statements(posts.len()).await?;
+    let per_turn_ms = |seconds: f64| seconds * 1000.0 / posts.len().max(1) as f64;
 
     let mut sessions_per_node = vec![0; bases.len()];
     let mut same_delivery = Vec::new();
@@ -286,6 +420,13 @@ async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> 
         cross_minus_same_p50_ms: quantile(&cross_minus_same, 50.0),
         cross_minus_same_p99_ms: quantile(&cross_minus_same, 99.0),
         events_compared: cross_minus_same.len(),
+        keel_cpu_ms_per_turn: per_turn_ms(cpu_after.nodes - cpu_before.nodes),
+        postgres_cpu_ms_per_turn: cpu_after
+            .postgres
+            .zip(cpu_before.postgres)
+            .map(|(after, before)| per_turn_ms(after - before)),
+        transactions_per_turn: transactions as f64 / posts.len().max(1) as f64,
+        statements,
         events_per_stream,
         streams_same,
         streams_cross,
@@ -485,53 +626,5 @@ impl ClusterSession {
             same: self.seen,
             cross,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use keel_store::postgres::local::LocalPostgres;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_tiny_cluster_run_is_sane() {
-        let Some(postgres) = LocalPostgres::shared() else {
-            return;
-        };
-        let params = ClusterParams {
-            nodes: 2,
-            sessions: 2,
-            turns: 3,
-            chunks: 4,
-            chunk_bytes: 16,
-            url: postgres.fresh_database(),
-            seed: 1,
-        };
-        let report = run_cluster(&params).await.expect("the cluster run");
-        assert_eq!(report.nodes, 2);
-        assert_eq!(report.posts_same + report.posts_relayed, 6, "{report:?}");
-        assert!(report.posts_relayed > 0, "some posts are relayed: {report:?}");
-        assert_eq!(report.sessions_per_node.iter().sum::<usize>(), 2);
-        assert!(report.turns_per_s > 0.0);
-        let per_node: f64 = report.turns_per_s_per_node.iter().sum();
-        assert!((per_node - report.turns_per_s).abs() < 1e-6, "{report:?}");
-        assert_eq!(
-            (report.streams_same, report.streams_cross),
-            (2, 2),
-            "both kinds gap-free"
-        );
-        assert!(report.events_per_stream > 0);
-        assert!(report.events_compared > 0);
-        assert!(report.cross_minus_same_p50_ms.is_some() && report.delivery_cross_p99_ms.is_some());
-        assert!(report.accept_relayed_p50_ms.is_some());
-
-        // The same database again, with one node: fresh sessions, nothing
-        // relayed, no second stream.
-        let single = run_cluster(&ClusterParams { nodes: 1, ..params })
-            .await
-            .expect("the one-node run");
-        assert_eq!((single.posts_same, single.posts_relayed), (6, 0));
-        assert_eq!(single.streams_cross, 0);
-        assert!(single.cross_minus_same_p50_ms.is_none() && single.accept_relayed_p50_ms.is_none());
     }
 }

@@ -34,6 +34,7 @@ pub mod frontends;
 mod http;
 pub mod length;
 pub mod memory;
+mod process;
 pub mod recorder;
 pub mod serve;
 mod stats;

@@ -11,26 +11,23 @@
 //! counted), so that what is measured is the marginal cost of one more,
 //! not the allocator's first arenas or a one-time initialisation.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
 
 use super::http::{check, create_session_with, http_client_with, http_error, io_error, write_script};
-use super::stats::{median, status_kib};
+use super::process::ServeProcess;
+use super::stats::median;
 use keel_protocol::{Error, Result};
 
 /// Requests in flight at once while sessions are created and streams opened.
 const CONCURRENCY: usize = 16;
-
-/// How long the server gets to start listening.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long memory is left to settle before it is read (freed memory
 /// returned, background tasks done).
@@ -89,28 +86,26 @@ pub async fn run_memory(params: &MemoryParams) -> Result<MemoryReport> {
     let dir = tempfile::tempdir().map_err(io_error)?;
     let script = dir.path().join("answer.jsonl");
     write_script(&script, 1, 1, 16)?;
-    let (server, base) = start_server(params, dir.path(), &script).await?;
-    let pid = server
-        .id()
-        .ok_or_else(|| Error::Config("the bench server exited at once".to_owned()))?;
+    let server = start_server(params, dir.path(), &script).await?;
+    let base = server.base.clone();
     let client = http_client_with(None)?;
 
     let warm = create_sessions(&client, &base, params.warm_up).await?;
     let mut streams = open_streams(&client, &base, &warm).await?;
     tokio::time::sleep(SETTLE).await;
-    let base_rss_kib = resident_kib(pid)?;
+    let base_rss_kib = server.resident_kib()?;
 
     let sessions = create_sessions(&client, &base, params.sessions).await?;
     tokio::time::sleep(SETTLE).await;
-    let sessions_rss_kib = resident_kib(pid)?;
+    let sessions_rss_kib = server.resident_kib()?;
 
     streams.extend(open_streams(&client, &base, &sessions).await?);
     tokio::time::sleep(SETTLE).await;
-    let streams_rss_kib = resident_kib(pid)?;
+    let streams_rss_kib = server.resident_kib()?;
 
     let connections = open_connections(&base, params.sessions).await?;
     tokio::time::sleep(SETTLE).await;
-    let connections_rss_kib = resident_kib(pid)?;
+    let connections_rss_kib = server.resident_kib()?;
     drop(connections);
     drop(streams);
     drop(server);
@@ -129,59 +124,25 @@ pub async fn run_memory(params: &MemoryParams) -> Result<MemoryReport> {
 }
 
 /// Starts `keel serve` on a loopback port with room for every session and
-/// stream; the child (killed when dropped) and its base URL (which it
-/// prints).
-async fn start_server(params: &MemoryParams, dir: &Path, script: &Path) -> Result<(Child, String)> {
+/// stream.
+async fn start_server(params: &MemoryParams, dir: &Path, script: &Path) -> Result<ServeProcess> {
     let total = params.warm_up + params.sessions;
     let workspaces = dir.join("workspaces");
     std::fs::create_dir_all(&workspaces).map_err(io_error)?;
-    let mut child = Command::new(&params.server)
-        .arg("serve")
-        .arg("--create")
-        .arg("--db")
-        .arg(dir.join("keel.sqlite3"))
-        .arg("--workspace-root")
-        .arg(&workspaces)
-        .arg("--model")
-        .arg(format!("script:{}", script.display()))
-        .args(["--listen", "127.0.0.1:0", "--store-reserve-mb", "0"])
-        .args(["--max-live-sessions", &(total + 64).to_string()])
-        .args(["--max-connections", &(2 * total + 256).to_string()])
-        .args(["--idle-unload-secs", "86400", "--header-timeout-secs", "600"])
-        .env_remove("KEEL_MODEL")
-        .env_remove("KEEL_CONFIG")
-        .env_remove("KEEL_DB")
-        .env("KEEL_LOG", "warn")
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|error| Error::Config(format!("cannot start {}: {error}", params.server.display())))?;
-    let stderr = child
-        .stderr
-        .take()
-        .ok_or_else(|| Error::Config("the bench server has no stderr".to_owned()))?;
-    let mut lines = BufReader::new(stderr).lines();
-    let mut said = Vec::new();
-    let address = tokio::time::timeout(START_TIMEOUT, async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(address) = line.strip_prefix("keel serve listening on ") {
-                return Some(address.to_owned());
-            }
-            said.push(line);
-        }
-        None
-    })
-    .await
-    .ok()
-    .flatten()
-    .ok_or_else(|| Error::Config(format!("keel serve did not start: {}", said.join("\n"))))?;
-    // The rest of its log is drained, so that the server never blocks on
-    // a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((child, address))
+    let mut args: Vec<OsString> = vec!["--create".into(), "--db".into(), dir.join("keel.sqlite3").into()];
+    args.extend(["--workspace-root".into(), workspaces.into_os_string()]);
+    args.extend(["--model".into(), format!("script:{}", script.display()).into()]);
+    let counts = [
+        ("--store-reserve-mb", 0),
+        ("--max-live-sessions", total + 64),
+        ("--max-connections", 2 * total + 256),
+        ("--idle-unload-secs", 86400),
+        ("--header-timeout-secs", 600),
+    ];
+    for (flag, value) in counts {
+        args.extend([flag.into(), value.to_string().into()]);
+    }
+    ServeProcess::start(&params.server, dir, &args).await
 }
 
 /// Creates `count` sessions with the server's default tools (the built-in
@@ -250,13 +211,4 @@ async fn open_connections(base: &str, count: usize) -> Result<Vec<TcpStream>> {
         .buffer_unordered(CONCURRENCY)
         .try_collect()
         .await
-}
-
-/// The resident set of process `pid`, in KiB (Linux `/proc`).
-fn resident_kib(pid: u32) -> Result<u64> {
-    status_kib(&pid.to_string(), "VmRSS").ok_or_else(|| {
-        Error::Config(format!(
-            "cannot read the server's memory (Linux /proc/{pid}/status, VmRSS)"
-        ))
-    })
 }

@@ -9,6 +9,8 @@
 //! [`LogNotice::Resync`], after which the consumer re-reads what it follows.
 
 use tokio::sync::mpsc;
+
+use crate::RelayOutcome;
 use tokio::task::JoinHandle;
 
 /// What a [`NoticeListener`] yields.
@@ -32,10 +34,14 @@ pub enum LogNotice {
         owner: Option<String>,
     },
     /// The owner of a session answered submissions relayed to it: the
-    /// nodes waiting for an answer read it.
+    /// nodes waiting for an answer take it from here, or read it where it
+    /// is not here.
     Answered {
         /// The session.
         session_id: String,
+        /// The answers, by relayed submission id, when they fit in the
+        /// notice (PostgreSQL's payloads are small); empty otherwise.
+        answers: Vec<(u64, RelayOutcome)>,
     },
     /// Notices may have been missed (the connection was lost and is back,
     /// or the consumer fell behind): re-read from the log whatever is

@@ -148,12 +148,18 @@ pub(crate) enum BenchCommand {
         /// With `--nodes` above 1, a PostgreSQL URL is required.
         #[arg(long, value_name = "PATH|URL")]
         db: Option<String>,
-        /// In-process `keel serve` nodes sharing the PostgreSQL database:
+        /// `keel serve` processes (nodes) sharing the PostgreSQL database:
         /// sessions owned by random nodes, each turn posted to a random
         /// node, one subscriber on the owner and one on another node (`-W`
-        /// is not used). Runs 1 node and N nodes, interleaved.
+        /// is not used). Runs 1 node and N nodes, interleaved, and reports
+        /// CPU (the nodes', and a local PostgreSQL's) and transactions per
+        /// turn.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
         nodes: u16,
+        /// The `keel` binary the nodes run, with `--nodes` (another build,
+        /// to compare) [default: this one].
+        #[arg(long, value_name = "PATH")]
+        server: Option<std::path::PathBuf>,
         /// Seeds the random choice of owners and of the nodes posted to
         /// (with `--nodes`).
         #[arg(long, default_value_t = 1)]
@@ -385,6 +391,7 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             repeat,
             db,
             nodes,
+            server,
             seed,
             auth,
             via,
@@ -404,6 +411,9 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
             if !auth.is_empty() && !via.is_empty() {
                 anyhow::bail!("--auth and --via are separate comparisons: give one");
             }
+            if server.is_some() && nodes == 1 {
+                anyhow::bail!("--server names the binary the nodes run: give --nodes N");
+            }
             if nodes > 1 {
                 let BenchDatabase::Postgres(url) = database else {
                     anyhow::bail!(
@@ -416,6 +426,10 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                     turns,
                     chunks,
                     chunk_bytes: bytes,
+                    server: match server {
+                        Some(server) => server,
+                        None => std::env::current_exe()?,
+                    },
                     url,
                     seed,
                 };
@@ -653,9 +667,16 @@ async fn bench_cluster(params: &ClusterParams, repeat: usize) -> anyhow::Result<
         repeat.max(1)
     ))?;
     print_line(
-        "| nodes | sessions per node | turns/s | turns/s per node | × 1 node | 202 same-node | 202 relayed | delivery same-node | delivery cross-node | cross − same |",
+        "| nodes | sessions per node | turns/s | turns/s per node | × 1 node | CPU ms/turn Keel + PostgreSQL | × 1 node | transactions/turn | 202 same-node | 202 relayed | delivery same-node | delivery cross-node | cross − same |",
     )?;
-    print_line("|---|---|---|---|---|---|---|---|---|---|")?;
+    print_line("|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+    let cpu_of = |reports: &[ClusterReport]| {
+        let keel = median_of(reports, &|report| Some(report.keel_cpu_ms_per_turn)).unwrap_or_default();
+        let postgres = median_of(reports, &|report| report.postgres_cpu_ms_per_turn);
+        (keel, postgres)
+    };
+    let (single_keel, single_postgres) = cpu_of(&reports[0]);
+    let single_cpu = single_keel + single_postgres.unwrap_or_default();
     for reports in &reports {
         let Some(first) = reports.first() else { continue };
         let total = median_of(reports, &|report| Some(report.turns_per_s)).unwrap_or_default();
@@ -666,12 +687,19 @@ async fn bench_cluster(params: &ClusterParams, repeat: usize) -> anyhow::Result<
             })
             .collect();
         let owned: Vec<String> = first.sessions_per_node.iter().map(usize::to_string).collect();
+        let (keel_cpu, postgres_cpu) = cpu_of(reports);
+        let cpu = match postgres_cpu {
+            Some(postgres) => format!("{keel_cpu:.3} + {postgres:.3}"),
+            None => format!("{keel_cpu:.3} + ?"),
+        };
+        let transactions = median_of(reports, &|report| Some(report.transactions_per_turn)).unwrap_or_default();
         print_line(&format!(
-            "| {} | {} | {total:.1} | {} | {:.2} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {total:.1} | {} | {:.2} | {cpu} | {:.2} | {transactions:.2} | {} | {} | {} | {} | {} |",
             first.nodes,
             owned.join(" / "),
             per_node.join(" / "),
             total / single,
+            (keel_cpu + postgres_cpu.unwrap_or_default()) / single_cpu,
             pair(
                 reports,
                 |report| report.accept_same_p50_ms,
@@ -700,6 +728,20 @@ async fn bench_cluster(params: &ClusterParams, repeat: usize) -> anyhow::Result<
                 |report| report.cross_minus_same_p99_ms
             ),
         ))?;
+    }
+    for reports in &reports {
+        let Some(last) = reports.last() else { continue };
+        if last.statements.is_empty() {
+            continue;
+        }
+        print_line(&format!(
+            "\n{} node(s), last run: the statements run most (pg_stat_statements), calls per turn",
+            last.nodes
+        ))?;
+        for statement in &last.statements {
+            let text: String = statement.statement.chars().take(160).collect();
+            print_line(&format!("- {:.2} `{text}`", statement.calls_per_turn))?;
+        }
     }
     print_line(&serde_json::to_string(&serde_json::json!({
         "runs": runs.iter().zip(&reports).map(|(params, reports)| serde_json::json!({"nodes": params.nodes, "reports": reports})).collect::<Vec<_>>(),

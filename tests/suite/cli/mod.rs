@@ -500,6 +500,64 @@ fn bench_memory_runs_a_server_process_and_reports_what_sessions_and_streams_cost
 }
 
 #[test]
+fn bench_serve_nodes_runs_server_processes_and_counts_what_each_turn_costs_the_database() {
+    let Some(postgres) = keel::store::postgres::local::LocalPostgres::shared() else {
+        return;
+    };
+    let cli = Cli::new();
+    let url = postgres.fresh_database();
+    let args = [
+        "bench", "serve", "--nodes", "2", "-S", "2", "-T", "3", "-K", "4", "-B", "16", "--repeat", "1", "--db", &url,
+    ];
+    let output = cli.run(&args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let last = text.lines().last().expect("output");
+    let runs: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
+    let (single, pair) = (&runs["runs"][0]["reports"][0], &runs["runs"][1]["reports"][0]);
+    assert_eq!(
+        (single["nodes"].as_u64(), pair["nodes"].as_u64()),
+        (Some(1), Some(2)),
+        "{runs}"
+    );
+    for report in [single, pair] {
+        let posts = report["posts_same"].as_u64().unwrap_or(0) + report["posts_relayed"].as_u64().unwrap_or(0);
+        assert_eq!(posts, 6, "{report}");
+        // The nodes are processes of their own: their CPU time is read, and
+        // every turn commits something.
+        assert!(
+            report["keel_cpu_ms_per_turn"].as_f64().is_some_and(|ms| ms > 0.0),
+            "{report}"
+        );
+        assert!(
+            report["transactions_per_turn"]
+                .as_f64()
+                .is_some_and(|count| count >= 1.0),
+            "{report}"
+        );
+        assert!(
+            report["events_per_stream"].as_u64().is_some_and(|count| count > 0),
+            "{report}"
+        );
+    }
+    assert_eq!(single["posts_relayed"], 0, "{single}");
+    assert!(pair["posts_relayed"].as_u64().is_some_and(|count| count > 0), "{pair}");
+    assert_eq!(
+        (pair["streams_same"].as_u64(), pair["streams_cross"].as_u64()),
+        (Some(2), Some(2)),
+        "{pair}"
+    );
+    assert!(
+        pair["cross_minus_same_p50_ms"].is_number() && pair["accept_relayed_p50_ms"].is_number(),
+        "{pair}"
+    );
+    assert!(
+        single["accept_relayed_p50_ms"].is_null() && single["streams_cross"] == 0,
+        "{single}"
+    );
+}
+
+#[test]
 fn bench_tail_reads_exactly_the_last_events_of_a_log_of_small_rows() {
     let cli = Cli::new();
     let output = cli.run(&["bench", "tail", "-N", "500", "--reads", "5"]);

@@ -454,6 +454,63 @@ async fn sigterm_hands_a_node_s_sessions_over_at_once() {
     assert_stream_matches_log(&both, &log);
 }
 
+/// A node that learnt who runs a session relays its next submissions
+/// without claiming it first; when that owner lets the session go before
+/// its lease would have ended (SIGTERM, an idle unload), the relayed row is
+/// announced with no live owner and taken up at once, here by the relaying
+/// node itself, not answered `503` after the relay wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_to_an_owner_that_let_the_session_go_is_taken_up_at_once() {
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
+    // Leases far longer than the test: what node 1 learnt stays its hint.
+    let mut cluster = Cluster::start(
+        postgres,
+        2,
+        60_000,
+        &["--shutdown-grace-secs", "0", "--relay-wait-ms", "20000"],
+    );
+    let answers = [
+        r#"{"text": "First."}"#,
+        r#"{"text": "Second."}"#,
+        r#"{"text": "Third."}"#,
+        r#"{"text": "Fourth."}"#,
+    ];
+    let model = cluster.scratch.script("h.jsonl", &answers);
+    cluster.api(0).create(json!({"id": "h", "model": model})).await;
+    let mut watch = cluster.api(1).stream("h", Resume::Start).await;
+    cluster.api(0).say("h", "on the owner").await;
+    guard("the first turn", watch.turns(1)).await;
+    // Relayed: node 1 finds node 0's lease, then relays on what it learnt.
+    for text in ["relayed once", "relayed again"] {
+        cluster.api(1).say("h", text).await;
+    }
+    guard("the relayed turns", watch.turns(2)).await;
+    let relayed = metric(&cluster.api(1).metrics().await, "keel_relayed_submissions_total");
+    assert_eq!(relayed, Some(2.0), "both went through the database");
+
+    let (status, _) = cluster.take(0).terminate();
+    assert!(status.success(), "{status:?}");
+    let sent = Instant::now();
+    let reply = cluster
+        .api(1)
+        .submit(
+            "h",
+            json!({"op": {"type": "user_input", "text": "after the owner left"}}),
+        )
+        .await;
+    let answered = sent.elapsed();
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert!(answered < Duration::from_secs(15), "answered after {answered:?}");
+    guard("the turn after the hand-off", watch.turns(1)).await;
+    let log = cluster.log("h").await;
+    assert_log_sound(&log);
+    let completed = log.iter().filter(|event| event.msg.kind() == "turn_complete").count();
+    let kinds: Vec<&str> = log.iter().map(|event| event.msg.kind()).collect();
+    assert_eq!(completed, 4, "every message ran once: {kinds:?}");
+}
+
 /// PostgreSQL restarted under two nodes: requests meanwhile get `503
 /// store_unavailable`; once it is back both nodes serve again by
 /// themselves, relaying included, and nothing acknowledged is lost.

@@ -28,6 +28,11 @@ pub struct SubmitOptions {
     /// Who sent it: recorded as `submitted_by` in its `submission_queued`
     /// (and as `decided_by` when it is an approval).
     pub submitted_by: Option<Actor>,
+    /// The caller knows that nothing was stored under `idempotency_key`
+    /// yet (a key made from a fresh id, first seen under this runtime's
+    /// lease), so the store is not asked. Wrongly set, a retry would be
+    /// queued twice: leave it `false` unless that is certain.
+    pub key_is_new: bool,
 }
 
 /// What [`SessionHandle::submit_durable`] accepted.
@@ -120,7 +125,9 @@ impl SessionHandle {
         let _keyed = match &options.idempotency_key {
             Some(key) => {
                 let guard = self.keyed.lock().await;
-                if let Some(earlier) = self.store.keyed_submission(&self.session_id, key).await? {
+                if !options.key_is_new
+                    && let Some(earlier) = self.store.keyed_submission(&self.session_id, key).await?
+                {
                     return answer_keyed(
                         self.store.as_ref(),
                         &self.session_id,

@@ -9,7 +9,7 @@
 //! exactly what the owner would have.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::Notify;
 
@@ -21,35 +21,66 @@ use keel_store::{RelayOutcome, RelayRefusal};
 /// The nodes' wake-ups for answers, per session with a waiting request.
 #[derive(Default)]
 pub(super) struct AnswerWaiters {
-    waiting: Mutex<HashMap<String, Arc<Notify>>>,
+    waiting: Mutex<HashMap<String, Arc<SessionWaiters>>>,
+}
+
+/// The requests of this node waiting for answers from one session's owner.
+#[derive(Default)]
+pub(super) struct SessionWaiters {
+    /// Woken at each answer notice of the session.
+    pub(super) notify: Notify,
+    /// The relayed submissions waited for, with their answers once a
+    /// notice carried them.
+    awaited: Mutex<HashMap<u64, Option<RelayOutcome>>>,
+}
+
+impl SessionWaiters {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Option<RelayOutcome>>> {
+        self.awaited.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
 }
 
 impl AnswerWaiters {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SessionWaiters>>> {
         self.waiting.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// Registers a request waiting for an answer from `session_id`'s owner.
     pub(super) fn watch(&self, session_id: &str) -> AnswerWatch<'_> {
-        let notify = Arc::clone(self.lock().entry(session_id.to_owned()).or_default());
+        let session = Arc::clone(self.lock().entry(session_id.to_owned()).or_default());
         AnswerWatch {
             waiters: self,
             session_id: session_id.to_owned(),
-            notify,
+            session,
+            relay_id: OnceLock::new(),
         }
     }
 
-    /// Wakes the requests waiting for an answer from `session_id`'s owner.
-    pub(super) fn wake(&self, session_id: &str) {
-        if let Some(notify) = self.lock().get(session_id) {
-            notify.notify_waiters();
+    /// Wakes the requests waiting for an answer from `session_id`'s owner,
+    /// handing over the `answers` the notice carried to those that wait
+    /// for them.
+    pub(super) fn wake(&self, session_id: &str, answers: Vec<(u64, RelayOutcome)>) {
+        // Under the map's lock, so that a watch being dropped sees only
+        // its own reference and the map's.
+        let waiting = self.lock();
+        let Some(session) = waiting.get(session_id) else {
+            return;
+        };
+        if !answers.is_empty() {
+            let mut awaited = session.lock();
+            for (relay_id, outcome) in answers {
+                if let Some(slot) = awaited.get_mut(&relay_id) {
+                    *slot = Some(outcome);
+                }
+            }
         }
+        session.notify.notify_waiters();
     }
 
     /// Wakes every waiting request: notices may have been missed.
     pub(super) fn wake_all(&self) {
-        for notify in self.lock().values() {
-            notify.notify_waiters();
+        for session in self.lock().values() {
+            session.notify.notify_waiters();
         }
     }
 }
@@ -59,17 +90,37 @@ impl AnswerWaiters {
 pub(super) struct AnswerWatch<'a> {
     waiters: &'a AnswerWaiters,
     session_id: String,
-    pub(super) notify: Arc<Notify>,
+    pub(super) session: Arc<SessionWaiters>,
+    relay_id: OnceLock<u64>,
+}
+
+impl AnswerWatch<'_> {
+    /// Waits for the answer to relayed submission `relay_id` (from now: an
+    /// answer noticed before is read from the store).
+    pub(super) fn expect(&self, relay_id: u64) {
+        if self.relay_id.set(relay_id).is_ok() {
+            self.session.lock().entry(relay_id).or_insert(None);
+        }
+    }
+
+    /// The answer a notice carried, if one did.
+    pub(super) fn carried(&self) -> Option<RelayOutcome> {
+        let relay_id = self.relay_id.get()?;
+        self.session.lock().get(relay_id).cloned().flatten()
+    }
 }
 
 impl Drop for AnswerWatch<'_> {
     fn drop(&mut self) {
+        if let Some(relay_id) = self.relay_id.get() {
+            self.session.lock().remove(relay_id);
+        }
         let mut waiting = self.waiters.lock();
         // Two references: the map's and ours; anyone else cloned it under
         // the lock we hold.
         if waiting
             .get(&self.session_id)
-            .is_some_and(|kept| Arc::ptr_eq(kept, &self.notify) && Arc::strong_count(kept) == 2)
+            .is_some_and(|kept| Arc::ptr_eq(kept, &self.session) && Arc::strong_count(kept) == 2)
         {
             waiting.remove(&self.session_id);
         }
@@ -163,11 +214,11 @@ mod tests {
         let first = waiters.watch("s");
         let second = waiters.watch("s");
         {
-            let woken = first.notify.notified();
+            let woken = first.session.notify.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            waiters.wake("other");
-            waiters.wake("s");
+            waiters.wake("other", Vec::new());
+            waiters.wake("s", Vec::new());
             tokio::time::timeout(std::time::Duration::from_secs(5), woken)
                 .await
                 .expect("woken");
@@ -175,6 +226,33 @@ mod tests {
         drop(first);
         assert_eq!(waiters.lock().len(), 1);
         drop(second);
+        assert!(waiters.lock().is_empty());
+    }
+
+    #[test]
+    fn a_notice_hands_each_waiter_its_own_answer_and_nothing_else_is_kept() {
+        let waiters = AnswerWaiters::default();
+        let accepted = |sequence| RelayOutcome::Accepted {
+            submission_id: format!("s{sequence}"),
+            sequence,
+            duplicate: false,
+        };
+        let mine = waiters.watch("s");
+        let theirs = waiters.watch("s");
+        assert_eq!(mine.carried(), None, "nothing awaited yet");
+        mine.expect(7);
+        theirs.expect(8);
+        // Another node's answers (9) and another session's are not kept.
+        waiters.wake("s", vec![(7, accepted(1)), (9, accepted(3))]);
+        waiters.wake("t", vec![(8, accepted(4))]);
+        assert_eq!(mine.carried(), Some(accepted(1)));
+        assert_eq!(theirs.carried(), None, "its answer has not come");
+        assert_eq!(mine.session.lock().len(), 2, "only what is awaited");
+        waiters.wake("s", vec![(8, accepted(2))]);
+        assert_eq!(theirs.carried(), Some(accepted(2)));
+        drop(mine);
+        assert_eq!(theirs.session.lock().len(), 1, "a waiter takes its slot with it");
+        drop(theirs);
         assert!(waiters.lock().is_empty());
     }
 }

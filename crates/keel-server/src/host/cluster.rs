@@ -118,11 +118,54 @@ impl Host {
         let idle = summary.running_turn_id.is_none();
         let tenant = &summary.context.tenant;
         self.factory.budgets.admit(tenant, session_id, &op, idle).await?;
+        self.store_relayed(session_id, op, Some(on_busy), idempotency_key, submitted_by, tenant)
+            .await
+    }
+
+    /// The tenant of `session_id` if a submission for it can be relayed at
+    /// once: another live node holds it (as a claim found moments ago), and
+    /// nothing needs the stored session first (no `key` to look up, no
+    /// budget to check).
+    pub(super) fn relays_at_once(&self, session_id: &str, key: Option<&str>) -> Option<String> {
+        if self.cluster.is_none() || key.is_some() {
+            return None;
+        }
+        let elsewhere = self.elsewhere.get(session_id)?;
+        (!self.factory.budgets.watches(&elsewhere.tenant, session_id)).then_some(elsewhere.tenant)
+    }
+
+    /// Relays `op` for `session_id`, of `tenant`, which another node was
+    /// found to hold moments ago ([`Self::claim`]): without a key to look
+    /// up or a budget to check, nothing needs the stored session first, and
+    /// the owner applies its own `on_busy` when the client gave none.
+    pub(super) async fn relay_to_known_owner(
+        &self,
+        session_id: &str,
+        op: Op,
+        on_busy: Option<BusyPolicy>,
+        submitted_by: Actor,
+        tenant: &str,
+    ) -> Result<Accepted, ApiError> {
+        self.store_relayed(session_id, op, on_busy, None, submitted_by, tenant)
+            .await
+    }
+
+    /// Stores a submission for the owner of `session_id` and waits for its
+    /// answer.
+    async fn store_relayed(
+        &self,
+        session_id: &str,
+        op: Op,
+        on_busy: Option<BusyPolicy>,
+        idempotency_key: Option<String>,
+        submitted_by: Actor,
+        tenant: &str,
+    ) -> Result<Accepted, ApiError> {
         let submission = RelayedSubmission {
             relay_id: 0,
             submission_id: new_id(),
             op,
-            on_busy: Some(on_busy),
+            on_busy,
             idempotency_key,
             // Sealed with the rest: the owner records it as it is.
             submitted_by: Some(super::acting_for(submitted_by, tenant)),
@@ -138,7 +181,7 @@ impl Host {
         // Listening before the row is stored: the owner's answer cannot
         // come before it, so no wake-up is missed and no read is wasted.
         let watch = self.answers.watch(session_id);
-        let woken = watch.notify.notified();
+        let woken = watch.session.notify.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         let capacity = self.factory.submission_capacity;
@@ -157,6 +200,9 @@ impl Host {
             }
             Relayed::Full => return Err(ApiError::QueueFull),
         };
+        // From here an answer notice carries the answer to this one (one
+        // noticed already is read from the row).
+        watch.expect(relay_id);
         let relayed = WaitingRelay {
             relay_id,
             asked_again,
@@ -167,8 +213,9 @@ impl Host {
 
     /// Waits, at most [`Node::relay_wait`], for the owner's answer to a
     /// submission this node relayed: woken by the owner's notice (`woken`,
-    /// armed before the row was stored), and polling meanwhile in case it
-    /// is lost. Past the wait,
+    /// armed before the row was stored), which carries the answer when it
+    /// fits, and reading the row otherwise and meanwhile, in case the
+    /// notice is lost. Past the wait,
     /// [`ApiError::OwnerUnavailable`]: the submission stays relayed, and a
     /// retry with its key gets its real answer.
     async fn owner_s_answer<'n>(
@@ -185,8 +232,11 @@ impl Host {
                 () = &mut woken => {}
                 () = tokio::time::sleep(left.min(ANSWER_POLL)) => {}
             }
+            if let Some(outcome) = watch.carried() {
+                return client_answer(outcome, relayed.asked_again);
+            }
             // Armed before the read, so an answer recorded after it wakes.
-            woken.set(watch.notify.notified());
+            woken.set(watch.session.notify.notified());
             woken.as_mut().enable();
             match self.shared()?.relay_state(session_id, relayed.relay_id).await? {
                 RelayState::Answered(outcome) => return client_answer(outcome, relayed.asked_again),
@@ -232,11 +282,26 @@ impl Host {
     /// With several nodes, claims `session_id` for this node: `Ok(None)`
     /// on a single node; [`ApiError::Elsewhere`] when another live node
     /// holds it.
-    pub(super) async fn claim(&self, session_id: &str) -> Result<Option<Lease>, ApiError> {
+    ///
+    /// A claim that finds another node's lease remembers it (with the
+    /// session's `tenant`) until that lease ends, so that the session's
+    /// next submissions are relayed without a claim first.
+    pub(super) async fn claim(&self, session_id: &str, tenant: &str) -> Result<Option<Lease>, ApiError> {
         let Some(owner) = &self.cluster else { return Ok(None) };
-        Ok(Some(
-            Lease::claim(owner.leases.as_ref(), session_id, &owner.node, owner.ttl).await?,
-        ))
+        let asked = Instant::now();
+        match Lease::claim(owner.leases.as_ref(), session_id, &owner.node, owner.ttl).await {
+            Ok(lease) => {
+                self.elsewhere.forget(session_id);
+                Ok(Some(lease))
+            }
+            Err(error) => {
+                if let StoreError::Owned { expires_in_ms, .. } = &error {
+                    self.elsewhere
+                        .learn(session_id, tenant, asked, Duration::from_millis(*expires_in_ms));
+                }
+                Err(error.into())
+            }
+        }
     }
 
     /// With several nodes, gives up this node's `lease` (nothing if it was
@@ -299,9 +364,17 @@ impl Host {
     /// client asking here would get) is recorded for the node waiting to
     /// answer its client; one that fails otherwise (the session stopped)
     /// is left for later, with the rest.
+    ///
+    /// The made keys are looked up in the store only in the first whole
+    /// pass after the session was loaded: a row first read after that was
+    /// committed after this runtime claimed the session, so no earlier
+    /// runtime can have queued it (its writes are fenced from the claim on),
+    /// and this one queues each row once, answering it before the next
+    /// pass; a pass whose answers were not recorded makes the next one look
+    /// keys up again.
     pub(super) async fn queue_relayed(&self, session: &LiveSession) {
         let session_id = session.handle.session_id();
-        let _one_at_a_time = session.relaying.lock().await;
+        let mut passed = session.relaying.lock().await;
         loop {
             let waiting = match async { self.shared()?.relayed(session_id, RELAY_PAGE).await }.await {
                 Ok(waiting) => waiting,
@@ -327,6 +400,8 @@ impl Host {
                     answers.push((relayed.relay_id, None));
                     continue;
                 }
+                // A client's key may have been used on any node before.
+                let key_is_new = *passed && relayed.idempotency_key.is_none();
                 let key = relayed
                     .idempotency_key
                     .clone()
@@ -336,6 +411,7 @@ impl Host {
                     idempotency_key: Some(key),
                     submission_id: Some(relayed.submission_id.clone()),
                     submitted_by: relayed.submitted_by.clone(),
+                    key_is_new,
                 };
                 let queued = session.handle.submit_durable(relayed.op.clone(), options).await;
                 match owner_answer(queued, &relayed.submission_id) {
@@ -354,11 +430,19 @@ impl Host {
             };
             if let Err(error) = answered.await {
                 // They are queued; taken up again, their keys make them
-                // duplicates, answered as the first time.
+                // duplicates, answered as the first time: looked up.
                 tracing::warn!(%session_id, %error, "cannot record the answers to relayed submissions");
+                *passed = false;
                 return;
             }
-            if blocked || waiting.len() < RELAY_PAGE {
+            if blocked {
+                // What failed may have been stored after all: looked up.
+                *passed = false;
+                return;
+            }
+            if waiting.len() < RELAY_PAGE {
+                // Every row committed before this pass's reads is answered.
+                *passed = true;
                 return;
             }
         }
@@ -555,7 +639,7 @@ impl Host {
                         tokio::spawn(async move { host.take_relayed(&session_id).await });
                     }
                 }
-                Some(LogNotice::Answered { session_id }) => self.answers.wake(&session_id),
+                Some(LogNotice::Answered { session_id, answers }) => self.answers.wake(&session_id, answers),
                 Some(LogNotice::Resync) => {
                     self.answers.wake_all();
                     self.hubs.poke_all();

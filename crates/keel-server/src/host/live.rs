@@ -46,8 +46,10 @@ pub(crate) struct LiveSession {
     pub(super) lease: Lease,
     /// With several nodes, when the lease was last known to be extended.
     pub(super) clock: Option<LeaseClock>,
-    /// Serializes taking up relayed submissions (several nodes only).
-    pub(super) relaying: tokio::sync::Mutex<()>,
+    /// Serializes taking up relayed submissions (several nodes only), and
+    /// holds whether a whole pass over them has run since the session was
+    /// loaded here (see `Host::queue_relayed`).
+    pub(super) relaying: tokio::sync::Mutex<bool>,
 }
 
 impl LiveSession {

@@ -28,6 +28,7 @@
 mod answers;
 mod client_deadlines;
 mod cluster;
+mod elsewhere;
 mod lifecycle;
 mod live;
 mod model_change;
@@ -98,6 +99,9 @@ pub(crate) struct Host {
     relay_wait: Duration,
     /// The requests waiting for an owner's answer (several nodes only).
     answers: answers::AnswerWaiters,
+    /// The sessions other live nodes run, as last learnt (several nodes
+    /// only): their submissions are relayed without a claim first.
+    elsewhere: elsewhere::ElsewhereHints,
     /// When the client calls of sessions not loaded time out.
     client_deadlines: client_deadlines::ClientDeadlines,
 }
@@ -130,6 +134,7 @@ impl Host {
             relay_key,
             relay_wait,
             answers: answers::AnswerWaiters::default(),
+            elsewhere: elsewhere::ElsewhereHints::default(),
             client_deadlines: client_deadlines::ClientDeadlines::default(),
         }
     }
@@ -171,7 +176,7 @@ impl Host {
             // runs costs one statement here, not a session's assembly. Its
             // clock starts before the claim: the lease lasts from there.
             let clock = LeaseClock::new();
-            let claimed = self.claim(session_id).await?;
+            let claimed = self.claim(session_id, &summary.context.tenant).await?;
             let held = claimed.clone().map(|lease| (lease, clock));
             let session = match self.start(session_id, settings, summary.context, held).await {
                 Ok(session) => session,
@@ -320,11 +325,25 @@ impl Host {
         submitted_by: Actor,
     ) -> Result<keel_agent::Accepted, ApiError> {
         let mut retried = false;
+        // Another node runs it, as a claim found moments ago: relayed at
+        // once.
+        if self.status(session_id).is_none()
+            && let Some(tenant) = self.relays_at_once(session_id, idempotency_key.as_deref())
+        {
+            return self
+                .relay_to_known_owner(session_id, op, on_busy, submitted_by, &tenant)
+                .await;
+        }
         loop {
             let session = match self.acquire(session_id).await {
                 Ok(session) => session,
                 // Another node runs it: it takes the submission from the store.
                 Err(ApiError::Elsewhere(_)) if self.cluster.is_some() => {
+                    if let Some(tenant) = self.relays_at_once(session_id, idempotency_key.as_deref()) {
+                        return self
+                            .relay_to_known_owner(session_id, op, on_busy, submitted_by, &tenant)
+                            .await;
+                    }
                     return self.relay(session_id, op, on_busy, idempotency_key, submitted_by).await;
                 }
                 Err(error) => return Err(error),
@@ -341,6 +360,7 @@ impl Host {
                 idempotency_key: idempotency_key.clone(),
                 submission_id: None,
                 submitted_by: Some(acting_for(submitted_by.clone(), &session.tenant)),
+                key_is_new: false,
             };
             match session.handle.submit_durable(op.clone(), options).await {
                 Ok(accepted) => return Ok(accepted),

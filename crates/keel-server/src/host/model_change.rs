@@ -94,7 +94,7 @@ impl Host {
             if let Some(session) = live.take() {
                 self.unload(session, Some(CloseMode::Graceful)).await;
             }
-            let claimed = self.claim(session_id).await?;
+            let claimed = self.claim(session_id, &summary.context.tenant).await?;
             let written = self.write_settings(session_id, claimed.as_ref(), from, &change).await;
             if let Some(lease) = &claimed {
                 self.release(lease).await;

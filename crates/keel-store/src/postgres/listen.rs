@@ -87,11 +87,27 @@ fn notice(channel: &str, payload: &str) -> Option<LogNotice> {
                 owner: (!owner.is_empty()).then(|| owner.to_owned()),
             })
         }
-        ANSWER_CHANNEL => (!payload.is_empty()).then(|| LogNotice::Answered {
-            session_id: payload.to_owned(),
-        }),
+        ANSWER_CHANNEL => answered(payload),
         _ => None,
     }
+}
+
+/// Parses an answer payload: the session id, then a line
+/// `<relay id>\t<answer JSON>` per answer carried. An answer that does not
+/// parse is left out: the waiting node reads it from the row.
+fn answered(payload: &str) -> Option<LogNotice> {
+    let mut lines = payload.split('\n');
+    let session_id = lines.next().filter(|id| !id.is_empty())?;
+    let answers = lines
+        .filter_map(|line| {
+            let (id, answer) = line.split_once('\t')?;
+            Some((id.parse().ok()?, serde_json::from_str(answer).ok()?))
+        })
+        .collect();
+    Some(LogNotice::Answered {
+        session_id: session_id.to_owned(),
+        answers,
+    })
 }
 
 /// Parses a payload, `<session id> <last sequence>`.
@@ -200,8 +216,26 @@ mod tests {
         assert_eq!(
             notice(ANSWER_CHANNEL, "a b"),
             Some(LogNotice::Answered {
-                session_id: "a b".to_owned()
+                session_id: "a b".to_owned(),
+                answers: Vec::new(),
             })
+        );
+        let accepted = crate::RelayOutcome::Accepted {
+            submission_id: "x".to_owned(),
+            sequence: 4,
+            duplicate: false,
+        };
+        let carried = format!(
+            "s\n7\t{}\n8\tnot json\nnine\t{{}}",
+            serde_json::to_string(&accepted).expect("json")
+        );
+        assert_eq!(
+            notice(ANSWER_CHANNEL, &carried),
+            Some(LogNotice::Answered {
+                session_id: "s".to_owned(),
+                answers: vec![(7, accepted)],
+            }),
+            "what does not parse is read from the row"
         );
         assert_eq!(notice(ANSWER_CHANNEL, ""), None);
         assert_eq!(notice("other", "a 1"), None);

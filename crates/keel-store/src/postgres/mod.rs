@@ -458,6 +458,14 @@ fn parse_url(url: &str) -> Result<Config, StoreError> {
     Ok(config)
 }
 
+/// A bare connection to the database at `url` (the store's URL rules and
+/// defaults), driven on a task of its own: for tools that read
+/// PostgreSQL's own views, such as the benches' counters, never for Keel's
+/// tables.
+pub async fn connect_bare(url: &str) -> Result<Client, StoreError> {
+    connect(&parse_url(url)?).await
+}
+
 /// Opens a connection and drives it on a task of its own.
 async fn connect(config: &Config) -> Result<Client, StoreError> {
     let (client, connection) = config.connect(NoTls).await.map_err(connect_error)?;

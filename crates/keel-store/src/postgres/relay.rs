@@ -59,7 +59,9 @@ const DONE: &str = "DELETE FROM relayed_submissions r USING sessions s
 /// Records the answers `$3` (JSON; null: forget the row) to the rows `$2`,
 /// freeing their keys (the session's keys are in `submission_keys` from
 /// here on), forgets the answers given before `$5`, and wakes the waiting
-/// nodes on `keel_answer`. The update and the delete touch distinct rows: a row is
+/// nodes on `keel_answer` with the answers recorded when they fit in a
+/// notice (7,900 bytes, under PostgreSQL's 8,000; otherwise the session id
+/// alone, and the waiting nodes read them). The update and the delete touch distinct rows: a row is
 /// answered only while it has no answer, and forgotten only for a null or
 /// an old answer.
 const ANSWER: &str = "WITH session AS (SELECT key FROM sessions WHERE id = $1),
@@ -68,7 +70,7 @@ const ANSWER: &str = "WITH session AS (SELECT key FROM sessions WHERE id = $1),
          UPDATE relayed_submissions r SET answer = g.answer, answered_at_ms = $4, idempotency_key = NULL
          FROM given g, session
          WHERE r.session_key = session.key AND r.id = g.id AND g.answer IS NOT NULL AND r.answer IS NULL
-         RETURNING r.id
+         RETURNING r.id, r.answer
      ),
      forgotten AS (
          DELETE FROM relayed_submissions r USING session
@@ -76,7 +78,9 @@ const ANSWER: &str = "WITH session AS (SELECT key FROM sessions WHERE id = $1),
            AND (r.id IN (SELECT id FROM given WHERE answer IS NULL) OR r.answered_at_ms < $5)
          RETURNING r.id
      )
-     SELECT pg_notify('keel_answer', $1)";
+     SELECT pg_notify('keel_answer', CASE WHEN octet_length(payload) <= 7900 THEN payload ELSE $1 END)
+     FROM (SELECT $1 || coalesce(string_agg(E'\n' || a.id || E'\t' || a.answer, '' ORDER BY a.id), '') AS payload
+           FROM answered a) AS notice";
 
 /// A row's answer, by its id (unique across sessions): one index lookup.
 const STATE: &str = "SELECT answer FROM relayed_submissions WHERE id = $1";

@@ -1712,9 +1712,11 @@ async fn answers_to_relayed_submissions_are_recorded_announced_and_forgotten() {
             .await
             .expect("answer");
         loop {
+            // The answer comes with the notice; the forgotten row has none.
             if next_notice(&mut listener).await
                 == (LogNotice::Answered {
                     session_id: "s".to_owned(),
+                    answers: vec![(first, accepted.clone())],
                 })
             {
                 break;
@@ -1757,6 +1759,37 @@ async fn answers_to_relayed_submissions_are_recorded_announced_and_forgotten() {
         assert_eq!(
             store.relay_state("s", third).await.expect("state"),
             RelayState::Answered(refused)
+        );
+        // An answer too long for a notice (PostgreSQL's payloads hold
+        // 8,000 bytes) is announced without it, and read from its row.
+        let Relayed::New { relay_id: fourth, .. } =
+            store.relay("s", &relayed("a4", "four", None), 8).await.expect("relay")
+        else {
+            panic!("not stored");
+        };
+        let long = RelayOutcome::Refused {
+            refusal: RelayRefusal::InvalidRequest,
+            message: "x".repeat(9000),
+        };
+        owner
+            .answer_relayed("s", &[(fourth, Some(long.clone()))], Duration::from_secs(300))
+            .await
+            .expect("a long answer is recorded");
+        loop {
+            match next_notice(&mut listener).await {
+                LogNotice::Answered { session_id, answers } if session_id == "s" => {
+                    if answers.iter().any(|(id, _)| *id == third) {
+                        continue;
+                    }
+                    assert!(answers.is_empty(), "{answers:?}");
+                    break;
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(
+            store.relay_state("s", fourth).await.expect("state"),
+            RelayState::Answered(long)
         );
         owner.close().await;
         store.close().await;
