@@ -95,6 +95,10 @@ impl Host {
     /// queues it, and answers what the owner answered once it has taken it
     /// up ([`Self::owner_s_answer`]): the same receipt, or the same
     /// refusal, as if the client had asked the owner.
+    ///
+    /// Found moments ago to run elsewhere ([`Self::relays_at_once`]), a
+    /// session is not read first: the owner applies its own `on_busy` when
+    /// the client gave none.
     pub(super) async fn relay(
         &self,
         session_id: &str,
@@ -103,6 +107,11 @@ impl Host {
         idempotency_key: Option<String>,
         submitted_by: Actor,
     ) -> Result<Accepted, ApiError> {
+        if let Some(tenant) = self.relays_at_once(session_id, idempotency_key.as_deref()) {
+            return self
+                .store_relayed(session_id, op, on_busy, None, submitted_by, &tenant)
+                .await;
+        }
         let summary = self
             .store
             .session_summary(session_id)
@@ -135,22 +144,6 @@ impl Host {
         }
         let elsewhere = self.elsewhere.get(session_id)?;
         (!self.factory.budgets.watches(&elsewhere.tenant, session_id)).then_some(elsewhere.tenant)
-    }
-
-    /// Relays `op` for `session_id`, of `tenant`, which another node was
-    /// found to hold moments ago ([`Self::claim`]): without a key to look
-    /// up or a budget to check, nothing needs the stored session first, and
-    /// the owner applies its own `on_busy` when the client gave none.
-    pub(super) async fn relay_to_known_owner(
-        &self,
-        session_id: &str,
-        op: Op,
-        on_busy: Option<BusyPolicy>,
-        submitted_by: Actor,
-        tenant: &str,
-    ) -> Result<Accepted, ApiError> {
-        self.store_relayed(session_id, op, on_busy, None, submitted_by, tenant)
-            .await
     }
 
     /// Stores a submission for the owner of `session_id` and waits for its

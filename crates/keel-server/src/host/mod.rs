@@ -327,23 +327,14 @@ impl Host {
         let mut retried = false;
         // Another node runs it, as a claim found moments ago: relayed at
         // once.
-        if self.status(session_id).is_none()
-            && let Some(tenant) = self.relays_at_once(session_id, idempotency_key.as_deref())
-        {
-            return self
-                .relay_to_known_owner(session_id, op, on_busy, submitted_by, &tenant)
-                .await;
+        if self.status(session_id).is_none() && self.relays_at_once(session_id, idempotency_key.as_deref()).is_some() {
+            return self.relay(session_id, op, on_busy, idempotency_key, submitted_by).await;
         }
         loop {
             let session = match self.acquire(session_id).await {
                 Ok(session) => session,
                 // Another node runs it: it takes the submission from the store.
                 Err(ApiError::Elsewhere(_)) if self.cluster.is_some() => {
-                    if let Some(tenant) = self.relays_at_once(session_id, idempotency_key.as_deref()) {
-                        return self
-                            .relay_to_known_owner(session_id, op, on_busy, submitted_by, &tenant)
-                            .await;
-                    }
                     return self.relay(session_id, op, on_busy, idempotency_key, submitted_by).await;
                 }
                 Err(error) => return Err(error),
