@@ -99,6 +99,10 @@ pub enum RelayRefusal {
     KeyReused,
     /// The op breaks the protocol's limits.
     InvalidRequest,
+    /// The session is not the sender's: its tenant is another than the
+    /// one the relaying node believed (answered as a session that does not
+    /// exist).
+    UnknownSession,
 }
 
 /// Where a relayed submission is ([`ClusterStore::relay_state`]).

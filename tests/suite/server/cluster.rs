@@ -23,6 +23,7 @@ use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 mod answers;
 mod client_tools;
 mod shared_budgets;
+mod stale_tenant;
 
 /// Nodes' lease time to live in these tests: short, so take-overs after a
 /// death are quick.

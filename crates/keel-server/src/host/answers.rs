@@ -149,6 +149,23 @@ pub(super) fn owner_answer(result: Result<Accepted, Error>, submission_id: &str)
     }
 }
 
+/// The owner's answer to a relayed submission sent by a principal of
+/// another tenant than the session's: the answer to a session that does
+/// not exist. The relaying node checked the tenant it knew, which can be
+/// stale (see `routes::access::session_to_submit`).
+pub(super) fn not_the_sender_s(session_id: &str) -> RelayOutcome {
+    RelayOutcome::Refused {
+        refusal: RelayRefusal::UnknownSession,
+        message: ApiError::unknown_session(session_id).to_string(),
+    }
+}
+
+/// Whether a relayed submission's sender may reach a session of `tenant`:
+/// the operator reaches every tenant; an API key or a token only its own.
+pub(super) fn sender_sees(submitted_by: Option<&keel_protocol::Actor>, tenant: &str) -> bool {
+    submitted_by.is_none_or(|actor| actor.kind == keel_protocol::ActorKind::Operator || actor.tenant == tenant)
+}
+
 /// The answer to the client of the node that relayed a submission: the
 /// owner's, marked a duplicate when this request was (`asked_again`).
 pub(super) fn client_answer(outcome: RelayOutcome, asked_again: bool) -> Result<Accepted, ApiError> {
@@ -167,6 +184,7 @@ pub(super) fn client_answer(outcome: RelayOutcome, asked_again: bool) -> Result<
             RelayRefusal::QueueFull => ApiError::QueueFull,
             RelayRefusal::KeyReused => ApiError::KeyReused(message),
             RelayRefusal::InvalidRequest => ApiError::InvalidRequest(message),
+            RelayRefusal::UnknownSession => ApiError::NotFound(message),
         }),
     }
 }
@@ -206,6 +224,30 @@ mod tests {
         assert_eq!(client_answer(own, true), Ok(accepted("r", true)));
         let other = owner_answer(Ok(accepted("first", true)), "r").expect("an answer");
         assert_eq!(client_answer(other, false), Ok(accepted("first", true)));
+    }
+
+    #[test]
+    fn a_sender_of_another_tenant_is_answered_as_for_no_session() {
+        use keel_protocol::{Actor, ActorKind};
+        let key_of = |tenant: &str| Actor {
+            tenant: tenant.to_owned(),
+            principal_id: "k1".to_owned(),
+            kind: ActorKind::ApiKey,
+            name: Some("ci".to_owned()),
+        };
+        assert!(sender_sees(Some(&key_of("acme")), "acme"));
+        assert!(!sender_sees(Some(&key_of("acme")), "globex"));
+        assert!(
+            sender_sees(Some(&Actor::operator("acme")), "globex"),
+            "the operator sees every tenant"
+        );
+        assert!(sender_sees(None, "globex"), "rows from before principals were recorded");
+        let refused = client_answer(not_the_sender_s("s"), false).expect_err("refused");
+        let direct = ApiError::unknown_session("s");
+        assert_eq!(
+            (refused.code(), refused.to_string()),
+            (direct.code(), direct.to_string())
+        );
     }
 
     #[tokio::test]

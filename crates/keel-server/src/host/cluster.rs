@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::answers::{AnswerWatch, client_answer, owner_answer};
+use super::answers::{AnswerWatch, client_answer, not_the_sender_s, owner_answer, sender_sees};
 use super::client_deadlines::waits_durably;
 use super::live::{LiveSession, SessionInUse};
 use super::pump::CloseMode;
@@ -394,6 +394,12 @@ impl Host {
                     );
                     self.metrics.relayed_refused.inc();
                     answers.push((relayed.relay_id, None));
+                    continue;
+                }
+                if !sender_sees(relayed.submitted_by.as_ref(), &session.tenant) {
+                    // The relaying node went by a tenant it learnt earlier,
+                    // which no longer is this session's.
+                    answers.push((relayed.relay_id, Some(not_the_sender_s(session_id))));
                     continue;
                 }
                 // A client's key may have been used on any node before.

@@ -421,6 +421,14 @@ impl Host {
             .map(|session| session.tenant.clone())
     }
 
+    /// The tenant of `session_id` if this node knows it without reading the
+    /// store: it runs the session, or learnt moments ago that another live
+    /// node does ([`elsewhere`]).
+    pub(crate) fn known_tenant(&self, session_id: &str) -> Option<String> {
+        self.live_tenant(session_id)
+            .or_else(|| self.elsewhere.get(session_id).map(|hint| hint.tenant))
+    }
+
     /// Submissions queued across the live sessions.
     pub(crate) fn queued_total(&self) -> usize {
         let slots = self.slots_now();

@@ -45,6 +45,32 @@ pub(crate) async fn session(
     }
 }
 
+/// [`session`] for a submission, which needs no summary: a session whose
+/// tenant this node knows right now ([`crate::host::Host::known_tenant`]: it
+/// runs the session, or learnt moments ago which node does) is checked
+/// against that tenant without a store read, one statement less per
+/// submission. A known tenant the principal does not see is checked as
+/// [`session`] does, so an absent session and another tenant's still cost
+/// the same work. A tenant learnt from another node's lease may be stale
+/// (the session was deleted, then made again under the same id); the owner
+/// checks the tenant again before it queues a relayed submission.
+pub(crate) async fn session_to_submit(
+    server: &Server,
+    principal: &Principal,
+    scope: Scope,
+    id: &str,
+) -> Result<(), ApiError> {
+    principal.require(scope)?;
+    if server
+        .host
+        .known_tenant(id)
+        .is_some_and(|tenant| principal.sees(&tenant))
+    {
+        return Ok(());
+    }
+    session(server, principal, scope, id).await.map(drop)
+}
+
 /// The scope an op needs: `approve` for an approval decision, `admin` for
 /// a shutdown (it stops the session's runtime for everyone using it),
 /// `submit` for everything else (messages, steering, interrupts,

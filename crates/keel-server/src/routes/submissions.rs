@@ -120,7 +120,7 @@ pub(crate) async fn submit(
     headers: HeaderMap,
     ApiJson(request): ApiJson<SubmitRequest>,
 ) -> Result<(StatusCode, Json<AcceptedView>), ApiError> {
-    access::session(&server, &principal, access::op_scope(&request.op), &id).await?;
+    access::session_to_submit(&server, &principal, access::op_scope(&request.op), &id).await?;
     let key = match headers.get("idempotency-key") {
         Some(value) => Some(
             value
