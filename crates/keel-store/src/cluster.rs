@@ -199,11 +199,22 @@ pub trait ClusterStore: LeaseStore {
 
     /// Up to `limit` submissions relayed to `session_id` and not answered
     /// yet, oldest first.
+    ///
+    /// The store answers each row handed out here in the very commit that
+    /// queues a submission under its id (a `submission_queued` event):
+    /// accepted, not a duplicate, at that event's sequence, with the same
+    /// wake-up as [`Self::answer_relayed`]; so the owner's answers cost no
+    /// transaction of their own but for duplicates, refusals and control ops.
     fn relayed<'a>(
         &'a self,
         session_id: &'a str,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<RelayedSubmission>, StoreError>>;
+
+    /// Tells the store that the owner takes up `rows`, which a notice
+    /// carried ([`crate::LogNotice::Relay`]) instead of [`Self::relayed`]:
+    /// they are answered by the commit that queues them all the same.
+    fn taking_up(&self, rows: &[RelayedSubmission]);
 
     /// Forgets relayed submissions the owner has queued (or refused);
     /// unknown ids are ignored.
@@ -217,7 +228,8 @@ pub trait ClusterStore: LeaseStore {
     /// waits ([`Self::relayed`]) and frees its idempotency key here: what
     /// the owner queued or refused under it is in the session's keys
     /// ([`crate::CheckpointStore::keyed_submission`]). Unknown ids are
-    /// ignored.
+    /// ignored, and so are rows answered already (by the commit that
+    /// queued them, see [`Self::relayed`]): their first answer stands.
     fn answer_relayed<'a>(
         &'a self,
         session_id: &'a str,

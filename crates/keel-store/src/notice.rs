@@ -3,14 +3,14 @@
 //! Backend-neutral, so the server follows other nodes without naming the
 //! backend that tells it.
 //!
-//! A notice carries a session id and a sequence, never events: a consumer
-//! reads the events from the log. Notices can be missed (a connection was
+//! A log notice carries a session id and a sequence, never events: a
+//! consumer reads the events from the log. Notices can be missed (a connection was
 //! lost, the consumer fell behind); the listener then yields
 //! [`LogNotice::Resync`], after which the consumer re-reads what it follows.
 
 use tokio::sync::mpsc;
 
-use crate::RelayOutcome;
+use crate::{RelayOutcome, RelayedSubmission};
 use tokio::task::JoinHandle;
 
 /// What a [`NoticeListener`] yields.
@@ -32,6 +32,10 @@ pub enum LogNotice {
         session_id: String,
         /// The node whose live lease it was under; `None` when it had none.
         owner: Option<String>,
+        /// The submission relayed, when the notice had room for it (never
+        /// for a session released with work): its owner may queue it
+        /// without reading it, when it knows it has not taken it up yet.
+        carried: Option<Box<RelayedSubmission>>,
     },
     /// The owner of a session answered submissions relayed to it: the
     /// nodes waiting for an answer take it from here, or read it where it

@@ -27,14 +27,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::answers::{AnswerWatch, client_answer, not_the_sender_s, owner_answer, sender_sees};
+use super::answers::{AnswerWatch, client_answer};
 use super::client_deadlines::waits_durably;
 use super::live::{LiveSession, SessionInUse};
 use super::pump::CloseMode;
+use super::take_up::relayed_key;
 use super::{Host, RelayKey};
 use crate::error::ApiError;
 use crate::settings::SessionSettings;
-use keel_agent::{Accepted, BusyPolicy, LeaseOwner, SubmitOptions, answer_keyed, key_reused};
+use keel_agent::{Accepted, BusyPolicy, LeaseOwner, answer_keyed, key_reused};
 use keel_protocol::{Actor, Op, new_id};
 use keel_store::{ClusterStore, Lease, RelayState, Relayed, RelayedSubmission, StoreError};
 use keel_store::{LogNotice, NoticeListener};
@@ -55,21 +56,12 @@ pub(crate) struct Node {
     pub(crate) relay_wait: Duration,
 }
 
-/// Relayed submissions read per store call.
-const RELAY_PAGE: usize = 64;
-
 /// How often a node waiting for the owner's answer reads it again, should
 /// the owner's notice be lost. Rarely needed: notices carry the answers,
 /// and a listener that lost its connection wakes every waiter when it is
 /// back (`Resync`); a short poll only read rows still waiting while a busy
 /// owner took its time (0.46 reads per turn at 128 sessions).
 const ANSWER_POLL: Duration = Duration::from_secs(1);
-
-/// How long an answer stays with its relayed submission, at least (twice
-/// the relay wait when that is longer): only the waiting node reads it, a
-/// retry of its key is answered from the session's keys. Short, since the
-/// waiting rows are read among the answered ones.
-const ANSWER_KEPT: Duration = Duration::from_secs(60);
 
 /// A submission this node relayed, waiting for the owner's answer.
 struct WaitingRelay<'a> {
@@ -79,12 +71,6 @@ struct WaitingRelay<'a> {
     asked_again: bool,
     /// What was relayed.
     submission: &'a RelayedSubmission,
-}
-
-/// The key a relayed submission without one is queued under, so that
-/// queuing it twice is a duplicate.
-fn relayed_key(submission_id: &str) -> String {
-    format!("relayed-{submission_id}")
 }
 
 /// Sessions read per take-over page.
@@ -312,24 +298,15 @@ impl Host {
     }
 
     /// The store's several-node part; only a host of several nodes has it.
-    fn shared(&self) -> Result<&dyn ClusterStore, StoreError> {
+    pub(super) fn shared(&self) -> Result<&dyn ClusterStore, StoreError> {
         self.shared
             .as_deref()
             .ok_or_else(|| StoreError::Invalid("this node runs alone: its store relays nothing".to_owned()))
     }
 
-    /// Queues, in order, the submissions relayed to `session_id` if it is
-    /// loaded here; otherwise takes it over if no live node runs it.
-    pub(super) async fn take_relayed(&self, session_id: &str) {
-        match self.loaded(session_id).await {
-            Some(session) => self.queue_relayed(&session).await,
-            None => self.take_over_one(session_id).await,
-        }
-    }
-
     /// Loads `session_id` here if it is worth it and no live node holds it
     /// (a claim: one statement when another node does).
-    async fn take_over_one(&self, session_id: &str) {
+    pub(super) async fn take_over_one(&self, session_id: &str) {
         if self.is_closing() || !self.worth_taking(session_id).await {
             return;
         }
@@ -345,109 +322,12 @@ impl Host {
     }
 
     /// The live session `session_id` if this node runs it; never loads it.
-    async fn loaded(&self, session_id: &str) -> Option<SessionInUse> {
+    pub(super) async fn loaded(&self, session_id: &str) -> Option<SessionInUse> {
         let slot = self.find_slot(session_id)?;
         let live = slot.live.lock().await;
         live.as_ref()
             .filter(|session| !session.stopped())
             .map(|session| session.in_use())
-    }
-
-    /// Queues the submissions relayed to a live session, each under the id
-    /// the relaying node chose and a key, so one queued twice (a crash
-    /// before it was answered) is a duplicate: the client's key, or one
-    /// made from the id. Each one's answer (its receipt, or the refusal a
-    /// client asking here would get) is recorded for the node waiting to
-    /// answer its client; one that fails otherwise (the session stopped)
-    /// is left for later, with the rest.
-    ///
-    /// The made keys are looked up in the store only in the first whole
-    /// pass after the session was loaded: a row first read after that was
-    /// committed after this runtime claimed the session, so no earlier
-    /// runtime can have queued it (its writes are fenced from the claim on),
-    /// and this one queues each row once, answering it before the next
-    /// pass; a pass whose answers were not recorded makes the next one look
-    /// keys up again.
-    pub(super) async fn queue_relayed(&self, session: &LiveSession) {
-        let session_id = session.handle.session_id();
-        let mut passed = session.relaying.lock().await;
-        loop {
-            let waiting = match async { self.shared()?.relayed(session_id, RELAY_PAGE).await }.await {
-                Ok(waiting) => waiting,
-                Err(error) => {
-                    tracing::warn!(%session_id, %error, "cannot read the submissions relayed to a session");
-                    return;
-                }
-            };
-            let mut answers = Vec::with_capacity(waiting.len());
-            let mut blocked = false;
-            for relayed in &waiting {
-                if let Some(relay_key) = &self.relay_key
-                    && !relay_key.verify(session_id, relayed)
-                {
-                    // Not sealed by a node of this cluster: nobody
-                    // authenticated sent it. Dropped, never queued.
-                    tracing::warn!(
-                        %session_id,
-                        submission_id = %relayed.submission_id,
-                        "refused a relayed submission whose seal does not verify"
-                    );
-                    self.metrics.relayed_refused.inc();
-                    answers.push((relayed.relay_id, None));
-                    continue;
-                }
-                if !sender_sees(relayed.submitted_by.as_ref(), &session.tenant) {
-                    // The relaying node went by a tenant it learnt earlier,
-                    // which no longer is this session's.
-                    answers.push((relayed.relay_id, Some(not_the_sender_s(session_id))));
-                    continue;
-                }
-                // A client's key may have been used on any node before.
-                let key_is_new = *passed && relayed.idempotency_key.is_none();
-                let key = relayed
-                    .idempotency_key
-                    .clone()
-                    .unwrap_or_else(|| relayed_key(&relayed.submission_id));
-                let options = SubmitOptions {
-                    on_busy: relayed.on_busy.unwrap_or(session.settings.on_busy),
-                    idempotency_key: Some(key),
-                    submission_id: Some(relayed.submission_id.clone()),
-                    submitted_by: relayed.submitted_by.clone(),
-                    key_is_new,
-                };
-                let queued = session.handle.submit_durable(relayed.op.clone(), options).await;
-                match owner_answer(queued, &relayed.submission_id) {
-                    Ok(answer) => answers.push((relayed.relay_id, Some(answer))),
-                    Err(error) => {
-                        tracing::warn!(%session_id, %error, "cannot queue a relayed submission yet");
-                        blocked = true;
-                        break;
-                    }
-                }
-            }
-            let answered = async {
-                self.shared()?
-                    .answer_relayed(session_id, &answers, ANSWER_KEPT.max(self.relay_wait * 2))
-                    .await
-            };
-            if let Err(error) = answered.await {
-                // They are queued; taken up again, their keys make them
-                // duplicates, answered as the first time: looked up.
-                tracing::warn!(%session_id, %error, "cannot record the answers to relayed submissions");
-                *passed = false;
-                return;
-            }
-            if blocked {
-                // What failed may have been stored after all: looked up.
-                *passed = false;
-                return;
-            }
-            if waiting.len() < RELAY_PAGE {
-                // Every row committed before this pass's reads is answered.
-                *passed = true;
-                return;
-            }
-        }
     }
 
     /// Renews the leases of the loaded sessions every third of their time
@@ -504,7 +384,7 @@ impl Host {
             match async { self.shared()?.sessions_with_relayed(&owner.node).await }.await {
                 Ok(sessions) => {
                     for session_id in sessions {
-                        self.take_relayed(&session_id).await;
+                        self.take_relayed(&session_id, None).await;
                     }
                 }
                 Err(error) => tracing::debug!(%error, "cannot look for relayed submissions"),
@@ -633,12 +513,19 @@ impl Host {
                         self.hubs.poke(&session_id, last_sequence);
                     }
                 }
-                Some(LogNotice::Relay { session_id, owner }) => {
+                Some(LogNotice::Relay {
+                    session_id,
+                    owner,
+                    carried,
+                }) => {
                     // Another live node's relay is none of this node's business.
                     let mine = self.cluster.as_ref().map(|cluster| cluster.node.as_str());
                     if owner.is_none() || owner.as_deref() == mine {
+                        // Only a notice naming this node as the owner says
+                        // the row is this node's to take up.
+                        let carried = carried.filter(|_| owner.is_some());
                         let host = Arc::clone(self);
-                        tokio::spawn(async move { host.take_relayed(&session_id).await });
+                        tokio::spawn(async move { host.take_relayed(&session_id, carried).await });
                     }
                 }
                 Some(LogNotice::Answered { session_id, answers }) => self.answers.wake(&session_id, answers),

@@ -37,6 +37,7 @@ mod recovery;
 mod relay_seal;
 mod retention;
 mod shutdown;
+mod take_up;
 
 pub(crate) use cluster::Node;
 pub(crate) use model_change::SettingsChange;
@@ -102,6 +103,8 @@ pub(crate) struct Host {
     /// The sessions other live nodes run, as last learnt (several nodes
     /// only): their submissions are relayed without a claim first.
     elsewhere: elsewhere::ElsewhereHints,
+    /// The relayed submissions this node took up lately.
+    recently_taken: take_up::RecentlyTaken,
     /// When the client calls of sessions not loaded time out.
     client_deadlines: client_deadlines::ClientDeadlines,
 }
@@ -135,6 +138,7 @@ impl Host {
             relay_wait,
             answers: answers::AnswerWaiters::default(),
             elsewhere: elsewhere::ElsewhereHints::default(),
+            recently_taken: take_up::RecentlyTaken::default(),
             client_deadlines: client_deadlines::ClientDeadlines::default(),
         }
     }
@@ -196,7 +200,7 @@ impl Host {
         match &result {
             Err(_) => self.forget_slot(session_id, slot),
             // What was relayed to it while nobody ran it goes first.
-            Ok(session) if loaded_now && self.cluster.is_some() => self.queue_relayed(session).await,
+            Ok(session) if loaded_now && self.cluster.is_some() => self.queue_relayed(session, None).await,
             Ok(_) => {}
         }
         result

@@ -10,6 +10,7 @@ use tokio_postgres::Transaction;
 use tokio_postgres::types::ToSql;
 
 use super::statements::{Statements, int, uint};
+use super::taken_up::{Answering, TakenUp};
 use crate::codec::{self, json_array};
 use crate::job::{Job, JobError, Mode, Written, check_addressed, encode};
 use crate::{AppendReceipt, CheckpointWrite, EncodedEvent, QueueChange, QueuedSubmission, StoreError};
@@ -26,6 +27,9 @@ pub(super) struct Write {
     pub(super) events: Vec<u8>,
     /// What the events do to the queue, by offset in the batch.
     pub(super) queue: Vec<(u64, QueueChange)>,
+    /// The relayed submissions this write queues, answered in its
+    /// transaction (see [`TakenUp`]).
+    pub(super) relays: Answering,
     /// The title the first user message gives, or a rename's title.
     pub(super) title: Option<String>,
     /// The tokens the events report, summed; `None` when none reports any.
@@ -49,8 +53,9 @@ pub(super) struct EncodedWrite {
 }
 
 /// What a job writes, serialized. Seals an append's open batch: from here
-/// on the producer's additions go to its next job.
-pub(super) fn seal(job: &Job) -> Result<Write, StoreError> {
+/// on the producer's additions go to its next job. The relayed submissions
+/// it queues are taken from `taken_up`, to be answered with it.
+pub(super) fn seal(job: &Job, taken_up: &TakenUp) -> Result<Write, StoreError> {
     let sealed = job.seal();
     let write = Write {
         session_id: sealed.session_id.to_owned(),
@@ -58,6 +63,7 @@ pub(super) fn seal(job: &Job) -> Result<Write, StoreError> {
         count: 0,
         events: Vec::new(),
         queue: Vec::new(),
+        relays: Answering::default(),
         title: sealed.title.map(str::to_owned),
         usage: None,
         checkpoint: None,
@@ -65,7 +71,9 @@ pub(super) fn seal(job: &Job) -> Result<Write, StoreError> {
     match sealed.mode {
         Mode::Acquire | Mode::Delete | Mode::Rename => Ok(write),
         Mode::Append { .. } | Mode::Save | Mode::Create => {
-            with_events(write, &sealed.events, sealed.checkpoint.as_deref())
+            let mut write = with_events(write, &sealed.events, sealed.checkpoint.as_deref())?;
+            write.relays = taken_up.answering(&write.queue);
+            Ok(write)
         }
     }
 }
@@ -219,7 +227,7 @@ pub(super) async fn append_all(
                 };
                 let first_sequence = last_sequence + 1 - write.count;
                 if !write.queue.is_empty()
-                    && let Err(error) = apply_queue_changes(tx, st, key, first_sequence, &write.queue).await
+                    && let Err(error) = apply_queue_changes(tx, st, key, first_sequence, write, now).await
                 {
                     return (index, Err(error));
                 }
@@ -304,7 +312,7 @@ pub(super) async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, 
     let lease = uint(row.try_get(2).map_err(dirty)?);
     let first_sequence = last_sequence + 1 - write.count;
     if !write.queue.is_empty() {
-        apply_queue_changes(tx, st, key, first_sequence, &write.queue).await?;
+        apply_queue_changes(tx, st, key, first_sequence, write, now).await?;
     }
     Ok(Written {
         receipt: AppendReceipt {
@@ -317,19 +325,22 @@ pub(super) async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, 
 
 /// Applies a batch's queue changes: the submissions it queued join the
 /// queue (with their idempotency keys), the ones it settled leave it, the
-/// keys of the ones it refused are remembered.
+/// keys of the ones it refused are remembered, and the relayed ones it
+/// queued are answered.
 ///
 /// Applied in order, changes to one submission leave only the last one in
 /// force, and of two uses of one idempotency key the first one stands; so
-/// the batch's net changes are computed here, and sent as at most three
+/// the batch's net changes are computed here, and sent as at most four
 /// statements whose order does not matter (pipelined).
 async fn apply_queue_changes(
     tx: &Transaction<'_>,
     st: &Statements,
     key: i64,
     first_sequence: u64,
-    changes: &[(u64, QueueChange)],
+    write: &Write,
+    now: u64,
 ) -> Result<(), JobError> {
+    let changes = write.queue.as_slice();
     let mut last: HashMap<&str, (u64, &QueueChange)> = HashMap::new();
     let mut keys: Vec<(&str, &str, u64)> = Vec::new();
     for (offset, change) in changes {
@@ -402,7 +413,22 @@ async fn apply_queue_changes(
         tx.execute(&st.key_insert, &[&key, &key_names, &key_ids, &key_sequences])
             .await
     };
-    futures::try_join!(upsert, delete, remember).map_err(dirty)?;
+    let relays = write.relays.params(first_sequence, now).map_err(JobError::Dirty)?;
+    let answer = async {
+        let Some(relays) = &relays else {
+            return Ok(0);
+        };
+        let params: [&(dyn ToSql + Sync); 6] = [
+            &key,
+            &relays.relay_ids,
+            &relays.answers,
+            &write.session_id,
+            &relays.forget_before,
+            &int(now),
+        ];
+        tx.execute(&st.relay_answer, &params).await
+    };
+    futures::try_join!(upsert, delete, remember, answer).map_err(dirty)?;
     Ok(())
 }
 

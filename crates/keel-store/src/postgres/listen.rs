@@ -17,8 +17,8 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 
-use crate::StoreError;
 use crate::notice::{LogNotice, NoticeListener};
+use crate::{RelayedSubmission, StoreError};
 
 /// The channel log notifications are sent on.
 pub const LOG_CHANNEL: &str = "keel_log";
@@ -81,15 +81,36 @@ fn notice(channel: &str, payload: &str) -> Option<LogNotice> {
         LOG_CHANNEL => parse(payload),
         RELAY_CHANNEL => {
             // Neither ids nor node ids hold control characters.
-            let (session_id, owner) = payload.split_once('\n').unwrap_or((payload, ""));
-            (!session_id.is_empty()).then(|| LogNotice::Relay {
+            let mut lines = payload.splitn(3, '\n');
+            let session_id = lines.next().filter(|id| !id.is_empty())?;
+            let owner = lines.next().unwrap_or("");
+            Some(LogNotice::Relay {
                 session_id: session_id.to_owned(),
                 owner: (!owner.is_empty()).then(|| owner.to_owned()),
+                carried: lines.next().and_then(carried_row).map(Box::new),
             })
         }
         ANSWER_CHANNEL => answered(payload),
         _ => None,
     }
+}
+
+/// Parses the relayed row a relay notice carries,
+/// `<relay id>\t<submission id>\t<key, or nothing>\t<submission JSON>`
+/// (keys and ids hold no tab, JSON no raw control character); `None` when
+/// it does not parse: the owner reads the row instead.
+fn carried_row(line: &str) -> Option<RelayedSubmission> {
+    let mut fields = line.splitn(4, '\t');
+    let relay_id = fields.next()?.parse().ok()?;
+    let submission_id = fields.next().filter(|id| !id.is_empty())?;
+    let key = fields.next()?;
+    let submission: RelayedSubmission = serde_json::from_str(fields.next()?).ok()?;
+    Some(RelayedSubmission {
+        relay_id,
+        submission_id: submission_id.to_owned(),
+        idempotency_key: (!key.is_empty()).then(|| key.to_owned()),
+        ..submission
+    })
 }
 
 /// Parses an answer payload: the session id, then a line
@@ -202,16 +223,49 @@ mod tests {
             notice(RELAY_CHANNEL, "a b\nnode-1"),
             Some(LogNotice::Relay {
                 session_id: "a b".to_owned(),
-                owner: Some("node-1".to_owned())
+                owner: Some("node-1".to_owned()),
+                carried: None,
             })
         );
         assert_eq!(
             notice(RELAY_CHANNEL, "a b\n"),
             Some(LogNotice::Relay {
                 session_id: "a b".to_owned(),
-                owner: None
+                owner: None,
+                carried: None,
             })
         );
+        // A carried row: id, submission id, key (or nothing), JSON.
+        let json = r#"{"op":{"type":"user_input","text":"hi\tthere"},"on_busy":"queue"}"#;
+        let Some(LogNotice::Relay { carried: Some(row), .. }) =
+            notice(RELAY_CHANNEL, &format!("a b\nnode-1\n7\tsub-1\tkey-1\t{json}"))
+        else {
+            panic!("no carried row");
+        };
+        assert_eq!(
+            (row.relay_id, row.submission_id.as_str(), row.idempotency_key.as_deref()),
+            (7, "sub-1", Some("key-1"))
+        );
+        assert_eq!(
+            row.op,
+            keel_protocol::Op::UserInput {
+                text: "hi\tthere".to_owned()
+            }
+        );
+        let unkeyed = notice(RELAY_CHANNEL, &format!("a b\nnode-1\n7\tsub-1\t\t{json}"));
+        assert!(matches!(unkeyed, Some(LogNotice::Relay { carried: Some(row), .. }) if row.idempotency_key.is_none()));
+        // A row that does not parse is left out: the owner reads it.
+        for bad in ["x\tsub\t\t{}", "7\t\t\t{}", "7\tsub\t\tnot json", "7\tsub"] {
+            assert_eq!(
+                notice(RELAY_CHANNEL, &format!("a b\nnode-1\n{bad}")),
+                Some(LogNotice::Relay {
+                    session_id: "a b".to_owned(),
+                    owner: Some("node-1".to_owned()),
+                    carried: None,
+                }),
+                "{bad}"
+            );
+        }
         assert_eq!(notice(RELAY_CHANNEL, ""), None);
         assert_eq!(
             notice(ANSWER_CHANNEL, "a b"),

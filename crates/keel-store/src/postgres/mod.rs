@@ -30,6 +30,7 @@ mod reader;
 mod relay;
 mod schema;
 mod statements;
+mod taken_up;
 mod writer;
 
 pub use hold::{PostgresHold, redact_postgres_url, socket_directories};
@@ -100,6 +101,9 @@ pub struct PostgresCheckpoint {
     leases: Pool,
     /// Where to connect, for listeners.
     config: Config,
+    /// The relayed submissions handed to this node as their owner, which
+    /// the writer answers in the transaction that queues them.
+    taken_up: Arc<taken_up::TakenUp>,
 }
 
 impl std::fmt::Debug for PostgresCheckpoint {
@@ -128,7 +132,8 @@ impl PostgresCheckpoint {
         let max_jobs = if options.per_event { 1 } else { MAX_JOBS_PER_COMMIT };
         let leases = connection_pool(&config, LEASE_CONNECTIONS)?;
         let pool = connection_pool(&config, options.pool_size.max(1))?;
-        let (jobs, writer) = writer::spawn(conn, max_jobs, Arc::clone(&counters));
+        let taken_up = Arc::new(taken_up::TakenUp::default());
+        let (jobs, writer) = writer::spawn(conn, max_jobs, Arc::clone(&counters), Arc::clone(&taken_up));
         Ok(Self {
             counters,
             jobs: Mutex::new(Some(jobs)),
@@ -136,6 +141,7 @@ impl PostgresCheckpoint {
             pool,
             leases,
             config,
+            taken_up,
         })
     }
 
@@ -398,7 +404,15 @@ impl ClusterStore for PostgresCheckpoint {
         session_id: &'a str,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<RelayedSubmission>, StoreError>> {
-        Box::pin(async move { relay::relayed(&self.reader().await?, session_id, limit).await })
+        Box::pin(async move {
+            let rows = relay::relayed(&self.reader().await?, session_id, limit).await?;
+            self.taken_up.handed_out(&rows);
+            Ok(rows)
+        })
+    }
+
+    fn taking_up(&self, rows: &[RelayedSubmission]) {
+        self.taken_up.handed_out(rows);
     }
 
     fn relay_done<'a>(&'a self, session_id: &'a str, relay_ids: &'a [u64]) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -411,7 +425,16 @@ impl ClusterStore for PostgresCheckpoint {
         answers: &'a [(u64, Option<RelayOutcome>)],
         keep: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { relay::answer_relayed(&self.reader().await?, session_id, answers, keep).await })
+        Box::pin(async move {
+            self.taken_up.set_keep(keep);
+            // What the writer answered with its submission_queued needs no
+            // statement of its own.
+            let left = self.taken_up.left_to_answer(answers);
+            if left.is_empty() {
+                return Ok(());
+            }
+            relay::answer_relayed(&self.reader().await?, session_id, &left, keep).await
+        })
     }
 
     fn relay_state<'a>(&'a self, _session_id: &'a str, relay_id: u64) -> BoxFuture<'a, Result<RelayState, StoreError>> {

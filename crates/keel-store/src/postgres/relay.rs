@@ -6,9 +6,11 @@
 //! the session and its live owner on `keel_relay` in its own transaction,
 //! so the owner is woken at commit, never for a rolled-back insert, and the
 //! other nodes can tell the notice is not theirs. The owner reads the rows in
-//! order, queues each under its id and key, then deletes them: a crash in
-//! between queues a row again, which its idempotency key turns into a
-//! duplicate (see the host).
+//! order and queues each under its id and key; the writer answers a row in
+//! the transaction that queues it (see `taken_up.rs`), the owner answers
+//! the rest (duplicates, refusals, control ops): a crash in between queues
+//! such a row again, which its idempotency key turns into a duplicate (see
+//! the host).
 
 use std::time::Duration;
 
@@ -23,9 +25,11 @@ use keel_protocol::now_ms;
 
 /// Stores a submission unless one with its key waits already or `$6`
 /// wait (unanswered), and announces the session with its live owner (empty
-/// when none: then any node may take it over); returns the log's end and
-/// the new row's id, or nothing when the key was taken, the session is full
-/// or unknown.
+/// when none: then any node may take it over) and, when it fits in a
+/// notice, the row itself (its id, submission id, key and `$7`, the
+/// submission's JSON), so that the owner need not read it; returns the
+/// log's end and the new row's id, or nothing when the key was taken, the
+/// session is full or unknown.
 const INSERT: &str = "WITH session AS (
          SELECT key, last_sequence,
                 CASE WHEN lease_expires_at > clock_timestamp() THEN lease_owner ELSE '' END AS owner
@@ -38,7 +42,11 @@ const INSERT: &str = "WITH session AS (
          ON CONFLICT (session_key, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING session_key, id
      )
-     SELECT session.last_sequence, inserted.id, count(pg_notify('keel_relay', $1 || E'\n' || session.owner))
+     SELECT session.last_sequence, inserted.id,
+            count(pg_notify('keel_relay', $1 || E'\n' || session.owner
+                || CASE WHEN octet_length($1) + octet_length(session.owner) + octet_length($7) <= 7600
+                        THEN E'\n' || inserted.id || E'\t' || $2 || E'\t' || coalesce($3, '') || E'\t' || $7
+                        ELSE '' END))
      FROM inserted JOIN session ON session.key = inserted.session_key
      GROUP BY session.last_sequence, inserted.id";
 
@@ -103,7 +111,7 @@ pub(super) async fn relay(
     let max_waiting = i64::try_from(max_waiting).unwrap_or(i64::MAX);
     let json = serde_json::to_string(submission)
         .map_err(|error| StoreError::Invalid(format!("cannot encode a relayed submission: {error}")))?;
-    let stored = codec::encode(json).into_bytes();
+    let stored = codec::encode(json.clone()).into_bytes();
     let insert = client.prepare_cached(INSERT).await.map_err(pg_error)?;
     let by_key = client.prepare_cached(BY_KEY).await.map_err(pg_error)?;
     let now = int(now_ms());
@@ -118,6 +126,7 @@ pub(super) async fn relay(
                     &stored,
                     &now,
                     &max_waiting,
+                    &json,
                 ],
             )
             .await

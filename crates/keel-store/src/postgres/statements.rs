@@ -13,6 +13,7 @@ pub(super) struct Statements {
     pub(super) queue_upsert: Statement,
     pub(super) queue_delete: Statement,
     pub(super) key_insert: Statement,
+    pub(super) relay_answer: Statement,
     pub(super) acquire: Statement,
     pub(super) rename: Statement,
     pub(super) delete_session: Statement,
@@ -26,6 +27,25 @@ pub(super) struct Statements {
 /// key if it did. The tenant is never moved by a later write.
 pub(super) const INSERT_SESSION: &str = "INSERT INTO sessions (id, created_at_ms, updated_at_ms, checkpoint, tenant)
      VALUES ($1, $2, $2, '\\x'::bytea, $3) ON CONFLICT (id) DO NOTHING RETURNING key";
+
+/// Answers, in the transaction that queues them, the relayed submissions
+/// `$2` (relay ids) of the session whose key is `$1` with the answers `$3`
+/// (JSON), freeing their keys as `relay::ANSWER` does; forgets the answers
+/// of the session given before `$5`; and wakes the waiting nodes on
+/// `keel_answer` (the session id `$4`, then each answer while they fit in a
+/// notice) at commit.
+pub(super) const RELAY_ANSWER: &str = "WITH answered AS (
+         UPDATE relayed_submissions r SET answer = g.answer, answered_at_ms = $6, idempotency_key = NULL
+         FROM unnest($2::int8[], $3::text[]) AS g(id, answer)
+         WHERE r.session_key = $1 AND r.id = g.id AND r.answer IS NULL
+         RETURNING r.id, r.answer
+     ),
+     forgotten AS (
+         DELETE FROM relayed_submissions r WHERE r.session_key = $1 AND r.answered_at_ms < $5 RETURNING r.id
+     )
+     SELECT pg_notify('keel_answer', CASE WHEN octet_length(payload) <= 7900 THEN payload ELSE $4 END)
+     FROM (SELECT $4 || string_agg(E'\n' || a.id || E'\t' || a.answer, '' ORDER BY a.id) AS payload
+           FROM answered a HAVING count(*) > 0) AS notice";
 
 /// The ledger's insert of one hour's usage per target (session, tenant),
 /// shared by the one-session and the many-session appends.
@@ -207,6 +227,19 @@ impl Statements {
             ),
         )?;
         let append_many = client.prepare_typed(APPEND_MANY, &APPEND_MANY_TYPES).await?;
+        let relay_answer = client
+            .prepare_typed(
+                RELAY_ANSWER,
+                &[
+                    Type::INT8,
+                    Type::INT8_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::TEXT,
+                    Type::INT8,
+                    Type::INT8,
+                ],
+            )
+            .await?;
         let (acquire, rename, delete_session, delete_log, delete_queue, delete_keys) = futures::try_join!(
             client.prepare_typed(
                 "UPDATE sessions SET lease = lease + 1, updated_at_ms = $1 WHERE id = $2 RETURNING lease, last_sequence",
@@ -244,6 +277,7 @@ impl Statements {
             queue_upsert,
             queue_delete,
             key_insert,
+            relay_answer,
             acquire,
             rename,
             delete_session,

@@ -1557,14 +1557,22 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
             let store = &store;
             async move { store.relay("s", &submission, 8).await }
         };
-        assert!(matches!(
-            relay("r1", "one", None).await.expect("relay"),
-            Relayed::New { last_sequence: 2, .. }
-        ));
-        // Nobody owns the session: any node may take it.
+        let Relayed::New {
+            last_sequence: 2,
+            relay_id: first,
+        } = relay("r1", "one", None).await.expect("relay")
+        else {
+            panic!("not stored");
+        };
+        // Nobody owns the session: any node may take it. The row rides
+        // with the notice.
         let relay_notice = LogNotice::Relay {
             session_id: "s".to_owned(),
             owner: None,
+            carried: Some(Box::new(RelayedSubmission {
+                relay_id: first,
+                ..relayed("r1", "one", None)
+            })),
         };
         assert_eq!(next_relay_notice(&mut listener).await, relay_notice);
         assert!(matches!(
@@ -1625,17 +1633,35 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
             .expect("claim");
         // Relayed to a live owner, the notice names it.
         while listener.try_recv().is_some() {}
-        assert!(matches!(
-            relay("r7", "to the owner", None).await.expect("relay"),
-            Relayed::New { .. }
-        ));
+        let Relayed::New { relay_id: seventh, .. } = relay("r7", "to the owner", Some("k7")).await.expect("relay")
+        else {
+            panic!("not stored");
+        };
+        let mut carried = relayed("r7", "to the owner", Some("k7"));
+        carried.relay_id = seventh;
+        carried.seal = Some("seal-r7".to_owned());
         assert_eq!(
             next_relay_notice(&mut listener).await,
             LogNotice::Relay {
                 session_id: "s".to_owned(),
-                owner: Some("node-a".to_owned())
+                owner: Some("node-a".to_owned()),
+                carried: Some(Box::new(carried)),
             }
         );
+        // One too large for a notice is announced without it.
+        while listener.try_recv().is_some() {}
+        let Relayed::New { relay_id: eighth, .. } = relay("r8", &"x".repeat(8000), None).await.expect("relay") else {
+            panic!("not stored");
+        };
+        assert_eq!(
+            next_relay_notice(&mut listener).await,
+            LogNotice::Relay {
+                session_id: "s".to_owned(),
+                owner: Some("node-a".to_owned()),
+                carried: None,
+            }
+        );
+        owner.relay_done("s", &[eighth]).await.expect("done");
         let r7: Vec<u64> = owner
             .relayed("s", 10)
             .await
@@ -1661,7 +1687,14 @@ async fn relayed_submissions_are_stored_announced_deduplicated_by_key_and_taken_
         // another node takes it over at once.
         while listener.try_recv().is_some() {}
         owner.release("s", "node-a", epoch).await.expect("release");
-        assert_eq!(next_relay_notice(&mut listener).await, relay_notice);
+        assert_eq!(
+            next_relay_notice(&mut listener).await,
+            LogNotice::Relay {
+                session_id: "s".to_owned(),
+                owner: None,
+                carried: None,
+            }
+        );
         owner.relay_done("s", &[left[0].relay_id]).await.expect("done");
         // With the key free again, it may be relayed anew.
         assert!(matches!(
@@ -1790,6 +1823,101 @@ async fn answers_to_relayed_submissions_are_recorded_announced_and_forgotten() {
         assert_eq!(
             store.relay_state("s", fourth).await.expect("state"),
             RelayState::Answered(long)
+        );
+        owner.close().await;
+        store.close().await;
+    })
+    .await;
+}
+
+/// The owner's commit that queues a relayed submission answers it: the
+/// answer (accepted at its `submission_queued`'s sequence) is on the row
+/// and in a notice at commit, and the owner's own answer call then sends
+/// nothing for it, while the rows it did not queue are answered by that
+/// call as before.
+#[tokio::test]
+async fn the_commit_that_queues_a_relayed_submission_answers_it() {
+    guarded(async {
+        let (store, url) = store_or_skip!();
+        // The accepting node (and listener) and the owner.
+        let owner = another_handle(&url).await;
+        let mut listener = store.listen().await.expect("listen");
+        create(&owner, "s").await;
+        append(&owner, "s", &events("s", 0, 2)).await;
+        let mut ids = Vec::new();
+        for id in ["r1", "r2", "r3"] {
+            let Relayed::New { relay_id, .. } = store.relay("s", &relayed(id, "hi", None), 8).await.expect("relay")
+            else {
+                panic!("not stored");
+            };
+            ids.push(relay_id);
+        }
+        // Queued before the owner read them: not answered by the commit.
+        append(&owner, "s", &[queued("r3", None)]).await;
+        assert_eq!(
+            store.relay_state("s", ids[2]).await.expect("state"),
+            RelayState::Waiting
+        );
+        let waiting = owner.relayed("s", 10).await.expect("relayed");
+        assert_eq!(waiting.len(), 3);
+        // r1 and r2 queued in one batch, after two events and r3's.
+        let written = append(&owner, "s", &[event("s", 5), queued("r1", None), queued("r2", None)]).await;
+        let accepted = |id: &str, sequence| RelayOutcome::Accepted {
+            submission_id: id.to_owned(),
+            sequence,
+            duplicate: false,
+        };
+        let answers = vec![
+            (ids[0], accepted("r1", written[1].sequence)),
+            (ids[1], accepted("r2", written[2].sequence)),
+        ];
+        assert_eq!(written[1].sequence, 5);
+        loop {
+            match next_notice(&mut listener).await {
+                LogNotice::Answered {
+                    session_id,
+                    answers: carried,
+                } if session_id == "s" => {
+                    assert_eq!(carried, answers);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        for (relay_id, answer) in &answers {
+            assert_eq!(
+                store.relay_state("s", *relay_id).await.expect("state"),
+                RelayState::Answered(answer.clone())
+            );
+        }
+        assert_eq!(owner.relayed("s", 10).await.expect("relayed").len(), 1, "only r3 waits");
+        // The owner answers all three as it does: only r3 needs a statement,
+        // and the answers the commit gave stand.
+        let stats = |client: tokio_postgres::Client| async move {
+            let row = client
+                .query_one("SELECT count(*) FROM relayed_submissions WHERE answer IS NOT NULL", &[])
+                .await
+                .expect("count");
+            row.get::<_, i64>(0)
+        };
+        let own_answers = [
+            (ids[0], Some(accepted("r1", 99))),
+            (ids[1], Some(accepted("r2", 99))),
+            (ids[2], Some(accepted("r3", 3))),
+        ];
+        owner
+            .answer_relayed("s", &own_answers, Duration::from_secs(300))
+            .await
+            .expect("answer");
+        assert_eq!(stats(raw(&url).await).await, 3);
+        assert_eq!(
+            store.relay_state("s", ids[0]).await.expect("state"),
+            RelayState::Answered(answers[0].1.clone()),
+            "the commit's answer stands"
+        );
+        assert_eq!(
+            store.relay_state("s", ids[2]).await.expect("state"),
+            RelayState::Answered(accepted("r3", 3))
         );
         owner.close().await;
         store.close().await;

@@ -30,6 +30,7 @@ use tokio_postgres::{Client, Config, Transaction};
 
 use super::apply::{Indexed, Write, append_all, apply, seal};
 use super::statements::Statements;
+use super::taken_up::TakenUp;
 use crate::StoreError;
 use crate::job::{Job, JobError, Mode, Written};
 use keel_protocol::now_ms;
@@ -97,9 +98,10 @@ pub(super) fn spawn(
     conn: WriterConnection,
     max_jobs_per_commit: usize,
     counters: Arc<WriterCounters>,
+    taken_up: Arc<TakenUp>,
 ) -> (mpsc::UnboundedSender<Job>, JoinHandle<()>) {
     let (jobs, queue) = mpsc::unbounded_channel();
-    let handle = tokio::spawn(run(conn, queue, max_jobs_per_commit.max(1), counters));
+    let handle = tokio::spawn(run(conn, queue, max_jobs_per_commit.max(1), counters, taken_up));
     (jobs, handle)
 }
 
@@ -108,6 +110,7 @@ async fn run(
     mut queue: mpsc::UnboundedReceiver<Job>,
     max_jobs: usize,
     counters: Arc<WriterCounters>,
+    taken_up: Arc<TakenUp>,
 ) {
     let mut group = Vec::with_capacity(max_jobs.min(4096));
     while let Some(first) = queue.recv().await {
@@ -118,7 +121,7 @@ async fn run(
                 Err(_) => break,
             }
         }
-        commit_group(&mut conn, &mut group, &counters).await;
+        commit_group(&mut conn, &mut group, &counters, &taken_up).await;
     }
     tracing::debug!("postgres writer stopped");
 }
@@ -130,7 +133,12 @@ async fn run(
 /// After any other loss of the connection the jobs fail with
 /// [`StoreError::Unavailable`] (a commit cut off may or may not have
 /// happened, so it is not retried) and the next group reconnects.
-async fn commit_group(conn: &mut WriterConnection, group: &mut Vec<Job>, counters: &WriterCounters) {
+async fn commit_group(
+    conn: &mut WriterConnection,
+    group: &mut Vec<Job>,
+    counters: &WriterCounters,
+    taken_up: &TakenUp,
+) {
     let mut writes: Option<Vec<Result<Write, StoreError>>> = None;
     let mut retried = false;
     let (outcome, micros) = loop {
@@ -146,7 +154,7 @@ async fn commit_group(conn: &mut WriterConnection, group: &mut Vec<Job>, counter
         };
         // Sealed as the first transaction starts: an open batch takes
         // additions until now.
-        let writes = writes.get_or_insert_with(|| group.iter().map(seal).collect());
+        let writes = writes.get_or_insert_with(|| group.iter().map(|job| seal(job, taken_up)).collect());
         let now = now_ms();
         let started = std::time::Instant::now();
         let outcome = run_group(client, statements, writes, now).await;
