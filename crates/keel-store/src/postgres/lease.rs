@@ -1,13 +1,15 @@
 //! Owned leases on PostgreSQL: claim, renew, release, and the sessions a
 //! surviving node should take over.
 //!
-//! Each touches one session row per statement (a renewal sends one per
-//! session, pipelined), outside the writer's group commit: the row lock of
-//! the `UPDATE` orders it against concurrent claims and against the
-//! writer's appends, which check the epoch (`lease`) in their own
-//! statement, and a transaction holding one row lock cannot deadlock with
-//! the writer's, which holds many. Times are the server's (`clock_timestamp()`), so
-//! the nodes' clocks do not matter.
+//! Each touches one session row per statement, outside the writer's group
+//! commit: the row lock of the `UPDATE` orders it against concurrent claims
+//! and against the writer's appends, which check the epoch (`lease`) in
+//! their own statement, and a transaction holding one row lock cannot
+//! deadlock with the writer's, which holds many. A renewal is the exception:
+//! one statement renews every lease of a node, taking only rows nobody has
+//! locked (so it never waits, and cannot deadlock either), then the few rows
+//! it skipped are renewed one per statement. Times are the server's
+//! (`clock_timestamp()`), so the nodes' clocks do not matter.
 
 use std::time::Duration;
 
@@ -37,11 +39,23 @@ const HOLDER: &str = "SELECT lease_owner,
               ELSE greatest(0, ceil(extract(epoch FROM lease_expires_at - clock_timestamp()) * 1000))::int8 END
      FROM sessions WHERE id = $1";
 
-/// Extends one lease still held at its epoch; no row when it is not.
-///
-/// One row per statement, each its own transaction: an `UPDATE` of many
-/// session rows would lock them in another order than the writer's group
-/// does, and the two would deadlock.
+/// Extends the leases `$2` (session ids) still held by `$1` at their epochs
+/// `$3` and returns their ids, in one statement, skipping the rows another
+/// transaction has locked: waiting for them, in another order than the
+/// writer's group locks them, could deadlock with it.
+const RENEW_MANY: &str = "WITH held AS (
+         SELECT s.id FROM sessions s JOIN unnest($2::text[], $3::int8[]) AS h (id, lease)
+             ON s.id = h.id AND s.lease = h.lease
+         WHERE s.lease_owner = $1
+         FOR UPDATE OF s SKIP LOCKED
+     )
+     UPDATE sessions s SET lease_expires_at = clock_timestamp() + $4::int8::float8 * interval '1 millisecond'
+     FROM held WHERE s.id = held.id
+     RETURNING s.id";
+
+/// Extends one lease still held at its epoch; no row when it is not. For
+/// the rows [`RENEW_MANY`] skipped or did not find: one row per statement,
+/// each its own transaction, which cannot deadlock with the writer's.
 const RENEW: &str =
     "UPDATE sessions SET lease_expires_at = clock_timestamp() + $4::int8::float8 * interval '1 millisecond'
      WHERE id = $2 AND lease = $3 AND lease_owner = $1
@@ -118,16 +132,32 @@ pub(super) async fn renew(
     if sessions.is_empty() {
         return Ok(Vec::new());
     }
-    let renew = client.prepare_cached(RENEW).await.map_err(pg_error)?;
     let ttl = ttl_ms(ttl);
+    let renew_many = client.prepare_cached(RENEW_MANY).await.map_err(pg_error)?;
+    let ids: Vec<&str> = sessions.iter().map(|(id, _)| id.as_str()).collect();
+    let epochs: Vec<i64> = sessions.iter().map(|(_, epoch)| int(*epoch)).collect();
+    let renewed: std::collections::HashSet<String> = client
+        .query(&renew_many, &[&owner, &ids, &epochs, &ttl])
+        .await
+        .map_err(pg_error)?
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect::<Result<_, _>>()
+        .map_err(pg_error)?;
+    // Locked by another transaction, or lost: one at a time.
+    let left: Vec<&(String, u64)> = sessions.iter().filter(|(id, _)| !renewed.contains(id)).collect();
+    if left.is_empty() {
+        return Ok(Vec::new());
+    }
+    let renew = client.prepare_cached(RENEW).await.map_err(pg_error)?;
     // Sent together, so they cost one round trip (pipelined).
-    let renewed = futures::future::join_all(sessions.iter().map(|(id, epoch)| {
+    let renewed = futures::future::join_all(left.iter().map(|(id, epoch)| {
         let (renew, epoch) = (&renew, int(*epoch));
         async move { client.query_opt(renew, &[&owner, id, &epoch, &ttl]).await }
     }))
     .await;
     let mut lost = Vec::new();
-    for ((id, _), renewed) in sessions.iter().zip(renewed) {
+    for ((id, _), renewed) in left.into_iter().zip(renewed) {
         if renewed.map_err(pg_error)?.is_none() {
             lost.push(id.clone());
         }

@@ -1943,3 +1943,75 @@ async fn a_session_released_without_work_is_not_announced() {
     })
     .await;
 }
+
+/// Seconds left of the lease of session `id`.
+async fn expiry(client: &tokio_postgres::Client, id: &str) -> f64 {
+    client
+        .query_one(
+            "SELECT extract(epoch FROM lease_expires_at - clock_timestamp())::float8 FROM sessions WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .expect("expiry")
+        .get::<_, f64>(0)
+}
+
+/// A node's leases are renewed by one statement that waits for no row: a
+/// session whose row another transaction holds locked (the writer's group,
+/// say) is skipped by it and renewed on its own once the lock is gone, while
+/// the others are renewed at once.
+#[tokio::test]
+async fn one_statement_renews_a_node_s_leases_without_waiting_for_a_locked_row() {
+    guarded(async {
+        let (store, url) = store_or_skip!();
+        let mut held = Vec::new();
+        for id in ["free", "free-2", "free-3", "locked"] {
+            create(&store, id).await;
+            held.push((
+                id.to_owned(),
+                store.claim(id, "node-a", Duration::from_secs(5)).await.expect("claim"),
+            ));
+        }
+        let mut locker = raw(&url).await;
+        let watcher = raw(&url).await;
+        let lock = locker.transaction().await.expect("begin");
+        lock.execute("SELECT 1 FROM sessions WHERE id = 'locked' FOR UPDATE", &[])
+            .await
+            .expect("lock the row");
+        let renewing = {
+            let held = held.clone();
+            let store = &store;
+            async move { store.renew("node-a", Duration::from_secs(600), &held).await }
+        };
+        tokio::pin!(renewing);
+        // The free rows are renewed while the locked one waits.
+        let renewed_free = async {
+            loop {
+                if expiry(&watcher, "free").await > 60.0 && expiry(&watcher, "free-3").await > 60.0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::select! {
+            _ = &mut renewing => panic!("renewed a row still locked by another transaction"),
+            () = renewed_free => {}
+        }
+        assert!(expiry(&watcher, "locked").await < 60.0, "not renewed while locked");
+        // One transaction renewed the free rows: they share its xmin.
+        let writers: i64 = watcher
+            .query_one(
+                "SELECT count(DISTINCT xmin::text) FROM sessions WHERE id IN ('free', 'free-2', 'free-3')",
+                &[],
+            )
+            .await
+            .expect("xmin")
+            .get(0);
+        assert_eq!(writers, 1, "renewed by one statement");
+        lock.commit().await.expect("release the lock");
+        let lost = renewing.await.expect("renew");
+        assert!(lost.is_empty(), "{lost:?}");
+        assert!(expiry(&watcher, "locked").await > 60.0, "renewed once unlocked");
+    })
+    .await;
+}
