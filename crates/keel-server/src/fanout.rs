@@ -15,9 +15,10 @@
 //! read.
 //!
 //! A session that runs on another node (several nodes on one database) has
-//! no local publisher: the node's log notices [`Hubs::poke`] its hub with
-//! the newest stored sequence instead, and each subscription behind it
-//! reads the rest from the store.
+//! no local publisher: the node's log notices [`Hubs::poke`] its hub,
+//! publishing the events a notice carries, or, when it carries none, with
+//! the newest stored sequence, and each subscription behind it reads the
+//! rest from the store.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -28,7 +29,7 @@ use tokio::sync::{broadcast, watch};
 use super::error::ApiError;
 use super::metrics::Metrics;
 use keel_protocol::RecordedEvent;
-use keel_store::CheckpointStore;
+use keel_store::{CarriedEvents, CheckpointStore};
 
 /// Events read from the store per catch-up request.
 const CATCH_UP_PAGE: usize = 256;
@@ -132,16 +133,32 @@ impl Hubs {
 
 impl Hubs {
     /// Tells the subscribers of `session_id`, if any, that its log holds
-    /// events up to `last_sequence` (committed by another node): those
-    /// behind it read them from the store.
-    pub(crate) fn poke(&self, session_id: &str, last_sequence: u64) {
+    /// events up to `last_sequence` (committed by another node). The
+    /// events the notice `carried` are published as the pump publishes a
+    /// local session's, so its subscribers need no read (one that missed
+    /// some sees the gap and reads the store); without them, those behind
+    /// read them from the store.
+    pub(crate) fn poke(&self, session_id: &str, last_sequence: u64, carried: Option<&CarriedEvents>) {
         let hub = {
             let hubs = self.hubs.lock().unwrap_or_else(|poison| poison.into_inner());
             hubs.get(session_id).and_then(Weak::upgrade)
         };
-        if let Some(hub) = hub {
-            hub.stored.send_replace(last_sequence);
+        let Some(hub) = hub else { return };
+        // Decoded only for someone: every node hears every commit.
+        if let Some(carried) = carried
+            && hub.subscribers() > 0
+        {
+            match carried.events(session_id, last_sequence) {
+                Ok(events) => {
+                    for event in &events {
+                        hub.publish(event);
+                    }
+                    return;
+                }
+                Err(error) => tracing::warn!(%session_id, %error, "cannot read the events a notice carried"),
+            }
         }
+        hub.stored.send_replace(last_sequence);
     }
 
     /// [`Self::poke`] for every watched session, without a sequence: after
@@ -310,5 +327,62 @@ impl Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         self.hub.subscribers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use keel_protocol::{AssistantContentDeltaEvent, Event, EventMsg};
+    use keel_store::{Checkpoint, CheckpointStore, SqliteCheckpoint, SqliteOptions};
+
+    fn delta(n: u64) -> Event {
+        Event {
+            submission_id: None,
+            msg: EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
+                turn_id: "t".to_owned(),
+                delta: format!("delta {n}"),
+            }),
+        }
+    }
+
+    /// Events another node committed reach this node's subscribers from
+    /// the notice that carried them, without a store read: the store here
+    /// holds none of them, so a read would find nothing.
+    #[tokio::test]
+    async fn the_events_a_notice_carries_reach_the_subscribers_without_a_read() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let store = SqliteCheckpoint::open(dir.path().join("s.sqlite3"), SqliteOptions::default())
+            .await
+            .expect("a store");
+        store
+            .create(&Checkpoint::empty("s"), &[], Vec::new())
+            .await
+            .expect("a session");
+        let store: Arc<dyn CheckpointStore> = Arc::new(store);
+        let hubs = Hubs::new(16);
+        let (_closing, closed) = watch::channel(false);
+        let mut subscription = Subscription::new(hubs.get("s"), 0, store, Arc::new(Metrics::new()), closed);
+        let first = CarriedEvents::encode(7, &[delta(1), delta(2)]).expect("encode");
+        let second = CarriedEvents::encode(8, &[delta(3)]).expect("encode");
+        hubs.poke("s", 2, Some(&first));
+        hubs.poke("s", 3, Some(&second));
+        let mut seen = Vec::new();
+        while seen.len() < 3 {
+            let event = tokio::time::timeout(Duration::from_secs(10), subscription.next())
+                .await
+                .expect("the carried events, not a read of an empty log")
+                .expect("no error")
+                .expect("an event");
+            seen.push((
+                event.sequence,
+                event.json.contains(&format!("delta {}", event.sequence)),
+            ));
+        }
+        assert_eq!(seen, [(1, true), (2, true), (3, true)]);
+        // Nobody subscribed: nothing is decoded, the hub is only poked.
+        hubs.poke("other", 9, Some(&second));
     }
 }

@@ -47,7 +47,7 @@ pub use cluster::{ClusterStore, LeaseStore, RelayOutcome, RelayRefusal, RelaySta
 pub use contract::{CheckpointStore, CheckpointStoreExt, SessionEdit, SessionFilter};
 pub use keel_protocol::StoreError;
 pub use lease::Lease;
-pub use notice::{LogNotice, NoticeListener};
+pub use notice::{CarriedEvents, LogNotice, NoticeListener};
 pub use open::{Backend, Location, OpenError, OpenOptions, OpenedStore, open, open_at};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresCheckpoint, PostgresHold, PostgresOptions, redact_postgres_url};

@@ -507,10 +507,11 @@ impl Host {
                 Some(LogNotice::Log {
                     session_id,
                     last_sequence,
+                    carried,
                 }) => {
                     // A local session's subscribers hear from its pump.
                     if self.status(&session_id).is_none() {
-                        self.hubs.poke(&session_id, last_sequence);
+                        self.hubs.poke(&session_id, last_sequence, carried.as_ref());
                     }
                 }
                 Some(LogNotice::Relay {

@@ -205,7 +205,7 @@ impl Host {
         if self.cluster.is_some() {
             // Another node may write it from now on, or may have already
             // (a lost lease): its subscribers here look at the store.
-            self.hubs.poke(&session_id, u64::MAX);
+            self.hubs.poke(&session_id, u64::MAX, None);
         }
     }
 

@@ -100,7 +100,7 @@ impl Host {
                 self.release(lease).await;
             }
             if let Some(last_sequence) = written? {
-                self.hubs.poke(session_id, last_sequence);
+                self.hubs.poke(session_id, last_sequence, None);
             }
             Ok(())
         }

@@ -17,7 +17,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 
-use crate::notice::{LogNotice, NoticeListener};
+use crate::notice::{CarriedEvents, LogNotice, NoticeListener};
 use crate::{RelayedSubmission, StoreError};
 
 /// The channel log notifications are sent on.
@@ -131,12 +131,25 @@ fn answered(payload: &str) -> Option<LogNotice> {
     })
 }
 
-/// Parses a payload, `<session id> <last sequence>`.
+/// Parses a log payload, `<session id> <last sequence>`, then, when it
+/// carries the events, `\n<recorded at, ms>\n<the stored events, base64>`.
 fn parse(payload: &str) -> Option<LogNotice> {
-    let (session_id, sequence) = payload.rsplit_once(' ')?;
+    // Session ids hold no control characters.
+    let (head, carried) = match payload.split_once('\n') {
+        Some((head, carried)) => (head, Some(carried)),
+        None => (payload, None),
+    };
+    let (session_id, sequence) = head.rsplit_once(' ')?;
     Some(LogNotice::Log {
         session_id: session_id.to_owned(),
         last_sequence: sequence.parse().ok()?,
+        carried: carried.and_then(|carried| {
+            let (recorded_at_ms, encoded) = carried.split_once('\n')?;
+            Some(CarriedEvents {
+                recorded_at_ms: recorded_at_ms.parse().ok()?,
+                encoded: encoded.to_owned(),
+            })
+        }),
     })
 }
 
@@ -214,8 +227,24 @@ mod tests {
             parse("a b 12"),
             Some(LogNotice::Log {
                 session_id: "a b".to_owned(),
-                last_sequence: 12
+                last_sequence: 12,
+                carried: None,
             })
+        );
+        assert_eq!(
+            parse("a b 12\n1700\nW10="),
+            Some(LogNotice::Log {
+                session_id: "a b".to_owned(),
+                last_sequence: 12,
+                carried: Some(CarriedEvents {
+                    recorded_at_ms: 1700,
+                    encoded: "W10=".to_owned()
+                }),
+            })
+        );
+        assert!(
+            matches!(parse("a b 12\nsoon\nW10="), Some(LogNotice::Log { carried: None, .. })),
+            "events that do not parse are read instead"
         );
         assert_eq!(parse("nosequence"), None);
         assert_eq!(parse("s x"), None);

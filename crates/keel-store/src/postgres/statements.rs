@@ -112,7 +112,9 @@ pub(super) const WRITE: &str = concat!(
 /// [`WRITE`] for appends to many sessions (one each) in one statement: each
 /// array holds one value per append; `ord` numbers them, and the result
 /// has a row for each append that was written. It notifies as [`WRITE`]
-/// does, in the same statement: no round trip is added. The usage of the
+/// does, in the same statement: no round trip is added; when the stored
+/// events are small enough, the notice carries them too (base64, with the
+/// time recorded), so that another node's subscribers need not read them. The usage of the
 /// appends (`$15` to `$18`) is summed per ledger row before it is added:
 /// several sessions of one tenant meet in one row, which one statement
 /// may change only once. Ledger rows are locked in one order (kind,
@@ -158,9 +160,12 @@ pub(super) const APPEND_MANY: &str = concat!(
 ",
     usage_hours_add!(),
     "     )
-     SELECT ord, key, last_sequence, lease,
-            CASE WHEN count > 0 THEN pg_notify('keel_log', id || ' ' || last_sequence) END
-     FROM s"
+     SELECT s.ord, s.key, s.last_sequence, s.lease,
+            CASE WHEN s.count > 0 THEN pg_notify('keel_log', s.id || ' ' || s.last_sequence
+                || CASE WHEN octet_length(i.events) <= 5600
+                        THEN E'\n' || $14 || E'\n' || translate(encode(i.events, 'base64'), E'\n', '')
+                        ELSE '' END) END
+     FROM s JOIN input i ON i.ord = s.ord"
 );
 
 pub(super) const APPEND_MANY_TYPES: [Type; 18] = [

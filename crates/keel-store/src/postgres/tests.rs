@@ -1255,10 +1255,30 @@ async fn the_jobs_of_one_session_in_one_group_apply_in_order() {
 // Log notifications
 // ---------------------------------------------------------------------------
 
-use crate::{LogNotice, NoticeListener};
+use crate::{CarriedEvents, LogNotice, NoticeListener};
 
-/// The next notice, failing the test if none comes in a generous while.
+/// The next notice, failing the test if none comes in a generous while;
+/// the events a log notice carries are checked to decode and end at its
+/// sequence, then left out (see [`next_carrying`]).
 async fn next_notice(listener: &mut NoticeListener) -> LogNotice {
+    match next_carrying(listener).await {
+        LogNotice::Log {
+            session_id,
+            last_sequence,
+            carried: Some(carried),
+        } => {
+            let events = carried
+                .events(&session_id, last_sequence)
+                .expect("carried events decode");
+            assert_eq!(events.last().map(|event| event.sequence), Some(last_sequence));
+            log_notice(&session_id, last_sequence)
+        }
+        notice => notice,
+    }
+}
+
+/// The next notice as it came.
+async fn next_carrying(listener: &mut NoticeListener) -> LogNotice {
     tokio::time::timeout(Duration::from_secs(30), listener.recv())
         .await
         .expect("a notice in time")
@@ -1269,7 +1289,75 @@ fn log_notice(session_id: &str, last_sequence: u64) -> LogNotice {
     LogNotice::Log {
         session_id: session_id.to_owned(),
         last_sequence,
+        carried: None,
     }
+}
+
+/// A commit's events ride with its notice when they are small enough, and
+/// decode to what was appended (sequences and time included); larger ones
+/// are announced alone, to be read.
+#[tokio::test]
+async fn a_log_notice_carries_the_events_of_its_commit_when_they_fit() {
+    guarded(async {
+        let (writer, url) = store_or_skip!();
+        let other = another_handle(&url).await;
+        let mut listener = other.listen().await.expect("listen");
+        create(&writer, "s").await;
+        append(&writer, "s", &events("s", 0, 2)).await;
+        let small = append(&writer, "s", &events("s", 2, 3)).await;
+        // Text that does not compress: a simple generator's digits.
+        let mut state = 7u64;
+        let noise: String = (0..12_000)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                char::from(b'0' + u8::try_from((state >> 33) % 10).unwrap_or(0))
+            })
+            .collect();
+        let mut big: Vec<Event> = (0..39).map(|n| event("s", 5 + n)).collect();
+        big.push(Event {
+            submission_id: None,
+            msg: EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
+                turn_id: "s-turn-x".to_owned(),
+                delta: noise,
+            }),
+        });
+        let big = append(&writer, "s", &big).await;
+        let mut carried = Vec::new();
+        loop {
+            match next_carrying(&mut listener).await {
+                LogNotice::Log {
+                    session_id,
+                    last_sequence,
+                    carried: notice_events,
+                } if session_id == "s" => {
+                    carried.push((
+                        last_sequence,
+                        notice_events.map(|events| events.events("s", last_sequence)),
+                    ));
+                    if last_sequence == 45 {
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(carried.len(), 3, "one notice per commit");
+        assert_eq!(carried[1].0, 5);
+        assert_eq!(carried[1].1.clone().expect("carried").expect("decodes"), small);
+        assert_eq!(big.len(), 40);
+        assert!(carried[2].1.is_none(), "too large for a notice: read instead");
+        // A damaged payload is an error, not a panic.
+        let damaged = CarriedEvents {
+            recorded_at_ms: 1,
+            encoded: "not base64!".to_owned(),
+        };
+        assert!(matches!(damaged.events("s", 3), Err(StoreError::Corrupt { .. })));
+        other.close().await;
+        writer.close().await;
+    })
+    .await;
 }
 
 /// Appends one event to `sentinel` and returns every notice up to and
