@@ -507,7 +507,7 @@ fn bench_serve_nodes_runs_server_processes_and_counts_what_each_turn_costs_the_d
     let cli = Cli::new();
     let url = postgres.fresh_database();
     let args = [
-        "bench", "serve", "--nodes", "2", "-S", "2", "-T", "3", "-K", "4", "-B", "16", "--repeat", "1", "--db", &url,
+        "bench", "serve", "--nodes", "2", "-S", "2", "-T", "20", "-K", "4", "-B", "16", "--repeat", "1", "--db", &url,
     ];
     let output = cli.run(&args);
     assert!(output.status.success(), "{}", stderr(&output));
@@ -522,9 +522,13 @@ fn bench_serve_nodes_runs_server_processes_and_counts_what_each_turn_costs_the_d
     );
     for report in [single, pair] {
         let posts = report["posts_same"].as_u64().unwrap_or(0) + report["posts_relayed"].as_u64().unwrap_or(0);
-        assert_eq!(posts, 6, "{report}");
-        // The nodes are processes of their own: their CPU time is read, and
-        // every turn commits something.
+        assert_eq!(posts, 40, "{report}");
+        // The nodes are processes of their own: their CPU time is read (in
+        // clock ticks of 10 ms: enough turns that one node's cost at least
+        // one), and the database's transactions are counted (a turn can
+        // cost less than one: sessions share group commits, and a
+        // submission's access check reads nothing on the node that runs
+        // its session).
         assert!(
             report["keel_cpu_ms_per_turn"].as_f64().is_some_and(|ms| ms > 0.0),
             "{report}"
@@ -532,7 +536,7 @@ fn bench_serve_nodes_runs_server_processes_and_counts_what_each_turn_costs_the_d
         assert!(
             report["transactions_per_turn"]
                 .as_f64()
-                .is_some_and(|count| count >= 1.0),
+                .is_some_and(|count| count > 0.0),
             "{report}"
         );
         assert!(
