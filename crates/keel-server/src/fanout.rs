@@ -14,6 +14,14 @@
 //! published event instead ([`Subscription::from_now`]), without a store
 //! read.
 //!
+//! The channel keeps room for its events from the moment it is made, so
+//! it is made only once there is an event for a subscriber: a session that
+//! is watched but idle (a page left open) costs its subscribers no ring. A
+//! subscription made before the channel follows the store and the hub's
+//! pokes; the first publish to a watched hub makes the channel and pokes,
+//! and each subscription then joins the channel and reads what it missed
+//! from the store, as after a lag.
+//!
 //! A session that runs on another node (several nodes on one database) has
 //! no local publisher: the node's log notices [`Hubs::poke`] its hub with
 //! the newest stored sequence instead, and each subscription behind it
@@ -57,9 +65,10 @@ impl LiveEvent {
 #[derive(Debug)]
 pub(crate) struct Hub {
     session_id: String,
-    /// Made by the first subscription: a channel keeps room for
-    /// `capacity` events from the start, which an unwatched session (most
-    /// of those loaded) never needs.
+    /// Made by the first publish while someone subscribes (or by
+    /// [`Subscription::from_now`]): a channel keeps room for `capacity`
+    /// events from the start, which an unwatched or idle session (most of
+    /// those loaded) never needs.
     sender: OnceLock<broadcast::Sender<Arc<LiveEvent>>>,
     capacity: usize,
     subscribers: AtomicUsize,
@@ -80,6 +89,12 @@ impl Hub {
         // store).
         if let Some(sender) = self.sender.get().filter(|sender| sender.receiver_count() > 0) {
             let _ = sender.send(Arc::new(LiveEvent::new(event)));
+        } else if self.sender.get().is_none() && self.subscribers.load(Ordering::SeqCst) > 0 {
+            // Subscriptions wait without a channel: make it, and poke them
+            // to join it and read this event from the store.
+            self.sender();
+            self.stored
+                .send_modify(|stored| *stored = (*stored).max(event.sequence));
         }
     }
 
@@ -160,7 +175,8 @@ impl Hubs {
 /// One subscriber's view of a session's events, from a resume point on.
 pub(crate) struct Subscription {
     hub: Arc<Hub>,
-    receiver: broadcast::Receiver<Arc<LiveEvent>>,
+    /// `None` until the hub has a channel (see the module's text).
+    receiver: Option<broadcast::Receiver<Arc<LiveEvent>>>,
     /// Pokes from other nodes' commits.
     stored: watch::Receiver<u64>,
     store: Arc<dyn CheckpointStore>,
@@ -185,13 +201,14 @@ impl Subscription {
         metrics: Arc<Metrics>,
         closing: watch::Receiver<bool>,
     ) -> Self {
-        // Subscribe before the first store read: whatever is published from
-        // now on is in the channel, and whatever was published before is in
-        // the store.
-        let receiver = hub.sender().subscribe();
+        // Counted before the channel is looked at, and subscribed (when
+        // there is a channel) before the first store read: whatever is
+        // published from now on is in the channel or makes it and pokes,
+        // and whatever was published before is in the store.
+        hub.subscribers.fetch_add(1, Ordering::SeqCst);
         let mut stored = hub.stored.subscribe();
         stored.mark_unchanged();
-        hub.subscribers.fetch_add(1, Ordering::Relaxed);
+        let receiver = hub.sender.get().map(broadcast::Sender::subscribe);
         Self {
             hub,
             receiver,
@@ -218,6 +235,8 @@ impl Subscription {
         metrics: Arc<Metrics>,
         closing: watch::Receiver<bool>,
     ) -> Option<Self> {
+        // The caller is about to make events: the channel is wanted.
+        hub.sender();
         let mut subscription = Self::new(hub, 0, store, metrics, closing);
         // Read after subscribing: whatever is published after this load
         // is in the channel.
@@ -247,12 +266,20 @@ impl Subscription {
                 self.last_sent = event.sequence;
                 return Ok(Some(event));
             }
+            if self.receiver.is_none() {
+                if let Some(sender) = self.hub.sender.get() {
+                    // Joined before the store read: nothing falls between.
+                    self.receiver = Some(sender.subscribe());
+                    self.behind = true;
+                    continue;
+                }
+            }
             if self.behind {
                 self.catch_up().await?;
                 continue;
             }
             let received = tokio::select! {
-                received = self.receiver.recv() => received,
+                Some(received) = recv(self.receiver.as_mut()) => received,
                 changed = self.closing.changed() => match changed {
                     Ok(()) => continue,
                     Err(_) => return Ok(None),
@@ -309,6 +336,14 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.hub.subscribers.fetch_sub(1, Ordering::Relaxed);
+        self.hub.subscribers.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// The next item of `receiver`; `None` at once without one (the caller's
+/// `select!` then waits on its other branches).
+async fn recv(
+    receiver: Option<&mut broadcast::Receiver<Arc<LiveEvent>>>,
+) -> Option<Result<Arc<LiveEvent>, broadcast::error::RecvError>> {
+    Some(receiver?.recv().await)
 }
