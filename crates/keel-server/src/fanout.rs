@@ -266,13 +266,13 @@ impl Subscription {
                 self.last_sent = event.sequence;
                 return Ok(Some(event));
             }
-            if self.receiver.is_none() {
-                if let Some(sender) = self.hub.sender.get() {
-                    // Joined before the store read: nothing falls between.
-                    self.receiver = Some(sender.subscribe());
-                    self.behind = true;
-                    continue;
-                }
+            if self.receiver.is_none()
+                && let Some(sender) = self.hub.sender.get()
+            {
+                // Joined before the store read: nothing falls between.
+                self.receiver = Some(sender.subscribe());
+                self.behind = true;
+                continue;
             }
             if self.behind {
                 self.catch_up().await?;
@@ -346,4 +346,54 @@ async fn recv(
     receiver: Option<&mut broadcast::Receiver<Arc<LiveEvent>>>,
 ) -> Option<Result<Arc<LiveEvent>, broadcast::error::RecvError>> {
     Some(receiver?.recv().await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_protocol::{Event, EventMsg, ModelChangedEvent};
+    use keel_store::{SqliteCheckpoint, SqliteOptions};
+
+    fn event(sequence: u64) -> RecordedEvent {
+        RecordedEvent {
+            sequence,
+            recorded_at_ms: 0,
+            event: Event {
+                submission_id: None,
+                msg: EventMsg::ModelChanged(ModelChangedEvent {
+                    previous: None,
+                    model: "script:a".to_owned(),
+                }),
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_watched_idle_hub_has_no_ring_until_an_event_comes_and_then_pokes_its_subscriber() {
+        let path = std::env::temp_dir().join(format!("keel-fanout-{}.sqlite3", std::process::id()));
+        let store: Arc<dyn CheckpointStore> =
+            Arc::new(SqliteCheckpoint::open(&path, SqliteOptions::default()).await.unwrap());
+        let hubs = Hubs::new(64);
+        let hub = hubs.get("s");
+        let (_closing, closing) = watch::channel(false);
+        let subscription = Subscription::new(Arc::clone(&hub), 0, store, Arc::new(Metrics::new()), closing);
+        assert!(hub.sender.get().is_none(), "an idle watched hub made its ring");
+        assert!(subscription.receiver.is_none());
+
+        let mut pokes = hub.stored.subscribe();
+        hub.publish(&event(1));
+        assert!(
+            hub.sender.get().is_some(),
+            "the first event to a watched hub makes its ring"
+        );
+        assert!(pokes.has_changed().unwrap());
+        assert_eq!(*pokes.borrow_and_update(), 1, "the subscriber is told to read event 1");
+
+        // A hub nobody watches makes none.
+        let unwatched = hubs.get("t");
+        unwatched.publish(&event(1));
+        assert!(unwatched.sender.get().is_none());
+        drop(subscription);
+        let _ = std::fs::remove_file(&path);
+    }
 }
