@@ -14,6 +14,14 @@
 //! published event instead ([`Subscription::from_now`]), without a store
 //! read.
 //!
+//! The channel keeps room for its events from the moment it is made, so
+//! it is made only once there is an event for a subscriber: a session that
+//! is watched but idle (a page left open) costs its subscribers no ring. A
+//! subscription made before the channel follows the store and the hub's
+//! pokes; the first publish to a watched hub makes the channel and pokes,
+//! and each subscription then joins the channel and reads what it missed
+//! from the store, as after a lag.
+//!
 //! A session that runs on another node (several nodes on one database) has
 //! no local publisher: the node's log notices [`Hubs::poke`] its hub,
 //! publishing the events a notice carries, or, when it carries none, with
@@ -58,9 +66,10 @@ impl LiveEvent {
 #[derive(Debug)]
 pub(crate) struct Hub {
     session_id: String,
-    /// Made by the first subscription: a channel keeps room for
-    /// `capacity` events from the start, which an unwatched session (most
-    /// of those loaded) never needs.
+    /// Made by the first publish while someone subscribes (or by
+    /// [`Subscription::from_now`]): a channel keeps room for `capacity`
+    /// events from the start, which an unwatched or idle session (most of
+    /// those loaded) never needs.
     sender: OnceLock<broadcast::Sender<Arc<LiveEvent>>>,
     capacity: usize,
     subscribers: AtomicUsize,
@@ -81,6 +90,12 @@ impl Hub {
         // store).
         if let Some(sender) = self.sender.get().filter(|sender| sender.receiver_count() > 0) {
             let _ = sender.send(Arc::new(LiveEvent::new(event)));
+        } else if self.sender.get().is_none() && self.subscribers.load(Ordering::SeqCst) > 0 {
+            // Subscriptions wait without a channel: make it, and poke them
+            // to join it and read this event from the store.
+            self.sender();
+            self.stored
+                .send_modify(|stored| *stored = (*stored).max(event.sequence));
         }
     }
 
@@ -177,7 +192,8 @@ impl Hubs {
 /// One subscriber's view of a session's events, from a resume point on.
 pub(crate) struct Subscription {
     hub: Arc<Hub>,
-    receiver: broadcast::Receiver<Arc<LiveEvent>>,
+    /// `None` until the hub has a channel (see the module's text).
+    receiver: Option<broadcast::Receiver<Arc<LiveEvent>>>,
     /// Pokes from other nodes' commits.
     stored: watch::Receiver<u64>,
     store: Arc<dyn CheckpointStore>,
@@ -202,13 +218,14 @@ impl Subscription {
         metrics: Arc<Metrics>,
         closing: watch::Receiver<bool>,
     ) -> Self {
-        // Subscribe before the first store read: whatever is published from
-        // now on is in the channel, and whatever was published before is in
-        // the store.
-        let receiver = hub.sender().subscribe();
+        // Counted before the channel is looked at, and subscribed (when
+        // there is a channel) before the first store read: whatever is
+        // published from now on is in the channel or makes it and pokes,
+        // and whatever was published before is in the store.
+        hub.subscribers.fetch_add(1, Ordering::SeqCst);
         let mut stored = hub.stored.subscribe();
         stored.mark_unchanged();
-        hub.subscribers.fetch_add(1, Ordering::Relaxed);
+        let receiver = hub.sender.get().map(broadcast::Sender::subscribe);
         Self {
             hub,
             receiver,
@@ -235,6 +252,8 @@ impl Subscription {
         metrics: Arc<Metrics>,
         closing: watch::Receiver<bool>,
     ) -> Option<Self> {
+        // The caller is about to make events: the channel is wanted.
+        hub.sender();
         let mut subscription = Self::new(hub, 0, store, metrics, closing);
         // Read after subscribing: whatever is published after this load
         // is in the channel.
@@ -264,12 +283,20 @@ impl Subscription {
                 self.last_sent = event.sequence;
                 return Ok(Some(event));
             }
+            if self.receiver.is_none()
+                && let Some(sender) = self.hub.sender.get()
+            {
+                // Joined before the store read: nothing falls between.
+                self.receiver = Some(sender.subscribe());
+                self.behind = true;
+                continue;
+            }
             if self.behind {
                 self.catch_up().await?;
                 continue;
             }
             let received = tokio::select! {
-                received = self.receiver.recv() => received,
+                Some(received) = recv(self.receiver.as_mut()) => received,
                 changed = self.closing.changed() => match changed {
                     Ok(()) => continue,
                     Err(_) => return Ok(None),
@@ -326,7 +353,65 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.hub.subscribers.fetch_sub(1, Ordering::Relaxed);
+        self.hub.subscribers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The next item of `receiver`; `None` at once without one (the caller's
+/// `select!` then waits on its other branches).
+async fn recv(
+    receiver: Option<&mut broadcast::Receiver<Arc<LiveEvent>>>,
+) -> Option<Result<Arc<LiveEvent>, broadcast::error::RecvError>> {
+    Some(receiver?.recv().await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_protocol::{Event, EventMsg, ModelChangedEvent};
+    use keel_store::{SqliteCheckpoint, SqliteOptions};
+
+    fn event(sequence: u64) -> RecordedEvent {
+        RecordedEvent {
+            sequence,
+            recorded_at_ms: 0,
+            event: Event {
+                submission_id: None,
+                msg: EventMsg::ModelChanged(ModelChangedEvent {
+                    previous: None,
+                    model: "script:a".to_owned(),
+                }),
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_watched_idle_hub_has_no_ring_until_an_event_comes_and_then_pokes_its_subscriber() {
+        let path = std::env::temp_dir().join(format!("keel-fanout-{}.sqlite3", std::process::id()));
+        let store: Arc<dyn CheckpointStore> =
+            Arc::new(SqliteCheckpoint::open(&path, SqliteOptions::default()).await.unwrap());
+        let hubs = Hubs::new(64);
+        let hub = hubs.get("s");
+        let (_closing, closing) = watch::channel(false);
+        let subscription = Subscription::new(Arc::clone(&hub), 0, store, Arc::new(Metrics::new()), closing);
+        assert!(hub.sender.get().is_none(), "an idle watched hub made its ring");
+        assert!(subscription.receiver.is_none());
+
+        let mut pokes = hub.stored.subscribe();
+        hub.publish(&event(1));
+        assert!(
+            hub.sender.get().is_some(),
+            "the first event to a watched hub makes its ring"
+        );
+        assert!(pokes.has_changed().unwrap());
+        assert_eq!(*pokes.borrow_and_update(), 1, "the subscriber is told to read event 1");
+
+        // A hub nobody watches makes none.
+        let unwatched = hubs.get("t");
+        unwatched.publish(&event(1));
+        assert!(unwatched.sender.get().is_none());
+        drop(subscription);
+        let _ = std::fs::remove_file(&path);
     }
 }
 
