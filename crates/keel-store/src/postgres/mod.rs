@@ -87,6 +87,9 @@ impl Default for PostgresOptions {
 /// Connections a store keeps for lease calls, beside its reads'.
 const LEASE_CONNECTIONS: usize = 2;
 
+/// Connections kept for storing relayed submissions.
+const RELAY_CONNECTIONS: usize = 8;
+
 /// The most write jobs one group commit carries.
 const MAX_JOBS_PER_COMMIT: usize = 4096;
 
@@ -99,6 +102,10 @@ pub struct PostgresCheckpoint {
     /// Connections of their own for claims, renewals and releases, so that
     /// no backlog of reads can delay a renewal past its lease.
     leases: Pool,
+    /// Connections of their own for storing relayed submissions, whose
+    /// commits do not wait for the disk (`relay.rs` says why that loses
+    /// nothing a client was told).
+    relays: Pool,
     /// Where to connect, for listeners.
     config: Config,
     /// The relayed submissions handed to this node as their owner, which
@@ -131,6 +138,7 @@ impl PostgresCheckpoint {
         let counters = Arc::new(WriterCounters::default());
         let max_jobs = if options.per_event { 1 } else { MAX_JOBS_PER_COMMIT };
         let leases = connection_pool(&config, LEASE_CONNECTIONS)?;
+        let relays = connection_pool(&without_waiting_for_the_disk(&config), RELAY_CONNECTIONS)?;
         let pool = connection_pool(&config, options.pool_size.max(1))?;
         let taken_up = Arc::new(taken_up::TakenUp::default());
         let (jobs, writer) = writer::spawn(conn, max_jobs, Arc::clone(&counters), Arc::clone(&taken_up));
@@ -140,6 +148,7 @@ impl PostgresCheckpoint {
             writer: Mutex::new(Some(writer)),
             pool,
             leases,
+            relays,
             config,
             taken_up,
         })
@@ -189,6 +198,7 @@ impl PostgresCheckpoint {
         }
         self.pool.close();
         self.leases.close();
+        self.relays.close();
     }
 
     fn submit(&self, job: Job) -> Result<(), StoreError> {
@@ -396,7 +406,10 @@ impl ClusterStore for PostgresCheckpoint {
         submission: &'a RelayedSubmission,
         max_waiting: usize,
     ) -> BoxFuture<'a, Result<Relayed, StoreError>> {
-        Box::pin(async move { relay::relay(&self.reader().await?, session_id, submission, max_waiting).await })
+        Box::pin(async move {
+            let client = self.pooled(&self.relays).await?;
+            relay::relay(&client, session_id, submission, max_waiting).await
+        })
     }
 
     fn relayed<'a>(
@@ -452,6 +465,19 @@ impl ClusterStore for PostgresCheckpoint {
 }
 
 /// A pool of at most `size` connections to `config`'s database.
+/// `config` for connections whose commits return before the disk has them
+/// (`synchronous_commit = off`): a crash of the database server may lose
+/// their last commits, never break one.
+fn without_waiting_for_the_disk(config: &Config) -> Config {
+    let mut config = config.clone();
+    let options = match config.get_options() {
+        Some(options) => format!("{options} -c synchronous_commit=off"),
+        None => "-c synchronous_commit=off".to_owned(),
+    };
+    config.options(&options);
+    config
+}
+
 fn connection_pool(config: &Config, size: usize) -> Result<Pool, StoreError> {
     let manager = Manager::from_config(
         config.clone(),

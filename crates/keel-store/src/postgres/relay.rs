@@ -2,7 +2,14 @@
 //! node runs, stored (committed) before the client hears `202`, then queued
 //! by the owner.
 //!
-//! Each call is one statement on a pooled connection. The insert announces
+//! Each call is one statement on a pooled connection. The insert commits
+//! without waiting for the disk (`synchronous_commit = off`), one flush less
+//! per relayed submission, and loses nothing a client was told: the client
+//! hears `202` only once the owner has answered, and the owner answers in
+//! (or after) a commit of its own that does wait for the disk, after it read
+//! the row; the write-ahead log is flushed in order, so that flush makes
+//! the row durable too. A crash before it may lose the row, which nobody
+//! was told of (its client retries with its key). The insert announces
 //! the session and its live owner on `keel_relay` in its own transaction,
 //! so the owner is woken at commit, never for a rolled-back insert, and the
 //! other nodes can tell the notice is not theirs. The owner reads the rows in

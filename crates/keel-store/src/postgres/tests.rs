@@ -2103,3 +2103,38 @@ async fn one_statement_renews_a_node_s_leases_without_waiting_for_a_locked_row()
     })
     .await;
 }
+
+/// Relayed submissions are stored on connections whose commits do not wait
+/// for the disk (see `relay.rs`), configured on top of the URL's options;
+/// every other connection waits.
+#[tokio::test]
+async fn relays_commit_without_waiting_for_the_disk_and_nothing_else_does() {
+    guarded(async {
+        let (store, _url) = store_or_skip!();
+        let setting = |client: deadpool_postgres::Object| async move {
+            client
+                .query_one("SHOW synchronous_commit", &[])
+                .await
+                .expect("show")
+                .get::<_, String>(0)
+        };
+        assert_eq!(
+            setting(store.pooled(&store.relays).await.expect("relay connection")).await,
+            "off"
+        );
+        assert_eq!(setting(store.reader().await.expect("reader")).await, "on");
+        assert_eq!(setting(store.leaser().await.expect("leaser")).await, "on");
+        let mut config = tokio_postgres::Config::new();
+        assert_eq!(
+            super::without_waiting_for_the_disk(&config).get_options(),
+            Some("-c synchronous_commit=off")
+        );
+        config.options("-c search_path=keel");
+        assert_eq!(
+            super::without_waiting_for_the_disk(&config).get_options(),
+            Some("-c search_path=keel -c synchronous_commit=off")
+        );
+        store.close().await;
+    })
+    .await;
+}
