@@ -241,6 +241,11 @@ pub trait ClusterStore: LeaseStore {
     /// answered (and how), or is gone.
     fn relay_state<'a>(&'a self, session_id: &'a str, relay_id: u64) -> BoxFuture<'a, Result<RelayState, StoreError>>;
 
+    /// The highest relay id of any submission relayed to `session_id` and
+    /// still stored, answered or not (0 for none): a row with a higher id
+    /// was committed after this was read.
+    fn newest_relay_id<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+
     /// The sessions leased to `owner` with relayed submissions waiting: the
     /// owner's safety net for a wake-up it missed.
     fn sessions_with_relayed<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;

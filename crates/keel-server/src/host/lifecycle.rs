@@ -114,7 +114,7 @@ impl Host {
             published: published_rx,
             lease: agent.lease().clone(),
             clock,
-            relaying: tokio::sync::Mutex::new(false),
+            relaying: tokio::sync::Mutex::default(),
         });
         let pump = Pump {
             agent,

@@ -47,9 +47,9 @@ pub(crate) struct LiveSession {
     /// With several nodes, when the lease was last known to be extended.
     pub(super) clock: Option<LeaseClock>,
     /// Serializes taking up relayed submissions (several nodes only), and
-    /// holds whether a whole pass over them has run since the session was
-    /// loaded here (see `Host::queue_relayed`).
-    pub(super) relaying: tokio::sync::Mutex<bool>,
+    /// holds how far that got since the session was loaded here (see
+    /// `Host::queue_relayed`).
+    pub(super) relaying: tokio::sync::Mutex<super::take_up::Progress>,
 }
 
 impl LiveSession {

@@ -9,9 +9,12 @@
 //!
 //! A relay notice usually carries its row. A session that has had its first
 //! whole pass since it was loaded queues such a row without reading the
-//! store, unless this node took it up already ([`RecentlyTaken`]): a row
-//! committed before the pass was read by it, and one committed after is
-//! taken up once, from its notice or from a read, whichever comes first.
+//! store when the row is newer than every row stored at the end of that
+//! pass ([`Progress::newest`]: so it was committed after this runtime
+//! claimed the session, and no earlier runtime, here or on another node,
+//! can have queued it) and this node has not taken it up already
+//! ([`RecentlyTaken`]: from its notice or from a read, whichever came
+//! first). Any other row is read again.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
@@ -36,6 +39,26 @@ const ANSWER_KEPT: Duration = Duration::from_secs(60);
 /// queuing it twice is a duplicate.
 pub(super) fn relayed_key(submission_id: &str) -> String {
     format!("relayed-{submission_id}")
+}
+
+/// How far taking up a live session's relayed submissions got since the
+/// session was loaded here.
+#[derive(Debug, Default)]
+pub(super) struct Progress {
+    /// A whole pass over the rows has run (and its answers are recorded).
+    passed: bool,
+    /// The highest relay id stored when that pass ended.
+    newest: u64,
+}
+
+impl Progress {
+    /// Whether the row `relay_id` a notice carried may be queued without
+    /// reading the store: it is newer than every row this runtime's first
+    /// whole pass could see, so no earlier runtime can have queued it (this
+    /// node remembers what it took up itself, [`RecentlyTaken`]).
+    fn takes_from_notice(&self, relay_id: u64) -> bool {
+        self.passed && relay_id > self.newest
+    }
 }
 
 /// Relay ids remembered by [`RecentlyTaken`]. A notice reaches the node
@@ -104,17 +127,18 @@ impl Host {
     /// again.
     pub(super) async fn queue_relayed(&self, session: &LiveSession, carried: Option<Box<RelayedSubmission>>) {
         let session_id = session.handle.session_id();
-        let mut passed = session.relaying.lock().await;
+        let mut progress = session.relaying.lock().await;
         if let Some(row) = carried
-            && *passed
+            && progress.takes_from_notice(row.relay_id)
         {
             if self.recently_taken.contains(row.relay_id) {
+                // Taken up already, from a read.
                 return;
             }
             let Some(shared) = self.shared.as_deref() else { return };
             shared.taking_up(std::slice::from_ref(&row));
-            let (answers, blocked) = self.take_up(session, std::slice::from_ref(&row), *passed).await;
-            *passed = self.record_answers(session_id, &answers).await && !blocked;
+            let (answers, blocked) = self.take_up(session, std::slice::from_ref(&row), true).await;
+            progress.passed = self.record_answers(session_id, &answers).await && !blocked;
             return;
         }
         loop {
@@ -125,16 +149,23 @@ impl Host {
                     return;
                 }
             };
-            let (answers, blocked) = self.take_up(session, &waiting, *passed).await;
+            let (answers, blocked) = self.take_up(session, &waiting, progress.passed).await;
             if !self.record_answers(session_id, &answers).await || blocked {
                 // Taken up again, what was queued is a duplicate by its
                 // key, answered as the first time: looked up.
-                *passed = false;
+                progress.passed = false;
                 return;
             }
             if waiting.len() < RELAY_PAGE {
                 // Every row committed before this pass's reads is answered.
-                *passed = true;
+                if !progress.passed {
+                    match async { self.shared()?.newest_relay_id(session_id).await }.await {
+                        Ok(newest) => *progress = Progress { passed: true, newest },
+                        Err(error) => {
+                            tracing::warn!(%session_id, %error, "cannot read the newest relayed submission")
+                        }
+                    }
+                }
                 return;
             }
         }
@@ -216,6 +247,18 @@ impl Host {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_is_taken_from_its_notice_only_when_no_earlier_runtime_can_have_taken_it() {
+        let fresh = Progress::default();
+        assert!(!fresh.takes_from_notice(11), "no whole pass yet");
+        let passed = Progress {
+            passed: true,
+            newest: 10,
+        };
+        assert!(!passed.takes_from_notice(10), "stored when the pass ended");
+        assert!(passed.takes_from_notice(11));
+    }
 
     #[test]
     fn recently_taken_rows_are_remembered_within_a_bound() {

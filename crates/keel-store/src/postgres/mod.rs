@@ -455,6 +455,10 @@ impl ClusterStore for PostgresCheckpoint {
         Box::pin(async move { relay::relay_state(&self.reader().await?, relay_id).await })
     }
 
+    fn newest_relay_id<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move { relay::newest_relay_id(&self.reader().await?, session_id).await })
+    }
+
     fn sessions_with_relayed<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         Box::pin(async move { relay::sessions_with_relayed(&self.reader().await?, owner).await })
     }

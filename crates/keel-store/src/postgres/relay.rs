@@ -100,6 +100,11 @@ const ANSWER: &str = "WITH session AS (SELECT key FROM sessions WHERE id = $1),
 /// A row's answer, by its id (unique across sessions): one index lookup.
 const STATE: &str = "SELECT answer FROM relayed_submissions WHERE id = $1";
 
+/// The session's highest relay id, answered or not; 0 for none (one index
+/// lookup).
+const NEWEST: &str = "SELECT coalesce(max(r.id), 0)::int8
+     FROM relayed_submissions r JOIN sessions s ON s.key = r.session_key WHERE s.id = $1";
+
 const OWNED_WITH_RELAYED: &str = "SELECT s.id FROM sessions s
      WHERE s.lease_owner = $1
        AND EXISTS (SELECT 1 FROM relayed_submissions r WHERE r.session_key = s.key AND r.answer IS NULL)
@@ -242,6 +247,12 @@ pub(super) async fn relay_state(client: &Object, relay_id: u64) -> Result<RelayS
         detail: error.to_string(),
     })?;
     Ok(RelayState::Answered(outcome))
+}
+
+pub(super) async fn newest_relay_id(client: &Object, session_id: &str) -> Result<u64, StoreError> {
+    let newest = client.prepare_cached(NEWEST).await.map_err(pg_error)?;
+    let row = client.query_one(&newest, &[&session_id]).await.map_err(pg_error)?;
+    Ok(uint(row.try_get(0).map_err(pg_error)?))
 }
 
 pub(super) async fn sessions_with_relayed(client: &Object, owner: &str) -> Result<Vec<String>, StoreError> {

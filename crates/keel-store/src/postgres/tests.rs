@@ -2007,6 +2007,9 @@ async fn the_commit_that_queues_a_relayed_submission_answers_it() {
             store.relay_state("s", ids[2]).await.expect("state"),
             RelayState::Answered(accepted("r3", 3))
         );
+        // The newest relay id counts answered rows too.
+        assert_eq!(owner.newest_relay_id("s").await.expect("newest"), ids[2]);
+        assert_eq!(owner.newest_relay_id("nobody").await.expect("newest"), 0);
         owner.close().await;
         store.close().await;
     })
