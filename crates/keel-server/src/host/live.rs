@@ -49,7 +49,7 @@ pub(crate) struct LiveSession {
     /// Serializes taking up relayed submissions (several nodes only), and
     /// holds how far that got since the session was loaded here (see
     /// `Host::queue_relayed`).
-    pub(super) relaying: tokio::sync::Mutex<super::take_up::Progress>,
+    pub(super) relaying: tokio::sync::Mutex<Progress>,
 }
 
 impl LiveSession {
@@ -116,5 +116,25 @@ impl Drop for SessionInUse {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner()) = Instant::now();
         self.live.users.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How far taking up a live session's relayed submissions got since the
+/// session was loaded here.
+#[derive(Debug, Default)]
+pub(super) struct Progress {
+    /// A whole pass over the rows has run (and its answers are recorded).
+    pub(super) passed: bool,
+    /// The highest relay id stored when that pass ended.
+    pub(super) newest: u64,
+}
+
+impl Progress {
+    /// Whether the row `relay_id` a notice carried may be queued without
+    /// reading the store: it is newer than every row this runtime's first
+    /// whole pass could see, so no earlier runtime can have queued it (this
+    /// node remembers what it took up itself, `RecentlyTaken`).
+    pub(super) fn takes_from_notice(&self, relay_id: u64) -> bool {
+        self.passed && relay_id > self.newest
     }
 }

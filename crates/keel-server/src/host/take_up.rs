@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use super::Host;
 use super::answers::{not_the_sender_s, owner_answer, sender_sees};
-use super::live::LiveSession;
+use super::live::{LiveSession, Progress};
 use keel_agent::SubmitOptions;
 use keel_store::{RelayOutcome, RelayedSubmission};
 
@@ -39,26 +39,6 @@ const ANSWER_KEPT: Duration = Duration::from_secs(60);
 /// queuing it twice is a duplicate.
 pub(super) fn relayed_key(submission_id: &str) -> String {
     format!("relayed-{submission_id}")
-}
-
-/// How far taking up a live session's relayed submissions got since the
-/// session was loaded here.
-#[derive(Debug, Default)]
-pub(super) struct Progress {
-    /// A whole pass over the rows has run (and its answers are recorded).
-    passed: bool,
-    /// The highest relay id stored when that pass ended.
-    newest: u64,
-}
-
-impl Progress {
-    /// Whether the row `relay_id` a notice carried may be queued without
-    /// reading the store: it is newer than every row this runtime's first
-    /// whole pass could see, so no earlier runtime can have queued it (this
-    /// node remembers what it took up itself, [`RecentlyTaken`]).
-    fn takes_from_notice(&self, relay_id: u64) -> bool {
-        self.passed && relay_id > self.newest
-    }
 }
 
 /// Relay ids remembered by [`RecentlyTaken`]. A notice reaches the node
