@@ -91,8 +91,9 @@ impl Hub {
         if let Some(sender) = self.sender.get().filter(|sender| sender.receiver_count() > 0) {
             let _ = sender.send(Arc::new(LiveEvent::new(event)));
         } else if self.sender.get().is_none() && self.subscribers.load(Ordering::SeqCst) > 0 {
-            // Subscriptions wait without a channel: make it, and poke them
-            // to join it and read this event from the store.
+            // Subscriptions wait without a channel: make it (which wakes
+            // them to join it), and have them read this event from the
+            // store.
             self.sender();
             self.stored
                 .send_modify(|stored| *stored = (*stored).max(event.sequence));
@@ -100,8 +101,20 @@ impl Hub {
     }
 
     /// The channel, made on first use.
+    ///
+    /// Subscriptions made before it wait on the hub's pokes, not on a
+    /// channel: making it wakes them to join it (whoever makes it, a
+    /// publish or [`Subscription::from_now`]).
     fn sender(&self) -> &broadcast::Sender<Arc<LiveEvent>> {
-        self.sender.get_or_init(|| broadcast::channel(self.capacity).0)
+        let mut made = false;
+        let sender = self.sender.get_or_init(|| {
+            made = true;
+            broadcast::channel(self.capacity).0
+        });
+        if made {
+            self.stored.send_modify(|_| {});
+        }
+        sender
     }
 
     /// How many subscriptions are open.
@@ -424,6 +437,67 @@ mod tests {
                 delta: format!("delta {n}"),
             }),
         }
+    }
+
+    /// A subscription waiting on a hub without a channel joins the channel
+    /// whoever makes it: here a caller following what it submits
+    /// ([`Subscription::from_now`]), after which events go only to the
+    /// channel.
+    #[tokio::test]
+    async fn a_subscription_waiting_without_a_channel_joins_it_whoever_makes_it() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let store = SqliteCheckpoint::open(dir.path().join("s.sqlite3"), SqliteOptions::default())
+            .await
+            .expect("a store");
+        let stored = vec![EncodedEvent::encode(&delta(1)).expect("encode")];
+        store
+            .create(&Checkpoint::empty("s"), &[], stored)
+            .await
+            .expect("a session");
+        let store: Arc<dyn CheckpointStore> = Arc::new(store);
+        let metrics = Arc::new(Metrics::new());
+        let hubs = Hubs::new(16);
+        let hub = hubs.get("s");
+        let (_closing, closed) = watch::channel(false);
+        let mut waiting = Subscription::new(
+            Arc::clone(&hub),
+            0,
+            Arc::clone(&store),
+            Arc::clone(&metrics),
+            closed.clone(),
+        );
+        let first = tokio::time::timeout(Duration::from_secs(10), waiting.next())
+            .await
+            .expect("in time")
+            .expect("no error")
+            .expect("an event");
+        assert_eq!(first.sequence, 1, "read from the store");
+        assert!(hub.sender.get().is_none(), "no channel yet");
+        let next = tokio::spawn(async move { waiting.next().await.map(|event| event.map(|event| event.sequence)) });
+        tokio::task::yield_now().await;
+        // Nothing published yet here: from_now makes the channel, follows
+        // nothing, and goes.
+        assert!(Subscription::from_now(Arc::clone(&hub), store, metrics, closed).is_none());
+        assert!(hub.sender.get().is_some());
+        // Woken, the waiting subscription joins the channel.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while hub.sender.get().is_none_or(|sender| sender.receiver_count() == 0) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the waiting subscription joined the channel");
+        // An event the store here does not hold: only the channel has it.
+        hub.publish(&RecordedEvent {
+            sequence: 2,
+            recorded_at_ms: 0,
+            event: delta(2),
+        });
+        let got = tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .expect("the channel's event in time")
+            .expect("the task");
+        assert_eq!(got.expect("no error"), Some(2));
     }
 
     /// Events another node committed reach this node's subscribers from
