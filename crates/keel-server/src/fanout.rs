@@ -439,6 +439,22 @@ mod tests {
         }
     }
 
+    /// A SQLite store in `dir` whose session `s` holds `events`.
+    async fn store_holding(dir: &tempfile::TempDir, events: &[Event]) -> Arc<dyn CheckpointStore> {
+        let store = SqliteCheckpoint::open(dir.path().join("s.sqlite3"), SqliteOptions::default())
+            .await
+            .expect("a store");
+        let stored = events
+            .iter()
+            .map(|event| EncodedEvent::encode(event).expect("encode"))
+            .collect();
+        store
+            .create(&Checkpoint::empty("s"), &[], stored)
+            .await
+            .expect("a session");
+        Arc::new(store)
+    }
+
     /// A subscription waiting on a hub without a channel joins the channel
     /// whoever makes it: here a caller following what it submits
     /// ([`Subscription::from_now`]), after which events go only to the
@@ -446,15 +462,7 @@ mod tests {
     #[tokio::test]
     async fn a_subscription_waiting_without_a_channel_joins_it_whoever_makes_it() {
         let dir = tempfile::tempdir().expect("a directory");
-        let store = SqliteCheckpoint::open(dir.path().join("s.sqlite3"), SqliteOptions::default())
-            .await
-            .expect("a store");
-        let stored = vec![EncodedEvent::encode(&delta(1)).expect("encode")];
-        store
-            .create(&Checkpoint::empty("s"), &[], stored)
-            .await
-            .expect("a session");
-        let store: Arc<dyn CheckpointStore> = Arc::new(store);
+        let store = store_holding(&dir, &[delta(1)]).await;
         let metrics = Arc::new(Metrics::new());
         let hubs = Hubs::new(16);
         let hub = hubs.get("s");
@@ -508,18 +516,7 @@ mod tests {
     #[tokio::test]
     async fn the_events_a_notice_carries_reach_the_subscribers_without_a_read() {
         let dir = tempfile::tempdir().expect("a directory");
-        let store = SqliteCheckpoint::open(dir.path().join("s.sqlite3"), SqliteOptions::default())
-            .await
-            .expect("a store");
-        let stored: Vec<EncodedEvent> = [delta(1), delta(2)]
-            .iter()
-            .map(|event| EncodedEvent::encode(event).expect("encode"))
-            .collect();
-        store
-            .create(&Checkpoint::empty("s"), &[], stored)
-            .await
-            .expect("a session");
-        let store: Arc<dyn CheckpointStore> = Arc::new(store);
+        let store = store_holding(&dir, &[delta(1), delta(2)]).await;
         let hubs = Hubs::new(16);
         let (_closing, closed) = watch::channel(false);
         let mut subscription = Subscription::new(hubs.get("s"), 0, store, Arc::new(Metrics::new()), closed);

@@ -122,9 +122,10 @@ impl TakenUp {
             .filter(|(relay_id, _)| !taken.answered.remove(relay_id))
             .cloned()
             .collect();
-        taken
-            .waiting
-            .retain(|_, relay_id| !answers.iter().any(|(id, _)| id == relay_id));
+        if !taken.waiting.is_empty() {
+            let done: HashSet<u64> = answers.iter().map(|(relay_id, _)| *relay_id).collect();
+            taken.waiting.retain(|_, relay_id| !done.contains(relay_id));
+        }
         left
     }
 
