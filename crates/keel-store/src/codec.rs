@@ -29,8 +29,8 @@ pub(crate) enum Stored {
 }
 
 impl Stored {
-    /// The stored bytes, for a backend that keeps both forms in one column.
-    #[cfg(feature = "postgres")]
+    /// The stored bytes, for a backend that keeps both forms in one column
+    /// (and for a notice that carries them).
     pub(crate) fn into_bytes(self) -> Vec<u8> {
         match self {
             Stored::Plain(json) => json.into_bytes(),

@@ -5,9 +5,10 @@
 //!
 //! A log notice carries a session id and a sequence, and the commit's events
 //! when they fit ([`CarriedEvents`], decoded only by a consumer that wants
-//! them); otherwise a consumer reads the events from the log. Notices can be missed (a connection was
-//! lost, the consumer fell behind); the listener then yields
-//! [`LogNotice::Resync`], after which the consumer re-reads what it follows.
+//! them); otherwise a consumer reads the events from the log. Notices can
+//! be missed (a connection was lost, the consumer fell behind); the
+//! listener then yields [`LogNotice::Resync`], after which the consumer
+//! re-reads what it follows.
 
 use tokio::sync::mpsc;
 
@@ -77,10 +78,7 @@ impl CarriedEvents {
             .iter()
             .map(|event| serde_json::to_string(event).map_err(|error| StoreError::Encode(error.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
-        let stored = match crate::codec::encode(crate::codec::json_array(json)) {
-            crate::codec::Stored::Plain(json) => json.into_bytes(),
-            crate::codec::Stored::Compressed(bytes) => bytes,
-        };
+        let stored = crate::codec::encode(crate::codec::json_array(json)).into_bytes();
         Ok(Self {
             recorded_at_ms,
             encoded: base64::engine::general_purpose::STANDARD.encode(stored),
