@@ -6,11 +6,12 @@
 //! as nodes on separate machines do: each has its own runtime, connections
 //! and CPU time, read from `/proc` apart from the client's (this process). Each of S sessions is created on a node picked
 //! by a seeded generator, which owns it; each of its T turns is `POST`ed to
-//! a node picked the same way, so about (N−1)/N of them are relayed through
-//! the database (answered `202` once stored) to the owner. Each session has
-//! one subscriber on its owner's `…/events/stream` and, with more than one
-//! node, one on another node, which hears of new events by PostgreSQL
-//! `NOTIFY` and reads them from the store. Both are checked gap-free.
+//! a node picked the same way, so about (N−1)/N of them are relayed to the
+//! owner (handed over directly, or through the database). Each session has
+//! two subscribers to its `…/events/stream`: one on its owner and one on
+//! another node, which hears of new events by PostgreSQL `NOTIFY`. With one
+//! node both are on it, so that every run serves the same streams and the
+//! CPU per turn compares like with like. Both are checked gap-free.
 //!
 //! Delivery is measured two ways for the events of the timed turns: the
 //! difference between the two subscribers' receipt [`Instant`]s (same
@@ -326,7 +327,11 @@ async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> 
     let mut sessions = Vec::with_capacity(params.sessions);
     for index in 0..params.sessions {
         let owner = owners.random_range(0..bases.len());
-        let other = (bases.len() > 1).then(|| (owner + 1 + owners.random_range(0..bases.len() - 1)) % bases.len());
+        // With one node, the second subscriber is on the owner too.
+        let other = match bases.len() {
+            1 => owner,
+            n => (owner + 1 + owners.random_range(0..n - 1)) % n,
+        };
         let rng = StdRng::seed_from_u64(params.seed.wrapping_add(index as u64 + 1));
         sessions.push(ClusterSession::open(&client, &bases, owner, other, rng).await?);
     }
@@ -374,7 +379,9 @@ async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> 
         streams_same += 1;
         let same = streams.timed(&streams.same);
         same_delivery.extend(same.iter().filter_map(commit_to_receipt_ms));
-        if let Some(cross) = &streams.cross {
+        if let Some(cross) = &streams.cross
+            && bases.len() > 1
+        {
             streams_cross += 1;
             let cross = streams.timed(cross);
             cross_delivery.extend(cross.iter().filter_map(commit_to_receipt_ms));
@@ -471,7 +478,7 @@ struct Streams {
     timed_until: usize,
     /// The owner's stream, every event in order.
     same: Vec<WireEvent>,
-    /// The other node's stream, with more than one node.
+    /// The second subscriber's stream (on another node, with more than one).
     cross: Option<Vec<WireEvent>>,
 }
 
@@ -483,8 +490,8 @@ impl Streams {
     }
 }
 
-/// A subscriber on another node than the owner: its reader and what it
-/// forwarded.
+/// The second subscriber (on another node than the owner, with more than
+/// one): its reader and what it forwarded.
 struct CrossSubscriber {
     reader: JoinHandle<Result<u64>>,
     events: mpsc::UnboundedReceiver<WireEvent>,
@@ -511,13 +518,7 @@ struct ClusterSession {
 impl ClusterSession {
     /// Creates a session on node `owner` and subscribes to it there and on
     /// node `other`.
-    async fn open(
-        client: &reqwest::Client,
-        bases: &[String],
-        owner: usize,
-        other: Option<usize>,
-        rng: StdRng,
-    ) -> Result<Self> {
+    async fn open(client: &reqwest::Client, bases: &[String], owner: usize, other: usize, rng: StdRng) -> Result<Self> {
         let id = create_session(client, &bases[owner]).await?;
         let subscribe = |node: usize| {
             let url = format!("{}/v1/sessions/{id}/events/stream?after=0", bases[node]);
@@ -528,13 +529,11 @@ impl ClusterSession {
             }
         };
         let (reader, events) = subscribe(owner).await?;
-        let cross = match other {
-            Some(node) => {
-                let (reader, events) = subscribe(node).await?;
-                Some(CrossSubscriber { reader, events })
-            }
-            None => None,
-        };
+        let (reader_two, events_two) = subscribe(other).await?;
+        let cross = Some(CrossSubscriber {
+            reader: reader_two,
+            events: events_two,
+        });
         Ok(Self {
             id,
             owner,

@@ -179,6 +179,11 @@ pub struct ClusterConfig {
     /// is answered `503 owner_unavailable`; [`DEFAULT_RELAY_WAIT`] by
     /// default.
     pub relay_wait: Duration,
+    /// The base URL the other nodes hand this one submissions at (see
+    /// `host/forward.rs`); `None`: `http://` and the listen address,
+    /// unless that is unspecified (`0.0.0.0`), when this node is handed
+    /// nothing directly and its submissions come through the database.
+    pub advertise_url: Option<String>,
     /// The store's several-node part, on the database of
     /// [`ServerConfig::store`] (the same store, seen as shared).
     pub store: Arc<dyn ClusterStore>,
@@ -330,6 +335,7 @@ pub async fn serve(
     };
     let (cluster, notices) = match config.cluster {
         Some(cluster) => {
+            advertise(&cluster, address).await;
             let (node, listener) = cluster_parts(cluster, config.token.as_deref())?;
             (Some(node), Some(listener))
         }
@@ -506,6 +512,27 @@ fn cluster_parts(cluster: ClusterConfig, token: Option<&str>) -> Result<(host::N
         relay_wait: cluster.relay_wait,
     };
     Ok((node, cluster.listener))
+}
+
+/// Records where the other nodes hand this node the submissions for its
+/// sessions (`host/forward.rs`): `--advertise-url`, else the listen
+/// address unless it is unspecified; else nothing (an empty URL, so a
+/// node id used before with a URL is not sent to where it was).
+async fn advertise(cluster: &ClusterConfig, address: SocketAddr) {
+    let url = match &cluster.advertise_url {
+        Some(url) => url.clone(),
+        None if address.ip().is_unspecified() => {
+            tracing::info!(
+                "submissions for this node's sessions come through the database: it listens on {address}, \
+                 so give --advertise-url for the other nodes to reach it directly"
+            );
+            String::new()
+        }
+        None => format!("http://{address}"),
+    };
+    if let Err(error) = cluster.store.advertise(&cluster.node_id, &url).await {
+        tracing::warn!(%error, "cannot record where this node takes submissions; they come through the database");
+    }
 }
 
 /// Runs the host's background work (unloading idle sessions, retention,

@@ -250,6 +250,15 @@ pub trait ClusterStore: LeaseStore {
     /// owner's safety net for a wake-up it missed.
     fn sessions_with_relayed<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
 
+    /// Records that node `node` takes submissions for the sessions it runs
+    /// at `url` (its base URL, as the other nodes reach it), replacing what
+    /// it advertised before; an empty `url` says it takes none.
+    fn advertise<'a>(&'a self, node: &'a str, url: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The base URL node `node` advertised last ([`Self::advertise`]), if
+    /// it did and it was not empty.
+    fn node_url<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<Option<String>, StoreError>>;
+
     /// Starts following the store's notices (log commits, relayed
     /// submissions, released sessions) of every node; see [`NoticeListener`].
     fn listen(&self) -> BoxFuture<'_, Result<NoticeListener, StoreError>>;

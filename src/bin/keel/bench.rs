@@ -150,8 +150,9 @@ pub(crate) enum BenchCommand {
         db: Option<String>,
         /// `keel serve` processes (nodes) sharing the PostgreSQL database:
         /// sessions owned by random nodes, each turn posted to a random
-        /// node, one subscriber on the owner and one on another node (`-W`
-        /// is not used). Runs 1 node and N nodes, interleaved, and reports
+        /// node, one subscriber on the owner and one on another node (on
+        /// the owner too with 1 node, so both runs serve the same streams;
+        /// `-W` is not used). Runs 1 node and N nodes, interleaved, and reports
         /// CPU (the nodes', and a local PostgreSQL's) and transactions per
         /// turn.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]

@@ -103,6 +103,13 @@ pub(crate) struct ServeArgs {
     /// either, relayed submissions are not sealed].
     #[arg(long, env = "KEEL_CLUSTER_KEY_FILE", value_name = "FILE")]
     cluster_key_file: Option<PathBuf>,
+    /// On PostgreSQL, the base URL the other nodes reach this one at, to
+    /// hand it the submissions for its sessions directly (its host is
+    /// also answered for, as with --allow-host) [default: http:// and the
+    /// listen address, unless that is 0.0.0.0 or [::]: then submissions
+    /// reach this node through the database].
+    #[arg(long, value_name = "URL")]
+    advertise_url: Option<String>,
     /// Test use only: moves the clock budgets' rolling days are counted by
     /// this many seconds ahead, so that a test sees the next day's window.
     #[arg(long, hide = true, default_value_t = 0, value_name = "N")]
@@ -208,6 +215,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             lease_ttl: Duration::from_millis(args.lease_ttl_ms),
             relay_wait,
             relay_key,
+            advertise_url: args.advertise_url.clone(),
             store: cluster_store,
             listener,
         });
@@ -227,6 +235,9 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.shutdown_grace = Duration::from_secs(args.shutdown_grace_secs);
     config.max_steps = args.max_steps;
     config.allowed_hosts = args.allow_hosts.clone();
+    if let Some(host) = advertised_host(args.advertise_url.as_deref())? {
+        config.allowed_hosts.push(host);
+    }
     config.header_timeout = Duration::from_secs(args.header_timeout_secs);
     config.body_timeout = Duration::from_secs(args.body_timeout_secs);
     config.max_connections = args.max_connections;
@@ -265,6 +276,22 @@ async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
             format!("cannot listen on {listen}: check --listen (HOST:PORT, for example 127.0.0.1:7777)")
         }),
     }
+}
+
+/// The host name of `--advertise-url`, which the other nodes send as
+/// `Host`; an error for a URL that is not `http(s)://HOST[:PORT]`.
+fn advertised_host(url: Option<&str>) -> anyhow::Result<Option<String>> {
+    let Some(url) = url else { return Ok(None) };
+    let parsed = reqwest::Url::parse(url).with_context(|| format!("--advertise-url {url} is not a URL"))?;
+    let host = parsed
+        .host_str()
+        .filter(|_| matches!(parsed.scheme(), "http" | "https"));
+    let Some(host) = host else {
+        anyhow::bail!(
+            "--advertise-url {url}: give http://HOST:PORT or https://HOST:PORT, as the other nodes reach this one"
+        );
+    };
+    Ok(Some(host.trim_start_matches('[').trim_end_matches(']').to_owned()))
 }
 
 /// The relay key in a `--cluster-key-file`: at least 32 bytes of secret

@@ -22,6 +22,7 @@ use crate::suite::support::wait::{HANG_GUARD, guard, wait_until_async};
 
 mod answers;
 mod client_tools;
+mod forward;
 mod shared_budgets;
 mod stale_tenant;
 
@@ -266,11 +267,17 @@ async fn any_node_accepts_any_request_and_streams_any_session() {
         sent.elapsed()
     );
     assert_log_sound(&cluster.log("slow").await);
-    let mut relayed = 0.0;
+    let (mut relayed, mut forwarded) = (0.0, 0.0);
     for index in 0..3 {
-        relayed += counter(&cluster.api(index).metrics().await, "keel_relayed_submissions_total");
+        let metrics = cluster.api(index).metrics().await;
+        relayed += counter(&metrics, "keel_relayed_submissions_total");
+        forwarded += counter(&metrics, "keel_forwarded_submissions_total");
     }
-    assert_eq!(relayed, 5.0, "four messages and an interrupt were relayed");
+    assert_eq!(
+        relayed, 6.0,
+        "four messages, a retry (answered by the owner) and an interrupt were relayed"
+    );
+    assert_eq!(forwarded, relayed, "each handed to the owner directly");
 }
 
 /// Waits until a resumed node has stopped the session it lost: its next

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use super::answers::{AnswerWatch, client_answer};
 use super::client_deadlines::waits_durably;
+use super::forward::Forwarded;
 use super::live::{LiveSession, SessionInUse};
 use super::pump::CloseMode;
 use super::take_up::relayed_key;
@@ -77,14 +78,16 @@ struct WaitingRelay<'a> {
 const TAKE_OVER_PAGE: usize = 100;
 
 impl Host {
-    /// Stores `op` for `session_id`, which another node runs, so that node
-    /// queues it, and answers what the owner answered once it has taken it
-    /// up ([`Self::owner_s_answer`]): the same receipt, or the same
-    /// refusal, as if the client had asked the owner.
+    /// Relays `op` for `session_id`, which another node runs, and answers
+    /// what the owner answered: the same receipt, or the same refusal, as
+    /// if the client had asked the owner.
     ///
-    /// Found moments ago to run elsewhere ([`Self::relays_at_once`]), a
-    /// session is not read first: the owner applies its own `on_busy` when
-    /// the client gave none.
+    /// Handed to the owner directly when this node knows which node that is
+    /// and where it takes submissions (`forward.rs`); otherwise, or if the
+    /// owner did not take it, stored for the owner to take up
+    /// ([`Self::owner_s_answer`]). Found moments ago to run elsewhere
+    /// ([`Self::relays_at_once`]), a session is not read first: the owner
+    /// applies its own `on_busy` when the client gave none.
     pub(super) async fn relay(
         &self,
         session_id: &str,
@@ -93,10 +96,37 @@ impl Host {
         idempotency_key: Option<String>,
         submitted_by: Actor,
     ) -> Result<Accepted, ApiError> {
+        // One wait for the owner's answer, however it is reached.
+        let deadline = Instant::now() + self.relay_wait;
+        if let Some(hint) = self.elsewhere.get(session_id)
+            && !self.factory.budgets.watches(&hint.tenant, session_id)
+        {
+            let submission = RelayedSubmission {
+                relay_id: 0,
+                submission_id: new_id(),
+                op: op.clone(),
+                on_busy,
+                idempotency_key: idempotency_key.clone(),
+                submitted_by: Some(super::acting_for(submitted_by.clone(), &hint.tenant)),
+                seal: None,
+            };
+            match self.forward(session_id, &hint.owner, submission, deadline).await {
+                Forwarded::Answered(answer) => {
+                    self.metrics.relayed_submissions.inc();
+                    self.metrics.forwarded_submissions.inc();
+                    return answer;
+                }
+                // Queued twice, it would run twice: only a key makes the
+                // store's path safe.
+                Forwarded::Unknown(error) if idempotency_key.is_none() => return Err(error),
+                Forwarded::Unknown(_) | Forwarded::NotTaken => {
+                    self.metrics.forwards_not_taken.inc();
+                }
+            }
+        }
         if let Some(tenant) = self.relays_at_once(session_id, idempotency_key.as_deref()) {
-            return self
-                .store_relayed(session_id, op, on_busy, None, submitted_by, &tenant)
-                .await;
+            let relayed = (op, on_busy, None, submitted_by);
+            return self.store_relayed(session_id, relayed, &tenant, deadline).await;
         }
         let summary = self
             .store
@@ -116,8 +146,14 @@ impl Host {
         let idle = summary.running_turn_id.is_none();
         let tenant = &summary.context.tenant;
         self.factory.budgets.admit(tenant, session_id, &op, idle).await?;
-        self.store_relayed(session_id, op, Some(on_busy), idempotency_key, submitted_by, tenant)
-            .await
+        let relayed = (op, Some(on_busy), idempotency_key, submitted_by);
+        self.store_relayed(session_id, relayed, tenant, deadline).await
+    }
+
+    /// Whether another live node runs `session_id`, as a claim found
+    /// moments ago (several nodes only).
+    pub(super) fn runs_elsewhere(&self, session_id: &str) -> bool {
+        self.cluster.is_some() && self.elsewhere.get(session_id).is_some()
     }
 
     /// The tenant of `session_id` if a submission for it can be relayed at
@@ -132,16 +168,14 @@ impl Host {
         (!self.factory.budgets.watches(&elsewhere.tenant, session_id)).then_some(elsewhere.tenant)
     }
 
-    /// Stores a submission for the owner of `session_id` and waits for its
-    /// answer.
+    /// Stores a submission (its op, `on_busy`, key and sender) for the
+    /// owner of `session_id` and waits for its answer until `deadline`.
     async fn store_relayed(
         &self,
         session_id: &str,
-        op: Op,
-        on_busy: Option<BusyPolicy>,
-        idempotency_key: Option<String>,
-        submitted_by: Actor,
+        (op, on_busy, idempotency_key, submitted_by): (Op, Option<BusyPolicy>, Option<String>, Actor),
         tenant: &str,
+        deadline: Instant,
     ) -> Result<Accepted, ApiError> {
         let submission = RelayedSubmission {
             relay_id: 0,
@@ -190,11 +224,12 @@ impl Host {
             asked_again,
             submission: &submission,
         };
-        self.owner_s_answer(session_id, relayed, &watch, woken).await
+        self.owner_s_answer(session_id, relayed, &watch, woken, deadline).await
     }
 
-    /// Waits, at most [`Node::relay_wait`], for the owner's answer to a
-    /// submission this node relayed: woken by the owner's notice (`woken`,
+    /// Waits until `deadline` (at most [`Node::relay_wait`] from the
+    /// client's request) for the owner's answer to a submission this node
+    /// relayed: woken by the owner's notice (`woken`,
     /// armed before the row was stored), which carries the answer when it
     /// fits, and reading the row otherwise and meanwhile, in case the
     /// notice is lost. Past the wait,
@@ -206,8 +241,8 @@ impl Host {
         relayed: WaitingRelay<'_>,
         watch: &'n AnswerWatch<'_>,
         mut woken: Pin<&mut Notified<'n>>,
+        deadline: Instant,
     ) -> Result<Accepted, ApiError> {
-        let deadline = Instant::now() + self.relay_wait;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             tokio::select! {
@@ -277,9 +312,12 @@ impl Host {
                 Ok(Some(lease))
             }
             Err(error) => {
-                if let StoreError::Owned { expires_in_ms, .. } = &error {
-                    self.elsewhere
-                        .learn(session_id, tenant, asked, Duration::from_millis(*expires_in_ms));
+                if let StoreError::Owned {
+                    owner, expires_in_ms, ..
+                } = &error
+                {
+                    let left = Duration::from_millis(*expires_in_ms);
+                    self.elsewhere.learn(session_id, tenant, owner, asked, left);
                 }
                 Err(error.into())
             }

@@ -1,5 +1,5 @@
 //! What a node learnt, claiming a session, of one that another live node
-//! runs: until when that node's lease lasts, and the session's tenant.
+//! runs: which node, until when its lease lasts, and the session's tenant.
 //!
 //! While the lease lasts, a submission for the session is relayed at once,
 //! without reading the session and trying to claim it again (three
@@ -23,6 +23,8 @@ const MAX_HINTS: usize = 65_536;
 pub(super) struct Elsewhere {
     /// The session's tenant.
     pub(super) tenant: String,
+    /// The node that holds it.
+    pub(super) owner: String,
     /// When the lease this was learnt from ends, by this node's clock
     /// (started before the claim was sent, so never later than the store's).
     until: Instant,
@@ -39,9 +41,9 @@ impl ElsewhereHints {
         self.hints.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// Records that another node holds `session_id` (of `tenant`) for
+    /// Records that node `owner` holds `session_id` (of `tenant`) for
     /// `left` from `asked` (when the claim that learnt it was sent).
-    pub(super) fn learn(&self, session_id: &str, tenant: &str, asked: Instant, left: Duration) {
+    pub(super) fn learn(&self, session_id: &str, tenant: &str, owner: &str, asked: Instant, left: Duration) {
         let mut hints = self.lock();
         if hints.len() >= MAX_HINTS {
             let now = Instant::now();
@@ -54,6 +56,7 @@ impl ElsewhereHints {
             session_id.to_owned(),
             Elsewhere {
                 tenant: tenant.to_owned(),
+                owner: owner.to_owned(),
                 until: asked + left,
             },
         );
@@ -84,9 +87,12 @@ mod tests {
     fn a_hint_lasts_as_long_as_the_lease_it_was_learnt_from() {
         let hints = ElsewhereHints::default();
         let asked = Instant::now();
-        hints.learn("a", "acme", asked, Duration::from_secs(60));
-        hints.learn("b", "acme", asked, Duration::ZERO);
-        assert_eq!(hints.get("a").map(|hint| hint.tenant), Some("acme".to_owned()));
+        hints.learn("a", "acme", "node-1", asked, Duration::from_secs(60));
+        hints.learn("b", "acme", "node-1", asked, Duration::ZERO);
+        assert_eq!(
+            hints.get("a").map(|hint| (hint.tenant, hint.owner)),
+            Some(("acme".to_owned(), "node-1".to_owned()))
+        );
         assert!(hints.get("b").is_none(), "an ended lease is no hint");
         assert!(hints.get("c").is_none());
         hints.forget("a");
@@ -98,7 +104,7 @@ mod tests {
         let hints = ElsewhereHints::default();
         let asked = Instant::now();
         for index in 0..MAX_HINTS + 10 {
-            hints.learn(&index.to_string(), "t", asked, Duration::from_secs(60));
+            hints.learn(&index.to_string(), "t", "n", asked, Duration::from_secs(60));
         }
         assert!(hints.lock().len() <= MAX_HINTS);
         assert!(hints.get(&(MAX_HINTS + 9).to_string()).is_some(), "the newest is kept");

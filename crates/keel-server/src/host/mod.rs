@@ -29,6 +29,7 @@ mod answers;
 mod client_deadlines;
 mod cluster;
 mod elsewhere;
+mod forward;
 mod lifecycle;
 mod live;
 mod model_change;
@@ -40,6 +41,7 @@ mod shutdown;
 mod take_up;
 
 pub(crate) use cluster::Node;
+pub(crate) use forward::{FORWARD_PATH, Forward, ForwardReply};
 pub(crate) use model_change::SettingsChange;
 pub use relay_seal::RelayKey;
 
@@ -105,6 +107,10 @@ pub(crate) struct Host {
     elsewhere: elsewhere::ElsewhereHints,
     /// The relayed submissions this node took up lately.
     recently_taken: take_up::RecentlyTaken,
+    /// Where the other nodes take submissions handed to them directly.
+    peers: forward::Peers,
+    /// The submissions other nodes handed to this one lately.
+    handed_recently: forward::HandedRecently,
     /// When the client calls of sessions not loaded time out.
     client_deadlines: client_deadlines::ClientDeadlines,
 }
@@ -139,6 +145,8 @@ impl Host {
             answers: answers::AnswerWaiters::default(),
             elsewhere: elsewhere::ElsewhereHints::default(),
             recently_taken: take_up::RecentlyTaken::default(),
+            peers: forward::Peers::new(relay_wait),
+            handed_recently: forward::HandedRecently::default(),
             client_deadlines: client_deadlines::ClientDeadlines::default(),
         }
     }
@@ -331,7 +339,7 @@ impl Host {
         let mut retried = false;
         // Another node runs it, as a claim found moments ago: relayed at
         // once.
-        if self.status(session_id).is_none() && self.relays_at_once(session_id, idempotency_key.as_deref()).is_some() {
+        if self.status(session_id).is_none() && self.runs_elsewhere(session_id) {
             return self.relay(session_id, op, on_busy, idempotency_key, submitted_by).await;
         }
         loop {

@@ -49,17 +49,56 @@ impl RelayKey {
     /// Whether `submission` carries a seal that this key made for it and
     /// `session_id`; compared in constant time.
     pub(crate) fn verify(&self, session_id: &str, submission: &RelayedSubmission) -> bool {
-        let (Some(seal), Some(message)) = (&submission.seal, sealed_message(session_id, submission)) else {
+        let Some(message) = sealed_message(session_id, submission) else {
             return false;
         };
-        let Some(tag) = from_hex(seal) else { return false };
+        self.verify_parts(submission.seal.as_deref(), &[&message])
+    }
+
+    /// The seal of `submission` for `session_id` handed to its owner
+    /// directly, sent at `sent_at_ms`: labelled apart from a stored row's
+    /// (neither passes for the other) and covering when it was sent, so a
+    /// copy is refused once it is stale (see `forward.rs`).
+    pub(crate) fn seal_forward(
+        &self,
+        session_id: &str,
+        submission: &RelayedSubmission,
+        sent_at_ms: u64,
+    ) -> Option<String> {
+        let message = sealed_message(session_id, submission)?;
+        let sent = sent_at_ms.to_be_bytes();
+        Some(to_hex(&mac(&self.0, &[FORWARD_LABEL, &sent, &message])))
+    }
+
+    /// Whether a submission handed over directly carries the seal
+    /// [`Self::seal_forward`] made for it, `session_id` and `sent_at_ms`.
+    pub(crate) fn verify_forward(&self, session_id: &str, submission: &RelayedSubmission, sent_at_ms: u64) -> bool {
+        let Some(message) = sealed_message(session_id, submission) else {
+            return false;
+        };
+        let sent = sent_at_ms.to_be_bytes();
+        self.verify_parts(submission.seal.as_deref(), &[FORWARD_LABEL, &sent, &message])
+    }
+
+    /// Whether `seal` is the MAC of `parts` under this key, compared in
+    /// constant time.
+    fn verify_parts(&self, seal: Option<&str>, parts: &[&[u8]]) -> bool {
+        let Some(tag) = seal.and_then(from_hex) else {
+            return false;
+        };
         let Ok(mut check) = Hmac::<Sha256>::new_from_slice(&self.0) else {
             return false;
         };
-        check.update(&message);
+        for part in parts {
+            check.update(part);
+        }
         check.verify_slice(&tag).is_ok()
     }
 }
+
+/// Sets a handed-over submission's seal apart from a stored row's, whose
+/// message starts with `[`.
+const FORWARD_LABEL: &[u8] = b"forwarded\0";
 
 impl fmt::Debug for RelayKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -188,6 +227,24 @@ mod tests {
             };
             assert!(!key.verify("s", &row), "{forged:?}");
         }
+    }
+
+    #[test]
+    fn a_forward_seal_covers_when_it_was_sent_and_is_no_row_seal() {
+        let key = RelayKey::derive(b"the token");
+        let mut handed = approval("call-1");
+        handed.seal = key.seal_forward("s", &handed, 1_000);
+        assert!(key.verify_forward("s", &handed, 1_000));
+        assert!(!key.verify_forward("s", &handed, 1_001), "sent at another time");
+        assert!(!key.verify_forward("t", &handed, 1_000), "another session");
+        assert!(!key.verify("s", &handed), "a forward's seal is no stored row's");
+        assert!(!RelayKey::derive(b"another").verify_forward("s", &handed, 1_000));
+        let mut stored = approval("call-1");
+        stored.seal = key.seal("s", &stored);
+        assert!(
+            !key.verify_forward("s", &stored, 1_000),
+            "a stored row's seal is no forward's"
+        );
     }
 
     #[test]

@@ -78,6 +78,8 @@ pub(crate) struct Metrics {
     pub(crate) sse_subscribers: Gauge,
     pub(crate) catch_ups: Counter,
     pub(crate) relayed_submissions: Counter,
+    pub(crate) forwarded_submissions: Counter,
+    pub(crate) forwards_not_taken: Counter,
     pub(crate) relayed_refused: Counter,
     pub(crate) relay_answers_missed: Counter,
     pub(crate) sessions_taken_over: Counter,
@@ -160,7 +162,19 @@ impl Metrics {
             relayed_submissions: registered(
                 &mut registry,
                 "keel_relayed_submissions",
-                "Submissions this node stored for a session another node runs",
+                "Submissions this node relayed to the node running their session, directly or through the store",
+                Counter::default(),
+            ),
+            forwarded_submissions: registered(
+                &mut registry,
+                "keel_forwarded_submissions",
+                "Relayed submissions this node handed to the node running their session directly, over HTTP",
+                Counter::default(),
+            ),
+            forwards_not_taken: registered(
+                &mut registry,
+                "keel_forwards_not_taken",
+                "Relayed submissions the owner could not be handed directly (unreachable, not running the session), relayed through the store instead",
                 Counter::default(),
             ),
             relayed_refused: registered(

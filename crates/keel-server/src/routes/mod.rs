@@ -2,6 +2,7 @@
 
 pub(crate) mod access;
 pub(crate) mod budgets;
+pub(crate) mod cluster;
 pub(crate) mod events;
 pub(crate) mod fork;
 pub(crate) mod keys;
@@ -120,7 +121,8 @@ async fn describe() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], openapi_json())
 }
 
-/// The whole application.
+/// The whole application: the documented routes, the web UI, and the one
+/// route the nodes of a cluster call each other on ([`cluster`]).
 pub(crate) fn router(server: Arc<Server>) -> Router {
     let require_token = middleware::from_fn_with_state(Arc::clone(&server), auth::authenticate);
     let routes = documented();
@@ -133,6 +135,7 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
         .merge(metrics)
         .merge(Router::from(routes.probes))
         .merge(ui::router())
+        .route(crate::host::FORWARD_PATH, axum::routing::post(cluster::forwarded))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&server), count_requests))

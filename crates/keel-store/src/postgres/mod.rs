@@ -463,6 +463,14 @@ impl ClusterStore for PostgresCheckpoint {
         Box::pin(async move { relay::sessions_with_relayed(&self.reader().await?, owner).await })
     }
 
+    fn advertise<'a>(&'a self, node: &'a str, url: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { relay::advertise(&self.reader().await?, node, url).await })
+    }
+
+    fn node_url<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
+        Box::pin(async move { relay::node_url(&self.reader().await?, node).await })
+    }
+
     fn listen(&self) -> BoxFuture<'_, Result<NoticeListener, StoreError>> {
         Box::pin(PostgresCheckpoint::listen(self))
     }

@@ -276,3 +276,25 @@ fn decode_row(
         ..decoded
     })
 }
+
+/// Records `url` as where `node` takes submissions (see the `nodes` table).
+pub(super) async fn advertise(client: &Object, node: &str, url: &str) -> Result<(), StoreError> {
+    client
+        .execute(
+            "INSERT INTO nodes (node_id, url, advertised_at_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (node_id) DO UPDATE SET url = excluded.url, advertised_at_ms = excluded.advertised_at_ms",
+            &[&node, &url, &int(now_ms())],
+        )
+        .await
+        .map_err(pg_error)?;
+    Ok(())
+}
+
+/// The URL `node` advertised last; none if that was empty (it takes none).
+pub(super) async fn node_url(client: &Object, node: &str) -> Result<Option<String>, StoreError> {
+    let row = client
+        .query_opt("SELECT url FROM nodes WHERE node_id = $1 AND url <> ''", &[&node])
+        .await
+        .map_err(pg_error)?;
+    row.map(|row| row.try_get(0)).transpose().map_err(pg_error)
+}

@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use crate::StoreError;
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i32 = 4;
+pub(super) const SCHEMA_VERSION: i32 = 5;
 
 /// The advisory lock key migrations hold (`keel` in ASCII, then `schema`).
 const MIGRATION_LOCK: i64 = 0x6b65_656c_5343_4d41;
@@ -153,6 +153,18 @@ CREATE TABLE usage_hours (
 );
 "#;
 
+/// Version 5: where each node takes submissions from the others
+/// (`nodes`: its id, the base URL it advertised, and when), so a node
+/// hands a submission to a session's owner directly instead of through
+/// `relayed_submissions`.
+const SCHEMA_V5: &str = r#"
+CREATE TABLE nodes (
+    node_id           TEXT COLLATE "C" PRIMARY KEY,
+    url               TEXT NOT NULL,
+    advertised_at_ms  BIGINT NOT NULL
+);
+"#;
+
 /// Brings the database's schema up to [`SCHEMA_VERSION`], or refuses one
 /// written by a newer Keel with [`StoreError::SchemaTooNew`] (changing
 /// nothing).
@@ -196,6 +208,9 @@ pub(super) async fn migrate(client: &mut Client) -> Result<(), StoreError> {
     }
     if found < 4 {
         tx.batch_execute(SCHEMA_V4).await.map_err(super::pg_error)?;
+    }
+    if found < 5 {
+        tx.batch_execute(SCHEMA_V5).await.map_err(super::pg_error)?;
     }
     if found < SCHEMA_VERSION {
         tx.execute(

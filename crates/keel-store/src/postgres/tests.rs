@@ -2141,3 +2141,39 @@ async fn relays_commit_without_waiting_for_the_disk_and_nothing_else_does() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_node_s_advertised_url_is_its_last_one() {
+    guarded(async {
+        let (store, url) = store_or_skip!();
+        assert_eq!(store.node_url("node-a").await.expect("read"), None);
+        store
+            .advertise("node-a", "http://10.0.0.1:7777")
+            .await
+            .expect("advertise");
+        store
+            .advertise("node-b", "http://10.0.0.2:7777")
+            .await
+            .expect("advertise");
+        // Restarted elsewhere: the new address replaces the old.
+        let other = another_handle(&url).await;
+        other
+            .advertise("node-a", "http://10.0.0.9:7777")
+            .await
+            .expect("advertise");
+        assert_eq!(
+            store.node_url("node-a").await.expect("read").as_deref(),
+            Some("http://10.0.0.9:7777")
+        );
+        assert_eq!(
+            store.node_url("node-b").await.expect("read").as_deref(),
+            Some("http://10.0.0.2:7777")
+        );
+        // Restarted where it cannot be reached: none.
+        other.advertise("node-b", "").await.expect("advertise");
+        assert_eq!(store.node_url("node-b").await.expect("read"), None);
+        other.close().await;
+        store.close().await;
+    })
+    .await;
+}

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::{Cluster, SHORT_LEASE_MS, assert_log_sound, signal, stream_until};
 use crate::suite::support::api::{Api, Reply, Resume};
 use crate::suite::support::server::slow_chunks;
-use crate::suite::support::wait::{guard, wait_for_async};
+use crate::suite::support::wait::{guard, wait_for_async, wait_until_async};
 
 /// Submits a user message with a busy policy and an idempotency key;
 /// returns the reply and its `Retry-After` header.
@@ -171,6 +171,15 @@ async fn an_owner_that_does_not_answer_in_time_is_owner_unavailable() {
     }
     signal(&owner, nix::sys::signal::Signal::SIGCONT);
     cluster.nodes[0] = Some(owner);
+    // Back, the owner queues what was left for it, unasked.
+    wait_until_async("the owner to queue what waited", Duration::from_secs(30), async || {
+        cluster
+            .log("p")
+            .await
+            .iter()
+            .any(|event| event.msg.kind() == "submission_queued" && msg(event)["idempotency_key"] == "p-1")
+    })
+    .await;
 
     let answered = wait_for_async("the owner's answer", Duration::from_secs(30), async || {
         let (reply, _) = submit_as(cluster.api(1), "p", "are you there?", "queue", "p-1").await;

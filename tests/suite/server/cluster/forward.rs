@@ -1,0 +1,258 @@
+//! A submission for a session another node runs is handed to that node
+//! directly, over HTTP, and through the database only when that fails.
+//! What a node hands another is sealed with the cluster key over when it
+//! was sent: someone on the nodes' network who captured one can neither
+//! send it again nor change it.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{Cluster, assert_log_sound, counter};
+use crate::suite::support::server::ServeProcess;
+use keel::store::postgres::local::LocalPostgres;
+
+/// Leases far longer than a test: what a node learns of the owner stays.
+const LONG_LEASE_MS: u64 = 60_000;
+
+const TOKEN: &str = "operator-token-of-the-forward-tests-0123";
+
+/// Starts node `index` of `cluster` with the operator's token and `extra`.
+fn start_node(cluster: &mut Cluster, index: usize, token_file: &str, extra: &[&str]) {
+    let mut args = vec!["--token-file", token_file];
+    args.extend_from_slice(extra);
+    let mut node = ServeProcess::spawn(cluster.command(index, &args));
+    node.api.token = Some(TOKEN.to_owned());
+    cluster.nodes.push(Some(node));
+}
+
+fn token_file(cluster: &Cluster) -> String {
+    let path = cluster.scratch.dir.path().join("token");
+    std::fs::write(&path, TOKEN).expect("token file");
+    path.display().to_string()
+}
+
+async fn database(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the database");
+    tokio::spawn(connection);
+    client
+}
+
+async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.expect("count").get(0)
+}
+
+fn queued_texts(log: &[keel::protocol::RecordedEvent]) -> Vec<String> {
+    log.iter()
+        .filter(|event| event.msg.kind() == "submission_queued")
+        .filter_map(|event| {
+            let msg = serde_json::to_value(&event.msg).ok()?;
+            msg["op"]["text"].as_str().map(str::to_owned)
+        })
+        .collect()
+}
+
+/// Node 1 hands a message to node 0, which runs its session, without a row
+/// in `relayed_submissions`; a node that cannot reach the owner where it
+/// advertised itself relays through the database instead, and the message
+/// runs all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submission_goes_to_its_owner_directly_or_else_through_the_database() {
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
+    let mut cluster = Cluster::start(postgres, 0, LONG_LEASE_MS, &[]);
+    let token_file = token_file(&cluster);
+    for index in 0..2 {
+        start_node(&mut cluster, index, &token_file, &[]);
+    }
+    let model = cluster.scratch.script(
+        "d.jsonl",
+        &[r#"{"text": "One."}"#, r#"{"text": "Two."}"#, r#"{"text": "Three."}"#],
+    );
+    cluster.api(0).create(json!({"id": "d", "model": model})).await;
+    let client = database(&cluster.url).await;
+
+    cluster.api(1).say("d", "handed over").await;
+    cluster.api(0).wait_idle("d").await;
+    let metrics = cluster.api(1).metrics().await;
+    assert_eq!(counter(&metrics, "keel_forwarded_submissions_total"), 1.0, "{metrics}");
+    assert_eq!(counter(&metrics, "keel_relayed_submissions_total"), 1.0);
+    assert_eq!(counter(&metrics, "keel_forwards_not_taken_total"), 0.0);
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM relayed_submissions").await,
+        0,
+        "no row was stored for it"
+    );
+
+    // Node 0's address, as the database says, now leads nowhere; node 2
+    // learns it afresh.
+    let moved = client
+        .execute(
+            "UPDATE nodes SET url = 'http://127.0.0.1:9' WHERE node_id = 'node-0'",
+            &[],
+        )
+        .await
+        .expect("update");
+    assert_eq!(moved, 1, "node 0 advertised where it listens");
+    start_node(&mut cluster, 2, &token_file, &[]);
+    cluster.api(2).say("d", "through the database").await;
+    cluster.api(0).wait_idle("d").await;
+    let metrics = cluster.api(2).metrics().await;
+    assert_eq!(counter(&metrics, "keel_forwards_not_taken_total"), 1.0, "{metrics}");
+    assert_eq!(counter(&metrics, "keel_forwarded_submissions_total"), 0.0);
+    assert_eq!(counter(&metrics, "keel_relayed_submissions_total"), 1.0);
+
+    let log = cluster.log("d").await;
+    assert_log_sound(&log);
+    assert_eq!(queued_texts(&log), ["handed over", "through the database"]);
+}
+
+/// A TCP relay in front of a node that keeps a copy of every byte sent
+/// through it: what someone on the nodes' network could capture.
+struct Tap {
+    address: SocketAddr,
+    seen: Arc<Mutex<Vec<u8>>>,
+    target: Arc<OnceLock<SocketAddr>>,
+}
+
+impl Tap {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the tap");
+        let tap = Self {
+            address: listener.local_addr().expect("address"),
+            seen: Arc::default(),
+            target: Arc::default(),
+        };
+        let (seen, target) = (Arc::clone(&tap.seen), Arc::clone(&tap.target));
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let Some(target) = target.get().copied() else { continue };
+                let seen = Arc::clone(&seen);
+                tokio::spawn(async move {
+                    let Ok(outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let (mut from_node, mut to_node) = outbound.into_split();
+                    let (mut from_caller, mut to_caller) = inbound.split();
+                    let upstream = async {
+                        let mut buffer = vec![0; 16 * 1024];
+                        while let Ok(read) = from_caller.read(&mut buffer).await {
+                            if read == 0 || to_node.write_all(&buffer[..read]).await.is_err() {
+                                break;
+                            }
+                            seen.lock().expect("seen").extend_from_slice(&buffer[..read]);
+                        }
+                    };
+                    let downstream = tokio::io::copy(&mut from_node, &mut to_caller);
+                    let _ = tokio::join!(upstream, downstream);
+                });
+            }
+        });
+        tap
+    }
+
+    /// The bodies of the requests to the nodes' route seen so far.
+    fn forwarded_bodies(&self) -> Vec<Value> {
+        let seen = self.seen.lock().expect("seen").clone();
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        let mut bodies = Vec::new();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("POST /cluster/v1/forwarded") {
+            let request = &rest[start..];
+            let Some(head_end) = request.find("\r\n\r\n") else {
+                break;
+            };
+            let length: usize = request[..head_end]
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .expect("a content length");
+            let body = &request[head_end + 4..head_end + 4 + length];
+            bodies.push(serde_json::from_str(body).expect("a JSON body"));
+            rest = &request[head_end + 4 + length..];
+        }
+        bodies
+    }
+}
+
+/// A handed-over message captured on the way to its owner is refused when
+/// sent again, changed, or stripped of its seal; the message itself ran
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_submission_sent_again_changed_or_unsealed_is_refused() {
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
+    let mut cluster = Cluster::start(postgres, 0, LONG_LEASE_MS, &[]);
+    let token_file = token_file(&cluster);
+    let tap = Tap::start().await;
+    let advertised = format!("http://{}", tap.address);
+    start_node(&mut cluster, 0, &token_file, &["--advertise-url", &advertised]);
+    let owner = cluster.api(0).url("");
+    let owner_address: SocketAddr = owner
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the owner's address");
+    tap.target.set(owner_address).expect("set once");
+    start_node(&mut cluster, 1, &token_file, &[]);
+    let model = cluster
+        .scratch
+        .script("h.jsonl", &[r#"{"text": "Once."}"#, r#"{"text": "Twice?"}"#]);
+    cluster.api(0).create(json!({"id": "h", "model": model})).await;
+
+    cluster.api(1).say("h", "run me once").await;
+    cluster.api(0).wait_idle("h").await;
+    let captured = tap.forwarded_bodies();
+    assert_eq!(captured.len(), 1, "the message went through the tap: {captured:?}");
+    let captured = &captured[0];
+    assert_eq!(captured["submission"]["op"]["text"], "run me once");
+
+    let forward = |body: Value| {
+        let api = cluster.api(0).clone();
+        async move {
+            let request = api.client.post(api.url("/cluster/v1/forwarded")).json(&body);
+            api.send(request).await
+        }
+    };
+    let again = forward(captured.clone()).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body["reply"], "not_taken", "sent again: {}", again.body);
+
+    let mut changed = captured.clone();
+    changed["submission"]["op"]["text"] = json!("something else");
+    changed["submission_id"] = json!("changed-1");
+    let mut unsealed = captured.clone();
+    unsealed["submission_id"] = json!("unsealed-1");
+    unsealed["submission"]
+        .as_object_mut()
+        .expect("an object")
+        .remove("seal");
+    let mut restamped = captured.clone();
+    restamped["submission_id"] = json!("restamped-1");
+    restamped["sent_at_ms"] = json!(keel::protocol::now_ms());
+    for (what, body) in [("changed", changed), ("unsealed", unsealed), ("restamped", restamped)] {
+        let reply = forward(body).await;
+        assert_eq!(reply.status, StatusCode::OK, "{what}: {}", reply.body);
+        assert_eq!(reply.body["reply"], "not_taken", "{what}: {}", reply.body);
+    }
+    assert_eq!(
+        counter(&cluster.api(0).metrics().await, "keel_relayed_refused_total"),
+        3.0,
+        "each refused for its seal"
+    );
+
+    let log = cluster.log("h").await;
+    assert_log_sound(&log);
+    assert_eq!(queued_texts(&log), ["run me once"], "queued once, nothing else");
+}
