@@ -335,11 +335,18 @@ async fn drive(params: &ClusterParams, nodes: &[Node]) -> Result<ClusterReport> 
         let rng = StdRng::seed_from_u64(params.seed.wrapping_add(index as u64 + 1));
         sessions.push(ClusterSession::open(&client, &bases, owner, other, rng).await?);
     }
-    // Warm-up: one turn per session, outside the timing.
-    for session in &mut sessions {
-        session.turn(&client, &bases, "warm-up").await?;
-        session.timed_after = session.last_sequence();
-    }
+    // Warm-up, outside the timing: one turn per session, all at once as
+    // the timed turns run, so that the connections they need (the
+    // client's, and a node's to another when it relays) are open already.
+    futures::future::try_join_all(sessions.iter_mut().map(|session| {
+        let (client, bases) = (&client, &bases);
+        async move {
+            session.turn(client, bases, "warm-up").await?;
+            session.timed_after = session.last_sequence();
+            Ok::<_, Error>(())
+        }
+    }))
+    .await?;
 
     tokio::time::sleep(COUNTERS_SETTLE).await;
     let transactions_before = counters.transactions().await?;
