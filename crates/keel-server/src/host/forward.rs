@@ -27,6 +27,7 @@
 //! or checked, as for stored rows (`relay_seal.rs`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -204,22 +205,28 @@ impl Peers {
 
 /// The ids of the submissions handed to this node lately, so a copy sent
 /// again is not queued twice.
+///
+/// Kept as 64-bit hashes under a key of this process (so nobody can aim
+/// for a collision): two ids that collide only send the second through the
+/// store, which is as safe, never let a copy through.
 #[derive(Default)]
 pub(super) struct HandedRecently {
     seen: Mutex<Handed>,
+    hasher: RandomState,
 }
 
-/// The ids, in the order received (with when), and as a set.
+/// The ids' hashes, in the order received (with when), and as a set.
 #[derive(Default)]
 struct Handed {
-    order: VecDeque<(Instant, String)>,
-    ids: HashSet<String>,
+    order: VecDeque<(Instant, u64)>,
+    ids: HashSet<u64>,
 }
 
 impl HandedRecently {
     /// Remembers `submission_id` and says whether it is new; `false` also
     /// when the memory is full of ids too recent to forget.
     fn first_time(&self, submission_id: &str) -> bool {
+        let id = self.hasher.hash_one(submission_id);
         let mut seen = self.seen.lock().unwrap_or_else(|poison| poison.into_inner());
         let Handed { order, ids } = &mut *seen;
         let now = Instant::now();
@@ -228,15 +235,14 @@ impl HandedRecently {
         while let Some((at, _)) = order.front()
             && now.duration_since(*at) > FORWARD_WINDOW * 2
         {
-            if let Some((_, id)) = order.pop_front() {
-                ids.remove(&id);
+            if let Some((_, old)) = order.pop_front() {
+                ids.remove(&old);
             }
         }
-        if ids.contains(submission_id) || ids.len() >= MAX_REMEMBERED {
+        if ids.len() >= MAX_REMEMBERED || !ids.insert(id) {
             return false;
         }
-        ids.insert(submission_id.to_owned());
-        order.push_back((now, submission_id.to_owned()));
+        order.push_back((now, id));
         true
     }
 }
