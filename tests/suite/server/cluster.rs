@@ -76,6 +76,19 @@ impl Cluster {
         command
     }
 
+    /// Starts node `index` behind the operator's `token` (written to a
+    /// token file in the scratch directory), with `extra` arguments.
+    fn start_with_token(&mut self, index: usize, token: &str, extra: &[&str]) {
+        let token_file = self.scratch.dir.path().join("token");
+        std::fs::write(&token_file, token).expect("token file");
+        let token_path = token_file.display().to_string();
+        let mut args = vec!["--token-file", token_path.as_str()];
+        args.extend_from_slice(extra);
+        let mut node = ServeProcess::spawn(self.command(index, &args));
+        node.api.token = Some(token.to_owned());
+        self.nodes.push(Some(node));
+    }
+
     fn api(&self, index: usize) -> &Api {
         &self.nodes[index].as_ref().expect("the node runs").api
     }
@@ -719,14 +732,8 @@ async fn a_relayed_row_no_node_sealed_decides_nothing() {
         return;
     };
     let mut cluster = Cluster::start(postgres, 0, SHORT_LEASE_MS, &[]);
-    let token = "cluster-token-of-this-test-0123456789";
-    let token_file = cluster.scratch.dir.path().join("token");
-    std::fs::write(&token_file, token).expect("token file");
-    let token_path = token_file.display().to_string();
     for index in 0..2 {
-        let mut node = ServeProcess::spawn(cluster.command(index, &["--token-file", &token_path]));
-        node.api.token = Some(token.to_owned());
-        cluster.nodes.push(Some(node));
+        cluster.start_with_token(index, "cluster-token-of-this-test-0123456789", &[]);
     }
     let call = json!({"tool_calls": [{"id": "guarded", "name": "write_file", "arguments": {"path": "decided.txt", "content": "written"}}]});
     let model = cluster

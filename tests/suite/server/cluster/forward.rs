@@ -13,28 +13,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{Cluster, assert_log_sound, counter};
-use crate::suite::support::server::ServeProcess;
 use keel::store::postgres::local::LocalPostgres;
 
 /// Leases far longer than a test: what a node learns of the owner stays.
 const LONG_LEASE_MS: u64 = 60_000;
 
 const TOKEN: &str = "operator-token-of-the-forward-tests-0123";
-
-/// Starts node `index` of `cluster` with the operator's token and `extra`.
-fn start_node(cluster: &mut Cluster, index: usize, token_file: &str, extra: &[&str]) {
-    let mut args = vec!["--token-file", token_file];
-    args.extend_from_slice(extra);
-    let mut node = ServeProcess::spawn(cluster.command(index, &args));
-    node.api.token = Some(TOKEN.to_owned());
-    cluster.nodes.push(Some(node));
-}
-
-fn token_file(cluster: &Cluster) -> String {
-    let path = cluster.scratch.dir.path().join("token");
-    std::fs::write(&path, TOKEN).expect("token file");
-    path.display().to_string()
-}
 
 async fn database(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
@@ -68,9 +52,8 @@ async fn a_submission_goes_to_its_owner_directly_or_else_through_the_database() 
         return;
     };
     let mut cluster = Cluster::start(postgres, 0, LONG_LEASE_MS, &[]);
-    let token_file = token_file(&cluster);
     for index in 0..2 {
-        start_node(&mut cluster, index, &token_file, &[]);
+        cluster.start_with_token(index, TOKEN, &[]);
     }
     let model = cluster.scratch.script(
         "d.jsonl",
@@ -101,7 +84,7 @@ async fn a_submission_goes_to_its_owner_directly_or_else_through_the_database() 
         .await
         .expect("update");
     assert_eq!(moved, 1, "node 0 advertised where it listens");
-    start_node(&mut cluster, 2, &token_file, &[]);
+    cluster.start_with_token(2, TOKEN, &[]);
     cluster.api(2).say("d", "through the database").await;
     cluster.api(0).wait_idle("d").await;
     let metrics = cluster.api(2).metrics().await;
@@ -194,10 +177,9 @@ async fn a_handed_over_submission_sent_again_changed_or_unsealed_is_refused() {
         return;
     };
     let mut cluster = Cluster::start(postgres, 0, LONG_LEASE_MS, &[]);
-    let token_file = token_file(&cluster);
     let tap = Tap::start().await;
     let advertised = format!("http://{}", tap.address);
-    start_node(&mut cluster, 0, &token_file, &["--advertise-url", &advertised]);
+    cluster.start_with_token(0, TOKEN, &["--advertise-url", &advertised]);
     let owner = cluster.api(0).url("");
     let owner_address: SocketAddr = owner
         .trim_start_matches("http://")
@@ -205,7 +187,7 @@ async fn a_handed_over_submission_sent_again_changed_or_unsealed_is_refused() {
         .parse()
         .expect("the owner's address");
     tap.target.set(owner_address).expect("set once");
-    start_node(&mut cluster, 1, &token_file, &[]);
+    cluster.start_with_token(1, TOKEN, &[]);
     let model = cluster
         .scratch
         .script("h.jsonl", &[r#"{"text": "Once."}"#, r#"{"text": "Twice?"}"#]);
