@@ -116,7 +116,28 @@ pub enum EventMsg {
     InstructionsLoaded(ProjectInstructions),
 }
 
+/// The event types a webhook endpoint can subscribe to: the moments a
+/// session needs someone (an approval, a client's tool result), a turn
+/// ended (the session is idle unless more is queued), or it failed. The
+/// store writes a delivery for each endpoint that wants one in the
+/// transaction of the event itself.
+pub const WEBHOOK_EVENT_TYPES: &[&str] = &[
+    "approval_requested",
+    "client_tool_requested",
+    "turn_complete",
+    "turn_aborted",
+    "error",
+    "shutdown_complete",
+];
+
 impl EventMsg {
+    /// This event's type when webhooks can subscribe to it (one of
+    /// [`WEBHOOK_EVENT_TYPES`]).
+    pub fn webhook_type(&self) -> Option<&'static str> {
+        let kind = self.kind();
+        WEBHOOK_EVENT_TYPES.contains(&kind).then_some(kind)
+    }
+
     /// The `type` tag of this event, as it appears on the wire.
     pub fn kind(&self) -> &'static str {
         match self {

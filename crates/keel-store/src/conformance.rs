@@ -15,6 +15,7 @@
 mod access;
 mod activity;
 mod tenants;
+mod webhooks;
 
 pub(crate) use access::{
     a_refused_batch_adds_nothing_to_the_ledger, a_revocation_keeps_its_first_time_and_touches_only_move_forward,
@@ -34,6 +35,11 @@ pub(crate) use activity::{
 pub(crate) use tenants::{
     sessions_keep_the_tenant_they_were_made_for_and_are_listed_by_tenant_page_by_page, tenant_checkpoint,
     usage_is_summed_per_session_of_a_filter,
+};
+pub(crate) use webhooks::{
+    claims_hand_out_each_sessions_oldest_delivery_once_and_in_order,
+    deliveries_are_written_with_their_events_for_the_endpoints_that_want_them,
+    endpoints_are_replaced_listed_and_deleted_with_their_deliveries, webhook_conformance_tests,
 };
 
 use std::future::Future;

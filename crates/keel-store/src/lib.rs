@@ -39,6 +39,7 @@ pub mod sqlite;
 mod types;
 mod usage;
 mod walk;
+mod webhook;
 
 pub use access::{AccessStore, ApiKeyRecord, BudgetTarget, UsageBucket};
 pub use batch::{AppendBatch, AppendReceipt, CheckpointWrite, OpenBatch};
@@ -59,3 +60,6 @@ pub use types::{
 };
 pub use usage::{SessionUsage, session_usage};
 pub use walk::walk_back;
+pub use webhook::{
+    DeliveryFilter, DeliveryOutcome, DeliveryState, WebhookDelivery, WebhookEndpoint, WebhookSecret, WebhookStore,
+};

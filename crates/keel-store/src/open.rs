@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 #[cfg(feature = "postgres")]
 use crate::PostgresCheckpoint;
-use crate::{AccessStore, CheckpointStore, ClusterStore, LeaseStore, SqliteCheckpoint, SqliteOptions, StoreError};
+use crate::{
+    AccessStore, CheckpointStore, ClusterStore, LeaseStore, SqliteCheckpoint, SqliteOptions, StoreError, WebhookStore,
+};
 
 /// libpq's keywords that start a `key=value` connection string.
 const POSTGRES_KEYWORDS: [&str; 7] = ["host", "hostaddr", "port", "dbname", "user", "password", "service"];
@@ -90,6 +92,8 @@ pub struct OpenedStore {
     pub leases: Arc<dyn LeaseStore>,
     /// API keys, budgets and the usage ledger (both backends).
     pub access: Arc<dyn AccessStore>,
+    /// The webhook outbox (both backends).
+    pub webhooks: Arc<dyn WebhookStore>,
     /// Relaying and notices between nodes; `None` on a backend that runs
     /// one node (SQLite).
     pub cluster: Option<Arc<dyn ClusterStore>>,
@@ -139,6 +143,7 @@ pub async fn open_at(location: &Location, options: OpenOptions) -> Result<Opened
                 store: store.clone(),
                 leases: store.clone(),
                 access: store.clone(),
+                webhooks: store.clone(),
                 cluster: None,
                 backend: Backend::Sqlite(store),
             })
@@ -150,6 +155,7 @@ pub async fn open_at(location: &Location, options: OpenOptions) -> Result<Opened
                 store: store.clone(),
                 leases: store.clone(),
                 access: store.clone(),
+                webhooks: store.clone(),
                 cluster: Some(store.clone()),
                 backend: Backend::Postgres(store),
             })

@@ -314,6 +314,10 @@ pub struct EncodedEvent {
     /// (see [`crate::AccessStore`]); `None` for every other event, so a
     /// batch without usage costs the ledger nothing.
     pub usage: Option<TokenUsage>,
+    /// The event's type when webhook endpoints may subscribe to it
+    /// ([`keel_protocol::WEBHOOK_EVENT_TYPES`]): the store writes their
+    /// deliveries in the event's transaction.
+    pub webhook: Option<&'static str>,
 }
 
 impl EncodedEvent {
@@ -366,6 +370,7 @@ impl EncodedEvent {
             queue,
             title,
             usage,
+            webhook: event.msg.webhook_type(),
         })
     }
 }

@@ -34,6 +34,8 @@ pub(super) struct Write {
     pub(super) title: Option<String>,
     /// The tokens the events report, summed; `None` when none reports any.
     pub(super) usage: Option<TokenUsage>,
+    /// The events webhooks may want, by offset in the batch, with their type.
+    pub(super) webhooks: Vec<(u64, &'static str)>,
     pub(super) checkpoint: Option<EncodedWrite>,
 }
 
@@ -66,6 +68,7 @@ pub(super) fn seal(job: &Job, taken_up: &TakenUp) -> Result<Write, StoreError> {
         relays: Answering::default(),
         title: sealed.title.map(str::to_owned),
         usage: None,
+        webhooks: Vec::new(),
         checkpoint: None,
     };
     match sealed.mode {
@@ -93,6 +96,11 @@ pub(super) fn with_events(
         .collect();
     write.title = events.iter().find_map(|event| event.title.clone());
     write.usage = EncodedEvent::batch_usage(events);
+    write.webhooks = events
+        .iter()
+        .enumerate()
+        .filter_map(|(offset, event)| event.webhook.map(|kind| (offset as u64, kind)))
+        .collect();
     write.checkpoint = checkpoint
         .map(|checkpoint| encode_write(&write.session_id, checkpoint))
         .transpose()?;
@@ -213,7 +221,14 @@ pub(super) async fn append_all(
             }
         }
     }
-    join_all(
+    let queued = webhook_events(
+        writes
+            .iter()
+            .copied()
+            .zip(written.iter().map(|written| written.map(|(_, last, _)| last))),
+    );
+    let queue_webhooks = queue_webhooks(tx, st, &queued, now);
+    let applied = join_all(
         appends
             .iter()
             .zip(written)
@@ -237,8 +252,50 @@ pub(super) async fn append_all(
                 };
                 (index, Ok(Written { receipt, lease }))
             }),
-    )
-    .await
+    );
+    let (mut applied, webhooks) = futures::join!(applied, queue_webhooks);
+    if let Err(error) = webhooks {
+        // The transaction is spoilt: every write in it fails.
+        for (_, outcome) in &mut applied {
+            *outcome = Err(JobError::Dirty(error.clone()));
+        }
+    }
+    applied
+}
+
+/// The events of `writes` that webhooks may want, as `(session id,
+/// sequence, type)`, given each write's new last sequence (`None`: it was
+/// refused and wrote nothing).
+fn webhook_events<'w>(writes: impl Iterator<Item = (&'w Write, Option<u64>)>) -> Vec<(&'w str, i64, &'static str)> {
+    writes
+        .filter_map(|(write, last)| last.map(|last| (write, last + 1 - write.count)))
+        .flat_map(|(write, first)| {
+            write
+                .webhooks
+                .iter()
+                .map(move |&(offset, kind)| (write.session_id.as_str(), int(first + offset), kind))
+        })
+        .collect()
+}
+
+/// Queues the webhook deliveries of `events` in the transaction (one
+/// statement, none when no event is one webhooks may want).
+async fn queue_webhooks(
+    tx: &Transaction<'_>,
+    st: &Statements,
+    events: &[(&str, i64, &'static str)],
+    now: u64,
+) -> Result<(), StoreError> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let sessions: Vec<&str> = events.iter().map(|event| event.0).collect();
+    let sequences: Vec<i64> = events.iter().map(|event| event.1).collect();
+    let kinds: Vec<&str> = events.iter().map(|event| event.2).collect();
+    tx.execute(&st.webhook_queue, &[&sessions, &sequences, &kinds, &int(now)])
+        .await
+        .map(drop)
+        .map_err(super::pg_error)
 }
 
 /// Applies one job on its own. The group's appends go through
@@ -314,6 +371,14 @@ pub(super) async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, 
     if !write.queue.is_empty() {
         apply_queue_changes(tx, st, key, first_sequence, write, now).await?;
     }
+    queue_webhooks(
+        tx,
+        st,
+        &webhook_events(std::iter::once((write, Some(last_sequence)))),
+        now,
+    )
+    .await
+    .map_err(JobError::Dirty)?;
     Ok(Written {
         receipt: AppendReceipt {
             first_sequence,

@@ -31,6 +31,7 @@ mod relay;
 mod schema;
 mod statements;
 mod taken_up;
+mod webhooks;
 mod writer;
 
 pub use hold::{PostgresHold, redact_postgres_url, socket_directories};

@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use crate::StoreError;
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i32 = 5;
+pub(super) const SCHEMA_VERSION: i32 = 6;
 
 /// The advisory lock key migrations hold (`keel` in ASCII, then `schema`).
 const MIGRATION_LOCK: i64 = 0x6b65_656c_5343_4d41;
@@ -165,6 +165,44 @@ CREATE TABLE nodes (
 );
 "#;
 
+/// Version 6: the webhook outbox (see `webhook.rs`): endpoints, and one
+/// delivery per endpoint and event it wants, written in the event's
+/// transaction by the writer; a claim holds a pending one while it is
+/// attempted. Indexed as on SQLite.
+const SCHEMA_V6: &str = r#"
+CREATE TABLE webhook_endpoints (
+    seq           BIGSERIAL PRIMARY KEY,
+    id            TEXT COLLATE "C" NOT NULL UNIQUE,
+    url           TEXT NOT NULL,
+    secrets       TEXT NOT NULL,
+    event_types   TEXT NOT NULL,
+    bot_id        TEXT,
+    tenant        TEXT,
+    description   TEXT,
+    created_at_ms BIGINT NOT NULL
+);
+CREATE TABLE webhook_deliveries (
+    id                 BIGSERIAL PRIMARY KEY,
+    endpoint_id        TEXT COLLATE "C" NOT NULL,
+    session_id         TEXT COLLATE "C" NOT NULL,
+    sequence           BIGINT NOT NULL,
+    event_type         TEXT NOT NULL,
+    created_at_ms      BIGINT NOT NULL,
+    state              TEXT NOT NULL DEFAULT 'pending',
+    attempts           INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at_ms BIGINT NOT NULL,
+    claimed_by         TEXT,
+    claimed_until_ms   BIGINT,
+    last_status        INTEGER,
+    last_error         TEXT,
+    finished_at_ms     BIGINT
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at_ms) WHERE state = 'pending';
+CREATE INDEX webhook_deliveries_heads ON webhook_deliveries (endpoint_id, session_id, id) WHERE state = 'pending';
+CREATE INDEX webhook_deliveries_by_endpoint ON webhook_deliveries (endpoint_id, id);
+CREATE INDEX webhook_deliveries_by_session ON webhook_deliveries (session_id);
+"#;
+
 /// Brings the database's schema up to [`SCHEMA_VERSION`], or refuses one
 /// written by a newer Keel with [`StoreError::SchemaTooNew`] (changing
 /// nothing).
@@ -211,6 +249,9 @@ pub(super) async fn migrate(client: &mut Client) -> Result<(), StoreError> {
     }
     if found < 5 {
         tx.batch_execute(SCHEMA_V5).await.map_err(super::pg_error)?;
+    }
+    if found < 6 {
+        tx.batch_execute(SCHEMA_V6).await.map_err(super::pg_error)?;
     }
     if found < SCHEMA_VERSION {
         tx.execute(

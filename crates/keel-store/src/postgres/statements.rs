@@ -21,7 +21,20 @@ pub(super) struct Statements {
     pub(super) delete_queue: Statement,
     pub(super) delete_keys: Statement,
     pub(super) delete_access: Statement,
+    pub(super) webhook_queue: Statement,
 }
+
+/// Queues, in the transaction of the events, a webhook delivery for each
+/// event `($1[i], $2[i], $3[i])` (session id, sequence, type) and each
+/// endpoint that wants it (by type, bot and tenant), at `$4`.
+pub(super) const WEBHOOK_QUEUE: &str = "INSERT INTO webhook_deliveries (endpoint_id, session_id, sequence, event_type,
+         created_at_ms, next_attempt_at_ms)
+     SELECT w.id, e.session_id, e.sequence, e.event_type, $4, $4
+     FROM unnest($1::text[], $2::int8[], $3::text[]) WITH ORDINALITY AS e(session_id, sequence, event_type, ord)
+     JOIN sessions s ON s.id = e.session_id
+     JOIN webhook_endpoints w ON strpos(w.event_types, ',' || e.event_type || ',') > 0
+         AND (w.bot_id IS NULL OR w.bot_id = s.bot_id) AND (w.tenant IS NULL OR w.tenant = s.tenant)
+     ORDER BY e.ord, w.seq";
 
 /// Creates a session row, for tenant `$3`, if the id is free; returns its
 /// key if it did. The tenant is never moved by a later write.
@@ -269,9 +282,16 @@ impl Statements {
         let delete_access = client
             .prepare_typed(
                 "WITH ledger AS (DELETE FROM usage_hours WHERE kind = 'session' AND target = $1),
+                      webhooks AS (DELETE FROM webhook_deliveries WHERE session_id = $1),
                       budget AS (DELETE FROM budgets WHERE kind = 'session' AND target = $1 RETURNING 1)
                  UPDATE access_revision SET revision = revision + 1 WHERE EXISTS (SELECT 1 FROM budget)",
                 &[Type::TEXT],
+            )
+            .await?;
+        let webhook_queue = client
+            .prepare_typed(
+                WEBHOOK_QUEUE,
+                &[Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8],
             )
             .await?;
         Ok(Self {
@@ -290,6 +310,7 @@ impl Statements {
             delete_queue,
             delete_keys,
             delete_access,
+            webhook_queue,
         })
     }
 }

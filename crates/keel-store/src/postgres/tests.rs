@@ -54,6 +54,7 @@ impl crate::conformance::StoreFactory for PostgresFactory {
 
 crate::conformance::store_conformance_tests!(PostgresFactory);
 crate::conformance::access_conformance_tests!(PostgresFactory);
+crate::conformance::webhook_conformance_tests!(PostgresFactory);
 
 // ---------------------------------------------------------------------------
 // Helpers

@@ -20,6 +20,7 @@ mod lock;
 mod reader;
 mod reserve;
 mod schema;
+mod webhooks;
 pub use self::schema::{SCHEMA_VERSION, stored_schema_version};
 mod writer;
 

@@ -9,7 +9,7 @@ use super::{SqliteOptions, Synchronous};
 use crate::StoreError;
 
 /// The schema this build writes; stored in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The schema version of the database file at `path`, read without
 /// changing anything (0: no Keel schema yet), for `keel doctor`.
@@ -162,6 +162,50 @@ CREATE TABLE usage_hours (
     reasoning_tokens    INTEGER NOT NULL,
     PRIMARY KEY (kind, target, hour_ms)
 ) WITHOUT ROWID;
+";
+
+/// Version 8: the webhook outbox (see `webhook.rs`).
+///
+/// - `webhook_endpoints`: where deliveries go; `event_types` is `,a,b,`,
+///   `secrets` a JSON array, newest first.
+/// - `webhook_deliveries`: one row per endpoint and event it wants,
+///   written by the writer in the event's transaction; a claim
+///   (`claimed_by`, `claimed_until_ms`) holds a pending one while it is
+///   attempted. Indexed for the claim (pending ones by due time, and by
+///   endpoint and session to find each one's oldest) and for listing an
+///   endpoint's.
+const SCHEMA_V8: &str = "
+CREATE TABLE webhook_endpoints (
+    seq           INTEGER PRIMARY KEY,
+    id            TEXT NOT NULL UNIQUE,
+    url           TEXT NOT NULL,
+    secrets       TEXT NOT NULL,
+    event_types   TEXT NOT NULL,
+    bot_id        TEXT,
+    tenant        TEXT,
+    description   TEXT,
+    created_at_ms INTEGER NOT NULL
+);
+CREATE TABLE webhook_deliveries (
+    id                 INTEGER PRIMARY KEY,
+    endpoint_id        TEXT NOT NULL,
+    session_id         TEXT NOT NULL,
+    sequence           INTEGER NOT NULL,
+    event_type         TEXT NOT NULL,
+    created_at_ms      INTEGER NOT NULL,
+    state              TEXT NOT NULL DEFAULT 'pending',
+    attempts           INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at_ms INTEGER NOT NULL,
+    claimed_by         TEXT,
+    claimed_until_ms   INTEGER,
+    last_status        INTEGER,
+    last_error         TEXT,
+    finished_at_ms     INTEGER
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at_ms) WHERE state = 'pending';
+CREATE INDEX webhook_deliveries_heads ON webhook_deliveries (endpoint_id, session_id, id) WHERE state = 'pending';
+CREATE INDEX webhook_deliveries_by_endpoint ON webhook_deliveries (endpoint_id, id);
+CREATE INDEX webhook_deliveries_by_session ON webhook_deliveries (session_id);
 ";
 
 /// Opens the writer connection: WAL, the configured durability, an optional
@@ -322,6 +366,9 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
     }
     if version < 7 {
         tx.execute_batch(SCHEMA_V7)?;
+    }
+    if version < 8 {
+        tx.execute_batch(SCHEMA_V8)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;

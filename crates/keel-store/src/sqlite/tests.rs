@@ -61,6 +61,7 @@ impl StoreFactory for SqliteFactory {
 
 store_conformance_tests!(SqliteFactory);
 crate::conformance::access_conformance_tests!(SqliteFactory);
+crate::conformance::webhook_conformance_tests!(SqliteFactory);
 
 // ---------------------------------------------------------------------------
 // Helpers

@@ -293,7 +293,7 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
         ),
         None => (None, None, None),
     };
-    let row: Option<(i64, u64, u64, String)> = conn
+    let row: Option<(i64, u64, u64, String, String)> = conn
         .prepare_cached(
             "UPDATE sessions SET
                  last_sequence = last_sequence + ?1,
@@ -303,7 +303,7 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
                  transcript_len = coalesce(?9, transcript_len) + ?5,
                  bot_id = coalesce(?8, bot_id)
              WHERE id = ?6 AND (?7 IS NULL OR lease = ?7)
-             RETURNING key, last_sequence, lease, tenant",
+             RETURNING key, last_sequence, lease, tenant, bot_id",
         )
         .and_then(|mut update| {
             update
@@ -319,12 +319,12 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
                         bot_id,
                         history_cut
                     ],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?)),
                 )
                 .optional()
         })
         .map_err(dirty)?;
-    let Some((key, last_sequence, lease, tenant)) = row else {
+    let Some((key, last_sequence, lease, tenant, bot_id)) = row else {
         return Err(JobError::Clean(refusal(conn, session_id)?));
     };
     let first_sequence = last_sequence - count + 1;
@@ -359,6 +359,13 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
     }
     if let Some(usage) = crate::EncodedEvent::batch_usage(events) {
         super::access::add_usage(conn, &tenant, session_id, now, &usage).map_err(dirty)?;
+    }
+    for (offset, event) in events.iter().enumerate() {
+        if let Some(kind) = event.webhook {
+            let sequence = first_sequence + offset as u64;
+            super::webhooks::queue_deliveries(conn, session_id, sequence, kind, &bot_id, &tenant, now)
+                .map_err(dirty)?;
+        }
     }
     // The first user message titles a session that has no title yet.
     if let Some(title) = events.iter().find_map(|event| event.title.as_deref()) {
@@ -493,6 +500,9 @@ fn delete(conn: &Connection, session_id: &str, now: u64) -> Result<Written, JobE
             .map_err(dirty)?;
     }
     super::access::forget_session(conn, session_id).map_err(dirty)?;
+    conn.prepare_cached("DELETE FROM webhook_deliveries WHERE session_id = ?1")
+        .and_then(|mut delete| delete.execute(params![session_id]))
+        .map_err(dirty)?;
     Ok(Written {
         receipt: AppendReceipt {
             first_sequence: 0,
