@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use keel_protocol::{Error, Result};
-use keel_store::{AccessStore, Backend, CheckpointStore, Location, OpenOptions, StoreError, Synchronous, WriterStats};
+use keel_store::{
+    AccessStore, Backend, CheckpointStore, Location, OpenOptions, StoreError, Synchronous, WebhookStore, WriterStats,
+};
 
 use super::stats::sqlite_bytes_on_disk;
 
@@ -57,6 +59,8 @@ pub(crate) struct BenchStore {
     store: Arc<dyn CheckpointStore>,
     /// The same database's keys, budgets and usage.
     access: Arc<dyn AccessStore>,
+    /// The same database's webhook outbox.
+    webhooks: Arc<dyn WebhookStore>,
     backend: Backend,
     /// The SQLite file, for its size on disk.
     path: Option<PathBuf>,
@@ -98,6 +102,7 @@ impl BenchStore {
         Ok(Self {
             store: opened.store,
             access: opened.access,
+            webhooks: opened.webhooks,
             backend: opened.backend,
             path,
             _scratch: scratch,
@@ -112,6 +117,11 @@ impl BenchStore {
     /// The database's keys, budgets and usage, for the server.
     pub(crate) fn access(&self) -> Arc<dyn AccessStore> {
         Arc::clone(&self.access)
+    }
+
+    /// The database's webhook outbox, for the server.
+    pub(crate) fn webhooks(&self) -> Arc<dyn WebhookStore> {
+        Arc::clone(&self.webhooks)
     }
 
     /// The writer's counters so far.

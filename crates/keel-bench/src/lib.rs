@@ -40,6 +40,7 @@ pub mod serve;
 mod stats;
 pub mod tail;
 pub mod turns;
+mod webhook_sink;
 
 pub use database::BenchDatabase;
 pub use stats::{median, peak_rss_mib, percentile, process_cpu_s};

@@ -28,6 +28,7 @@ use super::http::{
     next_turn_event, read_events, read_stream, write_script,
 };
 use super::stats::percentile;
+use super::webhook_sink::WebhookSink;
 use keel_protocol::{Error, Result};
 use keel_server::ServerConfig;
 use keel_store::Synchronous;
@@ -58,6 +59,9 @@ pub struct ServeParams {
     /// How the turns are driven and watched: the native API, or a
     /// front-end protocol's stream (then no event-stream subscriber).
     pub via: BenchVia,
+    /// Whether an endpoint receives a webhook for every `turn_complete`
+    /// (posted to a receiver in this process).
+    pub webhook: bool,
 }
 
 /// What one run measured.
@@ -94,6 +98,12 @@ pub struct ServeReport {
     /// Times a subscriber fell behind the live buffer and read from the
     /// store.
     pub catch_ups: u64,
+    /// Webhook deliveries received (with [`ServeParams::webhook`]).
+    pub webhook_deliveries: usize,
+    /// Median time from an event's commit to its delivery's arrival.
+    pub webhook_p50_ms: Option<f64>,
+    /// 99th percentile of the same.
+    pub webhook_p99_ms: Option<f64>,
 }
 
 /// Runs the workload once on a fresh database and server.
@@ -114,10 +124,33 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
     config.default_model = Some(format!("script:{}", script.display()));
     config.workspace_root = scratch.path().to_owned();
     let credentials = auth::prepare(params.auth, &mut config, database.access(), scratch.path()).await?;
+    let sink = if params.webhook {
+        config.webhooks = Some(database.webhooks());
+        config.keel.webhooks.allow_http = true;
+        config.keel.webhooks.allow_private = vec![
+            "127.0.0.1/32"
+                .parse()
+                .map_err(|_| Error::Config("a network".to_owned()))?,
+        ];
+        Some(WebhookSink::start().await?)
+    } else {
+        None
+    };
     let server = BenchServer::start(config).await?;
     let base = server.base.clone();
     let client = http_client_with(credentials.bearer.as_deref())?;
     let operator = http_client_with(credentials.operator.as_deref())?;
+    if let Some(sink) = &sink {
+        let endpoint = serde_json::json!({"url": sink.url, "event_types": ["turn_complete"]});
+        check(
+            operator
+                .post(format!("{base}/v1/webhooks"))
+                .json(&endpoint)
+                .send()
+                .await,
+        )
+        .await?;
+    }
 
     let mut sessions = Vec::new();
     for _ in 0..params.sessions {
@@ -156,6 +189,18 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
     // A subscriber notices it fell behind when it reads again, so this is
     // read after the stalled ones were drained.
     let catch_ups = catch_ups(&operator, &base).await?;
+    // Every turn's delivery (the warm-up's included) has arrived.
+    let latencies = match &sink {
+        Some(sink) => {
+            let expected = params.sessions * (params.turns + 1);
+            let deadline = Instant::now() + std::time::Duration::from_secs(60);
+            while sink.latencies().len() < expected && Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            sink.latencies()
+        }
+        None => Vec::new(),
+    };
     server.stop("the bench server").await?;
     database.close().await;
 
@@ -179,6 +224,9 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
         turn_p50_ms: percentile(&column(|times| times.turn_ms), 50.0),
         events_per_subscriber,
         catch_ups,
+        webhook_deliveries: latencies.len(),
+        webhook_p50_ms: (!latencies.is_empty()).then(|| percentile(&latencies, 50.0)),
+        webhook_p99_ms: (!latencies.is_empty()).then(|| percentile(&latencies, 99.0)),
     })
 }
 

@@ -122,12 +122,14 @@ mod budget;
 mod server;
 mod session;
 mod tenants;
+mod webhooks;
 
 pub use self::auth::{AuthConfig, DEFAULT_JWKS_REFRESH_SECS, DEFAULT_JWT_LEEWAY_SECS, JwtConfig};
 pub use self::bots::{BotConfig, BotId, Bots};
 pub use self::budget::BudgetConfig;
 pub use self::server::{READING_TOOLS, ServerPolicy};
 pub use self::tenants::{MAX_TENANT_BYTES, TenantConfig, TenantTools, valid_tenant};
+pub use self::webhooks::{WebhookEndpointConfig, WebhooksConfig};
 pub use keel_tools::ToolsConfig;
 pub use keel_tools::mcp::{
     DEFAULT_MCP_CALL_TIMEOUT, DEFAULT_MCP_STARTUP_TIMEOUT, MAX_MCP_SERVER_NAME, McpConfig, McpServerConfig,
@@ -165,6 +167,9 @@ pub struct KeelConfig {
     /// Each tenant's ceiling and budget (`[tenants.<id>]`).
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// Where webhooks may go and the operator's endpoints (`[webhooks]`).
+    #[serde(default)]
+    pub webhooks: WebhooksConfig,
 }
 
 /// A named model in `keel.toml`.

@@ -66,8 +66,9 @@ pub enum ApiError {
     /// The resource exists already (409).
     #[error("{0}")]
     Conflict(String),
-    /// A front-end protocol's request that does not fit the session's
-    /// state (`409`): `history_mismatch`, `call_not_waiting`.
+    /// A request that does not fit the state it meets (`409`), with its own
+    /// code: a front-end protocol's `history_mismatch` and
+    /// `call_not_waiting`, `webhook_limit`.
     #[error("{message}")]
     ProtocolConflict {
         /// The machine code.

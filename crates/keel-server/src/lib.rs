@@ -47,6 +47,7 @@ mod settings;
 mod sse;
 mod tenant_ceiling;
 mod ui;
+mod webhooks;
 mod ws;
 
 use std::net::SocketAddr;
@@ -75,11 +76,11 @@ use keel_agent::{DEFAULT_MAX_STEPS, DEFAULT_SUBMISSION_CAPACITY};
 use keel_agent::{LeaseClock, LeaseOwner};
 use keel_config::KeelConfig;
 use keel_store::CheckpointStore;
-use keel_store::{AccessStore, ClusterStore, NoticeListener};
+use keel_store::{AccessStore, ClusterStore, NoticeListener, WebhookStore};
 
 /// The version of the HTTP API (the OpenAPI document's `info.version`):
 /// the major changes only with a breaking change to the API.
-pub const API_VERSION: &str = "1.4.0";
+pub const API_VERSION: &str = "1.5.0";
 
 /// The response header that carries [`API_VERSION`], so that a client can
 /// refuse a server of another major version before it misreads an answer.
@@ -161,6 +162,10 @@ pub struct ServerConfig {
     /// The clock budgets' rolling days are counted by: the system's,
     /// unless a test moves it.
     pub budget_clock: BudgetClock,
+    /// The webhook outbox, on the database of [`Self::store`]: endpoints
+    /// (`/v1/webhooks`, `[webhooks.endpoints]`) and their deliveries, which
+    /// this node posts; without it there are no webhooks.
+    pub webhooks: Option<Arc<dyn WebhookStore>>,
 }
 
 /// A node's settings when several share one database.
@@ -245,6 +250,7 @@ impl ServerConfig {
             cluster: None,
             access: None,
             budget_clock: BudgetClock::default(),
+            webhooks: None,
         }
     }
 }
@@ -277,6 +283,16 @@ pub(crate) struct Server {
     keep_alive: Duration,
     /// The AG-UI threads read lately, so a run reads only what is new.
     ag_ui_threads: Arc<frontends::ag_ui_threads::ThreadCache>,
+    /// The webhook outbox, for `/v1/webhooks`.
+    webhooks: Option<WebhookApi>,
+}
+
+/// What `/v1/webhooks` works with.
+pub(crate) struct WebhookApi {
+    /// The endpoints and deliveries.
+    pub(crate) outbox: Arc<dyn WebhookStore>,
+    /// `[webhooks]`: where endpoints may point.
+    pub(crate) settings: Arc<keel_config::WebhooksConfig>,
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then shuts down
@@ -314,6 +330,12 @@ pub async fn serve(
         .server
         .retention_days
         .map(|days| Duration::from_secs(u64::from(days) * 24 * 3600));
+    let webhook_settings = Arc::new(config.keel.webhooks.clone());
+    if let Some(outbox) = &config.webhooks {
+        webhooks::store_configured_endpoints(outbox.as_ref(), &webhook_settings)
+            .await
+            .map_err(ServeError::Config)?;
+    }
     let budgets = Arc::new(budget::Budgets::new(
         config.access.clone(),
         &config.keel,
@@ -333,6 +355,10 @@ pub async fn serve(
         max_steps: config.max_steps,
         submission_capacity: config.submission_capacity,
     };
+    let claimant = config.cluster.as_ref().map_or_else(
+        || format!("node-{:016x}", rand::random::<u64>()),
+        |cluster| cluster.node_id.clone(),
+    );
     let (cluster, notices) = match config.cluster {
         Some(cluster) => {
             advertise(&cluster, address).await;
@@ -354,8 +380,23 @@ pub async fn serve(
         config.live_buffer,
         cluster,
     ));
+    let deliverer = config.webhooks.clone().map(|outbox| {
+        let deliverer = Arc::new(webhooks::Deliverer::new(
+            outbox,
+            Arc::clone(&host.store),
+            Arc::clone(&webhook_settings),
+            Arc::clone(&metrics),
+            claimant,
+            Arc::clone(&host.webhook_wake),
+        ));
+        tokio::spawn(deliverer.run(host.closing_signal()))
+    });
     let server = Arc::new(Server {
         host: Arc::clone(&host),
+        webhooks: config.webhooks.map(|outbox| WebhookApi {
+            outbox,
+            settings: webhook_settings,
+        }),
         metrics,
         auth: authenticator,
         access: config.access,
@@ -380,6 +421,9 @@ pub async fn serve(
     .await;
     for task in auth_tasks {
         task.abort();
+    }
+    if let Some(deliverer) = deliverer {
+        deliverer.abort();
     }
     if let Some(keys) = keys {
         keys.flush_uses().await;

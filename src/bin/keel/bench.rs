@@ -446,6 +446,7 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                     database,
                     auth: BenchAuth::None,
                     via: BenchVia::Native,
+                    webhook: false,
                 };
                 if !auth.is_empty() {
                     bench_auth(&params, &auth, repeat).await?;
@@ -492,6 +493,13 @@ async fn bench_serve(params: &ServeParams, subscribers: usize, repeat: usize) ->
         ("HTTP + SSE", over_http(1, false)),
         ("HTTP + SSE, all reading", over_http(readers, false)),
         ("HTTP + SSE, one stalled", over_http(readers, true)),
+        (
+            "HTTP + SSE, a webhook per turn",
+            ServeParams {
+                webhook: true,
+                ..over_http(1, false)
+            },
+        ),
     ];
     let mut baseline = Vec::new();
     let mut reports: Vec<Vec<ServeReport>> = vec![Vec::new(); runs.len()];
@@ -534,6 +542,14 @@ async fn bench_serve(params: &ServeParams, subscribers: usize, repeat: usize) ->
     print_line(&format!(
         "one stalled / all reading (the stalled subscriber's cost to the agent): {:.2}",
         turns_of(2) / turns_of(1)
+    ))?;
+    let hooked = &reports[3];
+    print_line(&format!(
+        "a webhook per turn / none: {:.2}; {} deliveries per run, commit to arrival p50 {:.2} ms, p99 {:.2} ms",
+        turns_of(3) / turns_of(0),
+        hooked.first().map_or(0, |report| report.webhook_deliveries),
+        median_of(hooked, |report| report.webhook_p50_ms.unwrap_or(f64::NAN)),
+        median_of(hooked, |report| report.webhook_p99_ms.unwrap_or(f64::NAN)),
     ))?;
     print_line(&serde_json::to_string(&serde_json::json!({
         "baseline_turns_per_s": baseline,

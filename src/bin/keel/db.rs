@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::Args;
 pub(crate) use keel::store::Location;
 use keel::store::{AccessStore, Backend, CheckpointStore, ClusterStore, NoticeListener, OpenOptions, SqliteOptions};
-use keel::store::{PostgresHold, ServeLock, SharedHold, StoreError};
+use keel::store::{PostgresHold, ServeLock, SharedHold, StoreError, WebhookStore};
 
 /// Where the database is.
 #[derive(Args, Debug, Clone)]
@@ -188,13 +188,7 @@ impl DbArgs {
     /// Opens the database for `keel serve`: on a database several nodes
     /// share (PostgreSQL), with its several-node part and the listener
     /// that makes the server one node among several; and its keys.
-    pub(crate) async fn open_for_serving(
-        &self,
-    ) -> anyhow::Result<(
-        Arc<dyn CheckpointStore>,
-        Option<(Arc<dyn ClusterStore>, NoticeListener)>,
-        Arc<dyn AccessStore>,
-    )> {
+    pub(crate) async fn open_for_serving(&self) -> anyhow::Result<Serving> {
         let opened = self.open_store(true).await?;
         let cluster = match opened.cluster {
             Some(cluster) => {
@@ -203,7 +197,12 @@ impl DbArgs {
             }
             None => None,
         };
-        Ok((opened.store, cluster, opened.access))
+        Ok(Serving {
+            store: opened.store,
+            cluster,
+            access: opened.access,
+            webhooks: opened.webhooks,
+        })
     }
 
     /// A shared hold on the database for a command that opens sessions
@@ -286,6 +285,18 @@ pub(crate) fn explain_failure(text: &str, location: &Location) -> anyhow::Error 
         return anyhow::anyhow!("cannot open the database {location}: {text}");
     };
     anyhow::anyhow!("cannot open the database {location}: {hint} ({text})")
+}
+
+/// The parts of a database `keel serve` serves from.
+pub(crate) struct Serving {
+    /// The sessions.
+    pub(crate) store: Arc<dyn CheckpointStore>,
+    /// With several nodes: the store's shared part and its notices.
+    pub(crate) cluster: Option<(Arc<dyn ClusterStore>, NoticeListener)>,
+    /// Keys, budgets and the usage ledger.
+    pub(crate) access: Arc<dyn AccessStore>,
+    /// The webhook outbox.
+    pub(crate) webhooks: Arc<dyn WebhookStore>,
 }
 
 #[cfg(test)]

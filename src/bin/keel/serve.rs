@@ -200,7 +200,12 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "refusing to listen on {address} without a token: pass --token-file FILE (or listen on 127.0.0.1)"
         );
     }
-    let (store, cluster, access) = args.db.open_for_serving().await?;
+    let crate::db::Serving {
+        store,
+        cluster,
+        access,
+        webhooks,
+    } = args.db.open_for_serving().await?;
     let relay_wait = args
         .relay_wait_ms
         .or(keel_config.server.relay_wait_ms.map(std::num::NonZeroU64::get))
@@ -208,6 +213,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let mut config = ServerConfig::new(store);
     config.access = Some(access);
+    config.webhooks = Some(webhooks);
     if let Some((cluster_store, listener)) = cluster {
         eprintln!("keel serve is node {node_id} (leases of {} ms)", args.lease_ttl_ms);
         config.cluster = Some(ClusterConfig {

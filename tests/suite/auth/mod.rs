@@ -3,42 +3,21 @@
 //! `keel keys` and over the API, their revocation on open streams, and
 //! keys across several PostgreSQL nodes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::suite::support::api::{Api, Reply};
-use crate::suite::support::skip;
 
 mod cluster;
 mod jwt;
 mod keys;
 
-/// Set in CI (and by `.ci/run`): the JWT tests may not be skipped for want
-/// of the Python environment.
-const REQUIRE: &str = "KEEL_REQUIRE_CLIENT_TESTS";
-
-/// The virtual environment's Python, or `None` (announced) when a run may
-/// skip without it.
+/// The virtual environment's Python (PyJWT), or `None` when a run may skip.
 fn python(test: &str) -> Option<PathBuf> {
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/python/venv/bin/python");
-    if python.is_file() {
-        return Some(python);
-    }
-    let how = "make it: python3 -m venv .ci/python/venv; .ci/python/venv/bin/pip install --require-hashes \
-               -r .ci/python/requirements.txt";
-    assert!(
-        skip::may_skip(REQUIRE),
-        "{} is missing and this run requires it (CI or {REQUIRE}): {how}",
-        python.display()
-    );
-    skip::announce(
-        test,
-        &format!("{} is missing, so JWTs are NOT tested here; {how}", python.display()),
-    );
-    None
+    crate::suite::support::python::venv_python(test)
 }
 
 /// `api` with `credential` as its bearer.

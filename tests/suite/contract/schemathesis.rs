@@ -76,10 +76,28 @@ async fn schemathesis_finds_no_failure_against_a_live_server() {
     assert!(made > 10, "schemathesis made {made} sessions");
     server.api.token = Some(token.to_owned());
     let stored = stored_sessions(&server.api).await;
-    assert_eq!(
-        stored, expected,
-        "the stored sessions are not those the answers announced"
-    );
+    if stored != expected {
+        let differing: Vec<&String> = stored.symmetric_difference(&expected).collect();
+        let requests: Vec<String> = har["log"]["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|entry| differing.iter().any(|id| entry.to_string().contains(id.as_str())))
+            .map(|entry| {
+                format!(
+                    "{} {} {} {} -> {}",
+                    entry["startedDateTime"].as_str().unwrap_or_default(),
+                    entry["request"]["method"].as_str().unwrap_or_default(),
+                    entry["request"]["url"].as_str().unwrap_or_default(),
+                    entry["request"]["postData"]["text"].as_str().unwrap_or_default(),
+                    entry["response"]["status"]
+                )
+            })
+            .collect();
+        panic!(
+            "the stored sessions are not those the answers announced: {differing:?} differ; their requests:\n{requests:#?}"
+        );
+    }
     let (status, stderr) = server.terminate();
     // The summary, where a person reading the test output looks for it.
     let summary = printed.rsplit("SUMMARY").next().unwrap_or_default();

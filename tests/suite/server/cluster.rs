@@ -25,6 +25,7 @@ mod client_tools;
 mod forward;
 mod shared_budgets;
 mod stale_tenant;
+mod webhooks;
 
 /// Nodes' lease time to live in these tests: short, so take-overs after a
 /// death are quick.

@@ -22,6 +22,7 @@ mod sandbox_escape;
 mod sessions;
 mod streams;
 mod usage;
+mod webhooks;
 mod workspaces;
 mod writers;
 mod ws;

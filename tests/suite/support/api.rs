@@ -73,6 +73,10 @@ impl Api {
         self.send(self.client.patch(self.url(path)).json(body)).await
     }
 
+    pub(crate) async fn delete(&self, path: &str) -> Reply {
+        self.send(self.client.delete(self.url(path))).await
+    }
+
     /// Creates a session; it must answer `201`.
     pub(crate) async fn create(&self, body: Value) -> Value {
         let reply = self.post("/v1/sessions", &body).await;

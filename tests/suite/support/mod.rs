@@ -8,6 +8,7 @@ pub(crate) mod http_server;
 pub(crate) mod model;
 pub(crate) mod process;
 pub(crate) mod provider;
+pub(crate) mod python;
 pub(crate) mod sandbox;
 pub(crate) mod server;
 pub(crate) mod skip;

@@ -74,8 +74,10 @@ impl TestServer {
     }
 
     pub(crate) async fn start_in(scratch: Scratch, configure: impl FnOnce(&mut ServerConfig, &Scratch)) -> Self {
-        let store: Arc<dyn CheckpointStore> = Arc::new(SqliteCheckpoint::new(scratch.db()).expect("open the store"));
+        let sqlite = Arc::new(SqliteCheckpoint::new(scratch.db()).expect("open the store"));
+        let store: Arc<dyn CheckpointStore> = sqlite.clone();
         let mut config = ServerConfig::new(store);
+        config.webhooks = Some(sqlite);
         config.workspace_root = scratch.workspaces();
         // Tests write their scripts into the scratch directory and name
         // them in requests; the server lets clients use scripts from there.

@@ -6,3 +6,4 @@ mod ceilings;
 mod keys;
 mod ownership;
 mod sweep;
+mod webhooks;

@@ -17,7 +17,7 @@ import httpx
 
 from .errors import ApiVersionMismatch, ConnectionFailed, KeelError, Unavailable, error_for
 
-API_VERSION = "1.4.0"
+API_VERSION = "1.5.0"
 """The API version this client was built for (the OpenAPI document's ``info.version``)."""
 
 API_MAJOR = int(API_VERSION.split(".", 1)[0])

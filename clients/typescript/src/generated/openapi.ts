@@ -338,6 +338,94 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List webhook endpoints
+         * @description The endpoints the caller may manage (admin only: a tenant's admin sees its own tenant's), without their secrets. Needs the `admin` scope.
+         */
+        get: operations["list_webhooks"];
+        put?: never;
+        /**
+         * Register a webhook endpoint
+         * @description Registers an endpoint that receives the chosen session events, signed as the Standard Webhooks specification says (`webhook-id`, `webhook-timestamp`, `webhook-signature`), at least once and in sequence order per session. Admin only; a tenant's admin registers for its own tenant. The answer holds the signing secret, shown this once. Events committed from then on are delivered. Needs the `admin` scope.
+         */
+        post: operations["create_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Show a webhook endpoint
+         * @description One endpoint, without its secrets (admin only; another tenant's is `404`). Needs the `admin` scope.
+         */
+        get: operations["show_webhook"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a webhook endpoint
+         * @description Deletes an endpoint and its deliveries, pending ones included (admin only; another tenant's is `404`). An attempt in flight may still arrive. Needs the `admin` scope.
+         */
+        delete: operations["delete_webhook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/rotate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Rotate a webhook endpoint's secret
+         * @description Makes a new signing secret, shown this once. The secrets in use until now keep signing beside it for `previous_valid_for_s` (a day by default), so every delivery meanwhile carries a signature each secret verifies (admin only; another tenant's is `404`). Needs the `admin` scope.
+         */
+        post: operations["rotate_webhook_secret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List a webhook endpoint's deliveries
+         * @description The endpoint's deliveries, oldest first, by state (`failed` ones are those given up on after retrying for `[webhooks] retry_for_s`); delivered and failed ones are kept `[webhooks] keep_days` (admin only; another tenant's endpoint is `404`). Needs the `admin` scope.
+         */
+        get: operations["list_webhook_deliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/ai-sdk/chat": {
         parameters: {
             query?: never;
@@ -1063,6 +1151,31 @@ export interface components {
              */
             client_tool_timeout_secs?: number | null;
         };
+        /** @description The body of `POST /v1/webhooks`. */
+        CreateWebhook: {
+            /**
+             * @description Where deliveries are posted: `https` (or `http` where `[webhooks]
+             *     allow_http` is on), to a public address unless `[webhooks]
+             *     allow_private` lists its network.
+             */
+            url: string;
+            /**
+             * @description The event types it receives (`approval_requested`,
+             *     `client_tool_requested`, `turn_complete`, `turn_aborted`, `error`,
+             *     `shutdown_complete`).
+             */
+            event_types: components["schemas"]["WebhookEventType"][];
+            /** @description Only the sessions of this bot. */
+            bot_id?: string | null;
+            /**
+             * @description Only the sessions of this tenant. A tenant's admin may name only
+             *     its own, and gets it without naming it; the operator's endpoint
+             *     without one receives every tenant's.
+             */
+            tenant?: string | null;
+            /** @description A note for people: no control characters. */
+            description?: string | null;
+        };
         /** @description The answer of `POST /v1/keys`: the key, this once, and what was stored. */
         CreatedKey: components["schemas"]["KeyView"] & {
             /**
@@ -1089,6 +1202,64 @@ export interface components {
              *     none.
              */
             oldest_leaves_at_ms?: number | null;
+        };
+        /** @description The body of `GET /v1/webhooks/{id}/deliveries`. */
+        DeliveryList: {
+            /** @description The deliveries, oldest first. */
+            deliveries: components["schemas"]["DeliveryView"][];
+            /**
+             * Format: int64
+             * @description Pass as `after` for the next page; `null` on the last.
+             */
+            next_after?: number | null;
+        };
+        /** @description A delivery as listed. */
+        DeliveryView: {
+            /**
+             * Format: int64
+             * @description Its id.
+             */
+            id: number;
+            /** @description The `webhook-id` it is sent with, the same at every attempt. */
+            message_id: string;
+            /** @description The session whose event it is. */
+            session_id: string;
+            /**
+             * Format: int64
+             * @description The event's sequence in the session's log.
+             */
+            sequence: number;
+            /** @description The event's type. */
+            event_type: string;
+            /** @description `pending`, `delivered` or `failed`. */
+            state: string;
+            /**
+             * Format: int32
+             * @description How many attempts were made.
+             */
+            attempts: number;
+            /**
+             * Format: int64
+             * @description When the event was committed (ms since the Unix epoch).
+             */
+            created_at_ms: number;
+            /**
+             * Format: int64
+             * @description When the next attempt is due, while pending.
+             */
+            next_attempt_at_ms?: number | null;
+            /**
+             * Format: int32
+             * @description The HTTP status of the last attempt, when it was answered.
+             */
+            last_status?: number | null;
+            /** @description Why the last attempt failed, when it did. */
+            last_error?: string | null;
+            /**
+             * Format: int64
+             * @description When it was delivered or given up on.
+             */
+            finished_at_ms?: number | null;
         };
         /** @description `{"code": …, "message": …}`. */
         ErrorBody: {
@@ -1467,6 +1638,16 @@ export interface components {
              * @description When the event was committed, in milliseconds since the Unix epoch.
              */
             recorded_at_ms: number;
+        };
+        /** @description The body of `POST /v1/webhooks/{id}/rotate`. */
+        RotateWebhook: {
+            /**
+             * Format: int64
+             * @description How long the secrets in use until now keep signing beside the new
+             *     one (seconds), so that receivers can switch; a day by default, at
+             *     most a week. 0 stops them at once.
+             */
+            previous_valid_for_s?: number | null;
         };
         /**
          * @description The sandbox a session's shell commands run under, as recorded in
@@ -1947,6 +2128,52 @@ export interface components {
         WarningEvent: {
             /** @description What to know. */
             message: string;
+        };
+        /**
+         * @description An event type webhooks can receive.
+         * @enum {string}
+         */
+        WebhookEventType: "approval_requested" | "client_tool_requested" | "turn_complete" | "turn_aborted" | "error" | "shutdown_complete";
+        /** @description The body of `GET /v1/webhooks`. */
+        WebhookList: {
+            /** @description The endpoints the caller may manage, oldest first. */
+            webhooks: components["schemas"]["WebhookView"][];
+        };
+        /** @description An endpoint as listed: never its secrets. */
+        WebhookView: {
+            /** @description Its id. */
+            id: string;
+            /** @description Where deliveries are posted. */
+            url: string;
+            /** @description The event types it receives. */
+            event_types: string[];
+            /** @description Only the sessions of this bot, when set. */
+            bot_id?: string | null;
+            /** @description Only the sessions of this tenant, when set. */
+            tenant?: string | null;
+            /** @description A note for people. */
+            description?: string | null;
+            /**
+             * Format: int64
+             * @description When it was made (ms since the Unix epoch).
+             */
+            created_at_ms: number;
+            /**
+             * @description When each secret in use stops being used (ms since the Unix epoch;
+             *     `null`: the current one), newest first.
+             */
+            secrets_expire_at_ms: (number | null)[];
+        };
+        /**
+         * @description The answer of `POST /v1/webhooks` and of a rotation: the endpoint and
+         *     its new secret, this once.
+         */
+        WebhookWithSecret: components["schemas"]["WebhookView"] & {
+            /**
+             * @description The signing secret (`whsec_` and base64), for the receiver's
+             *     Standard Webhooks library. It cannot be shown again.
+             */
+            secret: string;
         };
         /** @description The body of `GET /v1/whoami`. */
         WhoAmI: {
@@ -5606,6 +5833,976 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    list_webhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoints. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    create_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateWebhook"];
+            };
+        };
+        responses: {
+            /** @description The endpoint and its secret, shown once. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookWithSecret"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session. `webhook_url_refused`: A webhook endpoint's URL the server's `[webhooks]` settings refuse: not `https` (unless allowed), with credentials, a private, loopback or link-local address, or one that does not parse. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin" | "tenant_forbidden" | "webhook_url_refused";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `webhook_limit`: The server keeps as many webhook endpoints as it may (1,000); delete one first. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "webhook_limit";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `unsupported_media_type`: A body not sent as `application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    show_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoint. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    delete_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoint is deleted. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    rotate_webhook_secret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RotateWebhook"];
+            };
+        };
+        responses: {
+            /** @description The endpoint and its new secret, shown once. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookWithSecret"];
+                };
+            };
+            /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "invalid_request";
+                        };
+                    };
+                };
+            };
+            /** @description `unauthorized`: A missing or wrong bearer token. */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme the token goes in. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unauthorized";
+                        };
+                    };
+                };
+            };
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "forbidden_origin" | "missing_scope_admin";
+                        };
+                    };
+                };
+            };
+            /** @description `not_found`: An unknown session or route. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "not_found";
+                        };
+                    };
+                };
+            };
+            /** @description `request_timeout`: The body did not arrive within the body timeout. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "request_timeout";
+                        };
+                    };
+                };
+            };
+            /** @description `too_large`: The body or the message is over its limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "too_large";
+                        };
+                    };
+                };
+            };
+            /** @description `unsupported_media_type`: A body not sent as `application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "unsupported_media_type";
+                        };
+                    };
+                };
+            };
+            /** @description `misdirected_request`: A `Host` the server does not answer for. */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "misdirected_request";
+                        };
+                    };
+                };
+            };
+            /** @description `internal`: A store failure or another server fault. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "internal";
+                        };
+                    };
+                };
+            };
+            /** @description `store_unavailable`: The database cannot be reached or written; nothing was stored. `store_full`: The disk or the database's size cap is full; nothing was stored. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before a retry, when the server knows (`owner_unavailable`). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: components["schemas"]["ErrorBody"] & {
+                            /** @enum {string} */
+                            code?: "store_unavailable" | "store_full";
+                        };
+                    };
+                };
+            };
+        };
+    };
+    list_webhook_deliveries: {
+        parameters: {
+            query?: {
+                /** @description Only those in this state. */
+                state?: "pending" | "delivered" | "failed";
+                /**
+                 * @description Only those after this delivery id (the last one of the previous
+                 *     page).
+                 */
+                after?: number;
+                /** @description How many at most (default and maximum 200). */
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of deliveries. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryList"];
+                };
             };
             /** @description `invalid_request`: Malformed JSON, unknown fields, bad values or an invalid op. */
             400: {

@@ -123,6 +123,7 @@ impl Host {
             last_active: Arc::clone(&session.last_active),
             stopped: Arc::clone(&session.stopped),
             published,
+            webhooks: Arc::clone(&self.webhook_wake),
         };
         let task = tokio::spawn(pump.run(close_rx));
         *session.pump.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(task);

@@ -109,6 +109,9 @@ pub(crate) struct Host {
     recently_taken: take_up::RecentlyTaken,
     /// Where the other nodes take submissions handed to them directly.
     peers: forward::Peers,
+    /// Wakes the webhook deliverer when a live session commits an event
+    /// webhooks may want.
+    pub(crate) webhook_wake: Arc<tokio::sync::Notify>,
     /// The submissions other nodes handed to this one lately.
     handed_recently: forward::HandedRecently,
     /// When the client calls of sessions not loaded time out.
@@ -146,12 +149,18 @@ impl Host {
             elsewhere: elsewhere::ElsewhereHints::default(),
             recently_taken: take_up::RecentlyTaken::default(),
             peers: forward::Peers::new(relay_wait),
+            webhook_wake: Arc::new(tokio::sync::Notify::new()),
             handed_recently: forward::HandedRecently::default(),
             client_deadlines: client_deadlines::ClientDeadlines::default(),
         }
     }
 
     /// Whether the server is shutting down.
+    /// Turns true when the server begins to shut down.
+    pub(crate) fn closing_signal(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
     pub(crate) fn is_closing(&self) -> bool {
         *self.closing.borrow()
     }
@@ -366,6 +375,13 @@ impl Host {
                 key_is_new: false,
             };
             match session.handle.submit_durable(op.clone(), options).await {
+                Ok(accepted) if is_decision(&op) => {
+                    // Held meanwhile: the session is not unloaded before
+                    // it has recorded the decision.
+                    let answer = self.decision_recorded(session_id, accepted).await;
+                    drop(session);
+                    return answer;
+                }
                 Ok(accepted) => return Ok(accepted),
                 Err(keel_protocol::Error::Stopped(_)) if !retried && !self.is_closing() => {
                     // It stopped (a `shutdown` op): load it again.
@@ -374,6 +390,40 @@ impl Host {
                 }
                 Err(error) => return Err(error.into()),
             }
+        }
+    }
+
+    /// Answers a decision (an approval, a client tool's result) once the
+    /// session has recorded what it made of it: a decision is not stored
+    /// ahead like a message, so without this wait a `202` could come back
+    /// for one that a crash then lost, and nobody would send it again. A
+    /// decision that nothing records in time is `503`: the caller sends it
+    /// again, and one that took effect meanwhile is refused harmlessly.
+    async fn decision_recorded(
+        &self,
+        session_id: &str,
+        accepted: keel_agent::Accepted,
+    ) -> Result<keel_agent::Accepted, ApiError> {
+        let mut events = self.subscribe(session_id, accepted.sequence);
+        let recorded = async {
+            loop {
+                let Some(event) = events.next().await? else {
+                    return Ok::<bool, ApiError>(false);
+                };
+                let carries = serde_json::from_str::<serde_json::Value>(&event.json)
+                    .is_ok_and(|event| event["submission_id"] == accepted.submission_id.as_str());
+                if carries {
+                    return Ok(true);
+                }
+            }
+        };
+        match tokio::time::timeout(DECISION_WAIT, recorded).await {
+            Ok(Ok(true)) => Ok(accepted),
+            Ok(Err(error)) => Err(error),
+            Ok(Ok(false)) | Err(_) => Err(ApiError::Unavailable(format!(
+                "the session did not record submission {} in time; it may not take effect: send it again",
+                accepted.submission_id
+            ))),
         }
     }
 
@@ -517,4 +567,13 @@ pub(crate) fn acting_for(actor: Actor, tenant: &str) -> Actor {
         },
         ActorKind::ApiKey | ActorKind::Jwt => actor,
     }
+}
+
+/// How long a decision waits to be recorded before it is answered `503`.
+const DECISION_WAIT: Duration = Duration::from_secs(10);
+
+/// Whether `op` is a decision a waiting turn takes (see
+/// [`Host::decision_recorded`]).
+fn is_decision(op: &Op) -> bool {
+    matches!(op, Op::Approval { .. } | Op::ClientToolResult { .. })
 }

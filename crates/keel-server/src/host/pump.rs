@@ -41,6 +41,8 @@ pub(super) struct Pump {
     pub(super) last_active: Arc<Mutex<Instant>>,
     pub(super) stopped: Arc<AtomicBool>,
     pub(super) published: watch::Sender<u64>,
+    /// Woken by an event webhooks may want: its delivery is in the store.
+    pub(super) webhooks: Arc<tokio::sync::Notify>,
 }
 
 impl Pump {
@@ -76,6 +78,9 @@ impl Pump {
         *self.last_active.lock().unwrap_or_else(|poison| poison.into_inner()) = Instant::now();
         self.hub.publish(event);
         self.published.send_replace(event.sequence);
+        if event.msg.webhook_type().is_some() {
+            self.webhooks.notify_one();
+        }
     }
 
     /// Queues `Op::Shutdown` and publishes the events up to the last one.

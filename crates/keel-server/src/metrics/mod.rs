@@ -46,6 +46,13 @@ pub(crate) struct TenantLabel {
     tenant: String,
 }
 
+/// Labels of `keel_webhook_attempts_total`: how an attempt ended
+/// (`delivered`, `retry` or `failed`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct WebhookOutcome {
+    pub(crate) outcome: &'static str,
+}
+
 /// Labels of `keel_http_requests_total`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct HttpLabels {
@@ -79,6 +86,8 @@ pub(crate) struct Metrics {
     pub(crate) catch_ups: Counter,
     pub(crate) relayed_submissions: Counter,
     pub(crate) forwarded_submissions: Counter,
+    pub(crate) webhook_attempts: Family<WebhookOutcome, Counter>,
+    pub(crate) webhook_latency: Histogram,
     pub(crate) forwards_not_taken: Counter,
     pub(crate) relayed_refused: Counter,
     pub(crate) relay_answers_missed: Counter,
@@ -170,6 +179,19 @@ impl Metrics {
                 "keel_forwarded_submissions",
                 "Relayed submissions this node handed to the node running their session directly, over HTTP",
                 Counter::default(),
+            ),
+            webhook_attempts: registered(
+                &mut registry,
+                "keel_webhook_attempts",
+                "Webhook delivery attempts this node made, by outcome: delivered, retry (to be tried again) or failed (given up on)",
+                Family::default(),
+            ),
+            // 1 ms to about 9 h.
+            webhook_latency: registered(
+                &mut registry,
+                "keel_webhook_delivery_seconds",
+                "Time from an event's commit to its delivery's 2xx answer, retries included",
+                Histogram::new(exponential_buckets(0.001, 2.0, 25)),
             ),
             forwards_not_taken: registered(
                 &mut registry,

@@ -50,6 +50,11 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
         403,
         "Credentials of one tenant naming another tenant, or choosing an `id`, for a new session.",
     ),
+    (
+        "webhook_url_refused",
+        403,
+        "A webhook endpoint's URL the server's `[webhooks]` settings refuse: not `https` (unless allowed), with credentials, a private, loopback or link-local address, or one that does not parse.",
+    ),
     ("not_found", 404, "An unknown session or route."),
     (
         "model_not_found",
@@ -58,6 +63,11 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
     ),
     ("method_not_allowed", 405, "A known route with another method."),
     ("queue_full", 409, "The session's submission queue is full."),
+    (
+        "webhook_limit",
+        409,
+        "The server keeps as many webhook endpoints as it may (1,000); delete one first.",
+    ),
     (
         "session_busy",
         409,

@@ -43,6 +43,7 @@ use crate::API_VERSION;
         (name = "frontends", description = "Front-end protocols over the same sessions: AG-UI 1.0, the AI SDK's UI message stream."),
         (name = "usage", description = "Token usage."),
         (name = "auth", description = "Who a credential is; API keys (admin)."),
+        (name = "webhooks", description = "Endpoints that receive signed deliveries of session events, their secrets and deliveries (admin)."),
         (name = "operations", description = "Health, readiness, metrics, this description."),
     ),
 )]

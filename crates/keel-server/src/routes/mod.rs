@@ -12,6 +12,7 @@ pub(crate) mod ops;
 pub(crate) mod sessions;
 pub(crate) mod submissions;
 pub(crate) mod usage;
+pub(crate) mod webhooks;
 
 use std::sync::{Arc, OnceLock};
 
@@ -71,6 +72,10 @@ pub(crate) fn documented() -> Documented {
             .routes(routes!(keys::whoami))
             .routes(routes!(keys::create, keys::list))
             .routes(routes!(keys::revoke))
+            .routes(routes!(webhooks::create, webhooks::list))
+            .routes(routes!(webhooks::show, webhooks::delete))
+            .routes(routes!(webhooks::rotate))
+            .routes(routes!(webhooks::deliveries))
             .merge(crate::frontends::ai_sdk::routes()),
         v1_open: OpenApiRouter::new().routes(routes!(describe)),
         metrics: OpenApiRouter::new().routes(routes!(ops::metrics)),

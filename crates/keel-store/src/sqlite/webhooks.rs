@@ -235,7 +235,9 @@ fn deliveries(
         .query_map(
             params![
                 endpoint_id,
-                filter.after_id.unwrap_or(0),
+                filter
+                    .after_id
+                    .map_or(0, |after| i64::try_from(after).unwrap_or(i64::MAX)),
                 filter.state.map(DeliveryState::as_str),
                 i64::try_from(filter.limit).unwrap_or(i64::MAX)
             ],
