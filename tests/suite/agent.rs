@@ -1107,7 +1107,10 @@ fn every_event_kind_is_its_wire_type() {
             sandbox: None,
             tools: vec![],
         }),
-        EventMsg::TurnStarted(TurnStartedEvent { turn_id: turn_id() }),
+        EventMsg::TurnStarted(TurnStartedEvent {
+            turn_id: turn_id(),
+            trace_id: None,
+        }),
         EventMsg::UserMessage(UserMessageEvent {
             turn_id: turn_id(),
             text: "hi".to_owned(),

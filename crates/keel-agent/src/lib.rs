@@ -15,5 +15,6 @@
 //! set from whoever embeds it.
 
 mod agent;
+pub mod telemetry;
 
 pub use agent::*;

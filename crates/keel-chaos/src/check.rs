@@ -272,6 +272,7 @@ mod tests {
             Some(id),
             EventMsg::TurnStarted(TurnStartedEvent {
                 turn_id: turn.to_owned(),
+                trace_id: None,
             }),
         )
     }

@@ -121,6 +121,7 @@ mod bots;
 mod budget;
 mod server;
 mod session;
+mod telemetry;
 mod tenants;
 mod webhooks;
 
@@ -128,6 +129,7 @@ pub use self::auth::{AuthConfig, DEFAULT_JWKS_REFRESH_SECS, DEFAULT_JWT_LEEWAY_S
 pub use self::bots::{BotConfig, BotId, Bots};
 pub use self::budget::BudgetConfig;
 pub use self::server::{READING_TOOLS, ServerPolicy};
+pub use self::telemetry::TelemetryConfig;
 pub use self::tenants::{MAX_TENANT_BYTES, TenantConfig, TenantTools, valid_tenant};
 pub use self::webhooks::{WebhookEndpointConfig, WebhooksConfig};
 pub use keel_tools::ToolsConfig;
@@ -170,6 +172,9 @@ pub struct KeelConfig {
     /// Where webhooks may go and the operator's endpoints (`[webhooks]`).
     #[serde(default)]
     pub webhooks: WebhooksConfig,
+    /// Where traces are exported (`[telemetry]`).
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
 }
 
 /// A named model in `keel.toml`.

@@ -274,6 +274,11 @@ pub struct SandboxInfo {
 pub struct TurnStartedEvent {
     /// The new turn's id.
     pub turn_id: String,
+    /// The trace the turn's spans belong to (32 hex digits), for finding
+    /// the turn in a trace back end and its log lines. Absent in logs of
+    /// versions that kept none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// Payload of [`EventMsg::UserMessage`].

@@ -42,6 +42,8 @@ pub(crate) struct SessionFactory {
     pub(crate) submission_capacity: usize,
     /// The budgets; each session's turns ask them before every model step.
     pub(crate) budgets: Arc<Budgets>,
+    /// Where the sessions' spans go (nowhere unless traces are exported).
+    pub(crate) spans: keel_agent::telemetry::Spans,
 }
 
 impl SessionFactory {
@@ -222,6 +224,7 @@ impl SessionFactory {
             .with_workspaces(&context.tenant, session_id, |root, name| root.open_existing(name))
             .await?;
         let mut config = AgentConfig::new(session_id, Arc::clone(&self.store), model);
+        config.spans = self.spans.clone();
         // Asked before each model step; it reads the store only while a
         // budget applies to the session or its tenant.
         config.step_gate = Some(Arc::new(BudgetGate {

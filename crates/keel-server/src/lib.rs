@@ -45,6 +45,7 @@ pub(crate) mod routes;
 mod script_dir;
 mod settings;
 mod sse;
+mod telemetry;
 mod tenant_ceiling;
 mod ui;
 mod webhooks;
@@ -336,6 +337,16 @@ pub async fn serve(
             .await
             .map_err(ServeError::Config)?;
     }
+    let exporter = if telemetry::wanted(&config.keel.telemetry) {
+        Some(telemetry::OtlpSpans::start(&config.keel.telemetry, Arc::clone(&metrics)).map_err(ServeError::Config)?)
+    } else {
+        None
+    };
+    let spans = exporter
+        .clone()
+        .map_or_else(keel_agent::telemetry::Spans::default, |exporter| {
+            keel_agent::telemetry::Spans::to(exporter)
+        });
     let budgets = Arc::new(budget::Budgets::new(
         config.access.clone(),
         &config.keel,
@@ -354,6 +365,7 @@ pub async fn serve(
         metrics: Arc::clone(&metrics),
         max_steps: config.max_steps,
         submission_capacity: config.submission_capacity,
+        spans,
     };
     let claimant = config.cluster.as_ref().map_or_else(
         || format!("node-{:016x}", rand::random::<u64>()),
@@ -424,6 +436,11 @@ pub async fn serve(
     }
     if let Some(deliverer) = deliverer {
         deliverer.abort();
+    }
+    if let Some(exporter) = exporter {
+        // The last turns' spans leave before the process does.
+        let flushed = tokio::task::spawn_blocking(move || exporter.flush(Duration::from_secs(5)));
+        let _ = flushed.await;
     }
     if let Some(keys) = keys {
         keys.flush_uses().await;

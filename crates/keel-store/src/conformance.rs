@@ -245,6 +245,7 @@ pub(crate) fn execution(turn_id: &str) -> TurnExecution {
         awaiting_client: vec!["call-8".into(), "call-9".into()],
         // call-9 waits for ever; call-8's deadline is the session's.
         client_deadlines: [("call-8".to_owned(), CLIENT_DEADLINE_MS)].into(),
+        trace: None,
     }
 }
 
@@ -261,7 +262,10 @@ pub(crate) async fn create(store: &dyn CheckpointStore, session_id: &str) {
 pub(crate) fn event(session_id: &str, n: usize) -> Event {
     let turn_id = format!("{session_id}-turn-{}", n / 7);
     let msg = match n % 7 {
-        0 => EventMsg::TurnStarted(TurnStartedEvent { turn_id }),
+        0 => EventMsg::TurnStarted(TurnStartedEvent {
+            turn_id,
+            trace_id: None,
+        }),
         1 => EventMsg::UserMessage(UserMessageEvent {
             turn_id,
             text: format!("question {n} of {session_id}: ünïcødé ✓ \"quoted\" \\ \n new line"),

@@ -56,7 +56,7 @@ pub use sqlite::{ServeLock, SharedHold, SqliteCheckpoint, SqliteOptions, Synchro
 pub use types::{
     Checkpoint, Compaction, EncodedEvent, EventPage, EventPageRequest, KeyedSubmission, LastTurn, MAX_EVENT_PAGE,
     MAX_TITLE_CHARS, QueueChange, QueuedSubmission, SessionContext, SessionListPage, SessionState, SessionSummary,
-    TurnExecution, title_of,
+    TurnExecution, TurnTrace, title_of,
 };
 pub use usage::{SessionUsage, session_usage};
 pub use walk::walk_back;

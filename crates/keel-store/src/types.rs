@@ -156,6 +156,30 @@ pub struct TurnExecution {
     /// since the Unix epoch, by call id; a call without one waits for ever.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub client_deadlines: BTreeMap<String, u64>,
+    /// The turn's place in a trace, kept so that whichever runtime ends the
+    /// turn (after a wait, a restart or a crash) reports its span under the
+    /// same ids. `None` for turns stored by versions that kept none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TurnTrace>,
+}
+
+/// A turn's span: its trace, its own id, its parent (a caller's span, from
+/// a `traceparent`), and what its model steps used so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnTrace {
+    /// The trace, 32 lowercase hex digits.
+    pub trace_id: String,
+    /// The turn's span, 16 lowercase hex digits.
+    pub span_id: String,
+    /// The caller's span the turn runs under, when a submission said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_span_id: Option<String>,
+    /// The tokens the turn's model steps reported so far.
+    #[serde(default)]
+    pub usage: TokenUsage,
+    /// Why the last model step stopped (`stop`, `tool_calls`, `length`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
 }
 
 impl TurnExecution {

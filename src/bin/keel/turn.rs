@@ -186,6 +186,7 @@ mod tests {
             submission,
             EventMsg::TurnStarted(TurnStartedEvent {
                 turn_id: turn.to_owned(),
+                trace_id: None,
             }),
         )
     }

@@ -454,8 +454,8 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
     let last = text.lines().last().expect("output");
     let summary: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
     let runs = summary["runs"].as_array().expect("runs");
-    assert_eq!(runs.len(), 3, "{summary}");
-    for (run, (subscribers, stalled)) in runs.iter().zip([(1, false), (2, false), (2, true)]) {
+    assert_eq!(runs.len(), 4, "{summary}");
+    for (run, (subscribers, stalled)) in runs.iter().zip([(1, false), (2, false), (2, true), (1, false)]) {
         let report = &run["reports"][0];
         assert_eq!(report["subscribers"], subscribers, "{run}");
         assert_eq!(report["stalled"], stalled, "{run}");
@@ -472,6 +472,16 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
         );
     }
     assert!(text.contains("| in-process (baseline) |"), "{text}");
+    // The last run posts a webhook per turn (three and a warm-up, two
+    // sessions), each timed from its event's commit.
+    let hooked = &runs[3]["reports"][0];
+    assert_eq!(hooked["webhook_deliveries"], 8, "{hooked}");
+    assert!(
+        hooked["webhook_p99_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+        "{hooked}"
+    );
+    assert_eq!(runs[0]["reports"][0]["webhook_deliveries"], 0);
+    assert!(text.contains("a webhook per turn / none:"), "{text}");
 }
 
 #[test]

@@ -21,6 +21,7 @@ mod retire;
 mod sandbox_escape;
 mod sessions;
 mod streams;
+mod traces;
 mod usage;
 mod webhooks;
 mod workspaces;

@@ -63,6 +63,8 @@ fn body_of(operation: &str) -> Option<Value> {
         "update_session" => Some(json!({"title": "renamed by B"})),
         "create_session" => Some(json!({})),
         "create_key" => Some(json!({"name": "swept", "scopes": ["read"]})),
+        "create_webhook" => Some(json!({"url": "https://hooks.example.com/swept", "event_types": ["turn_complete"]})),
+        "rotate_webhook_secret" => Some(json!({})),
         _ => None,
     }
 }

@@ -42,6 +42,8 @@ from .errors import (
     Unauthorized,
     Unavailable,
     UnsupportedMediaType,
+    WebhookLimit,
+    WebhookUrlRefused,
     WorkspaceConflict,
 )
 from .events import Event, EventPage
@@ -119,6 +121,8 @@ __all__ = [
     "UnsupportedMediaType",
     "UserInput",
     "UsageReport",
+    "WebhookLimit",
+    "WebhookUrlRefused",
     "WorkspaceConflict",
     "events",
 ]

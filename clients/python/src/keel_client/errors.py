@@ -55,6 +55,11 @@ class TenantForbidden(Forbidden):
     choosing a new session's id."""
 
 
+class WebhookUrlRefused(Forbidden):
+    """403 ``webhook_url_refused``: a webhook endpoint's URL the server's
+    ``[webhooks]`` settings refuse (not https, credentials, a private address)."""
+
+
 class BudgetExhausted(KeelError):
     """429 ``budget_exhausted``: a token budget of the session or its tenant is
     spent, or the tenant runs as many turns as it may at once; the error's
@@ -96,6 +101,10 @@ class SessionModelUnavailable(KeelError):
 
 class QueueFull(KeelError):
     """409 ``queue_full``: the session's submission queue is full; retry later."""
+
+
+class WebhookLimit(KeelError):
+    """409 ``webhook_limit``: the server keeps as many webhook endpoints as it may."""
 
 
 class WorkspaceConflict(KeelError):
@@ -174,6 +183,7 @@ _BY_CODE: dict[str, type[KeelError]] = {
     "missing_scope_approve": MissingScope,
     "missing_scope_admin": MissingScope,
     "tenant_forbidden": TenantForbidden,
+    "webhook_url_refused": WebhookUrlRefused,
     "budget_exhausted": BudgetExhausted,
     "not_found": NotFound,
     "model_not_found": ModelNotFound,
@@ -190,6 +200,7 @@ _BY_CODE: dict[str, type[KeelError]] = {
     "invalid_fork_point": InvalidForkPoint,
     "session_busy": SessionBusy,
     "queue_full": QueueFull,
+    "webhook_limit": WebhookLimit,
     "workspace_exists": WorkspaceConflict,
     "workspace_not_keels": WorkspaceConflict,
     "workspace_not_removable": WorkspaceConflict,

@@ -55,6 +55,7 @@ class TurnStarted:
 
     TYPE: ClassVar[str] = "turn_started"
     turn_id: str
+    trace_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2056,6 +2056,12 @@ export interface components {
         TurnStartedEvent: {
             /** @description The new turn's id. */
             turn_id: string;
+            /**
+             * @description The trace the turn's spans belong to (32 hex digits), for finding
+             *     the turn in a trace back end and its log lines. Absent in logs of
+             *     versions that kept none.
+             */
+            trace_id?: string | null;
         };
         /**
          * @description The body of `PATCH /v1/sessions/{id}`: a new title, a new model, or

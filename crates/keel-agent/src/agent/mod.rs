@@ -26,6 +26,7 @@ mod lease;
 pub mod recorder;
 mod recovery;
 mod session;
+mod spans;
 mod status;
 mod step_gate;
 mod stream;
@@ -155,6 +156,9 @@ pub struct AgentConfig {
     /// Asked before each model step; a turn it stops is closed as
     /// `turn_aborted` with reason `budget_exhausted`. `None` asks nothing.
     pub step_gate: Option<Arc<dyn StepGate>>,
+    /// Where the session's turn, model-step and tool-call spans go (see
+    /// [`crate::telemetry`]); nowhere by default.
+    pub spans: crate::telemetry::Spans,
 }
 
 impl AgentConfig {
@@ -182,6 +186,7 @@ impl AgentConfig {
             lease_owner: None,
             lease: None,
             step_gate: None,
+            spans: crate::telemetry::Spans::default(),
         }
     }
 }
@@ -309,13 +314,26 @@ pub async fn create_agent(mut config: AgentConfig) -> Result<Agent> {
     };
     let mut startup = startup_events(started, &config.startup_warnings);
     let mut closing_write = None;
+    let mut stale_span = None;
     if let Some(stale) = in_flight.stale {
+        // Its span was never reported: the runtime that started it stopped.
+        stale_span = spans::turn_span(
+            &stale,
+            &session_id,
+            &checkpoint.session_context.bot_id,
+            &config.model.name(),
+            Some("runtime_stopped"),
+            keel_protocol::now_ms(),
+        );
         let closing =
             recovery::close_stale_turn(store.as_ref(), &session_id, &checkpoint, &mut transcript, stale).await?;
         startup.extend(closing.events);
         closing_write = Some(closing.write);
     }
     recorder.append(startup, closing_write).await?;
+    if let Some(span) = stale_span {
+        config.spans.record(span);
+    }
     let (sender, inbox) = recovery::requeue(queued, config.submission_capacity, &recorder)?;
     let status = Arc::new(StatusCell::default());
     let handle = SessionHandle {
@@ -390,6 +408,9 @@ fn session(config: AgentConfig, opened: Opened) -> Session {
         lease_owner: config.lease_owner,
         store: config.store,
         step_gate: config.step_gate,
+        spans: config.spans,
+        tool_starts: std::collections::HashMap::new(),
+        approval_asked: std::collections::HashMap::new(),
     }
 }
 

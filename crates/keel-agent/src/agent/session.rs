@@ -77,6 +77,13 @@ pub(super) struct Session {
     pub(super) store: Arc<dyn CheckpointStore>,
     /// Asked before each model step (budgets); `None` asks nothing.
     pub(super) step_gate: Option<Arc<dyn super::StepGate>>,
+    /// Where the session's spans go.
+    pub(super) spans: crate::telemetry::Spans,
+    /// When each tool call of the step started here (ms), and when its
+    /// approval was asked for, by call id: for its span.
+    pub(super) tool_starts: std::collections::HashMap<String, (u64, Option<u64>)>,
+    /// When each call waiting for approval was asked about (ms).
+    pub(super) approval_asked: std::collections::HashMap<String, u64>,
 }
 
 /// The identity and durable state of a running turn.

@@ -188,6 +188,10 @@ impl Session {
             // Durable before anyone is asked: a restart finds the turn waiting.
             let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
             self.recorder.commit(requests, Some(write)).await?;
+            let now = keel_protocol::now_ms();
+            for call in &asking {
+                self.approval_asked.entry(call.call_id.clone()).or_insert(now);
+            }
         }
         while !turn.execution.awaiting_approval.is_empty() {
             let during = During::Approval {
@@ -407,6 +411,9 @@ impl Session {
     /// knows it may have run (and that the calls not listed as started in
     /// the same write never did).
     async fn record_started(&mut self, turn: &mut Turn, call: &ToolCall) -> Result<()> {
+        let asked = self.approval_asked.remove(&call.call_id);
+        self.tool_starts
+            .insert(call.call_id.clone(), (keel_protocol::now_ms(), asked));
         turn.execution
             .started_calls
             .get_or_insert_with(Vec::new)
@@ -453,9 +460,12 @@ impl Session {
             output: outcome.output,
             is_error: outcome.is_error,
         };
+        let is_error = matches!(result, TranscriptItem::ToolResult { is_error: true, .. });
         self.transcript.push(result.clone());
         let write = self.checkpoint_write(vec![result], Some(&turn.execution));
-        self.recorder.append(vec![completed], Some(write)).await
+        self.recorder.append(vec![completed], Some(write)).await?;
+        self.report_tool(turn, &call.call_id, &call.name, is_error);
+        Ok(())
     }
 }
 

@@ -141,6 +141,7 @@ impl Session {
                 started_calls: Some(Vec::new()),
                 awaiting_client: Vec::new(),
                 client_deadlines: BTreeMap::new(),
+                trace: Some(crate::telemetry::turn_trace(None)),
             },
         };
         self.status.begin_turn(turn.id());
@@ -152,6 +153,7 @@ impl Session {
         });
         events.push(turn.event(EventMsg::TurnStarted(TurnStartedEvent {
             turn_id: turn.id().to_owned(),
+            trace_id: turn.execution.trace.as_ref().map(|trace| trace.trace_id.clone()),
         })));
         let mut history = Vec::with_capacity(inputs.len());
         for (submission_id, text) in inputs {
@@ -224,6 +226,12 @@ impl Session {
                 }
             }
             let (end, closed) = self.model_step(&turn, step).await?;
+            if let (StepEnd::Completed(output), Some(trace)) = (&end, turn.execution.trace.as_mut()) {
+                if let Some(usage) = &output.usage {
+                    trace.usage.add(usage);
+                }
+                trace.finish_reason = Some(super::spans::finish_reason(output).to_owned());
+            }
             let output = match end {
                 StepEnd::Completed(output) => output,
                 StepEnd::ContextExceeded(message) if retried_step != Some(step) => {
@@ -336,6 +344,7 @@ impl Session {
     /// Calls the model once, streaming into a fresh sink, while watching for
     /// interrupts, flush deadlines and recorder congestion.
     async fn model_step(&mut self, turn: &Turn, step: u32) -> Result<(StepEnd, ClosedStream)> {
+        let started_ms = now_ms();
         let call_index = self.begin_step(turn, step).await?;
         let stream = StepStream::new(
             self.recorder.clone(),
@@ -413,6 +422,16 @@ impl Session {
             },
             other => other,
         };
+        match &end {
+            StepEnd::Completed(output) => self.report_step(turn, step, started_ms, Some(output), None),
+            StepEnd::Interrupted(_) => self.report_step(turn, step, started_ms, None, Some("interrupted")),
+            StepEnd::ContextExceeded(_) => {
+                self.report_step(turn, step, started_ms, None, Some("context_length_exceeded"))
+            }
+            StepEnd::Saturated(_) => self.report_step(turn, step, started_ms, None, Some("recorder_saturated")),
+            StepEnd::TooLarge(_) => self.report_step(turn, step, started_ms, None, Some("output_too_large")),
+            StepEnd::Failed(_) => self.report_step(turn, step, started_ms, None, Some("model_failed")),
+        }
         Ok((end, closed))
     }
 
@@ -492,7 +511,11 @@ impl Session {
         };
         self.transcript.extend(history.iter().cloned());
         let write = self.checkpoint_write(history, execution);
-        self.recorder.append(events, Some(write)).await
+        self.recorder.append(events, Some(write)).await?;
+        if last_step {
+            self.report_turn(turn, None);
+        }
+        Ok(())
     }
 
     /// Ends a turn whose model kept calling tools until the step limit.
@@ -511,7 +534,9 @@ impl Session {
         ];
         self.checkpoint.turns_completed += 1;
         let write = self.checkpoint_write(Vec::new(), None);
-        self.recorder.append(events, Some(write)).await
+        self.recorder.append(events, Some(write)).await?;
+        self.report_turn(turn, None);
+        Ok(())
     }
 
     /// Records why the turn ended early, with the checkpoint that closes it.
@@ -537,6 +562,13 @@ impl Session {
                 message,
             })
         };
+        let error_type = match &abort {
+            Abort::Failed(_) => "model_failed",
+            Abort::TooLarge(_) => "output_too_large",
+            Abort::Saturated(_) => "recorder_saturated",
+            Abort::Budget(_) => "budget_exhausted",
+            Abort::Interrupted(_) => "interrupted",
+        };
         match abort {
             Abort::Failed(message) | Abort::TooLarge(message) => {
                 // A provider's or tool's failure may echo a key.
@@ -556,7 +588,9 @@ impl Session {
         }
         self.transcript.extend(history.iter().cloned());
         let write = self.checkpoint_write(history, None);
-        self.recorder.append(events, Some(write)).await
+        self.recorder.append(events, Some(write)).await?;
+        self.report_turn(turn, Some(error_type));
+        Ok(())
     }
 }
 

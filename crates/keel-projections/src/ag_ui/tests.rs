@@ -37,6 +37,7 @@ impl Log {
             Some(submission),
             EventMsg::TurnStarted(TurnStartedEvent {
                 turn_id: turn.to_owned(),
+                trace_id: None,
             }),
         )
         .add(

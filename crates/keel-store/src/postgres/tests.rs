@@ -147,6 +147,7 @@ fn execution(turn_id: &str) -> TurnExecution {
         started_calls: None,
         awaiting_client: Vec::new(),
         client_deadlines: Default::default(),
+        trace: None,
     }
 }
 
@@ -165,7 +166,10 @@ async fn create_for(store: &PostgresCheckpoint, session_id: &str, bot_id: &str) 
 fn event(session_id: &str, n: usize) -> Event {
     let turn_id = format!("{session_id}-turn-{}", n / 3);
     let msg = match n % 3 {
-        0 => EventMsg::TurnStarted(TurnStartedEvent { turn_id }),
+        0 => EventMsg::TurnStarted(TurnStartedEvent {
+            turn_id,
+            trace_id: None,
+        }),
         1 => EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
             turn_id,
             delta: format!("delta {n} of {session_id}: ünïcødé ✓ \"quoted\" \\ \n"),

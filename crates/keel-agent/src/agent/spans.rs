@@ -1,0 +1,193 @@
+//! The spans of a session's turns, model steps and tool calls (see
+//! `crate::telemetry`), built from what the turn in flight keeps.
+
+use keel_protocol::now_ms;
+use keel_store::TurnExecution;
+
+use super::session::{Session, Turn};
+use crate::telemetry::{FinishedSpan, SpanEvent, SpanKind, Value, ids_of, new_span_id, usage_attributes};
+use keel_model::ModelOutput;
+
+/// The provider and model a model's name gives (`openai:gpt-4o` →
+/// `("openai", "gpt-4o")`; a name without a provider is its own model).
+pub(super) fn provider_and_model(name: &str) -> (String, String) {
+    match name.split_once(':') {
+        Some((provider, model)) if !provider.is_empty() && !model.is_empty() => (provider.to_owned(), model.to_owned()),
+        _ => ("unknown".to_owned(), name.to_owned()),
+    }
+}
+
+/// The span of a turn that ended at `end_ms`: `error` is why it did not
+/// complete (the abort reason), `None` when it did.
+pub(super) fn turn_span(
+    execution: &TurnExecution,
+    session_id: &str,
+    bot_id: &str,
+    model_name: &str,
+    error: Option<&str>,
+    end_ms: u64,
+) -> Option<FinishedSpan> {
+    let trace = execution.trace.as_ref()?;
+    let (trace_id, span_id, parent) = ids_of(trace)?;
+    let (provider, model) = provider_and_model(model_name);
+    let mut attributes = vec![
+        ("gen_ai.operation.name", Value::from("invoke_agent")),
+        ("gen_ai.agent.name", Value::from(bot_id)),
+        ("gen_ai.agent.id", Value::from(bot_id)),
+        ("gen_ai.conversation.id", Value::from(session_id)),
+        ("gen_ai.provider.name", Value::from(provider)),
+        ("gen_ai.request.model", Value::from(model)),
+        ("keel.turn.id", Value::from(execution.turn_id.as_str())),
+        ("keel.turn.steps", Value::from(u64::from(execution.step))),
+    ];
+    attributes.extend(usage_attributes(&trace.usage));
+    if let Some(reason) = &trace.finish_reason {
+        attributes.push(("gen_ai.response.finish_reasons", Value::Strs(vec![reason.clone()])));
+    }
+    Some(FinishedSpan {
+        trace_id,
+        span_id,
+        parent_span_id: parent,
+        parent_is_remote: parent.is_some(),
+        name: format!("invoke_agent {bot_id}"),
+        kind: SpanKind::Internal,
+        start_ms: execution.started_at_ms,
+        end_ms: end_ms.max(execution.started_at_ms),
+        attributes,
+        events: Vec::new(),
+        error: error.map(str::to_owned),
+    })
+}
+
+/// Why a model step stopped, as the GenAI conventions name it.
+pub(super) fn finish_reason(output: &ModelOutput) -> &'static str {
+    if output.length_limited {
+        "length"
+    } else if !output.tool_calls.is_empty() {
+        "tool_calls"
+    } else {
+        "stop"
+    }
+}
+
+impl Session {
+    /// Reports the span of model step `step` of `turn`, started at
+    /// `start_ms`: its output when it completed, `error` otherwise.
+    pub(super) fn report_step(
+        &self,
+        turn: &Turn,
+        step: u32,
+        start_ms: u64,
+        output: Option<&ModelOutput>,
+        error: Option<&str>,
+    ) {
+        if !self.spans.enabled() {
+            return;
+        }
+        let Some((trace_id, turn_span, _)) = turn.execution.trace.as_ref().and_then(ids_of) else {
+            return;
+        };
+        let (provider, model) = provider_and_model(&self.model.name());
+        let mut attributes = vec![
+            ("gen_ai.operation.name", Value::from("chat")),
+            ("gen_ai.provider.name", Value::from(provider)),
+            ("gen_ai.request.model", Value::from(model.clone())),
+            ("gen_ai.response.model", Value::from(model.clone())),
+            ("gen_ai.conversation.id", Value::from(self.session_id.as_str())),
+            ("keel.step", Value::from(u64::from(step))),
+        ];
+        if let Some(output) = output {
+            if let Some(usage) = &output.usage {
+                attributes.extend(usage_attributes(usage));
+            }
+            attributes.push((
+                "gen_ai.response.finish_reasons",
+                Value::Strs(vec![finish_reason(output).to_owned()]),
+            ));
+        }
+        self.spans.record(FinishedSpan {
+            trace_id,
+            span_id: new_span_id(),
+            parent_span_id: Some(turn_span),
+            parent_is_remote: false,
+            name: format!("chat {model}"),
+            kind: SpanKind::Client,
+            start_ms,
+            end_ms: now_ms().max(start_ms),
+            attributes,
+            events: Vec::new(),
+            error: error.map(str::to_owned),
+        });
+    }
+
+    /// Reports the span of the tool call `call_id` (`name`) of `turn`,
+    /// from when it started (when this runtime saw it start) to now.
+    pub(super) fn report_tool(&mut self, turn: &Turn, call_id: &str, name: &str, is_error: bool) {
+        let started = self.tool_starts.remove(call_id);
+        if !self.spans.enabled() {
+            return;
+        }
+        let Some((trace_id, turn_span, _)) = turn.execution.trace.as_ref().and_then(ids_of) else {
+            return;
+        };
+        let end_ms = now_ms();
+        let (start_ms, waited_ms) = started.unwrap_or((end_ms, None));
+        let client = self.client_tools.iter().any(|tool| tool.name == name);
+        // MCP tools are named `{server}__{tool}`.
+        let kind = if !client && name.contains("__") {
+            "extension"
+        } else {
+            "function"
+        };
+        let mut events = Vec::new();
+        if let Some(asked_ms) = waited_ms {
+            events.push(SpanEvent {
+                name: "keel.approval.requested",
+                at_ms: asked_ms,
+                attributes: Vec::new(),
+            });
+        }
+        self.spans.record(FinishedSpan {
+            trace_id,
+            span_id: new_span_id(),
+            parent_span_id: Some(turn_span),
+            parent_is_remote: false,
+            name: format!("execute_tool {name}"),
+            kind: SpanKind::Internal,
+            start_ms,
+            end_ms: end_ms.max(start_ms),
+            attributes: vec![
+                ("gen_ai.operation.name", Value::from("execute_tool")),
+                ("gen_ai.tool.name", Value::from(name)),
+                ("gen_ai.tool.call.id", Value::from(call_id)),
+                ("gen_ai.tool.type", Value::from(kind)),
+                ("gen_ai.conversation.id", Value::from(self.session_id.as_str())),
+                (
+                    "keel.tool.executor",
+                    Value::from(if client { "client" } else { "server" }),
+                ),
+            ],
+            events,
+            error: is_error.then(|| "tool_error".to_owned()),
+        });
+    }
+
+    /// Reports the span of `turn`, which just ended (`error`: why not
+    /// completed).
+    pub(super) fn report_turn(&self, turn: &Turn, error: Option<&str>) {
+        if !self.spans.enabled() {
+            return;
+        }
+        let span = turn_span(
+            &turn.execution,
+            &self.session_id,
+            &self.checkpoint.session_context.bot_id,
+            &self.model.name(),
+            error,
+            now_ms(),
+        );
+        if let Some(span) = span {
+            self.spans.record(span);
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Exporting the sessions' spans over OTLP/HTTP (protobuf).
+//!
+//! Sessions hand finished spans to [`OtlpSpans`], which queues them in a
+//! bounded channel and never waits: when the queue is full the span is
+//! dropped and counted. One OS thread of its own drains the queue in
+//! batches and posts them with the exporter's blocking HTTP client, so an
+//! export never runs on (or stalls) the async runtime, and a back end that
+//! is down costs the turns nothing.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use keel_agent::telemetry::{FinishedSpan, SpanKind, SpanSink, Value};
+use keel_config::TelemetryConfig;
+use opentelemetry::trace::{SpanContext, SpanId, Status, TraceFlags, TraceId, TraceState};
+use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue};
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks};
+
+use crate::metrics::Metrics;
+
+/// Spans posted per request at most.
+const BATCH: usize = 512;
+
+/// How long a span may wait for a batch to fill.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// What the exporter thread receives.
+enum Message {
+    Span(Box<FinishedSpan>),
+    /// Export everything queued before this, then answer.
+    Flush(SyncSender<()>),
+}
+
+/// The span sink of a server that exports (see the module's text).
+pub(crate) struct OtlpSpans {
+    queue: SyncSender<Message>,
+    metrics: Arc<Metrics>,
+}
+
+/// Whether traces are to be exported: an endpoint configured, or one of
+/// the standard variables set, and the SDK not disabled.
+pub(crate) fn wanted(config: &TelemetryConfig) -> bool {
+    let set = |name: &str| std::env::var(name).is_ok_and(|value| !value.trim().is_empty());
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|value| value.trim().eq_ignore_ascii_case("true"));
+    !disabled
+        && (config.endpoint.is_some()
+            || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            || set("OTEL_EXPORTER_OTLP_ENDPOINT"))
+}
+
+impl OtlpSpans {
+    /// Starts the exporter thread; the text says what is wrong with the
+    /// configuration when it cannot.
+    pub(crate) fn start(config: &TelemetryConfig, metrics: Arc<Metrics>) -> Result<Arc<Self>, String> {
+        let mut builder = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_timeout(Duration::from_millis(config.timeout_ms.max(1)));
+        if let Some(endpoint) = &config.endpoint {
+            builder = builder.with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')));
+        }
+        let mut exporter = builder
+            .build()
+            .map_err(|error| format!("cannot make the OTLP exporter: {error}"))?;
+        exporter.set_resource(
+            &Resource::builder_empty()
+                .with_service_name(config.service_name.clone())
+                .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+                .build(),
+        );
+        let (queue, received) = std::sync::mpsc::sync_channel(config.queue.max(1));
+        let thread_metrics = Arc::clone(&metrics);
+        std::thread::Builder::new()
+            .name("keel-otlp".to_owned())
+            .spawn(move || export_until_closed(&exporter, &received, &thread_metrics))
+            .map_err(|error| format!("cannot start the OTLP exporter's thread: {error}"))?;
+        Ok(Arc::new(Self { queue, metrics }))
+    }
+
+    /// Exports everything queued so far, waiting at most `timeout` (at
+    /// shutdown, so that the last turns' spans leave).
+    pub(crate) fn flush(&self, timeout: Duration) {
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        if self.queue.send(Message::Flush(done)).is_ok() {
+            let _ = wait.recv_timeout(timeout);
+        }
+    }
+}
+
+impl SpanSink for OtlpSpans {
+    fn record(&self, span: FinishedSpan) {
+        match self.queue.try_send(Message::Span(Box::new(span))) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.metrics.spans_dropped.inc();
+            }
+        }
+    }
+}
+
+/// The exporter thread: batches what arrives and posts it.
+fn export_until_closed(exporter: &opentelemetry_otlp::SpanExporter, received: &Receiver<Message>, metrics: &Metrics) {
+    let mut batch: Vec<SpanData> = Vec::with_capacity(BATCH);
+    let mut waiting: Vec<SyncSender<()>> = Vec::new();
+    let mut oldest: Option<Instant> = None;
+    loop {
+        let wait = oldest.map_or(Duration::from_secs(3600), |oldest| {
+            LINGER.saturating_sub(oldest.elapsed())
+        });
+        let closed = match received.recv_timeout(wait) {
+            Ok(Message::Span(span)) => {
+                batch.push(span_data(*span));
+                oldest.get_or_insert_with(Instant::now);
+                false
+            }
+            Ok(Message::Flush(done)) => {
+                waiting.push(done);
+                false
+            }
+            Err(RecvTimeoutError::Timeout) => false,
+            Err(RecvTimeoutError::Disconnected) => true,
+        };
+        let due = oldest.is_some_and(|oldest| oldest.elapsed() >= LINGER);
+        if batch.len() >= BATCH || due || !waiting.is_empty() || closed {
+            if !batch.is_empty() {
+                let spans = batch.len() as u64;
+                match futures::executor::block_on(exporter.export(std::mem::take(&mut batch))) {
+                    Ok(()) => {
+                        metrics.spans_exported.inc_by(spans);
+                    }
+                    Err(error) => {
+                        metrics.span_export_failures.inc();
+                        tracing::warn!(%error, spans, "could not export spans");
+                    }
+                }
+            }
+            oldest = None;
+            for done in waiting.drain(..) {
+                let _ = done.send(());
+            }
+        }
+        if closed {
+            return;
+        }
+    }
+}
+
+/// A finished span as the SDK's exporters take it.
+fn span_data(span: FinishedSpan) -> SpanData {
+    let trace_id = TraceId::from_bytes(span.trace_id);
+    let context = SpanContext::new(
+        trace_id,
+        SpanId::from_bytes(span.span_id),
+        TraceFlags::SAMPLED,
+        false,
+        TraceState::default(),
+    );
+    let status = match &span.error {
+        Some(error) => Status::error(error.clone()),
+        None => Status::Unset,
+    };
+    let mut attributes: Vec<KeyValue> = span.attributes.into_iter().map(key_value).collect();
+    if let Some(error) = span.error {
+        attributes.push(KeyValue::new("error.type", error));
+    }
+    let mut span_events = SpanEvents::default();
+    span_events.events = span
+        .events
+        .into_iter()
+        .map(|event| {
+            opentelemetry::trace::Event::new(
+                event.name,
+                at(event.at_ms),
+                event.attributes.into_iter().map(key_value).collect(),
+                0,
+            )
+        })
+        .collect();
+    SpanData {
+        span_context: context,
+        parent_span_id: span.parent_span_id.map_or(SpanId::INVALID, SpanId::from_bytes),
+        parent_span_is_remote: span.parent_is_remote,
+        span_kind: match span.kind {
+            SpanKind::Internal => opentelemetry::trace::SpanKind::Internal,
+            SpanKind::Client => opentelemetry::trace::SpanKind::Client,
+        },
+        name: Cow::Owned(span.name),
+        start_time: at(span.start_ms),
+        end_time: at(span.end_ms),
+        attributes,
+        dropped_attributes_count: 0,
+        events: span_events,
+        links: SpanLinks::default(),
+        status,
+        instrumentation_scope: InstrumentationScope::builder("keel")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build(),
+    }
+}
+
+fn key_value((key, value): (&'static str, Value)) -> KeyValue {
+    match value {
+        Value::Str(text) => KeyValue::new(key, text),
+        Value::Int(number) => KeyValue::new(key, number),
+        Value::Strs(list) => KeyValue::new(
+            key,
+            opentelemetry::Value::Array(Array::String(list.into_iter().map(StringValue::from).collect())),
+        ),
+    }
+}
+
+fn at(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}

@@ -1,0 +1,374 @@
+//! Traces, judged by Arize Phoenix (PyPI, pinned in `.ci/python`), a real
+//! back end that reads the OpenTelemetry GenAI conventions, started on
+//! loopback: `keel serve` exports to it over OTLP/HTTP, and the spans read
+//! back from its REST API are checked against the session's log and
+//! `GET /v1/usage`, across a `kill -9` during an approval wait and one
+//! that cuts a turn short.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use keel::protocol::{EventMsg, RecordedEvent};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::suite::support::api::Resume;
+use crate::suite::support::python::venv_python;
+use crate::suite::support::server::{Scratch, ServeProcess, free_port, slow_chunks};
+use crate::suite::support::wait::{HANG_GUARD, poll_for_async, wait_for_async};
+
+/// Phoenix as a process, with its data in a directory of its own.
+struct Phoenix {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Phoenix {
+    /// Starts `phoenix serve` from the environment of `python`, offline,
+    /// on a loopback port it picks, and waits until it answers.
+    async fn start(python: &Path) -> Self {
+        let dir = tempfile::tempdir().expect("a directory for Phoenix");
+        let log = dir.path().join("phoenix.log");
+        let phoenix = python.with_file_name("phoenix");
+        let child = Command::new(&phoenix)
+            .arg("serve")
+            .env("PHOENIX_WORKING_DIR", dir.path())
+            .env("TMPDIR", dir.path())
+            .env("PHOENIX_HOST", "127.0.0.1")
+            .env("PHOENIX_PORT", "0")
+            .env("PHOENIX_GRPC_PORT", "0")
+            .env("PHOENIX_TELEMETRY_ENABLED", "false")
+            .env("PHOENIX_ALLOW_EXTERNAL_RESOURCES", "false")
+            .env("PHOENIX_DISABLE_AGENT_ASSISTANT", "true")
+            .env("PHOENIX_AGENTS_DISABLE_BASH", "true")
+            .env("PHOENIX_ALLOWED_SANDBOX_PROVIDERS", "NONE")
+            .env("PHOENIX_ENABLE_AUTH", "false")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("Phoenix's log"))
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&log)
+                    .expect("Phoenix's log"),
+            ))
+            .spawn()
+            .unwrap_or_else(|error| panic!("start {}: {error}", phoenix.display()));
+        let port = wait_for_async("Phoenix to listen", Duration::from_secs(120), async || {
+            let mut text = String::new();
+            std::fs::File::open(&log).ok()?.read_to_string(&mut text).ok()?;
+            let (_, rest) = text.split_once("Uvicorn running on http://127.0.0.1:")?;
+            rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u16>().ok()
+        })
+        .await;
+        let base = format!("http://127.0.0.1:{port}");
+        wait_for_async("Phoenix to answer", Duration::from_secs(60), async || {
+            reqwest::get(format!("{base}/healthz"))
+                .await
+                .ok()
+                .filter(|reply| reply.status().is_success())
+        })
+        .await;
+        Self { child, base, _dir: dir }
+    }
+
+    /// Every span of the default project.
+    async fn spans(&self) -> Vec<Value> {
+        let mut spans = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut url = format!("{}/v1/projects/default/spans?limit=1000", self.base);
+            if let Some(cursor) = &cursor {
+                url.push_str(&format!("&cursor={cursor}"));
+            }
+            let Ok(reply) = reqwest::get(&url).await else {
+                return spans;
+            };
+            if reply.status() == StatusCode::NOT_FOUND {
+                return spans;
+            }
+            let page: Value = reply.json().await.expect("spans as JSON");
+            spans.extend(page["data"].as_array().cloned().unwrap_or_default());
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => return spans,
+            }
+        }
+    }
+
+    /// Waits until the spans satisfy `done`, and returns them.
+    async fn wait_for_spans(&self, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let found = poll_for_async(HANG_GUARD, async || {
+            let spans = self.spans().await;
+            done(&spans).then_some(spans)
+        })
+        .await;
+        found.unwrap_or_else(|| {
+            panic!(
+                "timed out waiting for {what}; Phoenix has: {:#?}",
+                summary(&futures::executor::block_on(self.spans()))
+            )
+        })
+    }
+}
+
+impl Drop for Phoenix {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Each span's name, ids, status and the attributes the test reads.
+fn summary(spans: &[Value]) -> Vec<String> {
+    spans
+        .iter()
+        .map(|span| {
+            format!(
+                "{} trace={} span={} parent={} status={} turn={} error={} call={}",
+                span["name"],
+                span["context"]["trace_id"],
+                span["context"]["span_id"],
+                span["parent_id"],
+                span["status_code"],
+                span["attributes"]["keel.turn.id"],
+                span["attributes"]["error.type"],
+                span["attributes"]["gen_ai.tool.call.id"],
+            )
+        })
+        .collect()
+}
+
+fn named<'a>(spans: &'a [Value], prefix: &str) -> Vec<&'a Value> {
+    spans
+        .iter()
+        .filter(|span| span["name"].as_str().is_some_and(|name| name.starts_with(prefix)))
+        .collect()
+}
+
+fn attribute<'a>(span: &'a Value, key: &str) -> &'a Value {
+    &span["attributes"][key]
+}
+
+/// `keel serve` on `port`, exporting to `phoenix`.
+fn serve(scratch: &Scratch, port: u16) -> ServeProcess {
+    let listen = format!("127.0.0.1:{port}");
+    ServeProcess::start(scratch, &["--listen", &listen, "--config", "keel.toml"])
+}
+
+async fn log_of(server: &ServeProcess, session: &str) -> Vec<RecordedEvent> {
+    let reply = server
+        .api
+        .get(&format!("/v1/sessions/{session}/events?limit=1000"))
+        .await;
+    serde_json::from_value(reply.body["events"].clone()).expect("events")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
+    let Some(python) = venv_python("suite::server::traces (Phoenix)") else {
+        return;
+    };
+    let phoenix = Phoenix::start(&python).await;
+    let scratch = Scratch::new();
+    std::fs::write(
+        scratch.dir.path().join("keel.toml"),
+        format!(
+            "[telemetry]\nendpoint = \"{}\"\nservice_name = \"keel-test\"\n",
+            phoenix.base
+        ),
+    )
+    .expect("keel.toml");
+    let usage =
+        |input: u64, output: u64| json!({"input_tokens": input, "cached_input_tokens": 2, "output_tokens": output});
+    let lines = [
+        json!({"text": "One.", "usage": usage(11, 3)}),
+        json!({"tool_calls": [{"id": "clock-1", "name": "clock", "arguments": {}}], "usage": usage(13, 4)}),
+        json!({"text": "It is now.", "usage": usage(17, 5)}),
+        json!({"tool_calls": [{"id": "write-1", "name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}],
+               "usage": usage(19, 6)}),
+        json!({"text": "Written.", "usage": usage(23, 7)}),
+        serde_json::from_str::<Value>(&slow_chunks(400, 50)).expect("a slow line"),
+    ];
+    let lines: Vec<String> = lines.iter().map(Value::to_string).collect();
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let model = scratch.script("traced.jsonl", &refs);
+    let port = free_port();
+    let mut server = serve(&scratch, port);
+    server
+        .api
+        .create(json!({"id": "traced", "model": model, "tools": {"shell": false},
+            "approvals": {"default": "ask", "tools": {"clock": "auto"}}}))
+        .await;
+    // A plain turn, and one with a tool call.
+    server.api.say("traced", "one").await;
+    server.api.wait_idle("traced").await;
+    server.api.say("traced", "what time is it").await;
+    server.api.wait_idle("traced").await;
+    phoenix
+        .wait_for_spans("the first two turns' spans", |spans| {
+            named(spans, "invoke_agent").len() >= 2
+        })
+        .await;
+    // A turn waiting for approval across a kill -9: the new process
+    // finishes it and reports its span under the ids it started with.
+    let mut stream = server.api.stream("traced", Resume::Start).await;
+    server.api.say("traced", "write it").await;
+    stream.until(|event| event.msg.kind() == "approval_requested").await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::task::spawn_blocking(move || server.crash())
+        .await
+        .expect("kill -9");
+    server = serve(&scratch, port);
+    let approved = server
+        .api
+        .submit(
+            "traced",
+            json!({"op": {"type": "approval", "call_id": "write-1", "decision": "approve"}}),
+        )
+        .await;
+    assert_eq!(approved.status, StatusCode::ACCEPTED, "{}", approved.body);
+    server.api.wait_idle("traced").await;
+    // Spans wait up to half a second to be exported in a batch: those of a
+    // process killed meanwhile are lost, so the next kill waits for them.
+    phoenix
+        .wait_for_spans("the approved turn's spans", |spans| {
+            named(spans, "invoke_agent").len() >= 3 && named(spans, "execute_tool").len() >= 2
+        })
+        .await;
+    // A turn cut by a kill -9 mid-stream: closed as `runtime_stopped` when
+    // the session is opened again, and its span with it.
+    let mut stream = server.api.stream("traced", Resume::Start).await;
+    server.api.say("traced", "a long answer").await;
+    stream
+        .until(|event| event.msg.kind() == "assistant_content_delta")
+        .await;
+    drop(stream);
+    tokio::task::spawn_blocking(move || server.crash())
+        .await
+        .expect("kill -9");
+    let server = serve(&scratch, port);
+    server.api.session("traced").await;
+    let reopened = server
+        .api
+        .post("/v1/sessions/traced/submissions", &json!({"op": {"type": "interrupt"}}))
+        .await;
+    assert!(
+        reopened.status.is_success() || reopened.status.is_client_error(),
+        "{}",
+        reopened.body
+    );
+    server.api.wait_idle("traced").await;
+
+    let log = log_of(&server, "traced").await;
+    let turns: BTreeMap<String, String> = log
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::TurnStarted(started) => Some((
+                started.turn_id.clone(),
+                started.trace_id.clone().expect("every turn_started records its trace"),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(turns.len(), 4, "{log:#?}");
+    let tool_calls: Vec<String> = log
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::ToolCallStarted(started) => Some(started.call_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tool_calls, ["clock-1", "write-1"]);
+    let spans = phoenix
+        .wait_for_spans("a span per turn and per tool call", |spans| {
+            named(spans, "invoke_agent").len() >= turns.len() && named(spans, "execute_tool").len() >= tool_calls.len()
+        })
+        .await;
+
+    // One turn span per turn, in the turn's trace, with the session.
+    let turn_spans = named(&spans, "invoke_agent");
+    assert_eq!(turn_spans.len(), turns.len(), "{turn_spans:#?}");
+    let mut span_of_turn = BTreeMap::new();
+    for span in &turn_spans {
+        let turn_id = attribute(span, "keel.turn.id")
+            .as_str()
+            .expect("keel.turn.id")
+            .to_owned();
+        assert_eq!(span["context"]["trace_id"], turns[&turn_id].as_str(), "{span:#}");
+        assert_eq!(attribute(span, "gen_ai.conversation.id"), "traced");
+        assert_eq!(attribute(span, "gen_ai.operation.name"), "invoke_agent");
+        span_of_turn.insert(turn_id, (*span).clone());
+    }
+    // The cut turn's span ended in error, after the restart.
+    let cut: Vec<&Value> = turn_spans
+        .iter()
+        .copied()
+        .filter(|span| attribute(span, "error.type") == "runtime_stopped")
+        .collect();
+    assert_eq!(cut.len(), 1, "{turn_spans:#?}");
+    assert_eq!(cut[0]["status_code"], "ERROR", "{:#}", cut[0]);
+    // Model spans under their turns, whose tokens add up to the usage.
+    let chat_spans = named(&spans, "chat ");
+    assert_eq!(chat_spans.len(), 5, "{chat_spans:#?}");
+    let parents: Vec<&str> = turn_spans
+        .iter()
+        .filter_map(|span| span["context"]["span_id"].as_str())
+        .collect();
+    for span in &chat_spans {
+        assert!(
+            parents.contains(&span["parent_id"].as_str().unwrap_or_default()),
+            "{span:#}"
+        );
+        assert_eq!(attribute(span, "gen_ai.operation.name"), "chat");
+    }
+    let sum = |key: &str| -> u64 {
+        chat_spans
+            .iter()
+            .map(|span| attribute(span, key).as_u64().unwrap_or(0))
+            .sum()
+    };
+    let usage = server.api.get("/v1/usage").await;
+    assert_eq!(usage.status, StatusCode::OK, "{}", usage.body);
+    assert_eq!(
+        sum("gen_ai.usage.input_tokens"),
+        usage.body["total"]["input_tokens"].as_u64().expect("input")
+    );
+    assert_eq!(
+        sum("gen_ai.usage.output_tokens"),
+        usage.body["total"]["output_tokens"].as_u64().expect("output")
+    );
+    assert_eq!(
+        sum("gen_ai.usage.cache_read.input_tokens"),
+        usage.body["total"]["cached_input_tokens"].as_u64().expect("cached")
+    );
+    // One tool span per started call, under its turn; the approved one
+    // says when the approval was asked for.
+    let tool_spans = named(&spans, "execute_tool");
+    let ids: Vec<&str> = tool_spans
+        .iter()
+        .filter_map(|span| attribute(span, "gen_ai.tool.call.id").as_str())
+        .collect();
+    assert_eq!(ids.len(), tool_calls.len(), "{tool_spans:#?}");
+    for call in &tool_calls {
+        assert!(ids.contains(&call.as_str()), "{call}: {tool_spans:#?}");
+    }
+    for span in &tool_spans {
+        assert!(
+            parents.contains(&span["parent_id"].as_str().unwrap_or_default()),
+            "{span:#}"
+        );
+    }
+    let (status, stderr) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .expect("terminate");
+    assert!(status.success(), "{status}");
+    assert!(
+        !stderr.iter().any(|line| line.contains("export")),
+        "the exporter complained: {stderr:#?}"
+    );
+}
