@@ -24,22 +24,41 @@ pub trait SpanSink: Send + Sync {
 
 /// The spans of a session, or nothing when no sink is configured.
 #[derive(Clone, Default)]
-pub struct Spans(Option<Arc<dyn SpanSink>>);
+pub struct Spans {
+    sink: Option<Arc<dyn SpanSink>>,
+    /// Whether spans carry what was said: the model's output, tool
+    /// arguments and results (redacted as stored text is). Off unless the
+    /// operator turns it on: they hold personal data and secrets.
+    content: bool,
+}
 
 impl Spans {
-    /// Spans that go to `sink`.
+    /// Spans that go to `sink`, without message contents.
     pub fn to(sink: Arc<dyn SpanSink>) -> Self {
-        Self(Some(sink))
+        Self {
+            sink: Some(sink),
+            content: false,
+        }
+    }
+
+    /// These spans, carrying message contents when `content` is true.
+    pub fn with_content(self, content: bool) -> Self {
+        Self { content, ..self }
     }
 
     /// Whether spans are recorded at all.
     pub fn enabled(&self) -> bool {
-        self.0.is_some()
+        self.sink.is_some()
+    }
+
+    /// Whether spans carry message contents (see [`Self::with_content`]).
+    pub fn content(&self) -> bool {
+        self.content
     }
 
     /// Hands `span` to the sink, if any.
     pub fn record(&self, span: FinishedSpan) {
-        if let Some(sink) = &self.0 {
+        if let Some(sink) = &self.sink {
             sink.record(span);
         }
     }
@@ -47,7 +66,10 @@ impl Spans {
 
 impl std::fmt::Debug for Spans {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Spans").field(&self.enabled()).finish()
+        f.debug_struct("Spans")
+            .field("enabled", &self.enabled())
+            .field("content", &self.content)
+            .finish()
     }
 }
 

@@ -62,6 +62,9 @@ pub struct ServeParams {
     /// Whether an endpoint receives a webhook for every `turn_complete`
     /// (posted to a receiver in this process).
     pub webhook: bool,
+    /// Whether every turn's spans are exported over OTLP (to a receiver in
+    /// this process that answers at once).
+    pub traces: bool,
 }
 
 /// What one run measured.
@@ -104,6 +107,8 @@ pub struct ServeReport {
     pub webhook_p50_ms: Option<f64>,
     /// 99th percentile of the same.
     pub webhook_p99_ms: Option<f64>,
+    /// Spans the server exported (with [`ServeParams::traces`]).
+    pub spans_exported: u64,
 }
 
 /// Runs the workload once on a fresh database and server.
@@ -124,6 +129,13 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
     config.default_model = Some(format!("script:{}", script.display()));
     config.workspace_root = scratch.path().to_owned();
     let credentials = auth::prepare(params.auth, &mut config, database.access(), scratch.path()).await?;
+    let traces_sink = if params.traces {
+        let sink = WebhookSink::start().await?;
+        config.keel.telemetry.endpoint = Some(sink.base.clone());
+        Some(sink)
+    } else {
+        None
+    };
     let sink = if params.webhook {
         config.webhooks = Some(database.webhooks());
         config.keel.webhooks.allow_http = true;
@@ -189,6 +201,14 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
     // A subscriber notices it fell behind when it reads again, so this is
     // read after the stalled ones were drained.
     let catch_ups = catch_ups(&operator, &base).await?;
+    let spans_exported = match &traces_sink {
+        // The exporter posts a batch at most half a second after a span.
+        Some(_) => {
+            tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+            counter(&operator, &base, "keel_spans_exported_total").await?
+        }
+        None => 0,
+    };
     // Every turn's delivery (the warm-up's included) has arrived.
     let latencies = match &sink {
         Some(sink) => {
@@ -227,7 +247,23 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
         webhook_deliveries: latencies.len(),
         webhook_p50_ms: (!latencies.is_empty()).then(|| percentile(&latencies, 50.0)),
         webhook_p99_ms: (!latencies.is_empty()).then(|| percentile(&latencies, 99.0)),
+        spans_exported,
     })
+}
+
+/// A counter of the server's metrics.
+async fn counter(client: &reqwest::Client, base: &str, name: &str) -> Result<u64> {
+    let text = check(client.get(format!("{base}/metrics")).send().await)
+        .await?
+        .text()
+        .await
+        .map_err(http_error)?;
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map(|value| value as u64)
+        .ok_or_else(|| Error::Model(format!("the metrics have no {name}")))
 }
 
 /// The server's `keel_subscriber_catch_ups_total`: how often a subscriber

@@ -20,6 +20,9 @@ const MAX_BODY: usize = 1 << 20;
 pub(crate) struct WebhookSink {
     /// Where to post (`http://127.0.0.1:PORT/hook`).
     pub(crate) url: String,
+    /// Its base URL (`http://127.0.0.1:PORT`), for an OTLP exporter, whose
+    /// posts it answers too (and does not time).
+    pub(crate) base: String,
     latencies: Arc<Mutex<Vec<f64>>>,
     task: JoinHandle<()>,
 }
@@ -44,6 +47,7 @@ impl WebhookSink {
         });
         Ok(Self {
             url: format!("http://{address}/hook"),
+            base: format!("http://{address}"),
             latencies,
             task,
         })

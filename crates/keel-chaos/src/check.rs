@@ -262,6 +262,7 @@ mod tests {
                 on_busy: BusyPolicy::Queue,
                 idempotency_key: Some(key.to_owned()),
                 submitted_by: None,
+                traceparent: None,
             }),
         )
     }

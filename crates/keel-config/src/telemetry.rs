@@ -27,6 +27,12 @@ pub struct TelemetryConfig {
     /// How long one export may take (ms).
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Whether spans carry what was said: the model's output
+    /// (`gen_ai.output.messages`), tool arguments and results. Off by
+    /// default: they hold personal data and secrets; when on, they are
+    /// redacted as stored text is.
+    #[serde(default)]
+    pub capture_content: bool,
 }
 
 impl Default for TelemetryConfig {
@@ -36,6 +42,7 @@ impl Default for TelemetryConfig {
             service_name: default_service_name(),
             queue: default_queue(),
             timeout_ms: default_timeout_ms(),
+            capture_content: false,
         }
     }
 }

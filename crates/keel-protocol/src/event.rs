@@ -596,6 +596,10 @@ pub struct SubmissionQueuedEvent {
     /// and for submissions made by an embedding program).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_by: Option<crate::Actor>,
+    /// The caller's W3C `traceparent`, when the request carried one: the
+    /// turn this submission starts runs in that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// Payload of [`EventMsg::SubmissionRejected`]; the envelope's

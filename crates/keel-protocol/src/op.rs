@@ -245,6 +245,9 @@ pub struct Submission {
     pub op: Op,
     /// Who sent it, when a server knows (the audit trail).
     pub submitted_by: Option<crate::Actor>,
+    /// The caller's W3C `traceparent`, when it sent one: the turn the
+    /// submission starts runs in the caller's trace.
+    pub traceparent: Option<String>,
 }
 
 #[cfg(test)]

@@ -345,7 +345,7 @@ pub async fn serve(
     let spans = exporter
         .clone()
         .map_or_else(keel_agent::telemetry::Spans::default, |exporter| {
-            keel_agent::telemetry::Spans::to(exporter)
+            keel_agent::telemetry::Spans::to(exporter).with_content(config.keel.telemetry.capture_content)
         });
     let budgets = Arc::new(budget::Budgets::new(
         config.access.clone(),

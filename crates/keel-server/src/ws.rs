@@ -208,6 +208,7 @@ async fn answer(server: &Server, principal: &Principal, session_id: &str, text: 
         frame.on_busy,
         frame.idempotency_key,
         actor,
+        None,
     )
     .await
     {

@@ -42,6 +42,9 @@ pub struct RelayedSubmission {
     /// `RelayKey`), stored with the op; the store keeps it as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seal: Option<String>,
+    /// The client's W3C `traceparent`, when it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// What [`ClusterStore::relay`] did.

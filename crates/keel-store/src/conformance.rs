@@ -1711,6 +1711,7 @@ pub(crate) async fn a_queued_submission_stays_stored_until_an_event_settles_it(f
     let queued = |id: &str, key: Option<&str>| Event {
         submission_id: Some(id.into()),
         msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+            traceparent: None,
             op: Op::UserInput {
                 text: format!("text of {id}"),
             },
@@ -1796,6 +1797,7 @@ pub(crate) async fn sessions_with_work_lists_queued_messages_and_turns_in_flight
     let queued = |id: &str| Event {
         submission_id: Some(id.into()),
         msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+            traceparent: None,
             op: Op::UserInput { text: "hi".into() },
             on_busy: BusyPolicy::Queue,
             idempotency_key: None,
@@ -2156,6 +2158,7 @@ pub(crate) async fn sessions_to_take_over_lists_sessions_with_work_and_no_live_o
     let queued = |id: &str| Event {
         submission_id: Some(id.into()),
         msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+            traceparent: None,
             op: Op::UserInput { text: "hi".into() },
             on_busy: BusyPolicy::Queue,
             idempotency_key: None,

@@ -220,6 +220,9 @@ pub struct QueuedSubmission {
     /// The sequence of its `submission_queued` event, or of its
     /// `submission_rejected` when it was refused (`on_busy: reject`).
     pub sequence: u64,
+    /// The caller's `traceparent`, when it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// How an event changes the session's stored submission queue; the store
@@ -369,6 +372,7 @@ impl EncodedEvent {
                     op: queued.op.clone(),
                     on_busy: queued.on_busy,
                     sequence: 0,
+                    traceparent: queued.traceparent.clone(),
                 }),
                 idempotency_key: queued.idempotency_key.clone(),
             }),

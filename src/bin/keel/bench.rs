@@ -447,6 +447,7 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                     auth: BenchAuth::None,
                     via: BenchVia::Native,
                     webhook: false,
+                    traces: false,
                 };
                 if !auth.is_empty() {
                     bench_auth(&params, &auth, repeat).await?;
@@ -500,6 +501,13 @@ async fn bench_serve(params: &ServeParams, subscribers: usize, repeat: usize) ->
                 ..over_http(1, false)
             },
         ),
+        (
+            "HTTP + SSE, traces exported",
+            ServeParams {
+                traces: true,
+                ..over_http(1, false)
+            },
+        ),
     ];
     let mut baseline = Vec::new();
     let mut reports: Vec<Vec<ServeReport>> = vec![Vec::new(); runs.len()];
@@ -542,6 +550,12 @@ async fn bench_serve(params: &ServeParams, subscribers: usize, repeat: usize) ->
     print_line(&format!(
         "one stalled / all reading (the stalled subscriber's cost to the agent): {:.2}",
         turns_of(2) / turns_of(1)
+    ))?;
+    let traced = &reports[4];
+    print_line(&format!(
+        "traces exported / none: {:.2}; {} spans exported per run",
+        turns_of(4) / turns_of(0),
+        traced.first().map_or(0, |report| report.spans_exported),
     ))?;
     let hooked = &reports[3];
     print_line(&format!(

@@ -454,8 +454,11 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
     let last = text.lines().last().expect("output");
     let summary: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
     let runs = summary["runs"].as_array().expect("runs");
-    assert_eq!(runs.len(), 4, "{summary}");
-    for (run, (subscribers, stalled)) in runs.iter().zip([(1, false), (2, false), (2, true), (1, false)]) {
+    assert_eq!(runs.len(), 5, "{summary}");
+    for (run, (subscribers, stalled)) in runs
+        .iter()
+        .zip([(1, false), (2, false), (2, true), (1, false), (1, false)])
+    {
         let report = &run["reports"][0];
         assert_eq!(report["subscribers"], subscribers, "{run}");
         assert_eq!(report["stalled"], stalled, "{run}");
@@ -482,6 +485,14 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
     );
     assert_eq!(runs[0]["reports"][0]["webhook_deliveries"], 0);
     assert!(text.contains("a webhook per turn / none:"), "{text}");
+    // The last one exports its spans: per session a turn span and a model
+    // span for each of four turns.
+    let traced = &runs[4]["reports"][0];
+    assert!(
+        traced["spans_exported"].as_u64().is_some_and(|spans| spans >= 16),
+        "{traced}"
+    );
+    assert_eq!(runs[0]["reports"][0]["spans_exported"], 0);
 }
 
 #[test]

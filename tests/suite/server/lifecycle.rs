@@ -262,6 +262,7 @@ async fn a_message_stored_for_an_idle_session_runs_at_the_next_start_without_a_r
             on_busy: keel::protocol::BusyPolicy::Queue,
             idempotency_key: None,
             submitted_by: None,
+            traceparent: None,
         }),
     };
     {

@@ -20,6 +20,10 @@ use crate::suite::support::python::venv_python;
 use crate::suite::support::server::{Scratch, ServeProcess, free_port, slow_chunks};
 use crate::suite::support::wait::{HANG_GUARD, poll_for_async, wait_for_async};
 
+/// The trace and span of the caller that submits the first message.
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
 /// Phoenix as a process, with its data in a directory of its own.
 struct Phoenix {
     child: Child,
@@ -153,10 +157,13 @@ fn attribute<'a>(span: &'a Value, key: &str) -> &'a Value {
     &span["attributes"][key]
 }
 
-/// `keel serve` on `port`, exporting to `phoenix`.
+/// `keel serve` on `port`, exporting as `keel.toml` says, logging at
+/// `info`.
 fn serve(scratch: &Scratch, port: u16) -> ServeProcess {
     let listen = format!("127.0.0.1:{port}");
-    ServeProcess::start(scratch, &["--listen", &listen, "--config", "keel.toml"])
+    let mut command = ServeProcess::command(scratch, &["--listen", &listen, "--config", "keel.toml"]);
+    command.env("KEEL_LOG", "info");
+    ServeProcess::spawn(command)
 }
 
 async fn log_of(server: &ServeProcess, session: &str) -> Vec<RecordedEvent> {
@@ -203,9 +210,25 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
         .create(json!({"id": "traced", "model": model, "tools": {"shell": false},
             "approvals": {"default": "ask", "tools": {"clock": "auto"}}}))
         .await;
-    // A plain turn, and one with a tool call.
-    server.api.say("traced", "one").await;
+    // A plain turn, in the caller's trace (W3C `traceparent`), and one with
+    // a tool call.
+    let request = server
+        .api
+        .client
+        .post(server.api.url("/v1/sessions/traced/submissions"))
+        .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+        .json(&json!({"op": {"type": "user_input", "text": "one"}}));
+    let traced = server.api.send(request).await;
+    assert_eq!(traced.status, StatusCode::ACCEPTED, "{}", traced.body);
     server.api.wait_idle("traced").await;
+    // A log line written inside that turn carries its trace.
+    let logged = server.logged();
+    assert!(
+        logged.iter().any(
+            |line| line.contains("project instructions read") && line.contains(&format!("trace_id={CALLER_TRACE}"))
+        ),
+        "{logged:#?}"
+    );
     server.api.say("traced", "what time is it").await;
     server.api.wait_idle("traced").await;
     phoenix
@@ -304,6 +327,22 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
         assert_eq!(attribute(span, "gen_ai.operation.name"), "invoke_agent");
         span_of_turn.insert(turn_id, (*span).clone());
     }
+    // The turn submitted with a `traceparent` is in the caller's trace,
+    // under the caller's span.
+    let first_turn = log
+        .iter()
+        .find_map(|event| match &event.msg {
+            EventMsg::TurnStarted(started) => Some(started.turn_id.clone()),
+            _ => None,
+        })
+        .expect("a first turn");
+    assert_eq!(turns[&first_turn], CALLER_TRACE);
+    assert_eq!(
+        span_of_turn[&first_turn]["parent_id"], CALLER_SPAN,
+        "{:#}",
+        span_of_turn[&first_turn]
+    );
+    assert_eq!(span_of_turn[&first_turn]["context"]["trace_id"], CALLER_TRACE);
     // The cut turn's span ended in error, after the restart.
     let cut: Vec<&Value> = turn_spans
         .iter()
@@ -362,6 +401,17 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
             parents.contains(&span["parent_id"].as_str().unwrap_or_default()),
             "{span:#}"
         );
+    }
+    // What was said stays out of the spans unless the operator turns
+    // `capture_content` on.
+    for span in &spans {
+        for key in [
+            "gen_ai.output.messages",
+            "gen_ai.tool.call.arguments",
+            "gen_ai.tool.call.result",
+        ] {
+            assert!(attribute(span, key).is_null(), "{key} in {span:#}");
+        }
     }
     let (status, stderr) = tokio::task::spawn_blocking(move || server.terminate())
         .await

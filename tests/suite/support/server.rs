@@ -199,6 +199,11 @@ impl ServeProcess {
         command
     }
 
+    /// What the process has written to stderr so far, line by line.
+    pub(crate) fn logged(&self) -> Vec<String> {
+        self.stderr.lock().expect("lines").clone()
+    }
+
     /// The process id, to read the process's state under `/proc`.
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()

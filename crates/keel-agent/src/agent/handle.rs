@@ -33,6 +33,9 @@ pub struct SubmitOptions {
     /// lease), so the store is not asked. Wrongly set, a retry would be
     /// queued twice: leave it `false` unless that is certain.
     pub key_is_new: bool,
+    /// The caller's W3C `traceparent`: the turn the submission starts runs
+    /// in the caller's trace (kept with the queued submission).
+    pub traceparent: Option<String>,
 }
 
 /// What [`SessionHandle::submit_durable`] accepted.
@@ -175,6 +178,7 @@ impl SessionHandle {
                 on_busy: options.on_busy,
                 idempotency_key: options.idempotency_key.clone(),
                 submitted_by: options.submitted_by.clone(),
+                traceparent: options.traceparent.clone(),
             }),
         };
         // The message goes to the session as soon as its `submission_queued`
@@ -194,8 +198,13 @@ impl SessionHandle {
                 Err(error) => return Err(error),
             }
         }
-        self.sender
-            .send_reserved(reservation, id.clone(), queued_op, options.submitted_by);
+        self.sender.send_reserved(
+            reservation,
+            id.clone(),
+            queued_op,
+            options.submitted_by,
+            options.traceparent,
+        );
         let sequence = stored.await?;
         Ok(Accepted {
             submission_id: id,
@@ -209,7 +218,7 @@ impl SessionHandle {
     fn submit_now(&self, op: Op, submission_id: Option<String>, submitted_by: Option<Actor>) -> Result<Accepted> {
         let id = submission_id.unwrap_or_else(new_id);
         let reservation = self.sender.reserve(&op)?;
-        let submitted = self.sender.send_reserved(reservation, id, op, submitted_by);
+        let submitted = self.sender.send_reserved(reservation, id, op, submitted_by, None);
         Ok(Accepted {
             submission_id: submitted.id,
             sequence: self.recorder.last_sequence(),

@@ -152,7 +152,7 @@ pub(super) fn requeue(
         };
         let reservation = sender.reserve(&op)?;
         recorder.expect_settlement(stored.id.clone());
-        sender.send_reserved(reservation, stored.id, op, None);
+        sender.send_reserved(reservation, stored.id, op, None, stored.traceparent);
     }
     Ok((sender, inbox))
 }

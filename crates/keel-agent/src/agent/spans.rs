@@ -6,7 +6,7 @@ use keel_store::TurnExecution;
 
 use super::session::{Session, Turn};
 use crate::telemetry::{FinishedSpan, SpanEvent, SpanKind, Value, ids_of, new_span_id, usage_attributes};
-use keel_model::ModelOutput;
+use keel_model::{ModelOutput, ToolCall};
 
 /// The provider and model a model's name gives (`openai:gpt-4o` →
 /// `("openai", "gpt-4o")`; a name without a provider is its own model).
@@ -100,6 +100,14 @@ impl Session {
             if let Some(usage) = &output.usage {
                 attributes.extend(usage_attributes(usage));
             }
+            if self.spans.content() {
+                let message = serde_json::json!([{
+                    "role": "assistant",
+                    "parts": [{"type": "text", "content": keel_secrets::redact(&output.text)}],
+                    "finish_reason": finish_reason(output),
+                }]);
+                attributes.push(("gen_ai.output.messages", Value::from(message.to_string())));
+            }
             attributes.push((
                 "gen_ai.response.finish_reasons",
                 Value::Strs(vec![finish_reason(output).to_owned()]),
@@ -122,7 +130,8 @@ impl Session {
 
     /// Reports the span of the tool call `call_id` (`name`) of `turn`,
     /// from when it started (when this runtime saw it start) to now.
-    pub(super) fn report_tool(&mut self, turn: &Turn, call_id: &str, name: &str, is_error: bool) {
+    pub(super) fn report_tool(&mut self, turn: &Turn, call: &ToolCall, output: &str, is_error: bool) {
+        let (call_id, name) = (call.call_id.as_str(), call.name.as_str());
         let started = self.tool_starts.remove(call_id);
         if !self.spans.enabled() {
             return;
@@ -147,6 +156,26 @@ impl Session {
                 attributes: Vec::new(),
             });
         }
+        let mut attributes = vec![
+            ("gen_ai.operation.name", Value::from("execute_tool")),
+            ("gen_ai.tool.name", Value::from(name)),
+            ("gen_ai.tool.call.id", Value::from(call_id)),
+            ("gen_ai.tool.type", Value::from(kind)),
+            ("gen_ai.conversation.id", Value::from(self.session_id.as_str())),
+            (
+                "keel.tool.executor",
+                Value::from(if client { "client" } else { "server" }),
+            ),
+        ];
+        if self.spans.content() {
+            // The result was redacted before it was stored; the arguments
+            // are redacted here, as the log's are.
+            attributes.push((
+                "gen_ai.tool.call.arguments",
+                Value::from(keel_secrets::redact(&call.arguments).into_owned()),
+            ));
+            attributes.push(("gen_ai.tool.call.result", Value::from(output)));
+        }
         self.spans.record(FinishedSpan {
             trace_id,
             span_id: new_span_id(),
@@ -156,17 +185,7 @@ impl Session {
             kind: SpanKind::Internal,
             start_ms,
             end_ms: end_ms.max(start_ms),
-            attributes: vec![
-                ("gen_ai.operation.name", Value::from("execute_tool")),
-                ("gen_ai.tool.name", Value::from(name)),
-                ("gen_ai.tool.call.id", Value::from(call_id)),
-                ("gen_ai.tool.type", Value::from(kind)),
-                ("gen_ai.conversation.id", Value::from(self.session_id.as_str())),
-                (
-                    "keel.tool.executor",
-                    Value::from(if client { "client" } else { "server" }),
-                ),
-            ],
+            attributes,
             events,
             error: is_error.then(|| "tool_error".to_owned()),
         });

@@ -111,8 +111,9 @@ impl SubmissionSender {
         id: String,
         op: Op,
         submitted_by: Option<Actor>,
+        traceparent: Option<String>,
     ) -> Submitted {
-        self.accept_as(id, op, submitted_by, |submission| {
+        self.accept_as(id, op, submitted_by, traceparent, |submission| {
             reservation.permit.send(Box::new(submission));
         })
     }
@@ -148,10 +149,17 @@ impl SubmissionSender {
     /// Numbers the submission and sends it while holding the sequencing lock,
     /// so sequences reach each lane in increasing order.
     fn accept(&self, op: Op, send: impl FnOnce(Submission)) -> Submitted {
-        self.accept_as(new_id(), op, None, send)
+        self.accept_as(new_id(), op, None, None, send)
     }
 
-    fn accept_as(&self, id: String, op: Op, submitted_by: Option<Actor>, send: impl FnOnce(Submission)) -> Submitted {
+    fn accept_as(
+        &self,
+        id: String,
+        op: Op,
+        submitted_by: Option<Actor>,
+        traceparent: Option<String>,
+        send: impl FnOnce(Submission),
+    ) -> Submitted {
         let control = op.is_control();
         let mut sequencing = self.sequencing.lock().unwrap_or_else(|poison| poison.into_inner());
         let sequence = sequencing.last_accepted + 1;
@@ -160,6 +168,7 @@ impl SubmissionSender {
             sequence,
             op,
             submitted_by,
+            traceparent,
         });
         sequencing.last_accepted = sequence;
         if !control {

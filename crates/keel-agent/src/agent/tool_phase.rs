@@ -460,11 +460,12 @@ impl Session {
             output: outcome.output,
             is_error: outcome.is_error,
         };
-        let is_error = matches!(result, TranscriptItem::ToolResult { is_error: true, .. });
         self.transcript.push(result.clone());
-        let write = self.checkpoint_write(vec![result], Some(&turn.execution));
+        let write = self.checkpoint_write(vec![result.clone()], Some(&turn.execution));
         self.recorder.append(vec![completed], Some(write)).await?;
-        self.report_tool(turn, &call.call_id, &call.name, is_error);
+        if let TranscriptItem::ToolResult { output, is_error, .. } = &result {
+            self.report_tool(turn, call, output, *is_error);
+        }
         Ok(())
     }
 }

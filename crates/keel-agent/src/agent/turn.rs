@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::compaction::CompactEnd;
 use super::control::{ControlLane, During, Wake};
@@ -61,8 +62,9 @@ impl Session {
     /// Runs a turn for `first` and, in [`QueueMode::Merge`], every user
     /// message queued up to the cutoff.
     pub(super) async fn run_turn(&mut self, first: Submission) -> Result<()> {
+        let traceparent = first.traceparent.clone();
         let inputs = self.take_inputs(first).await;
-        self.start_turn(inputs, Vec::new(), None).await
+        self.start_turn(inputs, Vec::new(), None, traceparent.as_deref()).await
     }
 
     /// Rolls the last turn back and runs its user messages again, for a
@@ -117,7 +119,13 @@ impl Session {
             }),
         };
         let inputs = messages.into_iter().map(|text| (submission.id.clone(), text)).collect();
-        self.start_turn(inputs, vec![rollback], Some(last.history_from)).await
+        self.start_turn(
+            inputs,
+            vec![rollback],
+            Some(last.history_from),
+            submission.traceparent.as_deref(),
+        )
+        .await
     }
 
     /// Starts a turn for `inputs` (`(submission id, text)` pairs), recording
@@ -128,6 +136,7 @@ impl Session {
         inputs: Vec<(String, String)>,
         prelude: Vec<Event>,
         history_cut: Option<u64>,
+        traceparent: Option<&str>,
     ) -> Result<()> {
         let turn = Turn {
             submission_id: inputs[0].0.clone(),
@@ -141,9 +150,24 @@ impl Session {
                 started_calls: Some(Vec::new()),
                 awaiting_client: Vec::new(),
                 client_deadlines: BTreeMap::new(),
-                trace: Some(crate::telemetry::turn_trace(None)),
+                trace: Some(crate::telemetry::turn_trace(traceparent)),
             },
         };
+        let span = turn_log_span(&self.session_id, &turn);
+        self.begin_turn(turn, inputs, prelude, history_cut)
+            .instrument(span)
+            .await
+    }
+
+    /// Records a new turn's start, with `prelude`, its inputs and the
+    /// history cut, and drives it to its end.
+    async fn begin_turn(
+        &mut self,
+        turn: Turn,
+        inputs: Vec<(String, String)>,
+        prelude: Vec<Event>,
+        history_cut: Option<u64>,
+    ) -> Result<()> {
         self.status.begin_turn(turn.id());
         let mut events = prelude;
         events.extend(self.read_project_instructions().await);
@@ -195,7 +219,8 @@ impl Session {
             return self.end_at_step_limit(&turn).await;
         }
         turn.execution.step += 1;
-        self.drive_turn(turn).await
+        let span = turn_log_span(&self.session_id, &turn);
+        self.drive_turn(turn).instrument(span).await
     }
 
     /// Runs model steps, and the tool calls they ask for, from the turn's
@@ -592,6 +617,17 @@ impl Session {
         self.report_turn(turn, Some(error_type));
         Ok(())
     }
+}
+
+/// The span the turn's log lines are written in: they carry its session,
+/// turn and trace ids, to be found beside its trace.
+fn turn_log_span(session_id: &str, turn: &Turn) -> tracing::Span {
+    let trace_id = turn
+        .execution
+        .trace
+        .as_ref()
+        .map_or("", |trace| trace.trace_id.as_str());
+    tracing::info_span!("turn", %session_id, turn_id = %turn.id(), %trace_id)
 }
 
 /// An `error` event; its text is redacted (see [`keel_secrets`]).

@@ -27,6 +27,7 @@ impl Log {
         self.add(
             Some(submission),
             EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+                traceparent: None,
                 op: Op::UserInput { text: text.to_owned() },
                 on_busy: BusyPolicy::Queue,
                 idempotency_key: Some(key.to_owned()),

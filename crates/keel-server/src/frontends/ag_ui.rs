@@ -147,7 +147,7 @@ pub(crate) async fn run(
         let after = thread.last_sequence();
         let answered: HashSet<String> = plan.answers.iter().map(|(call, _)| call.clone()).collect();
         for (_, op) in plan.answers {
-            submissions::submit_op(&server, &id, op, None, None, principal.actor.clone()).await?;
+            submissions::submit_op(&server, &id, op, None, None, principal.actor.clone(), None).await?;
         }
         submit_messages(&server, &principal, &id, &plan.user_messages).await?;
         let run_id = format!("{turn_id}.{after}");
@@ -224,7 +224,8 @@ async fn submit_messages(
     let mut accepted = Vec::with_capacity(messages.len());
     for (key, text) in messages {
         let op = keel_protocol::Op::UserInput { text: text.clone() };
-        let answer = submissions::submit_op(server, id, op, None, Some(key.clone()), principal.actor.clone()).await?;
+        let answer =
+            submissions::submit_op(server, id, op, None, Some(key.clone()), principal.actor.clone(), None).await?;
         accepted.push((answer.submission_id, answer.sequence));
     }
     Ok(accepted)

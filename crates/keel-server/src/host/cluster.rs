@@ -95,6 +95,7 @@ impl Host {
         on_busy: Option<BusyPolicy>,
         idempotency_key: Option<String>,
         submitted_by: Actor,
+        traceparent: Option<String>,
     ) -> Result<Accepted, ApiError> {
         // One wait for the owner's answer, however it is reached.
         let deadline = Instant::now() + self.relay_wait;
@@ -109,6 +110,7 @@ impl Host {
                 idempotency_key: idempotency_key.clone(),
                 submitted_by: Some(super::acting_for(submitted_by.clone(), &hint.tenant)),
                 seal: None,
+                traceparent: traceparent.clone(),
             };
             match self.forward(session_id, &hint.owner, submission, deadline).await {
                 Forwarded::Answered(answer) => {
@@ -125,7 +127,7 @@ impl Host {
             }
         }
         if let Some(tenant) = self.relays_at_once(session_id, idempotency_key.as_deref()) {
-            let relayed = (op, on_busy, None, submitted_by);
+            let relayed = (op, on_busy, None, submitted_by, traceparent);
             return self.store_relayed(session_id, relayed, &tenant, deadline).await;
         }
         let summary = self
@@ -146,7 +148,7 @@ impl Host {
         let idle = summary.running_turn_id.is_none();
         let tenant = &summary.context.tenant;
         self.factory.budgets.admit(tenant, session_id, &op, idle).await?;
-        let relayed = (op, Some(on_busy), idempotency_key, submitted_by);
+        let relayed = (op, Some(on_busy), idempotency_key, submitted_by, traceparent);
         self.store_relayed(session_id, relayed, tenant, deadline).await
     }
 
@@ -173,7 +175,7 @@ impl Host {
     async fn store_relayed(
         &self,
         session_id: &str,
-        (op, on_busy, idempotency_key, submitted_by): (Op, Option<BusyPolicy>, Option<String>, Actor),
+        (op, on_busy, idempotency_key, submitted_by, traceparent): Relaying,
         tenant: &str,
         deadline: Instant,
     ) -> Result<Accepted, ApiError> {
@@ -186,6 +188,7 @@ impl Host {
             // Sealed with the rest: the owner records it as it is.
             submitted_by: Some(super::acting_for(submitted_by, tenant)),
             seal: None,
+            traceparent,
         };
         let submission = RelayedSubmission {
             seal: self
@@ -577,3 +580,7 @@ impl Host {
         }
     }
 }
+
+/// A submission on its way to the owner: its op, `on_busy`, key, sender
+/// and `traceparent`.
+type Relaying = (Op, Option<BusyPolicy>, Option<String>, Actor, Option<String>);

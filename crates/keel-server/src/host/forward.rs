@@ -379,6 +379,7 @@ impl Host {
             submission_id: Some(submission.submission_id.clone()),
             submitted_by: submission.submitted_by.clone(),
             key_is_new: false,
+            traceparent: submission.traceparent.clone(),
         };
         let queued = session.handle.submit_durable(submission.op, options).await;
         match owner_answer(queued, &submission.submission_id) {
@@ -456,6 +457,7 @@ mod tests {
             idempotency_key: Some("key-1".into()),
             submitted_by: Some(keel_protocol::Actor::operator("acme")),
             seal: Some("00".into()),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         };
         let forward = Forward {
             session_id: "s".into(),

@@ -344,19 +344,24 @@ impl Host {
         on_busy: Option<keel_agent::BusyPolicy>,
         idempotency_key: Option<String>,
         submitted_by: Actor,
+        traceparent: Option<String>,
     ) -> Result<keel_agent::Accepted, ApiError> {
         let mut retried = false;
         // Another node runs it, as a claim found moments ago: relayed at
         // once.
         if self.status(session_id).is_none() && self.runs_elsewhere(session_id) {
-            return self.relay(session_id, op, on_busy, idempotency_key, submitted_by).await;
+            return self
+                .relay(session_id, op, on_busy, idempotency_key, submitted_by, traceparent)
+                .await;
         }
         loop {
             let session = match self.acquire(session_id).await {
                 Ok(session) => session,
                 // Another node runs it: it takes the submission from the store.
                 Err(ApiError::Elsewhere(_)) if self.cluster.is_some() => {
-                    return self.relay(session_id, op, on_busy, idempotency_key, submitted_by).await;
+                    return self
+                        .relay(session_id, op, on_busy, idempotency_key, submitted_by, traceparent)
+                        .await;
                 }
                 Err(error) => return Err(error),
             };
@@ -373,6 +378,7 @@ impl Host {
                 submission_id: None,
                 submitted_by: Some(acting_for(submitted_by.clone(), &session.tenant)),
                 key_is_new: false,
+                traceparent: traceparent.clone(),
             };
             match session.handle.submit_durable(op.clone(), options).await {
                 Ok(accepted) if is_decision(&op) => {

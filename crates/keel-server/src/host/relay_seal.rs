@@ -112,7 +112,9 @@ impl fmt::Debug for RelayKey {
 ///
 /// A submission without a principal is sealed as before principals existed
 /// (five fields), so rows relayed by an older node still verify; one with a
-/// principal has it as a sixth, so it can be neither dropped nor replaced.
+/// principal has it as a sixth, so it can be neither dropped nor replaced;
+/// one with a `traceparent` has the principal (or `null`) and it as the
+/// sixth and seventh.
 fn sealed_message(session_id: &str, submission: &RelayedSubmission) -> Option<Vec<u8>> {
     let fields = (
         session_id,
@@ -121,9 +123,12 @@ fn sealed_message(session_id: &str, submission: &RelayedSubmission) -> Option<Ve
         &submission.op,
         &submission.on_busy,
     );
-    match &submission.submitted_by {
-        None => serde_json::to_vec(&fields),
-        Some(actor) => serde_json::to_vec(&(fields.0, fields.1, fields.2, fields.3, fields.4, actor)),
+    match (&submission.submitted_by, &submission.traceparent) {
+        (None, None) => serde_json::to_vec(&fields),
+        (Some(actor), None) => serde_json::to_vec(&(fields.0, fields.1, fields.2, fields.3, fields.4, actor)),
+        (actor, Some(traceparent)) => {
+            serde_json::to_vec(&(fields.0, fields.1, fields.2, fields.3, fields.4, actor, traceparent))
+        }
     }
     .ok()
 }
@@ -171,6 +176,7 @@ mod tests {
             idempotency_key: Some("key-1".into()),
             submitted_by: None,
             seal: None,
+            traceparent: None,
         }
     }
 

@@ -194,6 +194,7 @@ impl Host {
                 submission_id: Some(relayed.submission_id.clone()),
                 submitted_by: relayed.submitted_by.clone(),
                 key_is_new,
+                traceparent: relayed.traceparent.clone(),
             };
             let queued = session.handle.submit_durable(relayed.op.clone(), options).await;
             match owner_answer(queued, &relayed.submission_id) {

@@ -204,6 +204,7 @@ mod tests {
             idempotency_key: None,
             submitted_by: None,
             seal: None,
+            traceparent: None,
         };
         assert!(matches!(
             cluster.relay("s", &submission, 8).await.expect("relay"),

@@ -204,7 +204,7 @@ pub(crate) async fn fork(
     // fork's own log); a plain fork by the conversation it holds.
     match message {
         Some(op) => {
-            submit_op(&server, &id, op, None, None, principal.actor).await?;
+            submit_op(&server, &id, op, None, None, principal.actor, None).await?;
         }
         None => title_from_history(&server, &id).await?,
     }

@@ -130,8 +130,26 @@ pub(crate) async fn submit(
         ),
         None => None,
     };
-    let accepted = submit_op(&server, &id, request.op, request.on_busy, key, principal.actor).await?;
+    let accepted = submit_op(
+        &server,
+        &id,
+        request.op,
+        request.on_busy,
+        key,
+        principal.actor,
+        traceparent(&headers),
+    )
+    .await?;
     Ok((StatusCode::ACCEPTED, Json(accepted.into())))
+}
+
+/// The request's W3C `traceparent`, when it has a valid one (normalized to
+/// lowercase); anything else is ignored, as trace context says, and the
+/// turn starts a trace of its own.
+pub(crate) fn traceparent(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get("traceparent")?.to_str().ok()?;
+    keel_agent::telemetry::parse_traceparent(value)?;
+    Some(value.trim().to_ascii_lowercase())
 }
 
 /// Checks and submits an op to a session, recording `submitted_by` as
@@ -143,6 +161,7 @@ pub(crate) async fn submit_op(
     on_busy: Option<BusyPolicy>,
     idempotency_key: Option<String>,
     submitted_by: Actor,
+    traceparent: Option<String>,
 ) -> Result<Accepted, ApiError> {
     if let Some(key) = &idempotency_key {
         validate_idempotency_key(key).map_err(ApiError::InvalidRequest)?;
@@ -151,7 +170,7 @@ pub(crate) async fn submit_op(
     check_op(&op)?;
     server
         .host
-        .submit(session_id, op, on_busy, idempotency_key, submitted_by)
+        .submit(session_id, op, on_busy, idempotency_key, submitted_by, traceparent)
         .await
 }
 

@@ -197,6 +197,7 @@ mod tests {
 
     fn row(relay_id: u64, submission_id: &str) -> RelayedSubmission {
         RelayedSubmission {
+            traceparent: None,
             relay_id,
             submission_id: submission_id.to_owned(),
             op: Op::Interrupt { turn_id: None },

@@ -193,6 +193,7 @@ fn queued(id: &str, key: Option<&str>) -> Event {
     Event {
         submission_id: Some(id.into()),
         msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+            traceparent: None,
             op: Op::UserInput {
                 text: format!("text of {id}"),
             },
@@ -1580,6 +1581,7 @@ use crate::{RelayOutcome, RelayRefusal, RelayState, Relayed, RelayedSubmission};
 
 fn relayed(id: &str, text: &str, key: Option<&str>) -> RelayedSubmission {
     RelayedSubmission {
+        traceparent: None,
         relay_id: 0,
         submission_id: id.to_owned(),
         op: Op::UserInput { text: text.to_owned() },

@@ -130,7 +130,7 @@ pub(crate) async fn chat(
     let (projection, replay) = match intent {
         Intent::UserMessage { message_id, text } => {
             let op = Op::UserInput { text };
-            let accepted = submit_op(&server, &id, op, None, Some(message_id), actor).await?;
+            let accepted = submit_op(&server, &id, op, None, Some(message_id), actor, None).await?;
             early = early.filter(|early| early.sees(accepted.sequence));
             (
                 Projection::of_submission(&accepted.submission_id),
@@ -148,7 +148,7 @@ pub(crate) async fn chat(
                 .map(|message| format!("ai-sdk-regenerate:{message}"))
                 // An id too long for a key regenerates without one.
                 .filter(|key| keel_protocol::validate_idempotency_key(key).is_ok());
-            let accepted = submit_op(&server, &id, Op::Regenerate, None, key, actor).await?;
+            let accepted = submit_op(&server, &id, Op::Regenerate, None, key, actor, None).await?;
             early = early.filter(|early| early.sees(accepted.sequence));
             (
                 Projection::of_submission(&accepted.submission_id),
@@ -188,7 +188,7 @@ pub(crate) async fn chat(
                 .min()
                 .map(|at| at.saturating_sub(1));
             for (op, key) in ops {
-                submit_op(&server, &id, op, None, Some(key), actor.clone()).await?;
+                submit_op(&server, &id, op, None, Some(key), actor.clone(), None).await?;
             }
             (
                 Projection::of_turn(&turn_id),
@@ -319,6 +319,6 @@ pub(crate) async fn stop(
     let id = access::thread_session_id(&principal, &chat)?;
     access::session(&server, &principal, Scope::Submit, &id).await?;
     let op = Op::Interrupt { turn_id: None };
-    let accepted = submit_op(&server, &id, op, None, None, principal.actor).await?;
+    let accepted = submit_op(&server, &id, op, None, None, principal.actor, None).await?;
     Ok((StatusCode::ACCEPTED, Json(accepted.into())))
 }
