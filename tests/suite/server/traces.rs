@@ -199,6 +199,7 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
                "usage": usage(19, 6)}),
         json!({"text": "Written.", "usage": usage(23, 7)}),
         serde_json::from_str::<Value>(&slow_chunks(400, 50)).expect("a slow line"),
+        json!({"summary": true, "text": "They talked about the time.", "usage": usage(29, 8)}),
     ];
     let lines: Vec<String> = lines.iter().map(Value::to_string).collect();
     let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
@@ -231,6 +232,10 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
         "{logged:#?}"
     );
     server.api.say("traced", "what time is it").await;
+    server.api.wait_idle("traced").await;
+    // A summary asked for between turns: a model span of its own.
+    let compact = server.api.submit("traced", json!({"op": {"type": "compact"}})).await;
+    assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
     server.api.wait_idle("traced").await;
     phoenix
         .wait_for_spans("the first two turns' spans", |spans| {
@@ -356,12 +361,23 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
     assert_eq!(cut[0]["status_code"], "ERROR", "{:#}", cut[0]);
     // Model spans under their turns, whose tokens add up to the usage.
     let chat_spans = named(&spans, "chat ");
-    assert_eq!(chat_spans.len(), 5, "{chat_spans:#?}");
+    assert_eq!(chat_spans.len(), 6, "{chat_spans:#?}");
+    let summaries: Vec<&&Value> = chat_spans
+        .iter()
+        .filter(|span| attribute(span, "keel.compaction") == "summary")
+        .collect();
+    assert_eq!(summaries.len(), 1, "{chat_spans:#?}");
+    assert_eq!(attribute(summaries[0], "gen_ai.usage.input_tokens"), 29);
     let parents: Vec<&str> = turn_spans
         .iter()
         .filter_map(|span| span["context"]["span_id"].as_str())
         .collect();
-    for span in &chat_spans {
+    // The summary between turns has a trace of its own; the steps are
+    // under their turns.
+    for span in chat_spans
+        .iter()
+        .filter(|span| attribute(span, "keel.compaction").is_null())
+    {
         assert!(
             parents.contains(&span["parent_id"].as_str().unwrap_or_default()),
             "{span:#}"

@@ -119,10 +119,15 @@ impl Session {
             .as_ref()
             .map_or(0, |compaction| compaction.count);
         let started = Instant::now();
+        let started_ms = keel_protocol::now_ms();
         let result = match self.summarize(turn, &request_history, count).await? {
             ControlFlow::Continue(result) => result,
             ControlFlow::Break(by) => return Ok(CompactEnd::Interrupted(by)),
         };
+        match &result {
+            Ok(output) => self.report_summary(turn, started_ms, Some(output), None),
+            Err(_) => self.report_summary(turn, started_ms, None, Some("model_failed")),
+        }
         let (summary, usage) = match result {
             Ok(output) if !output.text.trim().is_empty() => (output.text.trim().to_owned(), output.usage),
             Ok(_) => return Ok(CompactEnd::NotDone("the model's summary was empty".to_owned())),

@@ -71,6 +71,48 @@ pub(super) fn finish_reason(output: &ModelOutput) -> &'static str {
 }
 
 impl Session {
+    /// Reports the span of a summary (context compaction), started at
+    /// `start_ms`: under `turn` when one runs, else a trace of its own.
+    pub(super) fn report_summary(
+        &self,
+        turn: Option<&Turn>,
+        start_ms: u64,
+        output: Option<&ModelOutput>,
+        error: Option<&str>,
+    ) {
+        if !self.spans.enabled() {
+            return;
+        }
+        let (trace_id, parent) = match turn.and_then(|turn| turn.execution.trace.as_ref()).and_then(ids_of) {
+            Some((trace_id, turn_span, _)) => (trace_id, Some(turn_span)),
+            None => (crate::telemetry::new_trace_id(), None),
+        };
+        let (provider, model) = provider_and_model(&self.model.name());
+        let mut attributes = vec![
+            ("gen_ai.operation.name", Value::from("chat")),
+            ("gen_ai.provider.name", Value::from(provider)),
+            ("gen_ai.request.model", Value::from(model.clone())),
+            ("gen_ai.conversation.id", Value::from(self.session_id.as_str())),
+            ("keel.compaction", Value::from("summary")),
+        ];
+        if let Some(usage) = output.and_then(|output| output.usage.as_ref()) {
+            attributes.extend(usage_attributes(usage));
+        }
+        self.spans.record(FinishedSpan {
+            trace_id,
+            span_id: new_span_id(),
+            parent_span_id: parent,
+            parent_is_remote: false,
+            name: format!("chat {model}"),
+            kind: SpanKind::Client,
+            start_ms,
+            end_ms: now_ms().max(start_ms),
+            attributes,
+            events: Vec::new(),
+            error: error.map(str::to_owned),
+        });
+    }
+
     /// Reports the span of model step `step` of `turn`, started at
     /// `start_ms`: its output when it completed, `error` otherwise.
     pub(super) fn report_step(
