@@ -636,9 +636,19 @@ async fn a_rate_limit_is_retried_after_the_wait_the_provider_asks_for() {
         text_reply(&["after ", "waiting"]),
     ])
     .await;
+    let before = keel::protocol::now_ms();
     let (output, events) = answer(&model(settings(&server))).await;
     assert_eq!(output.text, "after waiting");
     assert_eq!(text_deltas(&events), ["after ", "waiting"], "streamed once");
+    // What the step's span says of it: the retry (when it started, after
+    // the second the provider asked for) and the server asked.
+    assert_eq!(output.retries.len(), 1, "{:?}", output.retries);
+    assert!(
+        output.retries[0] >= before + 900,
+        "{} after {before}",
+        output.retries[0]
+    );
+    assert_eq!(output.server_address.as_deref(), Some("127.0.0.1"));
     let requests = server.requests();
     assert_eq!(requests.len(), 2, "one retry");
     assert_eq!(requests[0].json(), requests[1].json(), "the same request again");

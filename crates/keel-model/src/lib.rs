@@ -157,6 +157,11 @@ pub struct ModelOutput {
     /// mid-sentence and a tool call's arguments mid-object. The runtime
     /// records it, so a cut answer is not taken for a finished one.
     pub length_limited: bool,
+    /// Where the request went (the provider's host), for the step's span.
+    pub server_address: Option<String>,
+    /// When each retry of the request started (ms since the Unix epoch),
+    /// for the step's span; empty when the first attempt answered.
+    pub retries: Vec<u64>,
 }
 
 impl ModelOutput {

@@ -175,10 +175,23 @@ impl<W: WireFormat> Model for HttpModel<W> {
             self.settings.check_context(request.instructions, request.history)?;
             let url = format!("{}{}", self.settings.base_url, W::PATH);
             let headers = self.wire.headers(&self.settings);
-            let attempts = with_retries(&self.settings.http.retry, |_| {
+            // When each retry started, for the step's span.
+            let retries = std::sync::Mutex::new(Vec::new());
+            let attempts = with_retries(&self.settings.http.retry, |retry| {
+                if retry > 0 {
+                    retries
+                        .lock()
+                        .unwrap_or_else(|poison| poison.into_inner())
+                        .push(keel_protocol::now_ms());
+                }
                 self.attempt(&url, &headers, &request, Arc::clone(&events))
             });
-            within_step_deadline(&self.settings.name, &self.settings.http, attempts).await
+            let mut output = within_step_deadline(&self.settings.name, &self.settings.http, attempts).await?;
+            output.retries = retries.into_inner().unwrap_or_else(|poison| poison.into_inner());
+            output.server_address = reqwest::Url::parse(&self.settings.base_url)
+                .ok()
+                .and_then(|url| url.host_str().map(str::to_owned));
+            Ok(output)
         })
     }
 

@@ -154,6 +154,9 @@ impl Session {
                 "gen_ai.response.finish_reasons",
                 Value::Strs(vec![finish_reason(output).to_owned()]),
             ));
+            if let Some(address) = &output.server_address {
+                attributes.push(("server.address", Value::from(address.as_str())));
+            }
         }
         self.spans.record(FinishedSpan {
             trace_id,
@@ -165,7 +168,20 @@ impl Session {
             start_ms,
             end_ms: now_ms().max(start_ms),
             attributes,
-            events: Vec::new(),
+            events: output
+                .map(|output| {
+                    output
+                        .retries
+                        .iter()
+                        .enumerate()
+                        .map(|(index, &at_ms)| SpanEvent {
+                            name: "gen_ai.request.retry",
+                            at_ms,
+                            attributes: vec![("keel.retry", Value::from(index as u64 + 1))],
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
             error: error.map(str::to_owned),
         });
     }
