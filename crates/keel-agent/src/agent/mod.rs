@@ -299,6 +299,7 @@ pub async fn create_agent(mut config: AgentConfig) -> Result<Agent> {
     };
     let (recorder, events) = EventRecorder::spawn_with(Arc::clone(&store), session_id.clone(), options);
     let in_flight = InFlight::sort(execution);
+    let sandbox_policy = config.sandbox.as_ref().map(|sandbox| sandbox.policy.clone());
     let started = SessionStartedEvent {
         session_id: session_id.clone(),
         bot_id: checkpoint.session_context.bot_id.clone(),
@@ -351,6 +352,7 @@ pub async fn create_agent(mut config: AgentConfig) -> Result<Agent> {
         transcript,
         resume: in_flight.resume,
         status,
+        sandbox_policy,
     };
     let task = tokio::spawn(session(config, opened).run());
     Ok(Agent {
@@ -371,6 +373,8 @@ struct Opened {
     transcript: Vec<TranscriptItem>,
     resume: Option<keel_store::TurnExecution>,
     status: Arc<StatusCell>,
+    /// The shell's sandbox policy, for tool calls' spans.
+    sandbox_policy: Option<String>,
 }
 
 /// The session task's state, from the configuration and what opening made.
@@ -409,6 +413,7 @@ fn session(config: AgentConfig, opened: Opened) -> Session {
         store: config.store,
         step_gate: config.step_gate,
         spans: config.spans,
+        sandbox_policy: opened.sandbox_policy,
         tool_starts: std::collections::HashMap::new(),
         approval_asked: std::collections::HashMap::new(),
     }

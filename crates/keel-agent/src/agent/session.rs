@@ -79,6 +79,9 @@ pub(super) struct Session {
     pub(super) step_gate: Option<Arc<dyn super::StepGate>>,
     /// Where the session's spans go.
     pub(super) spans: crate::telemetry::Spans,
+    /// The shell's sandbox policy (`workspace-write`, …), for the spans of
+    /// the calls it runs.
+    pub(super) sandbox_policy: Option<String>,
     /// When each tool call of the step started here (ms), and when its
     /// approval was asked for, by call id: for its span.
     pub(super) tool_starts: std::collections::HashMap<String, (u64, Option<u64>)>,

@@ -225,6 +225,11 @@ impl Session {
                 Value::from(if client { "client" } else { "server" }),
             ),
         ];
+        if name == "shell"
+            && let Some(policy) = &self.sandbox_policy
+        {
+            attributes.push(("keel.sandbox.policy", Value::from(policy.as_str())));
+        }
         if self.spans.content() {
             // The result was redacted before it was stored; the arguments
             // are redacted here, as the log's are.
