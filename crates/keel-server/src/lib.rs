@@ -288,12 +288,22 @@ pub(crate) struct Server {
     webhooks: Option<WebhookApi>,
 }
 
+impl WebhookApi {
+    /// Tells this node's deliverer that the endpoints changed.
+    pub(crate) fn changed(&self) {
+        self.changes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// What `/v1/webhooks` works with.
 pub(crate) struct WebhookApi {
     /// The endpoints and deliveries.
     pub(crate) outbox: Arc<dyn WebhookStore>,
     /// `[webhooks]`: where endpoints may point.
     pub(crate) settings: Arc<keel_config::WebhooksConfig>,
+    /// Counts the changes made here, so this node's deliverer reads the
+    /// endpoints again at once.
+    pub(crate) changes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then shuts down
@@ -392,6 +402,7 @@ pub async fn serve(
         config.live_buffer,
         cluster,
     ));
+    let endpoint_changes = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let deliverer = config.webhooks.clone().map(|outbox| {
         let deliverer = Arc::new(webhooks::Deliverer::new(
             outbox,
@@ -400,6 +411,7 @@ pub async fn serve(
             Arc::clone(&metrics),
             claimant,
             Arc::clone(&host.webhook_wake),
+            Arc::clone(&endpoint_changes),
         ));
         tokio::spawn(deliverer.run(host.closing_signal()))
     });
@@ -408,6 +420,7 @@ pub async fn serve(
         webhooks: config.webhooks.map(|outbox| WebhookApi {
             outbox,
             settings: webhook_settings,
+            changes: endpoint_changes,
         }),
         metrics,
         auth: authenticator,

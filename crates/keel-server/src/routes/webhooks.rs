@@ -363,6 +363,7 @@ pub(crate) async fn create(
         created_at_ms: now_ms(),
     };
     api.outbox.put_webhook_endpoint(&endpoint).await?;
+    api.changed();
     tracing::info!(webhook = %endpoint.id, url = %endpoint.url, "webhook endpoint registered");
     Ok((
         StatusCode::CREATED,
@@ -452,6 +453,7 @@ pub(crate) async fn delete(
     if !api.outbox.delete_webhook_endpoint(&id).await? {
         return Err(ApiError::NotFound(format!("no webhook endpoint '{id}'")));
     }
+    api.changed();
     tracing::info!(webhook = %id, "webhook endpoint deleted");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -509,6 +511,7 @@ pub(crate) async fn rotate(
     );
     endpoint.secrets = secrets;
     api.outbox.put_webhook_endpoint(&endpoint).await?;
+    api.changed();
     tracing::info!(webhook = %id, "webhook secret rotated");
     Ok(Json(WebhookWithSecret {
         secret,

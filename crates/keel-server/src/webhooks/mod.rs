@@ -76,7 +76,17 @@ pub(crate) struct Deliverer {
     /// Woken when a live session here commits an event webhooks may want.
     wake: Arc<Notify>,
     in_flight: Arc<Semaphore>,
+    /// The endpoints as last read, when, and at which count of this
+    /// node's changes: read again after [`ENDPOINTS_FRESH`], after a change
+    /// made here, or when a delivery names one not among them.
+    endpoints: std::sync::Mutex<(Option<tokio::time::Instant>, u64, Arc<Vec<WebhookEndpoint>>)>,
+    /// Counts the endpoint changes made through this node's API.
+    changes: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// How long the endpoints read are used before they are read again (a
+/// rotated secret or a moved URL takes effect within it).
+const ENDPOINTS_FRESH: Duration = Duration::from_secs(1);
 
 impl Deliverer {
     /// A deliverer for this node (`claimant`), woken by `wake`.
@@ -87,10 +97,13 @@ impl Deliverer {
         metrics: Arc<Metrics>,
         claimant: String,
         wake: Arc<Notify>,
+        changes: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         Self {
             client: target::client(&settings),
             in_flight: Arc::new(Semaphore::new(settings.max_in_flight.max(1))),
+            endpoints: std::sync::Mutex::new((None, 0, Arc::new(Vec::new()))),
+            changes,
             outbox,
             store,
             settings,
@@ -289,15 +302,28 @@ impl Deliverer {
     }
 
     async fn endpoint(&self, id: &str) -> Result<WebhookEndpoint, Failure> {
-        let endpoints = self
-            .outbox
-            .webhook_endpoints()
-            .await
-            .map_err(|error| Failure::retry(None, format!("cannot read the endpoint: {error}")))?;
-        endpoints
-            .into_iter()
-            .find(|endpoint| endpoint.id == id)
-            .ok_or_else(|| Failure::permanent("the endpoint was deleted".to_owned()))
+        let cached = {
+            let cache = self.endpoints.lock().unwrap_or_else(|poison| poison.into_inner());
+            let changes = self.changes.load(std::sync::atomic::Ordering::SeqCst);
+            let fresh = cache.0.is_some_and(|read| read.elapsed() < ENDPOINTS_FRESH) && cache.1 == changes;
+            fresh
+                .then(|| cache.2.iter().find(|endpoint| endpoint.id == id).cloned())
+                .flatten()
+        };
+        if let Some(endpoint) = cached {
+            return Ok(endpoint);
+        }
+        let changes = self.changes.load(std::sync::atomic::Ordering::SeqCst);
+        let endpoints = Arc::new(
+            self.outbox
+                .webhook_endpoints()
+                .await
+                .map_err(|error| Failure::retry(None, format!("cannot read the endpoint: {error}")))?,
+        );
+        let found = endpoints.iter().find(|endpoint| endpoint.id == id).cloned();
+        *self.endpoints.lock().unwrap_or_else(|poison| poison.into_inner()) =
+            (Some(tokio::time::Instant::now()), changes, endpoints);
+        found.ok_or_else(|| Failure::permanent("the endpoint was deleted".to_owned()))
     }
 
     async fn event(&self, delivery: &WebhookDelivery) -> Result<RecordedEvent, Failure> {

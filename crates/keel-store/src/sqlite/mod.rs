@@ -135,6 +135,11 @@ pub struct SqliteCheckpoint {
     /// The connection that writes keys and budgets, opened on first use:
     /// apart from the leases', so that no access call delays a renewal.
     access: SideConnection,
+    /// The connection that claims and settles webhook deliveries, opened
+    /// on first use, committing without waiting for the disk: a claim or
+    /// an outcome lost to a power cut only means a delivery made again,
+    /// which receivers deduplicate.
+    webhooks: SideConnection,
     /// The disk space kept for the store's commits.
     reserve: Arc<SpaceReserve>,
 }
@@ -178,6 +183,7 @@ impl SqliteCheckpoint {
             threads: Mutex::new(vec![writer, checkpointer]),
             leases: SideConnection::default(),
             access: SideConnection::default(),
+            webhooks: SideConnection::default(),
             reserve,
         })
     }
@@ -223,7 +229,7 @@ impl SqliteCheckpoint {
         self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).take();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|poison| poison.into_inner()));
         self.readers.clear();
-        for side in [&self.leases, &self.access] {
+        for side in [&self.leases, &self.access, &self.webhooks] {
             side.lock().unwrap_or_else(|poison| poison.into_inner()).take();
         }
         let _ = tokio::task::spawn_blocking(move || {
@@ -284,6 +290,26 @@ impl SqliteCheckpoint {
         side: &SideConnection,
         call: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.on_side_opened_by(side, schema::open_leases, call).await
+    }
+
+    /// Runs `call` on the webhook side connection (see its field).
+    async fn on_webhook_side<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.on_side_opened_by(&self.webhooks, schema::open_webhooks, call)
+            .await
+    }
+
+    /// Runs `call` on the side connection `side`, opened by `open` on
+    /// first use, on a blocking thread.
+    async fn on_side_opened_by<T: Send + 'static>(
+        &self,
+        side: &SideConnection,
+        open: fn(&Path, Option<&str>) -> Result<rusqlite::Connection, StoreError>,
+        call: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
         if self.jobs.lock().unwrap_or_else(|poison| poison.into_inner()).is_none() {
             return Err(StoreError::Closed);
         }
@@ -295,7 +321,7 @@ impl SqliteCheckpoint {
             identity.usable()?;
             let mut conn = side.lock().unwrap_or_else(|poison| poison.into_inner());
             if conn.is_none() {
-                *conn = Some(schema::open_leases(&path, vfs.as_deref())?);
+                *conn = Some(open(&path, vfs.as_deref())?);
             }
             match conn.as_mut() {
                 Some(conn) => call(conn),

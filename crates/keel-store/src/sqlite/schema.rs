@@ -306,6 +306,16 @@ pub(super) fn open_leases(path: &Path, vfs: Option<&str>) -> Result<Connection, 
     open_checkpointer(path, vfs)
 }
 
+/// Opens the connection that claims and settles webhook deliveries:
+/// `synchronous = NORMAL`, so that its commits (two per delivery) do not
+/// each wait for the disk (see `SqliteCheckpoint::webhooks`).
+pub(super) fn open_webhooks(path: &Path, vfs: Option<&str>) -> Result<Connection, StoreError> {
+    let conn = open_checkpointer(path, vfs)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(|e| super::store_error(e, path))?;
+    Ok(conn)
+}
+
 /// Opens a connection for reads only.
 pub(super) fn open_reader(path: &Path, vfs: Option<&str>) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;

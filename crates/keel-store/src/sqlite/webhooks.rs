@@ -291,7 +291,7 @@ impl WebhookStore for super::SqliteCheckpoint {
         outcome: &'a DeliveryOutcome,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         let (claimant, outcome) = (claimant.to_owned(), outcome.clone());
-        Box::pin(self.on_side(&self.access, move |conn| settle(conn, id, &claimant, now_ms, &outcome)))
+        Box::pin(self.on_webhook_side(move |conn| settle(conn, id, &claimant, now_ms, &outcome)))
     }
 
     fn webhook_deliveries<'a>(
@@ -304,6 +304,6 @@ impl WebhookStore for super::SqliteCheckpoint {
     }
 
     fn prune_webhook_deliveries(&self, before_ms: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(self.on_side(&self.access, move |conn| prune(conn, before_ms)))
+        Box::pin(self.on_webhook_side(move |conn| prune(conn, before_ms)))
     }
 }
