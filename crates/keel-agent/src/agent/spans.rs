@@ -87,30 +87,9 @@ impl Session {
             Some((trace_id, turn_span, _)) => (trace_id, Some(turn_span)),
             None => (crate::telemetry::new_trace_id(), None),
         };
-        let (provider, model) = provider_and_model(&self.model.name());
-        let mut attributes = vec![
-            ("gen_ai.operation.name", Value::from("chat")),
-            ("gen_ai.provider.name", Value::from(provider)),
-            ("gen_ai.request.model", Value::from(model.clone())),
-            ("gen_ai.conversation.id", Value::from(self.session_id.as_str())),
-            ("keel.compaction", Value::from("summary")),
-        ];
-        if let Some(usage) = output.and_then(|output| output.usage.as_ref()) {
-            attributes.extend(usage_attributes(usage));
-        }
-        self.spans.record(FinishedSpan {
-            trace_id,
-            span_id: new_span_id(),
-            parent_span_id: parent,
-            parent_is_remote: false,
-            name: format!("chat {model}"),
-            kind: SpanKind::Client,
-            start_ms,
-            end_ms: now_ms().max(start_ms),
-            attributes,
-            events: Vec::new(),
-            error: error.map(str::to_owned),
-        });
+        let extra = vec![("keel.compaction", Value::from("summary"))];
+        self.spans
+            .record(self.chat_span((trace_id, parent), start_ms, output, error, extra));
     }
 
     /// Reports the span of model step `step` of `turn`, started at
@@ -129,6 +108,21 @@ impl Session {
         let Some((trace_id, turn_span, _)) = turn.execution.trace.as_ref().and_then(ids_of) else {
             return;
         };
+        let extra = vec![("keel.step", Value::from(u64::from(step)))];
+        self.spans
+            .record(self.chat_span((trace_id, Some(turn_span)), start_ms, output, error, extra));
+    }
+
+    /// The span of a model call (a step or a summary) under `(trace,
+    /// parent)`, started at `start_ms`, with `extra` attributes.
+    fn chat_span(
+        &self,
+        (trace_id, parent): ([u8; 16], Option<[u8; 8]>),
+        start_ms: u64,
+        output: Option<&ModelOutput>,
+        error: Option<&str>,
+        extra: Vec<(&'static str, Value)>,
+    ) -> FinishedSpan {
         let (provider, model) = provider_and_model(&self.model.name());
         let mut attributes = vec![
             ("gen_ai.operation.name", Value::from("chat")),
@@ -136,8 +130,9 @@ impl Session {
             ("gen_ai.request.model", Value::from(model.clone())),
             ("gen_ai.response.model", Value::from(model.clone())),
             ("gen_ai.conversation.id", Value::from(self.session_id.as_str())),
-            ("keel.step", Value::from(u64::from(step))),
         ];
+        attributes.extend(extra);
+        let mut events = Vec::new();
         if let Some(output) = output {
             if let Some(usage) = &output.usage {
                 attributes.extend(usage_attributes(usage));
@@ -157,33 +152,30 @@ impl Session {
             if let Some(address) = &output.server_address {
                 attributes.push(("server.address", Value::from(address.as_str())));
             }
+            events = output
+                .retries
+                .iter()
+                .enumerate()
+                .map(|(index, &at_ms)| SpanEvent {
+                    name: "gen_ai.request.retry",
+                    at_ms,
+                    attributes: vec![("keel.retry", Value::from(index as u64 + 1))],
+                })
+                .collect();
         }
-        self.spans.record(FinishedSpan {
+        FinishedSpan {
             trace_id,
             span_id: new_span_id(),
-            parent_span_id: Some(turn_span),
+            parent_span_id: parent,
             parent_is_remote: false,
             name: format!("chat {model}"),
             kind: SpanKind::Client,
             start_ms,
             end_ms: now_ms().max(start_ms),
             attributes,
-            events: output
-                .map(|output| {
-                    output
-                        .retries
-                        .iter()
-                        .enumerate()
-                        .map(|(index, &at_ms)| SpanEvent {
-                            name: "gen_ai.request.retry",
-                            at_ms,
-                            attributes: vec![("keel.retry", Value::from(index as u64 + 1))],
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
+            events,
             error: error.map(str::to_owned),
-        });
+        }
     }
 
     /// Reports the span of the tool call `call_id` (`name`) of `turn`,
