@@ -259,6 +259,7 @@ class SubmissionQueued:
     on_busy: BusyPolicy
     idempotency_key: str | None = None
     submitted_by: Actor | None = None
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

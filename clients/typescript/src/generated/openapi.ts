@@ -1834,6 +1834,11 @@ export interface components {
             /** @description The client's idempotency key, if it sent one. */
             idempotency_key?: string | null;
             submitted_by?: components["schemas"]["Actor"] | null;
+            /**
+             * @description The caller's W3C `traceparent`, when the request carried one: the
+             *     turn this submission starts runs in that trace.
+             */
+            traceparent?: string | null;
         };
         /**
          * @description Payload of [`EventMsg::SubmissionRejected`]; the envelope's
