@@ -444,3 +444,73 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
         .collect();
     assert!(complaints.is_empty(), "the exporter complained: {complaints:#?}");
 }
+
+/// With `capture_content` on, spans carry what was said (the model's
+/// output, a tool's arguments and result), redacted as the log is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn captured_content_is_redacted_as_the_log_is() {
+    let Some(python) = venv_python("suite::server::traces (content)") else {
+        return;
+    };
+    let phoenix = Phoenix::start(&python).await;
+    let scratch = Scratch::new();
+    std::fs::write(
+        scratch.dir.path().join("keel.toml"),
+        format!(
+            "[server]\nauto_approve = [\"write_file\"]\n\n[telemetry]\nendpoint = \"{}\"\ncapture_content = true\n",
+            phoenix.base
+        ),
+    )
+    .expect("keel.toml");
+    let leaked = "Authorization: Bearer tok-0123456789abcdef0123";
+    let lines = [
+        json!({"tool_calls": [{"id": "w-1", "name": "write_file",
+            "arguments": {"path": "note.txt", "content": leaked}}]}),
+        json!({"text": format!("Saved. {leaked}")}),
+    ];
+    let lines: Vec<String> = lines.iter().map(Value::to_string).collect();
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let model = scratch.script("content.jsonl", &refs);
+    let server = serve(&scratch, free_port());
+    server
+        .api
+        .create(json!({"id": "said", "model": model, "tools": {"shell": false},
+            "approvals": {"tools": {"write_file": "auto"}}}))
+        .await;
+    server.api.say("said", "save it").await;
+    server.api.wait_idle("said").await;
+    let spans = phoenix
+        .wait_for_spans("the turn's spans", |spans| {
+            named(spans, "invoke_agent").len() == 1 && named(spans, "chat ").len() == 2
+        })
+        .await;
+    let tool = named(&spans, "execute_tool write_file");
+    assert_eq!(tool.len(), 1, "{spans:#?}");
+    let arguments = attribute(tool[0], "gen_ai.tool.call.arguments")
+        .as_str()
+        .expect("arguments");
+    assert!(
+        arguments.contains("note.txt") && arguments.contains("[redacted]"),
+        "{arguments}"
+    );
+    assert!(
+        attribute(tool[0], "gen_ai.tool.call.result").is_string(),
+        "{:#}",
+        tool[0]
+    );
+    let outputs: Vec<&str> = named(&spans, "chat ")
+        .iter()
+        .filter_map(|span| attribute(span, "gen_ai.output.messages").as_str())
+        .collect();
+    assert!(
+        outputs
+            .iter()
+            .any(|output| output.contains("Saved.") && output.contains("[redacted]")),
+        "{outputs:?}"
+    );
+    let everything = serde_json::to_string(&spans).expect("JSON");
+    assert!(
+        !everything.contains("tok-0123456789abcdef0123"),
+        "the credential reached the spans"
+    );
+}
