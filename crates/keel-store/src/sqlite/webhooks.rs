@@ -278,9 +278,7 @@ impl WebhookStore for super::SqliteCheckpoint {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<WebhookDelivery>, StoreError>> {
         let claimant = claimant.to_owned();
-        Box::pin(self.on_side(&self.access, move |conn| {
-            claim(conn, &claimant, now_ms, until_ms, limit)
-        }))
+        Box::pin(self.on_webhook_side(move |conn| claim(conn, &claimant, now_ms, until_ms, limit)))
     }
 
     fn settle_webhook_delivery<'a>(
