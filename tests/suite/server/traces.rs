@@ -201,9 +201,7 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
         serde_json::from_str::<Value>(&slow_chunks(400, 50)).expect("a slow line"),
         json!({"summary": true, "text": "They talked about the time.", "usage": usage(29, 8)}),
     ];
-    let lines: Vec<String> = lines.iter().map(Value::to_string).collect();
-    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
-    let model = scratch.script("traced.jsonl", &refs);
+    let model = scratch.script_of("traced.jsonl", &lines);
     let port = free_port();
     let mut server = serve(&scratch, port);
     let mut earlier_logs = Vec::new();
@@ -468,9 +466,7 @@ async fn captured_content_is_redacted_as_the_log_is() {
             "arguments": {"path": "note.txt", "content": leaked}}]}),
         json!({"text": format!("Saved. {leaked}")}),
     ];
-    let lines: Vec<String> = lines.iter().map(Value::to_string).collect();
-    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
-    let model = scratch.script("content.jsonl", &refs);
+    let model = scratch.script_of("content.jsonl", &lines);
     let server = serve(&scratch, free_port());
     server
         .api

@@ -117,13 +117,11 @@ pub(crate) fn approval_script(scratch: &Scratch, turns: usize) -> String {
     for turn in 0..turns {
         lines.push(
             json!({"tool_calls": [{"id": format!("call-{turn}"), "name": "write_file",
-                "arguments": {"path": format!("f{turn}.txt"), "content": "x"}}]})
-            .to_string(),
+            "arguments": {"path": format!("f{turn}.txt"), "content": "x"}}]}),
         );
-        lines.push(json!({"text": format!("wrote {turn}")}).to_string());
+        lines.push(json!({"text": format!("wrote {turn}")}));
     }
-    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
-    scratch.script("approvals.jsonl", &refs)
+    scratch.script_of("approvals.jsonl", &lines)
 }
 
 /// The verified deliveries of the log, by webhook id: the bodies each
@@ -322,11 +320,10 @@ fn settings(loopback: bool) -> WebhooksConfig {
 
 /// A session on `server` answering `turns` plain texts.
 async fn chatty_session(server: &TestServer, id: &str, turns: usize) {
-    let lines: Vec<String> = (0..turns)
-        .map(|turn| json!({"text": format!("answer {turn}")}).to_string())
+    let lines: Vec<Value> = (0..turns)
+        .map(|turn| json!({"text": format!("answer {turn}")}))
         .collect();
-    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
-    let model = server.scratch.script(&format!("{id}.jsonl"), &refs);
+    let model = server.scratch.script_of(&format!("{id}.jsonl"), &lines);
     server.api.create(json!({"id": id, "model": model})).await;
 }
 

@@ -46,6 +46,14 @@ impl Scratch {
         format!("script:{}", path.display())
     }
 
+    /// Writes a script of `lines` (each a JSON value) and returns its
+    /// model spec.
+    pub(crate) fn script_of(&self, name: &str, lines: &[serde_json::Value]) -> String {
+        let lines: Vec<String> = lines.iter().map(serde_json::Value::to_string).collect();
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        self.script(name, &refs)
+    }
+
     /// Every stored event of a session, read from the database file.
     pub(crate) async fn stored(&self, session_id: &str) -> Vec<RecordedEvent> {
         let store = SqliteCheckpoint::new(self.db()).expect("open the database");
