@@ -67,9 +67,10 @@ fn raw_get(path: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nine_subscribers_get_everything_while_a_tenth_stalls_and_it_still_gets_every_event() {
-    // A live buffer of 16 events, and a turn of about 6 MB in 16 KB deltas:
-    // far more than the buffer and the socket buffers hold, so the stalled
-    // subscriber falls behind the live channel and is served from the store.
+    // A live buffer of 16 events, and a turn of about 6 MB in 16 KB
+    // deltas: far more than the buffer and the socket buffers hold (Linux
+    // grows a send buffer to 4 MB by default), so the stalled subscriber
+    // falls behind the live channel and is served from the store.
     let server = TestServer::start(|config, _| config.live_buffer = 16).await;
     let chunk = "x".repeat(16 * 1024);
     let chunks: Vec<&str> = std::iter::repeat_n(chunk.as_str(), 384).collect();
@@ -77,11 +78,15 @@ async fn nine_subscribers_get_everything_while_a_tenth_stalls_and_it_still_gets_
     let model = server.scratch.script("s.jsonl", &[&line]);
     server.api.create(json!({"id": "fan", "model": model})).await;
 
-    // The stalled subscriber: a raw socket with a small receive buffer that
-    // reads only the response head, then nothing.
+    // The stalled subscriber: a raw socket with a fixed receive buffer that
+    // reads only the response head, then nothing. The buffer is fixed so it
+    // cannot grow to take the turn, and larger than a loopback segment
+    // (64 KB): a window smaller than a segment reopens only at the sender's
+    // persist-timer probes, a few KB a second, which the catching up would
+    // then wait on.
     let address = server.api.base.trim_start_matches("http://").to_owned();
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4096).expect("small receive buffer");
+    socket.set_recv_buffer_size(128 * 1024).expect("fixed receive buffer");
     let mut stalled = socket
         .connect(address.parse().expect("address"))
         .await
