@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel::agent::{ModelEvent, ModelOutput, ModelRequest};
-use keel::model::ToolSpec;
+use keel::model::{RequestParameters, ToolSpec};
 use keel::protocol::{AbortReason, TranscriptItem};
 use keel::provider::anthropic::Anthropic;
 use keel::provider::http::{RetryPolicy, Secret};
@@ -145,6 +145,17 @@ async fn text_streams_whole_whatever_the_pieces_and_line_ends() {
         assert_eq!(output.text, TEXT_DELTAS.concat(), "{variant}");
         assert!(output.tool_calls.is_empty() && output.reasoning.is_empty(), "{variant}");
         assert_eq!(output.usage, Some(usage(25, 0, 15)), "{variant}");
+        // The message's id and dated model, from `message_start`.
+        assert_eq!(
+            output.response_id.as_deref(),
+            Some("msg_01XFDUDYJgAACzvnptvVoYEL"),
+            "{variant}"
+        );
+        assert_eq!(
+            output.response_model.as_deref(),
+            Some("claude-sonnet-4-5-20250929"),
+            "{variant}"
+        );
         assert_eq!(server.requests().len(), 1, "{variant}");
     }
 }
@@ -170,6 +181,13 @@ async fn a_request_without_settings_gets_the_default_max_tokens_and_no_optional_
             ]}],
             "stream": true,
         })
+    ); // A step's span reports the limit the body carries, default or not.
+    assert_eq!(
+        model.request_parameters(),
+        RequestParameters {
+            max_tokens: Some(4096),
+            temperature: None
+        }
     );
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel::agent::{ModelEvent, ModelOutput, ModelRequest};
-use keel::model::ToolSpec;
+use keel::model::{RequestParameters, ToolSpec};
 use keel::protocol::{AbortReason, TokenUsage, TranscriptItem};
 use keel::provider::http::Secret;
 use keel::provider::openai_chat::OpenAiChat;
@@ -254,6 +254,13 @@ async fn plain_text_streams_every_delta_in_order_after_the_documented_request() 
             "temperature": 0.25,
         }),
         "no tools, no `tools` field"
+    ); // A step's span reports the parameters the body carries.
+    assert_eq!(
+        model.request_parameters(),
+        RequestParameters {
+            max_tokens: Some(256),
+            temperature: Some(0.25)
+        }
     );
 }
 
@@ -571,6 +578,17 @@ async fn a_refusal_is_the_answer() {
     let (output, events) = answer(&model(settings(&server))).await;
     assert_eq!(events, [ModelEvent::TextDelta("I can't help with that.".into())]);
     assert_eq!(output.text, "I can't help with that.");
+}
+
+#[tokio::test]
+async fn the_completions_id_and_dated_model_are_kept_for_the_steps_span() {
+    let server = ScriptedServer::start(vec![Reply::sse_in_pieces(TEXT_USAGE, 5)]).await;
+    let (output, _) = answer(&model(settings(&server))).await;
+    assert_eq!(
+        output.response_id.as_deref(),
+        Some("chatcmpl-Uq5sR8cVrT3nOx9LyM4bA0wZe2Fg")
+    );
+    assert_eq!(output.response_model.as_deref(), Some("gpt-4.1-mini-2025-04-14"));
 }
 
 // 3. Usage through the agent.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel::agent::{ModelEvent, ModelOutput, ModelRequest};
-use keel::model::{ToolCall, ToolSpec};
+use keel::model::{RequestParameters, ToolCall, ToolSpec};
 use keel::protocol::{AbortReason, TokenUsage, TranscriptItem};
 use keel::provider::http::{RetryPolicy, Secret};
 use keel::provider::openai_responses::OpenAiResponses;
@@ -252,7 +252,13 @@ async fn a_text_request_is_a_stateless_streamed_post_with_the_key() {
     let model = model(settings);
     assert_eq!(model.name(), "openai:gpt-4.1-mini");
     let (result, _) = respond(&model, &hello()).await;
-    result.expect("a response");
+    let output = result.expect("a response");
+    // The response's id and dated model, for the step's span.
+    assert_eq!(
+        output.response_id.as_deref(),
+        Some("resp_68a1b2c3d4e5f60718293a4b5c6d7e8f")
+    );
+    assert_eq!(output.response_model.as_deref(), Some("gpt-4.1-mini-2025-04-14"));
 
     let requests = server.requests();
     let request = &requests[0];
@@ -571,6 +577,13 @@ async fn the_request_carries_the_whole_history_instructions_tools_and_limits() {
             "max_output_tokens": 256,
             "temperature": 0.25,
         })
+    ); // A step's span reports the parameters the body carries.
+    assert_eq!(
+        model.request_parameters(),
+        RequestParameters {
+            max_tokens: Some(256),
+            temperature: Some(0.25)
+        }
     );
 }
 

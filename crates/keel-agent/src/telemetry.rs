@@ -89,6 +89,8 @@ pub enum Value {
     Str(String),
     /// An integer.
     Int(i64),
+    /// A floating-point number (a sampling temperature).
+    F64(f64),
     /// A list of strings.
     Strs(Vec<String>),
 }

@@ -162,6 +162,13 @@ pub struct ModelOutput {
     /// When each retry of the request started (ms since the Unix epoch),
     /// for the step's span; empty when the first attempt answered.
     pub retries: Vec<u64>,
+    /// The provider's id of the response (`chatcmpl-…`, `resp_…`,
+    /// `msg_…`), for the step's span: it is what the provider's own logs
+    /// and support know the call by.
+    pub response_id: Option<String>,
+    /// The model that answered, as the provider names it (often a dated
+    /// version of the one asked for), for the step's span.
+    pub response_model: Option<String>,
 }
 
 impl ModelOutput {
@@ -215,4 +222,26 @@ pub trait Model: Send + Sync {
     fn context_limits(&self) -> Option<ContextLimits> {
         None
     }
+
+    /// The provider whose API the model speaks, as OpenTelemetry's GenAI
+    /// conventions name it (`openai`, `anthropic`), for spans; `None` for
+    /// a model that is no provider's (then the prefix of [`Model::name`]).
+    fn provider_name(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The sampling settings sent with every request, for the step's span.
+    fn request_parameters(&self) -> RequestParameters {
+        RequestParameters::default()
+    }
+}
+
+/// The sampling settings a model sends with its requests; `None` where it
+/// sends none (the provider's default applies).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RequestParameters {
+    /// The most tokens an answer may have.
+    pub max_tokens: Option<u32>,
+    /// The sampling temperature.
+    pub temperature: Option<f64>,
 }

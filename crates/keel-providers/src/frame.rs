@@ -27,6 +27,10 @@ pub trait WireFormat: Send + Sync + 'static {
     /// (`/chat/completions`).
     const PATH: &'static str;
 
+    /// The provider as OpenTelemetry's GenAI conventions name it
+    /// (`gen_ai.provider.name`): the API's maker, whatever server speaks it.
+    const PROVIDER: &'static str;
+
     /// The request headers: authentication, then the configured headers
     /// (which come last, so that they may replace any of the others).
     fn headers(&self, settings: &ProviderSettings) -> Vec<(String, Secret)>;
@@ -50,6 +54,12 @@ pub trait WireFormat: Send + Sync + 'static {
     fn adapt_to_refusal(&self, settings: &ProviderSettings, error: &ProviderError) -> bool {
         let _ = (settings, error);
         false
+    }
+
+    /// The output limit [`WireFormat::body`] sends: the configured one, by
+    /// default; a format whose API requires one sends its own default.
+    fn max_tokens(&self, settings: &ProviderSettings) -> Option<u32> {
+        settings.max_output_tokens
     }
 }
 
@@ -202,6 +212,17 @@ impl<W: WireFormat> Model for HttpModel<W> {
     fn context_limits(&self) -> Option<keel_model::ContextLimits> {
         self.settings.context_limits()
     }
+
+    fn provider_name(&self) -> Option<&'static str> {
+        Some(W::PROVIDER)
+    }
+
+    fn request_parameters(&self) -> keel_model::RequestParameters {
+        keel_model::RequestParameters {
+            max_tokens: self.wire.max_tokens(&self.settings),
+            temperature: self.settings.temperature,
+        }
+    }
 }
 
 /// The key as a bearer token, then the configured headers (which may
@@ -216,6 +237,14 @@ pub(crate) fn bearer_headers(settings: &ProviderSettings) -> Vec<(String, Secret
     }
     headers.extend(settings.headers.iter().cloned());
     headers
+}
+
+/// Sets `kept` to `seen` if it has no value yet and `seen` is not empty:
+/// a response's id and model are taken from the first event naming them.
+pub(crate) fn keep_first(kept: &mut Option<String>, seen: Option<String>) {
+    if kept.is_none() {
+        *kept = seen.filter(|value| !value.is_empty());
+    }
 }
 
 /// The response stopped before its terminal event.

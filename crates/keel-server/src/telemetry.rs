@@ -206,6 +206,7 @@ fn key_value((key, value): (&'static str, Value)) -> KeyValue {
     match value {
         Value::Str(text) => KeyValue::new(key, text),
         Value::Int(number) => KeyValue::new(key, number),
+        Value::F64(number) => KeyValue::new(key, number),
         Value::Strs(list) => KeyValue::new(
             key,
             opentelemetry::Value::Array(Array::String(list.into_iter().map(StringValue::from).collect())),

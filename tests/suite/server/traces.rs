@@ -16,6 +16,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::suite::support::api::Resume;
+use crate::suite::support::http_server::{Reply, ScriptedServer};
 use crate::suite::support::python::venv_python;
 use crate::suite::support::server::{Scratch, ServeProcess, free_port, slow_chunks};
 use crate::suite::support::wait::{HANG_GUARD, poll_for_async, wait_for_async};
@@ -509,4 +510,62 @@ async fn captured_content_is_redacted_as_the_log_is() {
         !everything.contains("tok-0123456789abcdef0123"),
         "the credential reached the spans"
     );
+}
+
+/// A model step's span names what the provider said of its answer (its
+/// id, the dated model that answered) and what was asked (the model, the
+/// output limit and temperature sent), from a Chat Completions stream
+/// captured from OpenAI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steps_span_names_the_providers_response_and_the_requests_parameters() {
+    let Some(python) = venv_python("suite::server::traces (provider)") else {
+        return;
+    };
+    let phoenix = Phoenix::start(&python).await;
+    let upstream = ScriptedServer::start(vec![Reply::sse_in_pieces(
+        include_bytes!("../../fixtures/openai-chat/openai-text-usage.sse"),
+        64,
+    )])
+    .await;
+    let scratch = Scratch::new();
+    std::fs::write(
+        scratch.dir.path().join("keel.toml"),
+        format!(
+            "[models.gpt]\nprovider = \"openai\"\nmodel = \"gpt-4.1-mini\"\nbase_url = \"{}/v1\"\n\
+             api_key_env = \"KEEL_TEST_GPT_KEY\"\nmax_retries = 0\nmax_output_tokens = 256\ntemperature = 0.25\n\n\
+             [telemetry]\nendpoint = \"{}\"\n",
+            upstream.url(),
+            phoenix.base
+        ),
+    )
+    .expect("keel.toml");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut command = ServeProcess::command(
+        &scratch,
+        &["--listen", &listen, "--config", "keel.toml", "--model", "gpt"],
+    );
+    command.env("KEEL_TEST_GPT_KEY", "sk-keel-test");
+    let server = ServeProcess::spawn(command);
+    server.api.create(json!({"id": "asked"})).await;
+    server.api.say("asked", "hello").await;
+    server.api.wait_idle("asked").await;
+    let spans = phoenix
+        .wait_for_spans("the step's span", |spans| named(spans, "chat ").len() == 1)
+        .await;
+    let chat = named(&spans, "chat ")[0];
+    let expected = [
+        ("gen_ai.provider.name", json!("openai")),
+        ("gen_ai.request.model", json!("gpt-4.1-mini")),
+        ("gen_ai.response.model", json!("gpt-4.1-mini-2025-04-14")),
+        ("gen_ai.response.id", json!("chatcmpl-Uq5sR8cVrT3nOx9LyM4bA0wZe2Fg")),
+        ("gen_ai.request.max_tokens", json!(256)),
+        ("gen_ai.request.temperature", json!(0.25)),
+        ("gen_ai.usage.input_tokens", json!(1200)),
+        ("gen_ai.usage.output_tokens", json!(80)),
+        ("server.address", json!("127.0.0.1")),
+    ];
+    for (key, value) in expected {
+        assert_eq!(attribute(chat, key), &value, "{key} of {chat:#}");
+    }
+    assert_eq!(upstream.requests()[0].json()["max_tokens"], json!(256));
 }

@@ -322,7 +322,7 @@ pub async fn create_agent(mut config: AgentConfig) -> Result<Agent> {
             &stale,
             &session_id,
             &checkpoint.session_context.bot_id,
-            &config.model.name(),
+            config.model.as_ref(),
             Some("runtime_stopped"),
             keel_protocol::now_ms(),
         );

@@ -6,15 +6,21 @@ use keel_store::TurnExecution;
 
 use super::session::{Session, Turn};
 use crate::telemetry::{FinishedSpan, SpanEvent, SpanKind, Value, ids_of, new_span_id, usage_attributes};
-use keel_model::{ModelOutput, ToolCall};
+use keel_model::{Model, ModelOutput, ToolCall};
 
-/// The provider and model a model's name gives (`openai:gpt-4o` →
-/// `("openai", "gpt-4o")`; a name without a provider is its own model).
-pub(super) fn provider_and_model(name: &str) -> (String, String) {
-    match name.split_once(':') {
-        Some((provider, model)) if !provider.is_empty() && !model.is_empty() => (provider.to_owned(), model.to_owned()),
-        _ => ("unknown".to_owned(), name.to_owned()),
-    }
+/// The provider and model of `model`, for spans: the provider its API
+/// is (`openai`), else the prefix of its name (`script:a.jsonl` →
+/// `script`), else `unknown`; the model is its name after the prefix.
+pub(super) fn provider_and_model(model: &dyn Model) -> (String, String) {
+    let name = model.name();
+    let (prefix, model_name) = match name.split_once(':') {
+        Some((prefix, rest)) if !prefix.is_empty() && !rest.is_empty() => (prefix, rest),
+        _ => ("unknown", name.as_str()),
+    };
+    (
+        model.provider_name().unwrap_or(prefix).to_owned(),
+        model_name.to_owned(),
+    )
 }
 
 /// The span of a turn that ended at `end_ms`: `error` is why it did not
@@ -23,13 +29,13 @@ pub(super) fn turn_span(
     execution: &TurnExecution,
     session_id: &str,
     bot_id: &str,
-    model_name: &str,
+    model: &dyn Model,
     error: Option<&str>,
     end_ms: u64,
 ) -> Option<FinishedSpan> {
     let trace = execution.trace.as_ref()?;
     let (trace_id, span_id, parent) = ids_of(trace)?;
-    let (provider, model) = provider_and_model(model_name);
+    let (provider, model) = provider_and_model(model);
     let mut attributes = vec![
         ("gen_ai.operation.name", Value::from("invoke_agent")),
         ("gen_ai.agent.name", Value::from(bot_id)),
@@ -123,14 +129,28 @@ impl Session {
         error: Option<&str>,
         extra: Vec<(&'static str, Value)>,
     ) -> FinishedSpan {
-        let (provider, model) = provider_and_model(&self.model.name());
+        let (provider, model) = provider_and_model(self.model.as_ref());
+        // The model the provider says answered, else the one asked for.
+        let answered = output
+            .and_then(|output| output.response_model.clone())
+            .unwrap_or_else(|| model.clone());
         let mut attributes = vec![
             ("gen_ai.operation.name", Value::from("chat")),
             ("gen_ai.provider.name", Value::from(provider)),
             ("gen_ai.request.model", Value::from(model.clone())),
-            ("gen_ai.response.model", Value::from(model.clone())),
+            ("gen_ai.response.model", Value::from(answered)),
             ("gen_ai.conversation.id", Value::from(self.session_id.as_str())),
         ];
+        let parameters = self.model.request_parameters();
+        if let Some(max_tokens) = parameters.max_tokens {
+            attributes.push(("gen_ai.request.max_tokens", Value::from(u64::from(max_tokens))));
+        }
+        if let Some(temperature) = parameters.temperature {
+            attributes.push(("gen_ai.request.temperature", Value::F64(temperature)));
+        }
+        if let Some(id) = output.and_then(|output| output.response_id.as_deref()) {
+            attributes.push(("gen_ai.response.id", Value::from(id)));
+        }
         attributes.extend(extra);
         let mut events = Vec::new();
         if let Some(output) = output {
@@ -256,7 +276,7 @@ impl Session {
             &turn.execution,
             &self.session_id,
             &self.checkpoint.session_context.bot_id,
-            &self.model.name(),
+            self.model.as_ref(),
             error,
             now_ms(),
         );

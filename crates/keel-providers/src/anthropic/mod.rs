@@ -76,6 +76,8 @@ impl WireFormat for Messages {
 
     const PATH: &'static str = "/v1/messages";
 
+    const PROVIDER: &'static str = "anthropic";
+
     /// The key, the API version, then the configured headers (which may
     /// replace any of them, for gateways or newer API versions).
     fn headers(&self, settings: &ProviderSettings) -> Vec<(String, Secret)> {
@@ -129,6 +131,12 @@ impl WireFormat for Messages {
 
     fn decoder(&self, settings: &ProviderSettings) -> MessagesDecoder {
         MessagesDecoder::new(settings)
+    }
+
+    /// The API requires `max_tokens`: without one configured, the default
+    /// is sent.
+    fn max_tokens(&self, settings: &ProviderSettings) -> Option<u32> {
+        Some(settings.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS))
     }
 }
 

@@ -157,6 +157,12 @@ enum StreamEvent {
 
 #[derive(Debug, Deserialize)]
 struct MessageStart {
+    /// The message's id (`msg_…`).
+    #[serde(default)]
+    id: Option<String>,
+    /// The model that answers, as the API names it.
+    #[serde(default)]
+    model: Option<String>,
     #[serde(default)]
     usage: Option<Usage>,
 }
@@ -275,12 +281,17 @@ struct Response {
     blocks: BTreeMap<u64, Block>,
     tokens: Option<Tokens>,
     stop_reason: Option<String>,
+    /// The message's id and model, from `message_start`.
+    id: Option<String>,
+    model: Option<String>,
 }
 
 impl Response {
     fn apply(&mut self, event: StreamEvent, emitter: &mut Emitter, model: &Meta) -> Result<(), ReadError> {
         match event {
             StreamEvent::MessageStart { message } => {
+                crate::frame::keep_first(&mut self.id, message.id);
+                crate::frame::keep_first(&mut self.model, message.model);
                 if let Some(usage) = message.usage {
                     self.tokens.get_or_insert_with(Tokens::default).update(&usage);
                 }
@@ -444,6 +455,8 @@ impl Response {
         if cut_short {
             output = output.cut_at_length_limit();
         }
+        output.response_id = self.id;
+        output.response_model = self.model;
         Ok(match self.tokens {
             Some(tokens) => output.with_usage(tokens.into()),
             None => output,

@@ -47,6 +47,8 @@ impl WireFormat for ChatCompletions {
 
     const PATH: &'static str = "/chat/completions";
 
+    const PROVIDER: &'static str = "openai";
+
     fn headers(&self, settings: &ProviderSettings) -> Vec<(String, Secret)> {
         bearer_headers(settings)
     }

@@ -117,6 +117,12 @@ fn is_passing(error: &Value) -> bool {
 /// `null` counts as absent.
 #[derive(Debug, Deserialize)]
 struct Chunk {
+    /// The completion's id (`chatcmpl-…`), the same in every chunk.
+    #[serde(default)]
+    id: Option<String>,
+    /// The model that answers, as the server names it.
+    #[serde(default)]
+    model: Option<String>,
     #[serde(default)]
     choices: Option<Vec<Choice>>,
     #[serde(default)]
@@ -219,6 +225,9 @@ struct Response {
     finished: bool,
     /// The finish reason was `length`: the output limit cut the response.
     length_limited: bool,
+    /// The completion's id and model, from the first chunk that names them.
+    id: Option<String>,
+    model: Option<String>,
 }
 
 /// A tool call whose pieces are still arriving.
@@ -231,6 +240,8 @@ struct PartialCall {
 
 impl Response {
     fn apply(&mut self, chunk: Chunk, emitter: &mut Emitter) -> Result<(), keel_protocol::Error> {
+        crate::frame::keep_first(&mut self.id, chunk.id);
+        crate::frame::keep_first(&mut self.model, chunk.model);
         if let Some(usage) = chunk.usage {
             self.usage = Some(usage.into());
         }
@@ -330,6 +341,8 @@ impl Response {
         if self.length_limited {
             output = output.cut_at_length_limit();
         }
+        output.response_id = self.id;
+        output.response_model = self.model;
         match self.usage {
             Some(usage) => output.with_usage(usage),
             None => output,

@@ -71,6 +71,8 @@ impl WireFormat for Responses {
 
     const PATH: &'static str = "/responses";
 
+    const PROVIDER: &'static str = "openai";
+
     fn headers(&self, settings: &ProviderSettings) -> Vec<(String, Secret)> {
         bearer_headers(settings)
     }

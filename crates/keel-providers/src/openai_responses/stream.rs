@@ -45,6 +45,10 @@ pub struct ResponsesDecoder {
     /// The reasoning part (item id, part index) that streamed last, so that
     /// the next part starts on a new paragraph.
     reasoning_part: Option<(String, u64)>,
+    /// The response's id (`resp_…`) and model, from the first event whose
+    /// `response` names them (`response.created`, else the terminal one).
+    id: Option<String>,
+    model: Option<String>,
 }
 
 impl ResponsesDecoder {
@@ -59,6 +63,8 @@ impl ResponsesDecoder {
             calls: Vec::new(),
             reasoning: Vec::new(),
             reasoning_part: None,
+            id: None,
+            model: None,
         }
     }
 
@@ -80,6 +86,11 @@ impl ResponsesDecoder {
             .and_then(Value::as_str)
             .or(event.event.as_deref())
             .unwrap_or_default();
+        if let Some(response) = json.get("response") {
+            let named = |key: &str| response.get(key).and_then(Value::as_str).map(str::to_owned);
+            crate::frame::keep_first(&mut self.id, named("id"));
+            crate::frame::keep_first(&mut self.model, named("model"));
+        }
         match kind {
             "response.output_text.delta" | "response.refusal.delta" => {
                 let delta = str_at(&json, "delta");
@@ -212,6 +223,8 @@ impl ResponsesDecoder {
         if let Some(usage) = self.usage {
             output = output.with_usage(usage);
         }
+        output.response_id = self.id.take();
+        output.response_model = self.model.take();
         Ok(output)
     }
 

@@ -77,4 +77,16 @@ impl Model for MeteredModel {
     fn name(&self) -> String {
         self.inner.name()
     }
+
+    fn context_limits(&self) -> Option<keel_model::ContextLimits> {
+        self.inner.context_limits()
+    }
+
+    fn provider_name(&self) -> Option<&'static str> {
+        self.inner.provider_name()
+    }
+
+    fn request_parameters(&self) -> keel_model::RequestParameters {
+        self.inner.request_parameters()
+    }
 }

@@ -54,4 +54,12 @@ impl Model for SwitchableModel {
     fn context_limits(&self) -> Option<ContextLimits> {
         self.current().context_limits()
     }
+
+    fn provider_name(&self) -> Option<&'static str> {
+        self.current().provider_name()
+    }
+
+    fn request_parameters(&self) -> keel::model::RequestParameters {
+        self.current().request_parameters()
+    }
 }
