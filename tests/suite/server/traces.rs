@@ -569,3 +569,72 @@ async fn a_steps_span_names_the_providers_response_and_the_requests_parameters()
     }
     assert_eq!(upstream.requests()[0].json()["max_tokens"], json!(256));
 }
+
+/// A `traceparent` on each route that starts a turn (a submission, an AI
+/// SDK chat message, an AG-UI run) puts the turn in the caller's trace:
+/// its `turn_started` names the caller's trace id. A turn asked for
+/// without one gets a trace of its own. Tracing need not be exported for
+/// the log to say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traceparent_on_every_route_that_starts_a_turn_puts_the_turn_in_the_callers_trace() {
+    let scratch = Scratch::new();
+    let model = scratch.script_of("hi.jsonl", &[json!({"text": "Hi."})]);
+    let server = ServeProcess::start(&scratch, &["--model", &model]);
+    server.api.create(json!({"id": "native"})).await;
+    server.api.create(json!({"id": "untraced"})).await;
+    let user = |text: &str| json!([{"id": "m1", "role": "user", "parts": [{"type": "text", "text": text}]}]);
+    let routes = [
+        (
+            "native",
+            "/v1/sessions/native/submissions",
+            json!({"op": {"type": "user_input", "text": "hi"}}),
+        ),
+        (
+            "sdk",
+            "/v1/ai-sdk/chat",
+            json!({"id": "sdk", "trigger": "submit-message", "messages": user("hi")}),
+        ),
+        (
+            "agui",
+            "/v1/ag-ui",
+            json!({"threadId": "agui", "runId": "r1", "state": {}, "tools": [], "context": [],
+                   "forwardedProps": {}, "messages": [{"id": "m1", "role": "user", "content": "hi"}]}),
+        ),
+    ];
+    let mut traces = BTreeMap::new();
+    for (index, (session, path, body)) in routes.iter().enumerate() {
+        let trace = format!(
+            "{:032x}",
+            0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4700_u128 + index as u128
+        );
+        let request = server
+            .api
+            .client
+            .post(server.api.url(path))
+            .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+            .json(body);
+        let reply = server.api.send(request).await;
+        assert!(reply.status.is_success(), "{path}: {} {}", reply.status, reply.body);
+        server.api.wait_idle(session).await;
+        traces.insert(*session, trace);
+    }
+    server.api.say("untraced", "hi").await;
+    server.api.wait_idle("untraced").await;
+    let trace_of = async |session: &str| -> String {
+        let started: Vec<String> = log_of(&server, session)
+            .await
+            .into_iter()
+            .filter_map(|event| match event.event.msg {
+                EventMsg::TurnStarted(started) => started.trace_id,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(started.len(), 1, "{session}: {started:?}");
+        started[0].clone()
+    };
+    for (session, trace) in &traces {
+        assert_eq!(&trace_of(session).await, trace, "{session}");
+    }
+    let own = trace_of("untraced").await;
+    assert!(own.len() == 32 && !traces.values().any(|trace| *trace == own), "{own}");
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::Extension;
 use axum::extract::State;
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt as _};
@@ -94,6 +94,7 @@ pub(crate) async fn run(
     State(server): State<Arc<Server>>,
     Extension(principal): Extension<Principal>,
     Extension(liveness): Extension<Liveness>,
+    headers: HeaderMap,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     // A run is a submission (its description says `submit`), checked
@@ -138,6 +139,8 @@ pub(crate) async fn run(
         }
         Some(summary) => update_client_tools(&server, &id, summary.as_ref(), tools).await?,
     }
+    // A caller's trace context puts the turn it starts in its trace.
+    let trace = submissions::traceparent(&headers);
     let mut early = None;
     let (after, start) = if let Some((call_id, _)) = plan.answers.first() {
         let turn_id = thread
@@ -147,9 +150,9 @@ pub(crate) async fn run(
         let after = thread.last_sequence();
         let answered: HashSet<String> = plan.answers.iter().map(|(call, _)| call.clone()).collect();
         for (_, op) in plan.answers {
-            submissions::submit_op(&server, &id, op, None, None, principal.actor.clone(), None).await?;
+            submissions::submit_op(&server, &id, op, None, None, principal.actor.clone(), trace.clone()).await?;
         }
-        submit_messages(&server, &principal, &id, &plan.user_messages).await?;
+        submit_messages(&server, &principal, &id, &plan.user_messages, trace).await?;
         let run_id = format!("{turn_id}.{after}");
         (
             after,
@@ -164,7 +167,7 @@ pub(crate) async fn run(
         // when that is exactly where the run starts (no store read), else
         // the subscription below reads the store from there.
         early = server.host.subscribe_from_now(&id);
-        let accepted = submit_messages(&server, &principal, &id, &plan.user_messages).await?;
+        let accepted = submit_messages(&server, &principal, &id, &plan.user_messages, trace).await?;
         let first = accepted.iter().map(|(_, sequence)| *sequence).min().unwrap_or(1);
         let after = first.saturating_sub(1).min(thread.last_sequence());
         early = early.filter(|early| early.sees(after + 1) && !early.sees(after));
@@ -213,19 +216,29 @@ async fn update_client_tools(
 }
 
 /// Submits the run's new user messages, each keyed by its id (a retried
-/// run's are answered as before and queue nothing): their submission ids
-/// and the sequences of their `submission_queued`.
+/// run's are answered as before and queue nothing), in the caller's trace
+/// when it sent one: their submission ids and the sequences of their
+/// `submission_queued`.
 async fn submit_messages(
     server: &Server,
     principal: &Principal,
     id: &str,
     messages: &[(String, String)],
+    trace: Option<String>,
 ) -> Result<Vec<(String, u64)>, ApiError> {
     let mut accepted = Vec::with_capacity(messages.len());
     for (key, text) in messages {
         let op = keel_protocol::Op::UserInput { text: text.clone() };
-        let answer =
-            submissions::submit_op(server, id, op, None, Some(key.clone()), principal.actor.clone(), None).await?;
+        let answer = submissions::submit_op(
+            server,
+            id,
+            op,
+            None,
+            Some(key.clone()),
+            principal.actor.clone(),
+            trace.clone(),
+        )
+        .await?;
         accepted.push((answer.submission_id, answer.sequence));
     }
     Ok(accepted)

@@ -10,7 +10,7 @@ mod stream;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use keel_projections::ai_sdk::{ChatRequest, Intent, Projection, RequestError, answer_ops};
@@ -26,7 +26,7 @@ use crate::extract::ApiJson;
 use crate::openapi::errors::{BODY, CEILING, CREATING, LOADING, QUEUEING, route_errors};
 use crate::routes::access;
 use crate::routes::sessions::{CreateSession, create_session};
-use crate::routes::submissions::{AcceptedView, submit_op};
+use crate::routes::submissions::{AcceptedView, submit_op, traceparent};
 
 /// The routes, under `/v1` behind the token.
 pub(crate) fn routes() -> OpenApiRouter<Arc<Server>> {
@@ -105,6 +105,7 @@ pub(crate) async fn chat(
     State(server): State<Arc<Server>>,
     Extension(principal): Extension<Principal>,
     Extension(liveness): Extension<Liveness>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     // Checked before the body, so a missing scope is the same `403`
@@ -120,6 +121,8 @@ pub(crate) async fn chat(
         other => other?,
     };
     let actor = principal.actor.clone();
+    // A caller's trace context puts the turn it starts in its trace.
+    let trace = traceparent(&headers);
     // A new turn is followed from before its submission, so its first
     // events come from the channel, not from a store read (a retried
     // submission, stored before, is read from the store).
@@ -130,7 +133,7 @@ pub(crate) async fn chat(
     let (projection, replay) = match intent {
         Intent::UserMessage { message_id, text } => {
             let op = Op::UserInput { text };
-            let accepted = submit_op(&server, &id, op, None, Some(message_id), actor, None).await?;
+            let accepted = submit_op(&server, &id, op, None, Some(message_id), actor, trace).await?;
             early = early.filter(|early| early.sees(accepted.sequence));
             (
                 Projection::of_submission(&accepted.submission_id),
@@ -148,7 +151,7 @@ pub(crate) async fn chat(
                 .map(|message| format!("ai-sdk-regenerate:{message}"))
                 // An id too long for a key regenerates without one.
                 .filter(|key| keel_protocol::validate_idempotency_key(key).is_ok());
-            let accepted = submit_op(&server, &id, Op::Regenerate, None, key, actor, None).await?;
+            let accepted = submit_op(&server, &id, Op::Regenerate, None, key, actor, trace).await?;
             early = early.filter(|early| early.sees(accepted.sequence));
             (
                 Projection::of_submission(&accepted.submission_id),
@@ -188,7 +191,7 @@ pub(crate) async fn chat(
                 .min()
                 .map(|at| at.saturating_sub(1));
             for (op, key) in ops {
-                submit_op(&server, &id, op, None, Some(key), actor.clone(), None).await?;
+                submit_op(&server, &id, op, None, Some(key), actor.clone(), trace.clone()).await?;
             }
             (
                 Projection::of_turn(&turn_id),
