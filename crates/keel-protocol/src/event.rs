@@ -118,17 +118,25 @@ pub enum EventMsg {
 
 /// The event types a webhook endpoint can subscribe to: the moments a
 /// session needs someone (an approval, a client's tool result), a turn
-/// ended (the session is idle unless more is queued), or it failed. The
-/// store writes a delivery for each endpoint that wants one in the
+/// ended, the session went idle ([`SESSION_IDLE_WEBHOOK`]), or it failed.
+/// The store writes a delivery for each endpoint that wants one in the
 /// transaction of the event itself.
 pub const WEBHOOK_EVENT_TYPES: &[&str] = &[
     "approval_requested",
     "client_tool_requested",
     "turn_complete",
     "turn_aborted",
+    SESSION_IDLE_WEBHOOK,
     "error",
     "shutdown_complete",
 ];
+
+/// The webhook type of a turn's end (`turn_complete` or `turn_aborted`)
+/// after which the session has nothing queued: it waits for its next
+/// input. Not an event of the log of its own: its delivery carries the
+/// turn's end, and the store decides it in that event's transaction, from
+/// the queue as the transaction leaves it.
+pub const SESSION_IDLE_WEBHOOK: &str = "session_idle";
 
 impl EventMsg {
     /// This event's type when webhooks can subscribe to it (one of

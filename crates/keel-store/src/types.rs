@@ -345,6 +345,10 @@ pub struct EncodedEvent {
     /// ([`keel_protocol::WEBHOOK_EVENT_TYPES`]): the store writes their
     /// deliveries in the event's transaction.
     pub webhook: Option<&'static str>,
+    /// The event ends a turn: endpoints of
+    /// [`keel_protocol::SESSION_IDLE_WEBHOOK`] get it too when the
+    /// transaction leaves the session's queue empty.
+    pub ends_turn: bool,
 }
 
 impl EncodedEvent {
@@ -399,6 +403,7 @@ impl EncodedEvent {
             title,
             usage,
             webhook: event.msg.webhook_type(),
+            ends_turn: event.msg.ends_turn(),
         })
     }
 }

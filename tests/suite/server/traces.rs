@@ -445,7 +445,8 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
 }
 
 /// With `capture_content` on, spans carry what was said (the model's
-/// output, a tool's arguments and result), redacted as the log is.
+/// output, a tool's arguments and result), redacted as the log is. A shell
+/// call's span names the sandbox it ran in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn captured_content_is_redacted_as_the_log_is() {
     let Some(python) = venv_python("suite::server::traces (content)") else {
@@ -456,7 +457,7 @@ async fn captured_content_is_redacted_as_the_log_is() {
     std::fs::write(
         scratch.dir.path().join("keel.toml"),
         format!(
-            "[server]\nauto_approve = [\"write_file\"]\n\n[telemetry]\nendpoint = \"{}\"\ncapture_content = true\n",
+            "[server]\nauto_approve = [\"write_file\", \"shell\"]\n\n[telemetry]\nendpoint = \"{}\"\ncapture_content = true\n",
             phoenix.base
         ),
     )
@@ -465,22 +466,33 @@ async fn captured_content_is_redacted_as_the_log_is() {
     let lines = [
         json!({"tool_calls": [{"id": "w-1", "name": "write_file",
             "arguments": {"path": "note.txt", "content": leaked}}]}),
+        json!({"tool_calls": [{"id": "s-1", "name": "shell", "arguments": {"command": "cat note.txt"}}]}),
         json!({"text": format!("Saved. {leaked}")}),
     ];
     let model = scratch.script_of("content.jsonl", &lines);
     let server = serve(&scratch, free_port());
     server
         .api
-        .create(json!({"id": "said", "model": model, "tools": {"shell": false},
-            "approvals": {"tools": {"write_file": "auto"}}}))
+        .create(
+            json!({"id": "said", "model": model, "tools": {"sandbox": "workspace-write"},
+            "approvals": {"tools": {"write_file": "auto", "shell": "auto"}}}),
+        )
         .await;
     server.api.say("said", "save it").await;
     server.api.wait_idle("said").await;
     let spans = phoenix
         .wait_for_spans("the turn's spans", |spans| {
-            named(spans, "invoke_agent").len() == 1 && named(spans, "chat ").len() == 2
+            named(spans, "invoke_agent").len() == 1 && named(spans, "chat ").len() == 3
         })
         .await;
+    let shell = named(&spans, "execute_tool shell");
+    assert_eq!(shell.len(), 1, "{spans:#?}");
+    assert_eq!(
+        attribute(shell[0], "keel.sandbox.policy"),
+        "workspace-write",
+        "{:#}",
+        shell[0]
+    );
     let tool = named(&spans, "execute_tool write_file");
     assert_eq!(tool.len(), 1, "{spans:#?}");
     let arguments = attribute(tool[0], "gen_ai.tool.call.arguments")

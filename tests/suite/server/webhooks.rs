@@ -560,3 +560,70 @@ pub(crate) fn judge(
     }
     assert!(cut <= cuts_allowed, "{cut} approved turns did not complete");
 }
+
+/// `session_idle` comes with a turn's end only when nothing is queued
+/// after it: a turn that ends with a message waiting is `turn_complete`
+/// alone, the last one is `turn_complete` and then `session_idle`, both
+/// carrying that event. (The deliveries are listed, not received: nothing
+/// listens at the endpoint.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_idle_follows_a_turns_end_only_when_nothing_is_queued() {
+    let server = TestServer::start(|config, _| config.keel.webhooks = settings(true)).await;
+    let url = format!("http://127.0.0.1:{}/hook", free_port());
+    let made = server
+        .api
+        .post(
+            "/v1/webhooks",
+            &json!({"url": url, "event_types": ["turn_complete", "session_idle"]}),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let id = made.body["id"].as_str().expect("an id").to_owned();
+    let slow: Value = serde_json::from_str(&crate::suite::support::server::slow_chunks(20, 50)).expect("JSON");
+    let model = server
+        .scratch
+        .script_of("idling.jsonl", &[slow, json!({"text": "two"})]);
+    server.api.create(json!({"id": "idling", "model": model})).await;
+    server.api.say("idling", "one").await;
+    let queued = server
+        .api
+        .submit(
+            "idling",
+            json!({"op": {"type": "user_input", "text": "two"}, "on_busy": "queue"}),
+        )
+        .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{}", queued.body);
+    server.api.wait_idle("idling").await;
+    let log = server.api.get("/v1/sessions/idling/events?limit=1000").await;
+    let log: Vec<RecordedEvent> = serde_json::from_value(log.body["events"].clone()).expect("events");
+    let ends: Vec<u64> = log
+        .iter()
+        .filter(|event| event.msg.kind() == "turn_complete")
+        .map(|event| event.sequence)
+        .collect();
+    assert_eq!(ends.len(), 2, "{ends:?}");
+    let listed = server.api.get(&format!("/v1/webhooks/{id}/deliveries")).await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+    let made: Vec<(u64, String)> = listed.body["deliveries"]
+        .as_array()
+        .expect("deliveries")
+        .iter()
+        .map(|delivery| {
+            (
+                delivery["sequence"].as_u64().expect("sequence"),
+                delivery["event_type"].as_str().expect("type").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        made,
+        [
+            (ends[0], "turn_complete".to_owned()),
+            (ends[1], "turn_complete".to_owned()),
+            (ends[1], "session_idle".to_owned()),
+        ],
+        "{}",
+        listed.body
+    );
+    server.stop().await;
+}

@@ -1161,8 +1161,8 @@ export interface components {
             url: string;
             /**
              * @description The event types it receives (`approval_requested`,
-             *     `client_tool_requested`, `turn_complete`, `turn_aborted`, `error`,
-             *     `shutdown_complete`).
+             *     `client_tool_requested`, `turn_complete`, `turn_aborted`,
+             *     `session_idle`, `error`, `shutdown_complete`).
              */
             event_types: components["schemas"]["WebhookEventType"][];
             /** @description Only the sessions of this bot. */
@@ -2144,7 +2144,7 @@ export interface components {
          * @description An event type webhooks can receive.
          * @enum {string}
          */
-        WebhookEventType: "approval_requested" | "client_tool_requested" | "turn_complete" | "turn_aborted" | "error" | "shutdown_complete";
+        WebhookEventType: "approval_requested" | "client_tool_requested" | "turn_complete" | "turn_aborted" | "session_idle" | "error" | "shutdown_complete";
         /** @description The body of `GET /v1/webhooks`. */
         WebhookList: {
             /** @description The endpoints the caller may manage, oldest first. */

@@ -39,8 +39,8 @@ pub(crate) struct CreateWebhook {
     #[schema(min_length = 1, max_length = 2048, pattern = r"^https?://[^\s@/?#]+(/\S*)?$")]
     url: String,
     /// The event types it receives (`approval_requested`,
-    /// `client_tool_requested`, `turn_complete`, `turn_aborted`, `error`,
-    /// `shutdown_complete`).
+    /// `client_tool_requested`, `turn_complete`, `turn_aborted`,
+    /// `session_idle`, `error`, `shutdown_complete`).
     #[schema(min_items = 1)]
     event_types: Vec<WebhookEventType>,
     /// Only the sessions of this bot.
@@ -64,10 +64,13 @@ pub(crate) enum WebhookEventType {
     ApprovalRequested,
     /// A client-side tool call waits for the client's result.
     ClientToolRequested,
-    /// A turn ended; the session is idle unless more is queued.
+    /// A turn ended.
     TurnComplete,
     /// A turn was cut short (interrupted, failed, the runtime stopped).
     TurnAborted,
+    /// A turn ended and nothing is queued: the session waits for its next
+    /// input. Its delivery carries the turn's end.
+    SessionIdle,
     /// The session reported an error.
     Error,
     /// The session's runtime shut down.
@@ -81,6 +84,7 @@ impl WebhookEventType {
             Self::ClientToolRequested => "client_tool_requested",
             Self::TurnComplete => "turn_complete",
             Self::TurnAborted => "turn_aborted",
+            Self::SessionIdle => keel_protocol::SESSION_IDLE_WEBHOOK,
             Self::Error => "error",
             Self::ShutdownComplete => "shutdown_complete",
         }

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use futures::future::join_all;
 
 use super::tenants::tenant_checkpoint;
-use super::{StoreFactory, batch, events};
+use super::{StoreFactory, batch, events, settle};
 use crate::{
     CheckpointStore, CheckpointStoreExt, DeliveryFilter, DeliveryOutcome, DeliveryState, StoreError, WebhookDelivery,
     WebhookEndpoint, WebhookSecret, WebhookStore,
@@ -31,6 +31,7 @@ macro_rules! webhook_conformance_tests {
             $crate::conformance::store_conformance_tests!(@test deliveries_are_written_with_their_events_for_the_endpoints_that_want_them, $factory);
             $crate::conformance::store_conformance_tests!(@test claims_hand_out_each_sessions_oldest_delivery_once_and_in_order, $factory);
             $crate::conformance::store_conformance_tests!(@test endpoints_are_replaced_listed_and_deleted_with_their_deliveries, $factory);
+            $crate::conformance::store_conformance_tests!(@test a_turns_end_is_session_idle_too_when_its_transaction_leaves_nothing_queued, $factory);
         }
     };
 }
@@ -389,4 +390,57 @@ where
     assert!(all_deliveries(&store, "one").await.is_empty());
     assert_eq!(all_deliveries(&store, "two").await.len(), 4);
     assert_eq!(store.webhook_endpoints().await.expect("list").len(), 1);
+}
+
+pub(crate) async fn a_turns_end_is_session_idle_too_when_its_transaction_leaves_nothing_queued<F>(factory: &F)
+where
+    F: StoreFactory,
+    F::Store: WebhookStore,
+{
+    use keel_protocol::{BusyPolicy, Event, EventMsg, Op, SubmissionQueuedEvent};
+    let (_database, store) = factory.fresh().await;
+    store
+        .save(&tenant_checkpoint("s", "bot-a", "acme"), &[], None)
+        .await
+        .expect("create");
+    let idle = endpoint("idle", &["turn_aborted", "session_idle"], None, None);
+    let aborts = endpoint("aborts", &["turn_aborted"], None, None);
+    let other_bot = endpoint("other-bot", &["session_idle"], Some("bot-b"), None);
+    for endpoint in [&idle, &aborts, &other_bot] {
+        assert!(!store.put_webhook_endpoint(endpoint).await.expect("put"));
+    }
+    // Events 0..7 end with an abort at sequence 7, nothing queued.
+    store.append("s", batch(&events("s", 0, 7))).await.expect("append");
+    // q1 is queued at 8; the abort at 15 leaves it queued: not idle.
+    let queued = Event {
+        submission_id: Some("q1".into()),
+        msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+            traceparent: None,
+            op: Op::UserInput { text: "next".into() },
+            on_busy: BusyPolicy::Queue,
+            idempotency_key: None,
+            submitted_by: None,
+        }),
+    };
+    store.append("s", batch(&[queued])).await.expect("queue");
+    store.append("s", batch(&events("s", 7, 7))).await.expect("append");
+    // An abort (16) whose own write takes q1 off the queue: idle, as the
+    // transaction leaves the queue.
+    settle(&store, "s", 13, "q1").await;
+    let s = |sequence: u64, kind: &str| ("s".to_owned(), sequence, kind.to_owned());
+    assert_eq!(
+        what(&all_deliveries(&store, "idle").await),
+        [
+            s(7, "turn_aborted"),
+            s(7, "session_idle"),
+            s(15, "turn_aborted"),
+            s(16, "turn_aborted"),
+            s(16, "session_idle"),
+        ]
+    );
+    assert_eq!(
+        what(&all_deliveries(&store, "aborts").await),
+        [s(7, "turn_aborted"), s(15, "turn_aborted"), s(16, "turn_aborted")]
+    );
+    assert!(all_deliveries(&store, "other-bot").await.is_empty());
 }

@@ -34,7 +34,9 @@ pub(super) struct Write {
     pub(super) title: Option<String>,
     /// The tokens the events report, summed; `None` when none reports any.
     pub(super) usage: Option<TokenUsage>,
-    /// The events webhooks may want, by offset in the batch, with their type.
+    /// The events webhooks may want, by offset in the batch, with their
+    /// type; a turn's end once more as `session_idle` (which the queue
+    /// statement keeps only when the session has nothing queued).
     pub(super) webhooks: Vec<(u64, &'static str)>,
     pub(super) checkpoint: Option<EncodedWrite>,
 }
@@ -99,7 +101,13 @@ pub(super) fn with_events(
     write.webhooks = events
         .iter()
         .enumerate()
-        .filter_map(|(offset, event)| event.webhook.map(|kind| (offset as u64, kind)))
+        .flat_map(|(offset, event)| {
+            let idle = event.ends_turn.then_some(keel_protocol::SESSION_IDLE_WEBHOOK);
+            [event.webhook, idle]
+                .into_iter()
+                .flatten()
+                .map(move |kind| (offset as u64, kind))
+        })
         .collect();
     write.checkpoint = checkpoint
         .map(|checkpoint| encode_write(&write.session_id, checkpoint))
@@ -227,6 +235,16 @@ pub(super) async fn append_all(
             .copied()
             .zip(written.iter().map(|written| written.map(|(_, last, _)| last))),
     );
+    // A `session_idle` is decided by the queue as the transaction leaves
+    // it: when a write that ends a turn also changes its queue, the
+    // deliveries wait for the queue's statements instead of riding along.
+    let after_queue = writes.iter().any(|write| {
+        !write.queue.is_empty()
+            && write
+                .webhooks
+                .iter()
+                .any(|&(_, kind)| kind == keel_protocol::SESSION_IDLE_WEBHOOK)
+    });
     let queue_webhooks = queue_webhooks(tx, st, &queued, now);
     let applied = join_all(
         appends
@@ -253,7 +271,12 @@ pub(super) async fn append_all(
                 (index, Ok(Written { receipt, lease }))
             }),
     );
-    let (mut applied, webhooks) = futures::join!(applied, queue_webhooks);
+    let (mut applied, webhooks) = if after_queue {
+        let applied = applied.await;
+        (applied, queue_webhooks.await)
+    } else {
+        futures::join!(applied, queue_webhooks)
+    };
     if let Err(error) = webhooks {
         // The transaction is spoilt: every write in it fails.
         for (_, outcome) in &mut applied {

@@ -26,7 +26,8 @@ pub(super) struct Statements {
 
 /// Queues, in the transaction of the events, a webhook delivery for each
 /// event `($1[i], $2[i], $3[i])` (session id, sequence, type) and each
-/// endpoint that wants it (by type, bot and tenant), at `$4`.
+/// endpoint that wants it (by type, bot and tenant), at `$4`; one of type
+/// `session_idle` only when the session has nothing queued.
 pub(super) const WEBHOOK_QUEUE: &str = "INSERT INTO webhook_deliveries (endpoint_id, session_id, sequence, event_type,
          created_at_ms, next_attempt_at_ms)
      SELECT w.id, e.session_id, e.sequence, e.event_type, $4, $4
@@ -34,6 +35,8 @@ pub(super) const WEBHOOK_QUEUE: &str = "INSERT INTO webhook_deliveries (endpoint
      JOIN sessions s ON s.id = e.session_id
      JOIN webhook_endpoints w ON strpos(w.event_types, ',' || e.event_type || ',') > 0
          AND (w.bot_id IS NULL OR w.bot_id = s.bot_id) AND (w.tenant IS NULL OR w.tenant = s.tenant)
+     WHERE e.event_type <> 'session_idle'
+        OR NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = s.key)
      ORDER BY e.ord, w.seq";
 
 /// Creates a session row, for tenant `$3`, if the id is free; returns its

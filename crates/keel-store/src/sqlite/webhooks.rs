@@ -1,7 +1,8 @@
 //! [`crate::WebhookStore`] in the SQLite file: deliveries queued by the
-//! writer in the transaction of their event ([`queue_deliveries`]);
-//! endpoints, claims and outcomes written on the access side connection,
-//! each call one transaction; listings on the reader pool.
+//! writer in the transaction of their event ([`queue_deliveries`],
+//! [`queue_idle_deliveries`]); endpoints written on the access side
+//! connection, claims and outcomes on the webhook one, each call one
+//! transaction; listings on the reader pool.
 
 use futures::future::BoxFuture;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
@@ -32,6 +33,38 @@ pub(super) fn queue_deliveries(
          ORDER BY seq",
     )?
     .execute(params![session_id, sequence, kind, bot_id, tenant, now])
+}
+
+/// Queues a `session_idle` delivery of the turn's end at `sequence` for
+/// each endpoint that wants one, in the writer's transaction, when the
+/// session (`session_key`) has nothing queued as the transaction leaves it.
+pub(super) fn queue_idle_deliveries(
+    conn: &Connection,
+    session_key: i64,
+    session_id: &str,
+    sequence: u64,
+    bot_id: &str,
+    tenant: &str,
+    now: u64,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "INSERT INTO webhook_deliveries (endpoint_id, session_id, sequence, event_type, created_at_ms,
+             next_attempt_at_ms)
+         SELECT id, ?1, ?2, ?3, ?6, ?6 FROM webhook_endpoints
+         WHERE instr(event_types, ',' || ?3 || ',') > 0
+           AND (bot_id IS NULL OR bot_id = ?4) AND (tenant IS NULL OR tenant = ?5)
+           AND NOT EXISTS (SELECT 1 FROM queued_submissions WHERE session_key = ?7)
+         ORDER BY seq",
+    )?
+    .execute(params![
+        session_id,
+        sequence,
+        keel_protocol::SESSION_IDLE_WEBHOOK,
+        bot_id,
+        tenant,
+        now,
+        session_key
+    ])
 }
 
 fn endpoint_row(row: &Row<'_>) -> rusqlite::Result<(WebhookEndpoint, String)> {

@@ -361,9 +361,13 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
         super::access::add_usage(conn, &tenant, session_id, now, &usage).map_err(dirty)?;
     }
     for (offset, event) in events.iter().enumerate() {
+        let sequence = first_sequence + offset as u64;
         if let Some(kind) = event.webhook {
-            let sequence = first_sequence + offset as u64;
             super::webhooks::queue_deliveries(conn, session_id, sequence, kind, &bot_id, &tenant, now)
+                .map_err(dirty)?;
+        }
+        if event.ends_turn {
+            super::webhooks::queue_idle_deliveries(conn, key, session_id, sequence, &bot_id, &tenant, now)
                 .map_err(dirty)?;
         }
     }
