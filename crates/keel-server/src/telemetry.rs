@@ -9,8 +9,9 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use keel_agent::telemetry::{FinishedSpan, SpanKind, SpanSink, Value};
 use keel_config::TelemetryConfig;
@@ -25,8 +26,9 @@ use crate::metrics::Metrics;
 /// Spans posted per request at most.
 const BATCH: usize = 512;
 
-/// How long a span may wait for a batch to fill.
-const LINGER: Duration = Duration::from_millis(500);
+/// How often the exporter thread looks at the queue when nothing wakes it:
+/// a span waits at most this long (and an export's time) to leave.
+const TICK: Duration = Duration::from_millis(250);
 
 /// What the exporter thread receives.
 enum Message {
@@ -38,6 +40,12 @@ enum Message {
 /// The span sink of a server that exports (see the module's text).
 pub(crate) struct OtlpSpans {
     queue: SyncSender<Message>,
+    /// The exporter thread, woken when a batch is full or a flush is asked
+    /// for; otherwise it wakes on its own every [`TICK`], so that recording
+    /// a span costs no wake-up of another thread.
+    exporter: std::thread::Thread,
+    /// Spans queued since the exporter last drained the queue.
+    queued: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
 }
 
@@ -74,11 +82,18 @@ impl OtlpSpans {
         );
         let (queue, received) = std::sync::mpsc::sync_channel(config.queue.max(1));
         let thread_metrics = Arc::clone(&metrics);
-        std::thread::Builder::new()
+        let queued = Arc::new(AtomicUsize::new(0));
+        let drained = Arc::clone(&queued);
+        let thread = std::thread::Builder::new()
             .name("keel-otlp".to_owned())
-            .spawn(move || export_until_closed(&exporter, &received, &thread_metrics))
+            .spawn(move || export_until_closed(&exporter, &received, &drained, &thread_metrics))
             .map_err(|error| format!("cannot start the OTLP exporter's thread: {error}"))?;
-        Ok(Arc::new(Self { queue, metrics }))
+        Ok(Arc::new(Self {
+            queue,
+            exporter: thread.thread().clone(),
+            queued,
+            metrics,
+        }))
     }
 
     /// Exports everything queued so far, waiting at most `timeout` (at
@@ -86,6 +101,7 @@ impl OtlpSpans {
     pub(crate) fn flush(&self, timeout: Duration) {
         let (done, wait) = std::sync::mpsc::sync_channel(1);
         if self.queue.send(Message::Flush(done)).is_ok() {
+            self.exporter.unpark();
             let _ = wait.recv_timeout(timeout);
         }
     }
@@ -94,7 +110,13 @@ impl OtlpSpans {
 impl SpanSink for OtlpSpans {
     fn record(&self, span: FinishedSpan) {
         match self.queue.try_send(Message::Span(Box::new(span))) {
-            Ok(()) => {}
+            Ok(()) => {
+                // A full batch is worth waking the exporter for; anything
+                // less waits for its tick.
+                if self.queued.fetch_add(1, Ordering::Relaxed) + 1 == BATCH {
+                    self.exporter.unpark();
+                }
+            }
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.metrics.spans_dropped.inc();
             }
@@ -102,49 +124,59 @@ impl SpanSink for OtlpSpans {
     }
 }
 
-/// The exporter thread: batches what arrives and posts it.
-fn export_until_closed(exporter: &opentelemetry_otlp::SpanExporter, received: &Receiver<Message>, metrics: &Metrics) {
+/// The exporter thread: wakes every [`TICK`] (or when woken), takes what
+/// is queued, and posts it in batches of at most [`BATCH`].
+fn export_until_closed(
+    exporter: &opentelemetry_otlp::SpanExporter,
+    received: &Receiver<Message>,
+    queued: &AtomicUsize,
+    metrics: &Metrics,
+) {
     let mut batch: Vec<SpanData> = Vec::with_capacity(BATCH);
     let mut waiting: Vec<SyncSender<()>> = Vec::new();
-    let mut oldest: Option<Instant> = None;
     loop {
-        let wait = oldest.map_or(Duration::from_secs(3600), |oldest| {
-            LINGER.saturating_sub(oldest.elapsed())
-        });
-        let closed = match received.recv_timeout(wait) {
-            Ok(Message::Span(span)) => {
-                batch.push(span_data(*span));
-                oldest.get_or_insert_with(Instant::now);
-                false
-            }
-            Ok(Message::Flush(done)) => {
-                waiting.push(done);
-                false
-            }
-            Err(RecvTimeoutError::Timeout) => false,
-            Err(RecvTimeoutError::Disconnected) => true,
-        };
-        let due = oldest.is_some_and(|oldest| oldest.elapsed() >= LINGER);
-        if batch.len() >= BATCH || due || !waiting.is_empty() || closed {
-            if !batch.is_empty() {
-                let spans = batch.len() as u64;
-                match futures::executor::block_on(exporter.export(std::mem::take(&mut batch))) {
-                    Ok(()) => {
-                        metrics.spans_exported.inc_by(spans);
-                    }
-                    Err(error) => {
-                        metrics.span_export_failures.inc();
-                        tracing::warn!(%error, spans, "could not export spans");
+        std::thread::park_timeout(TICK);
+        let mut closed = false;
+        loop {
+            match received.try_recv() {
+                Ok(Message::Span(span)) => {
+                    queued.fetch_sub(1, Ordering::Relaxed);
+                    batch.push(span_data(*span));
+                    if batch.len() >= BATCH {
+                        export(exporter, &mut batch, metrics);
                     }
                 }
+                Ok(Message::Flush(done)) => waiting.push(done),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
             }
-            oldest = None;
-            for done in waiting.drain(..) {
-                let _ = done.send(());
-            }
+        }
+        export(exporter, &mut batch, metrics);
+        for done in waiting.drain(..) {
+            let _ = done.send(());
         }
         if closed {
             return;
+        }
+    }
+}
+
+/// Posts `batch` (emptying it), counting what left and what failed.
+fn export(exporter: &opentelemetry_otlp::SpanExporter, batch: &mut Vec<SpanData>, metrics: &Metrics) {
+    if batch.is_empty() {
+        return;
+    }
+    let spans = batch.len() as u64;
+    match futures::executor::block_on(exporter.export(std::mem::take(batch))) {
+        Ok(()) => {
+            metrics.spans_exported.inc_by(spans);
+        }
+        Err(error) => {
+            metrics.span_export_failures.inc();
+            tracing::warn!(%error, spans, "could not export spans");
         }
     }
 }
