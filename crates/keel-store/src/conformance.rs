@@ -37,6 +37,7 @@ pub(crate) use tenants::{
     usage_is_summed_per_session_of_a_filter,
 };
 pub(crate) use webhooks::{
+    a_claim_takes_each_sessions_deliveries_in_order_as_a_chain_and_releases_the_rest,
     a_turns_end_is_session_idle_too_when_its_transaction_leaves_nothing_queued,
     claims_hand_out_each_sessions_oldest_delivery_once_and_in_order,
     deliveries_are_written_with_their_events_for_the_endpoints_that_want_them,

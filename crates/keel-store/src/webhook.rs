@@ -180,16 +180,29 @@ pub trait WebhookStore: Send + Sync {
     /// Removes an endpoint and its deliveries; `false` when there was none.
     fn delete_webhook_endpoint<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
 
-    /// Claims for `claimant`, until `until_ms`, up to `limit` deliveries
-    /// due at `now_ms`: of each endpoint and session, only the oldest
-    /// pending one, and only when nobody holds it (or its claim ran out).
+    /// Claims for `claimant`, until `until_ms`, the deliveries of up to
+    /// `limit` endpoint-and-session pairs whose oldest pending delivery is
+    /// due at `now_ms` and held by nobody (or its claim ran out): that
+    /// delivery and the pending ones after it, `chain` at most, by id. A
+    /// pair's deliveries are to be sent in that order, each after the one
+    /// before it was delivered; the claimant lets go of those it will not
+    /// send ([`WebhookStore::release_webhook_deliveries`]).
     fn claim_webhook_deliveries<'a>(
         &'a self,
         claimant: &'a str,
         now_ms: u64,
         until_ms: u64,
         limit: usize,
+        chain: usize,
     ) -> BoxFuture<'a, Result<Vec<WebhookDelivery>, StoreError>>;
+
+    /// Lets go of the claims `claimant` holds on the deliveries `ids`,
+    /// unattempted: anyone may claim them again. Returns how many it held.
+    fn release_webhook_deliveries<'a>(
+        &'a self,
+        ids: &'a [u64],
+        claimant: &'a str,
+    ) -> BoxFuture<'a, Result<usize, StoreError>>;
 
     /// Records how an attempt on a delivery `claimant` holds ended, at
     /// `now_ms`, and lets the claim go; `false` (changing nothing) when the
@@ -225,6 +238,14 @@ pub(crate) const ENDPOINT_COLUMNS: &str = "id, url, secrets, event_types, bot_id
 /// delivery of its endpoint and session.
 pub(crate) const IS_HEAD: &str = "NOT EXISTS (SELECT 1 FROM webhook_deliveries p
      WHERE p.state = 'pending' AND p.endpoint_id = d.endpoint_id AND p.session_id = d.session_id AND p.id < d.id)";
+
+/// The chains of a claim, shared by both stores: of each endpoint and
+/// session in `heads` (`endpoint_id`, `session_id`), its pending
+/// deliveries by id, numbered from 1 (`n`).
+pub(crate) const CHAINED: &str =
+    "SELECT c.id, row_number() OVER (PARTITION BY c.endpoint_id, c.session_id ORDER BY c.id) AS n
+     FROM heads h JOIN webhook_deliveries c
+       ON c.endpoint_id = h.endpoint_id AND c.session_id = h.session_id AND c.state = 'pending'";
 
 /// How an outcome is stored: state, status, error, next attempt, and
 /// whether it finished.

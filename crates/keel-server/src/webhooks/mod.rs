@@ -3,13 +3,15 @@
 //!
 //! The store writes a delivery in the transaction of its event; this
 //! module only sends. Each node runs one [`Deliverer`]: it claims due
-//! deliveries (each session's oldest per endpoint, so a session's arrive
-//! in sequence order, one at a time), posts them, and settles each:
-//! delivered on `2xx`; otherwise retried with exponential backoff and
-//! jitter until `[webhooks] retry_for_s` after the event, then failed. A
-//! claim lasts a little longer than an attempt can; a node that dies
-//! holding one only delays its delivery until the claim runs out and
-//! another node takes it. Delivery is at least once: a receiver
+//! deliveries as chains (of each endpoint and session, the oldest pending
+//! and up to [`CHAIN`] after it), posts a chain's one at a time in
+//! sequence order, and settles each: delivered on `2xx`; otherwise retried
+//! with exponential backoff and jitter until `[webhooks] retry_for_s`
+//! after the event, then failed, and the rest of its chain let go. A claim
+//! lasts a little longer than an attempt can, and a chain goes on only
+//! while its claim covers the next attempt; a node that dies holding one
+//! only delays its deliveries until the claim runs out and another node
+//! takes them. Delivery is at least once: a receiver
 //! deduplicates by `webhook-id`, which every attempt of a delivery
 //! shares, as it shares the body.
 
@@ -33,6 +35,39 @@ use crate::metrics::{Metrics, WebhookOutcome};
 /// How often the outbox is looked at when nothing woke the deliverer
 /// (retries coming due, other nodes' events).
 const POLL: Duration = Duration::from_secs(1);
+
+/// The most deliveries of one endpoint and session claimed at once, and
+/// sent one after the other under that claim: one claim per chain rather
+/// than per delivery keeps a busy session's outbox from falling behind.
+const CHAIN: usize = 32;
+
+/// How an attempt ended, for the rest of its chain.
+enum Settled {
+    /// Delivered and recorded: the next may go.
+    Delivered,
+    /// To be retried, failed for good, or not recorded: the rest wait.
+    NotDelivered,
+    /// Another claimant holds it now, and so the rest.
+    ClaimLost,
+}
+
+/// `claimed` (sorted by id) as chains: each endpoint's and session's
+/// deliveries, in order.
+fn chains(claimed: Vec<WebhookDelivery>) -> Vec<Vec<WebhookDelivery>> {
+    let mut chains: Vec<Vec<WebhookDelivery>> = Vec::new();
+    let mut index: std::collections::HashMap<(String, String), usize> = std::collections::HashMap::new();
+    for delivery in claimed {
+        let key = (delivery.endpoint_id.clone(), delivery.session_id.clone());
+        match index.get(&key) {
+            Some(&at) => chains[at].push(delivery),
+            None => {
+                index.insert(key, chains.len());
+                chains.push(vec![delivery]);
+            }
+        }
+    }
+    chains
+}
 
 /// How often delivered and failed deliveries past `keep_days` are pruned.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
@@ -138,7 +173,8 @@ impl Deliverer {
         }
     }
 
-    /// Claims what is due while there is room in flight, and sends each.
+    /// Claims what is due while there is room in flight, and sends it: a
+    /// chain of each endpoint's and session's deliveries per task.
     async fn claim_and_send(self: &Arc<Self>) {
         loop {
             let room = self.in_flight.available_permits();
@@ -148,7 +184,7 @@ impl Deliverer {
             let now = now_ms();
             let claimed = match self
                 .outbox
-                .claim_webhook_deliveries(&self.claimant, now, now + self.claim_for(), room)
+                .claim_webhook_deliveries(&self.claimant, now, now + self.claim_for(), room, CHAIN)
                 .await
             {
                 Ok(claimed) => claimed,
@@ -157,16 +193,17 @@ impl Deliverer {
                     return;
                 }
             };
-            let count = claimed.len();
-            for delivery in claimed {
+            let chains = chains(claimed);
+            let count = chains.len();
+            for chain in chains {
                 let Ok(permit) = Arc::clone(&self.in_flight).acquire_owned().await else {
                     return;
                 };
                 let this = Arc::clone(self);
                 tokio::spawn(async move {
-                    this.attempt(delivery).await;
+                    this.send_chain(chain, now).await;
                     drop(permit);
-                    // A session's next delivery may be due now.
+                    // The session's next deliveries may be due now.
                     this.wake.notify_one();
                 });
             }
@@ -176,8 +213,43 @@ impl Deliverer {
         }
     }
 
+    /// Sends a chain in order, each after the one before was delivered;
+    /// lets go of the rest when one is not, or when the claim (made at
+    /// `claimed_at`) would run out during the next attempt.
+    async fn send_chain(&self, chain: Vec<WebhookDelivery>, claimed_at: u64) {
+        let held_until = claimed_at.saturating_add(self.claim_for());
+        let mut chain = chain.into_iter();
+        while let Some(delivery) = chain.next() {
+            if now_ms().saturating_add(self.settings.timeout_ms) >= held_until {
+                self.release(std::iter::once(delivery).chain(chain)).await;
+                return;
+            }
+            match self.attempt(delivery).await {
+                Settled::Delivered => {}
+                Settled::NotDelivered => {
+                    self.release(chain).await;
+                    return;
+                }
+                // Another node holds the rest now.
+                Settled::ClaimLost => return,
+            }
+        }
+    }
+
+    /// Lets go of `deliveries`, unattempted.
+    async fn release(&self, deliveries: impl Iterator<Item = WebhookDelivery>) {
+        let ids: Vec<u64> = deliveries.map(|delivery| delivery.id).collect();
+        if ids.is_empty() {
+            return;
+        }
+        if let Err(error) = self.outbox.release_webhook_deliveries(&ids, &self.claimant).await {
+            // Their claim runs out on its own.
+            tracing::warn!(%error, "cannot let go of webhook deliveries");
+        }
+    }
+
     /// One attempt at `delivery`, settled.
-    async fn attempt(&self, delivery: WebhookDelivery) {
+    async fn attempt(&self, delivery: WebhookDelivery) -> Settled {
         let result = self.send(&delivery).await;
         let now = now_ms();
         let outcome = match result {
@@ -197,18 +269,25 @@ impl Deliverer {
             .webhook_attempts
             .get_or_create(&WebhookOutcome { outcome: label })
             .inc();
-        match self
+        let settled = match self
             .outbox
             .settle_webhook_delivery(delivery.id, &self.claimant, now, &outcome)
             .await
         {
-            Ok(true) => {}
-            Ok(false) => tracing::debug!(
-                delivery = delivery.id,
-                "a webhook delivery's claim was lost before it was settled"
-            ),
-            Err(error) => tracing::warn!(delivery = delivery.id, %error, "cannot record a webhook delivery's attempt"),
-        }
+            Ok(true) if matches!(outcome, DeliveryOutcome::Delivered { .. }) => Settled::Delivered,
+            Ok(true) => Settled::NotDelivered,
+            Ok(false) => {
+                tracing::debug!(
+                    delivery = delivery.id,
+                    "a webhook delivery's claim was lost before it was settled"
+                );
+                Settled::ClaimLost
+            }
+            Err(error) => {
+                tracing::warn!(delivery = delivery.id, %error, "cannot record a webhook delivery's attempt");
+                Settled::NotDelivered
+            }
+        };
         if let DeliveryOutcome::Failed { error, .. } = &outcome {
             tracing::warn!(
                 delivery = delivery.id,
@@ -218,6 +297,7 @@ impl Deliverer {
                 "a webhook delivery failed for good"
             );
         }
+        settled
     }
 
     /// The next attempt's time, or failure once retrying would go past

@@ -32,6 +32,7 @@ macro_rules! webhook_conformance_tests {
             $crate::conformance::store_conformance_tests!(@test claims_hand_out_each_sessions_oldest_delivery_once_and_in_order, $factory);
             $crate::conformance::store_conformance_tests!(@test endpoints_are_replaced_listed_and_deleted_with_their_deliveries, $factory);
             $crate::conformance::store_conformance_tests!(@test a_turns_end_is_session_idle_too_when_its_transaction_leaves_nothing_queued, $factory);
+            $crate::conformance::store_conformance_tests!(@test a_claim_takes_each_sessions_deliveries_in_order_as_a_chain_and_releases_the_rest, $factory);
         }
     };
 }
@@ -175,8 +176,8 @@ where
     // only once between them.
     let other = factory.open(&database).await;
     let (a, b) = futures::join!(
-        store.claim_webhook_deliveries("a", now, now + 60_000, 4),
-        other.claim_webhook_deliveries("b", now, now + 60_000, 4)
+        store.claim_webhook_deliveries("a", now, now + 60_000, 4, 1),
+        other.claim_webhook_deliveries("b", now, now + 60_000, 4, 1)
     );
     let (a, b) = (a.expect("claim a"), b.expect("claim b"));
     assert!(a.len() <= 4 && b.len() <= 4);
@@ -192,7 +193,7 @@ where
     assert!(claimed.iter().all(|delivery| delivery.sequence == 5), "{claimed:?}");
     // What is claimed is not claimed again while the claim holds.
     let rest = store
-        .claim_webhook_deliveries("c", now, now + 60_000, 100)
+        .claim_webhook_deliveries("c", now, now + 60_000, 100, 1)
         .await
         .expect("claim c");
     assert_eq!(rest.len(), 6 - claimed.len());
@@ -229,7 +230,7 @@ where
     );
     // Its session's next delivery is now the one due.
     let next = store
-        .claim_webhook_deliveries("a", now, now + 60_000, 100)
+        .claim_webhook_deliveries("a", now, now + 60_000, 100, 1)
         .await
         .expect("claim");
     assert_eq!(what(&next), [(first.session_id.clone(), 7, "turn_aborted".to_owned())]);
@@ -247,13 +248,13 @@ where
     );
     assert!(
         store
-            .claim_webhook_deliveries("a", now + 999, now + 60_000, 100)
+            .claim_webhook_deliveries("a", now + 999, now + 60_000, 100, 1)
             .await
             .expect("claim")
             .is_empty()
     );
     let again = store
-        .claim_webhook_deliveries("b", now + 1_000, now + 60_000, 100)
+        .claim_webhook_deliveries("b", now + 1_000, now + 60_000, 100, 1)
         .await
         .expect("claim");
     assert_eq!(again.len(), 1);
@@ -268,7 +269,7 @@ where
     );
     // A claim that ran out (its claimant died) is taken over.
     let taken_over = store
-        .claim_webhook_deliveries("d", now + 60_001, now + 120_000, 100)
+        .claim_webhook_deliveries("d", now + 60_001, now + 120_000, 100, 1)
         .await
         .expect("claim");
     assert!(
@@ -293,7 +294,7 @@ where
             .expect("fail")
     );
     let after_failure = store
-        .claim_webhook_deliveries("d", now + 60_003, now + 120_000, 100)
+        .claim_webhook_deliveries("d", now + 60_003, now + 120_000, 100, 1)
         .await
         .expect("claim");
     assert!(
@@ -443,4 +444,91 @@ where
         [s(7, "turn_aborted"), s(15, "turn_aborted"), s(16, "turn_aborted")]
     );
     assert!(all_deliveries(&store, "other-bot").await.is_empty());
+}
+
+pub(crate) async fn a_claim_takes_each_sessions_deliveries_in_order_as_a_chain_and_releases_the_rest<F>(factory: &F)
+where
+    F: StoreFactory,
+    F::Store: WebhookStore,
+{
+    let (database, store) = factory.fresh().await;
+    store
+        .put_webhook_endpoint(&endpoint("e", &["error", "turn_aborted"], None, None))
+        .await
+        .expect("put");
+    // Six deliveries per session: sequences 5, 7, 12, 14, 19 and 21.
+    for session in ["s0", "s1", "s2"] {
+        super::create(&store, session).await;
+        store
+            .append(session, batch(&events(session, 0, 21)))
+            .await
+            .expect("append");
+    }
+    let now = keel_protocol::now_ms() + 1;
+    // Two pairs, each its four oldest, in order.
+    let claimed = store
+        .claim_webhook_deliveries("a", now, now + 60_000, 2, 4)
+        .await
+        .expect("claim");
+    let mut chains: std::collections::BTreeMap<&str, Vec<u64>> = std::collections::BTreeMap::new();
+    for delivery in &claimed {
+        chains
+            .entry(delivery.session_id.as_str())
+            .or_default()
+            .push(delivery.sequence);
+    }
+    assert_eq!(chains.len(), 2, "{claimed:?}");
+    assert!(chains.values().all(|chain| chain == &[5, 7, 12, 14]), "{chains:?}");
+    // Nobody else gets any of a chain, nor the deliveries after it while
+    // its head is pending: only the third session's chain is left.
+    let other = factory.open(&database).await;
+    let rest = other
+        .claim_webhook_deliveries("b", now, now + 60_000, 100, 100)
+        .await
+        .expect("claim");
+    let taken: HashSet<&str> = chains.keys().copied().collect();
+    assert_eq!(rest.len(), 6, "{rest:?}");
+    assert!(
+        rest.iter()
+            .all(|delivery| !taken.contains(delivery.session_id.as_str()))
+    );
+    // The first is delivered; the rest of its chain is let go, unattempted.
+    let (session, _) = chains.iter().next().expect("a chain");
+    let mine: Vec<&WebhookDelivery> = claimed
+        .iter()
+        .filter(|delivery| delivery.session_id == *session)
+        .collect();
+    let delivered = DeliveryOutcome::Delivered { status: 200 };
+    assert!(
+        store
+            .settle_webhook_delivery(mine[0].id, "a", now, &delivered)
+            .await
+            .expect("settle")
+    );
+    let rest_ids: Vec<u64> = mine[1..].iter().map(|delivery| delivery.id).collect();
+    assert_eq!(
+        store
+            .release_webhook_deliveries(&rest_ids, "intruder")
+            .await
+            .expect("release"),
+        0
+    );
+    assert_eq!(
+        store.release_webhook_deliveries(&rest_ids, "a").await.expect("release"),
+        3
+    );
+    // Released, they are claimed again from the next one, unattempted.
+    let again = other
+        .claim_webhook_deliveries("b", now, now + 60_000, 100, 100)
+        .await
+        .expect("claim");
+    assert_eq!(
+        again.iter().map(|delivery| delivery.sequence).collect::<Vec<_>>(),
+        [7, 12, 14, 19, 21]
+    );
+    assert!(
+        again
+            .iter()
+            .all(|delivery| delivery.session_id == *session && delivery.attempts == 0)
+    );
 }

@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 
 use super::pg_error;
 use super::statements::{int, uint};
-use crate::webhook::{DELIVERY_COLUMNS, ENDPOINT_COLUMNS, IS_HEAD, clip_error, outcome_columns};
+use crate::webhook::{CHAINED, DELIVERY_COLUMNS, ENDPOINT_COLUMNS, IS_HEAD, clip_error, outcome_columns};
 use crate::{
     DeliveryFilter, DeliveryOutcome, DeliveryState, StoreError, WebhookDelivery, WebhookEndpoint, WebhookSecret,
     WebhookStore,
@@ -133,18 +133,23 @@ impl WebhookStore for super::PostgresCheckpoint {
         now_ms: u64,
         until_ms: u64,
         limit: usize,
+        chain: usize,
     ) -> BoxFuture<'a, Result<Vec<WebhookDelivery>, StoreError>> {
         Box::pin(async move {
             let client = self.reader().await?;
+            // The heads are locked (another node skips them); the rest of a
+            // chain cannot be another's head while its head is pending.
             let statement = client
                 .prepare_cached(&format!(
-                    "WITH due AS (
-                         SELECT d.id FROM webhook_deliveries d
+                    "WITH heads AS (
+                         SELECT d.endpoint_id, d.session_id FROM webhook_deliveries d
                          WHERE d.state = 'pending' AND d.next_attempt_at_ms <= $2
                            AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms < $2)
                            AND {IS_HEAD}
                          ORDER BY d.next_attempt_at_ms, d.id LIMIT $4
                          FOR UPDATE SKIP LOCKED
+                     ), due AS (
+                         SELECT id FROM ({CHAINED}) chained WHERE n <= $5
                      )
                      UPDATE webhook_deliveries w SET claimed_by = $1, claimed_until_ms = $3
                      FROM due WHERE w.id = due.id
@@ -157,14 +162,43 @@ impl WebhookStore for super::PostgresCheckpoint {
                 ))
                 .await
                 .map_err(pg_error)?;
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let count = |value: usize| i64::try_from(value).unwrap_or(i64::MAX);
             let rows = client
-                .query(&statement, &[&claimant, &int(now_ms), &int(until_ms), &limit])
+                .query(
+                    &statement,
+                    &[
+                        &claimant,
+                        &int(now_ms),
+                        &int(until_ms),
+                        &count(limit),
+                        &count(chain.max(1)),
+                    ],
+                )
                 .await
                 .map_err(pg_error)?;
             let mut claimed = rows.iter().map(delivery).collect::<Result<Vec<_>, _>>()?;
             claimed.sort_by_key(|delivery| delivery.id);
             Ok(claimed)
+        })
+    }
+
+    fn release_webhook_deliveries<'a>(
+        &'a self,
+        ids: &'a [u64],
+        claimant: &'a str,
+    ) -> BoxFuture<'a, Result<usize, StoreError>> {
+        Box::pin(async move {
+            let client = self.reader().await?;
+            let statement = client
+                .prepare_cached(
+                    "UPDATE webhook_deliveries SET claimed_by = NULL, claimed_until_ms = NULL
+                     WHERE id = ANY($1) AND claimed_by = $2 AND state = 'pending'",
+                )
+                .await
+                .map_err(pg_error)?;
+            let ids: Vec<i64> = ids.iter().map(|&id| int(id)).collect();
+            let released = client.execute(&statement, &[&ids, &claimant]).await.map_err(pg_error)?;
+            Ok(usize::try_from(released).unwrap_or(usize::MAX))
         })
     }
 

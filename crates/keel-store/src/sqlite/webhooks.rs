@@ -7,7 +7,7 @@
 use futures::future::BoxFuture;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use crate::webhook::{DELIVERY_COLUMNS, ENDPOINT_COLUMNS, IS_HEAD, clip_error, outcome_columns};
+use crate::webhook::{CHAINED, DELIVERY_COLUMNS, ENDPOINT_COLUMNS, IS_HEAD, clip_error, outcome_columns};
 use crate::{
     DeliveryFilter, DeliveryOutcome, DeliveryState, StoreError, WebhookDelivery, WebhookEndpoint, WebhookSecret,
     WebhookStore,
@@ -185,9 +185,9 @@ fn delete_endpoint(conn: &mut Connection, id: &str) -> Result<bool, StoreError> 
 fn claim(
     conn: &mut Connection,
     claimant: &str,
-    now_ms: u64,
-    until_ms: u64,
+    (now_ms, until_ms): (u64, u64),
     limit: usize,
+    chain: usize,
 ) -> Result<Vec<WebhookDelivery>, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -197,17 +197,20 @@ fn claim(
             .prepare_cached(&format!(
                 "UPDATE webhook_deliveries SET claimed_by = ?1, claimed_until_ms = ?3
                  WHERE id IN (
-                     SELECT d.id FROM webhook_deliveries d
-                     WHERE d.state = 'pending' AND d.next_attempt_at_ms <= ?2
-                       AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms < ?2)
-                       AND {IS_HEAD}
-                     ORDER BY d.next_attempt_at_ms, d.id LIMIT ?4)
+                     WITH heads AS (
+                         SELECT d.endpoint_id, d.session_id FROM webhook_deliveries d
+                         WHERE d.state = 'pending' AND d.next_attempt_at_ms <= ?2
+                           AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms < ?2)
+                           AND {IS_HEAD}
+                         ORDER BY d.next_attempt_at_ms, d.id LIMIT ?4)
+                     SELECT id FROM ({CHAINED}) WHERE n <= ?5)
                  RETURNING {DELIVERY_COLUMNS}"
             ))
             .map_err(super::sqlite_error)?;
+        let count = |value: usize| i64::try_from(value).unwrap_or(i64::MAX);
         let rows = update
             .query_map(
-                params![claimant, now_ms, until_ms, i64::try_from(limit).unwrap_or(i64::MAX)],
+                params![claimant, now_ms, until_ms, count(limit), count(chain.max(1))],
                 delivery_row,
             )
             .map_err(super::sqlite_error)?;
@@ -219,6 +222,24 @@ fn claim(
     };
     tx.commit().map_err(super::sqlite_error)?;
     Ok(claimed)
+}
+
+fn release(conn: &mut Connection, ids: &[u64], claimant: &str) -> Result<usize, StoreError> {
+    let tx = conn.transaction().map_err(super::sqlite_error)?;
+    let mut released = 0;
+    {
+        let mut update = tx
+            .prepare_cached(
+                "UPDATE webhook_deliveries SET claimed_by = NULL, claimed_until_ms = NULL
+                 WHERE id = ?1 AND claimed_by = ?2 AND state = 'pending'",
+            )
+            .map_err(super::sqlite_error)?;
+        for id in ids {
+            released += update.execute(params![id, claimant]).map_err(super::sqlite_error)?;
+        }
+    }
+    tx.commit().map_err(super::sqlite_error)?;
+    Ok(released)
 }
 
 fn settle(
@@ -309,9 +330,19 @@ impl WebhookStore for super::SqliteCheckpoint {
         now_ms: u64,
         until_ms: u64,
         limit: usize,
+        chain: usize,
     ) -> BoxFuture<'a, Result<Vec<WebhookDelivery>, StoreError>> {
         let claimant = claimant.to_owned();
-        Box::pin(self.on_webhook_side(move |conn| claim(conn, &claimant, now_ms, until_ms, limit)))
+        Box::pin(self.on_webhook_side(move |conn| claim(conn, &claimant, (now_ms, until_ms), limit, chain)))
+    }
+
+    fn release_webhook_deliveries<'a>(
+        &'a self,
+        ids: &'a [u64],
+        claimant: &'a str,
+    ) -> BoxFuture<'a, Result<usize, StoreError>> {
+        let (ids, claimant) = (ids.to_vec(), claimant.to_owned());
+        Box::pin(self.on_webhook_side(move |conn| release(conn, &ids, &claimant)))
     }
 
     fn settle_webhook_delivery<'a>(
