@@ -49,7 +49,13 @@ pub(super) fn start(
                 return Ok(());
             }
             if pages >= INLINE_CHECKPOINT_AT_PAGES {
-                wal.checkpoint_v2(CheckpointMode::PASSIVE)?;
+                // The commit is done: an error returned here would report
+                // it failed. A checkpoint that cannot run now (another
+                // connection's is running: `SQLITE_BUSY`) only leaves the
+                // WAL longer until the next one.
+                if let Err(error) = wal.checkpoint_v2(CheckpointMode::PASSIVE) {
+                    tracing::debug!(%error, "inline wal checkpoint did not run");
+                }
             } else if pages >= CHECKPOINT_AT_PAGES {
                 // Full means a request is already pending.
                 let _ = signal.try_send(());

@@ -294,10 +294,16 @@ fn create_private(path: &Path) -> Result<(), StoreError> {
     }
 }
 
-/// Opens the connection that runs WAL checkpoints.
+/// Opens the connection that runs WAL checkpoints (and, alike, the side
+/// connections that write: leases, access, webhooks). None of them
+/// checkpoints on its own after a commit: checkpoints run only where the
+/// store decides, after checking the file system is writable, and one
+/// running beside the writer's would make its inline one wait.
 pub(super) fn open_checkpointer(path: &Path, vfs: Option<&str>) -> Result<Connection, StoreError> {
     let conn = open(path, OpenFlags::default(), vfs)?;
     configure(&conn).map_err(|e| super::store_error(e, path))?;
+    conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .map_err(|e| super::store_error(e, path))?;
     Ok(conn)
 }
 

@@ -351,6 +351,48 @@ async fn append_to_unknown_session_fails_alone_and_writes_nothing_while_its_grou
 // 2. Group commit
 // ---------------------------------------------------------------------------
 
+/// A commit is acknowledged even when its inline checkpoint cannot run
+/// because another connection's checkpoint holds the lock (`SQLITE_BUSY`):
+/// the WAL hook runs after the commit, and its error was reported as the
+/// commit's ("SQL logic error"), stopping the sessions of a committed
+/// group. Here a reader keeps the WAL from starting over, so it grows past
+/// the inline threshold (32 MiB), while another connection checkpoints in a
+/// loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_inline_checkpoint_meets_another_checkpoint_is_acknowledged() {
+    let (_dir, path) = database();
+    let store = open(&path).await;
+    create(&store, "s").await;
+    let reader = raw(&path);
+    reader
+        .execute_batch("BEGIN; SELECT count(*) FROM sessions;")
+        .expect("a reader's snapshot");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checkpointer = {
+        let (path, stop) = (path.clone(), std::sync::Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let conn = raw(&path);
+            let mut runs = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                runs += 1;
+            }
+            runs
+        })
+    };
+    // 48 commits of ~1 MiB that does not compress: the WAL passes 8192
+    // pages after about 32, and each commit after that checkpoints inline.
+    for round in 0..48 {
+        let events: Vec<Event> = (0..1_000).map(|n| bulky_event(round * 1_000 + n)).collect();
+        let appended = store.append("s", batch(&events)).await;
+        assert!(appended.is_ok(), "commit {round}: {appended:?}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(checkpointer.join().expect("the checkpointing thread") > 0);
+    reader.execute_batch("COMMIT").expect("end the snapshot");
+    assert_eq!(store.events_after("s", 0, 10).await.expect("read").len(), 10);
+}
+
 #[tokio::test]
 async fn sixty_four_concurrent_sessions_share_commits_and_each_log_is_complete() {
     guarded(async {
