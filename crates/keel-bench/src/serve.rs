@@ -136,8 +136,10 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
     } else {
         None
     };
+    // As `keel serve` does: the outbox is there, with or without an
+    // endpoint.
+    config.webhooks = Some(database.webhooks());
     let sink = if params.webhook {
-        config.webhooks = Some(database.webhooks());
         config.keel.webhooks.allow_http = true;
         config.keel.webhooks.allow_private = vec![
             "127.0.0.1/32"

@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use keel_config::WebhooksConfig;
 use keel_protocol::{RecordedEvent, now_ms};
-use keel_store::{CheckpointStore, DeliveryOutcome, WebhookDelivery, WebhookEndpoint, WebhookStore};
+use keel_store::{CheckpointStore, DeliveryOutcome, StoreError, WebhookDelivery, WebhookEndpoint, WebhookStore};
 use serde::Serialize;
 use tokio::sync::{Notify, Semaphore, watch};
 
@@ -176,6 +176,16 @@ impl Deliverer {
     /// Claims what is due while there is room in flight, and sends it: a
     /// chain of each endpoint's and session's deliveries per task.
     async fn claim_and_send(self: &Arc<Self>) {
+        // Without an endpoint nothing is queued: no claim is tried (on
+        // SQLite a claim takes the write lock from the turns).
+        match self.endpoints(false).await {
+            Ok(endpoints) if endpoints.is_empty() => return,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the webhook endpoints");
+                return;
+            }
+        }
         loop {
             let room = self.in_flight.available_permits();
             if room == 0 {
@@ -382,28 +392,34 @@ impl Deliverer {
     }
 
     async fn endpoint(&self, id: &str) -> Result<WebhookEndpoint, Failure> {
-        let cached = {
-            let cache = self.endpoints.lock().unwrap_or_else(|poison| poison.into_inner());
-            let changes = self.changes.load(std::sync::atomic::Ordering::SeqCst);
-            let fresh = cache.0.is_some_and(|read| read.elapsed() < ENDPOINTS_FRESH) && cache.1 == changes;
-            fresh
-                .then(|| cache.2.iter().find(|endpoint| endpoint.id == id).cloned())
-                .flatten()
-        };
-        if let Some(endpoint) = cached {
-            return Ok(endpoint);
+        let read = |error: StoreError| Failure::retry(None, format!("cannot read the endpoint: {error}"));
+        let cached = self.endpoints(false).await.map_err(read)?;
+        if let Some(endpoint) = cached.iter().find(|endpoint| endpoint.id == id) {
+            return Ok(endpoint.clone());
         }
+        // Perhaps made on another node since they were read.
+        let endpoints = self.endpoints(true).await.map_err(read)?;
+        endpoints
+            .iter()
+            .find(|endpoint| endpoint.id == id)
+            .cloned()
+            .ok_or_else(|| Failure::permanent("the endpoint was deleted".to_owned()))
+    }
+
+    /// The endpoints, as last read when that is fresh (see
+    /// [`ENDPOINTS_FRESH`]) and `again` is false, else read now.
+    async fn endpoints(&self, again: bool) -> Result<Arc<Vec<WebhookEndpoint>>, StoreError> {
         let changes = self.changes.load(std::sync::atomic::Ordering::SeqCst);
-        let endpoints = Arc::new(
-            self.outbox
-                .webhook_endpoints()
-                .await
-                .map_err(|error| Failure::retry(None, format!("cannot read the endpoint: {error}")))?,
-        );
-        let found = endpoints.iter().find(|endpoint| endpoint.id == id).cloned();
+        if !again {
+            let cache = self.endpoints.lock().unwrap_or_else(|poison| poison.into_inner());
+            if cache.0.is_some_and(|read| read.elapsed() < ENDPOINTS_FRESH) && cache.1 == changes {
+                return Ok(Arc::clone(&cache.2));
+            }
+        }
+        let endpoints = Arc::new(self.outbox.webhook_endpoints().await?);
         *self.endpoints.lock().unwrap_or_else(|poison| poison.into_inner()) =
-            (Some(tokio::time::Instant::now()), changes, endpoints);
-        found.ok_or_else(|| Failure::permanent("the endpoint was deleted".to_owned()))
+            (Some(tokio::time::Instant::now()), changes, Arc::clone(&endpoints));
+        Ok(endpoints)
     }
 
     async fn event(&self, delivery: &WebhookDelivery) -> Result<RecordedEvent, Failure> {
