@@ -167,6 +167,21 @@ fn serve(scratch: &Scratch, port: u16) -> ServeProcess {
     ServeProcess::spawn(command)
 }
 
+/// Phoenix started, and a scratch directory whose `keel.toml` exports to
+/// it: `before` (other tables) first, then `[telemetry]` with `telemetry`
+/// added. `None` (the test is skipped) without the Python environment.
+async fn exporting_to_phoenix(test: &str, before: &str, telemetry: &str) -> Option<(Phoenix, Scratch)> {
+    let python = venv_python(test)?;
+    let phoenix = Phoenix::start(&python).await;
+    let scratch = Scratch::new();
+    std::fs::write(
+        scratch.dir.path().join("keel.toml"),
+        format!("{before}[telemetry]\nendpoint = \"{}\"\n{telemetry}", phoenix.base),
+    )
+    .expect("keel.toml");
+    Some((phoenix, scratch))
+}
+
 async fn log_of(server: &ServeProcess, session: &str) -> Vec<RecordedEvent> {
     let reply = server
         .api
@@ -177,19 +192,11 @@ async fn log_of(server: &ServeProcess, session: &str) -> Vec<RecordedEvent> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
-    let Some(python) = venv_python("suite::server::traces (Phoenix)") else {
+    let Some((phoenix, scratch)) =
+        exporting_to_phoenix("suite::server::traces (Phoenix)", "", "service_name = \"keel-test\"\n").await
+    else {
         return;
     };
-    let phoenix = Phoenix::start(&python).await;
-    let scratch = Scratch::new();
-    std::fs::write(
-        scratch.dir.path().join("keel.toml"),
-        format!(
-            "[telemetry]\nendpoint = \"{}\"\nservice_name = \"keel-test\"\n",
-            phoenix.base
-        ),
-    )
-    .expect("keel.toml");
     let usage =
         |input: u64, output: u64| json!({"input_tokens": input, "cached_input_tokens": 2, "output_tokens": output});
     let lines = [
@@ -449,19 +456,15 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
 /// call's span names the sandbox it ran in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn captured_content_is_redacted_as_the_log_is() {
-    let Some(python) = venv_python("suite::server::traces (content)") else {
+    let Some((phoenix, scratch)) = exporting_to_phoenix(
+        "suite::server::traces (content)",
+        "[server]\nauto_approve = [\"write_file\", \"shell\"]\n\n",
+        "capture_content = true\n",
+    )
+    .await
+    else {
         return;
     };
-    let phoenix = Phoenix::start(&python).await;
-    let scratch = Scratch::new();
-    std::fs::write(
-        scratch.dir.path().join("keel.toml"),
-        format!(
-            "[server]\nauto_approve = [\"write_file\", \"shell\"]\n\n[telemetry]\nendpoint = \"{}\"\ncapture_content = true\n",
-            phoenix.base
-        ),
-    )
-    .expect("keel.toml");
     let leaked = "Authorization: Bearer tok-0123456789abcdef0123";
     let lines = [
         json!({"tool_calls": [{"id": "w-1", "name": "write_file",
@@ -530,27 +533,19 @@ async fn captured_content_is_redacted_as_the_log_is() {
 /// captured from OpenAI.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steps_span_names_the_providers_response_and_the_requests_parameters() {
-    let Some(python) = venv_python("suite::server::traces (provider)") else {
-        return;
-    };
-    let phoenix = Phoenix::start(&python).await;
     let upstream = ScriptedServer::start(vec![Reply::sse_in_pieces(
         include_bytes!("../../fixtures/openai-chat/openai-text-usage.sse"),
         64,
     )])
     .await;
-    let scratch = Scratch::new();
-    std::fs::write(
-        scratch.dir.path().join("keel.toml"),
-        format!(
-            "[models.gpt]\nprovider = \"openai\"\nmodel = \"gpt-4.1-mini\"\nbase_url = \"{}/v1\"\n\
-             api_key_env = \"KEEL_TEST_GPT_KEY\"\nmax_retries = 0\nmax_output_tokens = 256\ntemperature = 0.25\n\n\
-             [telemetry]\nendpoint = \"{}\"\n",
-            upstream.url(),
-            phoenix.base
-        ),
-    )
-    .expect("keel.toml");
+    let model = format!(
+        "[models.gpt]\nprovider = \"openai\"\nmodel = \"gpt-4.1-mini\"\nbase_url = \"{}/v1\"\n\
+         api_key_env = \"KEEL_TEST_GPT_KEY\"\nmax_retries = 0\nmax_output_tokens = 256\ntemperature = 0.25\n\n",
+        upstream.url()
+    );
+    let Some((phoenix, scratch)) = exporting_to_phoenix("suite::server::traces (provider)", &model, "").await else {
+        return;
+    };
     let listen = format!("127.0.0.1:{}", free_port());
     let mut command = ServeProcess::command(
         &scratch,

@@ -1,6 +1,6 @@
 //! [`crate::WebhookStore`] in the SQLite file: deliveries queued by the
-//! writer in the transaction of their event ([`queue_deliveries`],
-//! [`queue_idle_deliveries`]); endpoints written on the access side
+//! writer in the transaction of their event ([`queue_deliveries`]);
+//! endpoints written on the access side
 //! connection, claims and outcomes on the webhook one, each call one
 //! transaction; listings on the reader pool.
 
@@ -13,39 +13,27 @@ use crate::{
     WebhookStore,
 };
 
-/// Queues a delivery of the event at `sequence` (of type `kind`) for each
-/// endpoint that wants it, in the writer's transaction.
-pub(super) fn queue_deliveries(
-    conn: &Connection,
-    session_id: &str,
-    sequence: u64,
-    kind: &str,
-    bot_id: &str,
-    tenant: &str,
-    now: u64,
-) -> rusqlite::Result<usize> {
-    conn.prepare_cached(
-        "INSERT INTO webhook_deliveries (endpoint_id, session_id, sequence, event_type, created_at_ms,
-             next_attempt_at_ms)
-         SELECT id, ?1, ?2, ?3, ?6, ?6 FROM webhook_endpoints
-         WHERE instr(event_types, ',' || ?3 || ',') > 0
-           AND (bot_id IS NULL OR bot_id = ?4) AND (tenant IS NULL OR tenant = ?5)
-         ORDER BY seq",
-    )?
-    .execute(params![session_id, sequence, kind, bot_id, tenant, now])
+/// The session whose events the writer queues deliveries for.
+pub(super) struct Queuing<'a> {
+    /// Its key in `sessions`.
+    pub(super) key: i64,
+    pub(super) session_id: &'a str,
+    pub(super) bot_id: &'a str,
+    pub(super) tenant: &'a str,
+    /// The commit's time.
+    pub(super) now: u64,
 }
 
-/// Queues a `session_idle` delivery of the turn's end at `sequence` for
-/// each endpoint that wants one, in the writer's transaction, when the
-/// session (`session_key`) has nothing queued as the transaction leaves it.
-pub(super) fn queue_idle_deliveries(
+/// Queues a delivery of the event at `sequence` (of type `kind`) for each
+/// endpoint that wants it, in the writer's transaction; with `if_idle`
+/// (a `session_idle`), only when the session has nothing queued as the
+/// transaction leaves it.
+pub(super) fn queue_deliveries(
     conn: &Connection,
-    session_key: i64,
-    session_id: &str,
+    session: &Queuing<'_>,
     sequence: u64,
-    bot_id: &str,
-    tenant: &str,
-    now: u64,
+    kind: &str,
+    if_idle: bool,
 ) -> rusqlite::Result<usize> {
     conn.prepare_cached(
         "INSERT INTO webhook_deliveries (endpoint_id, session_id, sequence, event_type, created_at_ms,
@@ -53,17 +41,18 @@ pub(super) fn queue_idle_deliveries(
          SELECT id, ?1, ?2, ?3, ?6, ?6 FROM webhook_endpoints
          WHERE instr(event_types, ',' || ?3 || ',') > 0
            AND (bot_id IS NULL OR bot_id = ?4) AND (tenant IS NULL OR tenant = ?5)
-           AND NOT EXISTS (SELECT 1 FROM queued_submissions WHERE session_key = ?7)
+           AND (NOT ?8 OR NOT EXISTS (SELECT 1 FROM queued_submissions WHERE session_key = ?7))
          ORDER BY seq",
     )?
     .execute(params![
-        session_id,
+        session.session_id,
         sequence,
-        keel_protocol::SESSION_IDLE_WEBHOOK,
-        bot_id,
-        tenant,
-        now,
-        session_key
+        kind,
+        session.bot_id,
+        session.tenant,
+        session.now,
+        session.key,
+        if_idle
     ])
 }
 

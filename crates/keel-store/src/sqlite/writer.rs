@@ -360,15 +360,21 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
     if let Some(usage) = crate::EncodedEvent::batch_usage(events) {
         super::access::add_usage(conn, &tenant, session_id, now, &usage).map_err(dirty)?;
     }
+    let queuing = super::webhooks::Queuing {
+        key,
+        session_id,
+        bot_id: &bot_id,
+        tenant: &tenant,
+        now,
+    };
     for (offset, event) in events.iter().enumerate() {
         let sequence = first_sequence + offset as u64;
         if let Some(kind) = event.webhook {
-            super::webhooks::queue_deliveries(conn, session_id, sequence, kind, &bot_id, &tenant, now)
-                .map_err(dirty)?;
+            super::webhooks::queue_deliveries(conn, &queuing, sequence, kind, false).map_err(dirty)?;
         }
         if event.ends_turn {
-            super::webhooks::queue_idle_deliveries(conn, key, session_id, sequence, &bot_id, &tenant, now)
-                .map_err(dirty)?;
+            let idle = keel_protocol::SESSION_IDLE_WEBHOOK;
+            super::webhooks::queue_deliveries(conn, &queuing, sequence, idle, true).map_err(dirty)?;
         }
     }
     // The first user message titles a session that has no title yet.
