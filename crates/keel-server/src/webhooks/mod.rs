@@ -5,15 +5,18 @@
 //! module only sends. Each node runs one [`Deliverer`]: it claims due
 //! deliveries as chains (of each endpoint and session, the oldest pending
 //! and up to [`CHAIN`] after it), posts a chain's one at a time in
-//! sequence order, and settles each: delivered on `2xx`; otherwise retried
-//! with exponential backoff and jitter until `[webhooks] retry_for_s`
-//! after the event, then failed, and the rest of its chain let go. A claim
+//! sequence order, and settles each before the next is sent: delivered on
+//! `2xx`; otherwise retried with exponential backoff and jitter until
+//! `[webhooks] retry_for_s` after the event, then failed, and the rest of
+//! its chain let go. Settling each on its own costs a write per delivery,
+//! but a crash can then send again only the last one sent, so a receiver
+//! never sees a session's deliveries go back past a later one. A claim
 //! lasts a little longer than an attempt can, and a chain goes on only
 //! while its claim covers the next attempt; a node that dies holding one
 //! only delays its deliveries until the claim runs out and another node
-//! takes them. Delivery is at least once: a receiver
-//! deduplicates by `webhook-id`, which every attempt of a delivery
-//! shares, as it shares the body.
+//! takes them. Delivery is at least once: a receiver deduplicates by
+//! `webhook-id`, which every attempt of a delivery shares, as it shares
+//! the body.
 
 mod sign;
 mod target;
