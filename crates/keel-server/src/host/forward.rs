@@ -381,7 +381,23 @@ impl Host {
             key_is_new: false,
             traceparent: submission.traceparent.clone(),
         };
-        let queued = session.handle.submit_durable(submission.op, options).await;
+        let decision = super::is_decision(&submission.op);
+        let mut queued = session.handle.submit_durable(submission.op, options).await;
+        if let Ok(accepted) = &queued
+            && decision
+        {
+            // A decision is answered once the session recorded it, as on
+            // this node's own API (see `Host::decision_recorded`).
+            match self.decision_recorded(&session_id, accepted.clone()).await {
+                Ok(recorded) => queued = Ok(recorded),
+                Err(error) => {
+                    return ForwardReply::Unknown {
+                        store_unavailable: matches!(error, ApiError::StoreUnavailable(_)),
+                        message: error.to_string(),
+                    };
+                }
+            }
+        }
         match owner_answer(queued, &submission.submission_id) {
             Ok(answer) => ForwardReply::Answered { answer },
             // Stopped before anything was stored (as `Host::submit` relies

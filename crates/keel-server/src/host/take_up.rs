@@ -196,7 +196,21 @@ impl Host {
                 key_is_new,
                 traceparent: relayed.traceparent.clone(),
             };
-            let queued = session.handle.submit_durable(relayed.op.clone(), options).await;
+            let mut queued = session.handle.submit_durable(relayed.op.clone(), options).await;
+            if let Ok(accepted) = &queued
+                && super::is_decision(&relayed.op)
+            {
+                // A decision is answered once the session recorded it, as
+                // on the node that runs it (see `Host::decision_recorded`):
+                // answered before, a crash here would lose it for good.
+                match self.decision_recorded(session_id, accepted.clone()).await {
+                    Ok(recorded) => queued = Ok(recorded),
+                    Err(error) => {
+                        tracing::warn!(%session_id, %error, "a relayed decision was not recorded in time");
+                        return (answers, true);
+                    }
+                }
+            }
             match owner_answer(queued, &relayed.submission_id) {
                 Ok(answer) => answers.push((relayed.relay_id, Some(answer))),
                 Err(error) => {
