@@ -269,7 +269,7 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
         .await;
     assert_eq!(approved.status, StatusCode::ACCEPTED, "{}", approved.body);
     server.api.wait_idle("traced").await;
-    // Spans wait up to half a second to be exported in a batch: those of a
+    // Spans wait up to a quarter of a second to be exported: those of a
     // process killed meanwhile are lost, so the next kill waits for them.
     phoenix
         .wait_for_spans("the approved turn's spans", |spans| {
@@ -279,9 +279,11 @@ async fn phoenix_holds_a_span_per_turn_step_and_tool_call_across_kill_9() {
     // A turn cut by a kill -9 mid-stream: closed as `runtime_stopped` when
     // the session is opened again, and its span with it.
     let mut stream = server.api.stream("traced", Resume::Start).await;
-    server.api.say("traced", "a long answer").await;
+    let asked = server.api.say("traced", "a long answer").await;
+    let asked_at = asked["sequence"].as_u64().expect("the submission's sequence");
+    // A delta of this turn: the stream replays the earlier turns' first.
     stream
-        .until(|event| event.msg.kind() == "assistant_content_delta")
+        .until(|event| event.sequence > asked_at && event.msg.kind() == "assistant_content_delta")
         .await;
     drop(stream);
     earlier_logs.extend(server.logged());
