@@ -325,3 +325,55 @@ async fn forks_are_titled_from_their_first_message_and_lists_follow_activity() {
     assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
     server.stop().await;
 }
+
+/// A `keel.toml` model's context window reaches the sessions of
+/// `keel serve`: past `compact_threshold` of it, the history is summarized
+/// before the next step, as in `keel run`. (The server wraps each model to
+/// time its requests, and the wrapper hid the model's window.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_models_context_window_compacts_the_history_past_its_threshold() {
+    use crate::suite::support::http_server::{Reply, ScriptedServer};
+    let answer = include_bytes!("../../fixtures/openai-chat/openai-text-usage.sse");
+    // The first turn's answer, the summary, the second turn's answer.
+    let upstream = ScriptedServer::start((0..3).map(|_| Reply::sse_in_pieces(answer, 64)).collect()).await;
+    let scratch = Scratch::new();
+    std::fs::write(
+        scratch.dir.path().join("keel.toml"),
+        format!(
+            "[models.small]\nprovider = \"openai\"\nmodel = \"gpt-4.1-mini\"\nbase_url = \"{}/v1\"\n\
+             api_key_env = \"KEEL_TEST_SMALL_KEY\"\nmax_retries = 0\ncontext_window = 4000\ncompact_threshold = 0.5\n",
+            upstream.url()
+        ),
+    )
+    .expect("keel.toml");
+    let mut command = ServeProcess::command(&scratch, &["--config", "keel.toml", "--model", "small"]);
+    command.env("KEEL_TEST_SMALL_KEY", "sk-keel-test");
+    let server = ServeProcess::spawn(command);
+    server
+        .api
+        .create(json!({"id": "windowed", "tools": {"shell": false}}))
+        .await;
+    server.api.say("windowed", "hi").await;
+    server.api.wait_idle("windowed").await;
+    // About 3,000 tokens: past half the window, within it.
+    server.api.say("windowed", &"word ".repeat(2_400)).await;
+    server.api.wait_idle("windowed").await;
+    let log = server.api.get("/v1/sessions/windowed/events?limit=1000").await;
+    let kinds: Vec<&str> = log.body["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|event| event["msg"]["type"].as_str())
+        .collect();
+    assert_eq!(
+        kinds.iter().filter(|kind| **kind == "context_compacted").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|kind| **kind == "turn_complete").count(),
+        2,
+        "{kinds:?}"
+    );
+    assert_eq!(upstream.requests().len(), 3);
+}
