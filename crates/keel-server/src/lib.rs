@@ -363,6 +363,9 @@ pub async fn serve(
         config.budget_clock,
         Arc::clone(&metrics),
     ));
+    // Every session's workspace is under the root, every tenant's too: a
+    // sandboxed command sees only its own there.
+    keel_tools::workspace::sandbox::keep_workspaces_apart(&config.workspace_root);
     let factory = SessionFactory {
         budgets,
         keel: Arc::new(config.keel),

@@ -38,6 +38,10 @@ pub(crate) struct SandboxExecArgs {
     /// /run/postgresql and /var/run/postgresql always are).
     #[arg(long, value_name = "DIR")]
     cover_sockets: Vec<PathBuf>,
+    /// A directory of workspaces of which the command sees only its own
+    /// (repeatable).
+    #[arg(long, value_name = "DIR")]
+    private_root: Vec<PathBuf>,
     /// The most processes the command may run at once.
     #[arg(long, value_name = "N", default_value_t = Limits::default().processes)]
     max_processes: u32,
@@ -115,6 +119,7 @@ pub(crate) fn sandbox_exec(args: SandboxExecArgs) -> ExitCode {
         network: args.network,
         protected: args.protect,
         sockets: args.cover_sockets,
+        private_roots: args.private_root,
         limits: Limits {
             processes: args.max_processes,
             memory: args.max_memory,

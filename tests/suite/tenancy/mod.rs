@@ -5,5 +5,6 @@
 mod ceilings;
 mod keys;
 mod ownership;
+mod sandbox;
 mod sweep;
 mod webhooks;

@@ -136,8 +136,9 @@ pub struct WorkspaceRoot {
 
 impl WorkspaceRoot {
     /// Opens (creating it if needed) the workspace root `root` and its
-    /// registry, and registers the registry as one of Keel's protected
-    /// paths.
+    /// registry, registers the registry as one of Keel's protected paths,
+    /// and the root as one whose sandboxed commands each see only their own
+    /// workspace ([`crate::workspace::sandbox::keep_workspaces_apart`]).
     pub fn open(root: &Path) -> Result<Self, WorkspaceError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
@@ -156,6 +157,7 @@ impl WorkspaceRoot {
         // Only Keel reads it; nothing else needs to.
         let _ = std::fs::set_permissions(&registry_path, std::os::unix::fs::PermissionsExt::from_mode(0o700));
         protect(&registry_path);
+        crate::workspace::sandbox::keep_workspaces_apart(&path);
         Ok(Self { path, dir, registry })
     }
 

@@ -130,12 +130,14 @@ impl ShellTool {
             Some(launcher) => {
                 let protected = sandbox::protected_paths();
                 let sockets = sandbox::socket_directories();
+                let private_roots = sandbox::private_roots();
                 let options = sandbox::LaunchOptions {
                     policy: self.config.sandbox,
                     workspace: root,
                     network: self.config.network,
                     protected: &protected,
                     sockets: &sockets,
+                    private_roots: &private_roots,
                     limits: self.config.limits.for_timeout(timeout),
                 };
                 let mut spawned = tokio::process::Command::new(launcher);

@@ -55,6 +55,8 @@ pub struct Launch {
     /// Directories of database sockets to cover, besides
     /// [`USUAL_SOCKET_DIRECTORIES`].
     pub sockets: Vec<PathBuf>,
+    /// Directories of workspaces, of which the command sees only its own.
+    pub private_roots: Vec<PathBuf>,
     /// The call's resource limits.
     pub limits: Limits,
     /// Whether to try namespaces at all; without them the launcher uses its
@@ -95,6 +97,7 @@ impl Launch {
             network: self.network,
             protected: &self.protected,
             sockets: &self.sockets,
+            private_roots: &self.private_roots,
             limits: self.limits,
         }
     }
@@ -302,11 +305,15 @@ fn set_up_mounts(launch: &Launch) -> Result<(bool, Vec<String>), String> {
         writable: &writable,
         hidden: if restricted { &launch.protected } else { &[] },
         sockets: &sockets,
+        private_roots: &launch.private_roots,
         tmp_size: launch.limits.tmp_size,
     })?;
     let mut notes = Vec::new();
     if report.hidden > 0 {
         notes.push(format!("{} protected paths covered", report.hidden));
+    }
+    if report.private_roots > 0 {
+        notes.push("other workspaces covered".into());
     }
     if let Some(dev) = report.dev {
         notes.push(
@@ -340,6 +347,7 @@ fn confiner_arguments(launch: &Launch, confinement: &Confinement, fallback: Opti
     let options = LaunchOptions {
         protected: &[],
         sockets: &[],
+        private_roots: &[],
         ..launch.options()
     };
     all.extend(option_arguments(&options));
@@ -556,6 +564,7 @@ pub fn probe(policy: SandboxPolicy, network: bool) -> Result<SandboxStatus, Stri
         network,
         protected: &[],
         sockets: &[],
+        private_roots: &[],
         limits: Limits::default(),
     };
     let output = Command::new(SELF_EXE)

@@ -28,8 +28,8 @@
 //!
 //! | policy | read and execute | write | devices, `/tmp`, database socket | network |
 //! |---|---|---|---|---|
-//! | `read-only` | everywhere but Keel's protected files | only `/dev/null` | minimal `/dev`, private `/tmp` (read-only), socket covered | only if allowed |
-//! | `workspace-write` | everywhere but Keel's protected files | the workspace, the call's private `/tmp` and `/dev/shm`, `/dev/null` | minimal `/dev`, private `/tmp`, socket covered | only if allowed |
+//! | `read-only` | everywhere but Keel's protected files and other workspaces | only `/dev/null` | minimal `/dev`, private `/tmp` (read-only), socket covered | only if allowed |
+//! | `workspace-write` | everywhere but Keel's protected files and other workspaces | the workspace, the call's private `/tmp` and `/dev/shm`, `/dev/null` | minimal `/dev`, private `/tmp`, socket covered | only if allowed |
 //! | `full-access` | everywhere | everywhere | the host's | yes |
 //!
 //! "Write" covers creating, changing, truncating, renaming and removing
@@ -248,6 +248,9 @@ pub struct LaunchOptions<'a> {
     /// Directories that may hold the database's Unix sockets, covered
     /// besides the usual ones (see [`cover_socket_directory`]).
     pub sockets: &'a [PathBuf],
+    /// Directories of workspaces, of which the command sees only its own
+    /// (see [`keep_workspaces_apart`]).
+    pub private_roots: &'a [PathBuf],
     /// The call's resource limits.
     pub limits: Limits,
 }
@@ -282,6 +285,10 @@ fn option_arguments(options: &LaunchOptions<'_>) -> Vec<OsString> {
         all.push("--cover-sockets".into());
         all.push(path.as_os_str().to_os_string());
     }
+    for path in options.private_roots {
+        all.push("--private-root".into());
+        all.push(path.as_os_str().to_os_string());
+    }
     all.extend(options.limits.arguments());
     all
 }
@@ -314,6 +321,29 @@ pub fn socket_directories() -> Vec<PathBuf> {
         .lock()
         .map(|directories| directories.clone())
         .unwrap_or_default()
+}
+
+/// Directories registered with [`keep_workspaces_apart`].
+static PRIVATE_ROOTS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Marks `root` as a directory of workspaces (`keel serve`'s
+/// `--workspace-root`, which holds every tenant's sessions): a restricted
+/// command sees under it only its own workspace, the rest covered by an
+/// empty read-only file system, so one session's command (prompt-injected
+/// or not) cannot list or read another's files, another tenant's included.
+/// A command whose workspace is elsewhere sees nothing under it.
+pub fn keep_workspaces_apart(root: &Path) {
+    let root = std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf());
+    if let Ok(mut roots) = PRIVATE_ROOTS.lock()
+        && !roots.contains(&root)
+    {
+        roots.push(root);
+    }
+}
+
+/// The directories registered with [`keep_workspaces_apart`].
+pub fn private_roots() -> Vec<PathBuf> {
+    PRIVATE_ROOTS.lock().map(|roots| roots.clone()).unwrap_or_default()
 }
 
 /// The line the launcher writes to stderr before it runs the command.
@@ -430,6 +460,7 @@ mod tests {
             network: true,
             protected: &protected,
             sockets: &[PathBuf::from("/srv/pg")],
+            private_roots: &[PathBuf::from("/srv/ws")],
             limits: Limits::default(),
         };
         let arguments = launcher_arguments(
@@ -450,6 +481,8 @@ mod tests {
                 "/data/keel.sqlite3",
                 "--cover-sockets",
                 "/srv/pg",
+                "--private-root",
+                "/srv/ws",
                 "--max-processes",
                 "512",
                 "--max-memory",

@@ -108,6 +108,9 @@ pub(super) struct MountPlan<'a> {
     pub(super) hidden: &'a [PathBuf],
     /// Directories that may hold the database's Unix sockets, to cover.
     pub(super) sockets: &'a [PathBuf],
+    /// Directories of workspaces: each is covered but for the workspace,
+    /// bound back onto its own path when it lies there.
+    pub(super) private_roots: &'a [PathBuf],
     /// The size of the private `/tmp` and `/dev/shm`, in bytes.
     pub(super) tmp_size: u64,
 }
@@ -127,6 +130,8 @@ pub(super) struct MountReport {
     /// The socket directories that were covered (or whose database
     /// sockets were, when the workspace lies in them).
     pub(super) sockets: Vec<PathBuf>,
+    /// How many directories of workspaces were covered.
+    pub(super) private_roots: usize,
 }
 
 /// Sets up the mount namespace the sandboxed command will share, from the
@@ -157,6 +162,13 @@ pub(super) fn confine_mounts(plan: &MountPlan<'_>) -> Result<MountReport, String
     // First, since the covers below are bound from its `/dev/null`.
     report.dev = Some(private_mounts::minimal_dev(plan.tmp_size)?);
     report.private_tmp = private_mounts::private_tmp(&workspace, plan.tmp_size)?;
+    // Before the writable places are bound: the workspace is among them,
+    // and must be bound onto the path it is shown at.
+    for root in plan.private_roots {
+        if private_mounts::private_root(&workspace, root)? {
+            report.private_roots += 1;
+        }
+    }
     for place in plan.writable {
         mount(
             Some(place),

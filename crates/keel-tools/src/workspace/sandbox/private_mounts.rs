@@ -169,6 +169,34 @@ pub(super) fn private_tmp(workspace: &Workspace, size: u64) -> Result<bool, Stri
     Ok(true)
 }
 
+/// Covers `root`, a directory of workspaces, with an empty tmpfs and, when
+/// `workspace` lies under it, binds the workspace back onto its own path
+/// there (the directories between are made empty, so no other workspace's
+/// name shows). The tmpfs becomes read-only with every other mount. Returns
+/// whether `root` existed. The workspace *is* the root (a session told to
+/// work in it) leaves it as it is: nothing else is to hide from it.
+pub(super) fn private_root(workspace: &Workspace, root: &Path) -> Result<bool, String> {
+    let root = real_path(root);
+    // `/` as a root of workspaces would cover the system itself: left as
+    // it is (the sandbox's other walls still stand).
+    if !root.is_dir() || root == Path::new("/") || workspace.path == root || root.starts_with(&workspace.path) {
+        return Ok(false);
+    }
+    let shown = root
+        .to_str()
+        .ok_or_else(|| format!("the workspace root {} is not UTF-8", root.display()))?;
+    tmpfs(shown, "mode=0755,size=64k", MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
+    if workspace.path.starts_with(&root) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&workspace.path)
+            .map_err(|error| format!("cannot recreate the workspace under its root: {error}"))?;
+        bind(&fd_path(&workspace.opened), &workspace.path)?;
+    }
+    Ok(true)
+}
+
 /// `path` made absolute and free of symbolic links where it exists, so
 /// that it can be compared with the mount table's entries.
 pub(super) fn real_path(path: &Path) -> PathBuf {
