@@ -178,7 +178,9 @@ pub struct ClusterConfig {
     pub lease_ttl: Duration,
     /// The key relayed submissions are sealed with, the same on every node
     /// (see [`RelayKey`]); `None` derives it from `token` when there is
-    /// one, and otherwise nothing is sealed or checked.
+    /// one. A node with neither does not start: every hand-over between
+    /// nodes must be sealed, or anyone reaching a node could act on any
+    /// session through it.
     pub relay_key: Option<RelayKey>,
     /// How long a submission relayed to the node running its session
     /// waits for that node's answer (the answer the client gets) before it
@@ -579,9 +581,16 @@ fn cluster_parts(cluster: ClusterConfig, token: Option<&str>) -> Result<(host::N
         let token = token.map(str::trim);
         token.map(|token| RelayKey::derive(token.as_bytes()))
     });
-    if relay_key.is_none() {
-        tracing::warn!("relayed submissions are not sealed: this node has no --token-file or --cluster-key-file");
-    }
+    // Nothing unsealed is ever acted on, so a node without a key could
+    // take no hand-over; and one that took them unsealed would let anyone
+    // reaching its port (or writing the database) act on any session.
+    let Some(relay_key) = relay_key else {
+        return Err(ServeError::Config(
+            "nodes on a shared database seal what they hand each other: give every node the same key \
+             (--cluster-key-file FILE, made with `openssl rand -hex 32 > FILE`) or the same --token-file"
+                .to_owned(),
+        ));
+    };
     let node = host::Node {
         owner,
         store: cluster.store,

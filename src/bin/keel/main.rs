@@ -9,6 +9,7 @@ mod banner;
 mod bench;
 mod chaos;
 mod chat;
+mod cluster_key;
 mod completions;
 mod config_cmd;
 mod console;

@@ -100,7 +100,7 @@ pub(crate) struct ServeArgs {
     /// On PostgreSQL, a file holding the secret every node seals relayed
     /// submissions with, so that a row written into the database by
     /// anyone else is refused [default: derived from --token-file; without
-    /// either, relayed submissions are not sealed].
+    /// either, this host's key in Keel's data directory, made once].
     #[arg(long, env = "KEEL_CLUSTER_KEY_FILE", value_name = "FILE")]
     cluster_key_file: Option<PathBuf>,
     /// On PostgreSQL, the base URL the other nodes reach this one at, to
@@ -147,7 +147,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
         keel_config.model(spec)?;
     }
     let relay_key = match &args.cluster_key_file {
-        Some(path) => Some(read_cluster_key(path)?),
+        Some(path) => Some(crate::cluster_key::read(path)?),
         None => None,
     };
     let token = match &args.token_file {
@@ -183,6 +183,21 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let pid = std::process::id();
     let node_id = args.node_id.clone().unwrap_or_else(|| default_node_id(pid));
     let location = args.db.location()?;
+    // Nodes seal what they hand each other; without a key or a token to
+    // derive one from, this host's own key (made once, shared by its nodes).
+    let relay_key = match (relay_key, &token, &location) {
+        (None, None, keel::store::Location::Postgres(_)) => {
+            let path = crate::cluster_key::host_key_path()?;
+            let key = crate::cluster_key::host_key(&path)?;
+            eprintln!(
+                "keel serve seals what it hands other nodes with this host's key {}: \
+                 nodes on other hosts need the same file (--cluster-key-file)",
+                path.display()
+            );
+            Some(key)
+        }
+        (key, _, _) => key,
+    };
     args.db.ensure_creatable()?;
     let mut lock = args
         .db
@@ -298,22 +313,6 @@ fn advertised_host(url: Option<&str>) -> anyhow::Result<Option<String>> {
         );
     };
     Ok(Some(host.trim_start_matches('[').trim_end_matches(']').to_owned()))
-}
-
-/// The relay key in a `--cluster-key-file`: at least 32 bytes of secret
-/// (surrounding white space ignored), protected from sandboxed commands
-/// like the token file.
-fn read_cluster_key(path: &std::path::Path) -> anyhow::Result<keel::server::RelayKey> {
-    let text = std::fs::read(path).with_context(|| format!("cannot read the cluster key file {}", path.display()))?;
-    let secret = text.trim_ascii();
-    anyhow::ensure!(
-        secret.len() >= 32,
-        "the cluster key file {} holds {} bytes; give it at least 32 (e.g. `openssl rand -hex 32`)",
-        path.display(),
-        secret.len()
-    );
-    keel::tools::workspace::sandbox::protect(path);
-    Ok(keel::server::RelayKey::derive(secret))
 }
 
 /// A node id unique among live nodes: the host's name, the process id and

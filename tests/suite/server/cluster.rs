@@ -73,8 +73,15 @@ impl Cluster {
             .env_remove("KEEL_MODEL")
             .env_remove("KEEL_CONFIG")
             .env("KEEL_LOG", "warn")
+            // The nodes' own data directory, where the host's cluster key is.
+            .env("XDG_DATA_HOME", self.data_home())
             .current_dir(self.scratch.dir.path());
         command
+    }
+
+    /// The data directory every node of this cluster shares.
+    fn data_home(&self) -> std::path::PathBuf {
+        self.scratch.dir.path().join("data")
     }
 
     /// Starts node `index` behind the operator's `token` (written to a

@@ -50,8 +50,8 @@ pub(crate) struct Node {
     /// database the host's store is on.
     pub(crate) store: Arc<dyn ClusterStore>,
     /// Seals the submissions this node relays and checks those it takes
-    /// up; `None`: neither.
-    pub(crate) relay_key: Option<RelayKey>,
+    /// up: a node of a cluster always has one (nothing unsealed is acted on).
+    pub(crate) relay_key: RelayKey,
     /// How long a submission relayed to another node waits for the owner's
     /// answer before it is answered `503 owner_unavailable`.
     pub(crate) relay_wait: Duration,

@@ -344,9 +344,12 @@ impl Host {
         if self.cluster.is_none() {
             return ForwardReply::not_taken("this node runs alone");
         }
-        if let Some(key) = &self.relay_key
-            && !key.verify_forward(&session_id, &submission, sent_at_ms)
-        {
+        // Nothing unsealed is acted on: a node without a key takes nothing.
+        let sealed = self
+            .relay_key
+            .as_ref()
+            .is_some_and(|key| key.verify_forward(&session_id, &submission, sent_at_ms));
+        if !sealed {
             tracing::warn!(
                 %session_id,
                 submission_id = %submission.submission_id,

@@ -96,7 +96,8 @@ pub(crate) struct Host {
     /// Wakes the take-over sweep (several nodes only).
     sweep: tokio::sync::Notify,
     /// Seals the submissions this node relays and checks those it takes
-    /// up (several nodes only; `None`: neither).
+    /// up (several nodes only; `None` alone, where nothing relayed or
+    /// handed over is taken).
     relay_key: Option<RelayKey>,
     /// How long a relayed submission waits for the owner's answer.
     relay_wait: Duration,
@@ -128,7 +129,12 @@ impl Host {
         node: Option<Node>,
     ) -> Self {
         let (cluster, shared, relay_key, relay_wait) = match node {
-            Some(node) => (Some(node.owner), Some(node.store), node.relay_key, node.relay_wait),
+            Some(node) => (
+                Some(node.owner),
+                Some(node.store),
+                Some(node.relay_key),
+                node.relay_wait,
+            ),
             None => (None, None, None, Duration::ZERO),
         };
         Self {

@@ -12,11 +12,12 @@
 //! (`--cluster-key-file`, or derived from the API token every node
 //! checks); the owner refuses a row whose seal does not verify.
 //!
+//! Every node of a cluster has a key (`keel serve` makes one per host when
+//! it is given none, see `cluster_key.rs` of the binary), and nothing whose
+//! seal does not verify is acted on, by either path.
+//!
 //! Not covered: a sealed row copied back in after it was taken up runs
-//! again only if it has no idempotency key (a keyed one is a duplicate);
-//! a node given no key seals nothing and checks nothing, which is only
-//! sound when the API itself asks for no token (loopback, no
-//! authentication: anyone who could write the row could send the request).
+//! again only if it has no idempotency key (a keyed one is a duplicate).
 
 use std::fmt;
 

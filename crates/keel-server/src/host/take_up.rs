@@ -162,9 +162,11 @@ impl Host {
         let session_id = session.handle.session_id();
         let mut answers = Vec::with_capacity(rows.len());
         for relayed in rows {
-            if let Some(relay_key) = &self.relay_key
-                && !relay_key.verify(session_id, relayed)
-            {
+            let sealed = self
+                .relay_key
+                .as_ref()
+                .is_some_and(|key| key.verify(session_id, relayed));
+            if !sealed {
                 // Not sealed by a node of this cluster: nobody
                 // authenticated sent it. Dropped, never queued.
                 tracing::warn!(

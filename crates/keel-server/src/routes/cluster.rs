@@ -3,7 +3,8 @@
 //!
 //! Not part of the client API, so not in its description: no client
 //! calls it, and it asks for no token. What it takes must carry the
-//! cluster key's seal (when the nodes have one), fresh, and seen once.
+//! cluster key's seal, fresh, and seen once; anything else is answered
+//! `not_taken` and acts on nothing.
 
 use std::sync::Arc;
 
