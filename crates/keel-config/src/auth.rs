@@ -16,6 +16,13 @@ pub struct AuthConfig {
     /// without it.
     #[serde(default)]
     pub jwt: Option<JwtConfig>,
+    /// Whether an API key or a JWT may name the tenant `default`, where
+    /// the operator's own sessions are (those made with the token, or on
+    /// an open loopback server). Off unless the operator says so: a token
+    /// minted with that claim, or a key made for it, would otherwise act on
+    /// the operator's sessions.
+    #[serde(default)]
+    pub allow_default_tenant: bool,
 }
 
 /// `[auth.jwt]`: how a bearer JWT becomes a principal. Only asymmetric

@@ -130,7 +130,7 @@ pub use self::bots::{BotConfig, BotId, Bots};
 pub use self::budget::BudgetConfig;
 pub use self::server::{READING_TOOLS, ServerPolicy};
 pub use self::telemetry::TelemetryConfig;
-pub use self::tenants::{MAX_TENANT_BYTES, TenantConfig, TenantTools, valid_tenant};
+pub use self::tenants::{MAX_TENANT_BYTES, TENANT_NAME_RULE, TenantConfig, TenantTools, valid_tenant};
 pub use self::webhooks::{WebhookEndpointConfig, WebhooksConfig};
 pub use keel_tools::ToolsConfig;
 pub use keel_tools::mcp::{

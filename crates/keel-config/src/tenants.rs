@@ -25,9 +25,13 @@ use keel_tools::workspace::SandboxPolicy;
 /// every session and named in keys and tokens).
 pub const MAX_TENANT_BYTES: usize = keel_agent::MAX_BOT_ID_BYTES;
 
+/// The tenant names' grammar, in words, for error messages.
+pub const TENANT_NAME_RULE: &str = "1 to 128 printable ASCII characters other than `%`";
+
 /// Whether `tenant` is a tenant name: 1 to [`MAX_TENANT_BYTES`] printable
 /// ASCII characters other than `%` (it goes in URL paths: see
-/// [`keel_protocol::is_path_name`]).
+/// [`keel_protocol::is_path_name`]). The one grammar every door checks: a
+/// session's tenant, `[tenants.<id>]`, an API key's, a JWT's claim.
 pub fn valid_tenant(tenant: &str) -> bool {
     keel_protocol::is_path_name(tenant, MAX_TENANT_BYTES)
 }
@@ -127,5 +131,7 @@ mod tests {
         for bad in ["", "t\u{e9}", "a\nb", "t%C3%A9", &"a".repeat(MAX_TENANT_BYTES + 1)] {
             assert!(!valid_tenant(bad), "{bad:?}");
         }
+        assert!(valid_tenant("org:42"));
+        assert!(TENANT_NAME_RULE.contains(&format!("1 to {MAX_TENANT_BYTES} ")));
     }
 }

@@ -24,6 +24,10 @@ pub enum ApiError {
     /// A missing or wrong bearer token (401).
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// A credential this server verified that names what no credential
+    /// may (401, `unauthorized`): the message says what, to its holder.
+    #[error("{0}")]
+    CredentialRefused(String),
     /// A request beyond what the operator lets API clients ask for (403);
     /// `code` names the setting (`sandbox_over_ceiling`, …) and the message
     /// the `keel.toml` key or `keel serve` flag that would allow it.
@@ -171,7 +175,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized | Self::CredentialRefused(_) => StatusCode::UNAUTHORIZED,
             Self::Forbidden { .. } | Self::MissingScope(_) => StatusCode::FORBIDDEN,
             Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) | Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
@@ -205,7 +209,7 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::InvalidRequest(_) => "invalid_request",
-            Self::Unauthorized => "unauthorized",
+            Self::Unauthorized | Self::CredentialRefused(_) => "unauthorized",
             Self::Forbidden { code, .. } => code,
             Self::MissingScope(scope) => match scope {
                 crate::auth::scope::Scope::Read => "missing_scope_read",
@@ -300,7 +304,7 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
         }
-        if self == Self::Unauthorized {
+        if matches!(self, Self::Unauthorized | Self::CredentialRefused(_)) {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -324,8 +324,7 @@ pub async fn serve(
             "the live-session bound must be at least 1".to_owned(),
         ));
     }
-    let (authenticator, auth_tasks) =
-        auth_parts(door.token.clone(), config.access.clone(), config.keel.auth.jwt.clone()).await?;
+    let (authenticator, auth_tasks) = auth_parts(door.token.clone(), config.access.clone(), &config.keel.auth).await?;
     let metrics = Arc::new(Metrics::new());
     let store: Arc<dyn CheckpointStore> = Arc::new(MeteredStore::new(config.store, Arc::clone(&metrics)));
     let script_dir = config
@@ -471,10 +470,10 @@ pub async fn serve(
 async fn auth_parts(
     token: Option<auth::Token>,
     access: Option<Arc<dyn AccessStore>>,
-    jwt: Option<keel_config::JwtConfig>,
+    config: &keel_config::AuthConfig,
 ) -> Result<(auth::Authenticator, Vec<tokio::task::JoinHandle<()>>), ServeError> {
     let mut tasks = Vec::new();
-    let jwt = match jwt {
+    let jwt = match config.jwt.clone() {
         Some(config) => {
             let verifier = auth::jwt::JwtVerifier::new(config)
                 .await
@@ -494,7 +493,13 @@ async fn auth_parts(
         }
         None => None,
     };
-    Ok((auth::Authenticator { token, keys, jwt }, tasks))
+    let authenticator = auth::Authenticator {
+        token,
+        keys,
+        jwt,
+        allow_default_tenant: config.allow_default_tenant,
+    };
+    Ok((authenticator, tasks))
 }
 
 /// What `serve` checks and builds for the listener side from a

@@ -88,6 +88,12 @@ async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
         .expires_in
         .map(|duration| now.saturating_add(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)));
     let made = new_api_key(&args.tenant, &args.name, &scopes, expires_at_ms, now)?;
+    if args.tenant == keel::protocol::DEFAULT_TENANT {
+        eprintln!(
+            "note: the tenant `default` holds the operator's own sessions; a server takes this key only \
+             where keel.toml says `[auth] allow_default_tenant = true`"
+        );
+    }
     let access = args.db.open_access(true).await?;
     access
         .create_api_key(&made.record)

@@ -103,7 +103,6 @@ async fn jwts_from_a_jwks_file_are_principals_and_every_bad_one_is_401() {
         "wrong_key",
         "wrong_key_no_kid",
         "no_exp",
-        "no_tenant",
         "alg_none",
         "hs256_public_pem",
         "hs256_public_n",
@@ -116,6 +115,130 @@ async fn jwts_from_a_jwks_file_are_principals_and_every_bad_one_is_401() {
     }
     // No credential at all, once JWTs are configured: 401 (there is a token).
     assert_unauthorized(&api.get("/v1/whoami").await, "no credential");
+    // A verified token naming no principal: 401, saying why.
+    let refused = whoami(api, &tokens["no_tenant"]).await;
+    assert_refused_saying(&refused, "the token has no `org` claim naming its tenant");
+    server.stop().await;
+}
+
+/// `401 unauthorized` whose message says `why`.
+fn assert_refused_saying(reply: &super::Reply, why: &str) {
+    assert_eq!(reply.status, reqwest::StatusCode::UNAUTHORIZED, "{}", reply.body);
+    assert_eq!(reply.code(), "unauthorized", "{}", reply.body);
+    let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(why), "{message:?} does not say {why:?}");
+}
+
+/// A tenant claim is checked with the grammar of every tenant name (so
+/// `org:42` is a tenant, and `t%41` is refused saying so), and the
+/// operator's tenant `default` is refused to a token unless keel.toml
+/// lets credentials name it: such a token would act on the operator's own
+/// sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_claim_is_a_tenant_name_and_never_the_operator_s_unless_allowed() {
+    let Some(python) = python("suite::auth::jwt (tenants)") else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let tokens = mint(&python, scratch.dir.path());
+    let jwks = scratch.dir.path().join("jwks.json");
+    let model = scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
+    let server = TestServer::start_in(scratch, |config, _| {
+        config.token = Some("operator-token".to_owned());
+        config.keel.auth.jwt = Some(jwt_config(Some(&jwks), None));
+    })
+    .await;
+    let api = &server.api;
+    let operator = super::with(api, "operator-token");
+    let mine = operator
+        .post("/v1/sessions", &json!({"id": "operators-own", "model": model}))
+        .await;
+    assert_eq!(mine.status, reqwest::StatusCode::CREATED, "{}", mine.body);
+
+    assert_eq!(
+        principal(&whoami(api, &tokens["tenant_colon"]).await)["tenant"],
+        "org:42"
+    );
+    assert_refused_saying(
+        &whoami(api, &tokens["tenant_percent"]).await,
+        "the token's `org` claim is not a tenant name: 1 to 128 printable ASCII characters other than `%`",
+    );
+    let claimed = super::with(api, &tokens["tenant_default"]);
+    for path in ["/v1/whoami", "/v1/sessions", "/v1/sessions/operators-own"] {
+        assert_refused_saying(&claimed.get(path).await, "[auth] allow_default_tenant = true");
+    }
+    let deleted = claimed
+        .send(claimed.client.delete(claimed.url("/v1/sessions/operators-own")))
+        .await;
+    assert_refused_saying(&deleted, "allow_default_tenant");
+    assert_eq!(
+        operator.get("/v1/sessions/operators-own").await.status,
+        reqwest::StatusCode::OK
+    );
+    server.stop().await;
+
+    // The operator may let credentials name it.
+    let scratch = Scratch::new();
+    let tokens = mint(&python, scratch.dir.path());
+    let jwks = scratch.dir.path().join("jwks.json");
+    let server = TestServer::start_in(scratch, |config, _| {
+        config.token = Some("operator-token".to_owned());
+        config.keel.auth.jwt = Some(jwt_config(Some(&jwks), None));
+        config.keel.auth.allow_default_tenant = true;
+    })
+    .await;
+    assert_eq!(
+        principal(&whoami(&server.api, &tokens["tenant_default"]).await)["tenant"],
+        "default"
+    );
+    server.stop().await;
+}
+
+/// A stream opened with a JWT ends at the token's `exp`: the leeway lets a
+/// token through a check made by a clock a little ahead, it does not give
+/// the stream more life (30 s by default, which this test would see).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_opened_with_a_jwt_ends_at_its_exp() {
+    let Some(python) = python("suite::auth::jwt (exp)") else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let tokens = mint(&python, scratch.dir.path());
+    let jwks = scratch.dir.path().join("jwks.json");
+    let model = scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
+    let server = TestServer::start_in(scratch, |config, _| {
+        config.token = Some("operator-token".to_owned());
+        config.keel.auth.jwt = Some(jwt_config(Some(&jwks), None));
+    })
+    .await;
+    let api = &server.api;
+    let token = &tokens["short_lived"];
+    let payload = token.split('.').nth(1).expect("a payload");
+    let claims: Value = serde_json::from_slice(
+        &base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, payload).expect("base64url"),
+    )
+    .expect("claims");
+    let exp_ms = claims["exp"].as_u64().expect("exp") * 1000;
+    let created = super::with(api, "operator-token")
+        .post(
+            "/v1/sessions",
+            &json!({"id": "brief", "model": model, "tenant": "acme"}),
+        )
+        .await;
+    assert_eq!(created.status, reqwest::StatusCode::CREATED, "{}", created.body);
+    let streams = super::keys::open_streams(api, token, "brief").await;
+    for stream in streams {
+        crate::suite::support::wait::guard("a stream of an expiring JWT", stream)
+            .await
+            .expect("the watcher");
+        let ended_ms = keel::protocol::now_ms();
+        assert!(ended_ms + 100 >= exp_ms, "ended {} ms before exp", exp_ms - ended_ms);
+        assert!(
+            ended_ms < exp_ms + 5_000,
+            "ended {} ms after exp (the leeway is not the stream's)",
+            ended_ms - exp_ms
+        );
+    }
     server.stop().await;
 }
 
@@ -145,6 +268,30 @@ async fn a_jwks_url_is_fetched_refreshed_and_its_last_good_set_kept_when_it_fail
     assert!(idp.requests().len() >= 3, "the JWKS is fetched again");
     assert_eq!(principal(&whoami(api, &tokens["es256"]).await)["tenant"], "globex");
     assert_eq!(principal(&whoami(api, &tokens["eddsa"]).await)["principal_id"], "carol");
+    server.stop().await;
+}
+
+/// A JWKS URL that answers with a redirect yields no keys: the fetch goes
+/// only where the operator said, never where a redirect points.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwks_url_that_redirects_is_not_followed() {
+    let Some(python) = python("suite::auth::jwt (redirect)") else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let tokens = mint(&python, scratch.dir.path());
+    let jwks = std::fs::read_to_string(scratch.dir.path().join("jwks.json")).expect("the JWKS");
+    let elsewhere = ScriptedServer::start(vec![HttpReply::json(200, &jwks)]).await;
+    let target = format!("{}/jwks.json", elsewhere.url());
+    let idp = ScriptedServer::start(vec![HttpReply::json(302, "{}").header("location", &target)]).await;
+    let url = format!("{}/.well-known/jwks.json", idp.url());
+    let server = TestServer::start_in(scratch, |config, _| {
+        config.keel.auth.jwt = Some(jwt_config(None, Some(url)));
+    })
+    .await;
+    assert_unauthorized(&whoami(&server.api, &tokens["rs256"]).await, "keys behind a redirect");
+    assert!(!idp.requests().is_empty(), "the JWKS URL was asked");
+    assert!(elsewhere.requests().is_empty(), "the redirect was followed");
     server.stop().await;
 }
 

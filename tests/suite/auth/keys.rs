@@ -90,7 +90,7 @@ async fn until_ws_closes(url: String) -> Instant {
 
 /// Opens a stream and a WebSocket of `session` with `key`, each watched
 /// until the server ends it.
-async fn open_streams(api: &Api, key: &str, session: &str) -> [tokio::task::JoinHandle<Instant>; 2] {
+pub(super) async fn open_streams(api: &Api, key: &str, session: &str) -> [tokio::task::JoinHandle<Instant>; 2] {
     let response = with(api, key)
         .client
         .get(api.url(&format!("/v1/sessions/{session}/events/stream")))
@@ -290,13 +290,30 @@ async fn admins_manage_keys_over_the_api_within_their_tenant() {
     for body in [
         json!({"tenant": "acme", "name": "x", "scopes": ["root"]}),
         json!({"tenant": "acme", "name": "x", "scopes": []}),
-        json!({"tenant": "a/b", "name": "x", "scopes": ["read"]}),
+        json!({"tenant": "a%b", "name": "x", "scopes": ["read"]}),
+        json!({"tenant": "t\u{e9}", "name": "x", "scopes": ["read"]}),
+        // The operator's own tenant is no key's unless keel.toml says so
+        // (named, or by the operator's default).
+        json!({"tenant": "default", "name": "x", "scopes": ["read"]}),
+        json!({"name": "x", "scopes": ["read"]}),
         json!({"tenant": "acme", "name": "x\u{7}", "scopes": ["read"]}),
         json!({"tenant": "acme", "name": "x", "scopes": ["read"], "expires_in_secs": 60}),
     ] {
         let refused = operator.post("/v1/keys", &body).await;
         assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{body}: {}", refused.body);
     }
+    let named = operator
+        .post(
+            "/v1/keys",
+            &json!({"tenant": "org:42", "name": "x", "scopes": ["read"]}),
+        )
+        .await;
+    assert_eq!(
+        named.status,
+        StatusCode::CREATED,
+        "one grammar of tenants: {}",
+        named.body
+    );
 
     // The operator revokes globex's key: 204, then refused on this node at once.
     let revoked = operator

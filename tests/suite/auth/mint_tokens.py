@@ -79,6 +79,13 @@ def main() -> None:
         "no_tenant": sign(rsa_key, "RS256", "rsa-1", org=None),
         "no_scope": sign(rsa_key, "RS256", "rsa-1", sub="dave", scope=None),
         "alg_none": jwt.encode(claims(), None, algorithm="none"),
+        # Tenant names: any printable ASCII but `%` is one (one grammar for
+        # every door); the operator's own `default` is nobody's to claim.
+        "tenant_colon": sign(rsa_key, "RS256", "rsa-1", org="org:42"),
+        "tenant_percent": sign(rsa_key, "RS256", "rsa-1", org="t%41"),
+        "tenant_default": sign(rsa_key, "RS256", "rsa-1", org="default"),
+        # Expires in 4 s: a stream it opens ends then, not a leeway later.
+        "short_lived": sign(rsa_key, "RS256", "rsa-1", exp=now + 4),
     }
     # HS256 keyed with the RSA public key (PEM and JWK `n`): the classic
     # confusion. PyJWT refuses to make it, so it is made by hand.

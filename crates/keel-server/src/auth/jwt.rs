@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 use super::principal::Principal;
 use super::scope::{Scope, Scopes};
-use super::{Liveness, keys::valid_tenant};
+use super::{Liveness, Refused};
 
 /// The most verified tokens remembered at once.
 const CACHE_BOUND: usize = 4096;
@@ -112,8 +112,13 @@ impl JwtVerifier {
             (None, Some(url)) => Source::Url(url.clone()),
             (None, None) => return Err(JwtSetupError::Config("[auth.jwt] needs a key source".to_owned())),
         };
+        // A redirect is refused, not followed: the operator named where the
+        // keys are, and a redirect (from a compromised or misconfigured
+        // identity provider, or whoever answers for its name) could send
+        // the fetch anywhere, a private address included.
         let client = reqwest::Client::builder()
             .timeout(FETCH_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|error| JwtSetupError::Config(format!("[auth.jwt] HTTP client: {error}")))?;
         let verifier = Arc::new(Self {
@@ -188,23 +193,31 @@ impl JwtVerifier {
         }
     }
 
-    /// The principal of `token` when it is a valid JWT, `None` otherwise
-    /// (the reason is logged at debug level only).
-    pub(crate) fn check(&self, token: &str, now_ms: u64) -> Option<(Principal, Liveness)> {
+    /// The principal of `token` when it is a valid JWT. A token that does
+    /// not verify is [`Refused::Unknown`] (the reason is logged at debug
+    /// level only); one that verifies but whose claims name no principal
+    /// is refused with the reason, which its holder may read.
+    ///
+    /// The leeway lets a token whose `exp` just passed by the server's
+    /// clock through the check (clocks disagree); what it opens (a stream)
+    /// still lives only until `exp`.
+    pub(crate) fn check(&self, token: &str, now_ms: u64) -> Result<(Principal, Liveness), Refused> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some(hit) = self.cached(&digest, now_ms) {
-            return Some(hit);
+            return Ok(hit);
         }
-        let (principal, exp_ms) = match self.verify(token) {
-            Ok(verified) => verified,
-            Err(reason) => {
-                tracing::debug!(%reason, "refused a JWT");
-                return None;
-            }
-        };
-        let until_ms = exp_ms.saturating_add(self.config.leeway_secs.saturating_mul(1000));
+        let claims = self.verify(token).map_err(|reason| {
+            tracing::debug!(%reason, "refused a JWT");
+            Refused::Unknown
+        })?;
+        let (principal, exp_ms) = self.principal_of(&claims).map_err(|reason| {
+            tracing::debug!(%reason, "refused a verified JWT");
+            Refused::Because(reason)
+        })?;
+        let until_ms = exp_ms;
         if until_ms <= now_ms {
-            return None;
+            // Within the leeway: let through, never cached.
+            return Ok((principal, Liveness::Until(until_ms)));
         }
         if let Ok(mut cache) = self.cache.lock() {
             if cache.len() >= CACHE_BOUND {
@@ -221,7 +234,7 @@ impl JwtVerifier {
                 },
             );
         }
-        Some((principal, Liveness::Until(until_ms)))
+        Ok((principal, Liveness::Until(until_ms)))
     }
 
     fn cached(&self, digest: &[u8; 32], now_ms: u64) -> Option<(Principal, Liveness)> {
@@ -230,8 +243,8 @@ impl JwtVerifier {
         (cached.until_ms > now_ms).then(|| (cached.principal.clone(), Liveness::Until(cached.until_ms)))
     }
 
-    /// Verifies `token` against the key set: the principal and `exp` (ms).
-    fn verify(&self, token: &str) -> Result<(Principal, u64), String> {
+    /// Verifies `token` against the key set: its claims.
+    fn verify(&self, token: &str) -> Result<HashMap<String, Value>, String> {
         let header = jsonwebtoken::decode_header(token).map_err(|error| format!("header: {error}"))?;
         if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256 | Algorithm::EdDSA) {
             return Err(format!("algorithm {:?} is not accepted", header.alg));
@@ -260,7 +273,7 @@ impl JwtVerifier {
         let mut last = "no key of the JWKS fits the token".to_owned();
         for key in candidates {
             match jsonwebtoken::decode::<HashMap<String, Value>>(token, &key.key, &validation) {
-                Ok(data) => return self.principal_of(&data.claims),
+                Ok(data) => return Ok(data.claims),
                 Err(error) => last = error.to_string(),
             }
         }
@@ -269,17 +282,31 @@ impl JwtVerifier {
 
     /// The principal a verified token's claims name.
     fn principal_of(&self, claims: &HashMap<String, Value>) -> Result<(Principal, u64), String> {
+        let claim = &self.config.tenant_claim;
         let tenant = claims
-            .get(&self.config.tenant_claim)
+            .get(claim)
             .and_then(Value::as_str)
-            .filter(|tenant| valid_tenant(tenant))
-            .ok_or("no valid tenant claim")?;
+            .ok_or_else(|| format!("the token has no `{claim}` claim naming its tenant"))?;
+        if !keel_config::valid_tenant(tenant) {
+            return Err(format!(
+                "the token's `{claim}` claim is not a tenant name: {}",
+                keel_config::TENANT_NAME_RULE
+            ));
+        }
         let subject = claims
             .get(&self.config.subject_claim)
             .and_then(Value::as_str)
             .filter(|subject| !subject.is_empty() && !subject.chars().any(char::is_control))
-            .ok_or("no valid subject claim")?;
-        let exp = claims.get("exp").and_then(Value::as_u64).ok_or("no exp")?;
+            .ok_or_else(|| {
+                format!(
+                    "the token has no valid `{}` claim naming its subject",
+                    self.config.subject_claim
+                )
+            })?;
+        let exp = claims
+            .get("exp")
+            .and_then(Value::as_u64)
+            .ok_or("the token's `exp` is not a number of seconds")?;
         let scopes = match self.config.scopes_claim.as_ref().and_then(|claim| claims.get(claim)) {
             Some(Value::String(names)) => Scopes::of(names.split_whitespace().filter_map(Scope::parse)),
             Some(Value::Array(names)) => Scopes::of(names.iter().filter_map(Value::as_str).filter_map(Scope::parse)),

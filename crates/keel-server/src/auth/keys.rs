@@ -55,7 +55,7 @@ pub struct NewApiKey {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeySpecError {
     /// The tenant is empty or has characters a tenant may not.
-    #[error("a tenant is 1 to 128 letters, digits, '-', '_' or '.'")]
+    #[error("a tenant is 1 to 128 printable ASCII characters other than `%`")]
     Tenant,
     /// The name is empty, too long or has control characters.
     #[error("a key's name is 1 to 128 characters, none of them control characters")]
@@ -86,14 +86,6 @@ pub fn parse_scopes<S: AsRef<str>>(names: &[S]) -> Result<Vec<Scope>, KeySpecErr
     Ok(scopes)
 }
 
-/// Whether `tenant` is a valid tenant id.
-pub(crate) fn valid_tenant(tenant: &str) -> bool {
-    (1..=128).contains(&tenant.len())
-        && tenant
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
 /// Makes a key for `tenant` with `scopes`, valid until `expires_at_ms` if
 /// given: 32 random bytes of secret (the thread's CSPRNG, seeded by the
 /// operating system), stored as their SHA-256 only.
@@ -104,7 +96,7 @@ pub fn new_api_key(
     expires_at_ms: Option<u64>,
     now_ms: u64,
 ) -> Result<NewApiKey, KeySpecError> {
-    if !valid_tenant(tenant) {
+    if !keel_config::valid_tenant(tenant) {
         return Err(KeySpecError::Tenant);
     }
     if name.is_empty() || name.chars().count() > 128 || name.chars().any(char::is_control) {
@@ -398,7 +390,13 @@ mod tests {
             Some(KeySpecError::Tenant)
         );
         assert_eq!(
-            new_api_key("a/b", "ci", &[Scope::Read], None, 0).err(),
+            new_api_key("a%b", "ci", &[Scope::Read], None, 0).err(),
+            Some(KeySpecError::Tenant)
+        );
+        // The one grammar of tenant names: what a session or a JWT may name.
+        assert!(new_api_key("org:42", "ci", &[Scope::Read], None, 0).is_ok());
+        assert_eq!(
+            new_api_key("t\u{e9}", "ci", &[Scope::Read], None, 0).err(),
             Some(KeySpecError::Tenant)
         );
         assert_eq!(

@@ -13,8 +13,11 @@
 //!    its claims name.
 //!
 //! Anything else is `401 unauthorized`, the same answer whichever part
-//! failed (the reason is logged at debug level). Credentials are never
-//! logged or echoed. `/metrics` needs `admin` on every tenant (a key or a
+//! failed (the reason is logged at debug level), except for a credential
+//! that verified but names what no credential may: a JWT whose tenant claim
+//! is not a tenant name, or a key or JWT of the operator's tenant
+//! (`default`) without `[auth] allow_default_tenant`; that `401` says why.
+//! Credentials are never logged or echoed. `/metrics` needs `admin` on every tenant (a key or a
 //! JWT of one tenant is `403 missing_scope_admin` there): its numbers are
 //! the whole server's.
 //!
@@ -85,6 +88,29 @@ pub(crate) struct Authenticator {
     pub(crate) keys: Option<Arc<keys::KeyTable>>,
     /// `[auth.jwt]`'s verifier.
     pub(crate) jwt: Option<Arc<jwt::JwtVerifier>>,
+    /// Whether keys and JWTs may act for the operator's tenant (`[auth]
+    /// allow_default_tenant`).
+    pub(crate) allow_default_tenant: bool,
+}
+
+/// Why a credential gave no principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Not a credential of this server (unknown, wrong, expired, badly
+    /// signed): nothing more is said.
+    Unknown,
+    /// A credential this server verified, naming what no credential may;
+    /// said to its holder.
+    Because(String),
+}
+
+impl From<Refused> for ApiError {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::Unknown => Self::Unauthorized,
+            Refused::Because(reason) => Self::CredentialRefused(reason),
+        }
+    }
 }
 
 impl Authenticator {
@@ -94,23 +120,35 @@ impl Authenticator {
         self.token.is_none() && self.jwt.is_none() && !self.keys.as_ref().is_some_and(|keys| keys.any())
     }
 
-    /// The principal `credential` stands for, if any.
-    fn principal_of(&self, credential: &str, now_ms: u64) -> Option<(Principal, Liveness)> {
+    /// The principal `credential` stands for, or why none.
+    fn principal_of(&self, credential: &str, now_ms: u64) -> Result<(Principal, Liveness), Refused> {
         if self.token.as_ref().is_some_and(|token| token.matches(credential)) {
-            return Some((Principal::operator(), Liveness::Forever));
+            return Ok((Principal::operator(), Liveness::Forever));
         }
-        if keys::looks_like_key(credential) {
-            return self.keys.as_ref()?.check(credential, now_ms);
-        }
-        match &self.jwt {
-            Some(jwt) => jwt.check(credential, now_ms),
-            None => {
-                tracing::debug!("refused a credential: neither the token nor a key, and no JWTs are configured");
-                None
+        let found = if keys::looks_like_key(credential) {
+            self.keys
+                .as_ref()
+                .and_then(|keys| keys.check(credential, now_ms))
+                .ok_or(Refused::Unknown)
+        } else {
+            match &self.jwt {
+                Some(jwt) => jwt.check(credential, now_ms),
+                None => {
+                    tracing::debug!("refused a credential: neither the token nor a key, and no JWTs are configured");
+                    Err(Refused::Unknown)
+                }
             }
+        }?;
+        if found.0.tenant_filter() == Some(keel_protocol::DEFAULT_TENANT) && !self.allow_default_tenant {
+            return Err(Refused::Because(DEFAULT_TENANT_REFUSED.to_owned()));
         }
+        Ok(found)
     }
 }
+
+/// Why a key or JWT of the operator's tenant is refused.
+pub(crate) const DEFAULT_TENANT_REFUSED: &str = "this credential names the tenant `default`, where the operator's own \
+     sessions are; no key or token acts for it unless keel.toml says `[auth] allow_default_tenant = true`";
 
 /// Until when a request's credential works, for what outlives the request
 /// (event streams, WebSockets): put in each authenticated request's
@@ -127,7 +165,8 @@ pub(crate) enum Liveness {
         /// The key's id.
         id: String,
     },
-    /// A JWT: until its `exp` (plus the leeway), in ms since the epoch.
+    /// A JWT: until its `exp`, in ms since the epoch (the leeway is for
+    /// clocks that disagree at the check, not a longer life).
     Until(u64),
 }
 
@@ -157,21 +196,32 @@ pub(crate) async fn authenticate(State(server): State<Arc<Server>>, mut request:
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "))
-        .and_then(|given| auth.principal_of(given.trim(), now));
-    let route = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
-    let found = from_header.or_else(|| {
-        route
-            .filter(|route| accepts_query_token(route))
-            .and_then(|_| query_token(&request))
-            .and_then(|given| auth.principal_of(&given, now))
-    });
+        .map(|given| auth.principal_of(given.trim(), now));
+    let found = match from_header {
+        Some(Ok(found)) => Ok(found),
+        from_header => {
+            let route = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
+            let from_query = route
+                .filter(|route| accepts_query_token(route))
+                .and_then(|_| query_token(&request))
+                .map(|given| auth.principal_of(&given, now));
+            match from_query {
+                Some(Ok(found)) => Ok(found),
+                // The header's reason first when both were refused.
+                from_query => Err(from_header
+                    .and_then(Result::err)
+                    .or_else(|| from_query.and_then(Result::err))
+                    .unwrap_or(Refused::Unknown)),
+            }
+        }
+    };
     match found {
-        Some((principal, liveness)) => {
+        Ok((principal, liveness)) => {
             request.extensions_mut().insert(principal);
             request.extensions_mut().insert(liveness);
             next.run(request).await
         }
-        None => ApiError::Unauthorized.into_response(),
+        Err(refused) => ApiError::from(refused).into_response(),
     }
 }
 
@@ -208,17 +258,22 @@ mod tests {
             token: None,
             keys: None,
             jwt: None,
+            allow_default_tenant: false,
         };
         assert!(open.open());
         let closed = Authenticator {
             token: Some(Token::new("t0ken")),
             keys: None,
             jwt: None,
+            allow_default_tenant: false,
         };
         assert!(!closed.open());
         let (principal, _) = closed.principal_of("t0ken", 0).expect("the operator");
         assert_eq!(principal, Principal::operator());
-        assert!(closed.principal_of("keel_0123_abc", 0).is_none());
-        assert!(closed.principal_of("eyJhbGciOiJub25lIn0.e30.", 0).is_none());
+        assert_eq!(closed.principal_of("keel_0123_abc", 0).err(), Some(Refused::Unknown));
+        assert_eq!(
+            closed.principal_of("eyJhbGciOiJub25lIn0.e30.", 0).err(),
+            Some(Refused::Unknown)
+        );
     }
 }

@@ -364,6 +364,7 @@ mod tests {
         let errors = [
             ApiError::InvalidRequest(String::new()),
             ApiError::Unauthorized,
+            ApiError::CredentialRefused(String::new()),
             ApiError::ForbiddenOrigin(String::new()),
             ApiError::NotFound(String::new()),
             ApiError::ModelNotFound(String::new()),

@@ -153,8 +153,8 @@ pub(crate) fn thread_session_id(principal: &Principal, thread: &str) -> Result<S
 pub(crate) fn check_tenant(tenant: &str) -> Result<(), ApiError> {
     if !keel_config::valid_tenant(tenant) {
         return Err(ApiError::InvalidRequest(format!(
-            "`tenant` must be 1 to {} printable ASCII characters other than `%`",
-            keel_config::MAX_TENANT_BYTES
+            "`tenant` must be {}",
+            keel_config::TENANT_NAME_RULE
         )));
     }
     Ok(())

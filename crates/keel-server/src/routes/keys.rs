@@ -190,6 +190,14 @@ pub(crate) async fn create(
     if !principal.sees(&tenant) {
         return Err(ApiError::MissingScope(Scope::Admin));
     }
+    if tenant == keel_protocol::DEFAULT_TENANT && !server.auth.allow_default_tenant {
+        // It would be refused at every request: say so now.
+        return Err(ApiError::InvalidRequest(
+            "a key for the tenant `default` (the operator's own sessions) works only with keel.toml's \
+             `[auth] allow_default_tenant = true`: name another `tenant`"
+                .to_owned(),
+        ));
+    }
     let scopes = Scopes::of(body.scopes).iter().collect::<Vec<_>>();
     let made = new_api_key(&tenant, &body.name, &scopes, body.expires_at_ms, now_ms())
         .map_err(|error| ApiError::InvalidRequest(error.to_string()))?;
