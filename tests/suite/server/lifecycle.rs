@@ -424,3 +424,72 @@ async fn text_streamed_before_kill_9_joins_the_history_marked_interrupted() {
         ]
     );
 }
+
+/// The sequence of the first event of `kind` about `call_id` in the log's
+/// first page, if any.
+async fn logged_at(api: &crate::suite::support::api::Api, session: &str, kind: &str, call_id: &str) -> Option<u64> {
+    let page = api
+        .get(&format!("/v1/sessions/{session}/events?after=0&limit=1000"))
+        .await;
+    assert_eq!(page.status, reqwest::StatusCode::OK, "{}", page.body);
+    page.body["events"].as_array()?.iter().find_map(|event| {
+        (event["msg"]["type"] == kind && event["msg"]["call_id"] == call_id).then(|| event["sequence"].as_u64())?
+    })
+}
+
+/// `GET /v1/sessions/{id}` shows only what the log holds as of the
+/// `last_sequence` it shows: a call is `awaiting_approval` there only once
+/// its `approval_requested` is committed, and stops being so only once its
+/// `approval_decided` is. Read in a tight loop while a turn asks and its
+/// call is decided, many times over: the view showed the call waiting
+/// before its request was stored in about a third of such tries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_view_shows_an_approval_only_once_the_log_holds_it() {
+    let server = TestServer::start(|_, _| {}).await;
+    let api = &server.api;
+    for attempt in 0..16 {
+        let session = format!("view-{attempt}");
+        let call_id = format!("call-{attempt}");
+        let call = json!({"tool_calls": [{"id": call_id, "name": "write_file", "arguments": {"path": "n.txt", "content": "x"}}]});
+        let model = server
+            .scratch
+            .script(&format!("{session}.jsonl"), &[&call.to_string(), r#"{"text": "done"}"#]);
+        api.create(json!({"id": session, "model": model, "tools": {"shell": false}, "approvals": {"default": "ask"}}))
+            .await;
+        api.say(&session, "write it").await;
+        let deadline = std::time::Instant::now() + HANG_GUARD;
+        let shown = loop {
+            assert!(std::time::Instant::now() < deadline, "the call never showed as waiting");
+            let shown = api.session(&session).await;
+            if shown["state"] == "awaiting_approval" {
+                break shown;
+            }
+        };
+        assert_eq!(shown["pending_approvals"], json!([call_id]), "{shown}");
+        let requested = logged_at(api, &session, "approval_requested", &call_id).await;
+        let as_of = shown["last_sequence"].as_u64().expect("last_sequence");
+        assert!(
+            requested.is_some_and(|at| at <= as_of),
+            "attempt {attempt}: shown waiting as of sequence {as_of}, requested at {requested:?}"
+        );
+
+        let decide = json!({"op": {"type": "approval", "call_id": call_id, "decision": "deny"}});
+        let reply = api.submit(&session, decide).await;
+        assert_eq!(reply.status, reqwest::StatusCode::ACCEPTED, "{}", reply.body);
+        let shown = loop {
+            assert!(std::time::Instant::now() < deadline, "the call stayed waiting");
+            let shown = api.session(&session).await;
+            if shown["state"] != "awaiting_approval" {
+                break shown;
+            }
+        };
+        let decided = logged_at(api, &session, "approval_decided", &call_id).await;
+        let as_of = shown["last_sequence"].as_u64().expect("last_sequence");
+        assert!(
+            decided.is_some_and(|at| at <= as_of),
+            "attempt {attempt}: shown decided as of sequence {as_of}, decided at {decided:?}"
+        );
+        api.wait_idle(&session).await;
+    }
+    server.stop().await;
+}

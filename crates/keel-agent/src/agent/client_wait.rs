@@ -141,11 +141,14 @@ impl Session {
                 expires_at_ms,
             })));
         }
-        // Shown as waiting before the request is delivered: a result sent
-        // as soon as the client sees it must find the call waiting.
-        self.status.set_awaiting_client(&turn.execution.awaiting_client);
+        // Shown as waiting once the request is committed, never before. A
+        // result the client sends as soon as it sees the request finds the
+        // call waiting in the stored summary, committed with the request,
+        // and waits on the control lane until the task takes it.
         let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
-        self.recorder.commit(events, Some(write)).await.map(drop)
+        self.recorder.commit(events, Some(write)).await?;
+        self.status.set_awaiting_client(&turn.execution.awaiting_client);
+        Ok(())
     }
 
     /// Answers every waiting call whose deadline passed with an error.
@@ -187,11 +190,13 @@ impl Session {
     ) -> Result<()> {
         turn.execution.awaiting_client.retain(|waiting| waiting != call_id);
         turn.execution.client_deadlines.remove(call_id);
+        if let Some(call) = calls.iter().find(|call| call.call_id == call_id) {
+            self.record_result_of(turn, call, outcome, submission_id).await?;
+            // No longer shown as waiting once the result is in the log.
+            self.recorder.flush().await?;
+        }
         self.status.set_awaiting_client(&turn.execution.awaiting_client);
-        let Some(call) = calls.iter().find(|call| call.call_id == call_id) else {
-            return Ok(());
-        };
-        self.record_result_of(turn, call, outcome, submission_id).await
+        Ok(())
     }
 }
 

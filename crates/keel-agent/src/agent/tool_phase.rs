@@ -183,7 +183,6 @@ impl Session {
             })
             .collect();
         turn.execution.awaiting_approval = asking.iter().map(|call| call.call_id.clone()).collect();
-        self.status.set_awaiting_approval(&turn.execution.awaiting_approval);
         if !requests.is_empty() {
             // Durable before anyone is asked: a restart finds the turn waiting.
             let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
@@ -193,6 +192,9 @@ impl Session {
                 self.approval_asked.entry(call.call_id.clone()).or_insert(now);
             }
         }
+        // Shown once the requests are in the log, never before: a reader of
+        // the session's status finds them there.
+        self.status.set_awaiting_approval(&turn.execution.awaiting_approval);
         while !turn.execution.awaiting_approval.is_empty() {
             let during = During::Approval {
                 turn_id: turn.id(),
@@ -226,7 +228,6 @@ impl Session {
         decision: ApprovalDecision,
     ) -> Result<()> {
         turn.execution.awaiting_approval.retain(|waiting| *waiting != call_id);
-        self.status.set_awaiting_approval(&turn.execution.awaiting_approval);
         turn.execution.decisions.insert(call_id.clone(), decision);
         if decision == ApprovalDecision::ApproveForSession
             && let Some(call) = calls.iter().find(|call| call.call_id == call_id)
@@ -243,7 +244,12 @@ impl Session {
             }),
         };
         let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
-        self.recorder.append(vec![decided], Some(write)).await
+        // Committed before the status stops showing the call as waiting, so
+        // no read sees it decided before the log does (decisions are a
+        // person's pace: the wait costs nothing).
+        self.recorder.commit(vec![decided], Some(write)).await?;
+        self.status.set_awaiting_approval(&turn.execution.awaiting_approval);
+        Ok(())
     }
 
     /// Runs the calls judged `Run` (refused ones get their refusal as the
