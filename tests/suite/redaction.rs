@@ -128,3 +128,30 @@ async fn a_key_in_a_tool_calls_arguments_is_stored_redacted() {
     assert!(stored.contains("[redacted]"), "{stored}");
     assert!(!stored.contains("0123456789abcdef"), "{stored}");
 }
+
+/// Credentials of a shape Keel knows, never registered with this process:
+/// a Keel API key (made by another server, or pasted by a user) and a JWT,
+/// streamed across deltas and whole, are stored redacted by their shape.
+#[tokio::test]
+async fn a_keel_key_and_a_jwt_are_stored_redacted_by_their_shape() {
+    let key = "keel_9f8e7d6c5b4a3210_Zm9vYmFyYmF6cXV4cXV1eGNvcmdlZ3JhdWx0Z2FycGx";
+    let jwt =
+        "eyJhbGciOiJFUzI1NiIsImtpZCI6ImVjLTEifQ.eyJzdWIiOiJib2IiLCJvcmciOiJnbG9iZXgifQ.c2lnbmF0dXJlc2lnbmF0dXJlc2ln";
+    for chunks in [
+        vec![format!("key {key} and jwt {jwt}, done.")],
+        vec![
+            "key kee".to_owned(),
+            format!("l{}", &key[4..30]),
+            format!("{} and jwt ey", &key[30..]),
+            format!("{} done.", &jwt[2..]),
+        ],
+    ] {
+        let stored = stored_after(&[serde_json::json!({"chunks": chunks})]).await;
+        assert!(
+            stored.contains("key [redacted] and jwt [redacted]"),
+            "{chunks:?}: {stored}"
+        );
+        assert_no_piece(&stored, &key[5..], 10, "the key");
+        assert_no_piece(&stored, &jwt[40..], 10, "the JWT");
+    }
+}

@@ -11,7 +11,9 @@
 //! [`redact`] replaces every registered value, as it is or base64-encoded,
 //! whitespace inside it ignored, and any echoed credential header
 //! (`Authorization: Bearer …`, `x-api-key: …`, `"api_key": "…"`) whatever its
-//! value, with `[redacted]`. [`StreamRedactor`] does the same for text that
+//! value, and every credential recognisable by its shape whatever its value
+//! (Keel's own API keys, `keel_<16 hex>_<43 base64url>`, and JWTs), with
+//! `[redacted]`. [`StreamRedactor`] does the same for text that
 //! arrives in pieces, holding back a piece's end that could begin a secret
 //! until the next piece shows whether it does.
 //!
@@ -58,15 +60,33 @@ static ECHOED: LazyLock<Option<Regex>> = LazyLock::new(|| {
 /// A bare `Bearer <token>`, as in a header list printed without its name.
 static BEARER: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}").ok());
 
-/// Words without which neither [`ECHOED`] nor [`BEARER`] can match: the
-/// regexes run only on text that has one (one fast scan instead of two).
+/// Credentials known by their shape, whatever their value and wherever
+/// they stand (pasted into a conversation, printed by a command): Keel's
+/// own API keys and JWTs (three base64url parts, the first two JSON
+/// objects, so each starts `eyJ`). Another server's keys are not
+/// registered here, so their shape is what gives them away.
+static SHAPED: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"keel_[0-9a-f]{16}_[A-Za-z0-9_-]{43}|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*").ok()
+});
+
+/// The end of a streamed piece that may begin a [`SHAPED`] credential, held
+/// back until the next piece shows whether it does: a word that starts
+/// there and is a beginning of `keel_…` or `eyJ…` (so `the` is released at
+/// once, and ` ke` waits for one more piece).
+static SHAPED_TAIL: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"(?:^|[^A-Za-z0-9_-])(k|ke|kee|keel(?:_[A-Za-z0-9_-]{0,60})?|e|ey|eyJ[A-Za-z0-9_.-]{0,4096})$").ok()
+});
+
+/// Words without which none of [`ECHOED`], [`BEARER`] and [`SHAPED`] can
+/// match: the regexes run only on text that has one (one fast scan instead
+/// of three).
 ///
 /// A regex rather than a case-insensitive automaton: its literal prefilter
 /// scans text that has none of the words about thirty times faster (every
 /// stored event and streamed delta passes here), and it folds case as the
 /// two regexes do.
 static CREDENTIAL_WORDS: LazyLock<Option<Regex>> =
-    LazyLock::new(|| Regex::new(r"(?i)authorization|api[-_]?key|bearer").ok());
+    LazyLock::new(|| Regex::new(r"(?i)authorization|api[-_]?key|bearer|(?-i:keel_|eyJ)").ok());
 
 /// Remembers `value` as a secret, so [`redact`] replaces it from now on,
 /// and each of its whitespace-separated words at least [`MIN_SECRET_LEN`]
@@ -195,6 +215,7 @@ fn redact_echoed(text: &str) -> Cow<'_, str> {
     for (pattern, replacement) in [
         (&*ECHOED, format!("${{1}}${{2}}{REDACTED}")),
         (&*BEARER, format!("${{1}}{REDACTED}")),
+        (&*SHAPED, REDACTED.to_owned()),
     ] {
         let Some(pattern) = pattern else { continue };
         if let Cow::Owned(replaced) = pattern.replace_all(&text, replacement.as_str()) {
@@ -219,14 +240,21 @@ impl StreamRedactor {
     pub fn push(&mut self, piece: &str) -> String {
         let mut text = std::mem::take(&mut self.held);
         text.push_str(piece);
+        let shaped_tail = SHAPED_TAIL
+            .as_ref()
+            .and_then(|tail| tail.captures(&text))
+            .and_then(|found| found.get(1))
+            .map_or(text.len(), |found| found.start());
         let Some(matcher) = matcher() else {
+            self.held = text.split_off(shaped_tail);
             return redact_owned(text);
         };
         let spans = matcher.spans(text.as_bytes());
         let after_last_match = spans.last().map_or(0, |span| span.end);
         let release = matcher
             .pending_start(text.as_bytes(), after_last_match)
-            .map_or(text.len(), |start| floor_boundary(&text, start));
+            .map_or(text.len(), |start| floor_boundary(&text, start))
+            .min(shaped_tail);
         self.held = text.split_off(release);
         match replace_spans(&text, &spans) {
             Cow::Borrowed(_) => redact_echoed(&text).into_owned(),
@@ -312,6 +340,36 @@ mod tests {
         assert!(json_may_need_redaction(r#"{"t":"sk-json-unit-01234\n56789"}"#));
         assert!(json_may_need_redaction(r#"{"t":"Authorization: x"}"#));
         assert!(!json_may_need_redaction(r#"{"t":"nothing here"}"#));
+    }
+
+    #[test]
+    fn keel_keys_and_jwts_are_replaced_by_their_shape_streamed_or_whole() {
+        let key = "keel_0123456789abcdef_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_abcde";
+        let jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJlLXNpZ25hdHVyZQ";
+        assert_eq!(redact(&format!("my key is {key}.")), "my key is [redacted].");
+        assert_eq!(redact(&format!("token={jwt} done")), "token=[redacted] done");
+        assert!(json_may_need_redaction(&format!("{{\"t\":\"{key}\"}}")));
+        // Neither the words nor a key's look-alikes.
+        for clean in ["the keel_serve binary", "keel_0123_abc", "eyJ alone", "Keel keeps logs"] {
+            assert!(matches!(redact(clean), Cow::Borrowed(_)), "{clean}");
+        }
+        for (text, size) in [format!("key {key} ok"), format!("jwt {jwt} ok")]
+            .into_iter()
+            .flat_map(|text| (1..=12).map(move |size| (text.clone(), size)))
+        {
+            let mut stream = StreamRedactor::default();
+            let mut out: String = text
+                .as_bytes()
+                .chunks(size)
+                .map(|piece| stream.push(std::str::from_utf8(piece).expect("ascii")))
+                .collect();
+            out.push_str(&stream.finish());
+            assert!(
+                out.contains(REDACTED) && !out.contains("AbCdEf") && !out.contains("c2lnbmF0"),
+                "in pieces of {size}: {out}"
+            );
+            assert!(out.ends_with(" ok"), "{out}");
+        }
     }
 
     #[test]
