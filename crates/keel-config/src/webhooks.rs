@@ -134,9 +134,13 @@ fn canonical(address: IpAddr) -> IpAddr {
 
 /// Whether `address` is on the public internet: not loopback, private,
 /// link-local, shared (CGNAT), unspecified, broadcast, multicast,
-/// documentation, benchmarking or reserved space, nor their IPv6
-/// counterparts (unique-local, link-local, NAT64, 6to4, Teredo and
-/// IPv4-compatible addresses, which embed IPv4 ones).
+/// documentation, benchmarking or reserved space. For IPv6 only global
+/// unicast (`2000::/3`) is, and within it not the ranges that embed,
+/// translate or tunnel IPv4 addresses (6to4, Teredo and the rest of
+/// `2001::/23`) nor documentation: so the IPv4-translated
+/// (`::ffff:0:0/96`), NAT64 (`64:ff9b::/96`, `64:ff9b:1::/48`),
+/// IPv4-compatible, unique-local, link-local and discard-only ranges, and
+/// whatever is assigned outside `2000::/3` later, are refused as a class.
 fn is_public(address: IpAddr) -> bool {
     match address {
         IpAddr::V4(v4) => {
@@ -156,17 +160,12 @@ fn is_public(address: IpAddr) -> bool {
         }
         IpAddr::V6(v6) => {
             let segments = v6.segments();
-            !(v6.is_unspecified()
-                || v6.is_loopback()
-                || v6.is_multicast()
-                || (segments[0] & 0xfe00) == 0xfc00
-                || (segments[0] & 0xffc0) == 0xfe80
-                || (segments[0] & 0xffc0) == 0xfec0
-                || segments[0] == 0x2002
-                || (segments[0] == 0x2001 && segments[1] == 0)
-                || (segments[0] == 0x2001 && segments[1] == 0x0db8)
-                || (segments[0] == 0x0064 && segments[1] == 0xff9b)
-                || segments[..6].iter().all(|segment| *segment == 0))
+            let global_unicast = (segments[0] & 0xe000) == 0x2000;
+            global_unicast
+                && !(segments[0] == 0x2002
+                    || (segments[0] == 0x2001 && segments[1] < 0x0200)
+                    || (segments[0] == 0x2001 && segments[1] == 0x0db8)
+                    || (segments[0] == 0x3fff && segments[1] < 0x1000))
         }
     }
 }
@@ -200,11 +199,31 @@ mod tests {
             "2002:7f00:1::1",
             "64:ff9b::a9fe:a9fe",
             "2001::1",
+            // IPv4-translated (`::ffff:0:0/96`), the rest of NAT64 and
+            // discard-only: no global unicast address embeds them.
+            "::ffff:0:127.0.0.1",
+            "::ffff:0:7f00:1",
+            "::ffff:0:a9fe:a9fe",
+            "64:ff9b:1::7f00:1",
+            "100::1",
+            "2001:2::1",
+            "2001:10::1",
+            "2001:db8::1",
+            "3fff::1",
+            "4000::1",
+            "ff02::1",
         ] {
             let address: IpAddr = refused.parse().expect("address");
             assert!(!config.allows(address), "{refused} is allowed");
         }
-        for allowed in ["93.184.216.34", "8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8"] {
+        for allowed in [
+            "93.184.216.34",
+            "8.8.8.8",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+            "2a00:1450:4001::200e",
+            "2001:4860:4860::8888",
+        ] {
             let address: IpAddr = allowed.parse().expect("address");
             assert!(config.allows(address), "{allowed} is refused");
         }

@@ -417,6 +417,19 @@ async fn ag_ui_obeys_the_front_door_credentials_scopes_and_tenants() {
     assert_eq!(status, StatusCode::FORBIDDEN, "{text}");
     assert!(text.contains("missing_scope_submit"), "{text}");
     assert_eq!(operator.get("/v1/sessions/acme~t1").await.status, StatusCode::NOT_FOUND);
+    // A run answers with the thread's events: `submit` alone is not
+    // enough, as the description's security requirement says, and nothing
+    // is made.
+    let submitter = key("acme", &["submit"]).await;
+    let (status, text) = post(&submitter, &hello("t1")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{text}");
+    assert!(text.contains("missing_scope_read"), "{text}");
+    assert_eq!(operator.get("/v1/sessions/acme~t1").await.status, StatusCode::NOT_FOUND);
+    let description: serde_json::Value = serde_json::from_str(keel::server::openapi_json()).expect("the description");
+    assert_eq!(
+        description["paths"]["/v1/ag-ui"]["post"]["security"],
+        json!([{"bearer": ["submit", "read"]}])
+    );
 
     // Each tenant's thread `t1` is its own session.
     for tenant in ["acme", "beta"] {

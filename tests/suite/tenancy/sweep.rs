@@ -329,4 +329,7 @@ async fn every_route_refuses_credentials_without_its_scope() {
     let tenant_admin = keys.key("beta", &all).await;
     let metrics = tenant_admin.get("/metrics").await;
     assert_eq!(metrics.code(), "missing_scope_admin", "{}", metrics.body);
+    assert_eq!(metrics.status, StatusCode::FORBIDDEN);
+    let message = metrics.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("`admin` over every tenant"), "{message}");
 }

@@ -79,7 +79,7 @@ route_errors!(
         wait, `pendingToolCallIds` while client tools wait, cancelled after an interrupt) or `RUN_ERROR`. A \
         request with nothing new answers the thread's `MESSAGES_SNAPSHOT`. See docs/ag-ui.md.",
     request_body(content = super::ag_ui_schema::AgUiRunAgentInput, description = "AG-UI's `RunAgentInput`.", content_type = "application/json"),
-    security(("bearer" = ["submit"])),
+    security(("bearer" = ["submit", "read"])),
     responses(
         (
             status = 200,
@@ -97,9 +97,11 @@ pub(crate) async fn run(
     headers: HeaderMap,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    // A run is a submission (its description says `submit`), checked
-    // before the body, so a missing scope is the same `403` whatever is sent.
+    // A run is a submission that answers with the thread's events (its
+    // description says `submit` and `read`), checked before the body, so a
+    // missing scope is the same `403` whatever is sent.
     principal.require(Scope::Submit)?;
+    principal.require(Scope::Read)?;
     let input = ag_ui::read(body.parse()?).map_err(input_error)?;
     let id = access::thread_session_id(&principal, &input.thread_id)?;
     let stored = match access::session(&server, &principal, Scope::Read, &id).await {

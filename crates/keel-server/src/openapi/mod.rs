@@ -167,9 +167,10 @@ fn describe_frames(openapi: &mut OpenApi) {
     }
 }
 
-/// States the scope each operation needs, from its security requirement
-/// (`"bearer": ["read"]`): as an `x-keel-scope` extension, for tools, and
-/// at the end of its description, for people.
+/// States the scopes each operation needs, from its security requirement
+/// (`"bearer": ["read"]`; every scope listed is needed): the first as an
+/// `x-keel-scope` extension, for tools, and all at the end of its
+/// description, for people.
 fn state_scopes(openapi: &mut OpenApi) {
     for item in openapi.paths.paths.values_mut() {
         let operations = [
@@ -181,16 +182,26 @@ fn state_scopes(openapi: &mut OpenApi) {
         ];
         for operation in operations.into_iter().flatten() {
             let security = serde_json::to_value(&operation.security).unwrap_or_default();
-            let scope = security
+            let scopes: Vec<String> = security
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter_map(|requirement| requirement.as_object())
                 .flat_map(|requirement| requirement.values())
-                .filter_map(|scopes| scopes.as_array()?.first()?.as_str().map(str::to_owned))
-                .next();
-            let Some(scope) = scope else { continue };
-            let needs = format!("Needs the `{scope}` scope.");
+                .filter_map(|scopes| scopes.as_array())
+                .find(|scopes| !scopes.is_empty())
+                .into_iter()
+                .flatten()
+                .filter_map(|scope| scope.as_str().map(str::to_owned))
+                .collect();
+            let Some(scope) = scopes.first().cloned() else { continue };
+            let needs = match scopes.as_slice() {
+                [one] => format!("Needs the `{one}` scope."),
+                several => {
+                    let named: Vec<String> = several.iter().map(|scope| format!("`{scope}`")).collect();
+                    format!("Needs the {} scopes.", named.join(" and "))
+                }
+            };
             operation.description = Some(match operation.description.take() {
                 Some(text) => format!("{text} {needs}"),
                 None => needs,

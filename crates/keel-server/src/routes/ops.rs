@@ -107,10 +107,15 @@ pub(crate) async fn metrics(
     State(server): State<Arc<Server>>,
     Extension(principal): Extension<Principal>,
 ) -> Result<impl IntoResponse, ApiError> {
-    principal.require(Scope::Admin)?;
-    // A tenant's administrator is not the server's.
-    if principal.tenant_filter().is_some() {
-        return Err(ApiError::MissingScope(Scope::Admin));
+    // A tenant's administrator is not the server's: the message says what
+    // is missing, whatever scopes the credential has.
+    if !principal.scopes.has(Scope::Admin) || principal.tenant_filter().is_some() {
+        return Err(ApiError::Forbidden {
+            code: "missing_scope_admin",
+            message: "/metrics needs `admin` over every tenant (the operator's token): the numbers are the whole \
+                server's, and this credential is not admin of every tenant"
+                .to_owned(),
+        });
     }
     let queued = server.host.queued_total();
     server
