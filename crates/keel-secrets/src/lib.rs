@@ -232,6 +232,14 @@ fn redact_echoed(text: &str) -> Cow<'_, str> {
 #[derive(Debug, Default)]
 pub struct StreamRedactor {
     held: String,
+    /// The last character released: whether a piece's first word starts
+    /// there or goes on from the piece before.
+    released_last: Option<char>,
+}
+
+/// Whether `c` can be part of a word of a [`SHAPED`] credential.
+fn is_word_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == '-'
 }
 
 impl StreamRedactor {
@@ -240,13 +248,17 @@ impl StreamRedactor {
     pub fn push(&mut self, piece: &str) -> String {
         let mut text = std::mem::take(&mut self.held);
         text.push_str(piece);
+        let goes_on = self.released_last.is_some_and(is_word_char);
         let shaped_tail = SHAPED_TAIL
             .as_ref()
             .and_then(|tail| tail.captures(&text))
             .and_then(|found| found.get(1))
+            // A word that began in a piece released before is no credential's start.
+            .filter(|found| found.start() > 0 || !goes_on)
             .map_or(text.len(), |found| found.start());
         let Some(matcher) = matcher() else {
             self.held = text.split_off(shaped_tail);
+            self.note_released(&text);
             return redact_owned(text);
         };
         let spans = matcher.spans(text.as_bytes());
@@ -256,6 +268,7 @@ impl StreamRedactor {
             .map_or(text.len(), |start| floor_boundary(&text, start))
             .min(shaped_tail);
         self.held = text.split_off(release);
+        self.note_released(&text);
         match replace_spans(&text, &spans) {
             Cow::Borrowed(_) => redact_echoed(&text).into_owned(),
             Cow::Owned(replaced) => redact_echoed(&replaced).into_owned(),
@@ -265,7 +278,15 @@ impl StreamRedactor {
     /// The text held back, redacted: the stream ended (or the next text is
     /// not part of it).
     pub fn finish(&mut self) -> String {
+        self.released_last = None;
         redact_owned(std::mem::take(&mut self.held))
+    }
+
+    /// Remembers the end of `released` (unless it is empty).
+    fn note_released(&mut self, released: &str) {
+        if let Some(last) = released.chars().next_back() {
+            self.released_last = Some(last);
+        }
     }
 
     /// Whether text is held back.
@@ -370,6 +391,17 @@ mod tests {
             );
             assert!(out.ends_with(" ok"), "{out}");
         }
+    }
+
+    #[test]
+    fn a_word_going_on_from_the_piece_before_is_not_held_back() {
+        let mut stream = StreamRedactor::default();
+        let released: Vec<String> = ["d", "e", "k", " ke", "ttle", " e"]
+            .into_iter()
+            .map(|piece| stream.push(piece))
+            .collect();
+        assert_eq!(released, ["d", "e", "k", " ", "kettle", " "]);
+        assert_eq!(stream.finish(), "e");
     }
 
     #[test]
