@@ -292,15 +292,27 @@ async fn admins_manage_keys_over_the_api_within_their_tenant() {
         json!({"tenant": "acme", "name": "x", "scopes": []}),
         json!({"tenant": "a%b", "name": "x", "scopes": ["read"]}),
         json!({"tenant": "t\u{e9}", "name": "x", "scopes": ["read"]}),
-        // The operator's own tenant is no key's unless keel.toml says so
-        // (named, or by the operator's default).
-        json!({"tenant": "default", "name": "x", "scopes": ["read"]}),
-        json!({"name": "x", "scopes": ["read"]}),
         json!({"tenant": "acme", "name": "x\u{7}", "scopes": ["read"]}),
         json!({"tenant": "acme", "name": "x", "scopes": ["read"], "expires_in_secs": 60}),
     ] {
         let refused = operator.post("/v1/keys", &body).await;
         assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{body}: {}", refused.body);
+    }
+    // The operator's own tenant is no key's unless keel.toml says so
+    // (named, or by the operator's default).
+    for body in [
+        json!({"tenant": "default", "name": "x", "scopes": ["read"]}),
+        json!({"name": "x", "scopes": ["read"]}),
+    ] {
+        let refused = operator.post("/v1/keys", &body).await;
+        assert_eq!(
+            (refused.status, refused.code()),
+            (StatusCode::FORBIDDEN, "tenant_forbidden"),
+            "{body}: {}",
+            refused.body
+        );
+        let message = refused.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("allow_default_tenant"), "{message}");
     }
     let named = operator
         .post(

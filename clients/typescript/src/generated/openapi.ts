@@ -2425,7 +2425,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session; a key for the operator's tenant `default` unless `[auth] allow_default_tenant`. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3118,7 +3118,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session; a key for the operator's tenant `default` unless `[auth] allow_default_tenant`. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3850,7 +3850,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_read`: Credentials without the `read` scope. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session; a key for the operator's tenant `default` unless `[auth] allow_default_tenant`. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5696,7 +5696,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session; a key for the operator's tenant `default` unless `[auth] allow_default_tenant`. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5705,7 +5705,7 @@ export interface operations {
                     "application/json": {
                         error: components["schemas"]["ErrorBody"] & {
                             /** @enum {string} */
-                            code?: "forbidden_origin" | "missing_scope_admin";
+                            code?: "forbidden_origin" | "missing_scope_admin" | "tenant_forbidden";
                         };
                     };
                 };
@@ -6179,7 +6179,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session. `webhook_url_refused`: A webhook endpoint's URL the server's `[webhooks]` settings refuse: not `https` (unless allowed), with credentials, a private, loopback or link-local address, or one that does not parse. */
+            /** @description `forbidden_origin`: A browser request from another origin. `missing_scope_admin`: Credentials without the `admin` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session; a key for the operator's tenant `default` unless `[auth] allow_default_tenant`. `webhook_url_refused`: A webhook endpoint's URL the server's `[webhooks]` settings refuse: not `https` (unless allowed), with credentials, a private, loopback or link-local address, or one that does not parse. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -6999,7 +6999,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session. */
+            /** @description `sandbox_over_ceiling`: `tools.sandbox` looser than the server allows clients. `auto_approval_over_ceiling`: Approvals that would make a tool `auto` beyond the ceiling. `network_over_ceiling`: `tools.network: true` on a server that does not allow it. `tool_over_ceiling`: A tool the server's keel.toml turns off. `script_model_over_ceiling`: A `script:` model outside the server's script directory. `forbidden_origin`: A browser request from another origin. `missing_scope_submit`: Credentials without the `submit` scope. `missing_scope_approve`: Credentials without the `approve` scope. `tenant_forbidden`: Credentials of one tenant naming another tenant, or choosing an `id`, for a new session; a key for the operator's tenant `default` unless `[auth] allow_default_tenant`. */
             403: {
                 headers: {
                     [name: string]: unknown;

@@ -48,7 +48,7 @@ pub(crate) const CATALOGUE: &[(&str, u16, &str)] = &[
     (
         "tenant_forbidden",
         403,
-        "Credentials of one tenant naming another tenant, or choosing an `id`, for a new session.",
+        "Credentials of one tenant naming another tenant, or choosing an `id`, for a new session; a key for the operator's tenant `default` unless `[auth] allow_default_tenant`.",
     ),
     (
         "webhook_url_refused",

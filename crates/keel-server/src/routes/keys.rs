@@ -122,7 +122,7 @@ route_errors!(
 
 route_errors!(
     /// What `POST /v1/keys` can answer besides `201`.
-    CreateKeyErrors: BODY, ["missing_scope_admin", "not_found", "conflict"]
+    CreateKeyErrors: BODY, ["missing_scope_admin", "not_found", "conflict", "tenant_forbidden"]
 );
 
 route_errors!(
@@ -192,11 +192,12 @@ pub(crate) async fn create(
     }
     if tenant == keel_protocol::DEFAULT_TENANT && !server.auth.allow_default_tenant {
         // It would be refused at every request: say so now.
-        return Err(ApiError::InvalidRequest(
-            "a key for the tenant `default` (the operator's own sessions) works only with keel.toml's \
-             `[auth] allow_default_tenant = true`: name another `tenant`"
+        return Err(ApiError::Forbidden {
+            code: "tenant_forbidden",
+            message: "a key for the tenant `default` (the operator's own sessions) works only with keel.toml's \
+                `[auth] allow_default_tenant = true`: name another `tenant`"
                 .to_owned(),
-        ));
+        });
     }
     let scopes = Scopes::of(body.scopes).iter().collect::<Vec<_>>();
     let made = new_api_key(&tenant, &body.name, &scopes, body.expires_at_ms, now_ms())
