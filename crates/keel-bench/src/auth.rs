@@ -83,6 +83,8 @@ pub(crate) struct Credentials {
     pub(crate) bearer: Option<String>,
     /// The operator token, if the server has one.
     pub(crate) operator: Option<String>,
+    /// The tenant the workload's sessions belong to.
+    pub(crate) tenant: &'static str,
 }
 
 /// Sets `config` up for `auth` (keys go in `access`, files in `scratch`)
@@ -98,6 +100,7 @@ pub(crate) async fn prepare(
             return Ok(Credentials {
                 bearer: None,
                 operator: None,
+                tenant: keel_protocol::DEFAULT_TENANT,
             });
         }
         BenchAuth::Token => BENCH_TOKEN.to_owned(),
@@ -120,9 +123,16 @@ pub(crate) async fn prepare(
     };
     config.token = Some(BENCH_TOKEN.to_owned());
     config.access = Some(access);
+    // The operator's sessions are the default tenant's, the others the
+    // bench tenant's.
+    let tenant = match auth {
+        BenchAuth::Token => keel_protocol::DEFAULT_TENANT,
+        _ => BENCH_TENANT,
+    };
     Ok(Credentials {
         bearer: Some(bearer),
         operator: Some(BENCH_TOKEN.to_owned()),
+        tenant,
     })
 }
 

@@ -65,6 +65,10 @@ pub struct ServeParams {
     /// Whether every turn's spans are exported over OTLP (to a receiver in
     /// this process that answers at once).
     pub traces: bool,
+    /// Whether a budget watches the turns' tenant (one no turn spends, with
+    /// a concurrency cap no burst reaches): what admission and the step
+    /// gate cost, each turn's slot taken and given back included.
+    pub budgets: bool,
 }
 
 /// What one run measured.
@@ -129,6 +133,20 @@ pub async fn run_serve(params: &ServeParams) -> Result<ServeReport> {
     config.default_model = Some(format!("script:{}", script.display()));
     config.workspace_root = scratch.path().to_owned();
     let credentials = auth::prepare(params.auth, &mut config, database.access(), scratch.path()).await?;
+    if params.budgets {
+        config.access = Some(database.access());
+        let budget = keel_config::BudgetConfig {
+            total_tokens: Some(u64::MAX / 4),
+            max_concurrent_turns: Some(params.sessions as u64 * 2),
+            ..keel_config::BudgetConfig::default()
+        };
+        config
+            .keel
+            .tenants
+            .entry(credentials.tenant.to_owned())
+            .or_default()
+            .budget = Some(budget);
+    }
     let traces_sink = if params.traces {
         let sink = WebhookSink::start().await?;
         config.keel.telemetry.endpoint = Some(sink.base.clone());

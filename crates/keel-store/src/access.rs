@@ -29,6 +29,27 @@ pub struct ApiKeyRecord {
     pub revoked_at_ms: Option<u64>,
 }
 
+/// What [`AccessStore::reserve_turn`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurnSlot {
+    /// The session took one of its tenant's free turn slots.
+    Taken,
+    /// The session holds one already: it runs a turn, or took a slot for
+    /// work it has queued.
+    Held,
+    /// The tenant's sessions hold `held` slots, at least the cap: none was
+    /// taken.
+    Full {
+        /// How many the tenant's sessions hold.
+        held: u64,
+    },
+}
+
+/// How long a slot taken for work that never reached the queue (its node
+/// died between the two) keeps counting: past this, a session with no
+/// turn and nothing queued gives its slot back.
+pub const TURN_SLOT_GRACE_MS: u64 = 30_000;
+
 /// Whose budget: a whole tenant, or one of its sessions.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BudgetTarget {
@@ -135,8 +156,25 @@ pub trait AccessStore: Send + Sync {
     /// All the usage ever recorded for a tenant or a session.
     fn usage_total<'a>(&'a self, target: &'a BudgetTarget) -> BoxFuture<'a, Result<TokenUsage, StoreError>>;
 
-    /// How many sessions of `tenant` have a turn in flight, on any node (a
-    /// stored turn execution: from the checkpoint write that starts a turn
-    /// to the one that ends it).
+    /// How many sessions of `tenant` hold a turn slot, on any node: they
+    /// have a turn in flight (a stored turn execution, from the checkpoint
+    /// write that starts a turn to the one that ends it), or took a slot
+    /// with [`Self::reserve_turn`] that they still hold.
     fn running_turns<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Takes one of `tenant`'s `cap` turn slots for `session_id`, in one
+    /// transaction that no other node's can interleave with, so a burst of
+    /// admissions on any nodes never passes the cap. A session running a
+    /// turn or holding a slot already holds one ([`TurnSlot::Held`]). A
+    /// slot is given back by the store in the transaction that leaves its
+    /// session with no turn in flight and nothing queued (the turn's end,
+    /// a refusal), or when the session is deleted; one whose work never
+    /// reached the queue stops counting after [`TURN_SLOT_GRACE_MS`].
+    fn reserve_turn<'a>(
+        &'a self,
+        tenant: &'a str,
+        session_id: &'a str,
+        cap: u64,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<TurnSlot, StoreError>>;
 }

@@ -25,7 +25,8 @@ pub(crate) use access::{
     keys_are_stored_exactly_as_given_unique_by_id_and_by_hash,
     running_turns_counts_the_sessions_of_a_tenant_with_a_turn_in_flight,
     the_ledger_sums_the_usage_of_committed_batches_by_tenant_session_and_hour,
-    the_revision_grows_with_every_change_of_keys_or_budgets_and_only_then, used,
+    the_revision_grows_with_every_change_of_keys_or_budgets_and_only_then,
+    turn_slots_are_taken_up_to_the_cap_once_per_session_and_given_back_at_rest, used,
 };
 
 pub(crate) use activity::{

@@ -352,6 +352,19 @@ pub struct EncodedEvent {
 }
 
 impl EncodedEvent {
+    /// Whether a write of `events` may leave its session with no turn in
+    /// flight and nothing queued, so the store gives back the session's
+    /// turn slot (see [`crate::AccessStore::reserve_turn`]) in its
+    /// transaction: it ends a turn, refuses a keyed submission, or writes a
+    /// checkpoint with no turn (`no_turn`: `Some(true)`). Every other write
+    /// leaves the slot alone without a statement.
+    pub(crate) fn may_free_turn_slot(events: &[EncodedEvent], no_turn: Option<bool>) -> bool {
+        no_turn == Some(true)
+            || events
+                .iter()
+                .any(|event| event.ends_turn || matches!(event.queue, Some(QueueChange::Refused { .. })))
+    }
+
     /// The tokens a batch of events reports, summed; `None` when none of
     /// them reports any.
     pub(crate) fn batch_usage(events: &[EncodedEvent]) -> Option<TokenUsage> {

@@ -448,6 +448,7 @@ pub(crate) async fn bench(command: BenchCommand) -> anyhow::Result<ExitCode> {
                     via: BenchVia::Native,
                     webhook: false,
                     traces: false,
+                    budgets: false,
                 };
                 if !auth.is_empty() {
                     bench_auth(&params, &auth, repeat).await?;
@@ -508,6 +509,13 @@ async fn bench_serve(params: &ServeParams, subscribers: usize, repeat: usize) ->
                 ..over_http(1, false)
             },
         ),
+        (
+            "HTTP + SSE, a budget watching",
+            ServeParams {
+                budgets: true,
+                ..over_http(1, false)
+            },
+        ),
     ];
     let mut baseline = Vec::new();
     let mut reports: Vec<Vec<ServeReport>> = vec![Vec::new(); runs.len()];
@@ -556,6 +564,10 @@ async fn bench_serve(params: &ServeParams, subscribers: usize, repeat: usize) ->
         "traces exported / none: {:.2}; {} spans exported per run",
         turns_of(4) / turns_of(0),
         traced.first().map_or(0, |report| report.spans_exported),
+    ))?;
+    print_line(&format!(
+        "a budget watching / none (admission, turn slots, step gate): {:.2}",
+        turns_of(5) / turns_of(0)
     ))?;
     let hooked = &reports[3];
     print_line(&format!(

@@ -297,3 +297,65 @@ async fn a_session_budget_spares_its_neighbours_and_the_concurrency_cap_refuses_
     let missing = api.get("/v1/sessions/nobody/budget").await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
 }
+
+/// `max_concurrent_turns` is exact under a burst: submissions to ten idle
+/// sessions of one tenant, sent at once, are admitted two (the cap) and
+/// refused eight, however they interleave, and never more turns run at
+/// once; once those end their slots are free again. Before the admission
+/// took a slot in the store, all ten were `202` and all ran at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_submissions_to_idle_sessions_is_admitted_up_to_the_cap_exactly() {
+    let scratch = Scratch::new();
+    std::fs::write(
+        scratch.dir.path().join("keel.toml"),
+        "[tenants.acme.budget]\nmax_concurrent_turns = 2\n",
+    )
+    .expect("keel.toml");
+    let server = ServeProcess::start(&scratch, &["--config", "keel.toml"]);
+    let api = &server.api;
+    let sessions: Vec<String> = (0..10).map(|index| format!("burst-{index}")).collect();
+    for (index, id) in sessions.iter().enumerate() {
+        let model = scratch.script(&format!("slow-{index}.jsonl"), &[&slow_chunks(20, 50)]);
+        api.create(json!({"id": id, "tenant": "acme", "model": model})).await;
+    }
+    for round in 0..2 {
+        let replies = futures::future::join_all(
+            sessions
+                .iter()
+                .map(|id| message(api, id, if round == 0 { "go" } else { "again" })),
+        )
+        .await;
+        let accepted: Vec<&String> = sessions
+            .iter()
+            .zip(&replies)
+            .filter(|(_, reply)| reply.status == StatusCode::ACCEPTED)
+            .map(|(id, _)| id)
+            .collect();
+        for reply in replies.iter().filter(|reply| reply.status != StatusCode::ACCEPTED) {
+            assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.body);
+            assert_eq!(
+                reply.body["error"]["budget"]["limit"], "max_concurrent_turns",
+                "{}",
+                reply.body
+            );
+            assert_eq!(reply.body["error"]["budget"]["used"], 2, "{}", reply.body);
+        }
+        assert_eq!(accepted.len(), 2, "round {round}: admitted {accepted:?}");
+        let running = api.get("/v1/tenants/acme/budget").await;
+        assert!(
+            running.body["running_turns"].as_u64().is_some_and(|held| held <= 2),
+            "{}",
+            running.body
+        );
+        for id in &accepted {
+            api.wait_idle(id).await;
+        }
+        // Given back as the turns end: the next round is admitted afresh.
+        crate::suite::support::wait::wait_until_async(
+            "the slots to be given back",
+            crate::suite::support::wait::HANG_GUARD,
+            async || api.get("/v1/tenants/acme/budget").await.body["running_turns"] == 0,
+        )
+        .await;
+    }
+}

@@ -12,10 +12,15 @@
 //!
 //! Enforced twice: a new submission that would make the model work is
 //! refused (`429 budget_exhausted`, [`Budgets::admit`]) while a budget of
-//! its session or tenant is spent, or when the tenant runs as many turns as
-//! its `max_concurrent_turns` and the session is idle; and a running turn
-//! stops before its next model step ([`gate::BudgetGate`]). A session with
-//! no budget anywhere costs no store read.
+//! its session or tenant is spent, or when its session would need one of
+//! the tenant's `max_concurrent_turns` turn slots and all are held; and a
+//! running turn stops before its next model step ([`gate::BudgetGate`]). A
+//! session with no budget anywhere costs no store read.
+//!
+//! The slots are the store's ([`AccessStore::reserve_turn`]): one is taken
+//! in a transaction no other admission interleaves with, on any node, so a
+//! burst of submissions to idle sessions cannot pass the cap; the store
+//! gives it back when its session has no turn and nothing queued.
 
 mod clock;
 mod gate;
@@ -37,7 +42,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use keel_config::{BudgetConfig, KeelConfig};
 use keel_protocol::Op;
-use keel_store::{AccessStore, BudgetTarget, StoreError};
+use keel_store::{AccessStore, BudgetTarget, StoreError, TurnSlot};
 
 /// How often the store's access revision is read for budgets set on other
 /// nodes.
@@ -193,9 +198,10 @@ impl Budgets {
 
     /// Refuses (`429 budget_exhausted`) an op that would make the model
     /// work on `session_id` of `tenant` while one of their budgets is
-    /// spent, or while the tenant runs `max_concurrent_turns` turns and the
-    /// session is `idle` (its op would start one more).
-    pub(crate) async fn admit(&self, tenant: &str, session_id: &str, op: &Op, idle: bool) -> Result<(), ApiError> {
+    /// spent, or when the session holds no turn slot and the tenant's
+    /// `max_concurrent_turns` are all held; otherwise takes the session a
+    /// slot (it keeps the one it holds while it runs or has work queued).
+    pub(crate) async fn admit(&self, tenant: &str, session_id: &str, op: &Op) -> Result<(), ApiError> {
         if !spends_tokens(op) || !self.watches(tenant, session_id) {
             return Ok(());
         }
@@ -205,14 +211,16 @@ impl Budgets {
         let cap = self
             .applying(&BudgetTarget::Tenant(tenant.to_owned()))
             .and_then(|(budget, _)| budget.max_concurrent_turns);
-        if let (Some(cap), true, Some(access)) = (cap, idle, &self.access) {
-            let running = access.running_turns(tenant).await?;
-            if running >= cap {
+        if let (Some(cap), Some(access)) = (cap, &self.access) {
+            let slot = access
+                .reserve_turn(tenant, session_id, cap, keel_protocol::now_ms())
+                .await?;
+            if let TurnSlot::Full { held } = slot {
                 let owner = Owner {
                     tenant,
                     session_id: None,
                 };
-                return Err(self.refuse(owner.exhausted("max_concurrent_turns", cap, running, None)));
+                return Err(self.refuse(owner.exhausted("max_concurrent_turns", cap, held, None)));
             }
         }
         Ok(())

@@ -144,10 +144,10 @@ impl Host {
         {
             return Ok(answer_keyed(self.store.as_ref(), session_id, key, earlier, &op, on_busy).await?);
         }
-        // The ledger is shared: this node refuses what the owner would.
-        let idle = summary.running_turn_id.is_none();
+        // The ledger and the turn slots are shared: this node refuses what
+        // the owner would, and takes the slot the owner's turn will hold.
         let tenant = &summary.context.tenant;
-        self.factory.budgets.admit(tenant, session_id, &op, idle).await?;
+        self.factory.budgets.admit(tenant, session_id, &op).await?;
         let relayed = (op, Some(on_busy), idempotency_key, submitted_by, traceparent);
         self.store_relayed(session_id, relayed, tenant, deadline).await
     }

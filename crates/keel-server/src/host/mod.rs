@@ -375,8 +375,7 @@ impl Host {
             if budgets.watches(&session.tenant, session_id)
                 && !self.retried_key(session_id, idempotency_key.as_deref()).await?
             {
-                let idle = !session.handle.status().busy;
-                budgets.admit(&session.tenant, session_id, &op, idle).await?;
+                budgets.admit(&session.tenant, session_id, &op).await?;
             }
             let options = SubmitOptions {
                 on_busy: on_busy.unwrap_or(session.settings.on_busy),

@@ -11,7 +11,7 @@ use super::tenants::tenant_checkpoint;
 use super::{StoreFactory, batch, events, execution};
 use crate::{
     AccessStore, ApiKeyRecord, AppendBatch, AppendReceipt, BudgetTarget, CheckpointStore, CheckpointStoreExt,
-    EncodedEvent, SessionEdit, StoreError, UsageBucket,
+    EncodedEvent, SessionEdit, StoreError, TURN_SLOT_GRACE_MS, TurnSlot, UsageBucket,
 };
 use keel_protocol::{CompactionReason, ContextCompactedEvent, Event, EventMsg, TokenUsage, TokenUsageEvent};
 
@@ -35,6 +35,7 @@ macro_rules! access_conformance_tests {
             $crate::conformance::store_conformance_tests!(@test a_refused_batch_adds_nothing_to_the_ledger, $factory);
             $crate::conformance::store_conformance_tests!(@test deleting_a_session_drops_its_ledger_and_budget_but_not_its_tenants_spending, $factory);
             $crate::conformance::store_conformance_tests!(@test running_turns_counts_the_sessions_of_a_tenant_with_a_turn_in_flight, $factory);
+            $crate::conformance::store_conformance_tests!(@test turn_slots_are_taken_up_to_the_cap_once_per_session_and_given_back_at_rest, $factory);
         }
     };
 }
@@ -591,4 +592,129 @@ where
         .await
         .expect("end");
     assert_eq!(store.running_turns("acme").await.expect("running"), 1);
+}
+
+/// A `submission_queued` of `id`: work waiting in the session's queue.
+fn queued(id: &str) -> Event {
+    Event {
+        submission_id: Some(id.into()),
+        msg: EventMsg::SubmissionQueued(keel_protocol::SubmissionQueuedEvent {
+            traceparent: None,
+            op: keel_protocol::Op::UserInput { text: "next".into() },
+            on_busy: keel_protocol::BusyPolicy::Queue,
+            idempotency_key: None,
+            submitted_by: None,
+        }),
+    }
+}
+
+pub(crate) async fn turn_slots_are_taken_up_to_the_cap_once_per_session_and_given_back_at_rest<F>(factory: &F)
+where
+    F: StoreFactory,
+    F::Store: AccessStore,
+{
+    let (database, store) = factory.fresh().await;
+    let other = factory.open(&database).await;
+    for (id, tenant) in [
+        ("a1", "acme"),
+        ("a2", "acme"),
+        ("a3", "acme"),
+        ("a4", "acme"),
+        ("b1", "beta"),
+    ] {
+        store
+            .save(&tenant_checkpoint(id, "bot", tenant), &[], None)
+            .await
+            .expect("save");
+    }
+    let now = keel_protocol::now_ms();
+    let reserve = async |on: &F::Store, tenant: &str, id: &str, cap: u64, at: u64| {
+        on.reserve_turn(tenant, id, cap, at).await.expect("reserve")
+    };
+    assert_eq!(reserve(&store, "acme", "a1", 2, now).await, TurnSlot::Taken);
+    assert_eq!(
+        reserve(&other, "acme", "a1", 2, now).await,
+        TurnSlot::Held,
+        "one per session"
+    );
+    assert_eq!(reserve(&other, "acme", "a2", 2, now).await, TurnSlot::Taken);
+    assert_eq!(reserve(&store, "acme", "a3", 2, now).await, TurnSlot::Full { held: 2 });
+    assert_eq!(
+        reserve(&store, "beta", "b1", 1, now).await,
+        TurnSlot::Taken,
+        "tenants apart"
+    );
+    assert_eq!(store.running_turns("acme").await.expect("running"), 2);
+    assert!(matches!(
+        store.reserve_turn("acme", "nobody", 2, now).await,
+        Err(StoreError::UnknownSession(_))
+    ));
+
+    // a2 has work queued: a write without a turn keeps its slot; a1 has
+    // none: the same write gives its slot back.
+    store.append("a2", batch(&[queued("q2")])).await.expect("queue");
+    for id in ["a1", "a2"] {
+        store
+            .save(&tenant_checkpoint(id, "bot", "acme"), &[], None)
+            .await
+            .expect("rest");
+    }
+    assert_eq!(store.running_turns("acme").await.expect("running"), 1);
+    assert_eq!(reserve(&store, "acme", "a3", 2, now).await, TurnSlot::Taken);
+    assert_eq!(reserve(&store, "acme", "a4", 2, now).await, TurnSlot::Full { held: 2 });
+    // A turn in flight holds a slot whether or not one was taken for it.
+    let turn = execution("a4-turn");
+    store
+        .save(&tenant_checkpoint("a4", "bot", "acme"), &[], Some(&turn))
+        .await
+        .expect("start");
+    assert_eq!(store.running_turns("acme").await.expect("running"), 3);
+    assert_eq!(reserve(&store, "acme", "a4", 2, now).await, TurnSlot::Held);
+    // Deleting a session gives its slot back.
+    assert!(store.delete_session("a3").await.expect("delete"));
+    assert_eq!(store.running_turns("acme").await.expect("running"), 2);
+
+    // A slot whose work never reached the queue (its node died between)
+    // stops counting after the grace; one with work queued never does.
+    for id in ["g1", "g2", "g3"] {
+        store
+            .save(&tenant_checkpoint(id, "bot", "gamma"), &[], None)
+            .await
+            .expect("save");
+    }
+    assert_eq!(reserve(&store, "gamma", "g1", 2, now).await, TurnSlot::Taken);
+    assert_eq!(reserve(&store, "gamma", "g2", 2, now).await, TurnSlot::Taken);
+    store.append("g2", batch(&[queued("q-g2")])).await.expect("queue");
+    assert_eq!(reserve(&store, "gamma", "g3", 2, now).await, TurnSlot::Full { held: 2 });
+    let later = now + TURN_SLOT_GRACE_MS + 1;
+    assert_eq!(reserve(&other, "gamma", "g3", 2, later).await, TurnSlot::Taken);
+    assert_eq!(
+        reserve(&other, "gamma", "g1", 2, later).await,
+        TurnSlot::Full { held: 2 }
+    );
+
+    // A burst on two handles at once takes exactly the cap.
+    let ids: Vec<String> = (0..12).map(|n| format!("burst-{n}")).collect();
+    for id in &ids {
+        store
+            .save(&tenant_checkpoint(id, "bot", "burst"), &[], None)
+            .await
+            .expect("save");
+    }
+    let outcomes = join_all(ids.iter().enumerate().map(|(n, id)| {
+        let on = if n % 2 == 0 { &store } else { &other };
+        on.reserve_turn("burst", id, 3, now)
+    }))
+    .await;
+    let taken = outcomes
+        .iter()
+        .filter(|outcome| matches!(outcome, Ok(TurnSlot::Taken)))
+        .count();
+    assert_eq!(taken, 3, "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|outcome| matches!(outcome, Ok(TurnSlot::Taken | TurnSlot::Full { held: 3 }))),
+        "{outcomes:?}"
+    );
 }

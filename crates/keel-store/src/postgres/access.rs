@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 
 use super::pg_error;
 use super::statements::{int, uint};
-use crate::{AccessStore, ApiKeyRecord, BudgetTarget, StoreError, UsageBucket};
+use crate::{AccessStore, ApiKeyRecord, BudgetTarget, StoreError, TurnSlot, UsageBucket};
 use keel_protocol::TokenUsage;
 
 /// Stores a key unless its id or hash is taken, bumping the revision if it
@@ -46,6 +46,15 @@ const SET_BUDGET: &str = "WITH set AS (
 
 const REMOVE_BUDGET: &str = "WITH removed AS (DELETE FROM budgets WHERE kind = $1 AND target = $2)
      UPDATE access_revision SET revision = revision + 1";
+
+/// The sessions of a tenant that hold a turn slot: a turn in flight, or a
+/// slot taken (see `reserve_turn`).
+const HELD_SLOTS: &str = "SELECT count(*) FROM sessions s WHERE s.tenant = $1
+     AND (s.execution IS NOT NULL OR EXISTS (SELECT 1 FROM turn_slots t WHERE t.session_key = s.key))";
+
+/// Serializes the admissions of one tenant across nodes, for the rest of
+/// the transaction (a lock of its own, apart from the migration's).
+const LOCK_TENANT_SLOTS: &str = "SELECT pg_advisory_xact_lock(hashtextextended('keel turn slots ' || $1, 0))";
 
 const USAGE_COLUMNS: &str = "input_tokens, cached_input_tokens, output_tokens, reasoning_tokens";
 
@@ -226,12 +235,67 @@ impl AccessStore for super::PostgresCheckpoint {
     fn running_turns<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let client = self.reader().await?;
-            let statement = client
-                .prepare_cached("SELECT count(*) FROM sessions WHERE tenant = $1 AND execution IS NOT NULL")
-                .await
-                .map_err(pg_error)?;
+            let statement = client.prepare_cached(HELD_SLOTS).await.map_err(pg_error)?;
             let row = client.query_one(&statement, &[&tenant]).await.map_err(pg_error)?;
             Ok(uint(row.try_get(0).map_err(pg_error)?))
+        })
+    }
+
+    fn reserve_turn<'a>(
+        &'a self,
+        tenant: &'a str,
+        session_id: &'a str,
+        cap: u64,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<TurnSlot, StoreError>> {
+        Box::pin(async move {
+            let mut client = self.reader().await?;
+            let tx = client.transaction().await.map_err(pg_error)?;
+            // Read committed: each statement after the lock sees every slot
+            // another node's admission took before it let the lock go.
+            tx.execute(LOCK_TENANT_SLOTS, &[&tenant]).await.map_err(pg_error)?;
+            let session = tx
+                .query_opt(
+                    "SELECT key, execution IS NOT NULL OR EXISTS (SELECT 1 FROM turn_slots t WHERE t.session_key = key)
+                     FROM sessions WHERE id = $1",
+                    &[&session_id],
+                )
+                .await
+                .map_err(pg_error)?;
+            let Some(session) = session else {
+                return Err(StoreError::UnknownSession(session_id.to_owned()));
+            };
+            let key: i64 = session.try_get(0).map_err(pg_error)?;
+            if session.try_get::<_, bool>(1).map_err(pg_error)? {
+                return Ok(TurnSlot::Held);
+            }
+            let stale_before = int(now_ms.saturating_sub(crate::TURN_SLOT_GRACE_MS));
+            tx.execute(
+                "DELETE FROM turn_slots t WHERE t.tenant = $1 AND t.taken_at_ms < $2
+                     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.key = t.session_key AND s.execution IS NOT NULL)
+                     AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = t.session_key)",
+                &[&tenant, &stale_before],
+            )
+            .await
+            .map_err(pg_error)?;
+            let held = uint(
+                tx.query_one(HELD_SLOTS, &[&tenant])
+                    .await
+                    .map_err(pg_error)?
+                    .try_get(0)
+                    .map_err(pg_error)?,
+            );
+            if held >= cap {
+                return Ok(TurnSlot::Full { held });
+            }
+            tx.execute(
+                "INSERT INTO turn_slots (session_key, tenant, taken_at_ms) VALUES ($1, $2, $3)",
+                &[&key, &tenant, &int(now_ms)],
+            )
+            .await
+            .map_err(pg_error)?;
+            tx.commit().await.map_err(pg_error)?;
+            Ok(TurnSlot::Taken)
         })
     }
 }

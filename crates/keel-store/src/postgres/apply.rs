@@ -39,6 +39,9 @@ pub(super) struct Write {
     /// statement keeps only when the session has nothing queued).
     pub(super) webhooks: Vec<(u64, &'static str)>,
     pub(super) checkpoint: Option<EncodedWrite>,
+    /// Whether the write may leave its session with no turn and nothing
+    /// queued: then its turn slot is given back in its transaction.
+    pub(super) frees_slot: bool,
 }
 
 /// A checkpoint write, serialized.
@@ -72,6 +75,7 @@ pub(super) fn seal(job: &Job, taken_up: &TakenUp) -> Result<Write, StoreError> {
         usage: None,
         webhooks: Vec::new(),
         checkpoint: None,
+        frees_slot: false,
     };
     match sealed.mode {
         Mode::Acquire | Mode::Delete | Mode::Rename => Ok(write),
@@ -112,6 +116,8 @@ pub(super) fn with_events(
     write.checkpoint = checkpoint
         .map(|checkpoint| encode_write(&write.session_id, checkpoint))
         .transpose()?;
+    let no_turn = write.checkpoint.as_ref().map(|write| write.execution.is_none());
+    write.frees_slot = EncodedEvent::may_free_turn_slot(events, no_turn);
     Ok(write)
 }
 
@@ -264,6 +270,12 @@ pub(super) async fn append_all(
                 {
                     return (index, Err(error));
                 }
+                // After the queue's statements: the slot stays while work waits.
+                if write.frees_slot
+                    && let Err(error) = tx.execute(&st.slot_release, &[&key]).await
+                {
+                    return (index, Err(dirty(error)));
+                }
                 let receipt = AppendReceipt {
                     first_sequence,
                     recorded_at_ms: now,
@@ -393,6 +405,9 @@ pub(super) async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, 
     let first_sequence = last_sequence + 1 - write.count;
     if !write.queue.is_empty() {
         apply_queue_changes(tx, st, key, first_sequence, write, now).await?;
+    }
+    if write.frees_slot {
+        tx.execute(&st.slot_release, &[&key]).await.map_err(dirty)?;
     }
     queue_webhooks(
         tx,

@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use crate::StoreError;
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i32 = 6;
+pub(super) const SCHEMA_VERSION: i32 = 7;
 
 /// The advisory lock key migrations hold (`keel` in ASCII, then `schema`).
 const MIGRATION_LOCK: i64 = 0x6b65_656c_5343_4d41;
@@ -203,6 +203,18 @@ CREATE INDEX webhook_deliveries_by_endpoint ON webhook_deliveries (endpoint_id, 
 CREATE INDEX webhook_deliveries_by_session ON webhook_deliveries (session_id);
 "#;
 
+/// Version 7: `turn_slots`, as the SQLite store's version 9: the turn
+/// slots sessions took to be admitted under their tenant's
+/// `max_concurrent_turns`, given back by the writer.
+const SCHEMA_V7: &str = r#"
+CREATE TABLE turn_slots (
+    session_key BIGINT PRIMARY KEY,
+    tenant      TEXT COLLATE "C" NOT NULL,
+    taken_at_ms BIGINT NOT NULL
+);
+CREATE INDEX turn_slots_by_tenant ON turn_slots (tenant);
+"#;
+
 /// Brings the database's schema up to [`SCHEMA_VERSION`], or refuses one
 /// written by a newer Keel with [`StoreError::SchemaTooNew`] (changing
 /// nothing).
@@ -252,6 +264,9 @@ pub(super) async fn migrate(client: &mut Client) -> Result<(), StoreError> {
     }
     if found < 6 {
         tx.batch_execute(SCHEMA_V6).await.map_err(super::pg_error)?;
+    }
+    if found < 7 {
+        tx.batch_execute(SCHEMA_V7).await.map_err(super::pg_error)?;
     }
     if found < SCHEMA_VERSION {
         tx.execute(

@@ -22,6 +22,7 @@ pub(super) struct Statements {
     pub(super) delete_keys: Statement,
     pub(super) delete_access: Statement,
     pub(super) webhook_queue: Statement,
+    pub(super) slot_release: Statement,
 }
 
 /// Queues, in the transaction of the events, a webhook delivery for each
@@ -278,7 +279,12 @@ impl Statements {
                  DELETE FROM queued_submissions WHERE session_key = $1",
                 &[Type::INT8]
             ),
-            client.prepare_typed("DELETE FROM submission_keys WHERE session_key = $1", &[Type::INT8]),
+            // The turn slot goes with the keys.
+            client.prepare_typed(
+                "WITH slot AS (DELETE FROM turn_slots WHERE session_key = $1)
+                 DELETE FROM submission_keys WHERE session_key = $1",
+                &[Type::INT8]
+            ),
         )?;
         // A deleted session's ledger and budget go with it (nodes reload
         // budgets when it had one); its tenant's ledger stays.
@@ -295,6 +301,16 @@ impl Statements {
             .prepare_typed(
                 WEBHOOK_QUEUE,
                 &[Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8],
+            )
+            .await?;
+        // A session's turn slot, given back once it has no turn in flight
+        // and nothing queued (see `AccessStore::reserve_turn`).
+        let slot_release = client
+            .prepare_typed(
+                "DELETE FROM turn_slots WHERE session_key = $1
+                     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.key = $1 AND s.execution IS NOT NULL)
+                     AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = $1)",
+                &[Type::INT8],
             )
             .await?;
         Ok(Self {
@@ -314,6 +330,7 @@ impl Statements {
             delete_keys,
             delete_access,
             webhook_queue,
+            slot_release,
         })
     }
 }

@@ -377,6 +377,10 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
             super::webhooks::queue_deliveries(conn, &queuing, sequence, idle, true).map_err(dirty)?;
         }
     }
+    let no_turn = write.as_ref().map(|write| write.execution.is_none());
+    if crate::EncodedEvent::may_free_turn_slot(events, no_turn) {
+        super::access::release_turn_slot(conn, key).map_err(dirty)?;
+    }
     // The first user message titles a session that has no title yet.
     if let Some(title) = events.iter().find_map(|event| event.title.as_deref()) {
         conn.prepare_cached("UPDATE sessions SET title = ?2 WHERE key = ?1 AND title IS NULL")
@@ -503,6 +507,7 @@ fn delete(conn: &Connection, session_id: &str, now: u64) -> Result<Written, JobE
         "DELETE FROM log WHERE session_key = ?1",
         "DELETE FROM queued_submissions WHERE session_key = ?1",
         "DELETE FROM submission_keys WHERE session_key = ?1",
+        "DELETE FROM turn_slots WHERE session_key = ?1",
         "DELETE FROM sessions WHERE key = ?1",
     ] {
         conn.prepare_cached(statement)

@@ -176,3 +176,68 @@ async fn a_budget_spent_through_two_nodes_at_once_is_overspent_by_at_most_a_step
         assert_eq!(refused.body["error"]["budget"]["used"], total, "{}", refused.body);
     }
 }
+
+/// `max_concurrent_turns` holds across nodes under a burst: six idle
+/// sessions of one tenant, each sent a message at once through one node
+/// or the other, with a cap of one: exactly one is admitted, whichever
+/// node took it (before the slot was taken in the store, six of six ran).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_concurrency_cap_admits_exactly_its_turns_from_a_burst_on_two_nodes() {
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
+    let mut cluster = Cluster::start(postgres, 0, SHORT_LEASE_MS, &[]);
+    let config = cluster.scratch.dir.path().join("keel.toml");
+    std::fs::write(&config, "[tenants.acme.budget]\nmax_concurrent_turns = 1\n").expect("keel.toml");
+    let config = config.display().to_string();
+    start_nodes(&mut cluster, 2, None, &["--config", &config]);
+    let sessions: Vec<String> = (0..6).map(|index| format!("capped-{index}")).collect();
+    for (index, id) in sessions.iter().enumerate() {
+        let model = cluster.scratch.script(
+            &format!("slow-{index}.jsonl"),
+            &[&crate::suite::support::server::slow_chunks(20, 50)],
+        );
+        // Half made on each node: each node runs some of them.
+        cluster
+            .api(index % 2)
+            .create(json!({"id": id, "tenant": "acme", "model": model}))
+            .await;
+    }
+    for round in 0..2 {
+        let replies = futures::future::join_all(sessions.iter().enumerate().map(|(index, id)| {
+            let api = cluster.api((index + round) % 2).clone();
+            let id = id.clone();
+            async move {
+                api.submit(&id, json!({"op": {"type": "user_input", "text": "go"}}))
+                    .await
+            }
+        }))
+        .await;
+        let accepted: Vec<&String> = sessions
+            .iter()
+            .zip(&replies)
+            .filter(|(_, reply)| reply.status == StatusCode::ACCEPTED)
+            .map(|(id, _)| id)
+            .collect();
+        for reply in replies.iter().filter(|reply| reply.status != StatusCode::ACCEPTED) {
+            assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.body);
+            assert_eq!(
+                reply.body["error"]["budget"]["limit"], "max_concurrent_turns",
+                "{}",
+                reply.body
+            );
+        }
+        assert_eq!(accepted.len(), 1, "round {round}: admitted {accepted:?}");
+        for id in &accepted {
+            wait_until_async("the admitted turn to end", HANG_GUARD, async || {
+                let view = cluster.api(0).session(id).await;
+                view["state"] == "idle" && view["queued"] == 0
+            })
+            .await;
+        }
+        wait_until_async("the slot to be given back", HANG_GUARD, async || {
+            cluster.api(1).get("/v1/tenants/acme/budget").await.body["running_turns"] == 0
+        })
+        .await;
+    }
+}
