@@ -38,6 +38,8 @@ pub use hold::{PostgresHold, redact_postgres_url, socket_directories};
 pub use listen::{LOG_CHANNEL, NOTICE_BUFFER, RELAY_CHANNEL};
 
 #[cfg(test)]
+mod cut_commit_tests;
+#[cfg(test)]
 mod tests;
 
 use std::error::Error as _;

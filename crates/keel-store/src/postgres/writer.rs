@@ -130,9 +130,14 @@ async fn run(
 ///
 /// A connection found dead when the transaction starts is replaced and the
 /// group tried once more (nothing was sent, so nothing can be doubled).
-/// After any other loss of the connection the jobs fail with
-/// [`StoreError::Unavailable`] (a commit cut off may or may not have
-/// happened, so it is not retried) and the next group reconnects.
+/// A connection lost during `COMMIT` leaves the outcome unknown: it is
+/// never taken as "did not happen". The writer reconnects and asks the
+/// database what became of the transaction (`txid_status`, by the id it
+/// read inside it), answering the jobs as written when it committed; when
+/// it aborted, or the database cannot say within [`RESOLVE_FOR`], the jobs
+/// fail with [`StoreError::Unavailable`] and nothing is retried. After any
+/// other loss of the connection the jobs fail the same way and the next
+/// group reconnects.
 async fn commit_group(
     conn: &mut WriterConnection,
     group: &mut Vec<Job>,
@@ -166,6 +171,21 @@ async fn commit_group(
                 retried = true;
             }
             Err(GroupError::NotStarted(error) | GroupError::NotCommitted(error)) => break (Err(error), micros),
+            Err(GroupError::Unknown { error, txid, outcomes }) => {
+                conn.reset();
+                let resolved = match resolve(conn, txid).await {
+                    Some(true) => {
+                        tracing::warn!(%error, txid, "the connection was lost during a commit that happened");
+                        Ok((outcomes, 1))
+                    }
+                    Some(false) => Err(error),
+                    None => {
+                        tracing::error!(%error, txid, "the outcome of a commit cut off cannot be learnt; its jobs fail");
+                        Err(error)
+                    }
+                };
+                break (resolved, micros);
+            }
             Ok(done) => break (Ok(done), micros),
         }
     };
@@ -197,12 +217,56 @@ async fn commit_group(
     tracing::trace!(micros, "group committed");
 }
 
-/// Why nothing of a group was committed.
+/// Why a group was not answered as committed.
 enum GroupError {
     /// The transaction could not even start: nothing was sent.
     NotStarted(StoreError),
     /// The transaction or its commit failed.
     NotCommitted(StoreError),
+    /// The connection was lost during `COMMIT`: transaction `txid` may or
+    /// may not have committed, with these outcomes if it did.
+    Unknown {
+        error: StoreError,
+        txid: i64,
+        outcomes: Vec<Result<Written, StoreError>>,
+    },
+}
+
+/// How long the writer tries to learn the outcome of a commit cut off (a
+/// database restarting answers once it is back).
+const RESOLVE_FOR: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Whether transaction `txid` committed (`Some(true)`), aborted or never
+/// was (`Some(false)`), asked on a new connection until [`RESOLVE_FOR`]
+/// passes (`None`: still unknown).
+async fn resolve(conn: &mut WriterConnection, txid: i64) -> Option<bool> {
+    let deadline = tokio::time::Instant::now() + RESOLVE_FOR;
+    let mut pause = std::time::Duration::from_millis(50);
+    loop {
+        let status = match conn.ready().await {
+            Ok((client, _)) => client
+                .query_one("SELECT txid_status($1)", &[&txid])
+                .await
+                .map_err(super::pg_error)
+                .and_then(|row| row.try_get::<_, Option<String>>(0).map_err(super::pg_error)),
+            Err(error) => Err(error),
+        };
+        match status.as_ref().map(Option::as_deref) {
+            Ok(Some("committed")) => return Some(true),
+            Ok(Some("aborted")) => return Some(false),
+            // Still in progress (its session not yet gone) or too old to say.
+            Ok(_) => {}
+            Err(error) => {
+                tracing::debug!(%error, txid, "cannot learn a cut commit's outcome yet");
+                conn.reset();
+            }
+        }
+        if tokio::time::Instant::now() + pause > deadline {
+            return None;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_secs(1));
+    }
 }
 
 /// Outcomes of a group, per job, and how many transactions committed.
@@ -228,7 +292,13 @@ async fn run_group(
         .transaction()
         .await
         .map_err(|error| GroupError::NotStarted(super::pg_error(error)))?;
-    let outcomes = apply_all(&tx, statements, writes, now).await;
+    // The transaction's id, pipelined with its first statements: what the
+    // writer asks about should the connection be lost during `COMMIT`.
+    let (txid, outcomes) = futures::join!(
+        tx.query_one("SELECT txid_current()", &[]),
+        apply_all(&tx, statements, writes, now)
+    );
+    let txid: Option<i64> = txid.ok().and_then(|row| row.try_get(0).ok());
     if let Some(error) = outcomes.iter().find_map(|outcome| match outcome {
         Err(JobError::Dirty(error)) => Some(error.clone()),
         _ => None,
@@ -244,16 +314,18 @@ async fn run_group(
         }
         return Ok((outcomes, commits));
     }
-    tx.commit()
-        .await
-        .map_err(|error| GroupError::NotCommitted(super::pg_error(error)))?;
-    Ok((
-        outcomes
-            .into_iter()
-            .map(|outcome| outcome.map_err(JobError::into_inner))
-            .collect(),
-        1,
-    ))
+    let outcomes: Vec<Result<Written, StoreError>> = outcomes
+        .into_iter()
+        .map(|outcome| outcome.map_err(JobError::into_inner))
+        .collect();
+    match tx.commit().await.map_err(super::pg_error) {
+        Ok(()) => Ok((outcomes, 1)),
+        Err(error @ StoreError::Unavailable(_)) => match txid {
+            Some(txid) => Err(GroupError::Unknown { error, txid, outcomes }),
+            None => Err(GroupError::NotCommitted(error)),
+        },
+        Err(error) => Err(GroupError::NotCommitted(error)),
+    }
 }
 
 /// Runs one job in a transaction of its own.
