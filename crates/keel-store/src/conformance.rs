@@ -140,6 +140,7 @@ macro_rules! store_conformance_tests {
             $crate::conformance::store_conformance_tests!(@test events_after_reads_forwards_across_batches_from_any_point, $factory);
             $crate::conformance::store_conformance_tests!(@test sessions_page_newest_created_first_with_a_cursor, $factory);
             $crate::conformance::store_conformance_tests!(@test a_queued_submission_stays_stored_until_an_event_settles_it, $factory);
+            $crate::conformance::store_conformance_tests!(@test an_idempotency_key_names_one_submission_and_a_second_is_refused_whole, $factory);
             $crate::conformance::store_conformance_tests!(@test sessions_are_listed_by_bot_page_by_page, $factory);
             $crate::conformance::store_conformance_tests!(@test sessions_with_work_lists_queued_messages_and_turns_in_flight_in_pages, $factory);
             $crate::conformance::store_conformance_tests!(@test history_until_takes_the_batches_up_to_a_sequence_and_never_splits_one, $factory);
@@ -1753,6 +1754,69 @@ pub(crate) async fn a_queued_submission_stays_stored_until_an_event_settles_it(f
     assert_eq!(state.queued.iter().map(|q| q.id.as_str()).collect::<Vec<_>>(), ["q2"]);
     // The key outlives the queue entry: a retry is still recognised.
     assert!(store.keyed_submission("s", "key-1").await.expect("key").is_some());
+}
+
+/// An idempotency key names one submission for ever, in the store itself:
+/// a write that would queue (or refuse) another submission under a stored
+/// key, or two under one key, is refused whole, so no interleaving of
+/// nodes, relays and retries stores a key twice; the same submission again
+/// changes nothing.
+pub(crate) async fn an_idempotency_key_names_one_submission_and_a_second_is_refused_whole(factory: &impl StoreFactory) {
+    use crate::KeyedSubmission;
+    use keel_protocol::{BusyPolicy, Op, SubmissionQueuedEvent, SubmissionRejectedEvent};
+    let (_database, store) = factory.fresh().await;
+    create(&store, "s").await;
+    let queued = |id: &str, key: &str| Event {
+        submission_id: Some(id.into()),
+        msg: EventMsg::SubmissionQueued(SubmissionQueuedEvent {
+            traceparent: None,
+            op: Op::UserInput {
+                text: format!("text of {id}"),
+            },
+            on_busy: BusyPolicy::Queue,
+            idempotency_key: Some(key.to_owned()),
+            submitted_by: None,
+        }),
+    };
+    let rejected = |id: &str, key: &str| Event {
+        submission_id: Some(id.into()),
+        msg: EventMsg::SubmissionRejected(SubmissionRejectedEvent {
+            reason: "busy".into(),
+            idempotency_key: Some(key.to_owned()),
+        }),
+    };
+    append(&store, "s", &[queued("q1", "k1")]).await;
+    append(&store, "s", &[rejected("r1", "k2")]).await;
+    let before = store.load("s").await.expect("load").expect("s");
+    for (what, events) in [
+        ("a second submission under a queued one's key", vec![queued("q2", "k1")]),
+        ("a submission under a refused one's key", vec![queued("q3", "k2")]),
+        (
+            "two submissions under one key in one write",
+            vec![queued("q4", "k3"), queued("q5", "k3")],
+        ),
+        ("a refusal under a queued one's key", vec![rejected("r2", "k1")]),
+    ] {
+        let refused = store.append("s", batch(&events)).await;
+        assert!(matches!(refused, Err(StoreError::Invalid(_))), "{what}: {refused:?}");
+        let after = store.load("s").await.expect("load").expect("s");
+        assert_eq!(
+            after.last_sequence, before.last_sequence,
+            "{what}: nothing of it stored"
+        );
+        assert_eq!(after.queued.len(), before.queued.len(), "{what}");
+    }
+    assert_eq!(
+        store.keyed_submission("s", "k1").await.expect("key"),
+        Some(KeyedSubmission {
+            submission_id: "q1".into(),
+            sequence: 1
+        })
+    );
+    assert_eq!(store.keyed_submission("s", "k3").await.expect("key"), None);
+    // The session goes on: a new key is taken as before.
+    append(&store, "s", &[queued("q6", "k4")]).await;
+    assert!(store.keyed_submission("s", "k4").await.expect("key").is_some());
 }
 
 pub(crate) async fn sessions_are_listed_by_bot_page_by_page(factory: &impl StoreFactory) {

@@ -239,3 +239,11 @@ pub(crate) fn check_addressed(session_id: &str, write: &CheckpointWrite) -> Resu
 pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
     serde_json::to_string(value).map_err(|error| StoreError::Encode(error.to_string()))
 }
+
+/// The refusal of a write that would store `key` for `submission_id` while
+/// it names `holder` already: an idempotency key names one submission.
+pub(crate) fn key_taken(key: &str, holder: &str, submission_id: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "idempotency key '{key}' names submission {holder} already; submission {submission_id} was not stored"
+    ))
+}

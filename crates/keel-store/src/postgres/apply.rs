@@ -453,10 +453,8 @@ async fn apply_queue_changes(
                 submission,
                 idempotency_key,
             } => {
-                if let Some(idempotency_key) = idempotency_key
-                    && !keys.iter().any(|(known, _, _)| known == idempotency_key)
-                {
-                    keys.push((idempotency_key, &submission.id, sequence));
+                if let Some(idempotency_key) = idempotency_key {
+                    remember(&mut keys, idempotency_key, &submission.id, sequence)?;
                 }
                 submission.id.as_str()
             }
@@ -466,9 +464,7 @@ async fn apply_queue_changes(
                 idempotency_key,
             } => {
                 // Nothing to queue: the key alone is remembered.
-                if !keys.iter().any(|(known, _, _)| known == idempotency_key) {
-                    keys.push((idempotency_key, submission_id, sequence));
-                }
+                remember(&mut keys, idempotency_key, submission_id, sequence)?;
                 continue;
             }
         };
@@ -511,9 +507,9 @@ async fn apply_queue_changes(
     };
     let remember = async {
         if key_names.is_empty() {
-            return Ok(0);
+            return Ok(Vec::new());
         }
-        tx.execute(&st.key_insert, &[&key, &key_names, &key_ids, &key_sequences])
+        tx.query(&st.key_insert, &[&key, &key_names, &key_ids, &key_sequences])
             .await
     };
     let relays = write.relays.params(first_sequence, now).map_err(JobError::Dirty)?;
@@ -531,8 +527,31 @@ async fn apply_queue_changes(
         ];
         tx.execute(&st.relay_answer, &params).await
     };
-    futures::try_join!(upsert, delete, remember, answer).map_err(dirty)?;
+    let (_, _, taken, _) = futures::try_join!(upsert, delete, remember, answer).map_err(dirty)?;
+    if let Some(row) = taken.first() {
+        let read = |index| row.try_get::<_, String>(index).map_err(dirty);
+        return Err(JobError::Dirty(crate::job::key_taken(&read(0)?, &read(1)?, &read(2)?)));
+    }
     Ok(())
+}
+
+/// Adds `key`'s use by `submission_id` to the batch's `keys`: once per key;
+/// a second submission under one key in one batch refuses the write, as a
+/// key stored before does.
+fn remember<'a>(
+    keys: &mut Vec<(&'a str, &'a str, u64)>,
+    key: &'a str,
+    submission_id: &'a str,
+    sequence: u64,
+) -> Result<(), JobError> {
+    match keys.iter().find(|(known, _, _)| *known == key) {
+        None => {
+            keys.push((key, submission_id, sequence));
+            Ok(())
+        }
+        Some((_, holder, _)) if *holder == submission_id => Ok(()),
+        Some((_, holder, _)) => Err(JobError::Dirty(crate::job::key_taken(key, holder, submission_id))),
+    }
 }
 
 /// Why a write matched no row: the session is unknown, the cut is longer

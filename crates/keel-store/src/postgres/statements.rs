@@ -242,9 +242,18 @@ impl Statements {
                 "DELETE FROM queued_submissions WHERE session_key = $1 AND id = ANY($2)",
                 &[Type::INT8, Type::TEXT_ARRAY],
             ),
+            // A key names one submission for ever: it answers the keys
+            // already naming another (as they were before the statement).
             client.prepare_typed(
-                "INSERT INTO submission_keys (session_key, key, submission_id, sequence)
-                 SELECT $1, * FROM unnest($2::text[], $3::text[], $4::int8[]) ON CONFLICT DO NOTHING",
+                "WITH wanted AS (
+                     SELECT * FROM unnest($2::text[], $3::text[], $4::int8[]) AS w(key, submission_id, sequence)
+                 ), inserted AS (
+                     INSERT INTO submission_keys (session_key, key, submission_id, sequence)
+                     SELECT $1, key, submission_id, sequence FROM wanted ON CONFLICT DO NOTHING
+                 )
+                 SELECT w.key, k.submission_id, w.submission_id FROM wanted w
+                 JOIN submission_keys k ON k.session_key = $1 AND k.key = w.key
+                 WHERE k.submission_id <> w.submission_id",
                 &[Type::INT8, Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY],
             ),
         )?;

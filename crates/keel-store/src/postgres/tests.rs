@@ -703,11 +703,11 @@ async fn the_queue_and_idempotency_keys_are_written_from_the_events() {
         let state = store.load("s").await.expect("load").expect("s");
         assert_eq!(state.queued.iter().map(|q| q.id.as_str()).collect::<Vec<_>>(), ["q2"]);
         assert!(store.keyed_submission("s", "key-1").await.expect("key").is_some());
-        // Queued and settled in one batch: it never shows; a key reused in
-        // one batch keeps its first submission.
+        // A key used by two submissions in one batch refuses the batch
+        // whole: a key names one submission.
         let mut both = encode(&[queued("q3", Some("key-3")), queued("q4", Some("key-3"))]);
         both.push(settling("s", 6, "q3"));
-        store
+        let refused = store
             .append(
                 "s",
                 AppendBatch {
@@ -716,13 +716,24 @@ async fn the_queue_and_idempotency_keys_are_written_from_the_events() {
                     checkpoint: None,
                 },
             )
+            .await;
+        assert!(matches!(refused, Err(StoreError::Invalid(_))), "{refused:?}");
+        // Queued and settled in one batch: it never shows.
+        let mut settled_too = encode(&[queued("q3", Some("key-3"))]);
+        settled_too.push(settling("s", 6, "q3"));
+        store
+            .append(
+                "s",
+                AppendBatch {
+                    lease: None,
+                    events: settled_too,
+                    checkpoint: None,
+                },
+            )
             .await
             .expect("append");
         let state = store.load("s").await.expect("load").expect("s");
-        assert_eq!(
-            state.queued.iter().map(|q| q.id.as_str()).collect::<Vec<_>>(),
-            ["q2", "q4"]
-        );
+        assert_eq!(state.queued.iter().map(|q| q.id.as_str()).collect::<Vec<_>>(), ["q2"]);
         assert_eq!(
             store.keyed_submission("s", "key-3").await.expect("key"),
             Some(KeyedSubmission {

@@ -397,7 +397,10 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
 }
 
 /// Remembers that `idempotency_key` names submission `submission_id`, whose
-/// event is at `sequence`; the first use of a key stands.
+/// event is at `sequence`. A key names one submission for ever: the same
+/// submission again changes nothing, and another one under a key already
+/// taken refuses the whole write (see [`key_taken`]), so no interleaving of
+/// nodes and retries can store a key twice.
 fn remember_key(
     conn: &Connection,
     key: i64,
@@ -405,12 +408,26 @@ fn remember_key(
     submission_id: &str,
     sequence: u64,
 ) -> Result<(), JobError> {
-    conn.prepare_cached(
-        "INSERT OR IGNORE INTO submission_keys (session_key, key, submission_id, sequence)
-         VALUES (?1, ?2, ?3, ?4)",
-    )
-    .and_then(|mut insert| insert.execute(params![key, idempotency_key, submission_id, sequence]))
-    .map_err(dirty)?;
+    let inserted = conn
+        .prepare_cached(
+            "INSERT OR IGNORE INTO submission_keys (session_key, key, submission_id, sequence)
+             VALUES (?1, ?2, ?3, ?4)",
+        )
+        .and_then(|mut insert| insert.execute(params![key, idempotency_key, submission_id, sequence]))
+        .map_err(dirty)?;
+    if inserted == 0 {
+        let holder: String = conn
+            .prepare_cached("SELECT submission_id FROM submission_keys WHERE session_key = ?1 AND key = ?2")
+            .and_then(|mut select| select.query_row(params![key, idempotency_key], |row| row.get(0)))
+            .map_err(dirty)?;
+        if holder != submission_id {
+            return Err(JobError::Dirty(crate::job::key_taken(
+                idempotency_key,
+                &holder,
+                submission_id,
+            )));
+        }
+    }
     Ok(())
 }
 
