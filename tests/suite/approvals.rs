@@ -432,3 +432,95 @@ async fn calls_that_are_not_all_parallel_safe_run_one_after_the_other() {
     assert_eq!(tools.runs.load(Ordering::SeqCst), 2);
     shutdown(agent).await;
 }
+
+/// A call whose start is stored is never started again in its turn. Here
+/// a runtime committed `look`'s start but never heard so (the connection
+/// was lost during its commit, which happened) and stopped; the turn's
+/// state says `look` started and `write` still waits for approval. The
+/// turn goes on when `write` is approved: `write` runs, and `look` is
+/// answered as a call that may have run, not started a second time (outside
+/// testing saw one `tool_call_started` twice in a turn, no boundary between).
+#[tokio::test]
+async fn a_call_whose_start_is_stored_is_never_started_again_in_its_turn() {
+    let db = TestDb::new();
+    let store = db.open();
+    let tools = tools(true);
+    let step = ModelOutput::default().with_tool_calls(vec![call("w1", "write"), call("l1", "look")]);
+    let model = scripted(vec![step]);
+    let mut agent = start_with(config(&db, &store, model.clone(), tools.set.clone())).await;
+    agent.sender().submit(user("write and look")).expect("submit");
+    let before = read_to(&mut agent, "approval_requested").await;
+    let turn_id = started_turn_id(&before);
+    drop(agent);
+
+    // What the lost commit had stored: `look` started, with the turn's
+    // state saying so.
+    let reopened = db.open();
+    let state = keel::CheckpointStore::load(&*reopened, SESSION)
+        .await
+        .expect("load")
+        .expect("the session");
+    let mut execution = state.execution.expect("the turn in flight");
+    assert_eq!(execution.awaiting_approval, ["w1"]);
+    execution.started_calls = Some(vec!["l1".to_owned()]);
+    let started = Event {
+        submission_id: None,
+        msg: EventMsg::ToolCallStarted(ToolCallStartedEvent {
+            turn_id: turn_id.clone(),
+            call_id: "l1".into(),
+            name: "look".into(),
+            arguments: "{}".into(),
+        }),
+    };
+    let batch = keel::store::AppendBatch {
+        lease: None,
+        events: vec![keel::store::EncodedEvent::encode(&started).expect("encode")],
+        checkpoint: Some(keel::store::CheckpointWrite {
+            checkpoint: state.checkpoint,
+            transcript_delta: Vec::new(),
+            execution: Some(execution),
+            history_cut: None,
+        }),
+    };
+    keel::store::CheckpointStoreExt::append(&*reopened, SESSION, batch)
+        .await
+        .expect("the start the lost commit stored");
+
+    let mut agent = start_with(config(&db, &reopened, model.clone(), tools.set)).await;
+    agent
+        .sender()
+        .submit(approve("w1", ApprovalDecision::Approve))
+        .expect("approve");
+    let rest = read_turn(&mut agent).await;
+    assert!(matches!(
+        rest.last().map(|event| &event.msg),
+        Some(EventMsg::TurnComplete(_))
+    ));
+    assert_eq!(
+        tools.runs.load(Ordering::SeqCst),
+        1,
+        "write ran; look did not run again"
+    );
+    shutdown(agent).await;
+    let log = stored_events(&reopened, SESSION).await;
+    assert_gapless(&log, 1);
+    let starts: Vec<&str> = log
+        .iter()
+        .filter_map(|event| match &event.msg {
+            EventMsg::ToolCallStarted(call) => Some(call.call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts, ["l1", "w1"], "each call started once");
+    let look = log
+        .iter()
+        .find_map(|event| match &event.msg {
+            EventMsg::ToolCallCompleted(done) if done.call_id == "l1" => Some(done),
+            _ => None,
+        })
+        .expect("look answered");
+    assert!(
+        look.is_error && look.output.contains("may or may not have completed"),
+        "{look:?}"
+    );
+}

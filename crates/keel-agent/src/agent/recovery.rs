@@ -93,6 +93,11 @@ pub(super) async fn close_stale_turn(
     Ok(Closing { events, write })
 }
 
+/// The result of a call whose start was committed by a runtime that then
+/// stopped: it may have run, so it is never started again.
+pub(super) const MAY_HAVE_RUN: &str =
+    "interrupted: the runtime stopped during this call; the tool may or may not have completed";
+
 /// A result for every tool call of the stale turn that has none, so the
 /// history sent to the provider stays well formed: its event and its
 /// history item. A call whose start was committed may have run; one that
@@ -114,7 +119,7 @@ fn answer_unanswered_calls(
         let output = if never_started {
             "not run: the runtime stopped before this call started"
         } else {
-            "interrupted: the runtime stopped during this call; the tool may or may not have completed"
+            MAY_HAVE_RUN
         };
         events.push(Event {
             submission_id: submission_id.map(str::to_owned),

@@ -282,8 +282,12 @@ impl Session {
             .filter(|(_, verdict)| **verdict != Verdict::Client)
             .collect();
         for &(call, verdict) in &calls {
-            self.record_started(turn, call).await?;
-            match verdict {
+            if !self.record_started(turn, call).await? {
+                // Started by a runtime that stopped (its start is in the
+                // log): it may have run, so it does not run again.
+                running.push_back(futures::future::ready(ToolOutcome::error(super::recovery::MAY_HAVE_RUN)).boxed());
+            } else {
+                match verdict {
                 Verdict::Refuse(reason) => {
                     running.push_back(futures::future::ready(ToolOutcome::error(reason.clone())).boxed())
                 }
@@ -302,6 +306,7 @@ impl Session {
                         running.push_back(sink.scope(tools.run(call, &context)).boxed())
                     }
                 },
+                }
             }
             if together {
                 continue;
@@ -416,7 +421,20 @@ impl Session {
     /// Records that `call` starts, durably, before it runs: a restart then
     /// knows it may have run (and that the calls not listed as started in
     /// the same write never did).
-    async fn record_started(&mut self, turn: &mut Turn, call: &ToolCall) -> Result<()> {
+    /// Records that `call` starts, with the turn's state saying so; `false`
+    /// (nothing recorded) when the turn's state says it started already: a
+    /// start is recorded, and a call run, at most once per turn, whatever a
+    /// runtime that stopped left behind.
+    async fn record_started(&mut self, turn: &mut Turn, call: &ToolCall) -> Result<bool> {
+        if turn
+            .execution
+            .started_calls
+            .as_ref()
+            .is_some_and(|started| started.contains(&call.call_id))
+        {
+            tracing::warn!(session_id = %self.session_id, call_id = %call.call_id, "a call whose start is stored is not started again");
+            return Ok(false);
+        }
         let asked = self.approval_asked.remove(&call.call_id);
         self.tool_starts
             .insert(call.call_id.clone(), (keel_protocol::now_ms(), asked));
@@ -431,7 +449,8 @@ impl Session {
             arguments: call.arguments.clone(),
         }));
         let write = self.checkpoint_write(Vec::new(), Some(&turn.execution));
-        self.recorder.commit(vec![started], Some(write)).await.map(drop)
+        self.recorder.commit(vec![started], Some(write)).await?;
+        Ok(true)
     }
 
     /// Records a call's result with the history item it adds.
