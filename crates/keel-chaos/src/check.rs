@@ -6,8 +6,8 @@ use super::clients::{Outcome, SessionHistory};
 use keel_protocol::{ApprovalDecision, EventMsg, RecordedEvent};
 
 /// The log's own invariants: sequences 1..N without gap or duplicate,
-/// every turn started once and closed at most once, and no turn's events
-/// inside another's.
+/// every turn started once and closed at most once, no turn's events
+/// inside another's, and no tool call started twice in its turn.
 pub(super) fn log(session_id: &str, log: &[RecordedEvent], violations: &mut Vec<String>) {
     for (expected, event) in (1u64..).zip(log) {
         if event.sequence != expected {
@@ -21,7 +21,16 @@ pub(super) fn log(session_id: &str, log: &[RecordedEvent], violations: &mut Vec<
     let mut open: Option<&str> = None;
     let mut started = BTreeSet::new();
     let mut closed = BTreeSet::new();
+    let mut calls: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     for event in log {
+        if let EventMsg::ToolCallStarted(call) = &event.msg
+            && let Some(first) = calls.insert((call.turn_id.as_str(), call.call_id.as_str()), event.sequence)
+        {
+            violations.push(format!(
+                "{session_id}: call {} of turn {} started twice (at {first} and {})",
+                call.call_id, call.turn_id, event.sequence
+            ));
+        }
         match &event.msg {
             EventMsg::TurnStarted(turn) => {
                 if let Some(open) = open {
@@ -352,6 +361,29 @@ mod tests {
         violations.clear();
         super::log("s", &interleaved, &mut violations);
         assert!(violations.len() >= 3, "{violations:?}");
+        // A call started twice in its turn.
+        let start = |sequence, call_id: &str| {
+            event(
+                sequence,
+                None,
+                EventMsg::ToolCallStarted(ToolCallStartedEvent {
+                    turn_id: "t1".into(),
+                    call_id: call_id.into(),
+                    name: "list_dir".into(),
+                    arguments: "{}".into(),
+                }),
+            )
+        };
+        let restarted = vec![
+            started(1, "a", "t1"),
+            start(2, "c1"),
+            start(3, "c2"),
+            start(4, "c1"),
+            complete(5, "t1"),
+        ];
+        violations.clear();
+        super::log("s", &restarted, &mut violations);
+        assert_eq!(violations, ["s: call c1 of turn t1 started twice (at 2 and 4)"]);
         // A key queued twice; an acknowledged submission never stored; one
         // stored but never acted on; a streamed event unlike the stored one.
         let log = vec![queued(1, "a", "k"), queued(2, "b", "k")];

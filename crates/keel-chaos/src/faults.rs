@@ -43,11 +43,13 @@ pub(super) fn pick(rng: &mut StdRng, store: ChaosStore) -> Fault {
                 Fault::Kill
             }
         }
+        // Database restarts among the node faults, as often as kills: a
+        // commit cut by one is what a retry on another node meets.
         ChaosStore::Postgres { .. } => match rng.random_range(0..10) {
-            0..=3 => Fault::Kill,
-            4 => Fault::Terminate,
-            5..=6 => Fault::Pause,
-            7 => Fault::RestartPostgres,
+            0..=2 => Fault::Kill,
+            3 => Fault::Terminate,
+            4..=5 => Fault::Pause,
+            6..=8 => Fault::RestartPostgres,
             _ => Fault::TerminateConnections,
         },
     }
