@@ -4,6 +4,8 @@
 //! transaction of the events that report the usage) and the reads of all
 //! of them (on the reader pool).
 
+use std::sync::Arc;
+
 use futures::future::BoxFuture;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
@@ -233,79 +235,6 @@ pub(super) fn usage_total(conn: &Connection, target: &BudgetTarget) -> Result<To
     .map_err(super::sqlite_error)
 }
 
-/// The sessions of a tenant that hold a turn slot: a turn in flight, or a
-/// slot taken (see [`reserve_turn`]).
-const HELD_SLOTS: &str = "SELECT count(*) FROM sessions s WHERE s.tenant = ?1
-     AND (s.execution IS NOT NULL OR EXISTS (SELECT 1 FROM turn_slots t WHERE t.session_key = s.key))";
-
-pub(super) fn running_turns(conn: &Connection, tenant: &str) -> Result<u64, StoreError> {
-    conn.prepare_cached(HELD_SLOTS)
-        .and_then(|mut select| select.query_row(params![tenant], |row| row.get(0)))
-        .map_err(super::sqlite_error)
-}
-
-/// Takes a turn slot of `tenant` for `session_id` unless `cap` are held,
-/// in one write transaction (SQLite runs one at a time, across processes
-/// too). Slots whose work never reached the queue are given back first.
-pub(super) fn reserve_turn(
-    conn: &mut Connection,
-    tenant: &str,
-    session_id: &str,
-    cap: u64,
-    now: u64,
-) -> Result<TurnSlot, StoreError> {
-    transaction(conn, |tx| {
-        let sql = |error| super::sqlite_error(error);
-        let session: Option<(i64, bool)> = tx
-            .prepare_cached(
-                "SELECT key, execution IS NOT NULL OR EXISTS (SELECT 1 FROM turn_slots t WHERE t.session_key = key)
-                 FROM sessions WHERE id = ?1",
-            )
-            .and_then(|mut select| {
-                select
-                    .query_row(params![session_id], |row| Ok((row.get(0)?, row.get(1)?)))
-                    .optional()
-            })
-            .map_err(sql)?;
-        let Some((key, held)) = session else {
-            return Err(StoreError::UnknownSession(session_id.to_owned()));
-        };
-        if held {
-            return Ok(TurnSlot::Held);
-        }
-        tx.prepare_cached(
-            "DELETE FROM turn_slots WHERE tenant = ?1 AND taken_at_ms < ?2
-                 AND session_key IN (SELECT key FROM sessions WHERE execution IS NULL)
-                 AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = turn_slots.session_key)",
-        )
-        .and_then(|mut delete| delete.execute(params![tenant, now.saturating_sub(crate::TURN_SLOT_GRACE_MS)]))
-        .map_err(sql)?;
-        let held: u64 = tx
-            .prepare_cached(HELD_SLOTS)
-            .and_then(|mut select| select.query_row(params![tenant], |row| row.get(0)))
-            .map_err(sql)?;
-        if held >= cap {
-            return Ok(TurnSlot::Full { held });
-        }
-        tx.prepare_cached("INSERT INTO turn_slots (session_key, tenant, taken_at_ms) VALUES (?1, ?2, ?3)")
-            .and_then(|mut insert| insert.execute(params![key, tenant, now]))
-            .map_err(sql)?;
-        Ok(TurnSlot::Taken)
-    })
-}
-
-/// Gives back the turn slot of session `key` if it has no turn in flight
-/// and nothing queued: in the transaction of a write that may leave it so.
-pub(super) fn release_turn_slot(conn: &Connection, key: i64) -> rusqlite::Result<()> {
-    conn.prepare_cached(
-        "DELETE FROM turn_slots WHERE session_key = ?1
-             AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.key = ?1 AND s.execution IS NOT NULL)
-             AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = ?1)",
-    )?
-    .execute(params![key])?;
-    Ok(())
-}
-
 /// Adds a batch's usage, committed at `now`, to the ledgers of its tenant
 /// and its session: one statement, one row each.
 pub(super) fn add_usage(
@@ -406,8 +335,8 @@ impl crate::AccessStore for super::SqliteCheckpoint {
     }
 
     fn running_turns<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let tenant = tenant.to_owned();
-        Box::pin(self.read(move |conn| running_turns(conn, &tenant)))
+        let (tenant, slots) = (tenant.to_owned(), Arc::clone(&self.turn_slots));
+        Box::pin(self.read(move |conn| slots.held(conn, &tenant)))
     }
 
     fn reserve_turn<'a>(
@@ -418,8 +347,7 @@ impl crate::AccessStore for super::SqliteCheckpoint {
         now_ms: u64,
     ) -> BoxFuture<'a, Result<TurnSlot, StoreError>> {
         let (tenant, session_id) = (tenant.to_owned(), session_id.to_owned());
-        Box::pin(self.on_side(&self.access, move |conn| {
-            reserve_turn(conn, &tenant, &session_id, cap, now_ms)
-        }))
+        let slots = Arc::clone(&self.turn_slots);
+        Box::pin(self.read(move |conn| slots.reserve(conn, &tenant, &session_id, cap, now_ms)))
     }
 }

@@ -1,6 +1,5 @@
-//! Tests of the migrations to version 7 (tenants and access), 8 (the
-//! webhook outbox) and 9 (turn slots), beside the other migration tests in
-//! `tests.rs`.
+//! Tests of the migrations to version 7 (tenants and access) and 8 (the
+//! webhook outbox), beside the other migration tests in `tests.rs`.
 
 use rusqlite::Connection;
 
@@ -11,22 +10,14 @@ use crate::{
 };
 use keel_protocol::DEFAULT_TENANT;
 
-/// Takes a database of version 9 back to what a version 8 build wrote.
-const UNDO_VERSION_9: &str = "
-    DROP TABLE turn_slots;
-    PRAGMA user_version = 8;
-";
-
-/// Takes a database of version 9 back to what a version 7 build wrote.
+/// Takes a database of version 8 back to what a version 7 build wrote.
 const UNDO_VERSION_8: &str = "
-    DROP TABLE turn_slots;
     DROP TABLE webhook_deliveries; DROP TABLE webhook_endpoints;
     PRAGMA user_version = 7;
 ";
 
-/// Takes a database of version 9 back to what a version 6 build wrote.
+/// Takes a database of version 8 back to what a version 6 build wrote.
 pub(super) const UNDO_VERSION_7: &str = "
-    DROP TABLE turn_slots;
     DROP TABLE webhook_deliveries; DROP TABLE webhook_endpoints;
     DROP INDEX sessions_running_by_tenant; DROP INDEX sessions_by_tenant;
     ALTER TABLE sessions DROP COLUMN tenant;
@@ -121,40 +112,6 @@ async fn a_version_7_database_gets_an_empty_outbox_that_its_next_events_fill() {
                 .len(),
             1
         );
-        let version: i64 = Connection::open(&path)
-            .expect("raw")
-            .pragma_query_value(None, "user_version", |row| row.get(0))
-            .expect("user_version");
-        assert_eq!(version, super::schema::SCHEMA_VERSION);
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn a_version_8_database_gets_empty_turn_slots_that_admissions_fill() {
-    guarded(async {
-        let (_dir, path) = database();
-        {
-            let store = open(&path).await;
-            for id in ["a", "b"] {
-                store
-                    .save(&crate::conformance::tenant_checkpoint(id, "bot", "acme"), &[], None)
-                    .await
-                    .expect("create");
-            }
-            store.close().await;
-        }
-        Connection::open(&path)
-            .expect("raw")
-            .execute_batch(UNDO_VERSION_9)
-            .expect("downgrade");
-        let store = open(&path).await;
-        assert_eq!(store.running_turns("acme").await.expect("running"), 0);
-        let now = keel_protocol::now_ms();
-        let taken = store.reserve_turn("acme", "a", 1, now).await.expect("reserve");
-        assert_eq!(taken, crate::TurnSlot::Taken);
-        let full = store.reserve_turn("acme", "b", 1, now).await.expect("reserve");
-        assert_eq!(full, crate::TurnSlot::Full { held: 1 });
         let version: i64 = Connection::open(&path)
             .expect("raw")
             .pragma_query_value(None, "user_version", |row| row.get(0))

@@ -20,6 +20,7 @@ mod lock;
 mod reader;
 mod reserve;
 mod schema;
+mod slots;
 mod webhooks;
 pub use self::schema::{SCHEMA_VERSION, stored_schema_version};
 mod writer;
@@ -140,6 +141,9 @@ pub struct SqliteCheckpoint {
     /// an outcome lost to a power cut only means a delivery made again,
     /// which receivers deduplicate.
     webhooks: SideConnection,
+    /// The turn slots sessions took at admission, shared by every handle
+    /// on the database in this process (see `slots.rs`).
+    turn_slots: Arc<slots::TurnSlots>,
     /// The disk space kept for the store's commits.
     reserve: Arc<SpaceReserve>,
 }
@@ -165,12 +169,14 @@ impl SqliteCheckpoint {
             Arc::clone(&counters),
             Arc::clone(&identity),
         )?;
+        let turn_slots = slots::TurnSlots::of(&path);
         let (jobs, writer) = writer::spawn(
             conn,
             options.max_jobs_per_commit,
             Arc::clone(&counters),
             Arc::clone(&identity),
             Arc::clone(&reserve),
+            Arc::clone(&turn_slots),
         )
         .map_err(|error| StoreError::Backend(Arc::new(error)))?;
         Ok(Self {
@@ -184,6 +190,7 @@ impl SqliteCheckpoint {
             leases: SideConnection::default(),
             access: SideConnection::default(),
             webhooks: SideConnection::default(),
+            turn_slots,
             reserve,
         })
     }

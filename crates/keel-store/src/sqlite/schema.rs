@@ -9,7 +9,7 @@ use super::{SqliteOptions, Synchronous};
 use crate::StoreError;
 
 /// The schema this build writes; stored in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The schema version of the database file at `path`, read without
 /// changing anything (0: no Keel schema yet), for `keel doctor`.
@@ -208,20 +208,6 @@ CREATE INDEX webhook_deliveries_by_endpoint ON webhook_deliveries (endpoint_id, 
 CREATE INDEX webhook_deliveries_by_session ON webhook_deliveries (session_id);
 ";
 
-/// Version 9: `turn_slots`, the turn slots sessions took to be admitted
-/// under their tenant's `max_concurrent_turns` (see
-/// `AccessStore::reserve_turn`), one per session at most, given back by
-/// the writer in the transaction that leaves the session with no turn and
-/// nothing queued.
-const SCHEMA_V9: &str = "
-CREATE TABLE turn_slots (
-    session_key INTEGER PRIMARY KEY,
-    tenant      TEXT NOT NULL,
-    taken_at_ms INTEGER NOT NULL
-);
-CREATE INDEX turn_slots_by_tenant ON turn_slots (tenant);
-";
-
 /// Opens the writer connection: WAL, the configured durability, an optional
 /// size cap, and the schema brought up to date.
 pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
@@ -399,9 +385,6 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
     }
     if version < 8 {
         tx.execute_batch(SCHEMA_V8)?;
-    }
-    if version < 9 {
-        tx.execute_batch(SCHEMA_V9)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;

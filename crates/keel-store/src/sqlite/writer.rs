@@ -16,6 +16,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use super::codec;
 use super::identity::FileIdentity;
 use super::reserve::SpaceReserve;
+use super::slots::TurnSlots;
 use crate::job::{Job, JobError, Mode, Sealed, Written, check_addressed, encode};
 use crate::{AppendReceipt, CheckpointWrite, QueueChange, QueuedSubmission, StoreError};
 use keel_protocol::now_ms;
@@ -37,6 +38,7 @@ pub(super) fn spawn(
     counters: Arc<WriterCounters>,
     identity: Arc<FileIdentity>,
     reserve: Arc<SpaceReserve>,
+    turn_slots: Arc<TurnSlots>,
 ) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<()>)> {
     let (jobs, queue) = mpsc::channel();
     let handle = std::thread::Builder::new()
@@ -46,6 +48,7 @@ pub(super) fn spawn(
                 counters: &counters,
                 identity: &identity,
                 reserve: &reserve,
+                turn_slots: &turn_slots,
             };
             run(conn, queue, max_jobs_per_commit.max(1), &context);
         })?;
@@ -57,6 +60,7 @@ struct Context<'a> {
     counters: &'a WriterCounters,
     identity: &'a FileIdentity,
     reserve: &'a SpaceReserve,
+    turn_slots: &'a TurnSlots,
 }
 
 /// How long the writer waits for a job before it looks after the space
@@ -111,6 +115,7 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, context: &Context<'
         counters,
         identity,
         reserve,
+        turn_slots,
     } = *context;
     let now = now_ms();
     let started = std::time::Instant::now();
@@ -135,9 +140,40 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, context: &Context<'
         counters.events.fetch_add(events as u64, Ordering::Relaxed);
         counters.commit_micros.fetch_add(micros, Ordering::Relaxed);
     }
+    if let Ok((outcomes, _)) = &outcome
+        && !turn_slots.is_empty()
+    {
+        give_back_slots(conn, turn_slots, &writes, outcomes, now);
+    }
     drop(writes);
     Job::answer_group(group, outcome.map(|(outcomes, _)| outcomes), "sqlite");
     tracing::trace!(micros, "group committed");
+}
+
+/// Gives back, after a group committed at `now`, the turn slots of the
+/// sessions its writes may have left at rest (a turn's end, a refused keyed
+/// submission, a checkpoint with no turn) and of those it deleted.
+fn give_back_slots(
+    conn: &Connection,
+    turn_slots: &TurnSlots,
+    writes: &[Sealed<'_>],
+    outcomes: &[Result<Written, StoreError>],
+    now: u64,
+) {
+    let written = || writes.iter().zip(outcomes).filter(|(_, outcome)| outcome.is_ok());
+    for (write, _) in written().filter(|(write, _)| write.mode == Mode::Delete) {
+        turn_slots.forget(write.session_id);
+    }
+    let resting = written()
+        .filter(|(write, _)| {
+            let no_turn = write.checkpoint.as_ref().map(|write| write.execution.is_none());
+            crate::EncodedEvent::may_free_turn_slot(&write.events, no_turn)
+        })
+        .map(|(write, _)| write.session_id);
+    if let Err(error) = turn_slots.release_at_rest(conn, resting, now) {
+        // Kept until a later write of the session, or the grace, frees it.
+        tracing::warn!(%error, "cannot give turn slots back");
+    }
 }
 
 /// Applies every job of the group and commits; returns each job's outcome
@@ -377,10 +413,6 @@ fn apply(conn: &Connection, job: &Sealed<'_>, now: u64) -> Result<Written, JobEr
             super::webhooks::queue_deliveries(conn, &queuing, sequence, idle, true).map_err(dirty)?;
         }
     }
-    let no_turn = write.as_ref().map(|write| write.execution.is_none());
-    if crate::EncodedEvent::may_free_turn_slot(events, no_turn) {
-        super::access::release_turn_slot(conn, key).map_err(dirty)?;
-    }
     // The first user message titles a session that has no title yet.
     if let Some(title) = events.iter().find_map(|event| event.title.as_deref()) {
         conn.prepare_cached("UPDATE sessions SET title = ?2 WHERE key = ?1 AND title IS NULL")
@@ -524,7 +556,6 @@ fn delete(conn: &Connection, session_id: &str, now: u64) -> Result<Written, JobE
         "DELETE FROM log WHERE session_key = ?1",
         "DELETE FROM queued_submissions WHERE session_key = ?1",
         "DELETE FROM submission_keys WHERE session_key = ?1",
-        "DELETE FROM turn_slots WHERE session_key = ?1",
         "DELETE FROM sessions WHERE key = ?1",
     ] {
         conn.prepare_cached(statement)
