@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use keel_tools::workspace::SandboxPolicy;
+use keel_tools::workspace::sandbox::SandboxReads;
 
 /// The tools an API client may set to `auto` unless `[server]
 /// auto_approve` says otherwise: the ones that only read.
@@ -46,6 +47,13 @@ pub struct ServerPolicy {
     /// default (5 s).
     #[serde(default)]
     pub relay_wait_ms: Option<NonZeroU64>,
+    /// What every restricted shell command of the server may read:
+    /// `"anywhere"` (the default: everywhere but Keel's files and the other
+    /// workspaces) or `"workspace"` (its workspace and the system's
+    /// directories only), for hosts whose users' files must stay out of
+    /// the sessions' reach.
+    #[serde(default)]
+    pub sandbox_reads: SandboxReads,
 }
 
 fn default_max_sandbox() -> SandboxPolicy {
@@ -65,6 +73,7 @@ impl Default for ServerPolicy {
             script_dir: None,
             retention_days: None,
             relay_wait_ms: None,
+            sandbox_reads: SandboxReads::default(),
         }
     }
 }

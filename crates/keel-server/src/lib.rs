@@ -367,6 +367,7 @@ pub async fn serve(
     // Every session's workspace is under the root, every tenant's too: a
     // sandboxed command sees only its own there.
     keel_tools::workspace::sandbox::keep_workspaces_apart(&config.workspace_root);
+    keel_tools::workspace::sandbox::set_reads(config.keel.server.sandbox_reads);
     let factory = SessionFactory {
         budgets,
         keel: Arc::new(config.keel),

@@ -42,6 +42,10 @@ pub(crate) struct SandboxExecArgs {
     /// (repeatable).
     #[arg(long, value_name = "DIR")]
     private_root: Vec<PathBuf>,
+    /// What the command may read: anywhere (but Keel's files and other
+    /// workspaces), or only its workspace and the system's directories.
+    #[arg(long, value_name = "READS", default_value = "anywhere", value_parser = ["anywhere", "workspace"])]
+    reads: String,
     /// The most processes the command may run at once.
     #[arg(long, value_name = "N", default_value_t = Limits::default().processes)]
     max_processes: u32,
@@ -120,6 +124,11 @@ pub(crate) fn sandbox_exec(args: SandboxExecArgs) -> ExitCode {
         protected: args.protect,
         sockets: args.cover_sockets,
         private_roots: args.private_root,
+        reads: if args.reads == "workspace" {
+            keel::tools::workspace::sandbox::SandboxReads::Workspace
+        } else {
+            keel::tools::workspace::sandbox::SandboxReads::Anywhere
+        },
         limits: Limits {
             processes: args.max_processes,
             memory: args.max_memory,

@@ -84,3 +84,71 @@ async fn a_read_only_shell_reaches_neither_its_own_server_nor_the_token() {
         .unwrap_or_default();
     assert_eq!(ids, ["victim"], "{}", listed.body);
 }
+
+/// `[server] sandbox_reads = "workspace"` narrows what a restricted command
+/// may read to its workspace and the system's directories: a file of the
+/// host's outside them (another project, a user's home) is out of reach,
+/// while the command still runs the system's programs. Without it the same
+/// command reads the file, as docs/SECURITY.md says.
+#[tokio::test]
+async fn sandbox_reads_workspace_keeps_the_hosts_other_files_out_of_reach() {
+    let outside = tempfile::Builder::new()
+        .prefix("keel-host-files-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("a directory outside /tmp");
+    let secret = outside.path().join("secret.txt");
+    std::fs::write(&secret, "host-canary").expect("secret");
+    let probe = format!(
+        "cat '{}' 2>/dev/null; ls /usr/bin > /dev/null && echo system-ok; cat own.txt; echo probed",
+        secret.display()
+    );
+    for narrowed in [false, true] {
+        let scratch = Scratch::new();
+        let config = scratch.dir.path().join("keel.toml");
+        let reads = if narrowed {
+            "sandbox_reads = \"workspace\"\n"
+        } else {
+            ""
+        };
+        std::fs::write(
+            &config,
+            format!("[server]\n{reads}[tools]\nsandbox = \"read-only\"\n[approvals]\ntools = {{ shell = \"auto\" }}\n"),
+        )
+        .expect("keel.toml");
+        let call = json!({"tool_calls": [{"name": "shell", "arguments": {"command": probe}}]});
+        let model = scratch.script("probe.jsonl", &[&call.to_string(), r#"{"text": "done"}"#]);
+        let server = ServeProcess::start(
+            &scratch,
+            &["--config", config.to_str().expect("path"), "--model", &model],
+        );
+        server.api.create(json!({"id": "reader"})).await;
+        std::fs::write(scratch.workspaces().join("reader").join("own.txt"), "own-canary").expect("own file");
+        server.api.say("reader", "go").await;
+        let output = wait_for_async("the shell call to complete", Duration::from_secs(60), async || {
+            let events = server.api.get("/v1/sessions/reader/events?limit=1000").await;
+            let completed = events.body["events"].as_array().and_then(|events| {
+                events
+                    .iter()
+                    .find(|event| event["msg"]["type"] == "tool_call_completed")
+                    .cloned()
+            });
+            completed.map(|event| event["msg"]["output"].as_str().unwrap_or_default().to_owned())
+        })
+        .await;
+        assert!(output.contains("probed") && output.contains("own-canary"), "{output}");
+        assert!(output.contains("system-ok"), "the system's programs run: {output}");
+        if narrowed {
+            assert!(
+                !output.contains("host-canary"),
+                "narrowed reads read the host's file: {output}"
+            );
+            assert!(
+                output.contains("reads: the workspace and the system's directories"),
+                "{output}"
+            );
+        } else {
+            assert!(output.contains("host-canary"), "reads anywhere by default: {output}");
+        }
+        server.terminate();
+    }
+}

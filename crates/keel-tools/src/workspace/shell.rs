@@ -138,6 +138,7 @@ impl ShellTool {
                     protected: &protected,
                     sockets: &sockets,
                     private_roots: &private_roots,
+                    reads: sandbox::reads(),
                     limits: self.config.limits.for_timeout(timeout),
                 };
                 let mut spawned = tokio::process::Command::new(launcher);

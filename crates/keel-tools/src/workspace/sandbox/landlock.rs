@@ -78,8 +78,9 @@ pub(super) fn restrict_self(
     writable: &[&Path],
     devices: &[&Path],
     network: bool,
+    reads: Option<&[&Path]>,
 ) -> Result<Applied, SandboxError> {
-    let ruleset = build(policy, writable, devices, network)?;
+    let ruleset = build(policy, writable, devices, network, reads)?;
     let status = ruleset
         .restrict_self()
         .map_err(|error| SandboxError::Landlock(error.to_string()))?;
@@ -98,7 +99,7 @@ pub(super) fn restrict_self(
 /// building the ruleset (without any writable place) and dropping it: the
 /// caller is not restricted.
 pub(super) fn can_enforce(policy: SandboxPolicy) -> Result<(), String> {
-    match build(policy, &[], &[], true).map(Option::<std::os::fd::OwnedFd>::from) {
+    match build(policy, &[], &[], true, None).map(Option::<std::os::fd::OwnedFd>::from) {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err("landlock unavailable on this kernel".into()),
         Err(error) => Err(format!("landlock refused the ruleset: {error}")),
@@ -138,7 +139,14 @@ pub(super) fn unavailable_reason(landlock: LandlockStatus) -> String {
     }
 }
 
-/// The ruleset: read and execute everywhere, write in `writable` and
+/// The system directories a command may read and run from when reads are
+/// narrowed (see [`super::SandboxReads`]), where they exist.
+pub(super) const SYSTEM_DIRECTORIES: [&str; 14] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix", "/proc", "/sys", "/dev",
+    "/run",
+];
+
+/// The ruleset: read and execute everywhere (or only under `reads`), write in `writable` and
 /// `/dev/null`; without the network, no TCP or UDP ports, no Unix socket
 /// files but in `writable`, no abstract Unix sockets from outside; no
 /// signals to processes outside the sandbox. Best effort: what the
@@ -149,6 +157,7 @@ fn build(
     writable: &[&Path],
     devices: &[&Path],
     network: bool,
+    reads: Option<&[&Path]>,
 ) -> Result<RulesetCreated, SandboxError> {
     let landlock = |error: landlock::RulesetError| SandboxError::Landlock(error.to_string());
     let mut handled = AccessFs::from_all(FS_ABI);
@@ -173,11 +182,18 @@ fn build(
         Scope::from_all(ABI::V6)
     };
     ruleset = ruleset.scope(scopes).map_err(landlock)?;
-    let mut ruleset = ruleset
-        .create()
-        .map_err(landlock)?
-        .add_rule(PathBeneath::new(open("/")?, read))
-        .map_err(landlock)?;
+    let mut ruleset = ruleset.create().map_err(landlock)?;
+    match reads {
+        None => ruleset = ruleset.add_rule(PathBeneath::new(open("/")?, read)).map_err(landlock)?,
+        Some(places) => {
+            // Those that do not exist (no /nix here) are left out.
+            for place in places {
+                if let Ok(fd) = PathFd::new(place) {
+                    ruleset = ruleset.add_rule(PathBeneath::new(fd, read)).map_err(landlock)?;
+                }
+            }
+        }
+    }
     // Discarding output (`> /dev/null`) must keep working, even read-only.
     for device in std::iter::once(Path::new("/dev/null")).chain(devices.iter().copied()) {
         if let Ok(fd) = PathFd::new(device) {

@@ -30,7 +30,7 @@ use super::namespaces::{self, MountPlan, Namespaces};
 use super::private_mounts;
 use super::reaper::{self, Waited};
 use super::{
-    LAUNCHER_SUBCOMMAND, LaunchOptions, NETWORK_BLOCKED, SandboxError, SandboxPolicy, SandboxStatus,
+    LAUNCHER_SUBCOMMAND, LaunchOptions, NETWORK_BLOCKED, SandboxError, SandboxPolicy, SandboxReads, SandboxStatus,
     USUAL_SOCKET_DIRECTORIES, option_arguments, privileges, seccomp, status_report_line,
 };
 
@@ -57,6 +57,8 @@ pub struct Launch {
     pub sockets: Vec<PathBuf>,
     /// Directories of workspaces, of which the command sees only its own.
     pub private_roots: Vec<PathBuf>,
+    /// What the command may read.
+    pub reads: SandboxReads,
     /// The call's resource limits.
     pub limits: Limits,
     /// Whether to try namespaces at all; without them the launcher uses its
@@ -98,6 +100,7 @@ impl Launch {
             protected: &self.protected,
             sockets: &self.sockets,
             private_roots: &self.private_roots,
+            reads: self.reads,
             limits: self.limits,
         }
     }
@@ -508,7 +511,13 @@ fn confine(
         } else {
             &[]
         };
-        let applied = landlock::restrict_self(launch.policy, &writable, devices, launch.network)?;
+        // Narrowed reads: the workspace, the writable places and the
+        // system's directories.
+        let mut readable: Vec<&Path> = vec![launch.workspace.as_path(), Path::new("/tmp")];
+        readable.extend(writable.iter().copied());
+        readable.extend(landlock::SYSTEM_DIRECTORIES.iter().map(Path::new));
+        let reads = (launch.reads == SandboxReads::Workspace).then_some(readable.as_slice());
+        let applied = landlock::restrict_self(launch.policy, &writable, devices, launch.network, reads)?;
         landlock_enforced = applied.enforced();
         if let Applied::Enforced { features, .. } = &applied
             && features.contains(&"tcp")
@@ -517,6 +526,9 @@ fn confine(
             network_blocked = true;
         }
         parts.push(applied.describe());
+        if reads.is_some() && applied.enforced() {
+            parts.push("reads: the workspace and the system's directories".into());
+        }
         if !launch.network {
             match seccomp::deny_network() {
                 Ok(()) => {
@@ -565,6 +577,7 @@ pub fn probe(policy: SandboxPolicy, network: bool) -> Result<SandboxStatus, Stri
         protected: &[],
         sockets: &[],
         private_roots: &[],
+        reads: SandboxReads::Anywhere,
         limits: Limits::default(),
     };
     let output = Command::new(SELF_EXE)

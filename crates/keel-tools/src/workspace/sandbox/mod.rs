@@ -56,6 +56,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -127,6 +128,39 @@ impl std::str::FromStr for SandboxPolicy {
                 "unknown sandbox policy '{other}' (expected read-only, workspace-write or full-access)"
             )),
         }
+    }
+}
+
+/// What a restricted command may read (and run), besides what it may write.
+///
+/// Serialized `"anywhere"` (the default) or `"workspace"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SandboxReads {
+    /// Everywhere but Keel's protected files and the other workspaces.
+    #[default]
+    Anywhere,
+    /// Only its workspace, its private `/tmp`, and the system directories
+    /// (`/usr`, `/bin`, `/lib*`, `/etc`, `/opt`, `/nix`, `/proc`, `/sys`,
+    /// `/dev`, `/run`): the users' home directories and other projects are
+    /// out of reach (by Landlock, so also without namespaces).
+    Workspace,
+}
+
+static NARROW_READS: AtomicBool = AtomicBool::new(false);
+
+/// Sets what every restricted command of this process may read (the
+/// operator's `[server] sandbox_reads`).
+pub fn set_reads(reads: SandboxReads) {
+    NARROW_READS.store(reads == SandboxReads::Workspace, Ordering::Relaxed);
+}
+
+/// What restricted commands of this process may read.
+pub fn reads() -> SandboxReads {
+    if NARROW_READS.load(Ordering::Relaxed) {
+        SandboxReads::Workspace
+    } else {
+        SandboxReads::Anywhere
     }
 }
 
@@ -251,6 +285,8 @@ pub struct LaunchOptions<'a> {
     /// Directories of workspaces, of which the command sees only its own
     /// (see [`keep_workspaces_apart`]).
     pub private_roots: &'a [PathBuf],
+    /// What the command may read (see [`SandboxReads`]).
+    pub reads: SandboxReads,
     /// The call's resource limits.
     pub limits: Limits,
 }
@@ -288,6 +324,10 @@ fn option_arguments(options: &LaunchOptions<'_>) -> Vec<OsString> {
     for path in options.private_roots {
         all.push("--private-root".into());
         all.push(path.as_os_str().to_os_string());
+    }
+    if options.reads == SandboxReads::Workspace {
+        all.push("--reads".into());
+        all.push("workspace".into());
     }
     all.extend(options.limits.arguments());
     all
@@ -461,6 +501,7 @@ mod tests {
             protected: &protected,
             sockets: &[PathBuf::from("/srv/pg")],
             private_roots: &[PathBuf::from("/srv/ws")],
+            reads: SandboxReads::Workspace,
             limits: Limits::default(),
         };
         let arguments = launcher_arguments(
@@ -483,6 +524,8 @@ mod tests {
                 "/srv/pg",
                 "--private-root",
                 "/srv/ws",
+                "--reads",
+                "workspace",
                 "--max-processes",
                 "512",
                 "--max-memory",
