@@ -121,6 +121,26 @@ async fn jwts_from_a_jwks_file_are_principals_and_every_bad_one_is_401() {
     server.stop().await;
 }
 
+/// A server with the operator's token (`operator-token`) and JWTs checked
+/// against the keys minted in its scratch directory, tuned by `configure`;
+/// with the minted tokens and a script model's spec.
+async fn jwt_server(
+    python: &Path,
+    configure: impl FnOnce(&mut ServerConfig),
+) -> (TestServer, BTreeMap<String, String>, String) {
+    let scratch = Scratch::new();
+    let tokens = mint(python, scratch.dir.path());
+    let jwks = scratch.dir.path().join("jwks.json");
+    let model = scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
+    let server = TestServer::start_in(scratch, |config, _| {
+        config.token = Some("operator-token".to_owned());
+        config.keel.auth.jwt = Some(jwt_config(Some(&jwks), None));
+        configure(config);
+    })
+    .await;
+    (server, tokens, model)
+}
+
 /// `401 unauthorized` whose message says `why`.
 fn assert_refused_saying(reply: &super::Reply, why: &str) {
     assert_eq!(reply.status, reqwest::StatusCode::UNAUTHORIZED, "{}", reply.body);
@@ -139,15 +159,7 @@ async fn a_tenant_claim_is_a_tenant_name_and_never_the_operator_s_unless_allowed
     let Some(python) = python("suite::auth::jwt (tenants)") else {
         return;
     };
-    let scratch = Scratch::new();
-    let tokens = mint(&python, scratch.dir.path());
-    let jwks = scratch.dir.path().join("jwks.json");
-    let model = scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
-    let server = TestServer::start_in(scratch, |config, _| {
-        config.token = Some("operator-token".to_owned());
-        config.keel.auth.jwt = Some(jwt_config(Some(&jwks), None));
-    })
-    .await;
+    let (server, tokens, model) = jwt_server(&python, |_| {}).await;
     let api = &server.api;
     let operator = super::with(api, "operator-token");
     let mine = operator
@@ -178,15 +190,7 @@ async fn a_tenant_claim_is_a_tenant_name_and_never_the_operator_s_unless_allowed
     server.stop().await;
 
     // The operator may let credentials name it.
-    let scratch = Scratch::new();
-    let tokens = mint(&python, scratch.dir.path());
-    let jwks = scratch.dir.path().join("jwks.json");
-    let server = TestServer::start_in(scratch, |config, _| {
-        config.token = Some("operator-token".to_owned());
-        config.keel.auth.jwt = Some(jwt_config(Some(&jwks), None));
-        config.keel.auth.allow_default_tenant = true;
-    })
-    .await;
+    let (server, tokens, _) = jwt_server(&python, |config| config.keel.auth.allow_default_tenant = true).await;
     assert_eq!(
         principal(&whoami(&server.api, &tokens["tenant_default"]).await)["tenant"],
         "default"
@@ -202,15 +206,7 @@ async fn a_stream_opened_with_a_jwt_ends_at_its_exp() {
     let Some(python) = python("suite::auth::jwt (exp)") else {
         return;
     };
-    let scratch = Scratch::new();
-    let tokens = mint(&python, scratch.dir.path());
-    let jwks = scratch.dir.path().join("jwks.json");
-    let model = scratch.script("s.jsonl", &[r#"{"text": "Hi."}"#]);
-    let server = TestServer::start_in(scratch, |config, _| {
-        config.token = Some("operator-token".to_owned());
-        config.keel.auth.jwt = Some(jwt_config(Some(&jwks), None));
-    })
-    .await;
+    let (server, tokens, model) = jwt_server(&python, |_| {}).await;
     let api = &server.api;
     let token = &tokens["short_lived"];
     let payload = token.split('.').nth(1).expect("a payload");

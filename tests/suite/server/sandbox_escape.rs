@@ -3,12 +3,9 @@
 //! on loopback to create a full-access, auto-approved session, and finding
 //! the token file through Keel's command line to authenticate.
 
-use std::time::Duration;
-
 use serde_json::json;
 
 use crate::suite::support::server::{Scratch, ServeProcess, free_port};
-use crate::suite::support::wait::wait_for_async;
 
 #[tokio::test]
 async fn a_read_only_shell_reaches_neither_its_own_server_nor_the_token() {
@@ -55,17 +52,7 @@ async fn a_read_only_shell_reaches_neither_its_own_server_nor_the_token() {
     server.api.token = Some(token.clone());
     server.api.create(json!({"id": "victim"})).await;
     server.api.say("victim", "go").await;
-    let output = wait_for_async("the shell call to complete", Duration::from_secs(60), async || {
-        let events = server.api.get("/v1/sessions/victim/events?limit=1000").await;
-        let completed = events.body["events"].as_array().and_then(|events| {
-            events
-                .iter()
-                .find(|event| event["msg"]["type"] == "tool_call_completed")
-                .cloned()
-        });
-        completed.map(|event| event["msg"]["output"].as_str().unwrap_or_default().to_owned())
-    })
-    .await;
+    let output = server.api.first_tool_output("victim").await;
     assert!(output.contains("attacked"), "the attack did not run: {output}");
     assert!(output.starts_with("[sandbox: read-only, enforced: "), "{output}");
     assert!(!output.contains(&token), "the command read the token: {output}");
@@ -124,17 +111,7 @@ async fn sandbox_reads_workspace_keeps_the_hosts_other_files_out_of_reach() {
         server.api.create(json!({"id": "reader"})).await;
         std::fs::write(scratch.workspaces().join("reader").join("own.txt"), "own-canary").expect("own file");
         server.api.say("reader", "go").await;
-        let output = wait_for_async("the shell call to complete", Duration::from_secs(60), async || {
-            let events = server.api.get("/v1/sessions/reader/events?limit=1000").await;
-            let completed = events.body["events"].as_array().and_then(|events| {
-                events
-                    .iter()
-                    .find(|event| event["msg"]["type"] == "tool_call_completed")
-                    .cloned()
-            });
-            completed.map(|event| event["msg"]["output"].as_str().unwrap_or_default().to_owned())
-        })
-        .await;
+        let output = server.api.first_tool_output("reader").await;
         assert!(output.contains("probed") && output.contains("own-canary"), "{output}");
         assert!(output.contains("system-ok"), "the system's programs run: {output}");
         if narrowed {

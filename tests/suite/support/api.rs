@@ -133,6 +133,27 @@ impl Api {
         response.text().await.expect("metrics text")
     }
 
+    /// The output of the session's first completed tool call, waited for
+    /// (a minute at most).
+    pub(crate) async fn first_tool_output(&self, session_id: &str) -> String {
+        let path = format!("/v1/sessions/{session_id}/events?limit=1000");
+        super::wait::wait_for_async(
+            "the tool call to complete",
+            std::time::Duration::from_secs(60),
+            async || {
+                let events = self.get(&path).await;
+                let completed = events.body["events"].as_array().and_then(|events| {
+                    events
+                        .iter()
+                        .find(|event| event["msg"]["type"] == "tool_call_completed")
+                        .cloned()
+                });
+                completed.map(|event| event["msg"]["output"].as_str().unwrap_or_default().to_owned())
+            },
+        )
+        .await
+    }
+
     /// Waits until the session's `state` is `idle` and nothing is queued.
     pub(crate) async fn wait_idle(&self, session_id: &str) {
         wait_until_async("the session to become idle", HANG_GUARD, async || {

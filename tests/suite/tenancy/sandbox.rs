@@ -5,30 +5,10 @@
 //! file from a command of tenant B approved with B's own scope.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::suite::support::server::TestServer;
-use crate::suite::support::wait::wait_for_async;
-
-/// The output of the session's first completed tool call.
-async fn shell_output(server: &TestServer, session: &str) -> String {
-    wait_for_async("the shell call to complete", Duration::from_secs(60), async || {
-        let events = server
-            .api
-            .get(&format!("/v1/sessions/{session}/events?limit=1000"))
-            .await;
-        let completed = events.body["events"].as_array().and_then(|events| {
-            events
-                .iter()
-                .find(|event| event["msg"]["type"] == "tool_call_completed")
-                .cloned()
-        });
-        completed.map(|event| event["msg"]["output"].as_str().unwrap_or_default().to_owned())
-    })
-    .await
-}
 
 fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|error| panic!("write {}: {error}", path.display()));
@@ -83,7 +63,7 @@ async fn a_tenant_s_shell_sees_no_other_workspace_under_the_root() {
         assert_eq!(created["tenant"], "tB", "{created}");
         write(&tenants.join("tB").join(session).join("own.txt"), "own-canary");
         api.say(session, "look around").await;
-        let output = shell_output(&server, session).await;
+        let output = api.first_tool_output(session).await;
         assert!(
             output.starts_with(&format!("[sandbox: {policy}, enforced: ")),
             "{output}"
