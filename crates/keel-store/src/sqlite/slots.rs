@@ -17,6 +17,7 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::job::{Mode, Sealed, Written};
 use crate::{StoreError, TURN_SLOT_GRACE_MS, TurnSlot};
 
 /// The slots of each database this process has open, by its path made real.
@@ -139,6 +140,32 @@ impl TurnSlots {
             }
         }
         Ok(())
+    }
+
+    /// Gives back, after a group committed at `now`, the slots of the
+    /// sessions its writes may have left at rest (a turn's end, a refused
+    /// keyed submission, a checkpoint with no turn) and of those it deleted.
+    pub(super) fn give_back(
+        &self,
+        conn: &Connection,
+        writes: &[Sealed<'_>],
+        outcomes: &[Result<Written, StoreError>],
+        now: u64,
+    ) {
+        let written = || writes.iter().zip(outcomes).filter(|(_, outcome)| outcome.is_ok());
+        for (write, _) in written().filter(|(write, _)| write.mode == Mode::Delete) {
+            self.forget(write.session_id);
+        }
+        let resting = written()
+            .filter(|(write, _)| {
+                let no_turn = write.checkpoint.as_ref().map(|write| write.execution.is_none());
+                crate::EncodedEvent::may_free_turn_slot(&write.events, no_turn)
+            })
+            .map(|(write, _)| write.session_id);
+        if let Err(error) = self.release_at_rest(conn, resting, now) {
+            // Kept until a later write of the session, or the grace, frees it.
+            tracing::warn!(%error, "cannot give turn slots back");
+        }
     }
 
     /// Forgets the slot of a deleted session.

@@ -143,37 +143,11 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Job>, context: &Context<'
     if let Ok((outcomes, _)) = &outcome
         && !turn_slots.is_empty()
     {
-        give_back_slots(conn, turn_slots, &writes, outcomes, now);
+        turn_slots.give_back(conn, &writes, outcomes, now);
     }
     drop(writes);
     Job::answer_group(group, outcome.map(|(outcomes, _)| outcomes), "sqlite");
     tracing::trace!(micros, "group committed");
-}
-
-/// Gives back, after a group committed at `now`, the turn slots of the
-/// sessions its writes may have left at rest (a turn's end, a refused keyed
-/// submission, a checkpoint with no turn) and of those it deleted.
-fn give_back_slots(
-    conn: &Connection,
-    turn_slots: &TurnSlots,
-    writes: &[Sealed<'_>],
-    outcomes: &[Result<Written, StoreError>],
-    now: u64,
-) {
-    let written = || writes.iter().zip(outcomes).filter(|(_, outcome)| outcome.is_ok());
-    for (write, _) in written().filter(|(write, _)| write.mode == Mode::Delete) {
-        turn_slots.forget(write.session_id);
-    }
-    let resting = written()
-        .filter(|(write, _)| {
-            let no_turn = write.checkpoint.as_ref().map(|write| write.execution.is_none());
-            crate::EncodedEvent::may_free_turn_slot(&write.events, no_turn)
-        })
-        .map(|(write, _)| write.session_id);
-    if let Err(error) = turn_slots.release_at_rest(conn, resting, now) {
-        // Kept until a later write of the session, or the grace, frees it.
-        tracing::warn!(%error, "cannot give turn slots back");
-    }
 }
 
 /// Applies every job of the group and commits; returns each job's outcome
