@@ -454,10 +454,10 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
     let last = text.lines().last().expect("output");
     let summary: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
     let runs = summary["runs"].as_array().expect("runs");
-    assert_eq!(runs.len(), 5, "{summary}");
+    assert_eq!(runs.len(), 6, "{summary}");
     for (run, (subscribers, stalled)) in runs
         .iter()
-        .zip([(1, false), (2, false), (2, true), (1, false), (1, false)])
+        .zip([(1, false), (2, false), (2, true), (1, false), (1, false), (1, false)])
     {
         let report = &run["reports"][0];
         assert_eq!(report["subscribers"], subscribers, "{run}");
@@ -493,6 +493,10 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
         "{traced}"
     );
     assert_eq!(runs[0]["reports"][0]["spans_exported"], 0);
+    // The last one has a budget watch the turns' tenant: every turn is
+    // admitted (a slot taken and given back each time) and runs.
+    assert_eq!(runs[5]["run"], "HTTP + SSE, a budget watching", "{summary}");
+    assert!(text.contains("a budget watching / none"), "{text}");
 }
 
 #[test]
