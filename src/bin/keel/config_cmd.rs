@@ -101,6 +101,7 @@ pub(crate) fn config(args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             "allow_network": config.server.allow_network,
             "script_dir": config.server.script_dir,
             "relay_wait_ms": config.server.relay_wait_ms,
+            "sandbox_reads": config.server.sandbox_reads,
         },
         "api_keys": keel::provider::ProviderKind::key_variables()
             .into_iter()
