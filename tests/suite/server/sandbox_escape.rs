@@ -79,10 +79,7 @@ async fn a_read_only_shell_reaches_neither_its_own_server_nor_the_token() {
 /// command reads the file, as docs/SECURITY.md says.
 #[tokio::test]
 async fn sandbox_reads_workspace_keeps_the_hosts_other_files_out_of_reach() {
-    let outside = tempfile::Builder::new()
-        .prefix("keel-host-files-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("a directory outside /tmp");
+    let outside = crate::suite::support::server::outside_tmp("keel-host-files-");
     let secret = outside.path().join("secret.txt");
     std::fs::write(&secret, "host-canary").expect("secret");
     let probe = format!(

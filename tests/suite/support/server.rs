@@ -61,6 +61,17 @@ impl Scratch {
     }
 }
 
+/// A new directory outside `/tmp` (in `/var/tmp`), which a restricted
+/// command's private `/tmp` would otherwise hide by accident: what a
+/// sandbox test must see covered (or not) on purpose. The build's own
+/// temporary directory may lie under `/tmp` (a clone there).
+pub(crate) fn outside_tmp(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/var/tmp")
+        .expect("a directory in /var/tmp")
+}
+
 /// A script line streaming `count` chunks `delay_ms` apart.
 pub(crate) fn slow_chunks(count: usize, delay_ms: u64) -> String {
     let chunks: Vec<String> = (0..count).map(|index| format!("c{index} ")).collect();

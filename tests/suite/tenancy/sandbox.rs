@@ -18,10 +18,7 @@ fn write(path: &Path, text: &str) {
 async fn a_tenant_s_shell_sees_no_other_workspace_under_the_root() {
     // A root outside /tmp, which each call gets a private one of anyway (a
     // root there would hide the rest by accident).
-    let outside = tempfile::Builder::new()
-        .prefix("keel-roots-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("a directory outside /tmp");
+    let outside = crate::suite::support::server::outside_tmp("keel-roots-");
     let root = outside.path().join("workspaces");
     let configured = root.clone();
     let server = TestServer::start(move |config, _| {
