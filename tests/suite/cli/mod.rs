@@ -455,9 +455,9 @@ fn bench_serve_checks_every_subscriber_and_reports_each_run() {
     let summary: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
     let runs = summary["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 6, "{summary}");
-    for (run, (subscribers, stalled)) in runs
-        .iter()
-        .zip([(1, false), (2, false), (2, true), (1, false), (1, false), (1, false)])
+    for (run, (subscribers, stalled)) in
+        runs.iter()
+            .zip([(1, false), (2, false), (2, true), (1, false), (1, false), (1, false)])
     {
         let report = &run["reports"][0];
         assert_eq!(report["subscribers"], subscribers, "{run}");
