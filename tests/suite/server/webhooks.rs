@@ -346,9 +346,14 @@ async fn endpoints_that_would_reach_the_operators_network_are_refused_before_and
         "http://[::1]:9/x",
         "http://169.254.169.254/latest/meta-data",
         "http://[::ffff:10.1.2.3]/x",
+        "http://[::ffff:0:127.0.0.1]/x",
         "http://2130706433/x",
         "https://user:secret@hooks.example.com/x",
         "not a url",
+        // Past the description's 2,048 bytes (schemathesis sent one, and it
+        // was stored), or with white space the parser would encode.
+        &format!("https://hooks.example.com/{}", "a".repeat(2048)),
+        "https://hooks.example.com/a b",
     ] {
         let reply = server
             .api
@@ -362,6 +367,11 @@ async fn endpoints_that_would_reach_the_operators_network_are_refused_before_and
         json!({"url": "https://hooks.example.com/x", "event_types": []}),
         json!({"url": "https://hooks.example.com/x", "event_types": ["user_message"]}),
         json!({"url": "https://hooks.example.com/x", "event_types": ["turn_complete"], "secret": "mine"}),
+        // What the description's constraints refuse.
+        json!({"url": "https://hooks.example.com/x", "event_types": ["turn_complete"], "bot_id": "a/b"}),
+        json!({"url": "https://hooks.example.com/x", "event_types": ["turn_complete"], "tenant": "a%b"}),
+        json!({"url": "https://hooks.example.com/x", "event_types": ["turn_complete"], "description": "a\u{7}b"}),
+        json!({"url": "https://hooks.example.com/x", "event_types": ["turn_complete"], "description": "d".repeat(257)}),
     ] {
         let reply = server.api.post("/v1/webhooks", &body).await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{body}: {}", reply.body);

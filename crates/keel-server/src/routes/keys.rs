@@ -29,7 +29,7 @@ use crate::openapi::errors::{BODY, NONE, route_errors};
 pub(crate) struct CreateKey {
     /// The tenant the key acts for; the caller's own by default (the
     /// operator's is `default`). A tenant's admin may name only its own.
-    #[schema(min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9._-]+$")]
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -$&-~]+$")]
     tenant: Option<String>,
     /// A name for people ("ci", "alice's laptop"): no control characters.
     #[schema(min_length = 1, max_length = 128, pattern = r"^[^\x00-\x1f\x7f-\x9f]+$")]

@@ -49,11 +49,48 @@ pub(crate) struct CreateWebhook {
     /// Only the sessions of this tenant. A tenant's admin may name only
     /// its own, and gets it without naming it; the operator's endpoint
     /// without one receives every tenant's.
-    #[schema(min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9._-]+$")]
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -$&-~]+$")]
     tenant: Option<String>,
     /// A note for people: no control characters.
     #[schema(min_length = 1, max_length = 256, pattern = r"^[^\x00-\x1f\x7f-\x9f]+$")]
     description: Option<String>,
+}
+
+impl CreateWebhook {
+    /// Refuses what the description's constraints refuse: a URL longer
+    /// than 2,048 bytes or with white space (`403 webhook_url_refused`, as
+    /// one that does not parse), a bot id that is not a plain name, a
+    /// tenant that is not a tenant name, a description with control
+    /// characters or past 256 characters (`400`).
+    fn check(&self) -> Result<(), ApiError> {
+        if self.url.is_empty() || self.url.len() > 2048 || self.url.chars().any(char::is_whitespace) {
+            return Err(ApiError::Forbidden {
+                code: "webhook_url_refused",
+                message: "`url` must be 1 to 2048 bytes without white space".to_owned(),
+            });
+        }
+        let invalid = |what: &str| Err(ApiError::InvalidRequest(what.to_owned()));
+        if let Some(bot) = &self.bot_id
+            && (bot.is_empty()
+                || bot.len() > 128
+                || !bot
+                    .bytes()
+                    .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-')))
+        {
+            return invalid("`bot_id` must be 1 to 128 letters, digits, `.`, `_` or `-`");
+        }
+        if let Some(tenant) = &self.tenant {
+            crate::routes::access::check_tenant(tenant)?;
+        }
+        if let Some(description) = &self.description
+            && (description.is_empty()
+                || description.chars().count() > 256
+                || description.chars().any(char::is_control))
+        {
+            return invalid("`description` must be 1 to 256 characters, none of them control characters");
+        }
+        Ok(())
+    }
 }
 
 /// An event type webhooks can receive.
@@ -318,6 +355,7 @@ pub(crate) async fn create(
     ApiJson(body): ApiJson<CreateWebhook>,
 ) -> Result<(StatusCode, Json<WebhookWithSecret>), ApiError> {
     principal.require(Scope::Admin)?;
+    body.check()?;
     let api = outbox(&server)?;
     let tenant = match (principal.tenant_filter(), body.tenant) {
         (None, tenant) => tenant,
