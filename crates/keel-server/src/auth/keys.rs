@@ -202,6 +202,9 @@ struct Loaded {
     /// Whether the store holds any key at all, revoked or expired ones
     /// included (see `Authenticator::open`).
     any: bool,
+    /// The store's access revision read before the keys were: a read that
+    /// began earlier never replaces this one.
+    revision: u64,
 }
 
 /// Every node's copy of the keys, kept fresh by [`KeyTable::run`].
@@ -229,8 +232,11 @@ impl KeyTable {
         Ok((table, revision))
     }
 
-    /// Reads every key from the store and swaps the table.
+    /// Reads every key from the store and swaps the table, unless a
+    /// reload that began later swapped it first (the poller's read, begun
+    /// before a key was made, must not put back a table without it).
     pub(crate) async fn reload(&self) -> Result<(), StoreError> {
+        let revision = self.store.access_revision().await?;
         let records = self.store.api_keys().await?;
         let live = records
             .iter()
@@ -239,8 +245,12 @@ impl KeyTable {
         let loaded = Arc::new(Loaded {
             live,
             any: !records.is_empty(),
+            revision,
         });
         if let Ok(mut slot) = self.loaded.write() {
+            if slot.revision > revision {
+                return Ok(());
+            }
             *slot = loaded;
         }
         self.generation.send_modify(|generation| *generation += 1);
