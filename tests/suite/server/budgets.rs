@@ -298,6 +298,23 @@ async fn a_session_budget_spares_its_neighbours_and_the_concurrency_cap_refuses_
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
 }
 
+/// The sessions whose submissions of a burst were admitted, checking that
+/// every other was refused (`429`) for the tenant's `cap` concurrent turns.
+pub(crate) fn admitted_up_to_the_cap<'a>(sessions: &'a [String], replies: &[Reply], cap: u64) -> Vec<&'a String> {
+    for reply in replies.iter().filter(|reply| reply.status != StatusCode::ACCEPTED) {
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.body);
+        let budget = &reply.body["error"]["budget"];
+        assert_eq!(budget["limit"], "max_concurrent_turns", "{}", reply.body);
+        assert_eq!(budget["used"], cap, "{}", reply.body);
+    }
+    sessions
+        .iter()
+        .zip(replies)
+        .filter(|(_, reply)| reply.status == StatusCode::ACCEPTED)
+        .map(|(id, _)| id)
+        .collect()
+}
+
 /// `max_concurrent_turns` is exact under a burst: submissions to ten idle
 /// sessions of one tenant, sent at once, are admitted two (the cap) and
 /// refused eight, however they interleave, and never more turns run at
@@ -315,7 +332,10 @@ async fn a_burst_of_submissions_to_idle_sessions_is_admitted_up_to_the_cap_exact
     let api = &server.api;
     let sessions: Vec<String> = (0..10).map(|index| format!("burst-{index}")).collect();
     for (index, id) in sessions.iter().enumerate() {
-        let model = scratch.script(&format!("slow-{index}.jsonl"), &[&slow_chunks(20, 50)]);
+        // One slow answer per round: a script run dry would end a turn at
+        // once and give its slot back while the burst is still arriving.
+        let slow = slow_chunks(20, 50);
+        let model = scratch.script(&format!("slow-{index}.jsonl"), &[&slow, &slow]);
         api.create(json!({"id": id, "tenant": "acme", "model": model})).await;
     }
     for round in 0..2 {
@@ -325,21 +345,7 @@ async fn a_burst_of_submissions_to_idle_sessions_is_admitted_up_to_the_cap_exact
                 .map(|id| message(api, id, if round == 0 { "go" } else { "again" })),
         )
         .await;
-        let accepted: Vec<&String> = sessions
-            .iter()
-            .zip(&replies)
-            .filter(|(_, reply)| reply.status == StatusCode::ACCEPTED)
-            .map(|(id, _)| id)
-            .collect();
-        for reply in replies.iter().filter(|reply| reply.status != StatusCode::ACCEPTED) {
-            assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.body);
-            assert_eq!(
-                reply.body["error"]["budget"]["limit"], "max_concurrent_turns",
-                "{}",
-                reply.body
-            );
-            assert_eq!(reply.body["error"]["budget"]["used"], 2, "{}", reply.body);
-        }
+        let accepted = admitted_up_to_the_cap(&sessions, &replies, 2);
         assert_eq!(accepted.len(), 2, "round {round}: admitted {accepted:?}");
         let running = api.get("/v1/tenants/acme/budget").await;
         assert!(
