@@ -92,7 +92,7 @@ fn everything(marker: &str) -> McpServerConfig {
 }
 
 /// The filesystem server, allowed into `allowed` only.
-fn filesystem(allowed: &Path) -> McpServerConfig {
+pub(super) fn filesystem(allowed: &Path) -> McpServerConfig {
     let index = node_modules().join("@modelcontextprotocol/server-filesystem/dist/index.js");
     McpServerConfig::stdio("node", [index.display().to_string(), allowed.display().to_string()])
 }
@@ -104,14 +104,14 @@ fn fake(mode: &str, marker: &str) -> McpServerConfig {
 
 async fn start(name: &str, config: &McpServerConfig) -> Arc<McpServer> {
     let workspace = std::env::temp_dir();
-    guard("McpServer::start", McpServer::start(name, config, &workspace))
+    guard("McpServer::start", McpServer::start(name, config, &workspace, None))
         .await
         .unwrap_or_else(|error| panic!("{error}"))
 }
 
 async fn start_error(name: &str, config: &McpServerConfig) -> McpError {
     let workspace = std::env::temp_dir();
-    match guard("McpServer::start", McpServer::start(name, config, &workspace)).await {
+    match guard("McpServer::start", McpServer::start(name, config, &workspace, None)).await {
         Ok(server) => panic!("{name} started: {server:?}"),
         Err(error) => error,
     }
@@ -651,7 +651,7 @@ async fn a_session_starts_the_enabled_servers_and_reports_the_ones_that_failed()
     );
     let config: KeelConfig = toml::from_str(&text).expect("config");
     let workspace = tempfile::tempdir().expect("workspace");
-    let started = guard("start_servers", start_servers(&config.mcp, workspace.path())).await;
+    let started = guard("start_servers", start_servers(&config.mcp, workspace.path(), None)).await;
     let servers: Vec<&str> = started.servers().iter().map(|server| server.name()).collect();
     assert_eq!(servers, ["everything"]);
     let failed: Vec<&str> = started.failures().iter().map(McpError::server).collect();
@@ -659,7 +659,11 @@ async fn a_session_starts_the_enabled_servers_and_reports_the_ones_that_failed()
     let tools = started.tools();
     assert!(!tools.is_empty());
     assert!(tools.iter().all(|tool| tool.spec().name.starts_with("everything__")));
-    let none = guard("no servers", start_servers(&McpConfig::default(), workspace.path())).await;
+    let none = guard(
+        "no servers",
+        start_servers(&McpConfig::default(), workspace.path(), None),
+    )
+    .await;
     assert!(none.tools().is_empty() && none.failures().is_empty());
 }
 
@@ -672,7 +676,7 @@ async fn an_agent_turn_calls_an_mcp_tool_and_records_its_result() {
     let store = db.open();
     let mut mcp = McpConfig::default();
     mcp.servers.insert("everything".into(), everything(&marker()));
-    let started = guard("start_servers", start_servers(&mcp, db.workspace())).await;
+    let started = guard("start_servers", start_servers(&mcp, db.workspace(), None)).await;
     assert!(started.failures().is_empty(), "{started:?}");
     let model = TestModel::new(|call| {
         Box::pin(async move {

@@ -115,3 +115,61 @@ async fn a_command_cannot_trace_its_confiner() {
         );
     }
 }
+
+/// `sandbox-exec --apart-only` (how MCP servers start) keeps only the walls
+/// between sessions: under the root only the workspace shows, a protected
+/// file is covered, the command keeps its standard streams and exit code,
+/// and it *is* the launched process (Keel stops an MCP server by its
+/// process group), and it cannot take the covers off (no capabilities).
+#[test]
+fn apart_only_shows_the_workspace_alone_and_becomes_the_command() {
+    let outside = outside_scratch();
+    let root = outside.path().join("root");
+    let workspace = root.join("mine");
+    let other = root.join("theirs");
+    for dir in [&workspace, &other] {
+        std::fs::create_dir_all(dir).expect("dir");
+    }
+    std::fs::write(workspace.join("own.txt"), "own-canary").expect("own");
+    std::fs::write(other.join("secret.txt"), "other-canary").expect("other");
+    let protected = outside.path().join("keel.token");
+    std::fs::write(&protected, "token-canary").expect("token");
+    let probe = format!(
+        "read line; echo got:$line; echo pid:$$; ls -a '{root}' | sed 's/^/listed: /'; \
+         cat own.txt '{other}/secret.txt' '{protected}' 2>/dev/null; \
+         umount -l '{root}' 2>/dev/null && echo unmounted; exit 7",
+        root = root.display(),
+        other = other.display(),
+        protected = protected.display()
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["sandbox-exec", "--apart-only", "--workspace"])
+        .arg(&workspace)
+        .arg("--private-root")
+        .arg(&root)
+        .arg("--protect")
+        .arg(&protected)
+        .args(["--", "sh", "-c", &probe])
+        .current_dir(&workspace)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the launcher");
+    let pid = child.id();
+    std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), b"hello\n").expect("write stdin");
+    let output = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(7), "{stdout}{stderr}");
+    assert!(stdout.contains("got:hello"), "stdin did not reach it: {stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("pid:{pid}")),
+        "not the launched process: {stdout}"
+    );
+    assert!(stdout.contains("own-canary"), "{stdout}{stderr}");
+    assert!(stdout.contains("listed: mine"), "{stdout}{stderr}");
+    for seen in ["listed: theirs", "other-canary", "token-canary", "unmounted"] {
+        assert!(!stdout.contains(seen), "{seen}: {stdout}{stderr}");
+    }
+}

@@ -24,8 +24,9 @@ pub struct SessionTools {
 }
 
 /// Assembles a session's tools. `launcher` is the `keel` binary whose hidden
-/// `sandbox-exec` command runs shell commands under the sandbox; without it
-/// the shell runs unsandboxed (and says so).
+/// `sandbox-exec` command runs shell commands under the sandbox, and MCP
+/// servers out of sight of other sessions' workspaces; without it the
+/// shell runs unsandboxed (and says so).
 ///
 /// MCP servers start concurrently; one that fails is left out with a warning
 /// rather than failing the session.
@@ -38,6 +39,8 @@ pub async fn session_tools(
     let mut set = ToolSet::new();
     let mut warnings = Vec::new();
     let mut sandbox = None;
+    let mcp_launcher = launcher.clone();
+    let servers = start_servers(mcp, workspace, mcp_launcher.as_deref());
     if tools.builtin {
         set = ToolSet::builtin();
         let shell = tools.shell.then(|| ShellConfig {
@@ -66,7 +69,7 @@ pub async fn session_tools(
             set.add(tool);
         }
     }
-    let servers = start_servers(mcp, workspace).await;
+    let servers = servers.await;
     for error in servers.failures() {
         warnings.push(format!("the MCP server '{}' was left out: {error}", error.server()));
     }

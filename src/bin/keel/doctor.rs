@@ -242,7 +242,11 @@ async fn mcp_servers(report: &mut Report, config: &KeelConfig, timeout: Duration
         return Ok(());
     }
     let workspace = std::env::current_dir()?;
-    let started = tokio::time::timeout(timeout * 4, keel::tools::mcp::start_servers(&config.mcp, &workspace)).await;
+    let started = tokio::time::timeout(
+        timeout * 4,
+        keel::tools::mcp::start_servers(&config.mcp, &workspace, None),
+    )
+    .await;
     let Ok(servers) = started else {
         return report.line(Verdict::Fail, "mcp", "the servers did not start in time", None);
     };

@@ -67,6 +67,11 @@ pub(crate) struct SandboxExecArgs {
     /// Print what this machine enforces for the policy (one JSON line) and exit.
     #[arg(long)]
     probe: bool,
+    /// Restrict nothing but the walls between sessions: only the workspace
+    /// shows under each --private-root, the --protect paths are covered (for
+    /// MCP servers).
+    #[arg(long, hide = true, conflicts_with = "confine")]
+    apart_only: bool,
     /// Second stage: confine this process and become the command.
     #[arg(long, hide = true)]
     confine: bool,
@@ -137,9 +142,12 @@ pub(crate) fn sandbox_exec(args: SandboxExecArgs) -> ExitCode {
             tmp_size: args.tmp_size,
         },
         namespaces: !args.no_namespaces,
+        apart_only: args.apart_only,
         command: args.command,
     };
-    if args.confine {
+    if launch.apart_only {
+        launcher::exec_apart(&launch)
+    } else if args.confine {
         let cgroup = match args.cgroup.as_deref().map(launcher::parse_cgroup_flag).transpose() {
             Ok(cgroup) => cgroup,
             Err(error) => {

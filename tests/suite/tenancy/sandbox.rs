@@ -97,3 +97,85 @@ async fn a_tenant_s_shell_sees_no_other_workspace_under_the_root() {
     }
     server.stop().await;
 }
+
+/// An MCP server Keel starts for a session sees, under the workspace root,
+/// only that session's workspace, and none of Keel's protected files: the
+/// real filesystem server, which the operator allowed into the whole root,
+/// cannot list tenant A's sessions or read A's file for tenant B's model.
+/// Before, it ran with the host as it is and did both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_of_one_tenant_sees_no_other_workspace_under_the_root() {
+    if crate::suite::mcp::mcp_skipped(
+        "an_mcp_server_of_one_tenant_sees_no_other_workspace_under_the_root",
+        true,
+    ) {
+        return;
+    }
+    let outside = crate::suite::support::server::outside_tmp("keel-roots-");
+    let root = outside.path().join("workspaces");
+    std::fs::create_dir_all(&root).expect("the root");
+    let configured = root.clone();
+    let tools = ["files__list_directory", "files__read_text_file"].map(str::to_owned);
+    let approved = tools.clone();
+    let server = TestServer::start(move |config, _| {
+        config.workspace_root = configured.clone();
+        config.keel.server.auto_approve = approved.to_vec();
+        config
+            .keel
+            .mcp
+            .servers
+            .insert("files".into(), crate::suite::mcp::filesystem(&configured));
+    })
+    .await;
+    let api = &server.api;
+    let quiet = server.scratch.script("quiet.jsonl", &[r#"{"text": "ok"}"#]);
+    api.create(json!({"id": "a-secret", "tenant": "tA", "model": quiet}))
+        .await;
+    let tenants = root.join("~tenants");
+    write(
+        &tenants.join("tA").join("a-secret").join("secret.txt"),
+        "tenant-a-canary",
+    );
+
+    let call = |name: &str, path: &Path| {
+        json!({"tool_calls": [{"name": name, "arguments": {"path": path.display().to_string()}}]}).to_string()
+    };
+    let own = tenants.join("tB").join("b-mcp").join("own.txt");
+    let steps = [
+        call("files__read_text_file", &own),
+        call("files__list_directory", &tenants),
+        call(
+            "files__read_text_file",
+            &tenants.join("tA").join("a-secret").join("secret.txt"),
+        ),
+        r#"{"text": "done"}"#.to_owned(),
+    ];
+    let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
+    let model = server.scratch.script("b-mcp.jsonl", &steps);
+    let auto: serde_json::Map<String, Value> = tools.iter().map(|tool| (tool.clone(), json!("auto"))).collect();
+    api.create(json!({"id": "b-mcp", "tenant": "tB", "model": model, "approvals": {"tools": auto}}))
+        .await;
+    write(&own, "own-canary");
+    api.say("b-mcp", "look around").await;
+    api.wait_idle("b-mcp").await;
+    let events = api.get("/v1/sessions/b-mcp/events?limit=1000").await;
+    let outputs: Vec<String> = events.body["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|event| event["msg"]["type"] == "tool_call_completed")
+        .map(|event| event["msg"]["output"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(outputs.len(), 3, "{outputs:?}");
+    assert!(outputs[0].contains("own-canary"), "its own file is hidden: {outputs:?}");
+    assert!(
+        outputs[1].contains("tB"),
+        "its tenant's directory is hidden: {outputs:?}"
+    );
+    assert!(!outputs[1].contains("tA"), "tenant A's directory listed: {outputs:?}");
+    assert!(
+        !outputs[2].contains("tenant-a-canary") && outputs[2].contains("ENOENT"),
+        "the MCP server read tenant A's file: {outputs:?}"
+    );
+    server.stop().await;
+}

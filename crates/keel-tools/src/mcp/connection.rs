@@ -184,7 +184,7 @@ impl Connection {
     pub(super) async fn open(
         server: &str,
         config: &McpServerConfig,
-        workspace: &Path,
+        (workspace, launcher): (&Path, Option<&Path>),
         deadline: Instant,
         notices: &Arc<Notices>,
     ) -> Result<Self, String> {
@@ -202,8 +202,9 @@ impl Connection {
                 let cwd = cwd
                     .as_ref()
                     .map_or_else(|| workspace.to_path_buf(), |dir| workspace.join(dir));
-                let (process, stdout, stdin) = ServerProcess::spawn(server, command, args, env, &cwd)
-                    .map_err(|error| format!("cannot run '{command}' (in {}): {error}", cwd.display()))?;
+                let (process, stdout, stdin) =
+                    ServerProcess::spawn(server, (command, args), env, (&cwd, workspace), launcher)
+                        .map_err(|error| format!("cannot run '{command}' (in {}): {error}", cwd.display()))?;
                 let handshake = tokio::time::timeout_at(deadline, rmcp::serve_client(client.clone(), (stdout, stdin)));
                 let mut message = match handshake.await {
                     Ok(Ok(service)) => {

@@ -159,18 +159,20 @@ impl McpServers {
 
 /// Starts, at the same time, every enabled server of `config` for a session
 /// working in `workspace` (the servers' default directory), and returns
-/// their tools.
+/// their tools. With a `launcher` (the `keel` binary), each stdio server
+/// sees only this session's workspace of the workspace roots, and none of
+/// Keel's protected files.
 ///
 /// A server that fails to start is left out, logged and reported in
 /// [`McpServers::failures`]; the session goes on with the others (a broken
 /// or slow tool server should not keep a session from running). A caller
 /// that wants all or nothing checks that the failures are empty.
-pub async fn start_servers(config: &McpConfig, workspace: &Path) -> McpServers {
+pub async fn start_servers(config: &McpConfig, workspace: &Path, launcher: Option<&Path>) -> McpServers {
     let starting = config
         .servers
         .iter()
         .filter(|(_, server)| server.enabled)
-        .map(|(name, server)| McpServer::start(name, server, workspace));
+        .map(|(name, server)| McpServer::start(name, server, workspace, launcher));
     let mut servers = Vec::new();
     let mut failures = Vec::new();
     for result in futures::future::join_all(starting).await {
@@ -207,6 +209,9 @@ pub struct McpServer {
     name: String,
     config: McpServerConfig,
     workspace: PathBuf,
+    /// The `keel` binary that keeps the server's view of the workspaces to
+    /// its session's (see [`start_servers`]).
+    launcher: Option<PathBuf>,
     /// The tools last listed.
     tools: RwLock<Vec<Arc<RemoteTool>>>,
     /// What the server tells the client, shared by its connections.
@@ -238,8 +243,15 @@ impl std::fmt::Debug for McpServer {
 impl McpServer {
     /// Starts the server `name` described by `config` (a relative `cwd` is
     /// taken from `workspace`, the default directory), does the MCP
-    /// handshake and lists its tools, all within its startup timeout.
-    pub async fn start(name: &str, config: &McpServerConfig, workspace: &Path) -> Result<Arc<Self>, McpError> {
+    /// handshake and lists its tools, all within its startup timeout. A
+    /// `launcher` keeps other workspaces out of its sight (see
+    /// [`start_servers`]).
+    pub async fn start(
+        name: &str,
+        config: &McpServerConfig,
+        workspace: &Path,
+        launcher: Option<&Path>,
+    ) -> Result<Arc<Self>, McpError> {
         config.check(name).map_err(|message| McpError::Config {
             server: name.to_owned(),
             message,
@@ -251,7 +263,7 @@ impl McpServer {
         };
         let deadline = Instant::now() + config.startup_timeout;
         let notices = Arc::new(Notices::new(name));
-        let connection = Connection::open(name, config, workspace, deadline, &notices)
+        let connection = Connection::open(name, config, (workspace, launcher), deadline, &notices)
             .await
             .map_err(failed)?;
         let tools = match list_tools(name, &connection, deadline, config.startup_timeout).await {
@@ -266,6 +278,7 @@ impl McpServer {
             name: name.to_owned(),
             config: config.clone(),
             workspace: workspace.to_path_buf(),
+            launcher: launcher.map(Path::to_path_buf),
             tools: RwLock::new(tools),
             notices,
             live: tokio::sync::Mutex::new(None),
@@ -383,8 +396,8 @@ impl McpServer {
             old.close().await;
         }
         let deadline = Instant::now() + self.config.startup_timeout;
-        let fresh =
-            Arc::new(Connection::open(&self.name, &self.config, &self.workspace, deadline, &self.notices).await?);
+        let host = (self.workspace.as_path(), self.launcher.as_deref());
+        let fresh = Arc::new(Connection::open(&self.name, &self.config, host, deadline, &self.notices).await?);
         self.record_start(&fresh);
         // The new process may offer other tools.
         self.notices.tools_stale.store(true, Ordering::SeqCst);

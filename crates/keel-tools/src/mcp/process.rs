@@ -3,6 +3,7 @@
 //! for, so no zombie is left) when asked or when its handle is dropped.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::ffi::{OsStr, OsString};
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -14,6 +15,8 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::watch;
+
+use crate::workspace::sandbox;
 
 /// The variables a server inherits from the runtime; everything else it
 /// gets comes from its `env` table. The runtime's API keys stay out.
@@ -119,17 +122,35 @@ impl State {
 
 impl ServerProcess {
     /// Starts `command args…` for the server `server`, in `cwd`, and
-    /// returns it with its stdout and stdin.
+    /// returns it with its stdout and stdin. With a `launcher` (the `keel`
+    /// binary), the server sees, of the directories of workspaces, only
+    /// the session's `workspace`, and none of Keel's protected paths (see
+    /// [`sandbox::apart_arguments`]).
     pub(super) fn spawn(
         server: &str,
-        command: &str,
-        args: &[String],
+        (command, args): (&str, &[String]),
         env: &BTreeMap<String, String>,
-        cwd: &Path,
+        (cwd, workspace): (&Path, &Path),
+        launcher: Option<&Path>,
     ) -> std::io::Result<(Self, ChildStdout, ChildStdin)> {
-        let mut builder = Command::new(command);
+        let arguments: Vec<OsString> = args.iter().map(OsString::from).collect();
+        let apart = launcher.and_then(|launcher| {
+            let all = sandbox::apart_arguments(workspace, OsStr::new(command), &arguments)?;
+            Some((launcher, all))
+        });
+        let mut builder = match apart {
+            Some((launcher, all)) => {
+                let mut builder = Command::new(launcher);
+                builder.args(all);
+                builder
+            }
+            None => {
+                let mut builder = Command::new(command);
+                builder.args(arguments);
+                builder
+            }
+        };
         builder
-            .args(args)
             .env_clear()
             .envs(
                 INHERITED_ENV

@@ -65,6 +65,9 @@ pub struct Launch {
     /// fallback (Landlock, seccomp and a subreaper), as on a host that
     /// allows none.
     pub namespaces: bool,
+    /// Whether to restrict nothing but what other sessions' workspaces and
+    /// Keel's protected paths are ([`exec_apart`]), instead of a policy.
+    pub apart_only: bool,
     /// The program and its arguments.
     pub command: Vec<OsString>,
 }
@@ -293,6 +296,57 @@ pub fn supervise(launch: &Launch) -> ExitCode {
             ExitCode::from(126)
         }
         (Ok(Waited::Exited(_)), None) => ExitCode::from(126),
+    }
+}
+
+/// Runs the command with only the walls between sessions (see
+/// [`apart_arguments`](super::apart_arguments)): in a mount namespace of
+/// its own where each directory of workspaces shows only `workspace` and
+/// Keel's protected paths are covered, without the capabilities that could
+/// take those covers off; the rest of the host as it is. No process of its
+/// own stays: this process becomes the command, keeping its standard
+/// streams and process group (an MCP server speaks over them). Where no
+/// mount namespace can be made, the command runs without it and stderr
+/// says so, as the shell's fallback does.
+pub fn exec_apart(launch: &Launch) -> ExitCode {
+    let Some((program, arguments)) = launch.command.split_first() else {
+        eprintln!("keel sandbox-exec: no command given (put it after --)");
+        return ExitCode::from(126);
+    };
+    let refuse = |error: String| {
+        eprintln!("keel sandbox-exec: cannot keep the other workspaces apart, so the command was not run: {error}");
+        ExitCode::from(126)
+    };
+    match namespaces::unshare_mounts() {
+        Ok(()) => {
+            // Read before the mounts change what the path leads to.
+            let directory = match std::env::current_dir() {
+                Ok(directory) => directory,
+                Err(error) => return refuse(format!("cannot read the current directory: {error}")),
+            };
+            if let Err(error) = namespaces::keep_apart(&launch.workspace, &launch.private_roots, &launch.protected) {
+                return refuse(error);
+            }
+            if let Err(error) = privileges::drop_all() {
+                return refuse(error);
+            }
+            // Entered again through the new mounts.
+            if let Err(error) = std::env::set_current_dir(&directory) {
+                return refuse(format!("cannot enter {}: {error}", directory.display()));
+            }
+        }
+        Err(reason) => {
+            eprintln!(
+                "keel sandbox-exec: no mount namespace ({reason}): other workspaces stay in sight of the command"
+            );
+        }
+    }
+    let error = Command::new(program).args(arguments).exec();
+    eprintln!("keel sandbox-exec: cannot run {}: {error}", program.to_string_lossy());
+    if error.kind() == std::io::ErrorKind::NotFound {
+        ExitCode::from(127)
+    } else {
+        ExitCode::from(126)
     }
 }
 

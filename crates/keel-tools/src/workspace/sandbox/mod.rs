@@ -333,6 +333,43 @@ fn option_arguments(options: &LaunchOptions<'_>) -> Vec<OsString> {
     all
 }
 
+/// The launcher flag that restricts nothing but the walls between
+/// sessions (see [`apart_arguments`]).
+pub const APART_FLAG: &str = "--apart-only";
+
+/// The arguments to give the launcher binary so that it runs `program` with
+/// `arguments` restricted only by the walls between sessions: under each
+/// directory of workspaces ([`keep_workspaces_apart`]) only `workspace`
+/// shows, and Keel's protected paths ([`protect`]) are covered. For what
+/// Keel starts for a session outside the shell's sandbox (MCP servers),
+/// which needs the host as it is (the network, a home directory's caches)
+/// but has no business with another session's files or Keel's own. `None`
+/// when nothing is registered to keep apart.
+pub fn apart_arguments(workspace: &Path, program: &OsStr, arguments: &[OsString]) -> Option<Vec<OsString>> {
+    let (roots, protected) = (private_roots(), protected_paths());
+    if roots.is_empty() && protected.is_empty() {
+        return None;
+    }
+    let mut all: Vec<OsString> = vec![
+        LAUNCHER_SUBCOMMAND.into(),
+        APART_FLAG.into(),
+        "--workspace".into(),
+        workspace.as_os_str().to_os_string(),
+    ];
+    for path in &protected {
+        all.push("--protect".into());
+        all.push(path.as_os_str().to_os_string());
+    }
+    for path in &roots {
+        all.push("--private-root".into());
+        all.push(path.as_os_str().to_os_string());
+    }
+    all.push("--".into());
+    all.push(program.to_os_string());
+    all.extend(arguments.iter().cloned());
+    Some(all)
+}
+
 /// Where PostgreSQL puts its Unix sockets when told nothing else (Debian
 /// and most packages; `/tmp`, the upstream default, is private to each
 /// call anyway): covered in every restricted sandbox.

@@ -72,11 +72,21 @@ pub(super) fn unshare(network: bool) -> Result<Namespaces, String> {
         Err(Errno::EPERM) => {}
         Err(error) => return Err(format!("cannot create namespaces: {error}")),
     }
+    unshare_as_user(flags)?;
+    Ok(Namespaces {
+        user: true,
+        network: !network,
+    })
+}
+
+/// Enters `flags`' namespaces inside a new user namespace where the
+/// caller's user and group map to themselves, so files keep their owner.
+fn unshare_as_user(flags: CloneFlags) -> Result<(), String> {
     let (uid, gid) = (getuid(), getgid());
     unshare_namespaces(flags | CloneFlags::CLONE_NEWUSER)
         .map_err(|error| format!("cannot create namespaces, with or without a user namespace: {error}"))?;
-    // Map the caller's own ids, so files keep their owner. `setgroups` must
-    // be denied before an unprivileged process may write its gid map.
+    // `setgroups` must be denied before an unprivileged process may write
+    // its gid map.
     match std::fs::write("/proc/self/setgroups", "deny") {
         Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
             return Err(format!("cannot deny setgroups in the user namespace: {error}"));
@@ -87,10 +97,47 @@ pub(super) fn unshare(network: bool) -> Result<Namespaces, String> {
         .map_err(|error| format!("cannot map the user in the user namespace: {error}"))?;
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
         .map_err(|error| format!("cannot map the group in the user namespace: {error}"))?;
-    Ok(Namespaces {
-        user: true,
-        network: !network,
-    })
+    Ok(())
+}
+
+/// Moves the calling process itself into a new mount namespace (inside a
+/// new user namespace unless it is root), for a command that keeps the
+/// rest of the host ([`keep_apart`]). Must run while the caller has a
+/// single thread.
+pub(super) fn unshare_mounts() -> Result<(), String> {
+    match unshare_namespaces(CloneFlags::CLONE_NEWNS) {
+        Ok(()) => Ok(()),
+        Err(Errno::EPERM) => unshare_as_user(CloneFlags::CLONE_NEWNS),
+        Err(error) => Err(format!("cannot create a mount namespace: {error}")),
+    }
+}
+
+/// Sets up the mount namespace of a command that is otherwise not
+/// restricted (an MCP server Keel starts for a session): nothing propagates
+/// back to the host, each of `private_roots` shows only `workspace`, and
+/// every path of `hidden` that exists is covered. Everything else stays as
+/// on the host, writable where it was. Returns how many roots were
+/// covered. Any error means the command must not run.
+pub(super) fn keep_apart(workspace: &Path, private_roots: &[PathBuf], hidden: &[PathBuf]) -> Result<usize, String> {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|error| format!("cannot make the mounts private: {error}"))?;
+    let opened = private_mounts::Workspace::open(workspace)?;
+    let mut covered = 0;
+    for root in private_roots {
+        if private_mounts::private_root(&opened, root)? {
+            covered += 1;
+        }
+    }
+    for path in hidden {
+        cover(path)?;
+    }
+    Ok(covered)
 }
 
 /// What [`confine_mounts`] is to set up.
