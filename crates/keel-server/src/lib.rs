@@ -42,6 +42,7 @@ mod host;
 mod metrics;
 mod openapi;
 pub(crate) mod routes;
+mod running;
 mod script_dir;
 mod settings;
 mod sse;
@@ -188,10 +189,17 @@ pub struct ClusterConfig {
     /// default.
     pub relay_wait: Duration,
     /// The base URL the other nodes hand this one submissions at (see
-    /// `host/forward.rs`); `None`: `http://` and the listen address,
-    /// unless that is unspecified (`0.0.0.0`), when this node is handed
-    /// nothing directly and its submissions come through the database.
+    /// `host/forward.rs`); `None`: `http://` and the address the cluster's
+    /// route listens on, unless that is unspecified (`0.0.0.0`), when this
+    /// node is handed nothing directly and its submissions come through the
+    /// database.
     pub advertise_url: Option<String>,
+    /// A listener of its own for the one route the nodes call each other
+    /// on, so that it can be kept on the nodes' private network, off the
+    /// API's address (which then answers it `404`), as Temporal and Restate
+    /// keep their internal ports apart; `None`: the API's listener serves
+    /// it. Either way it acts only on what a node sealed.
+    pub cluster_listener: Option<TcpListener>,
     /// The store's several-node part, on the database of
     /// [`ServerConfig::store`] (the same store, seen as shared).
     pub store: Arc<dyn ClusterStore>,
@@ -386,13 +394,18 @@ pub async fn serve(
         || format!("node-{:016x}", rand::random::<u64>()),
         |cluster| cluster.node_id.clone(),
     );
-    let (cluster, notices) = match config.cluster {
-        Some(cluster) => {
-            advertise(&cluster, address).await;
+    let (cluster, notices, cluster_listener) = match config.cluster {
+        Some(mut cluster) => {
+            let cluster_listener = cluster.cluster_listener.take();
+            let reached_at = match &cluster_listener {
+                Some(listener) => listener.local_addr()?,
+                None => address,
+            };
+            running::advertise(&cluster, reached_at).await;
             let (node, listener) = cluster_parts(cluster, config.token.as_deref())?;
-            (Some(node), Some(listener))
+            (Some(node), Some(listener), cluster_listener)
         }
-        None => (None, None),
+        None => (None, None, None),
     };
     let limits = HostLimits {
         max_live: config.max_live_sessions,
@@ -437,18 +450,14 @@ pub async fn serve(
         ag_ui_threads: Arc::new(frontends::ag_ui_threads::ThreadCache::new(AG_UI_THREADS)),
     });
     let keys = server.auth.keys.clone();
-    let app = routes::router(server);
-    let retention = retention.map(|max_idle| (max_idle, config.retention_sweep));
-    run(
-        host,
+    let doors = running::Doors {
         listener,
-        app,
-        door.connection_limits,
-        retention,
-        notices,
-        shutdown,
-    )
-    .await;
+        app: routes::router(Arc::clone(&server), cluster_listener.is_none()),
+        cluster: cluster_listener.map(|listener| (listener, routes::cluster_router(server))),
+        limits: door.connection_limits,
+    };
+    let retention = retention.map(|max_idle| (max_idle, config.retention_sweep));
+    running::run(host, doors, retention, notices, shutdown).await;
     for task in auth_tasks {
         task.abort();
     }
@@ -604,91 +613,4 @@ fn cluster_parts(cluster: ClusterConfig, token: Option<&str>) -> Result<(host::N
         relay_wait: cluster.relay_wait,
     };
     Ok((node, cluster.listener))
-}
-
-/// Records where the other nodes hand this node the submissions for its
-/// sessions (`host/forward.rs`): `--advertise-url`, else the listen
-/// address unless it is unspecified; else nothing (an empty URL, so a
-/// node id used before with a URL is not sent to where it was).
-async fn advertise(cluster: &ClusterConfig, address: SocketAddr) {
-    let url = match &cluster.advertise_url {
-        Some(url) => url.clone(),
-        None if address.ip().is_unspecified() => {
-            tracing::info!(
-                "submissions for this node's sessions come through the database: it listens on {address}, \
-                 so give --advertise-url for the other nodes to reach it directly"
-            );
-            String::new()
-        }
-        None => format!("http://{address}"),
-    };
-    if let Err(error) = cluster.store.advertise(&cluster.node_id, &url).await {
-        tracing::warn!(%error, "cannot record where this node takes submissions; they come through the database");
-    }
-}
-
-/// Runs the host's background work (unloading idle sessions, retention,
-/// recovery and, with several nodes, renewals, take-overs, retries and the
-/// database's notices) while `app` answers on `listener`; once `shutdown`
-/// resolves and the connections have drained, stops it all and shuts the
-/// live sessions down.
-async fn run(
-    host: Arc<Host>,
-    listener: TcpListener,
-    app: axum::Router,
-    connection_limits: conn::ConnectionLimits,
-    retention: Option<(Duration, Duration)>,
-    notices: Option<NoticeListener>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) {
-    // The stored budgets are read before the first request is answered, so
-    // that a request right after a restart never finds a budget missing.
-    if let Err(error) = host.factory.budgets.reload().await {
-        tracing::warn!(%error, "cannot read the stored budgets");
-    }
-    let reaper = spawn_on(&host, |host| async move { host.reap().await });
-    let retainer =
-        retention.map(|(max_idle, every)| spawn_on(&host, |host| async move { host.retain(max_idle, every).await }));
-    let recovery = spawn_on(&host, |host| async move { host.recover().await });
-    let budgets = spawn_on(&host, |host| async move { host.follow_budgets().await });
-    let client_deadlines = spawn_on(&host, |host| async move { host.follow_client_deadlines().await });
-    // Several nodes: renewals, take-overs and the database's notices.
-    let renewals = spawn_on(&host, |host| async move { host.keep_leases().await });
-    let takeovers = spawn_on(&host, |host| async move { host.take_over().await });
-    let retries = spawn_on(&host, |host| async move { host.retry_relayed().await });
-    let follower = notices.map(|notices| spawn_on(&host, |host| async move { host.follow(notices).await }));
-    let stopping = {
-        let host = Arc::clone(&host);
-        async move {
-            shutdown.await;
-            tracing::info!("shutting down");
-            // Streams end now, so the connections can drain.
-            host.begin_shutdown();
-        }
-    };
-    conn::serve_connections(listener, app, connection_limits, stopping).await;
-    host.begin_shutdown();
-    recovery.abort();
-    budgets.abort();
-    client_deadlines.abort();
-    let _ = reaper.await;
-    if let Some(retainer) = retainer {
-        let _ = retainer.await;
-    }
-    takeovers.abort();
-    retries.abort();
-    if let Some(follower) = follower {
-        follower.abort();
-    }
-    host.close_all().await;
-    // Leases were kept while turns finished; the sessions are released now.
-    renewals.abort();
-}
-
-/// Spawns a task of the host's with a reference of its own.
-fn spawn_on<F>(host: &Arc<Host>, job: impl FnOnce(Arc<Host>) -> F) -> tokio::task::JoinHandle<()>
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    tokio::spawn(job(Arc::clone(host)))
 }

@@ -110,6 +110,13 @@ pub(crate) struct ServeArgs {
     /// reach this node through the database].
     #[arg(long, value_name = "URL")]
     advertise_url: Option<String>,
+    /// On PostgreSQL, a separate address (HOST:PORT) for the one route the
+    /// nodes call each other on, to keep it on their private network: the
+    /// --listen address then answers it 404, and this is where the other
+    /// nodes are told to reach this one (unless --advertise-url says
+    /// otherwise) [default: the --listen address serves it].
+    #[arg(long, value_name = "ADDR")]
+    cluster_listen: Option<String>,
     /// Test use only: moves the clock budgets' rolling days are counted by
     /// this many seconds ahead, so that a test sees the next day's window.
     #[arg(long, hide = true, default_value_t = 0, value_name = "N")]
@@ -206,7 +213,7 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .map_err(|error| crate::db::explain_open_error(error, &location))?;
     // Connections, not the open-file limit, should be what runs out first.
     keel::server::raise_open_file_limit();
-    let listener = bind(&args.listen).await?;
+    let listener = bind(&args.listen, "--listen").await?;
     let address = listener.local_addr()?;
     lock.describe(&format!("keel serve (pid {pid}, http://{address})"))
         .await?;
@@ -229,14 +236,29 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = ServerConfig::new(store);
     config.access = Some(access);
     config.webhooks = Some(webhooks);
+    let cluster_listener = match (&args.cluster_listen, &cluster) {
+        (Some(listen), Some(_)) => Some(bind(listen, "--cluster-listen").await?),
+        (Some(_), None) => anyhow::bail!(
+            "--cluster-listen is for nodes on a shared PostgreSQL database (--db postgres://…): \
+             a SQLite server has no other nodes"
+        ),
+        (None, _) => None,
+    };
     if let Some((cluster_store, listener)) = cluster {
         eprintln!("keel serve is node {node_id} (leases of {} ms)", args.lease_ttl_ms);
+        if let Some(cluster_listener) = &cluster_listener {
+            eprintln!(
+                "keel serve takes the other nodes' hand-overs on http://{}",
+                cluster_listener.local_addr()?
+            );
+        }
         config.cluster = Some(ClusterConfig {
             node_id,
             lease_ttl: Duration::from_millis(args.lease_ttl_ms),
             relay_wait,
             relay_key,
             advertise_url: args.advertise_url.clone(),
+            cluster_listener,
             store: cluster_store,
             listener,
         });
@@ -285,16 +307,16 @@ pub(crate) async fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The listening socket on `listen`; a clear error when the address is in
-/// use or cannot be had, naming `--listen`.
-async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
+/// use or cannot be had, naming the `flag` it came from.
+async fn bind(listen: &str, flag: &str) -> anyhow::Result<tokio::net::TcpListener> {
     match tokio::net::TcpListener::bind(listen).await {
         Ok(listener) => Ok(listener),
         Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => anyhow::bail!(
             "cannot listen on {listen}: the address is in use (another keel serve, or another program, \
-             listens there): stop it, or pass another --listen ADDR (for example --listen 127.0.0.1:7778)"
+             listens there): stop it, or pass another {flag} ADDR (for example {flag} 127.0.0.1:7778)"
         ),
         Err(error) => Err(anyhow::anyhow!(error)).with_context(|| {
-            format!("cannot listen on {listen}: check --listen (HOST:PORT, for example 127.0.0.1:7777)")
+            format!("cannot listen on {listen}: check {flag} (HOST:PORT, for example 127.0.0.1:7777)")
         }),
     }
 }

@@ -126,9 +126,10 @@ async fn describe() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], openapi_json())
 }
 
-/// The whole application: the documented routes, the web UI, and the one
+/// The whole application: the documented routes, the web UI, and (unless
+/// the cluster has a listener of its own, [`cluster_router`]) the one
 /// route the nodes of a cluster call each other on ([`cluster`]).
-pub(crate) fn router(server: Arc<Server>) -> Router {
+pub(crate) fn router(server: Arc<Server>, cluster_route: bool) -> Router {
     let require_token = middleware::from_fn_with_state(Arc::clone(&server), auth::authenticate);
     let routes = documented();
     let v1 = Router::from(routes.v1)
@@ -139,8 +140,11 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
         .nest("/v1", v1)
         .merge(metrics)
         .merge(Router::from(routes.probes))
-        .merge(ui::router())
-        .route(crate::host::FORWARD_PATH, axum::routing::post(cluster::forwarded))
+        .merge(ui::router());
+    if cluster_route {
+        app = app.route(crate::host::FORWARD_PATH, axum::routing::post(cluster::forwarded));
+    }
+    app = app
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&server), count_requests))
@@ -158,6 +162,21 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
     // Outermost, so that nothing (CORS preflights included) answers a
     // request the front door refuses.
     app.layer(middleware::from_fn_with_state(Arc::clone(&server), front::admit))
+        .with_state(server)
+}
+
+/// The cluster's own listener's application: the route the nodes hand each
+/// other submissions on, and nothing else, behind the same front door
+/// (hosts, framing, body limit and timeout) but without CORS.
+pub(crate) fn cluster_router(server: Arc<Server>) -> Router {
+    Router::new()
+        .route(crate::host::FORWARD_PATH, axum::routing::post(cluster::forwarded))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::clone(&server), count_requests))
+        .layer(middleware::from_fn(stamp_version))
+        .layer(DefaultBodyLimit::max(server.body_limit))
+        .layer(middleware::from_fn_with_state(Arc::clone(&server), front::admit))
         .with_state(server)
 }
 

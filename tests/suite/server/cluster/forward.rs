@@ -320,3 +320,53 @@ async fn nodes_given_no_key_act_on_nothing_unsealed() {
         "the forged message was not queued"
     );
 }
+
+/// `--cluster-listen` keeps the nodes' route off the API's address: each
+/// node advertises its cluster listener, a submission sent to the other
+/// node is handed over there directly (no relay row), and the API's
+/// address answers the route `404`, so a client that can reach the API
+/// cannot even knock on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_route_can_have_a_listener_of_its_own() {
+    let Some(postgres) = LocalPostgres::shared() else {
+        return;
+    };
+    let mut cluster = Cluster::start(postgres, 0, LONG_LEASE_MS, &[]);
+    let ports: Vec<u16> = (0..2).map(|_| crate::suite::support::server::free_port()).collect();
+    for (index, port) in ports.iter().enumerate() {
+        let listen = format!("127.0.0.1:{port}");
+        cluster.start_with_token(index, TOKEN, &["--cluster-listen", &listen]);
+    }
+    let client = database(&cluster.url).await;
+    let urls: Vec<String> = client
+        .query("SELECT url FROM nodes ORDER BY node_id", &[])
+        .await
+        .expect("nodes")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let expected: Vec<String> = ports.iter().map(|port| format!("http://127.0.0.1:{port}")).collect();
+    assert_eq!(urls, expected, "each node advertises its cluster listener");
+
+    let model = cluster.scratch.script("apart.jsonl", &[r#"{"text": "One."}"#]);
+    cluster.api(0).create(json!({"id": "apart", "model": model})).await;
+    cluster.api(1).say("apart", "handed over").await;
+    cluster.api(0).wait_idle("apart").await;
+    let metrics = cluster.api(1).metrics().await;
+    assert_eq!(counter(&metrics, "keel_forwarded_submissions_total"), 1.0, "{metrics}");
+    assert_eq!(counter(&metrics, "keel_forwards_not_taken_total"), 0.0, "{metrics}");
+    assert_eq!(count(&client, "SELECT count(*) FROM relayed_submissions").await, 0);
+    assert_eq!(queued_texts(&cluster.log("apart").await), ["handed over"]);
+
+    for index in 0..2 {
+        let api = cluster.api(index);
+        let request = api.client.post(api.url("/cluster/v1/forwarded")).json(&json!({}));
+        let reply = api.send(request).await;
+        assert_eq!(reply.status, StatusCode::NOT_FOUND, "node {index}: {}", reply.body);
+    }
+    // The cluster's door takes only its route.
+    let door = reqwest::get(format!("http://127.0.0.1:{}/v1/sessions", ports[0]))
+        .await
+        .expect("the cluster listener answers");
+    assert_eq!(door.status(), StatusCode::NOT_FOUND);
+}
