@@ -177,4 +177,20 @@ pub trait AccessStore: Send + Sync {
         cap: u64,
         now_ms: u64,
     ) -> BoxFuture<'a, Result<TurnSlot, StoreError>>;
+
+    /// Gives back the slot `session_id` holds if it has no turn in flight
+    /// and nothing queued: for an admission that took one and then refused
+    /// the submission for another reason (a spent token budget), so that
+    /// the slot does not count until its grace passes. Nothing for an
+    /// unknown session or one without a slot.
+    fn give_back_turn<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Tells the store that admissions take turn slots (a concurrency cap
+    /// is configured, here or on another node), so that its writer gives
+    /// them back as sessions come to rest. Until told, or until this
+    /// handle takes a slot itself, a store whose slots live in the
+    /// database sends no statement for them, which costs every write that
+    /// ends a turn; a slot another node took for a session this one writes
+    /// is then given back by the next admission once its grace has passed.
+    fn expect_turn_slots(&self);
 }

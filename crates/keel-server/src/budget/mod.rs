@@ -94,6 +94,11 @@ impl Budgets {
         if access.is_none() && !configured.is_empty() {
             tracing::warn!("keel.toml sets budgets, but this store keeps no usage ledger: they are not enforced");
         }
+        if let Some(access) = &access
+            && configured.values().any(caps_turns)
+        {
+            access.expect_turn_slots();
+        }
         Self {
             access,
             configured,
@@ -205,25 +210,42 @@ impl Budgets {
         if !spends_tokens(op) || !self.watches(tenant, session_id) {
             return Ok(());
         }
-        if let Some(spent) = self.exhausted(tenant, session_id).await? {
-            return Err(self.refuse(spent));
-        }
         let cap = self
             .applying(&BudgetTarget::Tenant(tenant.to_owned()))
             .and_then(|(budget, _)| budget.max_concurrent_turns);
-        if let (Some(cap), Some(access)) = (cap, &self.access) {
-            let slot = access
-                .reserve_turn(tenant, session_id, cap, keel_protocol::now_ms())
-                .await?;
-            if let TurnSlot::Full { held } = slot {
+        // The token budgets are read while the slot is taken: one wait for
+        // the store instead of two.
+        let reserve = async {
+            match (cap, &self.access) {
+                (Some(cap), Some(access)) => access
+                    .reserve_turn(tenant, session_id, cap, keel_protocol::now_ms())
+                    .await
+                    .map(Some),
+                _ => Ok(None),
+            }
+        };
+        let (spent, slot) = futures::join!(self.exhausted(tenant, session_id), reserve);
+        let refused = match (spent, slot) {
+            (Ok(None), Ok(Some(TurnSlot::Full { held }))) => {
                 let owner = Owner {
                     tenant,
                     session_id: None,
                 };
+                let cap = cap.unwrap_or_default();
                 return Err(self.refuse(owner.exhausted("max_concurrent_turns", cap, held, None)));
             }
+            (Ok(None), Ok(_)) => return Ok(()),
+            (_, Err(error)) => return Err(error.into()),
+            (Ok(Some(spent)), Ok(slot)) => (Err(self.refuse(spent)), slot),
+            (Err(error), Ok(slot)) => (Err(error.into()), slot),
+        };
+        // Refused after all: a slot taken for it goes back at once.
+        if let (Some(TurnSlot::Taken), Some(access)) = (refused.1, &self.access)
+            && let Err(error) = access.give_back_turn(session_id).await
+        {
+            tracing::warn!(%error, session_id, "cannot give back a turn slot; it counts until its grace passes");
         }
-        Ok(())
+        refused.0
     }
 
     /// Counts a spent budget of `tenant`'s in the metrics.
@@ -264,6 +286,9 @@ impl Budgets {
                 Err(error) => tracing::warn!(?target, %error, "ignoring a stored budget that does not parse"),
             }
         }
+        if budgets.values().any(caps_turns) {
+            access.expect_turn_slots();
+        }
         let mut loaded = self.loaded.write().unwrap_or_else(|poison| poison.into_inner());
         // A slower read of an older revision must not replace a newer one.
         if loaded.revision.is_none_or(|seen| seen < revision) {
@@ -291,6 +316,12 @@ impl Budgets {
             }
         }
     }
+}
+
+/// Whether `budget` caps how many turns run at once: then admissions take
+/// turn slots, which the store must give back (on every node).
+fn caps_turns(budget: &BudgetConfig) -> bool {
+    budget.max_concurrent_turns.is_some()
 }
 
 /// Whether `op` makes the model work: a message, a steer, a compaction or

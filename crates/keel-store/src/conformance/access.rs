@@ -693,6 +693,32 @@ where
         TurnSlot::Full { held: 2 }
     );
 
+    // A handle that took no slot itself, told that admissions take them
+    // (as a node with a concurrency cap is), gives back one another took.
+    let writer = factory.open(&database).await;
+    writer.expect_turn_slots();
+    writer
+        .save(&tenant_checkpoint("d1", "bot", "delta"), &[], None)
+        .await
+        .expect("save");
+    assert_eq!(reserve(&other, "delta", "d1", 1, now).await, TurnSlot::Taken);
+    writer
+        .save(&tenant_checkpoint("d1", "bot", "delta"), &[], None)
+        .await
+        .expect("rest");
+    assert_eq!(store.running_turns("delta").await.expect("running"), 0);
+
+    // An admission refused after taking a slot gives it back at once, but
+    // not one a session with work queued holds.
+    assert_eq!(reserve(&other, "delta", "d1", 1, now).await, TurnSlot::Taken);
+    store.give_back_turn("d1").await.expect("give back");
+    assert_eq!(other.running_turns("delta").await.expect("running"), 0);
+    assert_eq!(reserve(&other, "delta", "d1", 1, now).await, TurnSlot::Taken);
+    store.append("d1", batch(&[queued("q-d1")])).await.expect("queue");
+    store.give_back_turn("d1").await.expect("give back");
+    store.give_back_turn("nobody").await.expect("an unknown session");
+    assert_eq!(other.running_turns("delta").await.expect("running"), 1);
+
     // A burst on two handles at once takes exactly the cap.
     let ids: Vec<String> = (0..12).map(|n| format!("burst-{n}")).collect();
     for id in &ids {

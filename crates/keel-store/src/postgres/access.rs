@@ -49,12 +49,9 @@ const REMOVE_BUDGET: &str = "WITH removed AS (DELETE FROM budgets WHERE kind = $
 
 /// The sessions of a tenant that hold a turn slot: a turn in flight, or a
 /// slot taken (see `reserve_turn`).
-const HELD_SLOTS: &str = "SELECT count(*) FROM sessions s WHERE s.tenant = $1
-     AND (s.execution IS NOT NULL OR EXISTS (SELECT 1 FROM turn_slots t WHERE t.session_key = s.key))";
-
-/// Serializes the admissions of one tenant across nodes, for the rest of
-/// the transaction (a lock of its own, apart from the migration's).
-const LOCK_TENANT_SLOTS: &str = "SELECT pg_advisory_xact_lock(hashtextextended('keel turn slots ' || $1, 0))";
+const HELD_SLOTS: &str = "SELECT count(*) FROM (
+         SELECT key FROM sessions WHERE tenant = $1 AND execution IS NOT NULL
+         UNION SELECT session_key FROM turn_slots WHERE tenant = $1) holders";
 
 const USAGE_COLUMNS: &str = "input_tokens, cached_input_tokens, output_tokens, reasoning_tokens";
 
@@ -248,55 +245,54 @@ impl AccessStore for super::PostgresCheckpoint {
         cap: u64,
         now_ms: u64,
     ) -> BoxFuture<'a, Result<TurnSlot, StoreError>> {
+        self.expect_turn_slots();
         Box::pin(async move {
-            let mut client = self.reader().await?;
-            let tx = client.transaction().await.map_err(pg_error)?;
-            // Read committed: each statement after the lock sees every slot
-            // another node's admission took before it let the lock go.
-            tx.execute(LOCK_TENANT_SLOTS, &[&tenant]).await.map_err(pg_error)?;
-            let session = tx
-                .query_opt(
-                    "SELECT key, execution IS NOT NULL OR EXISTS (SELECT 1 FROM turn_slots t WHERE t.session_key = key)
-                     FROM sessions WHERE id = $1",
-                    &[&session_id],
+            let client = self.reader().await?;
+            // One statement, one round trip: see `keel_take_turn_slot` in
+            // the schema for how it stays exact across nodes.
+            let take = client
+                .prepare_cached("SELECT held_already, held_now, taken FROM keel_take_turn_slot($1, $2, $3, $4, $5)")
+                .await
+                .map_err(pg_error)?;
+            let stale_before = int(now_ms.saturating_sub(crate::TURN_SLOT_GRACE_MS));
+            let row = client
+                .query_opt(&take, &[&session_id, &tenant, &stale_before, &int(now_ms), &int(cap)])
+                .await
+                .map_err(pg_error)?;
+            let Some(row) = row else {
+                return Err(StoreError::UnknownSession(session_id.to_owned()));
+            };
+            let held_already: bool = row.try_get(0).map_err(pg_error)?;
+            let held: i64 = row.try_get(1).map_err(pg_error)?;
+            let taken: bool = row.try_get(2).map_err(pg_error)?;
+            Ok(if held_already {
+                TurnSlot::Held
+            } else if taken {
+                TurnSlot::Taken
+            } else {
+                TurnSlot::Full { held: uint(held) }
+            })
+        })
+    }
+
+    fn give_back_turn<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let client = self.reader().await?;
+            let statement = client
+                .prepare_cached(
+                    "DELETE FROM turn_slots t USING sessions s
+                     WHERE s.id = $1 AND t.session_key = s.key AND s.execution IS NULL
+                         AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = s.key)",
                 )
                 .await
                 .map_err(pg_error)?;
-            let Some(session) = session else {
-                return Err(StoreError::UnknownSession(session_id.to_owned()));
-            };
-            let key: i64 = session.try_get(0).map_err(pg_error)?;
-            if session.try_get::<_, bool>(1).map_err(pg_error)? {
-                return Ok(TurnSlot::Held);
-            }
-            let stale_before = int(now_ms.saturating_sub(crate::TURN_SLOT_GRACE_MS));
-            tx.execute(
-                "DELETE FROM turn_slots t WHERE t.tenant = $1 AND t.taken_at_ms < $2
-                     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.key = t.session_key AND s.execution IS NOT NULL)
-                     AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = t.session_key)",
-                &[&tenant, &stale_before],
-            )
-            .await
-            .map_err(pg_error)?;
-            let held = uint(
-                tx.query_one(HELD_SLOTS, &[&tenant])
-                    .await
-                    .map_err(pg_error)?
-                    .try_get(0)
-                    .map_err(pg_error)?,
-            );
-            if held >= cap {
-                return Ok(TurnSlot::Full { held });
-            }
-            tx.execute(
-                "INSERT INTO turn_slots (session_key, tenant, taken_at_ms) VALUES ($1, $2, $3)",
-                &[&key, &tenant, &int(now_ms)],
-            )
-            .await
-            .map_err(pg_error)?;
-            tx.commit().await.map_err(pg_error)?;
-            Ok(TurnSlot::Taken)
+            client.execute(&statement, &[&session_id]).await.map_err(pg_error)?;
+            Ok(())
         })
+    }
+
+    fn expect_turn_slots(&self) {
+        self.slots_in_use.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -61,8 +61,10 @@ pub(super) struct EncodedWrite {
 
 /// What a job writes, serialized. Seals an append's open batch: from here
 /// on the producer's additions go to its next job. The relayed submissions
-/// it queues are taken from `taken_up`, to be answered with it.
-pub(super) fn seal(job: &Job, taken_up: &TakenUp) -> Result<Write, StoreError> {
+/// it queues are taken from `taken_up`, to be answered with it. Turn slots
+/// are given back only when `slots_in_use` (see
+/// `AccessStore::expect_turn_slots`).
+pub(super) fn seal(job: &Job, taken_up: &TakenUp, slots_in_use: bool) -> Result<Write, StoreError> {
     let sealed = job.seal();
     let write = Write {
         session_id: sealed.session_id.to_owned(),
@@ -82,6 +84,7 @@ pub(super) fn seal(job: &Job, taken_up: &TakenUp) -> Result<Write, StoreError> {
         Mode::Append { .. } | Mode::Save | Mode::Create => {
             let mut write = with_events(write, &sealed.events, sealed.checkpoint.as_deref())?;
             write.relays = taken_up.answering(&write.queue);
+            write.frees_slot &= slots_in_use;
             Ok(write)
         }
     }
@@ -406,17 +409,19 @@ pub(super) async fn apply(tx: &Transaction<'_>, st: &Statements, write: &Write, 
     if !write.queue.is_empty() {
         apply_queue_changes(tx, st, key, first_sequence, write, now).await?;
     }
-    if write.frees_slot {
-        tx.execute(&st.slot_release, &[&key]).await.map_err(dirty)?;
-    }
-    queue_webhooks(
-        tx,
-        st,
-        &webhook_events(std::iter::once((write, Some(last_sequence)))),
-        now,
-    )
-    .await
-    .map_err(JobError::Dirty)?;
+    // Sent together, after the queue's statements (the slot stays while
+    // work waits): neither waits for the other's round trip.
+    let release = async {
+        if write.frees_slot {
+            tx.execute(&st.slot_release, &[&key]).await.map(drop)
+        } else {
+            Ok(())
+        }
+    };
+    let events = webhook_events(std::iter::once((write, Some(last_sequence))));
+    let (released, webhooks) = futures::join!(release, queue_webhooks(tx, st, &events, now));
+    released.map_err(dirty)?;
+    webhooks.map_err(JobError::Dirty)?;
     Ok(Written {
         receipt: AppendReceipt {
             first_sequence,

@@ -114,6 +114,9 @@ pub struct PostgresCheckpoint {
     /// The relayed submissions handed to this node as their owner, which
     /// the writer answers in the transaction that queues them.
     taken_up: Arc<taken_up::TakenUp>,
+    /// Whether admissions take turn slots, so the writer gives them back
+    /// (see `AccessStore::expect_turn_slots`).
+    slots_in_use: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for PostgresCheckpoint {
@@ -144,7 +147,9 @@ impl PostgresCheckpoint {
         let relays = connection_pool(&without_waiting_for_the_disk(&config), RELAY_CONNECTIONS)?;
         let pool = connection_pool(&config, options.pool_size.max(1))?;
         let taken_up = Arc::new(taken_up::TakenUp::default());
-        let (jobs, writer) = writer::spawn(conn, max_jobs, Arc::clone(&counters), Arc::clone(&taken_up));
+        let slots_in_use = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let shared = (Arc::clone(&taken_up), Arc::clone(&slots_in_use));
+        let (jobs, writer) = writer::spawn(conn, max_jobs, Arc::clone(&counters), shared);
         Ok(Self {
             counters,
             jobs: Mutex::new(Some(jobs)),
@@ -154,6 +159,7 @@ impl PostgresCheckpoint {
             relays,
             config,
             taken_up,
+            slots_in_use,
         })
     }
 

@@ -23,6 +23,8 @@ pub(super) struct Statements {
     pub(super) delete_access: Statement,
     pub(super) webhook_queue: Statement,
     pub(super) slot_release: Statement,
+    /// The transaction's id, asked for should its `COMMIT` be cut off.
+    pub(super) txid: Statement,
 }
 
 /// Queues, in the transaction of the events, a webhook delivery for each
@@ -322,6 +324,7 @@ impl Statements {
                 &[Type::INT8],
             )
             .await?;
+        let txid = client.prepare_typed("SELECT txid_current()", &[]).await?;
         Ok(Self {
             insert_session,
             write,
@@ -340,6 +343,7 @@ impl Statements {
             delete_access,
             webhook_queue,
             slot_release,
+            txid,
         })
     }
 }

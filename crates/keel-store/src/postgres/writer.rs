@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use futures::future::join_all;
 use tokio::sync::mpsc;
@@ -98,10 +98,11 @@ pub(super) fn spawn(
     conn: WriterConnection,
     max_jobs_per_commit: usize,
     counters: Arc<WriterCounters>,
-    taken_up: Arc<TakenUp>,
+    (taken_up, slots_in_use): (Arc<TakenUp>, Arc<AtomicBool>),
 ) -> (mpsc::UnboundedSender<Job>, JoinHandle<()>) {
     let (jobs, queue) = mpsc::unbounded_channel();
-    let handle = tokio::spawn(run(conn, queue, max_jobs_per_commit.max(1), counters, taken_up));
+    let shared = (taken_up, slots_in_use);
+    let handle = tokio::spawn(run(conn, queue, max_jobs_per_commit.max(1), counters, shared));
     (jobs, handle)
 }
 
@@ -110,7 +111,7 @@ async fn run(
     mut queue: mpsc::UnboundedReceiver<Job>,
     max_jobs: usize,
     counters: Arc<WriterCounters>,
-    taken_up: Arc<TakenUp>,
+    (taken_up, slots_in_use): (Arc<TakenUp>, Arc<AtomicBool>),
 ) {
     let mut group = Vec::with_capacity(max_jobs.min(4096));
     while let Some(first) = queue.recv().await {
@@ -121,7 +122,7 @@ async fn run(
                 Err(_) => break,
             }
         }
-        commit_group(&mut conn, &mut group, &counters, &taken_up).await;
+        commit_group(&mut conn, &mut group, &counters, (&taken_up, &slots_in_use)).await;
     }
     tracing::debug!("postgres writer stopped");
 }
@@ -142,7 +143,7 @@ async fn commit_group(
     conn: &mut WriterConnection,
     group: &mut Vec<Job>,
     counters: &WriterCounters,
-    taken_up: &TakenUp,
+    (taken_up, slots_in_use): (&TakenUp, &AtomicBool),
 ) {
     let mut writes: Option<Vec<Result<Write, StoreError>>> = None;
     let mut retried = false;
@@ -159,7 +160,8 @@ async fn commit_group(
         };
         // Sealed as the first transaction starts: an open batch takes
         // additions until now.
-        let writes = writes.get_or_insert_with(|| group.iter().map(|job| seal(job, taken_up)).collect());
+        let slots = slots_in_use.load(Ordering::Relaxed);
+        let writes = writes.get_or_insert_with(|| group.iter().map(|job| seal(job, taken_up, slots)).collect());
         let now = now_ms();
         let started = std::time::Instant::now();
         let outcome = run_group(client, statements, writes, now).await;
@@ -295,7 +297,7 @@ async fn run_group(
     // The transaction's id, pipelined with its first statements: what the
     // writer asks about should the connection be lost during `COMMIT`.
     let (txid, outcomes) = futures::join!(
-        tx.query_one("SELECT txid_current()", &[]),
+        tx.query_one(&statements.txid, &[]),
         apply_all(&tx, statements, writes, now)
     );
     let txid: Option<i64> = txid.ok().and_then(|row| row.try_get(0).ok());

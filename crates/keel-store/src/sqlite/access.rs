@@ -350,4 +350,19 @@ impl crate::AccessStore for super::SqliteCheckpoint {
         let slots = Arc::clone(&self.turn_slots);
         Box::pin(self.read(move |conn| slots.reserve(conn, &tenant, &session_id, cap, now_ms)))
     }
+
+    fn give_back_turn<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (session_id, slots) = (session_id.to_owned(), Arc::clone(&self.turn_slots));
+        let now = keel_protocol::now_ms();
+        Box::pin(self.read(move |conn| {
+            slots
+                .release_at_rest(conn, [session_id.as_str()], now)
+                .map_err(super::sqlite_error)
+        }))
+    }
+
+    fn expect_turn_slots(&self) {
+        // Nothing to do: the slots are in this process's memory, and the
+        // writer gives back nothing while none is held.
+    }
 }
