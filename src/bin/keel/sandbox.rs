@@ -146,9 +146,14 @@ pub(crate) fn sandbox_exec(args: SandboxExecArgs) -> ExitCode {
         command: args.command,
     };
     if launch.apart_only {
-        launcher::exec_apart(&launch)
+        keel::tools::workspace::sandbox::apart::exec_apart(&launch)
     } else if args.confine {
-        let cgroup = match args.cgroup.as_deref().map(launcher::parse_cgroup_flag).transpose() {
+        let cgroup = match args
+            .cgroup
+            .as_deref()
+            .map(keel::tools::workspace::sandbox::limits::CgroupLimits::parse_flag)
+            .transpose()
+        {
             Ok(cgroup) => cgroup,
             Err(error) => {
                 eprintln!("keel sandbox-exec: {error}");

@@ -14,7 +14,7 @@
 //! workspace, or under `/tmp`), and must not decide what the next sandbox
 //! runs.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -25,7 +25,7 @@ use nix::unistd::{Pid, getuid};
 
 use super::init::{Ended, end_by, exit_as, run_as_init};
 use super::landlock::{self, Applied};
-use super::limits::{self, Cgroup, CgroupLimits, CgroupVersion, Limits};
+use super::limits::{self, Cgroup, CgroupLimits, Limits};
 use super::namespaces::{self, MountPlan, Namespaces};
 use super::private_mounts;
 use super::reaper::{self, Waited};
@@ -299,57 +299,6 @@ pub fn supervise(launch: &Launch) -> ExitCode {
     }
 }
 
-/// Runs the command with only the walls between sessions (see
-/// [`apart_arguments`](super::apart_arguments)): in a mount namespace of
-/// its own where each directory of workspaces shows only `workspace` and
-/// Keel's protected paths are covered, without the capabilities that could
-/// take those covers off; the rest of the host as it is. No process of its
-/// own stays: this process becomes the command, keeping its standard
-/// streams and process group (an MCP server speaks over them). Where no
-/// mount namespace can be made, the command runs without it and stderr
-/// says so, as the shell's fallback does.
-pub fn exec_apart(launch: &Launch) -> ExitCode {
-    let Some((program, arguments)) = launch.command.split_first() else {
-        eprintln!("keel sandbox-exec: no command given (put it after --)");
-        return ExitCode::from(126);
-    };
-    let refuse = |error: String| {
-        eprintln!("keel sandbox-exec: cannot keep the other workspaces apart, so the command was not run: {error}");
-        ExitCode::from(126)
-    };
-    match namespaces::unshare_mounts() {
-        Ok(()) => {
-            // Read before the mounts change what the path leads to.
-            let directory = match std::env::current_dir() {
-                Ok(directory) => directory,
-                Err(error) => return refuse(format!("cannot read the current directory: {error}")),
-            };
-            if let Err(error) = namespaces::keep_apart(&launch.workspace, &launch.private_roots, &launch.protected) {
-                return refuse(error);
-            }
-            if let Err(error) = privileges::drop_all() {
-                return refuse(error);
-            }
-            // Entered again through the new mounts.
-            if let Err(error) = std::env::set_current_dir(&directory) {
-                return refuse(format!("cannot enter {}: {error}", directory.display()));
-            }
-        }
-        Err(reason) => {
-            eprintln!(
-                "keel sandbox-exec: no mount namespace ({reason}): other workspaces stay in sight of the command"
-            );
-        }
-    }
-    let error = Command::new(program).args(arguments).exec();
-    eprintln!("keel sandbox-exec: cannot run {}: {error}", program.to_string_lossy());
-    if error.kind() == std::io::ErrorKind::NotFound {
-        ExitCode::from(127)
-    } else {
-        ExitCode::from(126)
-    }
-}
-
 /// Sets up the command's mount namespace (see [`namespaces::confine_mounts`]);
 /// returns whether the mounts are read-only, and notes for the status.
 fn set_up_mounts(launch: &Launch) -> Result<(bool, Vec<String>), String> {
@@ -417,7 +366,7 @@ fn confiner_arguments(launch: &Launch, confinement: &Confinement, fallback: Opti
     }
     if let Some(cgroup) = confinement.cgroup {
         all.push("--cgroup".into());
-        all.push(cgroup_flag(cgroup).into());
+        all.push(cgroup.flag().into());
     }
     if confinement.namespaces {
         all.push("--in-namespaces".into());
@@ -435,30 +384,6 @@ fn confiner_arguments(launch: &Launch, confinement: &Confinement, fallback: Opti
     all.push("--".into());
     all.extend(launch.command.iter().cloned());
     all
-}
-
-/// A cgroup's limits as the confiner's `--cgroup` flag: `v1,pids,memory`.
-fn cgroup_flag(cgroup: CgroupLimits) -> String {
-    let mut parts = vec![cgroup.version.as_str()];
-    if cgroup.pids {
-        parts.push("pids");
-    }
-    if cgroup.memory {
-        parts.push("memory");
-    }
-    parts.join(",")
-}
-
-/// The limits of a `--cgroup` flag, as the supervisor writes it (`v1,pids,memory`).
-pub fn parse_cgroup_flag(flag: &str) -> Result<CgroupLimits, String> {
-    let mut parts = flag.split(',');
-    let version: CgroupVersion = parts.next().unwrap_or_default().parse()?;
-    let rest: Vec<&str> = parts.collect();
-    Ok(CgroupLimits {
-        version,
-        pids: rest.contains(&"pids"),
-        memory: rest.contains(&"memory"),
-    })
 }
 
 /// The second stage: restricts this process as far as it can, reports
@@ -490,6 +415,12 @@ pub fn confine_and_exec(launch: &Launch, confinement: &Confinement, fallback_rea
         }
         Err(error) => return refuse(launch.policy, error),
     }
+    become_command(program, arguments)
+}
+
+/// Replaces this process with `program`; returns only when that failed:
+/// 127 when it was not found, 126 otherwise, as a shell says.
+pub(super) fn become_command(program: &OsStr, arguments: &[OsString]) -> ExitCode {
     let error = Command::new(program).args(arguments).exec();
     eprintln!("keel sandbox-exec: cannot run {}: {error}", program.to_string_lossy());
     if error.kind() == std::io::ErrorKind::NotFound {

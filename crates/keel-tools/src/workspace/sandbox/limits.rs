@@ -139,6 +139,32 @@ pub struct CgroupLimits {
     pub memory: bool,
 }
 
+impl CgroupLimits {
+    /// These limits as the confiner's `--cgroup` flag: `v1,pids,memory`.
+    pub fn flag(self) -> String {
+        let mut parts = vec![self.version.as_str()];
+        if self.pids {
+            parts.push("pids");
+        }
+        if self.memory {
+            parts.push("memory");
+        }
+        parts.join(",")
+    }
+
+    /// The limits of a `--cgroup` flag, as the supervisor writes it.
+    pub fn parse_flag(flag: &str) -> Result<Self, String> {
+        let mut parts = flag.split(',');
+        let version: CgroupVersion = parts.next().unwrap_or_default().parse()?;
+        let rest: Vec<&str> = parts.collect();
+        Ok(Self {
+            version,
+            pids: rest.contains(&"pids"),
+            memory: rest.contains(&"memory"),
+        })
+    }
+}
+
 /// One cgroup of the call, in one hierarchy.
 #[derive(Debug)]
 struct Group {

@@ -60,6 +60,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+pub mod apart;
 mod init;
 mod landlock;
 pub mod launcher;

@@ -119,14 +119,7 @@ pub(super) fn unshare_mounts() -> Result<(), String> {
 /// on the host, writable where it was. Returns how many roots were
 /// covered. Any error means the command must not run.
 pub(super) fn keep_apart(workspace: &Path, private_roots: &[PathBuf], hidden: &[PathBuf]) -> Result<usize, String> {
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|error| format!("cannot make the mounts private: {error}"))?;
+    make_mounts_private()?;
     let opened = private_mounts::Workspace::open(workspace)?;
     let mut covered = 0;
     for root in private_roots {
@@ -192,14 +185,7 @@ pub(super) struct MountReport {
 /// directory by an empty read-only tmpfs). Any error means the command must
 /// not run.
 pub(super) fn confine_mounts(plan: &MountPlan<'_>) -> Result<MountReport, String> {
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|error| format!("cannot make the mounts private: {error}"))?;
+    make_mounts_private()?;
     let mut report = MountReport::default();
     if !plan.restricted {
         return Ok(report);
@@ -248,6 +234,19 @@ pub(super) fn confine_mounts(plan: &MountPlan<'_>) -> Result<MountReport, String
     remount_read_only(plan.writable)?;
     report.read_only = true;
     Ok(report)
+}
+
+/// Makes every mount of this namespace private, so that nothing done to
+/// them propagates back to the host's.
+fn make_mounts_private() -> Result<(), String> {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|error| format!("cannot make the mounts private: {error}"))
 }
 
 /// Covers `path` if it exists: a directory by an empty read-only tmpfs,
