@@ -65,8 +65,8 @@ pub struct Launch {
     /// fallback (Landlock, seccomp and a subreaper), as on a host that
     /// allows none.
     pub namespaces: bool,
-    /// Whether to restrict nothing but what other sessions' workspaces and
-    /// Keel's protected paths are ([`exec_apart`]), instead of a policy.
+    /// Whether to hide only other sessions' workspaces and Keel's protected
+    /// paths ([`super::apart::exec_apart`]) instead of applying a policy.
     pub apart_only: bool,
     /// The program and its arguments.
     pub command: Vec<OsString>,
