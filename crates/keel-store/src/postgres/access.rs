@@ -7,6 +7,7 @@
 
 use futures::future::BoxFuture;
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use super::pg_error;
 use super::statements::{int, uint};
@@ -52,6 +53,37 @@ const REMOVE_BUDGET: &str = "WITH removed AS (DELETE FROM budgets WHERE kind = $
 const HELD_SLOTS: &str = "SELECT count(*) FROM (
          SELECT key FROM sessions WHERE tenant = $1 AND execution IS NOT NULL
          UNION SELECT session_key FROM turn_slots WHERE tenant = $1) holders";
+
+/// Serializes the admissions of one tenant across nodes, for the rest of
+/// the transaction (a lock of its own, apart from the migration's).
+const LOCK_TENANT_SLOTS: &str = "SELECT pg_advisory_xact_lock(hashtextextended('keel turn slots ' || $1, 0))";
+
+/// Takes a slot of tenant `$2` for session `$1` (at `$4`) unless `$5` are
+/// held, run after [`LOCK_TENANT_SLOTS`]: whether the session holds one
+/// already (then nothing is taken), how many are held, and whether one was
+/// taken. Slots taken before `$3` whose session neither runs nor has
+/// anything queued are dropped first (their message never reached the
+/// queue); the statement cannot see its own deletions, so they are left
+/// out of the count by name. No row: no such session.
+const TAKE_SLOT: &str = "WITH target AS (
+         SELECT key, execution IS NOT NULL
+             OR EXISTS (SELECT 1 FROM turn_slots t WHERE t.session_key = sessions.key) AS held
+         FROM sessions WHERE id = $1),
+     gone AS (
+         DELETE FROM turn_slots t WHERE t.tenant = $2 AND t.taken_at_ms < $3
+             AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.key = t.session_key AND s.execution IS NOT NULL)
+             AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = t.session_key)
+         RETURNING t.session_key),
+     holders AS (
+         SELECT count(*) AS held FROM (
+             SELECT key FROM sessions WHERE tenant = $2 AND execution IS NOT NULL
+             UNION SELECT session_key FROM turn_slots
+                 WHERE tenant = $2 AND session_key NOT IN (SELECT session_key FROM gone)) h),
+     taken AS (
+         INSERT INTO turn_slots (session_key, tenant, taken_at_ms)
+         SELECT target.key, $2, $4 FROM target, holders WHERE NOT target.held AND holders.held < $5
+         RETURNING 1)
+     SELECT target.held, holders.held, EXISTS (SELECT 1 FROM taken) FROM target, holders";
 
 const USAGE_COLUMNS: &str = "input_tokens, cached_input_tokens, output_tokens, reasoning_tokens";
 
@@ -248,17 +280,33 @@ impl AccessStore for super::PostgresCheckpoint {
         self.expect_turn_slots();
         Box::pin(async move {
             let client = self.reader().await?;
-            // One statement, one round trip: see `keel_take_turn_slot` in
-            // the schema for how it stays exact across nodes.
-            let take = client
-                .prepare_cached("SELECT held_already, held_now, taken FROM keel_take_turn_slot($1, $2, $3, $4, $5)")
-                .await
-                .map_err(pg_error)?;
+            let lock = client.prepare_cached(LOCK_TENANT_SLOTS).await.map_err(pg_error)?;
+            let take = client.prepare_cached(TAKE_SLOT).await.map_err(pg_error)?;
             let stale_before = int(now_ms.saturating_sub(crate::TURN_SLOT_GRACE_MS));
-            let row = client
-                .query_opt(&take, &[&session_id, &tenant, &stale_before, &int(now_ms), &int(cap)])
-                .await
-                .map_err(pg_error)?;
+            let (now, cap) = (int(now_ms), int(cap));
+            let lock_parameters: [&(dyn ToSql + Sync); 1] = [&tenant];
+            let take_parameters: [&(dyn ToSql + Sync); 5] = [&session_id, &tenant, &stale_before, &now, &cap];
+            // The whole transaction is sent at once, one round trip: the
+            // server runs it in order, so the slots are counted (read
+            // committed, a snapshot of the statement's own) only once the
+            // lock is held, seeing every slot another node's admission took
+            // before letting it go, and the lock is held only while the
+            // server works, never across a round trip. A statement that
+            // fails aborts it, and the `COMMIT` then rolls it back. Its
+            // commit need not wait for the disk: the write that queues the
+            // admitted submission, which the client is answered after,
+            // comes later in the WAL, so no slot is lost whose submission is
+            // kept.
+            let (begun, locked, row, committed) = futures::join!(
+                client.batch_execute("BEGIN; SET LOCAL synchronous_commit TO off"),
+                client.execute(&lock, &lock_parameters),
+                client.query_opt(&take, &take_parameters),
+                client.batch_execute("COMMIT"),
+            );
+            begun.map_err(pg_error)?;
+            locked.map_err(pg_error)?;
+            let row = row.map_err(pg_error)?;
+            committed.map_err(pg_error)?;
             let Some(row) = row else {
                 return Err(StoreError::UnknownSession(session_id.to_owned()));
             };

@@ -205,22 +205,7 @@ CREATE INDEX webhook_deliveries_by_session ON webhook_deliveries (session_id);
 
 /// Version 7: `turn_slots`, as the SQLite store's version 9: the turn
 /// slots sessions took to be admitted under their tenant's
-/// `max_concurrent_turns`, given back by the writer; and
-/// `keel_take_turn_slot`, the admission in one call (see
-/// `AccessStore::reserve_turn`).
-///
-/// The function serializes one tenant's admissions across nodes with a
-/// transaction advisory lock, and runs in the caller's one-statement
-/// transaction: the lock is held only while the server works, never across
-/// a round trip to the client. Each of its queries takes a snapshot of its
-/// own after the lock (a volatile function under read committed), so it
-/// sees every slot another admission took before letting the lock go. Its
-/// commit need not wait for the disk: the write that queues the admitted
-/// submission, which the client is answered after, comes later in the same
-/// WAL, so a slot is never lost while its submission is kept. Slots taken
-/// before `stale_before` whose session neither runs nor has anything queued
-/// are dropped first (their message never reached the queue). No row: no
-/// such session.
+/// `max_concurrent_turns`, given back by the writer.
 const SCHEMA_V7: &str = r#"
 CREATE TABLE turn_slots (
     session_key BIGINT PRIMARY KEY,
@@ -228,43 +213,6 @@ CREATE TABLE turn_slots (
     taken_at_ms BIGINT NOT NULL
 );
 CREATE INDEX turn_slots_by_tenant ON turn_slots (tenant);
-CREATE FUNCTION keel_take_turn_slot(
-    wanted_session TEXT, wanted_tenant TEXT, stale_before BIGINT, now_ms BIGINT, cap BIGINT,
-    OUT held_already BOOLEAN, OUT held_now BIGINT, OUT taken BOOLEAN
-) RETURNS SETOF RECORD LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    session_key_found BIGINT;
-    busy BOOLEAN;
-BEGIN
-    PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM pg_advisory_xact_lock(hashtextextended('keel turn slots ' || wanted_tenant, 0));
-    SELECT s.key, s.execution IS NOT NULL OR EXISTS (SELECT 1 FROM turn_slots t WHERE t.session_key = s.key)
-        INTO session_key_found, busy
-        FROM sessions s WHERE s.id = wanted_session;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    held_already := busy;
-    taken := false;
-    held_now := 0;
-    IF busy THEN
-        RETURN NEXT;
-        RETURN;
-    END IF;
-    DELETE FROM turn_slots t WHERE t.tenant = wanted_tenant AND t.taken_at_ms < stale_before
-        AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.key = t.session_key AND s.execution IS NOT NULL)
-        AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = t.session_key);
-    SELECT count(*) INTO held_now FROM (
-        SELECT s.key FROM sessions s WHERE s.tenant = wanted_tenant AND s.execution IS NOT NULL
-        UNION SELECT t.session_key FROM turn_slots t WHERE t.tenant = wanted_tenant) holders;
-    IF held_now < cap THEN
-        INSERT INTO turn_slots (session_key, tenant, taken_at_ms) VALUES (session_key_found, wanted_tenant, now_ms);
-        taken := true;
-        held_now := held_now + 1;
-    END IF;
-    RETURN NEXT;
-END
-$$;
 "#;
 
 /// Brings the database's schema up to [`SCHEMA_VERSION`], or refuses one
