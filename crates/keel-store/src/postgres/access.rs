@@ -58,32 +58,30 @@ const HELD_SLOTS: &str = "SELECT count(*) FROM (
 /// the transaction (a lock of its own, apart from the migration's).
 const LOCK_TENANT_SLOTS: &str = "SELECT pg_advisory_xact_lock(hashtextextended('keel turn slots ' || $1, 0))";
 
-/// Takes a slot of tenant `$2` for session `$1` (at `$4`) unless `$5` are
+/// Takes a slot of tenant `$2` for session `$1` (at `$3`) unless `$4` are
 /// held, run after [`LOCK_TENANT_SLOTS`]: whether the session holds one
 /// already (then nothing is taken), how many are held, and whether one was
-/// taken. Slots taken before `$3` whose session neither runs nor has
-/// anything queued are dropped first (their message never reached the
-/// queue); the statement cannot see its own deletions, so they are left
-/// out of the count by name. No row: no such session.
+/// taken. No row: no such session.
 const TAKE_SLOT: &str = "WITH target AS (
          SELECT key, execution IS NOT NULL
              OR EXISTS (SELECT 1 FROM turn_slots t WHERE t.session_key = sessions.key) AS held
          FROM sessions WHERE id = $1),
-     gone AS (
-         DELETE FROM turn_slots t WHERE t.tenant = $2 AND t.taken_at_ms < $3
-             AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.key = t.session_key AND s.execution IS NOT NULL)
-             AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = t.session_key)
-         RETURNING t.session_key),
      holders AS (
          SELECT count(*) AS held FROM (
              SELECT key FROM sessions WHERE tenant = $2 AND execution IS NOT NULL
-             UNION SELECT session_key FROM turn_slots
-                 WHERE tenant = $2 AND session_key NOT IN (SELECT session_key FROM gone)) h),
+             UNION SELECT session_key FROM turn_slots WHERE tenant = $2) h),
      taken AS (
          INSERT INTO turn_slots (session_key, tenant, taken_at_ms)
-         SELECT target.key, $2, $4 FROM target, holders WHERE NOT target.held AND holders.held < $5
+         SELECT target.key, $2, $3 FROM target, holders WHERE NOT target.held AND holders.held < $4
          RETURNING 1)
      SELECT target.held, holders.held, EXISTS (SELECT 1 FROM taken) FROM target, holders";
+
+/// Drops tenant `$1`'s slots taken before `$2` whose session neither runs
+/// nor has anything queued (their message never reached the queue): run
+/// only when the cap is found reached, before counting again.
+const DROP_STALE_SLOTS: &str = "DELETE FROM turn_slots t WHERE t.tenant = $1 AND t.taken_at_ms < $2
+     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.key = t.session_key AND s.execution IS NOT NULL)
+     AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = t.session_key)";
 
 const USAGE_COLUMNS: &str = "input_tokens, cached_input_tokens, output_tokens, reasoning_tokens";
 
@@ -280,46 +278,13 @@ impl AccessStore for super::PostgresCheckpoint {
         self.expect_turn_slots();
         Box::pin(async move {
             let client = self.reader().await?;
-            let lock = client.prepare_cached(LOCK_TENANT_SLOTS).await.map_err(pg_error)?;
-            let take = client.prepare_cached(TAKE_SLOT).await.map_err(pg_error)?;
-            let stale_before = int(now_ms.saturating_sub(crate::TURN_SLOT_GRACE_MS));
-            let (now, cap) = (int(now_ms), int(cap));
-            let lock_parameters: [&(dyn ToSql + Sync); 1] = [&tenant];
-            let take_parameters: [&(dyn ToSql + Sync); 5] = [&session_id, &tenant, &stale_before, &now, &cap];
-            // The whole transaction is sent at once, one round trip: the
-            // server runs it in order, so the slots are counted (read
-            // committed, a snapshot of the statement's own) only once the
-            // lock is held, seeing every slot another node's admission took
-            // before letting it go, and the lock is held only while the
-            // server works, never across a round trip. A statement that
-            // fails aborts it, and the `COMMIT` then rolls it back. Its
-            // commit need not wait for the disk: the write that queues the
-            // admitted submission, which the client is answered after,
-            // comes later in the WAL, so no slot is lost whose submission is
-            // kept.
-            let (begun, locked, row, committed) = futures::join!(
-                client.batch_execute("BEGIN; SET LOCAL synchronous_commit TO off"),
-                client.execute(&lock, &lock_parameters),
-                client.query_opt(&take, &take_parameters),
-                client.batch_execute("COMMIT"),
-            );
-            begun.map_err(pg_error)?;
-            locked.map_err(pg_error)?;
-            let row = row.map_err(pg_error)?;
-            committed.map_err(pg_error)?;
-            let Some(row) = row else {
-                return Err(StoreError::UnknownSession(session_id.to_owned()));
-            };
-            let held_already: bool = row.try_get(0).map_err(pg_error)?;
-            let held: i64 = row.try_get(1).map_err(pg_error)?;
-            let taken: bool = row.try_get(2).map_err(pg_error)?;
-            Ok(if held_already {
-                TurnSlot::Held
-            } else if taken {
-                TurnSlot::Taken
-            } else {
-                TurnSlot::Full { held: uint(held) }
-            })
+            // Most admissions find room; stale slots are looked for only
+            // when they might be what fills the cap.
+            let slot = take_slot(&client, tenant, session_id, cap, now_ms, false).await?;
+            if matches!(slot, TurnSlot::Full { .. }) {
+                return take_slot(&client, tenant, session_id, cap, now_ms, true).await;
+            }
+            Ok(slot)
         })
     }
 
@@ -342,6 +307,68 @@ impl AccessStore for super::PostgresCheckpoint {
     fn expect_turn_slots(&self) {
         self.slots_in_use.store(true, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// One admission's transaction (see [`AccessStore::reserve_turn`]), its
+/// stale slots dropped first when `drop_stale`.
+///
+/// It is sent whole, one round trip: the server runs it in order, so the
+/// slots are counted (read committed, a snapshot of the statement's own)
+/// only once the lock is held, seeing every slot another node's admission
+/// took before letting it go, and the lock is held only while the server
+/// works, never across a round trip. A statement that fails aborts it, and
+/// the `COMMIT` then rolls it back. Its commit need not wait for the disk:
+/// the write that queues the admitted submission, which the client is
+/// answered after, comes later in the WAL, so no slot is lost whose
+/// submission is kept.
+async fn take_slot(
+    client: &deadpool_postgres::Object,
+    tenant: &str,
+    session_id: &str,
+    cap: u64,
+    now_ms: u64,
+    drop_stale: bool,
+) -> Result<TurnSlot, StoreError> {
+    let lock = client.prepare_cached(LOCK_TENANT_SLOTS).await.map_err(pg_error)?;
+    let take = client.prepare_cached(TAKE_SLOT).await.map_err(pg_error)?;
+    let stale = client.prepare_cached(DROP_STALE_SLOTS).await.map_err(pg_error)?;
+    let stale_before = int(now_ms.saturating_sub(crate::TURN_SLOT_GRACE_MS));
+    let (now, cap) = (int(now_ms), int(cap));
+    let lock_parameters: [&(dyn ToSql + Sync); 1] = [&tenant];
+    let stale_parameters: [&(dyn ToSql + Sync); 2] = [&tenant, &stale_before];
+    let take_parameters: [&(dyn ToSql + Sync); 4] = [&session_id, &tenant, &now, &cap];
+    let dropped = async {
+        if drop_stale {
+            client.execute(&stale, &stale_parameters).await.map(drop)
+        } else {
+            Ok(())
+        }
+    };
+    let (begun, locked, dropped, row, committed) = futures::join!(
+        client.batch_execute("BEGIN; SET LOCAL synchronous_commit TO off"),
+        client.execute(&lock, &lock_parameters),
+        dropped,
+        client.query_opt(&take, &take_parameters),
+        client.batch_execute("COMMIT"),
+    );
+    begun.map_err(pg_error)?;
+    locked.map_err(pg_error)?;
+    dropped.map_err(pg_error)?;
+    let row = row.map_err(pg_error)?;
+    committed.map_err(pg_error)?;
+    let Some(row) = row else {
+        return Err(StoreError::UnknownSession(session_id.to_owned()));
+    };
+    let held_already: bool = row.try_get(0).map_err(pg_error)?;
+    let held: i64 = row.try_get(1).map_err(pg_error)?;
+    let taken: bool = row.try_get(2).map_err(pg_error)?;
+    Ok(if held_already {
+        TurnSlot::Held
+    } else if taken {
+        TurnSlot::Taken
+    } else {
+        TurnSlot::Full { held: uint(held) }
+    })
 }
 
 /// A key's row, its scopes decoded.
