@@ -10,7 +10,7 @@
 //! Streamed deltas are redacted across their boundaries: the end of a delta
 //! that could begin a secret is held back and sent with the next delta of
 //! the same stream, or as a delta of its own before the next other event
-//! (the closing `assistant_message`, say). A runtime that stops between the
+//! (the closing `assistant_message`, say) or flush. A runtime that stops between the
 //! two loses the held-back end (a few bytes) from the log; the message
 //! itself, in the history, is whole.
 //!
@@ -44,8 +44,24 @@ pub(super) struct Scrubber {
 }
 
 impl Scrubber {
-    /// `command` with everything it commits redacted.
-    pub(super) fn command(&mut self, command: Command) -> Command {
+    /// `command` with everything it commits redacted; a flush comes after
+    /// the open stream's held-back end (a flush promises that everything
+    /// sent before it is stored, and the runtime flushes only between
+    /// steps, where no delta goes on).
+    pub(super) fn command(&mut self, command: Command) -> impl Iterator<Item = Command> + use<> {
+        let held = match &command {
+            Command::Flush(_) => self.close().map(|pending| Command::Append {
+                events: vec![pending],
+                checkpoint: None,
+                bytes: 0,
+                ack: None,
+            }),
+            Command::Append { .. } => None,
+        };
+        held.into_iter().chain(std::iter::once(self.redacted(command)))
+    }
+
+    fn redacted(&mut self, command: Command) -> Command {
         match command {
             Command::Append {
                 events,

@@ -39,7 +39,7 @@ impl RecorderTask {
                 if !receiving || self.commands.recv_many(&mut incoming, self.max_batch).await == 0 {
                     break;
                 }
-                waiting.extend(incoming.into_iter().map(|command| self.scrub.command(command)));
+                waiting.extend(incoming.into_iter().flat_map(|command| self.scrub.command(command)));
             }
             let mut batch = Batch::new(self.max_batch, self.lease);
             while let Some(command) = waiting.pop_front() {
@@ -51,7 +51,7 @@ impl RecorderTask {
             // Then everything already queued, while the batch has room.
             while waiting.is_empty() {
                 let Ok(command) = self.commands.try_recv() else { break };
-                waiting.extend(batch.add(self.scrub.command(command)));
+                take_in(&mut self.scrub, &mut batch, &mut waiting, command);
             }
             match self.write(&mut batch, &mut waiting, &mut receiving).await {
                 Ok(receipt) => self.settle(batch.settles, receipt).await,
@@ -101,7 +101,7 @@ impl RecorderTask {
                 // One at a time: once a command is refused (the batch is
                 // sealed or full) the rest stay in the bounded queue.
                 received = self.commands.recv(), if *receiving && waiting.is_empty() => match received {
-                    Some(command) => waiting.extend(batch.add(self.scrub.command(command))),
+                    Some(command) => take_in(&mut self.scrub, batch, waiting, command),
                     None => *receiving = false,
                 },
             }
@@ -165,6 +165,18 @@ impl RecorderTask {
             Settle::Flush(ack) => {
                 let _ = ack.send(Err(Error::stopped(format!("event recorder stopped: {error}"))));
             }
+        }
+    }
+}
+
+/// Redacts `command` and adds what it becomes to `batch` while nothing
+/// waits before it; the rest waits, in order.
+fn take_in(scrub: &mut scrub::Scrubber, batch: &mut Batch, waiting: &mut VecDeque<Command>, command: Command) {
+    for command in scrub.command(command) {
+        if waiting.is_empty() {
+            waiting.extend(batch.add(command));
+        } else {
+            waiting.push_back(command);
         }
     }
 }
