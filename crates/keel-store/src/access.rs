@@ -101,6 +101,49 @@ pub struct UsageBucket {
     pub usage: TokenUsage,
 }
 
+/// One ledger an admission or a step gate reads (see
+/// [`AccessStore::admission`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LedgerRead<'a> {
+    /// Whose ledger.
+    pub target: &'a BudgetTarget,
+    /// The first hour wanted (see [`AccessStore::usage_buckets`]).
+    pub since_ms: u64,
+    /// Whether the all-time total is wanted as well.
+    pub with_total: bool,
+}
+
+/// What a [`LedgerRead`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ledger {
+    /// The hours since the read's `since_ms`, oldest first.
+    pub buckets: Vec<UsageBucket>,
+    /// The all-time total, when it was asked for.
+    pub total: Option<TokenUsage>,
+}
+
+/// A turn slot an admission asks for (see [`AccessStore::reserve_turn`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SlotClaim<'a> {
+    /// The tenant whose slots are counted.
+    pub tenant: &'a str,
+    /// The session that would hold the slot.
+    pub session_id: &'a str,
+    /// How many the tenant's sessions may hold.
+    pub cap: u64,
+    /// The admission's time (ms since the Unix epoch).
+    pub now_ms: u64,
+}
+
+/// What [`AccessStore::admission`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// One ledger per read asked for, in order.
+    pub ledgers: Vec<Ledger>,
+    /// The slot, when one was claimed.
+    pub slot: Option<TurnSlot>,
+}
+
 /// Keys, budgets and usage ledgers, for every node on one database.
 ///
 /// Usage is written by the store itself: every `token_usage` event (and a
@@ -177,6 +220,36 @@ pub trait AccessStore: Send + Sync {
         cap: u64,
         now_ms: u64,
     ) -> BoxFuture<'a, Result<TurnSlot, StoreError>>;
+
+    /// An admission's reads of the store at once: the `reads` ledgers and,
+    /// when `claim` is given, a turn slot ([`Self::reserve_turn`]). A store
+    /// that can sends them together, so an admission waits for the store
+    /// once however many budgets watch it; this one reads them one by one.
+    fn admission<'a>(
+        &'a self,
+        reads: &'a [LedgerRead<'a>],
+        claim: Option<SlotClaim<'a>>,
+    ) -> BoxFuture<'a, Result<Admission, StoreError>> {
+        Box::pin(async move {
+            let mut ledgers = Vec::with_capacity(reads.len());
+            for read in reads {
+                let buckets = self.usage_buckets(read.target, read.since_ms).await?;
+                let total = match read.with_total {
+                    true => Some(self.usage_total(read.target).await?),
+                    false => None,
+                };
+                ledgers.push(Ledger { buckets, total });
+            }
+            let slot = match claim {
+                Some(claim) => Some(
+                    self.reserve_turn(claim.tenant, claim.session_id, claim.cap, claim.now_ms)
+                        .await?,
+                ),
+                None => None,
+            };
+            Ok(Admission { ledgers, slot })
+        })
+    }
 
     /// Gives back the slot `session_id` holds if it has no turn in flight
     /// and nothing queued: for an admission that took one and then refused

@@ -19,8 +19,8 @@ mod webhooks;
 
 pub(crate) use access::{
     a_refused_batch_adds_nothing_to_the_ledger, a_revocation_keeps_its_first_time_and_touches_only_move_forward,
-    access_conformance_tests, budgets_are_set_replaced_and_removed_for_every_handle,
-    concurrent_sessions_of_one_tenant_all_count_in_its_ledger,
+    access_conformance_tests, an_admission_reads_what_each_ledger_read_does_and_takes_the_same_slot,
+    budgets_are_set_replaced_and_removed_for_every_handle, concurrent_sessions_of_one_tenant_all_count_in_its_ledger,
     deleting_a_session_drops_its_ledger_and_budget_but_not_its_tenants_spending,
     keys_are_stored_exactly_as_given_unique_by_id_and_by_hash,
     running_turns_counts_the_sessions_of_a_tenant_with_a_turn_in_flight,

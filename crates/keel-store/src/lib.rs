@@ -41,7 +41,10 @@ mod usage;
 mod walk;
 mod webhook;
 
-pub use access::{AccessStore, ApiKeyRecord, BudgetTarget, TURN_SLOT_GRACE_MS, TurnSlot, UsageBucket};
+pub use access::{
+    AccessStore, Admission, ApiKeyRecord, BudgetTarget, Ledger, LedgerRead, SlotClaim, TURN_SLOT_GRACE_MS, TurnSlot,
+    UsageBucket,
+};
 pub use batch::{AppendBatch, AppendReceipt, CheckpointWrite, OpenBatch};
 pub(crate) use cluster::ttl_ms;
 pub use cluster::{ClusterStore, LeaseStore, RelayOutcome, RelayRefusal, RelayState, Relayed, RelayedSubmission};

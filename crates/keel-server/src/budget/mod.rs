@@ -42,7 +42,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use keel_config::{BudgetConfig, KeelConfig};
 use keel_protocol::Op;
-use keel_store::{AccessStore, BudgetTarget, StoreError, TurnSlot};
+use keel_store::{AccessStore, BudgetTarget, LedgerRead, SlotClaim, StoreError, TurnSlot};
 
 /// How often the store's access revision is read for budgets set on other
 /// nodes.
@@ -159,24 +159,70 @@ impl Budgets {
             return Ok(Spend::new(self.now_ms(), &[], None));
         };
         let now_ms = self.now_ms();
-        let buckets = access.usage_buckets(target, window_start(now_ms)).await?;
-        let total = match with_total {
-            true => Some(access.usage_total(target).await?),
-            false => None,
+        let read = LedgerRead {
+            target,
+            since_ms: window_start(now_ms),
+            with_total,
         };
-        Ok(Spend::new(now_ms, &buckets, total.as_ref()))
+        let admission = access.admission(std::slice::from_ref(&read), None).await?;
+        let ledger = admission.ledgers.first();
+        Ok(Spend::new(
+            now_ms,
+            ledger.map_or(&[][..], |ledger| &ledger.buckets),
+            ledger.and_then(|ledger| ledger.total.as_ref()),
+        ))
     }
 
-    /// The first spent token limit of `target`'s budget, if one is.
-    async fn target_exhausted(&self, target: &BudgetTarget, owner: Owner<'_>) -> Result<Option<Exhausted>, StoreError> {
-        let Some((budget, _)) = self.applying(target) else {
-            return Ok(None);
+    /// The token budgets that watch `session_id` of `tenant`: its own, then
+    /// its tenant's, each with a token limit.
+    fn token_budgets(&self, tenant: &str, session_id: &str) -> Vec<(BudgetTarget, BudgetConfig)> {
+        [
+            BudgetTarget::Session(session_id.to_owned()),
+            BudgetTarget::Tenant(tenant.to_owned()),
+        ]
+        .into_iter()
+        .filter_map(|target| {
+            let (budget, _) = self.applying(&target)?;
+            (budget.has_daily_limit() || budget.has_total_limit()).then_some((target, budget))
+        })
+        .collect()
+    }
+
+    /// Reads the ledgers of `budgets` (see [`Self::token_budgets`]), and
+    /// takes `claim`'s turn slot if one is given, in one wait for the store;
+    /// then finds the first spent limit.
+    async fn check(
+        &self,
+        tenant: &str,
+        session_id: &str,
+        budgets: &[(BudgetTarget, BudgetConfig)],
+        claim: Option<SlotClaim<'_>>,
+    ) -> Result<(Option<Exhausted>, Option<TurnSlot>), StoreError> {
+        let Some(access) = &self.access else {
+            return Ok((None, None));
         };
-        if !budget.has_daily_limit() && !budget.has_total_limit() {
-            return Ok(None);
-        }
-        let spend = self.spend(target, budget.has_total_limit()).await?;
-        Ok(first_exhausted(&budget, &spend, owner))
+        let now_ms = self.now_ms();
+        let reads: Vec<LedgerRead<'_>> = budgets
+            .iter()
+            .map(|(target, budget)| LedgerRead {
+                target,
+                since_ms: window_start(now_ms),
+                with_total: budget.has_total_limit(),
+            })
+            .collect();
+        let admission = access.admission(&reads, claim).await?;
+        let spent = budgets
+            .iter()
+            .zip(&admission.ledgers)
+            .find_map(|((target, budget), ledger)| {
+                let owner = Owner {
+                    tenant,
+                    session_id: matches!(target, BudgetTarget::Session(_)).then_some(session_id),
+                };
+                let spend = Spend::new(now_ms, &ledger.buckets, ledger.total.as_ref());
+                first_exhausted(budget, &spend, owner)
+            });
+        Ok((spent, admission.slot))
     }
 
     /// The first spent token limit of the session's budget, then of its
@@ -185,20 +231,11 @@ impl Budgets {
         if !self.watches(tenant, session_id) {
             return Ok(None);
         }
-        let session = Owner {
-            tenant,
-            session_id: Some(session_id),
-        };
-        let target = BudgetTarget::Session(session_id.to_owned());
-        if let Some(spent) = self.target_exhausted(&target, session).await? {
-            return Ok(Some(spent));
+        let budgets = self.token_budgets(tenant, session_id);
+        if budgets.is_empty() {
+            return Ok(None);
         }
-        let owner = Owner {
-            tenant,
-            session_id: None,
-        };
-        self.target_exhausted(&BudgetTarget::Tenant(tenant.to_owned()), owner)
-            .await
+        Ok(self.check(tenant, session_id, &budgets, None).await?.0)
     }
 
     /// Refuses (`429 budget_exhausted`) an op that would make the model
@@ -213,20 +250,18 @@ impl Budgets {
         let cap = self
             .applying(&BudgetTarget::Tenant(tenant.to_owned()))
             .and_then(|(budget, _)| budget.max_concurrent_turns);
-        // The token budgets are read while the slot is taken: one wait for
-        // the store instead of two.
-        let reserve = async {
-            match (cap, &self.access) {
-                (Some(cap), Some(access)) => access
-                    .reserve_turn(tenant, session_id, cap, keel_protocol::now_ms())
-                    .await
-                    .map(Some),
-                _ => Ok(None),
-            }
-        };
-        let (spent, slot) = futures::join!(self.exhausted(tenant, session_id), reserve);
-        let refused = match (spent, slot) {
-            (Ok(None), Ok(Some(TurnSlot::Full { held }))) => {
+        let budgets = self.token_budgets(tenant, session_id);
+        if cap.is_none() && budgets.is_empty() {
+            return Ok(());
+        }
+        let claim = cap.map(|cap| SlotClaim {
+            tenant,
+            session_id,
+            cap,
+            now_ms: keel_protocol::now_ms(),
+        });
+        let (refusal, slot_maybe_taken) = match self.check(tenant, session_id, &budgets, claim).await {
+            Ok((None, Some(TurnSlot::Full { held }))) => {
                 let owner = Owner {
                     tenant,
                     session_id: None,
@@ -234,18 +269,20 @@ impl Budgets {
                 let cap = cap.unwrap_or_default();
                 return Err(self.refuse(owner.exhausted("max_concurrent_turns", cap, held, None)));
             }
-            (Ok(None), Ok(_)) => return Ok(()),
-            (_, Err(error)) => return Err(error.into()),
-            (Ok(Some(spent)), Ok(slot)) => (Err(self.refuse(spent)), slot),
-            (Err(error), Ok(slot)) => (Err(error.into()), slot),
+            Ok((None, _)) => return Ok(()),
+            Ok((Some(spent), slot)) => (self.refuse(spent), slot == Some(TurnSlot::Taken)),
+            // Whether a slot was taken before the failure is not known.
+            Err(error) => (error.into(), claim.is_some()),
         };
-        // Refused after all: a slot taken for it goes back at once.
-        if let (Some(TurnSlot::Taken), Some(access)) = (refused.1, &self.access)
+        // Refused after all: a slot taken for it goes back at once (the
+        // store keeps one its session needs: a turn in flight, work queued).
+        if slot_maybe_taken
+            && let Some(access) = &self.access
             && let Err(error) = access.give_back_turn(session_id).await
         {
             tracing::warn!(%error, session_id, "cannot give back a turn slot; it counts until its grace passes");
         }
-        refused.0
+        Err(refusal)
     }
 
     /// Counts a spent budget of `tenant`'s in the metrics.

@@ -11,7 +11,7 @@ use super::tenants::tenant_checkpoint;
 use super::{StoreFactory, batch, events, execution};
 use crate::{
     AccessStore, ApiKeyRecord, AppendBatch, AppendReceipt, BudgetTarget, CheckpointStore, CheckpointStoreExt,
-    EncodedEvent, SessionEdit, StoreError, TURN_SLOT_GRACE_MS, TurnSlot, UsageBucket,
+    EncodedEvent, Ledger, LedgerRead, SessionEdit, SlotClaim, StoreError, TURN_SLOT_GRACE_MS, TurnSlot, UsageBucket,
 };
 use keel_protocol::{CompactionReason, ContextCompactedEvent, Event, EventMsg, TokenUsage, TokenUsageEvent};
 
@@ -36,6 +36,7 @@ macro_rules! access_conformance_tests {
             $crate::conformance::store_conformance_tests!(@test deleting_a_session_drops_its_ledger_and_budget_but_not_its_tenants_spending, $factory);
             $crate::conformance::store_conformance_tests!(@test running_turns_counts_the_sessions_of_a_tenant_with_a_turn_in_flight, $factory);
             $crate::conformance::store_conformance_tests!(@test turn_slots_are_taken_up_to_the_cap_once_per_session_and_given_back_at_rest, $factory);
+            $crate::conformance::store_conformance_tests!(@test an_admission_reads_what_each_ledger_read_does_and_takes_the_same_slot, $factory);
         }
     };
 }
@@ -606,6 +607,95 @@ fn queued(id: &str) -> Event {
             submitted_by: None,
         }),
     }
+}
+
+/// An admission's reads at once (`AccessStore::admission`) find what the
+/// reads one by one find, and its claim takes, keeps or refuses a slot as
+/// `reserve_turn` does.
+pub(crate) async fn an_admission_reads_what_each_ledger_read_does_and_takes_the_same_slot<F>(factory: &F)
+where
+    F: StoreFactory,
+    F::Store: AccessStore,
+{
+    let (database, store) = factory.fresh().await;
+    let other = factory.open(&database).await;
+    store
+        .create(
+            &tenant_checkpoint("a1", "bot", "acme"),
+            &[],
+            super::encode(&[used(7, 3)]),
+        )
+        .await
+        .expect("create");
+    store
+        .save(&tenant_checkpoint("a2", "bot", "acme"), &[], None)
+        .await
+        .expect("save");
+    let last = append(&store, "a2", &[used(100, 10)]).await;
+    let (a1, acme, nobody) = (
+        BudgetTarget::Session("a1".into()),
+        BudgetTarget::Tenant("acme".into()),
+        BudgetTarget::Tenant("nobody".into()),
+    );
+    let after_last = last.recorded_at_ms + 1;
+    let reads = [
+        LedgerRead {
+            target: &a1,
+            since_ms: 0,
+            with_total: true,
+        },
+        LedgerRead {
+            target: &acme,
+            since_ms: 0,
+            with_total: false,
+        },
+        LedgerRead {
+            target: &acme,
+            since_ms: after_last - after_last % 3_600_000 + 3_600_000,
+            with_total: true,
+        },
+        LedgerRead {
+            target: &nobody,
+            since_ms: 0,
+            with_total: true,
+        },
+    ];
+    let now = keel_protocol::now_ms();
+    let claim = |id| SlotClaim {
+        tenant: "acme",
+        session_id: id,
+        cap: 1,
+        now_ms: now,
+    };
+    let admitted = store.admission(&reads, Some(claim("a1"))).await.expect("admission");
+    let mut expected = Vec::new();
+    for read in &reads {
+        expected.push(Ledger {
+            buckets: store.usage_buckets(read.target, read.since_ms).await.expect("buckets"),
+            total: match read.with_total {
+                true => Some(store.usage_total(read.target).await.expect("total")),
+                false => None,
+            },
+        });
+    }
+    assert_eq!(admitted.ledgers, expected);
+    assert_eq!(sum(&admitted.ledgers[1].buckets), usage(107, 13));
+    assert!(admitted.ledgers[2].buckets.is_empty(), "no hour after the last");
+    assert_eq!(admitted.ledgers[3].total, Some(TokenUsage::default()));
+    assert_eq!(admitted.slot, Some(TurnSlot::Taken));
+    // The same slot rules as `reserve_turn`, on any handle.
+    let again = other.admission(&reads[..1], Some(claim("a1"))).await.expect("again");
+    assert_eq!(again.slot, Some(TurnSlot::Held));
+    let full = other.admission(&[], Some(claim("a2"))).await.expect("full");
+    assert_eq!(full.slot, Some(TurnSlot::Full { held: 1 }));
+    assert_eq!(store.running_turns("acme").await.expect("running"), 1);
+    // Without a claim nothing is taken.
+    let read_only = store.admission(&reads, None).await.expect("reads");
+    assert_eq!((read_only.ledgers, read_only.slot), (expected, None));
+    assert!(matches!(
+        store.admission(&reads, Some(claim("ghost"))).await,
+        Err(StoreError::UnknownSession(_))
+    ));
 }
 
 pub(crate) async fn turn_slots_are_taken_up_to_the_cap_once_per_session_and_given_back_at_rest<F>(factory: &F)

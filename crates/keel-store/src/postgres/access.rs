@@ -11,7 +11,10 @@ use tokio_postgres::types::ToSql;
 
 use super::pg_error;
 use super::statements::{int, uint};
-use crate::{AccessStore, ApiKeyRecord, BudgetTarget, StoreError, TurnSlot, UsageBucket};
+use crate::{
+    AccessStore, Admission, ApiKeyRecord, BudgetTarget, Ledger, LedgerRead, SlotClaim, StoreError, TurnSlot,
+    UsageBucket,
+};
 use keel_protocol::TokenUsage;
 
 /// Stores a key unless its id or hash is taken, bumping the revision if it
@@ -83,7 +86,14 @@ const DROP_STALE_SLOTS: &str = "DELETE FROM turn_slots t WHERE t.tenant = $1 AND
      AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.key = t.session_key AND s.execution IS NOT NULL)
      AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = t.session_key)";
 
-const USAGE_COLUMNS: &str = "input_tokens, cached_input_tokens, output_tokens, reasoning_tokens";
+/// A target's hours of usage from `$3` on, oldest first.
+const USAGE_BUCKETS: &str = "SELECT input_tokens, cached_input_tokens, output_tokens, reasoning_tokens, hour_ms
+     FROM usage_hours WHERE kind = $1 AND target = $2 AND hour_ms >= $3 ORDER BY hour_ms";
+
+/// A target's usage ever.
+const USAGE_TOTAL: &str = "SELECT coalesce(sum(input_tokens), 0)::int8, coalesce(sum(cached_input_tokens), 0)::int8,
+            coalesce(sum(output_tokens), 0)::int8, coalesce(sum(reasoning_tokens), 0)::int8
+     FROM usage_hours WHERE kind = $1 AND target = $2";
 
 impl AccessStore for super::PostgresCheckpoint {
     fn create_api_key<'a>(&'a self, key: &'a ApiKeyRecord) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -218,44 +228,17 @@ impl AccessStore for super::PostgresCheckpoint {
         since_ms: u64,
     ) -> BoxFuture<'a, Result<Vec<UsageBucket>, StoreError>> {
         Box::pin(async move {
-            let (kind, id) = target.key();
             let client = self.reader().await?;
-            let statement = client
-                .prepare_cached(&format!(
-                    "SELECT {USAGE_COLUMNS}, hour_ms FROM usage_hours
-                     WHERE kind = $1 AND target = $2 AND hour_ms >= $3 ORDER BY hour_ms"
-                ))
-                .await
-                .map_err(pg_error)?;
-            let rows = client
-                .query(&statement, &[&kind, &id, &int(since_ms)])
-                .await
-                .map_err(pg_error)?;
-            rows.iter()
-                .map(|row| {
-                    Ok(UsageBucket {
-                        usage: usage_row(row)?,
-                        hour_start_ms: uint(row.try_get(4).map_err(pg_error)?),
-                    })
-                })
-                .collect()
+            let statement = client.prepare_cached(USAGE_BUCKETS).await.map_err(pg_error)?;
+            read_buckets(&client, &statement, target, since_ms).await
         })
     }
 
     fn usage_total<'a>(&'a self, target: &'a BudgetTarget) -> BoxFuture<'a, Result<TokenUsage, StoreError>> {
         Box::pin(async move {
-            let (kind, id) = target.key();
             let client = self.reader().await?;
-            let statement = client
-                .prepare_cached(
-                    "SELECT coalesce(sum(input_tokens), 0)::int8, coalesce(sum(cached_input_tokens), 0)::int8,
-                            coalesce(sum(output_tokens), 0)::int8, coalesce(sum(reasoning_tokens), 0)::int8
-                     FROM usage_hours WHERE kind = $1 AND target = $2",
-                )
-                .await
-                .map_err(pg_error)?;
-            let row = client.query_one(&statement, &[&kind, &id]).await.map_err(pg_error)?;
-            usage_row(&row)
+            let statement = client.prepare_cached(USAGE_TOTAL).await.map_err(pg_error)?;
+            read_total(&client, &statement, target).await
         })
     }
 
@@ -275,16 +258,50 @@ impl AccessStore for super::PostgresCheckpoint {
         cap: u64,
         now_ms: u64,
     ) -> BoxFuture<'a, Result<TurnSlot, StoreError>> {
+        let claim = SlotClaim {
+            tenant,
+            session_id,
+            cap,
+            now_ms,
+        };
         self.expect_turn_slots();
+        Box::pin(async move { claim_slot(&self.reader().await?, &claim).await })
+    }
+
+    fn admission<'a>(
+        &'a self,
+        reads: &'a [LedgerRead<'a>],
+        claim: Option<SlotClaim<'a>>,
+    ) -> BoxFuture<'a, Result<Admission, StoreError>> {
+        if claim.is_some() {
+            self.expect_turn_slots();
+        }
         Box::pin(async move {
             let client = self.reader().await?;
-            // Most admissions find room; stale slots are looked for only
-            // when they might be what fills the cap.
-            let slot = take_slot(&client, tenant, session_id, cap, now_ms, false).await?;
-            if matches!(slot, TurnSlot::Full { .. }) {
-                return take_slot(&client, tenant, session_id, cap, now_ms, true).await;
-            }
-            Ok(slot)
+            let buckets = client.prepare_cached(USAGE_BUCKETS).await.map_err(pg_error)?;
+            let total = client.prepare_cached(USAGE_TOTAL).await.map_err(pg_error)?;
+            // Polled in order, so sent in order on the one connection: the
+            // reads go before the slot's transaction (they do not lengthen
+            // its lock), and the whole admission is one round trip.
+            let ledgers = futures::future::try_join_all(reads.iter().map(|read| async {
+                let total = async {
+                    match read.with_total {
+                        true => read_total(&client, &total, read.target).await.map(Some),
+                        false => Ok(None),
+                    }
+                };
+                let (buckets, total) =
+                    futures::try_join!(read_buckets(&client, &buckets, read.target, read.since_ms), total)?;
+                Ok::<_, StoreError>(Ledger { buckets, total })
+            }));
+            let slot = async {
+                match claim {
+                    Some(claim) => claim_slot(&client, &claim).await.map(Some),
+                    None => Ok(None),
+                }
+            };
+            let (ledgers, slot) = futures::try_join!(ledgers, slot)?;
+            Ok(Admission { ledgers, slot })
         })
     }
 
@@ -309,6 +326,16 @@ impl AccessStore for super::PostgresCheckpoint {
     }
 }
 
+/// Takes a slot for `claim` (see [`AccessStore::reserve_turn`]). Most
+/// admissions find room; stale slots are looked for only when they might
+/// be what fills the cap, in a second transaction.
+async fn claim_slot(client: &deadpool_postgres::Object, claim: &SlotClaim<'_>) -> Result<TurnSlot, StoreError> {
+    match take_slot(client, claim, false).await? {
+        TurnSlot::Full { .. } => take_slot(client, claim, true).await,
+        slot => Ok(slot),
+    }
+}
+
 /// One admission's transaction (see [`AccessStore::reserve_turn`]), its
 /// stale slots dropped first when `drop_stale`.
 ///
@@ -323,12 +350,15 @@ impl AccessStore for super::PostgresCheckpoint {
 /// submission is kept.
 async fn take_slot(
     client: &deadpool_postgres::Object,
-    tenant: &str,
-    session_id: &str,
-    cap: u64,
-    now_ms: u64,
+    claim: &SlotClaim<'_>,
     drop_stale: bool,
 ) -> Result<TurnSlot, StoreError> {
+    let SlotClaim {
+        tenant,
+        session_id,
+        cap,
+        now_ms,
+    } = *claim;
     let lock = client.prepare_cached(LOCK_TENANT_SLOTS).await.map_err(pg_error)?;
     let take = client.prepare_cached(TAKE_SLOT).await.map_err(pg_error)?;
     let stale = client.prepare_cached(DROP_STALE_SLOTS).await.map_err(pg_error)?;
@@ -371,6 +401,39 @@ async fn take_slot(
     })
 }
 
+/// `target`'s hours of usage from `since_ms` on ([`USAGE_BUCKETS`]).
+async fn read_buckets(
+    client: &deadpool_postgres::Object,
+    statement: &tokio_postgres::Statement,
+    target: &BudgetTarget,
+    since_ms: u64,
+) -> Result<Vec<UsageBucket>, StoreError> {
+    let (kind, id) = target.key();
+    let rows = client
+        .query(statement, &[&kind, &id, &int(since_ms)])
+        .await
+        .map_err(pg_error)?;
+    rows.iter()
+        .map(|row| {
+            Ok(UsageBucket {
+                usage: usage_row(row)?,
+                hour_start_ms: uint(row.try_get(4).map_err(pg_error)?),
+            })
+        })
+        .collect()
+}
+
+/// `target`'s usage ever ([`USAGE_TOTAL`]).
+async fn read_total(
+    client: &deadpool_postgres::Object,
+    statement: &tokio_postgres::Statement,
+    target: &BudgetTarget,
+) -> Result<TokenUsage, StoreError> {
+    let (kind, id) = target.key();
+    let row = client.query_one(statement, &[&kind, &id]).await.map_err(pg_error)?;
+    usage_row(&row)
+}
+
 /// A key's row, its scopes decoded.
 fn key_row(row: &Row) -> Result<ApiKeyRecord, StoreError> {
     let id: String = row.try_get(0).map_err(pg_error)?;
@@ -395,7 +458,7 @@ fn key_row(row: &Row) -> Result<ApiKeyRecord, StoreError> {
     })
 }
 
-/// The usage in a row's first four columns ([`USAGE_COLUMNS`]).
+/// The usage in a row's first four columns (input, cached input, output, reasoning).
 fn usage_row(row: &Row) -> Result<TokenUsage, StoreError> {
     let column = |index| -> Result<u64, StoreError> { Ok(uint(row.try_get(index).map_err(pg_error)?)) };
     Ok(TokenUsage {
