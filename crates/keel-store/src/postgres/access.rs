@@ -265,7 +265,7 @@ impl AccessStore for super::PostgresCheckpoint {
             now_ms,
         };
         self.expect_turn_slots();
-        Box::pin(async move { claim_slot(&self.reader().await?, &claim).await })
+        Box::pin(async move { claim_slot(&self.admitter().await?, &claim).await })
     }
 
     fn admission<'a>(
@@ -277,7 +277,7 @@ impl AccessStore for super::PostgresCheckpoint {
             self.expect_turn_slots();
         }
         Box::pin(async move {
-            let client = self.reader().await?;
+            let client = self.admitter().await?;
             let buckets = client.prepare_cached(USAGE_BUCKETS).await.map_err(pg_error)?;
             let total = client.prepare_cached(USAGE_TOTAL).await.map_err(pg_error)?;
             // Polled in order, so sent in order on the one connection: the
@@ -336,6 +336,20 @@ async fn claim_slot(client: &deadpool_postgres::Object, claim: &SlotClaim<'_>) -
     }
 }
 
+/// The settings of the admissions' connections ([`for_admissions`]):
+/// their commits do not wait for the disk (see [`take_slot`]), and the
+/// slot table is read by plain index scans. Every admission inserts a row
+/// and every turn's end deletes one, so between vacuums its indexes hold
+/// many dead entries; a plain index scan marks those it passes as dead,
+/// and the next scan skips them, where a bitmap scan (which the planner
+/// picks for a fresh table) visits every one, each time.
+const ADMISSION_SETTINGS: &str = "-c synchronous_commit=off -c enable_bitmapscan=off";
+
+/// `config` for the admissions' connections ([`ADMISSION_SETTINGS`]).
+pub(super) fn for_admissions(config: &tokio_postgres::Config) -> tokio_postgres::Config {
+    super::with_settings(config, ADMISSION_SETTINGS)
+}
+
 /// One admission's transaction (see [`AccessStore::reserve_turn`]), its
 /// stale slots dropped first when `drop_stale`.
 ///
@@ -344,7 +358,7 @@ async fn claim_slot(client: &deadpool_postgres::Object, claim: &SlotClaim<'_>) -
 /// only once the lock is held, seeing every slot another node's admission
 /// took before letting it go, and the lock is held only while the server
 /// works, never across a round trip. A statement that fails aborts it, and
-/// the `COMMIT` then rolls it back. Its commit need not wait for the disk:
+/// the `COMMIT` then rolls it back. Its commit need not wait for the disk (the connection does not):
 /// the write that queues the admitted submission, which the client is
 /// answered after, comes later in the WAL, so no slot is lost whose
 /// submission is kept.
@@ -375,7 +389,7 @@ async fn take_slot(
         }
     };
     let (begun, locked, dropped, row, committed) = futures::join!(
-        client.batch_execute("BEGIN; SET LOCAL synchronous_commit TO off"),
+        client.batch_execute("BEGIN"),
         client.execute(&lock, &lock_parameters),
         dropped,
         client.query_opt(&take, &take_parameters),

@@ -93,6 +93,9 @@ const LEASE_CONNECTIONS: usize = 2;
 /// Connections kept for storing relayed submissions.
 const RELAY_CONNECTIONS: usize = 8;
 
+/// Connections kept for admissions (ledger reads and turn slots).
+const ADMISSION_CONNECTIONS: usize = 4;
+
 /// The most write jobs one group commit carries.
 const MAX_JOBS_PER_COMMIT: usize = 4096;
 
@@ -109,6 +112,9 @@ pub struct PostgresCheckpoint {
     /// commits do not wait for the disk (`relay.rs` says why that loses
     /// nothing a client was told).
     relays: Pool,
+    /// Connections of their own for admissions, set up for the slots'
+    /// transactions (`access.rs` says how).
+    admissions: Pool,
     /// Where to connect, for listeners.
     config: Config,
     /// The relayed submissions handed to this node as their owner, which
@@ -146,6 +152,7 @@ impl PostgresCheckpoint {
         let leases = connection_pool(&config, LEASE_CONNECTIONS)?;
         let relays = connection_pool(&without_waiting_for_the_disk(&config), RELAY_CONNECTIONS)?;
         let pool = connection_pool(&config, options.pool_size.max(1))?;
+        let admissions = connection_pool(&access::for_admissions(&config), ADMISSION_CONNECTIONS)?;
         let taken_up = Arc::new(taken_up::TakenUp::default());
         let slots_in_use = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let shared = (Arc::clone(&taken_up), Arc::clone(&slots_in_use));
@@ -157,6 +164,7 @@ impl PostgresCheckpoint {
             pool,
             leases,
             relays,
+            admissions,
             config,
             taken_up,
             slots_in_use,
@@ -225,6 +233,11 @@ impl PostgresCheckpoint {
     /// A pooled read connection.
     async fn reader(&self) -> Result<Object, StoreError> {
         self.pooled(&self.pool).await
+    }
+
+    /// A connection for an admission.
+    async fn admitter(&self) -> Result<Object, StoreError> {
+        self.pooled(&self.admissions).await
     }
 
     /// A connection for a lease call.
@@ -490,10 +503,15 @@ impl ClusterStore for PostgresCheckpoint {
 /// (`synchronous_commit = off`): a crash of the database server may lose
 /// their last commits, never break one.
 fn without_waiting_for_the_disk(config: &Config) -> Config {
+    with_settings(config, "-c synchronous_commit=off")
+}
+
+/// `config` with `settings` (`-c name=value …`) added to its options.
+fn with_settings(config: &Config, settings: &str) -> Config {
     let mut config = config.clone();
     let options = match config.get_options() {
-        Some(options) => format!("{options} -c synchronous_commit=off"),
-        None => "-c synchronous_commit=off".to_owned(),
+        Some(options) => format!("{options} {settings}"),
+        None => settings.to_owned(),
     };
     config.options(&options);
     config
