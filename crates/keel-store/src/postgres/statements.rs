@@ -317,12 +317,7 @@ impl Statements {
         // A session's turn slot, given back once it has no turn in flight
         // and nothing queued (see `AccessStore::reserve_turn`).
         let slot_release = client
-            .prepare_typed(
-                "DELETE FROM turn_slots WHERE session_key = $1
-                     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.key = $1 AND s.execution IS NOT NULL)
-                     AND NOT EXISTS (SELECT 1 FROM queued_submissions q WHERE q.session_key = $1)",
-                &[Type::INT8],
-            )
+            .prepare_typed(super::access::RELEASE_AT_REST, &[Type::INT8])
             .await?;
         let txid = client.prepare_typed("SELECT txid_current()", &[]).await?;
         Ok(Self {
