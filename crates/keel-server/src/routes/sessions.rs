@@ -167,26 +167,17 @@ impl SessionView {
         // Settings that do not parse show no model (the session will not
         // load; the listing still shows it).
         let settings = SessionSettings::of(&summary.context).ok();
-        let (running_turn_id, queued, pending_approvals, last_sequence, acting) = match &live {
+        let (running_turn_id, queued, last_sequence, acting) = match &live {
             Some(status) => (
                 status.running_turn_id.clone(),
                 status.queued,
-                status.awaiting_approval.clone(),
                 status.last_sequence.max(summary.last_sequence),
                 status.busy,
             ),
-            None => (
-                summary.running_turn_id.clone(),
-                0,
-                summary.awaiting_approval.clone(),
-                summary.last_sequence,
-                false,
-            ),
+            None => (summary.running_turn_id.clone(), 0, summary.last_sequence, false),
         };
-        let pending_client_tools = match &live {
-            Some(status) => status.awaiting_client.clone(),
-            None => summary.awaiting_client.clone(),
-        };
+        let stored = (&summary.awaiting_approval[..], &summary.awaiting_client[..]);
+        let (pending_approvals, pending_client_tools) = waiting(live.as_ref(), stored);
         // A live session that took a submission is `running` from then on,
         // before its turn has an id, until what it did is stored.
         let state = if !pending_approvals.is_empty() {
@@ -226,6 +217,30 @@ impl SessionView {
             live: live.is_some(),
         }
     }
+}
+
+/// The calls a view shows waiting for a decision and for a client's
+/// result: those of the live status and those of the `stored` summary
+/// (approvals, client calls) read for the view. The status takes a wait
+/// on only once its request is committed, so a client that saw the request
+/// in the stream and asks at once may find only the summary holding it;
+/// and a wait the session ended but has not committed stays, as the
+/// summary says: either way the view shows what the log holds.
+fn waiting(live: Option<&SessionStatus>, stored: (&[String], &[String])) -> (Vec<String>, Vec<String>) {
+    match live {
+        Some(status) => (
+            joined(&status.awaiting_approval, stored.0),
+            joined(&status.awaiting_client, stored.1),
+        ),
+        None => (stored.0.to_vec(), stored.1.to_vec()),
+    }
+}
+
+/// The call ids of `live` and then those of `stored` it lacks.
+fn joined(live: &[String], stored: &[String]) -> Vec<String> {
+    let mut calls = live.to_vec();
+    calls.extend(stored.iter().filter(|call| !live.contains(call)).cloned());
+    calls
 }
 
 /// Checks a session id the way the runtime does, with an API message.
@@ -569,4 +584,42 @@ fn checked_title(title: &str) -> Result<&str, ApiError> {
         )));
     }
     Ok(trimmed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(approvals: &[&str], client: &[&str]) -> SessionStatus {
+        SessionStatus {
+            running_turn_id: Some("t1".to_owned()),
+            queued: 0,
+            awaiting_approval: approvals.iter().map(|call| (*call).to_owned()).collect(),
+            awaiting_client: client.iter().map(|call| (*call).to_owned()).collect(),
+            last_sequence: 7,
+            busy: true,
+        }
+    }
+
+    fn ids(calls: &[&str]) -> Vec<String> {
+        calls.iter().map(|call| (*call).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_wait_the_log_holds_shows_before_the_live_status_takes_it_on() {
+        // Committed, not yet in the status: a reader who saw the request
+        // in the stream finds it waiting.
+        let live = status(&[], &[]);
+        let shown = waiting(Some(&live), (&ids(&["a1"]), &ids(&["c1"])));
+        assert_eq!(shown, (ids(&["a1"]), ids(&["c1"])));
+        // Ended in the status, not yet committed: still waiting.
+        let shown = waiting(Some(&live), (&ids(&["a1"]), &[]));
+        assert_eq!(shown, (ids(&["a1"]), Vec::new()));
+        // Both, each call once, the live order first.
+        let live = status(&["a2", "a1"], &["c1"]);
+        let shown = waiting(Some(&live), (&ids(&["a1", "a3"]), &ids(&["c1"])));
+        assert_eq!(shown, (ids(&["a2", "a1", "a3"]), ids(&["c1"])));
+        // Not loaded: the summary alone.
+        assert_eq!(waiting(None, (&ids(&["a1"]), &[])), (ids(&["a1"]), Vec::new()));
+    }
 }
