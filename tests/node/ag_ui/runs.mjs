@@ -8,6 +8,9 @@
 //   resume      "approve" | "deny": answer every pending interrupt
 //   toolResult  {content}: answer every pending frontend tool call with a
 //               tool message
+//   interruptOnText  a URL: on the run's first TEXT_MESSAGE_CONTENT, POST an
+//               `interrupt` op there (Keel's submissions route), as a page's
+//               stop button does; the client keeps what it was shown
 // Each run uses a fresh HttpAgent (another browser tab, another node) that
 // carries over the messages and pending interrupts of the last one.
 // Prints one line `RESULT <json>`: per run the event types, the outcome and
@@ -56,6 +59,13 @@ for (const run of params.runs) {
   try {
     await agent.runAgent(input, {
       onEvent: ({ event }) => {
+        if (run.interruptOnText && event.type === "TEXT_MESSAGE_CONTENT" && !seen.interrupted) {
+          seen.interrupted = fetch(run.interruptOnText, {
+            method: "POST",
+            headers: { ...headers, "Content-Type": "application/json" },
+            body: JSON.stringify({ op: { type: "interrupt" } }),
+          }).then((response) => response.status);
+        }
         seen.types.push(event.type);
         seen.events.push(event);
         const parsed = EventSchema.safeParse(event);
@@ -75,6 +85,7 @@ for (const run of params.runs) {
   } catch (error) {
     seen.error = { message: String(error?.message ?? error), status: error?.status, payload: error?.payload };
   }
+  if (seen.interrupted) seen.interrupted = await seen.interrupted;
   messages = agent.messages;
   pendingInterrupts = agent.pendingInterrupts;
   pendingToolCallIds = seen.pendingToolCallIds ?? [];

@@ -526,3 +526,60 @@ async fn frontend_tool_round_trip(modules: &Path, api: &Api) {
         .expect("a message");
     assert_eq!(last["content"], "You are in Paris.");
 }
+
+/// A page's stop button mid-answer: `HttpAgent` keeps the text it was
+/// shown as an assistant message and sends it with the next run. The
+/// thread stays open to that run (it was `409 history_mismatch` for ever
+/// after: the session's history left the broken-off text out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ag_ui_a_run_stopped_mid_answer_leaves_the_thread_open_to_the_next() {
+    let Some(modules) = node_modules("ag_ui_a_run_stopped_mid_answer_leaves_the_thread_open_to_the_next") else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let model = scratch.script(
+        "stopped.jsonl",
+        &[
+            r#"{"chunks": ["Once", " upon", " a", " time", " there", " was", " a", " runtime."], "delay_ms": 250}"#,
+            r#"{"text": "And it went on."}"#,
+        ],
+    );
+    let server = ServeProcess::start(&scratch, &["--model", &model]);
+    let url = server.api.url("/v1/ag-ui");
+    let thread = "ag-ui-stopped";
+    let stop = server.api.url(&format!("/v1/sessions/{thread}/submissions"));
+    let report = drive(
+        &modules,
+        &json!({"thread": thread, "runs": [
+            {"url": url, "message": "Tell a story", "interruptOnText": stop},
+            {"url": url, "message": "Go on"},
+        ]}),
+    );
+    let runs = report["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2, "{report:#}");
+    assert_eq!(runs[0]["interrupted"], 202, "{report:#}");
+    assert_eq!(runs[0]["outcome"]["type"], "cancelled", "{report:#}");
+    let kept: Vec<&Value> = report["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|message| message["role"] == "assistant")
+        .collect();
+    assert!(
+        kept.first()
+            .and_then(|message| message["content"].as_str())
+            .is_some_and(|text| text.starts_with("Once") && !text.ends_with("runtime.")),
+        "the client keeps the beginning it was shown: {report:#}"
+    );
+    assert_eq!(runs[1]["error"], Value::Null, "the next run is refused: {report:#}");
+    assert_eq!(runs[1]["schemaErrors"], json!([]), "{report:#}");
+    assert_eq!(runs[1]["outcome"], json!({"type": "success"}), "{report:#}");
+    let log = log_of(&server.api, thread).await;
+    assert_eq!(of_kind(&log, "turn_aborted").len(), 1, "{log:#?}");
+    assert_eq!(of_kind(&log, "turn_complete").len(), 1, "{log:#?}");
+    let answers: Vec<&Value> = of_kind(&log, "assistant_message")
+        .into_iter()
+        .map(|event| &event["msg"]["text"])
+        .collect();
+    assert_eq!(answers, [&json!("And it went on.")], "{log:#?}");
+}

@@ -407,7 +407,7 @@ pub fn plan(input: &RunInput<'_>, thread: &Thread) -> Result<Plan, InputError> {
         .filter_map(|message| position_in(&session, message))
         .min()
         .unwrap_or(session.len());
-    compare(history, &session[..cut])?;
+    compare(history, &session[..cut], |message| thread.broke_off(message))?;
     let mut plan = Plan::default();
     for message in new {
         match message {
@@ -475,38 +475,56 @@ fn position_in(session: &[&Message], message: &InputMessage) -> Option<usize> {
     })
 }
 
-/// The request's history must be the session's: the same roles and texts.
-fn compare(history: &[&InputMessage], session: &[&Message]) -> Result<(), InputError> {
-    for (index, (sent, have)) in history.iter().zip(session).enumerate() {
+/// The request's history must be the session's: the same roles and texts,
+/// but for an assistant message its turn broke off (`broke_off`): the
+/// client may have kept any beginning of its text (the deltas it got
+/// before the cut), or none of it.
+fn compare(
+    history: &[&InputMessage],
+    session: &[&Message],
+    broke_off: impl Fn(&Message) -> bool,
+) -> Result<(), InputError> {
+    let mut next = 0;
+    for sent in history {
         let Some((role, text)) = sent.compared() else {
             continue;
         };
-        if role != have.role() || text != have.text() {
-            return Err(InputError::HistoryMismatch(format!(
-                "the history forks from the session's at message {}: the session has the {} message {}, the request \
-                 the {role} message {}",
-                index + 1,
-                have.role(),
-                excerpt(have.text()),
-                excerpt(text)
-            )));
+        loop {
+            let Some(have) = session.get(next) else {
+                return Err(InputError::HistoryMismatch(format!(
+                    "the history forks from the session's at message {}: the session's history ends before it, \
+                     the request's goes on with the {role} message {}",
+                    next + 1,
+                    excerpt(text)
+                )));
+            };
+            next += 1;
+            if broke_off(have) {
+                if role == have.role() && have.text().starts_with(text) {
+                    break;
+                }
+                // The client has none of it.
+                continue;
+            }
+            if role != have.role() || text != have.text() {
+                return Err(InputError::HistoryMismatch(format!(
+                    "the history forks from the session's at message {next}: the session has the {} message {}, \
+                     the request the {role} message {}",
+                    have.role(),
+                    excerpt(have.text()),
+                    excerpt(text)
+                )));
+            }
+            break;
         }
     }
-    if let Some(have) = session.get(history.len()) {
+    if let Some((index, have)) = session.iter().enumerate().skip(next).find(|(_, have)| !broke_off(have)) {
         return Err(InputError::HistoryMismatch(format!(
             "the history forks from the session's at message {}: the request's history ends before it, the \
              session's goes on with the {} message {}",
-            history.len() + 1,
+            index + 1,
             have.role(),
             excerpt(have.text())
-        )));
-    }
-    if let Some((role, text)) = history.get(session.len()).and_then(|sent| sent.compared()) {
-        return Err(InputError::HistoryMismatch(format!(
-            "the history forks from the session's at message {}: the session's history ends before it, the \
-             request's goes on with the {role} message {}",
-            session.len() + 1,
-            excerpt(text)
         )));
     }
     Ok(())

@@ -650,3 +650,80 @@ fn a_body_read_from_its_bytes_is_the_body_read_as_json() {
         );
     }
 }
+
+/// A thread whose second turn was cancelled after streaming "Once upon"
+/// (no complete message).
+fn broken_off_thread() -> Thread {
+    let mut log = Log::default();
+    log.user_turn("s1", "m1", "t1", "Hi")
+        .step("t1", 1)
+        .text("t1", 1, &["Hello"])
+        .complete("t1")
+        .user_turn("s2", "m2", "t2", "Tell a story")
+        .step("t2", 1);
+    for delta in ["Once", " upon"] {
+        log.add(
+            None,
+            EventMsg::AssistantContentDelta(AssistantContentDeltaEvent {
+                turn_id: "t2".to_owned(),
+                delta: delta.to_owned(),
+            }),
+        );
+    }
+    log.add(
+        None,
+        EventMsg::TurnAborted(TurnAbortedEvent {
+            turn_id: "t2".to_owned(),
+            reason: AbortReason::Interrupted,
+            message: "interrupted".to_owned(),
+        }),
+    );
+    Thread::from_log(&log.0)
+}
+
+#[test]
+fn a_broken_off_answer_is_the_history_the_client_kept_of_it() {
+    let thread = broken_off_thread();
+    assert_eq!(thread.history()[3].text(), "Once upon", "kept as it streamed");
+    let with = |answer: Option<&str>| {
+        let mut messages = vec![
+            json!({"id": "m1", "role": "user", "content": "Hi"}),
+            json!({"id": "t1-1", "role": "assistant", "content": "Hello"}),
+            json!({"id": "m2", "role": "user", "content": "Tell a story"}),
+        ];
+        if let Some(answer) = answer {
+            messages.push(json!({"id": "t2-1", "role": "assistant", "content": answer}));
+        }
+        messages.push(json!({"id": "m3", "role": "user", "content": "Go on"}));
+        input(json!(messages), json!({})).unwrap()
+    };
+    // All of it, or any beginning of it (the deltas the client got before
+    // the cut): the next message goes on.
+    let go_on = ("m3".to_owned(), "Go on".to_owned());
+    for kept in [Some("Once upon"), Some("Once"), Some("")] {
+        let planned = plan(&with(kept), &thread).unwrap_or_else(|error| panic!("{kept:?}: {error:?}"));
+        assert_eq!(planned.user_messages, std::slice::from_ref(&go_on), "{kept:?}");
+    }
+    // None of it: the question before is sent again under its key (the
+    // same submission, as a retried run's is), then the next message.
+    let resent = plan(&with(None), &thread).unwrap();
+    assert_eq!(
+        resent.user_messages,
+        [("m2".to_owned(), "Tell a story".to_owned()), go_on]
+    );
+    // Text the session never streamed is still a fork.
+    assert!(matches!(
+        plan(&with(Some("Once upon a time")), &thread),
+        Err(InputError::HistoryMismatch(message)) if message.contains("message 5")
+    ));
+    // A complete answer is compared whole, as before.
+    let mut cut_short = with(Some("Once upon"));
+    cut_short.messages[1] = input(
+        json!([{"id": "t1-1", "role": "assistant", "content": "Hell"}]),
+        json!({}),
+    )
+    .unwrap()
+    .messages
+    .remove(0);
+    assert!(matches!(plan(&cut_short, &thread), Err(InputError::HistoryMismatch(_))));
+}

@@ -47,6 +47,13 @@ pub struct Thread {
     turn: Option<String>,
     /// The message id of the open turn's current model step.
     step_message: Option<String>,
+    /// The text the current step has streamed, with its turn and message
+    /// id, until its complete message comes.
+    streamed: Option<(String, String, String)>,
+    /// Assistant messages a turn broke off (a cancel, a crash): they hold
+    /// only the text streamed before, of which a client may have kept any
+    /// beginning, or nothing.
+    broken_off: HashSet<String>,
     /// The last sequence applied.
     last_sequence: u64,
 }
@@ -114,6 +121,12 @@ impl Thread {
         self.last_sequence
     }
 
+    /// Whether `message` is an assistant message its turn broke off (see
+    /// `broken_off`).
+    pub fn broke_off(&self, message: &Message) -> bool {
+        matches!(message, Message::Assistant { id, .. } if self.broken_off.contains(id))
+    }
+
     /// The message id of the open turn's current model step.
     pub fn step_message(&self) -> Option<&str> {
         self.step_message.as_deref()
@@ -148,13 +161,27 @@ impl Thread {
                 );
             }
             EventMsg::ModelStepStarted(step) => {
+                self.streamed = None;
                 let id = step
                     .message_id
                     .clone()
                     .unwrap_or_else(|| format!("{}-{}", step.turn_id, step.step));
                 self.step_message = Some(id);
             }
-            EventMsg::AssistantMessage(message) if !message.text.is_empty() => {
+            EventMsg::AssistantContentDelta(delta) if !delta.delta.is_empty() => {
+                // The id the run stream gives the text (`run.rs`).
+                let id = self
+                    .step_message
+                    .clone()
+                    .unwrap_or_else(|| format!("{}-message", delta.turn_id));
+                let streamed = self
+                    .streamed
+                    .get_or_insert_with(|| (delta.turn_id.clone(), id, String::new()));
+                streamed.2.push_str(&delta.delta);
+            }
+            EventMsg::AssistantMessage(message) if message.text.is_empty() => self.streamed = None,
+            EventMsg::AssistantMessage(message) => {
+                self.streamed = None;
                 let id = message
                     .message_id
                     .clone()
@@ -188,6 +215,7 @@ impl Thread {
                 );
             }
             EventMsg::TurnComplete(_) | EventMsg::TurnAborted(_) => {
+                self.keep_broken_off();
                 self.turn = None;
                 self.step_message = None;
                 self.waits.clear();
@@ -196,6 +224,21 @@ impl Thread {
                 self.messages.retain(|(turn, _)| *turn != rolled.rolled_back_turn_id);
             }
             _ => {}
+        }
+    }
+
+    /// Keeps the text a step streamed without its complete message (the
+    /// turn ended first) as its assistant message: what the client was
+    /// shown of it.
+    fn keep_broken_off(&mut self) {
+        let Some((turn_id, id, text)) = self.streamed.take() else {
+            return;
+        };
+        if let Message::Assistant { content, .. } = self.assistant(&turn_id, &id)
+            && content.is_none()
+        {
+            *content = Some(text);
+            self.broken_off.insert(id);
         }
     }
 
