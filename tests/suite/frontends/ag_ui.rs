@@ -583,3 +583,45 @@ async fn ag_ui_a_run_stopped_mid_answer_leaves_the_thread_open_to_the_next() {
         .collect();
     assert_eq!(answers, [&json!("And it went on.")], "{log:#?}");
 }
+
+/// docs/ag-ui.md's workaround for `@ag-ui/client` 1.0.0 when the
+/// connection drops mid-run: `runAgent` rejects, and a second rejection
+/// nobody handles ends a Node.js process; the documented handler keeps it
+/// alive. When the client stops leaving that rejection, this test says so
+/// (and the docs' section can go).
+#[test]
+fn ag_ui_client_dropped_connection_workaround_keeps_node_alive() {
+    let Some(modules) = node_modules("ag_ui_client_dropped_connection_workaround_keeps_node_alive") else {
+        return;
+    };
+    let script = repo().join("tests/node/ag_ui/dropped.mjs");
+    let run = |handle: bool| {
+        let output = Command::new("node")
+            .arg(&script)
+            .arg(json!({ "handle": handle }).to_string())
+            .env("KEEL_NODE_MODULES", &modules)
+            .output()
+            .expect("run node");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let result = text
+            .lines()
+            .find_map(|line| line.strip_prefix("RESULT "))
+            .map(|json| serde_json::from_str::<Value>(json).expect("RESULT is JSON"));
+        (
+            output.status,
+            result,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (status, result, stderr) = run(false);
+    assert!(
+        !status.success() && result.is_none() && stderr.contains("terminated"),
+        "without the handler the client's stray rejection no longer ends the process ({status}): \
+         docs/ag-ui.md's workaround may be obsolete\n{stderr}"
+    );
+    let (status, result, stderr) = run(true);
+    assert!(status.success(), "{status}\n{stderr}");
+    let result = result.expect("RESULT");
+    assert_eq!(result["caught"], "terminated", "runAgent rejects: {result}");
+    assert_eq!(result["ignored"], 1, "the one stray rejection is handled: {result}");
+}
