@@ -652,8 +652,9 @@ fn a_body_read_from_its_bytes_is_the_body_read_as_json() {
 }
 
 /// A thread whose second turn was cancelled after streaming "Once upon"
-/// (no complete message).
-fn broken_off_thread() -> Thread {
+/// (no complete message), or, when `open`, is still streaming it (a node
+/// died, the turn is not closed yet).
+fn broken_off_thread(open: bool) -> Thread {
     let mut log = Log::default();
     log.user_turn("s1", "m1", "t1", "Hi")
         .step("t1", 1)
@@ -670,20 +671,32 @@ fn broken_off_thread() -> Thread {
             }),
         );
     }
-    log.add(
-        None,
-        EventMsg::TurnAborted(TurnAbortedEvent {
-            turn_id: "t2".to_owned(),
-            reason: AbortReason::Interrupted,
-            message: "interrupted".to_owned(),
-        }),
-    );
+    if !open {
+        log.add(
+            None,
+            EventMsg::TurnAborted(TurnAbortedEvent {
+                turn_id: "t2".to_owned(),
+                reason: AbortReason::Interrupted,
+                message: "interrupted".to_owned(),
+            }),
+        );
+    }
     Thread::from_log(&log.0)
 }
 
 #[test]
 fn a_broken_off_answer_is_the_history_the_client_kept_of_it() {
-    let thread = broken_off_thread();
+    for open in [false, true] {
+        broken_off_answer(open);
+    }
+    // The text streamed is not a message of the thread's until its turn
+    // ends.
+    assert_eq!(broken_off_thread(true).messages().len(), 3);
+    assert_eq!(broken_off_thread(false).messages().len(), 4);
+}
+
+fn broken_off_answer(open: bool) {
+    let thread = broken_off_thread(open);
     assert_eq!(thread.history()[3].text(), "Once upon", "kept as it streamed");
     let with = |answer: Option<&str>| {
         let mut messages = vec![
@@ -701,7 +714,7 @@ fn a_broken_off_answer_is_the_history_the_client_kept_of_it() {
     // the cut): the next message goes on.
     let go_on = ("m3".to_owned(), "Go on".to_owned());
     for kept in [Some("Once upon"), Some("Once"), Some("")] {
-        let planned = plan(&with(kept), &thread).unwrap_or_else(|error| panic!("{kept:?}: {error:?}"));
+        let planned = plan(&with(kept), &thread).unwrap_or_else(|error| panic!("{open} {kept:?}: {error:?}"));
         assert_eq!(planned.user_messages, std::slice::from_ref(&go_on), "{kept:?}");
     }
     // None of it: the question before is sent again under its key (the

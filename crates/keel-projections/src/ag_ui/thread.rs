@@ -47,9 +47,11 @@ pub struct Thread {
     turn: Option<String>,
     /// The message id of the open turn's current model step.
     step_message: Option<String>,
-    /// The text the current step has streamed, with its turn and message
-    /// id, until its complete message comes.
-    streamed: Option<(String, String, String)>,
+    /// The text the current step has streamed, as the assistant message
+    /// the run stream shows (with its turn), until its complete message
+    /// comes. A client may have kept any beginning of it already: a page
+    /// that lost its run (a crash) sends it on before the turn is closed.
+    streaming: Option<(String, Message)>,
     /// Assistant messages a turn broke off (a cancel, a crash): they hold
     /// only the text streamed before, of which a client may have kept any
     /// beginning, or nothing.
@@ -80,8 +82,15 @@ impl Thread {
 
     /// The thread's messages, oldest first, borrowed (what a run's history
     /// is compared with).
+    /// The message the open step is streaming comes last, as far as it
+    /// got.
     pub fn history(&self) -> Vec<&Message> {
-        self.messages.iter().map(|(_, message)| message).collect()
+        let streaming = self.streaming.iter().map(|(_, message)| message);
+        self.messages
+            .iter()
+            .map(|(_, message)| message)
+            .chain(streaming)
+            .collect()
     }
 
     /// The calls waiting for the client.
@@ -122,9 +131,14 @@ impl Thread {
     }
 
     /// Whether `message` is an assistant message its turn broke off (see
-    /// `broken_off`).
+    /// `broken_off`), or the one the open step is streaming: a client may
+    /// hold any beginning of its text.
     pub fn broke_off(&self, message: &Message) -> bool {
-        matches!(message, Message::Assistant { id, .. } if self.broken_off.contains(id))
+        let Message::Assistant { id, .. } = message else {
+            return false;
+        };
+        self.broken_off.contains(id)
+            || matches!(&self.streaming, Some((_, Message::Assistant { id: open, .. })) if open == id)
     }
 
     /// The message id of the open turn's current model step.
@@ -161,7 +175,7 @@ impl Thread {
                 );
             }
             EventMsg::ModelStepStarted(step) => {
-                self.streamed = None;
+                self.streaming = None;
                 let id = step
                     .message_id
                     .clone()
@@ -174,14 +188,24 @@ impl Thread {
                     .step_message
                     .clone()
                     .unwrap_or_else(|| format!("{}-message", delta.turn_id));
-                let streamed = self
-                    .streamed
-                    .get_or_insert_with(|| (delta.turn_id.clone(), id, String::new()));
-                streamed.2.push_str(&delta.delta);
+                let (_, streaming) = self.streaming.get_or_insert_with(|| {
+                    let message = Message::Assistant {
+                        id,
+                        content: Some(String::new()),
+                        tool_calls: Vec::new(),
+                    };
+                    (delta.turn_id.clone(), message)
+                });
+                if let Message::Assistant {
+                    content: Some(text), ..
+                } = streaming
+                {
+                    text.push_str(&delta.delta);
+                }
             }
-            EventMsg::AssistantMessage(message) if message.text.is_empty() => self.streamed = None,
+            EventMsg::AssistantMessage(message) if message.text.is_empty() => self.streaming = None,
             EventMsg::AssistantMessage(message) => {
-                self.streamed = None;
+                self.streaming = None;
                 let id = message
                     .message_id
                     .clone()
@@ -231,13 +255,13 @@ impl Thread {
     /// turn ended first) as its assistant message: what the client was
     /// shown of it.
     fn keep_broken_off(&mut self) {
-        let Some((turn_id, id, text)) = self.streamed.take() else {
+        let Some((turn_id, Message::Assistant { id, content: text, .. })) = self.streaming.take() else {
             return;
         };
         if let Message::Assistant { content, .. } = self.assistant(&turn_id, &id)
             && content.is_none()
         {
-            *content = Some(text);
+            *content = text;
             self.broken_off.insert(id);
         }
     }
