@@ -3,7 +3,8 @@
 //
 //   node runs.mjs '<params JSON>'
 //
-// params: {thread, token?, runs: [{url, message?, tools?, resume?, toolResult?}]}
+// params: {thread, token?, messages?, runs: [{url, message?, tools?, resume?, toolResult?}]}
+//   messages    the messages a page kept from an earlier run (its report's)
 //   message     a user message added before the run
 //   resume      "approve" | "deny": answer every pending interrupt
 //   toolResult  {content}: answer every pending frontend tool call with a
@@ -11,6 +12,9 @@
 //   interruptOnText  a URL: on the run's first TEXT_MESSAGE_CONTENT, POST an
 //               `interrupt` op there (Keel's submissions route), as a page's
 //               stop button does; the client keeps what it was shown
+//   signalOnText  a file path: created on the run's first
+//               TEXT_MESSAGE_CONTENT (for the test to crash the server)
+//   mayFail     go on after this run fails
 // Each run uses a fresh HttpAgent (another browser tab, another node) that
 // carries over the messages and pending interrupts of the last one.
 // Prints one line `RESULT <json>`: per run the event types, the outcome and
@@ -19,6 +23,7 @@
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { randomUUID } from "node:crypto";
+import { writeFileSync } from "node:fs";
 
 const modules = process.env.KEEL_NODE_MODULES;
 if (!modules) throw new Error("KEEL_NODE_MODULES names the node_modules with @ag-ui/client");
@@ -26,10 +31,19 @@ const load = (path) => import(pathToFileURL(join(modules, path)).href);
 const { HttpAgent, buildResumeArray, getRunOutcome } = await load("@ag-ui/client/dist/index.mjs");
 const { EventSchema } = await load("@ag-ui/core/dist/schemas.mjs");
 
+// @ag-ui/client 1.0.0 leaves undici's rejection unhandled when the
+// connection drops (docs/ag-ui.md): runAgent has rejected already.
+process.on("unhandledRejection", (reason) => {
+  if (reason instanceof TypeError && reason.message === "terminated" && reason.cause?.code === "UND_ERR_SOCKET") {
+    return;
+  }
+  throw reason;
+});
+
 const params = JSON.parse(process.argv[2]);
 const headers = params.token ? { Authorization: `Bearer ${params.token}` } : {};
 const report = { runs: [], messages: [] };
-let messages = [];
+let messages = params.messages ?? [];
 let pendingInterrupts = [];
 let pendingToolCallIds = [];
 
@@ -65,6 +79,10 @@ for (const run of params.runs) {
             headers: { ...headers, "Content-Type": "application/json" },
             body: JSON.stringify({ op: { type: "interrupt" } }),
           }).then((response) => response.status);
+        }
+        if (run.signalOnText && event.type === "TEXT_MESSAGE_CONTENT" && !seen.signalled) {
+          seen.signalled = true;
+          writeFileSync(run.signalOnText, "text");
         }
         seen.types.push(event.type);
         seen.events.push(event);

@@ -625,3 +625,58 @@ fn ag_ui_client_dropped_connection_workaround_keeps_node_alive() {
     assert_eq!(result["caught"], "terminated", "runAgent rejects: {result}");
     assert_eq!(result["ignored"], 1, "the one stray rejection is handled: {result}");
 }
+
+/// A node killed (`kill -9`) mid-answer: the page keeps the beginning it
+/// was shown, and its next message, sent to the restarted server, goes on
+/// with the thread (the check ran against a log with the cut turn still
+/// open, or closed by recovery: either way it was `409`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ag_ui_a_run_cut_by_a_crash_leaves_the_thread_open_to_the_next() {
+    let Some(modules) = node_modules("ag_ui_a_run_cut_by_a_crash_leaves_the_thread_open_to_the_next") else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let model = scratch.script(
+        "crashed.jsonl",
+        &[r#"{"chunks": ["Once", " upon", " a", " time", " there", " was", " a", " runtime."], "delay_ms": 250}"#; 4],
+    );
+    let server = ServeProcess::start(&scratch, &["--model", &model]);
+    let thread = "ag-ui-crashed";
+    let signal = scratch.dir.path().join("text-seen");
+    let first = json!({"thread": thread, "runs": [
+        {"url": server.api.url("/v1/ag-ui"), "message": "Tell a story", "signalOnText": signal, "mayFail": true},
+    ]});
+    let page = {
+        let modules = modules.clone();
+        std::thread::spawn(move || drive(&modules, &first))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !signal.exists() {
+        assert!(std::time::Instant::now() < deadline, "no text came");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    server.crash();
+    let report = page.join().expect("the page");
+    assert_ne!(report["runs"][0]["error"], Value::Null, "the run was cut: {report:#}");
+    let kept = report["messages"].as_array().expect("messages");
+    assert!(
+        kept.iter().any(|message| message["role"] == "assistant"
+            && message["content"].as_str().is_some_and(|text| text.starts_with("Once"))),
+        "the page keeps the beginning it was shown: {report:#}"
+    );
+
+    let restarted = ServeProcess::start(&scratch, &["--model", &model]);
+    let next = drive(
+        &modules,
+        &json!({"thread": thread, "messages": kept, "runs": [
+            {"url": restarted.api.url("/v1/ag-ui"), "message": "Go on"},
+        ]}),
+    );
+    let run = &next["runs"][0];
+    assert_eq!(run["error"], Value::Null, "the next run is refused: {next:#}");
+    assert_eq!(run["schemaErrors"], json!([]), "{next:#}");
+    assert_eq!(run["outcome"], json!({"type": "success"}), "{next:#}");
+    let log = log_of(&restarted.api, thread).await;
+    assert_eq!(of_kind(&log, "turn_aborted").len(), 1, "{log:#?}");
+    assert_eq!(of_kind(&log, "turn_complete").len(), 1, "{log:#?}");
+}
