@@ -12,6 +12,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::events::Message;
+use super::history::compare;
 use super::thread::{Thread, WaitKind};
 
 /// Why a request cannot run. Nothing is stored for any of them.
@@ -88,7 +89,7 @@ impl InputMessage<'_> {
         }
     }
 
-    fn compared(&self) -> Option<(&'static str, &str)> {
+    pub(super) fn compared(&self) -> Option<(&'static str, &str)> {
         match self {
             InputMessage::User { text, .. } => Some(("user", text)),
             InputMessage::Assistant { text, .. } => Some(("assistant", text)),
@@ -407,7 +408,8 @@ pub fn plan(input: &RunInput<'_>, thread: &Thread) -> Result<Plan, InputError> {
         .filter_map(|message| position_in(&session, message))
         .min()
         .unwrap_or(session.len());
-    compare(history, &session[..cut], |message| thread.broke_off(message))?;
+    let history: Vec<(&str, &str)> = history.iter().filter_map(|message| message.compared()).collect();
+    compare(&history, &session[..cut], |message| thread.broke_off(message)).map_err(InputError::HistoryMismatch)?;
     let mut plan = Plan::default();
     for message in new {
         match message {
@@ -473,70 +475,6 @@ fn position_in(session: &[&Message], message: &InputMessage) -> Option<usize> {
         (Message::Tool { tool_call_id, .. }, InputMessage::Tool { tool_call_id: sent, .. }) => tool_call_id == sent,
         _ => false,
     })
-}
-
-/// The request's history must be the session's: the same roles and texts,
-/// but for an assistant message its turn broke off (`broke_off`): the
-/// client may have kept any beginning of its text (the deltas it got
-/// before the cut), or none of it.
-fn compare(
-    history: &[&InputMessage],
-    session: &[&Message],
-    broke_off: impl Fn(&Message) -> bool,
-) -> Result<(), InputError> {
-    let mut next = 0;
-    for sent in history {
-        let Some((role, text)) = sent.compared() else {
-            continue;
-        };
-        loop {
-            let Some(have) = session.get(next) else {
-                return Err(InputError::HistoryMismatch(format!(
-                    "the history forks from the session's at message {}: the session's history ends before it, \
-                     the request's goes on with the {role} message {}",
-                    next + 1,
-                    excerpt(text)
-                )));
-            };
-            next += 1;
-            if broke_off(have) {
-                if role == have.role() && have.text().starts_with(text) {
-                    break;
-                }
-                // The client has none of it.
-                continue;
-            }
-            if role != have.role() || text != have.text() {
-                return Err(InputError::HistoryMismatch(format!(
-                    "the history forks from the session's at message {next}: the session has the {} message {}, \
-                     the request the {role} message {}",
-                    have.role(),
-                    excerpt(have.text()),
-                    excerpt(text)
-                )));
-            }
-            break;
-        }
-    }
-    if let Some((index, have)) = session.iter().enumerate().skip(next).find(|(_, have)| !broke_off(have)) {
-        return Err(InputError::HistoryMismatch(format!(
-            "the history forks from the session's at message {}: the request's history ends before it, the \
-             session's goes on with the {} message {}",
-            index + 1,
-            have.role(),
-            excerpt(have.text())
-        )));
-    }
-    Ok(())
-}
-
-fn excerpt(text: &str) -> String {
-    const MAX: usize = 60;
-    if text.chars().count() <= MAX {
-        format!("{text:?}")
-    } else {
-        format!("{:?}…", text.chars().take(MAX).collect::<String>())
-    }
 }
 
 /// An approval's decision: `cancelled` denies; a resolved entry approves

@@ -9,6 +9,7 @@
 //! them, and that run streams the rest of the turn.
 
 mod events;
+mod history;
 mod input;
 mod run;
 mod thread;

@@ -29,6 +29,7 @@ pub mod local;
 mod reader;
 mod relay;
 mod schema;
+mod slot_sql;
 mod statements;
 mod taken_up;
 mod webhooks;

@@ -317,7 +317,7 @@ impl Statements {
         // A session's turn slot, given back once it has no turn in flight
         // and nothing queued (see `AccessStore::reserve_turn`).
         let slot_release = client
-            .prepare_typed(super::access::RELEASE_AT_REST, &[Type::INT8])
+            .prepare_typed(super::slot_sql::RELEASE_AT_REST, &[Type::INT8])
             .await?;
         let txid = client.prepare_typed("SELECT txid_current()", &[]).await?;
         Ok(Self {
