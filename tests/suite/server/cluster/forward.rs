@@ -338,13 +338,21 @@ async fn the_cluster_route_can_have_a_listener_of_its_own() {
         cluster.start_with_token(index, TOKEN, &["--cluster-listen", &listen]);
     }
     let client = database(&cluster.url).await;
-    let urls: Vec<String> = client
-        .query("SELECT url FROM nodes ORDER BY node_id", &[])
-        .await
-        .expect("nodes")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    // A node answers its API before its row is written: wait for both.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let urls = loop {
+        let urls: Vec<String> = client
+            .query("SELECT url FROM nodes ORDER BY node_id", &[])
+            .await
+            .expect("nodes")
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        if urls.len() >= ports.len() || std::time::Instant::now() > deadline {
+            break urls;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     let expected: Vec<String> = ports.iter().map(|port| format!("http://127.0.0.1:{port}")).collect();
     assert_eq!(urls, expected, "each node advertises its cluster listener");
 
