@@ -527,6 +527,22 @@ async fn frontend_tool_round_trip(modules: &Path, api: &Api) {
     assert_eq!(last["content"], "You are in Paris.");
 }
 
+/// An answer streamed slowly enough for a test to stop or kill its run
+/// after the first delta.
+const SLOW_STORY: &str =
+    r#"{"chunks": ["Once", " upon", " a", " time", " there", " was", " a", " runtime."], "delay_ms": 250}"#;
+
+/// Whether the page's messages (a `runs.mjs` report's) hold the
+/// beginning of the slow story as an assistant message, not all of it.
+fn kept_a_beginning(report: &Value) -> bool {
+    report["messages"].as_array().into_iter().flatten().any(|message| {
+        message["role"] == "assistant"
+            && message["content"]
+                .as_str()
+                .is_some_and(|text| text.starts_with("Once") && !text.ends_with("runtime."))
+    })
+}
+
 /// A page's stop button mid-answer: `HttpAgent` keeps the text it was
 /// shown as an assistant message and sends it with the next run. The
 /// thread stays open to that run (it was `409 history_mismatch` for ever
@@ -537,13 +553,7 @@ async fn ag_ui_a_run_stopped_mid_answer_leaves_the_thread_open_to_the_next() {
         return;
     };
     let scratch = Scratch::new();
-    let model = scratch.script(
-        "stopped.jsonl",
-        &[
-            r#"{"chunks": ["Once", " upon", " a", " time", " there", " was", " a", " runtime."], "delay_ms": 250}"#,
-            r#"{"text": "And it went on."}"#,
-        ],
-    );
+    let model = scratch.script("stopped.jsonl", &[SLOW_STORY, r#"{"text": "And it went on."}"#]);
     let server = ServeProcess::start(&scratch, &["--model", &model]);
     let url = server.api.url("/v1/ag-ui");
     let thread = "ag-ui-stopped";
@@ -559,16 +569,8 @@ async fn ag_ui_a_run_stopped_mid_answer_leaves_the_thread_open_to_the_next() {
     assert_eq!(runs.len(), 2, "{report:#}");
     assert_eq!(runs[0]["interrupted"], 202, "{report:#}");
     assert_eq!(runs[0]["outcome"]["type"], "cancelled", "{report:#}");
-    let kept: Vec<&Value> = report["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .filter(|message| message["role"] == "assistant")
-        .collect();
     assert!(
-        kept.first()
-            .and_then(|message| message["content"].as_str())
-            .is_some_and(|text| text.starts_with("Once") && !text.ends_with("runtime.")),
+        kept_a_beginning(&report),
         "the client keeps the beginning it was shown: {report:#}"
     );
     assert_eq!(runs[1]["error"], Value::Null, "the next run is refused: {report:#}");
@@ -636,10 +638,7 @@ async fn ag_ui_a_run_cut_by_a_crash_leaves_the_thread_open_to_the_next() {
         return;
     };
     let scratch = Scratch::new();
-    let model = scratch.script(
-        "crashed.jsonl",
-        &[r#"{"chunks": ["Once", " upon", " a", " time", " there", " was", " a", " runtime."], "delay_ms": 250}"#; 4],
-    );
+    let model = scratch.script("crashed.jsonl", &[SLOW_STORY; 4]);
     let server = ServeProcess::start(&scratch, &["--model", &model]);
     let thread = "ag-ui-crashed";
     let signal = scratch.dir.path().join("text-seen");
@@ -658,12 +657,11 @@ async fn ag_ui_a_run_cut_by_a_crash_leaves_the_thread_open_to_the_next() {
     server.crash();
     let report = page.join().expect("the page");
     assert_ne!(report["runs"][0]["error"], Value::Null, "the run was cut: {report:#}");
-    let kept = report["messages"].as_array().expect("messages");
     assert!(
-        kept.iter().any(|message| message["role"] == "assistant"
-            && message["content"].as_str().is_some_and(|text| text.starts_with("Once"))),
+        kept_a_beginning(&report),
         "the page keeps the beginning it was shown: {report:#}"
     );
+    let kept = &report["messages"];
 
     let restarted = ServeProcess::start(&scratch, &["--model", &model]);
     let next = drive(

@@ -243,7 +243,12 @@ impl AccessStore for super::PostgresCheckpoint {
             self.expect_turn_slots();
         }
         Box::pin(async move {
-            let client = self.admitter().await?;
+            // Reads alone (a step gate, a budget's view) take a reader: the
+            // admissions' few connections are for the slots' transactions.
+            let client = match claim {
+                Some(_) => self.admitter().await?,
+                None => self.reader().await?,
+            };
             let buckets = client.prepare_cached(USAGE_BUCKETS).await.map_err(pg_error)?;
             let total = client.prepare_cached(USAGE_TOTAL).await.map_err(pg_error)?;
             // Polled in order, so sent in order on the one connection: the
@@ -317,10 +322,10 @@ pub(super) fn for_admissions(config: &tokio_postgres::Config) -> tokio_postgres:
 /// only once the lock is held, seeing every slot another node's admission
 /// took before letting it go, and the lock is held only while the server
 /// works, never across a round trip. A statement that fails aborts it, and
-/// the `COMMIT` then rolls it back. Its commit need not wait for the disk (the connection does not):
-/// the write that queues the admitted submission, which the client is
-/// answered after, comes later in the WAL, so no slot is lost whose
-/// submission is kept.
+/// the `COMMIT` then rolls it back. Its commit need not wait for the disk
+/// (the admissions' connections do not): the write that queues the
+/// admitted submission, which the client is answered after, comes later in
+/// the WAL, so no slot is lost whose submission is kept.
 async fn take_slot(
     client: &deadpool_postgres::Object,
     claim: &SlotClaim<'_>,
